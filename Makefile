@@ -1,0 +1,31 @@
+# Every target builds .venv from scratch when it is missing or pyproject.toml changed.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast bench proto clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/memwal demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -ra
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not s3"
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_write.py
+
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=memwal_sql/_proto proto/memwal.proto
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,26 @@
+"""memwal-sql: streaming upserts into Lance tables through the MemTable & WAL (MemWAL) spec.
+
+Example:
+    >>> import memwal_sql as mw, pyarrow as pa, tempfile
+    >>> tbl = mw.create_table(tempfile.mkdtemp(), pa.schema([pa.field("id", pa.int64(), False)]),
+    ...                       primary_key="id", region_spec=mw.RegionSpec.bucket("id", 2))
+    >>> with tbl.writer(region_values=(0,)) as w:
+    ...     w.upsert({"id": [2]})
+"""
+
+from memwal_sql import errors
+from memwal_sql.index.region_spec import RegionSpec
+from memwal_sql.table import MemWalTable, create_table, open_table, region_id_for
+from memwal_sql.writer.region_writer import RegionWriter, WriterConfig
+
+__all__ = [
+    "MemWalTable",
+    "RegionSpec",
+    "RegionWriter",
+    "WriterConfig",
+    "create_table",
+    "errors",
+    "open_table",
+    "region_id_for",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,93 @@
+"""The one exception hierarchy of memwal-sql.
+
+Every error raised on purpose by this package derives from :class:`MemWalError`. Errors a caller
+may retry (a lost race on a put-if-not-exists) derive from :class:`RetryableError`; everything
+else is fatal for the operation that raised it. Each message says what to do next.
+
+Example:
+    >>> from memwal_sql import errors
+    >>> issubclass(errors.WriterFencedError, errors.MemWalError)
+    True
+"""
+
+from __future__ import annotations
+
+
+class MemWalError(Exception):
+    """Base class of every memwal-sql error."""
+
+
+class RetryableError(MemWalError):
+    """The operation lost a race and may succeed if retried on fresh state."""
+
+
+class CommitConflictError(RetryableError):
+    """Another writer committed the same manifest version or WAL position first."""
+
+
+class InvalidInputError(MemWalError, ValueError):
+    """The data handed to a writer or table is not acceptable; nothing was written."""
+
+
+class SchemaMismatchError(InvalidInputError):
+    """Columns are missing, unknown, or of a type that cannot be cast to the table schema."""
+
+
+class PrimaryKeyError(InvalidInputError):
+    """A primary-key column is missing or holds nulls."""
+
+
+class WrongRegionError(InvalidInputError):
+    """Rows were handed to a region writer whose region does not own them."""
+
+
+class InvalidRegionSpecError(InvalidInputError):
+    """A region spec is malformed or does not fit the table schema."""
+
+
+class WriterError(MemWalError):
+    """A region writer can no longer accept writes."""
+
+
+class WriterFencedError(WriterError):
+    """A newer writer claimed the region (a higher epoch); this writer must stop."""
+
+
+class WriterClosedError(WriterError):
+    """The region writer was closed; open a new one with ``table.writer(...)``."""
+
+
+class RegionSealedError(WriterError):
+    """The region is sealed and refuses new writer claims."""
+
+
+class StorageError(MemWalError):
+    """The object store failed or holds something it should not."""
+
+
+class ObjectNotFoundError(StorageError, FileNotFoundError):
+    """An object the format requires is missing."""
+
+
+class ObjectExistsError(StorageError, FileExistsError):
+    """A put-if-not-exists found the object already there."""
+
+
+class CorruptWalEntryError(StorageError):
+    """A WAL entry cannot be decoded (truncated or not an Arrow IPC stream)."""
+
+
+class CorruptManifestError(StorageError):
+    """A region manifest or MemWAL index entry cannot be decoded."""
+
+
+class TableNotFoundError(MemWalError, FileNotFoundError):
+    """No table at the uri, or it has no MemWAL index; create it with ``mw.create_table``."""
+
+
+class TableExistsError(MemWalError, FileExistsError):
+    """A table already exists at the uri; open it with ``mw.open_table``."""
+
+
+class UnknownRegionError(MemWalError, KeyError):
+    """No region with that id exists in the table."""

@@ -1,0 +1,1607 @@
+"""Region specs: how rows are assigned to MemWAL regions (Lance 14: "sharding specs").
+
+A :class:`RegionSpec` is a list of :class:`RegionField` definitions. Each field derives one
+*region value* per row from one or more source columns. Rows with equal region-value tuples
+belong to the same region. The spec is stored in the MemWAL index as a ``RegionSpec``
+protobuf message (Lance 14 calls it ``ShardingSpec``; the field numbers are the same).
+
+Compatibility with Lance 14.0.2
+-------------------------------
+Lance implements three transforms. This module reproduces them bit-for-bit, including the
+protobuf encoding that ``LanceDataset.initialize_mem_wal`` writes:
+
+* ``bucket``: the Spark-style murmur3 x86_32 hash (seed 0) of the value, then
+  ``(h & 0x7fffffff) % N``. NULL goes to bucket 0. This is *not* the seed spec's
+  ``abs(murmur3(col)) % N``, and int32 and int64 columns hash differently (4 vs 8 bytes).
+* ``identity``: the raw value. ``result_type`` is the Arrow type name Lance writes
+  (``"int64"``, ``"utf8"``, ``"boolean"``, ...).
+* ``unsharded``: no source column, always ``int32 0``.
+
+Lance writes ``field_id = "bucket"`` for all three, so the single-field constructors use that
+default too.
+
+The seed spec also has transforms that Lance lacks. They are implemented as the seed spec
+defines them:
+
+* ``year``, ``month``, ``day`` and ``hour``: ``date_part(...)`` as int32. ``day`` is the day
+  of the month and ``month`` the month of the year, as ``date_part`` defines them. They are
+  not Iceberg's "days since epoch".
+* ``truncate``, ``multi_bucket``, and free-form DataFusion SQL ``expression`` fields.
+
+Example:
+    >>> import pyarrow as pa
+    >>> spec = RegionSpec.bucket("id", 8)
+    >>> spec.region_values(pa.table({"id": pa.array([1, 2, 3, None], pa.int32())}))["bucket"].to_pylist()
+    [2, 7, 1, 0]
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal_sql._proto import memwal_pb2
+from memwal_sql.errors import (
+    CorruptManifestError,
+    InvalidInputError,
+    InvalidRegionSpecError,
+    SchemaMismatchError,
+)
+
+__all__ = [
+    "BUCKET",
+    "IDENTITY",
+    "UNSHARDED",
+    "YEAR",
+    "MONTH",
+    "DAY",
+    "HOUR",
+    "TRUNCATE",
+    "MULTI_BUCKET",
+    "MAX_NUM_BUCKETS",
+    "RegionField",
+    "RegionSpec",
+    "arrow_type_name",
+    "parse_arrow_type",
+    "encode_region_value",
+    "decode_region_value",
+    "murmur3_bucket",
+]
+
+# --------------------------------------------------------------------------------------------
+# Transform names and limits
+# --------------------------------------------------------------------------------------------
+
+BUCKET = "bucket"
+IDENTITY = "identity"
+UNSHARDED = "unsharded"
+YEAR = "year"
+MONTH = "month"
+DAY = "day"
+HOUR = "hour"
+TRUNCATE = "truncate"
+MULTI_BUCKET = "multi_bucket"
+
+#: Lance's ``initialize_mem_wal`` rejects bucket counts outside [1, 1024].
+MAX_NUM_BUCKETS = 1024
+
+_DATE_PARTS = (YEAR, MONTH, DAY, HOUR)
+_KNOWN_TRANSFORMS = frozenset({BUCKET, IDENTITY, UNSHARDED, TRUNCATE, MULTI_BUCKET, *_DATE_PARTS})
+# Transforms whose region value is always a non-null int32. Lance returns such columns as
+# `int32 not null`, and they are the only ones that contribute to `num_regions`.
+_INT32_TRANSFORMS = frozenset({BUCKET, MULTI_BUCKET, UNSHARDED, *_DATE_PARTS})
+
+# Source columns that Lance cannot resolve from ``source_ids``. This happens when a column was
+# dropped from the table. They get a placeholder name that can never match a real column, so
+# ``region_values(..., missing_as_null=True)`` reads them as NULL, as the seed spec requires.
+# ``to_proto`` turns the placeholder back into the original field id.
+_REMOVED_PREFIX = "\x00removed_field:"
+
+
+def _removed_column_name(field_id: int) -> str:
+    return f"{_REMOVED_PREFIX}{field_id}"
+
+
+# --------------------------------------------------------------------------------------------
+# Arrow type names (RegionField.result_type)
+# --------------------------------------------------------------------------------------------
+
+# Names that Lance 14 was observed to write for identity sharding. They are Arrow-rs style
+# snake case. Lance accepts no other identity source types, so for the others we extend the
+# same style in the way Lance's LogicalType names parametrised types ("time32:s",
+# "timestamp:us:UTC").
+_SIMPLE_TYPE_NAMES: dict[pa.DataType, str] = {
+    pa.int8(): "int8",
+    pa.int16(): "int16",
+    pa.int32(): "int32",
+    pa.int64(): "int64",
+    pa.uint8(): "uint8",
+    pa.uint16(): "uint16",
+    pa.uint32(): "uint32",
+    pa.uint64(): "uint64",
+    pa.bool_(): "boolean",
+    pa.utf8(): "utf8",
+    pa.large_utf8(): "large_utf8",
+    pa.binary(): "binary",
+    pa.large_binary(): "large_binary",
+    pa.float16(): "float16",
+    pa.float32(): "float32",
+    pa.float64(): "float64",
+    pa.date32(): "date32",
+    pa.date64(): "date64",
+    pa.null(): "null",
+}
+_TYPES_BY_NAME: dict[str, pa.DataType] = {v: k for k, v in _SIMPLE_TYPE_NAMES.items()}
+# Accepted on input only: pyarrow's own spellings.
+_TYPES_BY_NAME.update(
+    {
+        "bool": pa.bool_(),
+        "string": pa.utf8(),
+        "large_string": pa.large_utf8(),
+        "halffloat": pa.float16(),
+        "float": pa.float32(),
+        "double": pa.float64(),
+    }
+)
+
+
+def arrow_type_name(arrow_type: pa.DataType) -> str:
+    """Return the ``result_type`` name for an Arrow type, spelled the way Lance 14 spells it.
+
+    Example:
+        >>> arrow_type_name(pa.large_utf8()), arrow_type_name(pa.timestamp("us", "UTC"))
+        ('large_utf8', 'timestamp:us:UTC')
+    """
+    name = _SIMPLE_TYPE_NAMES.get(arrow_type)
+    if name is not None:
+        return name
+    if pa.types.is_timestamp(arrow_type):
+        return f"timestamp:{arrow_type.unit}" + (f":{arrow_type.tz}" if arrow_type.tz else "")
+    if pa.types.is_time32(arrow_type) or pa.types.is_time64(arrow_type):
+        return f"time{arrow_type.bit_width}:{arrow_type.unit}"
+    raise InvalidRegionSpecError(f"Arrow type {arrow_type} cannot be a region value type")
+
+
+def parse_arrow_type(name: str) -> pa.DataType:
+    """Parse a ``result_type`` name (see :func:`arrow_type_name`) back into an Arrow type.
+
+    Example:
+        >>> parse_arrow_type("utf8"), parse_arrow_type("time64:ns")
+        (DataType(string), Time64Type(time64[ns]))
+    """
+    simple = _TYPES_BY_NAME.get(name)
+    if simple is not None:
+        return simple
+    parts = name.split(":")
+    try:
+        if parts[0] == "timestamp" and len(parts) >= 2:
+            # A tz like "+05:30" contains ':'; re-join everything after the unit.
+            return pa.timestamp(parts[1], ":".join(parts[2:]) or None)
+        if parts[0] == "time32" and len(parts) == 2:
+            return pa.time32(parts[1])
+        if parts[0] == "time64" and len(parts) == 2:
+            return pa.time64(parts[1])
+    except (ValueError, TypeError, pa.ArrowInvalid) as exc:
+        raise InvalidRegionSpecError(f"invalid region result_type {name!r}: {exc}") from exc
+    raise InvalidRegionSpecError(f"unknown region result_type {name!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Type families
+# --------------------------------------------------------------------------------------------
+
+
+def _is_int(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t)
+
+
+def _is_string(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _is_temporal_hashable(t: pa.DataType) -> bool:
+    return (
+        pa.types.is_date32(t)
+        or pa.types.is_timestamp(t)
+        or pa.types.is_time32(t)
+        or pa.types.is_time64(t)
+    )
+
+
+def _bucket_type_ok(t: pa.DataType) -> bool:
+    # Exactly Lance 14's `hash_array_value` match arms. Date64, binary, decimal, float16 and
+    # nested types fall into its "Unsupported bucket sharding column type" arm.
+    return (
+        _is_int(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_float32(t)
+        or pa.types.is_float64(t)
+        or _is_string(t)
+        or _is_temporal_hashable(t)
+    )
+
+
+def _multi_bucket_type_ok(t: pa.DataType) -> bool:
+    # multi_bucket normalises date64 to days, so it can also accept date64.
+    return _bucket_type_ok(t) or pa.types.is_date64(t)
+
+
+def _identity_type_ok(t: pa.DataType) -> bool:
+    # Lance's initialize_mem_wal accepts ints, bool, utf8 and large_utf8 for identity. Its
+    # evaluator passes any column through, and the seed spec allows any type. We also accept
+    # temporal and binary types, which have an obvious region-value encoding. Floats are
+    # refused: -0.0/+0.0 and the many NaN payloads would split one logical value over
+    # several regions.
+    return (
+        _is_int(t)
+        or pa.types.is_boolean(t)
+        or _is_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_date(t)
+        or pa.types.is_time(t)
+        or pa.types.is_timestamp(t)
+    )
+
+
+def _date_part_type_ok(t: pa.DataType) -> bool:
+    return pa.types.is_date(t) or pa.types.is_timestamp(t)
+
+
+def _truncate_type_ok(t: pa.DataType) -> bool:
+    return _is_int(t) or _is_string(t)
+
+
+_TYPE_CHECKS = {
+    BUCKET: (_bucket_type_ok, "int8..int64, uint8..uint64, bool, float32/64, utf8, large_utf8, "
+             "date32, time32/64 or timestamp"),
+    MULTI_BUCKET: (_multi_bucket_type_ok, "the bucket types or date64"),
+    IDENTITY: (_identity_type_ok, "an integer, bool, string, binary, date, time or timestamp"),
+    TRUNCATE: (_truncate_type_ok, "an integer or string"),
+    YEAR: (_date_part_type_ok, "date32, date64 or timestamp"),
+    MONTH: (_date_part_type_ok, "date32, date64 or timestamp"),
+    DAY: (_date_part_type_ok, "date32, date64 or timestamp"),
+    HOUR: (_date_part_type_ok, "date32, date64 or timestamp"),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Vectorised murmur3 (Spark / Lance flavour), on uint32 numpy arrays
+# --------------------------------------------------------------------------------------------
+#
+# Numpy uint32 array arithmetic wraps modulo 2**32. That is exactly the `wrapping_mul` /
+# `wrapping_add` of Lance's Rust code, and the signed/unsigned view of the bits makes no
+# difference to the result.
+
+_U32 = np.uint32
+_C1 = _U32(0xCC9E2D51)
+_C2 = _U32(0x1B873593)
+_M5 = _U32(5)
+_N1 = _U32(0xE6546B64)
+_F1 = _U32(0x85EBCA6B)
+_F2 = _U32(0xC2B2AE35)
+_S13 = _U32(13)
+_S15 = _U32(15)
+_S16 = _U32(16)
+_S17 = _U32(17)
+_S19 = _U32(19)
+
+
+def _mix_k1(k: np.ndarray) -> np.ndarray:
+    k = k * _C1
+    k = (k << _S15) | (k >> _S17)
+    k *= _C2
+    return k
+
+
+def _mix_h1(h: np.ndarray, k: np.ndarray) -> np.ndarray:
+    h = h ^ k
+    h = (h << _S13) | (h >> _S19)
+    h *= _M5
+    h += _N1
+    return h
+
+
+def _fmix(h: np.ndarray, length: np.ndarray | np.uint32) -> np.ndarray:
+    h = h ^ length
+    h ^= h >> _S16
+    h *= _F1
+    h ^= h >> _S13
+    h *= _F2
+    h ^= h >> _S16
+    return h
+
+
+def _hash_int(values: np.ndarray, seed: np.ndarray) -> np.ndarray:
+    """Lance `hash_int`: murmur3 of one 4-byte little-endian word. `values` is uint32."""
+    return _fmix(_mix_h1(seed, _mix_k1(values)), _U32(4))
+
+
+def _hash_long(values: np.ndarray, seed: np.ndarray) -> np.ndarray:
+    """Lance `hash_long`: murmur3 of 8 bytes, low word first. `values` is uint64."""
+    low = values.astype(np.uint32)  # narrowing astype wraps: the low 32 bits
+    high = (values >> np.uint64(32)).astype(np.uint32)
+    h = _mix_h1(seed, _mix_k1(low))
+    h = _mix_h1(h, _mix_k1(high))
+    return _fmix(h, _U32(8))
+
+
+def _hash_utf8(offsets: np.ndarray, data: np.ndarray, seed: np.ndarray) -> np.ndarray:
+    """Lance/Spark `hashUnsafeBytes` over an Arrow string array, vectorised.
+
+    The full 4-byte words are mixed as little-endian uint32. Each of the last ``len % 4``
+    bytes is then mixed *on its own*, sign-extended to 32 bits. Standard murmur3 instead
+    packs the tail into one word, so ``mmh3.hash`` differs whenever ``len % 4 != 0``.
+
+    Vectorisation: word ``j`` of every row that still has ``> j`` words is processed in one
+    numpy step. The set of active rows only shrinks, so the total work is O(total words +
+    rows). The number of steps is the longest row's word count, plus 3 tail steps.
+    """
+    starts = offsets[:-1].astype(np.int64)
+    lengths = offsets[1:].astype(np.int64) - starts
+    nwords = lengths >> 2
+    h = seed.copy()
+    max_words = int(nwords.max()) if len(nwords) else 0
+    if max_words:
+        # An unaligned uint32 view whose element i is bytes[i:i+4]. Every full word lies
+        # inside its string, so no padding is needed.
+        words = np.ndarray(shape=(len(data) - 3,), dtype="<u4", buffer=data, strides=(1,))
+        # Compacted state of the rows that still have words to mix.
+        rows, act_h, act_pos, act_nw = None, h, starts, nwords  # rows None = all rows
+        for j in range(max_words):
+            if int(act_nw.min()) <= j:
+                # Some rows have no word j: store their hash and drop them from the set.
+                done = act_nw <= j
+                keep = ~done
+                if rows is None:
+                    h = act_h.copy()
+                    rows = np.flatnonzero(keep)
+                else:
+                    h[rows[done]] = act_h[done]
+                    rows = rows[keep]
+                act_h, act_pos, act_nw = act_h[keep], act_pos[keep], act_nw[keep]
+            act_h = _mix_h1(act_h, _mix_k1(words[act_pos + 4 * j]))
+        if rows is None:
+            h = act_h
+        else:
+            h[rows] = act_h
+    tails = lengths & 3
+    if tails.any():
+        tail_start = starts + 4 * nwords
+        signed_bytes = data.view(np.int8)
+        for t in range(3):
+            rows = np.flatnonzero(tails > t)
+            if not len(rows):
+                break
+            # Sign-extend the byte (Rust `byte as i8 as i32`) and reinterpret it as uint32.
+            k = signed_bytes[tail_start[rows] + t].astype(np.int32).view(np.uint32)
+            h[rows] = _mix_h1(h[rows], _mix_k1(k))
+    return _fmix(h, lengths.astype(np.uint32))
+
+
+def _valid_mask(arr: pa.Array) -> np.ndarray | None:
+    """Boolean validity per row, or None when the array has no nulls."""
+    if arr.null_count == 0:
+        return None
+    if pa.types.is_null(arr.type):
+        return np.zeros(len(arr), dtype=bool)
+    return _unpack_bits(arr.buffers()[0], arr.offset, len(arr))
+
+
+def _unpack_bits(buf: pa.Buffer, offset: int, length: int) -> np.ndarray:
+    first, last = offset // 8, (offset + length + 7) // 8
+    raw = np.frombuffer(buf, dtype=np.uint8, count=last - first, offset=first)
+    bits = np.unpackbits(raw, bitorder="little")
+    return bits[offset - 8 * first : offset - 8 * first + length].view(bool)
+
+
+def _primitive(arr: pa.Array, dtype: Any) -> np.ndarray:
+    """The data buffer of a fixed-width array as numpy, zero-copy. Null slots hold garbage."""
+    dtype = np.dtype(dtype)
+    buf = arr.buffers()[1]
+    if buf is None or len(arr) == 0:
+        return np.zeros(len(arr), dtype=dtype)
+    return np.frombuffer(buf, dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+
+
+def _string_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets[n+1], data bytes) of a utf8 / large_utf8 array, zero-copy."""
+    off_dtype = np.int64 if pa.types.is_large_string(arr.type) else np.int32
+    offsets = _primitive_offsets(arr, off_dtype)
+    data_buf = arr.buffers()[2]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return offsets, data
+
+
+def _primitive_offsets(arr: pa.Array, dtype: Any) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    buf = arr.buffers()[1]
+    if buf is None or len(arr) == 0:
+        return np.zeros(len(arr) + 1, dtype=dtype)
+    return np.frombuffer(buf, dtype=dtype, count=len(arr) + 1, offset=arr.offset * dtype.itemsize)
+
+
+def _canonical_f32_bits(values: np.ndarray) -> np.ndarray:
+    bits = values.view(np.uint32).copy()
+    bits[values == 0] = 0  # +0.0 and -0.0
+    bits[np.isnan(values)] = 0x7FC00000
+    return bits
+
+
+def _canonical_f64_bits(values: np.ndarray) -> np.ndarray:
+    bits = values.view(np.uint64).copy()
+    bits[values == 0] = 0
+    bits[np.isnan(values)] = 0x7FF8000000000000
+    return bits
+
+
+_SIGN_EXTEND_32 = {pa.int8(): np.int8, pa.int16(): np.int16}
+_ZERO_EXTEND_32 = {pa.uint8(): np.uint8, pa.uint16(): np.uint16}
+
+
+def _decode_dictionary(arr: pa.Array) -> pa.Array:
+    # Dictionary-encoded input is hashed and transformed by its values. Lance itself rejects
+    # dictionary columns, but equal values must land in the same region whatever the encoding.
+    return arr.dictionary_decode() if pa.types.is_dictionary(arr.type) else arr
+
+
+def _hash_lance(arr: pa.Array, seed: np.ndarray) -> np.ndarray:
+    """Per-row murmur3 exactly as Lance 14 `hash_array_value` (NULL -> seed)."""
+    arr = _decode_dictionary(arr)
+    t = arr.type
+    n = len(arr)
+    if pa.types.is_null(t):
+        return seed.copy()
+    if t in _SIGN_EXTEND_32:
+        h = _hash_int(_primitive(arr, _SIGN_EXTEND_32[t]).astype(np.int32).view(np.uint32), seed)
+    elif t in _ZERO_EXTEND_32:
+        h = _hash_int(_primitive(arr, _ZERO_EXTEND_32[t]).astype(np.uint32), seed)
+    elif t in (pa.int32(), pa.uint32(), pa.date32()) or pa.types.is_time32(t):
+        h = _hash_int(_primitive(arr, np.uint32), seed)
+    elif t in (pa.int64(), pa.uint64()) or pa.types.is_timestamp(t) or pa.types.is_time64(t):
+        # Timestamps hash their raw i64 in their own unit, so ts[s] 1 != ts[ms] 1000.
+        h = _hash_long(_primitive(arr, np.uint64), seed)
+    elif pa.types.is_boolean(t):
+        h = _hash_int(_unpack_bits(arr.buffers()[1], arr.offset, n).astype(np.uint32), seed)
+    elif pa.types.is_float32(t):
+        h = _hash_int(_canonical_f32_bits(_primitive(arr, np.float32)), seed)
+    elif pa.types.is_float64(t):
+        h = _hash_long(_canonical_f64_bits(_primitive(arr, np.float64)), seed)
+    elif _is_string(t):
+        offsets, data = _string_parts(arr)
+        h = _hash_utf8(offsets, data, seed)
+    else:
+        raise InvalidRegionSpecError(
+            f"unsupported bucket column type {t}; Lance 14 can only bucket "
+            f"{_TYPE_CHECKS[BUCKET][1]}"
+        )
+    valid = _valid_mask(arr)
+    return h if valid is None else np.where(valid, h, seed)
+
+
+_NS_PER = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
+_MS_PER_DAY = 86_400_000
+_TWO_63 = 2.0**63
+
+
+def _hash_multi(arr: pa.Array, seed: np.ndarray) -> np.ndarray:
+    """Per-row murmur3 of a type-normalised value, for ``multi_bucket`` (NULL -> seed).
+
+    The values are normalised so that equal values of different types hash equally:
+
+    * every integer type and bool -> its value as int64 (uint64 as the same 64 bits),
+      then ``hash_long``;
+    * float32/float64 -> widened to float64. An integral value inside the int64 range hashes
+      as that integer (so ``5.0`` equals ``5``). Any other value hashes its canonical float64
+      bits (+-0 -> 0, NaN -> the canonical NaN);
+    * date32/date64 -> days since epoch (date64 floor-divided by 86_400_000 ms);
+    * timestamp -> nanoseconds since epoch in any unit (wrapping outside the ns range, where
+      timestamp[ns] has no value to collide with). time32/time64 -> nanoseconds since
+      midnight;
+    * utf8/large_utf8 -> the Spark-style byte hash, as for ``bucket``.
+    """
+    arr = _decode_dictionary(arr)
+    t = arr.type
+    if pa.types.is_null(t):
+        return seed.copy()
+    if _is_int(t) or pa.types.is_boolean(t):
+        if pa.types.is_boolean(t):
+            v = _unpack_bits(arr.buffers()[1], arr.offset, len(arr)).astype(np.uint64)
+        elif t == pa.uint64():
+            v = _primitive(arr, np.uint64)
+        else:
+            v = _primitive(arr, t.to_pandas_dtype()).astype(np.int64).view(np.uint64)
+        h = _hash_long(v, seed)
+    elif pa.types.is_float32(t) or pa.types.is_float64(t):
+        f = _primitive(arr, t.to_pandas_dtype()).astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            integral = np.isfinite(f) & (np.floor(f) == f) & (f >= -_TWO_63) & (f < _TWO_63)
+        as_int = np.where(integral, f, 0.0).astype(np.int64).view(np.uint64)
+        h = _hash_long(np.where(integral, as_int, _canonical_f64_bits(f)), seed)
+    elif pa.types.is_date32(t):
+        h = _hash_long(_primitive(arr, np.int32).astype(np.int64).view(np.uint64), seed)
+    elif pa.types.is_date64(t):
+        days = np.floor_divide(_primitive(arr, np.int64), _MS_PER_DAY)
+        h = _hash_long(days.view(np.uint64), seed)
+    elif pa.types.is_timestamp(t) or pa.types.is_time(t):
+        raw = _primitive(arr, np.int32 if pa.types.is_time32(t) else np.int64).astype(np.int64)
+        # Uniform-unit rescale; uint64 multiplication wraps instead of raising.
+        ns = raw.view(np.uint64) * np.uint64(_NS_PER[t.unit])
+        h = _hash_long(ns, seed)
+    elif _is_string(t):
+        offsets, data = _string_parts(arr)
+        h = _hash_utf8(offsets, data, seed)
+    else:
+        raise InvalidRegionSpecError(
+            f"unsupported multi_bucket column type {t}; expected {_TYPE_CHECKS[MULTI_BUCKET][1]}"
+        )
+    valid = _valid_mask(arr)
+    return h if valid is None else np.where(valid, h, seed)
+
+
+def _to_bucket(h: np.ndarray, num_buckets: int) -> np.ndarray:
+    # Lance: `(hash & i32::MAX) % num_buckets`. It is NOT abs(hash) % N, which differs for
+    # every negative hash and overflows for i32::MIN.
+    return ((h & _U32(0x7FFFFFFF)) % _U32(num_buckets)).astype(np.int32)
+
+
+def murmur3_bucket(values: pa.Array | pa.ChunkedArray, num_buckets: int) -> np.ndarray:
+    """Lance 14 bucket ids (int32 numpy array) of an Arrow array; NULL -> 0.
+
+    Example:
+        >>> murmur3_bucket(pa.array(["a", "b", None]), 8).tolist()
+        [1, 5, 0]
+    """
+    _check_num_buckets(num_buckets, "murmur3_bucket")
+    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+    parts = [_to_bucket(_hash_lance(c, np.zeros(len(c), np.uint32)), num_buckets) for c in chunks]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+
+# --------------------------------------------------------------------------------------------
+# Other transforms
+# --------------------------------------------------------------------------------------------
+
+
+def _date_part(arr: pa.Array, part: str) -> pa.Array:
+    """`date_part(part, col)` as int32, for date32/date64/timestamp columns.
+
+    This runs DataFusion's own ``date_part``, because that *is* the seed spec's definition
+    of these transforms. pyarrow's ``pc.year`` etc. are not equivalent:
+
+    * pyarrow keeps the year in 16 bits. It wraps for |year| > 32767 (timestamp[us] 2**62
+      gives 17036 in pyarrow, 148108 in DataFusion). DataFusion returns NULL outside chrono's
+      range, e.g. date32 2**31-1.
+    * For tz-aware timestamps, both use the local time of the column's zone. But their time
+      zone databases disagree on far-future DST (after 2037), so they differ by an hour
+      there.
+    """
+    arr = _decode_dictionary(arr)
+    if pa.types.is_null(arr.type):
+        return pa.nulls(len(arr), pa.int32())
+    out = _eval_expression(f"date_part('{part}', col0)", [arr], len(arr))
+    return out if out.type == pa.int32() else out.cast(pa.int32())
+
+
+def _truncate(arr: pa.Array, width: int) -> pa.Array:
+    """Seed `truncate`: `left(col, W)` for strings; `col - (col mod W)` with floor mod for ints.
+
+    Floor semantics (Iceberg's too): -7 truncated to width 5 is -10, not -5. DataFusion's
+    `%` is truncating, so the SQL text `col0 - (col0 % 5)` would give -5 for -7.
+    """
+    arr = _decode_dictionary(arr)
+    t = arr.type
+    if pa.types.is_null(t):
+        return arr
+    if _is_string(t):
+        # utf8_slice_codeunits counts code points, like DataFusion's left().
+        return pc.utf8_slice_codeunits(arr, 0, width)
+    if not _is_int(t):
+        raise InvalidRegionSpecError(f"truncate needs an integer or string column, got {t}")
+    valid = _valid_mask(arr)
+    mask = None if valid is None else ~valid
+    np_type = np.dtype(t.to_pandas_dtype())
+    if pa.types.is_unsigned_integer(t):
+        v = _primitive(arr, np_type).astype(np.uint64)
+        out = v - v % np.uint64(width)  # never below 0, so it always fits the source type
+        return pa.array(out.astype(np_type), type=t, mask=mask)
+    v = _primitive(arr, np_type).astype(np.int64)
+    out = v - np.mod(v, np.int64(width)) if width <= np.iinfo(np.int64).max else None
+    info = np.iinfo(np_type)
+    # The result is <= v. It can only leave the type's range downward, which wraps around
+    # for int64 and shows up as out > v.
+    bad = (out > v) | (out < info.min) if out is not None else np.ones(len(v), bool)
+    if valid is not None:
+        bad &= valid
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise InvalidInputError(
+            f"truncate({width}) of {int(v[row])} does not fit {t}; use a smaller width"
+        )
+    return pa.array(out.astype(np_type), type=t, mask=mask)
+
+
+_DF_LOCAL = threading.local()
+
+
+def _datafusion_context() -> Any:
+    """One DataFusion SessionContext per thread, created on first use.
+
+    target_partitions=1 makes DataFusion keep the input row order. A projection over one
+    partition is never repartitioned, so output row i is input row i.
+    """
+    ctx = getattr(_DF_LOCAL, "ctx", None)
+    if ctx is None:
+        from datafusion import SessionConfig, SessionContext  # imported lazily: slow import
+
+        ctx = SessionContext(SessionConfig().with_target_partitions(1))
+        _DF_LOCAL.ctx = ctx
+    return ctx
+
+
+def _eval_expression(sql: str, arrays: Sequence[pa.Array], n: int) -> pa.Array:
+    """Evaluate a DataFusion SQL expression over one batch with columns col0..colN."""
+    batch = pa.record_batch({f"col{i}": a for i, a in enumerate(arrays)}) if arrays else (
+        pa.record_batch({"__row": pa.nulls(n)})
+    )
+    ctx = _datafusion_context()
+    # A unique name per call: the context is reused across batches, and a leftover
+    # registration must never be read by another call.
+    name = f"region_input_{uuid.uuid4().hex}"
+    ctx.register_record_batches(name, [[batch]])
+    try:
+        result = ctx.sql(f"SELECT {sql} AS v FROM {name}").to_arrow_table()
+    except Exception as exc:  # DataFusion raises plain Exception subclasses
+        raise InvalidRegionSpecError(f"region expression {sql!r} failed: {exc}") from exc
+    finally:
+        ctx.deregister_table(name)
+    if result.num_rows != n:
+        raise InvalidRegionSpecError(
+            f"region expression {sql!r} returned {result.num_rows} rows for {n} input rows; "
+            "it must be a scalar (row-wise) expression"
+        )
+    column = result.column(0)
+    return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+
+
+# --------------------------------------------------------------------------------------------
+# Region field value encoding (RegionFieldEntry.value)
+# --------------------------------------------------------------------------------------------
+
+
+def encode_region_value(value: Any, arrow_type: pa.DataType | str) -> bytes:
+    """Encode one region value as raw little-endian Arrow scalar bytes (``RegionFieldEntry.value``).
+
+    This is Lance's encoding: int32 -> 4 LE bytes, utf8 -> the raw UTF-8 bytes, and every
+    fixed-width type -> its Arrow buffer bytes (date32 = days as i32, timestamp = i64 in its
+    unit, ...). A bool is one byte 0/1, which is also what a one-row Arrow bitmap holds.
+    NULL has no byte encoding: a NULL region value is recorded by *omitting* its
+    ``RegionFieldEntry``, because ``b""`` is already the encoding of the empty string.
+    Passing ``None`` raises.
+
+    Example:
+        >>> encode_region_value(5, "int32"), encode_region_value("ab", pa.utf8())
+        (b'\\x05\\x00\\x00\\x00', b'ab')
+    """
+    t = parse_arrow_type(arrow_type) if isinstance(arrow_type, str) else arrow_type
+    if isinstance(value, pa.Scalar):
+        value = value.as_py()
+    if value is None:
+        raise InvalidInputError(
+            "a NULL region value has no byte encoding; omit its RegionFieldEntry instead"
+        )
+    if _is_string(t):
+        if not isinstance(value, str):
+            raise InvalidInputError(f"expected str for {t}, got {type(value).__name__}")
+        return value.encode("utf-8")
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return bytes(value)
+    if pa.types.is_boolean(t):
+        if not isinstance(value, (bool, np.bool_)):
+            raise InvalidInputError(f"expected bool for {t}, got {type(value).__name__}")
+        return b"\x01" if value else b"\x00"
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_temporal(t)):
+        raise InvalidRegionSpecError(f"region values of type {t} cannot be encoded")
+    try:
+        arr = pa.array([value], type=t)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
+        raise InvalidInputError(f"{value!r} is not a valid {t} region value: {exc}") from exc
+    width = t.bit_width // 8
+    return arr.buffers()[1].to_pybytes()[:width]
+
+
+def decode_region_value(data: bytes, arrow_type: pa.DataType | str) -> Any:
+    """Decode ``RegionFieldEntry.value`` bytes back into a Python value (inverse of encode).
+
+    Example:
+        >>> decode_region_value(b"\\x05\\x00\\x00\\x00", "int32"), decode_region_value(b"ab", "utf8")
+        (5, 'ab')
+    """
+    t = parse_arrow_type(arrow_type) if isinstance(arrow_type, str) else arrow_type
+    data = bytes(data)
+    if _is_string(t):
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CorruptManifestError(f"region value is not valid UTF-8: {data!r}") from exc
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return data
+    if pa.types.is_boolean(t):
+        if data not in (b"\x00", b"\x01"):
+            raise CorruptManifestError(f"a boolean region value must be 1 byte 0/1, got {data!r}")
+        return data == b"\x01"
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_temporal(t)):
+        raise InvalidRegionSpecError(f"region values of type {t} cannot be decoded")
+    width = t.bit_width // 8
+    if len(data) != width:
+        raise CorruptManifestError(f"a {t} region value needs {width} bytes, got {len(data)}")
+    return pa.Array.from_buffers(t, 1, [None, pa.py_buffer(data)])[0].as_py()
+
+
+# --------------------------------------------------------------------------------------------
+# RegionField / RegionSpec
+# --------------------------------------------------------------------------------------------
+
+
+def _check_num_buckets(num_buckets: Any, where: str) -> int:
+    if isinstance(num_buckets, bool) or not isinstance(num_buckets, (int, np.integer)):
+        raise InvalidRegionSpecError(f"{where}: num_buckets must be an int, got {num_buckets!r}")
+    if not 1 <= int(num_buckets) <= MAX_NUM_BUCKETS:
+        raise InvalidRegionSpecError(
+            f"{where}: num_buckets must be in [1, {MAX_NUM_BUCKETS}] (Lance's limit), "
+            f"got {num_buckets}"
+        )
+    return int(num_buckets)
+
+
+def _int_param(params: Mapping[str, str], key: str, where: str) -> int:
+    raw = params.get(key)
+    if raw is None:
+        raise InvalidRegionSpecError(f"{where}: missing parameter {key!r}")
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise InvalidRegionSpecError(f"{where}: parameter {key}={raw!r} is not an int") from exc
+
+
+@dataclass(frozen=True)
+class RegionField:
+    """One region field: how to derive one region value per row.
+
+    ``source_columns`` are column *names*. The protobuf stores field ids, which
+    :meth:`RegionSpec.to_proto` / :meth:`RegionSpec.from_proto` translate. ``parameters`` is
+    stored as a sorted tuple of string pairs so the field stays hashable; :attr:`params`
+    gives it as a dict. ``result_type`` may be ``None`` for identity/truncate fields until
+    the spec is bound to a schema (:meth:`RegionSpec.bind`), because their result type is the
+    source column type.
+
+    Example:
+        >>> RegionField.bucket("id", 8).params
+        {'num_buckets': '8'}
+    """
+
+    field_id: str
+    source_columns: tuple[str, ...]
+    transform: str | None = None
+    expression: str | None = None
+    result_type: str | None = None
+    parameters: tuple[tuple[str, str], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        # Normalise friendly inputs (a list of columns, a dict of parameters) so that
+        # equality and hashing work on canonical values.
+        if isinstance(self.source_columns, str):
+            object.__setattr__(self, "source_columns", (self.source_columns,))
+        object.__setattr__(self, "source_columns", tuple(self.source_columns))
+        params = self.parameters
+        items = params.items() if isinstance(params, Mapping) else params
+        object.__setattr__(
+            self, "parameters", tuple(sorted((str(k), str(v)) for k, v in items))
+        )
+        self._validate()
+
+    # -- constructors ------------------------------------------------------------------------
+
+    @classmethod
+    def bucket(cls, column: str, num_buckets: int, *, field_id: str = BUCKET) -> RegionField:
+        """Lance bucket field: ``(murmur3(col) & 0x7fffffff) % num_buckets``.
+
+        Example:
+            >>> RegionField.bucket("id", 8).result_type
+            'int32'
+        """
+        n = _check_num_buckets(num_buckets, "bucket")
+        return cls(field_id, (column,), BUCKET, None, "int32", {"num_buckets": str(n)})
+
+    @classmethod
+    def identity(
+        cls, column: str, *, result_type: str | pa.DataType | None = None, field_id: str = BUCKET
+    ) -> RegionField:
+        """Lance identity field: the raw column value (result type = the source type).
+
+        Example:
+            >>> RegionField.identity("tenant", result_type=pa.utf8()).result_type
+            'utf8'
+        """
+        return cls(field_id, (column,), IDENTITY, None, _type_name_or_none(result_type), {})
+
+    @classmethod
+    def unsharded(cls, *, field_id: str = BUCKET) -> RegionField:
+        """Lance unsharded field: no source column, always int32 0.
+
+        Example:
+            >>> RegionField.unsharded().source_columns
+            ()
+        """
+        return cls(field_id, (), UNSHARDED, None, "int32", {})
+
+    @classmethod
+    def date_part(cls, part: str, column: str, *, field_id: str | None = None) -> RegionField:
+        """Seed year/month/day/hour field: ``date_part(part, col)`` as int32.
+
+        Example:
+            >>> RegionField.date_part("year", "ts").transform
+            'year'
+        """
+        if part not in _DATE_PARTS:
+            raise InvalidRegionSpecError(f"date part must be one of {_DATE_PARTS}, got {part!r}")
+        return cls(field_id or part, (column,), part, None, "int32", {})
+
+    @classmethod
+    def truncate(
+        cls,
+        column: str,
+        width: int,
+        *,
+        result_type: str | pa.DataType | None = None,
+        field_id: str = TRUNCATE,
+    ) -> RegionField:
+        """Seed truncate field: ``left(col, W)`` (strings) or ``col - (col mod W)`` (ints, floor).
+
+        Example:
+            >>> RegionField.truncate("name", 3).params
+            {'width': '3'}
+        """
+        return cls(
+            field_id, (column,), TRUNCATE, None, _type_name_or_none(result_type),
+            {"width": str(width)},
+        )
+
+    @classmethod
+    def multi_bucket(
+        cls, columns: Sequence[str], num_buckets: int, *, field_id: str = MULTI_BUCKET
+    ) -> RegionField:
+        """Seed multi_bucket field over several columns (see :meth:`RegionSpec.multi_bucket`).
+
+        Example:
+            >>> RegionField.multi_bucket(["a", "b"], 16).source_columns
+            ('a', 'b')
+        """
+        n = _check_num_buckets(num_buckets, "multi_bucket")
+        return cls(field_id, tuple(columns), MULTI_BUCKET, None, "int32", {"num_buckets": str(n)})
+
+    @classmethod
+    def sql(
+        cls,
+        sql: str,
+        columns: Sequence[str],
+        result_type: str | pa.DataType,
+        *,
+        field_id: str = "expression",
+    ) -> RegionField:
+        """A DataFusion SQL expression over ``col0, col1, ...`` (= ``columns`` in order).
+
+        Example:
+            >>> RegionField.sql("col0 % 10", ["id"], "int64").expression
+            'col0 % 10'
+        """
+        return cls(field_id, tuple(columns), None, sql, _type_name_or_none(result_type), {})
+
+    # -- accessors ---------------------------------------------------------------------------
+
+    @property
+    def params(self) -> dict[str, str]:
+        """The parameters as a dict (e.g. ``{"num_buckets": "8"}``)."""
+        return dict(self.parameters)
+
+    @property
+    def num_buckets(self) -> int | None:
+        """``num_buckets`` of a bucket / multi_bucket field, else None."""
+        if self.transform in (BUCKET, MULTI_BUCKET):
+            return int(self.params["num_buckets"])
+        return None
+
+    @property
+    def width(self) -> int | None:
+        """``width`` of a truncate field, else None."""
+        return int(self.params["width"]) if self.transform == TRUNCATE else None
+
+    def describe(self) -> str:
+        """Human-readable form, e.g. ``bucket = bucket(id, 8)``.
+
+        Example:
+            >>> RegionField.truncate("name", 3).describe()
+            'truncate = truncate(name, 3)'
+        """
+        cols = ", ".join(_display_column(c) for c in self.source_columns)
+        if self.transform is None:
+            body = f"{self.expression} WITH (col0..) = ({cols}) -> {self.result_type}"
+        elif self.transform in (BUCKET, MULTI_BUCKET):
+            body = f"{self.transform}({cols}, {self.num_buckets})"
+        elif self.transform == TRUNCATE:
+            body = f"truncate({cols}, {self.width})"
+        else:
+            body = f"{self.transform}({cols})"
+        return f"{self.field_id} = {body}"
+
+    # -- validation --------------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        where = f"region field {self.field_id!r}"
+        if not isinstance(self.field_id, str) or not self.field_id:
+            raise InvalidRegionSpecError("a region field needs a non-empty string field_id")
+        for c in self.source_columns:
+            if not isinstance(c, str) or not c:
+                raise InvalidRegionSpecError(f"{where}: source columns must be non-empty names")
+        if len(set(self.source_columns)) != len(self.source_columns):
+            raise InvalidRegionSpecError(f"{where}: a source column is listed twice")
+        if (self.transform is None) == (self.expression is None):
+            raise InvalidRegionSpecError(f"{where}: specify exactly one of transform / expression")
+        if self.result_type is not None:
+            parse_arrow_type(self.result_type)  # raises on an unknown name
+        params = self.params
+        if self.expression is not None:
+            if not self.expression.strip():
+                raise InvalidRegionSpecError(f"{where}: empty expression")
+            if self.result_type is None:
+                raise InvalidRegionSpecError(f"{where}: an expression needs a result_type")
+            return
+        t = self.transform
+        if t not in _KNOWN_TRANSFORMS:
+            raise InvalidRegionSpecError(
+                f"{where}: unknown transform {t!r}; expected one of {sorted(_KNOWN_TRANSFORMS)}"
+            )
+        nsrc = len(self.source_columns)
+        if t == UNSHARDED and nsrc:
+            raise InvalidRegionSpecError(f"{where}: unsharded takes no source column")
+        if t == MULTI_BUCKET and nsrc < 1:
+            raise InvalidRegionSpecError(f"{where}: multi_bucket needs at least one column")
+        if t not in (UNSHARDED, MULTI_BUCKET) and nsrc != 1:
+            raise InvalidRegionSpecError(f"{where}: {t} takes exactly one source column")
+        if t in _INT32_TRANSFORMS and self.result_type != "int32":
+            raise InvalidRegionSpecError(f"{where}: {t} has result_type int32")
+        if t in (BUCKET, MULTI_BUCKET):
+            _check_num_buckets(_int_param(params, "num_buckets", where), where)
+        if t == TRUNCATE and _int_param(params, "width", where) < 1:
+            raise InvalidRegionSpecError(f"{where}: truncate width must be >= 1")
+
+
+def _type_name_or_none(t: str | pa.DataType | None) -> str | None:
+    if t is None:
+        return None
+    if isinstance(t, pa.DataType):
+        return arrow_type_name(t)
+    return arrow_type_name(parse_arrow_type(t))  # canonicalise aliases such as "string"
+
+
+def _display_column(name: str) -> str:
+    if name.startswith(_REMOVED_PREFIX):
+        return f"<removed field {name[len(_REMOVED_PREFIX):]}>"
+    return name
+
+
+@dataclass(frozen=True)
+class RegionSpec:
+    """A region spec: a ``spec_id`` and the region fields that define a row's region.
+
+    Build one with a single-field constructor (:meth:`bucket`, :meth:`identity`,
+    :meth:`unsharded`, :meth:`year`, :meth:`month`, :meth:`day`, :meth:`hour`,
+    :meth:`truncate`, :meth:`multi_bucket`, :meth:`expression`), or combine fields with
+    :meth:`compose`.
+
+    Example:
+        >>> spec = RegionSpec.compose(RegionField.identity("tenant"), RegionField.bucket("id", 4))
+        Traceback (most recent call last):
+        ...
+        memwal_sql.errors.InvalidRegionSpecError: region spec field ids must be unique, got ['bucket', 'bucket']
+        >>> spec = RegionSpec.compose(
+        ...     RegionField.identity("tenant", field_id="tenant"), RegionField.bucket("id", 4))
+        >>> spec.describe()
+        'spec 1: tenant = identity(tenant); bucket = bucket(id, 4)'
+    """
+
+    fields: tuple[RegionField, ...]
+    spec_id: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fields", tuple(self.fields))
+        if isinstance(self.spec_id, bool) or not isinstance(self.spec_id, (int, np.integer)):
+            raise InvalidRegionSpecError(f"spec_id must be an int, got {self.spec_id!r}")
+        # spec_id 0 is reserved for manually created regions that follow no spec.
+        if not 1 <= int(self.spec_id) <= 0xFFFFFFFF:
+            raise InvalidRegionSpecError(f"spec_id must be in [1, 2**32), got {self.spec_id}")
+        if not self.fields:
+            raise InvalidRegionSpecError("a region spec needs at least one field")
+        for f in self.fields:
+            if not isinstance(f, RegionField):
+                raise InvalidRegionSpecError(f"expected RegionField, got {type(f).__name__}")
+        ids = [f.field_id for f in self.fields]
+        if len(set(ids)) != len(ids):
+            raise InvalidRegionSpecError(f"region spec field ids must be unique, got {ids}")
+
+    # -- constructors ------------------------------------------------------------------------
+
+    @classmethod
+    def compose(cls, *fields: RegionField | RegionSpec, spec_id: int = 1) -> RegionSpec:
+        """General constructor: a spec from fields (or the fields of other specs), in order.
+
+        Example:
+            >>> RegionSpec.compose(RegionField.date_part("year", "ts"),
+            ...                    RegionField.bucket("id", 8), spec_id=2).spec_id
+            2
+        """
+        out: list[RegionField] = []
+        for f in fields:
+            out.extend(f.fields if isinstance(f, RegionSpec) else (f,))
+        return cls(tuple(out), spec_id)
+
+    @classmethod
+    def bucket(
+        cls, column: str, num_buckets: int, *, spec_id: int = 1, field_id: str = BUCKET
+    ) -> RegionSpec:
+        """Lance bucket spec, bit-exact with Lance 14: NULL -> 0, ``num_buckets`` in [1, 1024].
+
+        Example:
+            >>> RegionSpec.bucket("id", 8).num_regions
+            8
+        """
+        return cls((RegionField.bucket(column, num_buckets, field_id=field_id),), spec_id)
+
+    @classmethod
+    def identity(
+        cls,
+        column: str,
+        *,
+        result_type: str | pa.DataType | None = None,
+        spec_id: int = 1,
+        field_id: str = BUCKET,
+    ) -> RegionSpec:
+        """Lance identity spec: the region value is the raw column value.
+
+        ``result_type`` defaults to the column type; :meth:`bind` fills it in.
+
+        Example:
+            >>> RegionSpec.identity("tenant").bind(pa.schema([("tenant", pa.utf8())])).result_types()
+            [DataType(string)]
+        """
+        field_ = RegionField.identity(column, result_type=result_type, field_id=field_id)
+        return cls((field_,), spec_id)
+
+    @classmethod
+    def unsharded(cls, *, spec_id: int = 1, field_id: str = BUCKET) -> RegionSpec:
+        """Lance unsharded spec: every row goes to one region (value int32 0).
+
+        Example:
+            >>> RegionSpec.unsharded().num_regions
+            1
+        """
+        return cls((RegionField.unsharded(field_id=field_id),), spec_id)
+
+    @classmethod
+    def year(cls, column: str, *, spec_id: int = 1, field_id: str = YEAR) -> RegionSpec:
+        """Seed ``year`` spec: ``date_part('year', col)`` as int32 (date32/date64/timestamp).
+
+        Example:
+            >>> RegionSpec.year("d").region_values(pa.table({"d": pa.array([0], pa.date32())}))["year"].to_pylist()
+            [1970]
+        """
+        return cls((RegionField.date_part(YEAR, column, field_id=field_id),), spec_id)
+
+    @classmethod
+    def month(cls, column: str, *, spec_id: int = 1, field_id: str = MONTH) -> RegionSpec:
+        """Seed ``month`` spec: ``date_part('month', col)`` (1..12) as int32.
+
+        Example:
+            >>> RegionSpec.month("d").region_values(pa.table({"d": pa.array([40], pa.date32())}))["month"].to_pylist()
+            [2]
+        """
+        return cls((RegionField.date_part(MONTH, column, field_id=field_id),), spec_id)
+
+    @classmethod
+    def day(cls, column: str, *, spec_id: int = 1, field_id: str = DAY) -> RegionSpec:
+        """Seed ``day`` spec: ``date_part('day', col)``, the day of the month (1..31), int32.
+
+        Example:
+            >>> RegionSpec.day("d").region_values(pa.table({"d": pa.array([40], pa.date32())}))["day"].to_pylist()
+            [10]
+        """
+        return cls((RegionField.date_part(DAY, column, field_id=field_id),), spec_id)
+
+    @classmethod
+    def hour(cls, column: str, *, spec_id: int = 1, field_id: str = HOUR) -> RegionSpec:
+        """Seed ``hour`` spec: ``date_part('hour', col)`` (0..23; 0 for dates) as int32.
+
+        For tz-aware timestamps this is the local hour in the column's time zone. All four
+        date parts are computed by DataFusion's ``date_part`` (see ``_date_part``).
+
+        Example:
+            >>> t = pa.table({"ts": pa.array([7_200], pa.timestamp("s"))})
+            >>> RegionSpec.hour("ts").region_values(t)["hour"].to_pylist()
+            [2]
+        """
+        return cls((RegionField.date_part(HOUR, column, field_id=field_id),), spec_id)
+
+    @classmethod
+    def truncate(
+        cls,
+        column: str,
+        width: int,
+        *,
+        result_type: str | pa.DataType | None = None,
+        spec_id: int = 1,
+        field_id: str = TRUNCATE,
+    ) -> RegionSpec:
+        """Seed ``truncate`` spec. Strings: ``left(col, W)`` (W code points). Integers:
+        ``col - (col mod W)`` with *floor* mod, so -7 -> -10 for W=5. The result has the
+        source type.
+
+        Example:
+            >>> t = pa.table({"x": pa.array([-7, 7, None])})
+            >>> RegionSpec.truncate("x", 5).region_values(t)["truncate"].to_pylist()
+            [-10, 5, None]
+        """
+        field_ = RegionField.truncate(column, width, result_type=result_type, field_id=field_id)
+        return cls((field_,), spec_id)
+
+    @classmethod
+    def multi_bucket(
+        cls,
+        columns: Sequence[str],
+        num_buckets: int,
+        *,
+        spec_id: int = 1,
+        field_id: str = MULTI_BUCKET,
+    ) -> RegionSpec:
+        """Seed ``multi_bucket`` spec: a murmur3 hash across several columns, bucketed.
+
+        The combination is Spark's ``hash(a, b, ...)`` with seed 0, the same chain Lance's
+        hash functions use through their seed argument::
+
+            h = 0
+            for col in columns:                 # in the given order
+                if col is not NULL:             # a NULL column leaves h unchanged (ignored)
+                    h = murmur3(normalise(col), seed=h)
+            region = (h & 0x7fffffff) % num_buckets
+
+        If every column is NULL, ``h`` stays 0 and the row goes to region 0 (Lance's NULL
+        bucket). To resist type promotion, values are normalised before hashing (see
+        ``_hash_multi``):
+
+        * all integer widths, signed or unsigned, and bool hash as int64;
+        * floats with an integral value hash as that integer;
+        * date32 and date64 hash as days;
+        * timestamps and times hash as nanoseconds in any unit.
+
+        So ``int32 5``, ``int64 5`` and ``5.0`` share a region. With one integer column,
+        ``multi_bucket([c], N)`` equals Lance's ``bucket(c cast to int64, N)``. The same
+        bucket formula as Lance is used (``& 0x7fffffff``, not the seed's ``abs``).
+
+        Example:
+            >>> t = pa.table({"a": pa.array([5], pa.int32()), "b": pa.array([5.0])})
+            >>> s = RegionSpec.multi_bucket(["a"], 16)
+            >>> s.region_values(t)["multi_bucket"].to_pylist() == RegionSpec.multi_bucket(["b"], 16).region_values(t)["multi_bucket"].to_pylist()
+            True
+        """
+        return cls((RegionField.multi_bucket(columns, num_buckets, field_id=field_id),), spec_id)
+
+    @classmethod
+    def expression(
+        cls,
+        sql: str,
+        columns: Sequence[str],
+        result_type: str | pa.DataType,
+        *,
+        spec_id: int = 1,
+        field_id: str = "expression",
+    ) -> RegionSpec:
+        """A DataFusion SQL expression spec over ``col0, col1, ...`` (the ``columns`` in order).
+
+        It is evaluated per batch in a reused DataFusion ``SessionContext``, and the result is
+        cast to ``result_type``. The expression must be deterministic and stateless; that is
+        not checked.
+
+        Example:
+            >>> t = pa.table({"id": pa.array([12, 27])})
+            >>> RegionSpec.expression("col0 / 10", ["id"], "int64").region_values(t)["expression"].to_pylist()
+            [1, 2]
+        """
+        return cls((RegionField.sql(sql, columns, result_type, field_id=field_id),), spec_id)
+
+    # -- properties --------------------------------------------------------------------------
+
+    @property
+    def source_columns(self) -> tuple[str, ...]:
+        """Every source column of every field, in first-use order, without repeats.
+
+        Example:
+            >>> RegionSpec.multi_bucket(["a", "b"], 4).source_columns
+            ('a', 'b')
+        """
+        return tuple(dict.fromkeys(c for f in self.fields for c in f.source_columns))
+
+    @property
+    def num_regions(self) -> int:
+        """What Lance writes in ``num_shards``: N for bucket-N, 1 for unsharded, 0 otherwise.
+
+        For multi-field specs made only of bucket/multi_bucket/unsharded fields, this is the
+        product of their counts (the number of possible region tuples). Any field with an
+        open value domain makes it 0.
+
+        Example:
+            >>> RegionSpec.identity("t").num_regions, RegionSpec.bucket("id", 7).num_regions
+            (0, 7)
+        """
+        total = 1
+        for f in self.fields:
+            if f.transform in (BUCKET, MULTI_BUCKET):
+                total *= f.num_buckets or 0
+            elif f.transform != UNSHARDED:
+                return 0
+        return total
+
+    def describe(self) -> str:
+        """One-line description of the spec.
+
+        Example:
+            >>> RegionSpec.bucket("id", 8).describe()
+            'spec 1: bucket = bucket(id, 8)'
+        """
+        return f"spec {self.spec_id}: " + "; ".join(f.describe() for f in self.fields)
+
+    # -- schema binding ----------------------------------------------------------------------
+
+    def bind(self, schema: pa.Schema) -> RegionSpec:
+        """Check the spec against a table schema and fill in the source-typed result types.
+
+        Raises :class:`InvalidRegionSpecError` if a source column is missing or has a type
+        the transform cannot handle. Identity and truncate fields without a result type get
+        the source column's type. Expression fields are planned once on an empty batch, so
+        SQL errors surface here and not at the first write.
+
+        Example:
+            >>> RegionSpec.truncate("x", 10).bind(pa.schema([("x", pa.int16())])).fields[0].result_type
+            'int16'
+        """
+        fields: list[RegionField] = []
+        for f in self.fields:
+            types: list[pa.DataType] = []
+            for c in f.source_columns:
+                idx = schema.get_field_index(c)
+                if idx < 0:
+                    raise InvalidRegionSpecError(
+                        f"region field {f.field_id!r}: source column {_display_column(c)!r} "
+                        f"is not in the table schema (columns: {schema.names})"
+                    )
+                t = schema.field(idx).type
+                types.append(t.value_type if pa.types.is_dictionary(t) else t)
+            _check_types(f, types)
+            if f.result_type is None:
+                f = replace(f, result_type=arrow_type_name(types[0]))
+            if f.expression is not None:
+                empty = [pa.array([], type=t) for t in types]
+                _cast_result(_eval_expression(f.expression, empty, 0), f, InvalidRegionSpecError)
+            fields.append(f)
+        return RegionSpec(tuple(fields), self.spec_id)
+
+    def result_types(self, schema: pa.Schema | None = None) -> list[pa.DataType]:
+        """The Arrow type of each field's region value, in field order.
+
+        Identity/truncate fields without a result type need ``schema`` to resolve it.
+
+        Example:
+            >>> RegionSpec.bucket("id", 4).result_types()
+            [DataType(int32)]
+        """
+        spec = self.bind(schema) if schema is not None else self
+        out = []
+        for f in spec.fields:
+            if f.result_type is None:
+                raise InvalidRegionSpecError(
+                    f"region field {f.field_id!r}: result type unknown; call bind(schema) first"
+                )
+            out.append(parse_arrow_type(f.result_type))
+        return out
+
+    def field_entries(self, values: Sequence[Any]) -> list[tuple[str, bytes]]:
+        """``(field_id, encoded value)`` pairs a region manifest records for ``values``.
+
+        NULL values have no encoding and are left out (as Lance leaves out absent entries).
+
+        Example:
+            >>> RegionSpec.bucket("id", 4).field_entries((3,))
+            [('bucket', b'\\x03\\x00\\x00\\x00')]
+        """
+        if len(values) != len(self.fields):
+            raise InvalidRegionSpecError(
+                f"{self.describe()} has {len(self.fields)} field(s), got values {tuple(values)}"
+            )
+        return [
+            (f.field_id, encode_region_value(v, t))
+            for f, v, t in zip(self.fields, values, self.result_types())
+            if v is not None
+        ]
+
+    # -- evaluation --------------------------------------------------------------------------
+
+    def region_values(
+        self, data: pa.Table | pa.RecordBatch, *, missing_as_null: bool = False
+    ) -> pa.Table:
+        """Region values of every row: one column per field (named by field_id), row-aligned.
+
+        bucket, multi_bucket, unsharded and the date parts are int32; bucket-like and
+        unsharded columns are never null. A missing source column raises
+        :class:`SchemaMismatchError`. With ``missing_as_null=True`` (for readers after a
+        column was dropped), it is read as all-NULL instead, as the seed spec requires.
+        Identity/truncate/expression results are cast to the field's ``result_type`` when it
+        is set. This keeps the region values stable when a column is promoted (int32 ->
+        int64).
+
+        Example:
+            >>> t = pa.table({"s": ["a", "b", None]})
+            >>> RegionSpec.bucket("s", 8).region_values(t).to_pydict()
+            {'bucket': [1, 5, 0]}
+        """
+        if isinstance(data, pa.RecordBatch):
+            batches = [data]
+            schema = data.schema
+        elif isinstance(data, pa.Table):
+            batches = data.to_batches()
+            schema = data.schema
+            if not batches:
+                batches = [pa.RecordBatch.from_arrays(
+                    [pa.array([], type=f.type) for f in schema], schema=schema)]
+        else:
+            raise TypeError(f"expected a pyarrow Table or RecordBatch, got {type(data).__name__}")
+        out_schema = self._output_schema(schema, missing_as_null)
+        out = [self._evaluate_batch(b, out_schema, missing_as_null) for b in batches]
+        return pa.Table.from_batches(out, schema=out_schema)
+
+    def group_rows(
+        self, data: pa.Table | pa.RecordBatch, *, missing_as_null: bool = False
+    ) -> dict[tuple, np.ndarray]:
+        """Map each distinct region-value tuple to the (ascending) row indices that hold it.
+
+        Keys are tuples of Python values, one per field, as in :meth:`region_values`.
+        Groups appear in order of first occurrence. A router can split a batch with
+        ``data.take(indices)``. Vectorised: dictionary-encode each region column, combine the
+        codes, and do one stable argsort (radix sort for < 65536 groups).
+
+        Example:
+            >>> t = pa.table({"id": pa.array([1, 2, 1, 3], pa.int32())})
+            >>> {k: v.tolist() for k, v in RegionSpec.bucket("id", 8).group_rows(t).items()}
+            {(2,): [0, 2], (7,): [1], (1,): [3]}
+        """
+        values = self.region_values(data, missing_as_null=missing_as_null)
+        n = values.num_rows
+        if n == 0:
+            return {}
+        codes: np.ndarray | None = None
+        for column in values.columns:
+            encoded = pc.dictionary_encode(column.combine_chunks(), null_encoding="encode")
+            c = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+            if codes is None:
+                codes = c
+            else:
+                # Re-compress after every column so the combined code stays < n and never
+                # overflows, whatever the per-column cardinalities.
+                _, codes = np.unique(codes * len(encoded.dictionary) + c, return_inverse=True)
+                codes = codes.astype(np.int64).reshape(-1)
+        assert codes is not None
+        if int(codes.max()) < 65536:
+            codes = codes.astype(np.uint16)  # numpy's stable sort is a radix sort here
+        order = np.argsort(codes, kind="stable")
+        sorted_codes = codes[order]
+        bounds = np.flatnonzero(sorted_codes[1:] != sorted_codes[:-1]) + 1
+        groups = np.split(order, bounds)
+        groups.sort(key=lambda g: int(g[0]))  # first occurrence; stable sort -> g[0] is min
+        firsts = pa.array([int(g[0]) for g in groups], pa.int64())
+        key_columns = [col.take(firsts).to_pylist() for col in values.columns]
+        return {tuple(k): g for k, g in zip(zip(*key_columns), groups)}
+
+    def _output_schema(self, schema: pa.Schema, missing_as_null: bool) -> pa.Schema:
+        out = []
+        for f in self.fields:
+            if f.transform in _INT32_TRANSFORMS:
+                # Lance returns bucket/unsharded columns as `int32 not null`. The date parts
+                # are int32 but keep NULLs.
+                out.append(pa.field(f.field_id, pa.int32(), nullable=f.transform in _DATE_PARTS))
+                continue
+            if f.result_type is not None:
+                t = parse_arrow_type(f.result_type)
+            else:  # identity / truncate not bound: the data's own column type
+                idx = schema.get_field_index(f.source_columns[0])
+                if idx < 0:
+                    if not missing_as_null:
+                        raise _missing(f, f.source_columns[0], schema)
+                    t = pa.null()
+                else:
+                    t = schema.field(idx).type
+                    if pa.types.is_dictionary(t):
+                        t = t.value_type
+            out.append(pa.field(f.field_id, t, nullable=True))
+        return pa.schema(out)
+
+    def _evaluate_batch(
+        self, batch: pa.RecordBatch, out_schema: pa.Schema, missing_as_null: bool
+    ) -> pa.RecordBatch:
+        n = batch.num_rows
+        arrays = []
+        for f, out_field in zip(self.fields, out_schema):
+            sources = [_source(batch, f, c, missing_as_null) for c in f.source_columns]
+            arr = _evaluate_field(f, sources, n)
+            if arr.type != out_field.type:
+                arr = _cast_result(arr, replace(f, result_type=arrow_type_name(out_field.type)),
+                                   SchemaMismatchError)
+            arrays.append(arr)
+        return pa.RecordBatch.from_arrays(arrays, schema=out_schema)
+
+    # -- protobuf ----------------------------------------------------------------------------
+
+    def to_proto(self, field_ids: Mapping[str, int]) -> memwal_pb2.RegionSpec:
+        """Encode as the ``RegionSpec`` protobuf (Lance ``ShardingSpec``), names -> field ids.
+
+        bucket/identity/unsharded encode byte-for-byte as Lance 14's ``initialize_mem_wal``:
+        ``transform`` is set, ``expression`` is absent, and ``parameters`` is
+        ``{"num_buckets": "N"}`` for bucket. Seed transforms use the seed names
+        (``"year"``, ``{"width": W}``, ...). Expression fields set ``expression`` and leave
+        ``transform`` absent.
+
+        Example:
+            >>> RegionSpec.bucket("id", 8).to_proto({"id": 0}).fields[0].parameters["num_buckets"]
+            '8'
+        """
+        msg = memwal_pb2.RegionSpec(spec_id=self.spec_id)
+        for f in self.fields:
+            if f.result_type is None:
+                raise InvalidRegionSpecError(
+                    f"region field {f.field_id!r} has no result_type; call bind(schema) first"
+                )
+            source_ids = []
+            for c in f.source_columns:
+                if c.startswith(_REMOVED_PREFIX):
+                    source_ids.append(int(c[len(_REMOVED_PREFIX):]))
+                elif c in field_ids:
+                    source_ids.append(int(field_ids[c]))
+                else:
+                    raise InvalidRegionSpecError(
+                        f"region field {f.field_id!r}: no field id for source column {c!r}"
+                    )
+            pf = msg.fields.add(field_id=f.field_id, source_ids=source_ids,
+                                result_type=f.result_type)
+            if f.transform is not None:
+                pf.transform = f.transform
+            if f.expression is not None:
+                pf.expression = f.expression
+            for k, v in f.parameters:
+                pf.parameters[k] = v
+        return msg
+
+    @classmethod
+    def from_proto(
+        cls, msg: memwal_pb2.RegionSpec, field_names: Mapping[int, str]
+    ) -> RegionSpec:
+        """Decode a ``RegionSpec`` protobuf, mapping source field ids to column names.
+
+        A source id missing from ``field_names`` (the column was dropped) becomes a
+        placeholder column that :meth:`region_values` reads as NULL with
+        ``missing_as_null=True``. :meth:`to_proto` turns it back into the same id.
+
+        Example:
+            >>> s = RegionSpec.bucket("id", 8)
+            >>> RegionSpec.from_proto(s.to_proto({"id": 3}), {3: "id"}) == s
+            True
+        """
+        fields = []
+        for pf in msg.fields:
+            columns = tuple(
+                field_names[i] if i in field_names else _removed_column_name(i)
+                for i in pf.source_ids
+            )
+            fields.append(
+                RegionField(
+                    field_id=pf.field_id,
+                    source_columns=columns,
+                    transform=pf.transform if pf.HasField("transform") else None,
+                    expression=pf.expression if pf.HasField("expression") else None,
+                    result_type=pf.result_type or None,
+                    parameters=dict(pf.parameters),
+                )
+            )
+        return cls(tuple(fields), msg.spec_id)
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _missing(f: RegionField, column: str, schema: pa.Schema) -> SchemaMismatchError:
+    return SchemaMismatchError(
+        f"region field {f.field_id!r} needs column {_display_column(column)!r}, which the data "
+        f"lacks (columns: {schema.names})"
+    )
+
+
+def _source(batch: pa.RecordBatch, f: RegionField, column: str, missing_as_null: bool) -> pa.Array:
+    idx = batch.schema.get_field_index(column)
+    if idx >= 0:
+        return batch.column(idx)
+    if column in batch.schema.names:
+        raise SchemaMismatchError(f"column {column!r} appears more than once in the data")
+    if missing_as_null:
+        return pa.nulls(batch.num_rows)
+    raise _missing(f, column, batch.schema)
+
+
+def _check_types(f: RegionField, types: Sequence[pa.DataType]) -> None:
+    """Raise InvalidRegionSpecError if a source type does not suit the field's transform."""
+    check = _TYPE_CHECKS.get(f.transform or "")
+    if check is None:  # unsharded has no source; expressions are checked by DataFusion
+        return
+    ok, expected = check
+    for c, t in zip(f.source_columns, types):
+        if pa.types.is_dictionary(t):
+            t = t.value_type
+        # A NULL-typed column is what missing_as_null reads for a dropped column: every
+        # transform maps it to NULL (or region 0).
+        if not (pa.types.is_null(t) or ok(t)):
+            raise InvalidRegionSpecError(
+                f"region field {f.field_id!r}: {f.transform} cannot use column "
+                f"{_display_column(c)!r} of type {t}; expected {expected}"
+            )
+
+
+def _evaluate_field(f: RegionField, sources: Sequence[pa.Array], n: int) -> pa.Array:
+    # Check the data's actual types: they may differ from the schema the spec was bound to.
+    _check_types(f, [a.type for a in sources])
+    t = f.transform
+    if t == BUCKET:
+        h = _hash_lance(sources[0], np.zeros(n, np.uint32))
+        return pa.array(_to_bucket(h, f.num_buckets or 1), pa.int32())
+    if t == MULTI_BUCKET:
+        h = np.zeros(n, np.uint32)
+        for a in sources:  # Spark's hash(a, b, ...): each column's hash seeds the next
+            h = _hash_multi(a, h)
+        return pa.array(_to_bucket(h, f.num_buckets or 1), pa.int32())
+    if t == UNSHARDED:
+        return pa.array(np.zeros(n, np.int32), pa.int32())
+    if t == IDENTITY:
+        return _decode_dictionary(sources[0])
+    if t in _DATE_PARTS:
+        return _date_part(sources[0], t)
+    if t == TRUNCATE:
+        return _truncate(sources[0], f.width or 1)
+    assert f.expression is not None
+    return _cast_result(_eval_expression(f.expression, sources, n), f, InvalidRegionSpecError)
+
+
+def _cast_result(arr: pa.Array, f: RegionField, error: type[Exception]) -> pa.Array:
+    if f.result_type is None:
+        return arr
+    target = parse_arrow_type(f.result_type)
+    if arr.type == target:
+        return arr
+    try:
+        return arr.cast(target)  # safe cast: overflow / lossy conversions raise
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise error(
+            f"region field {f.field_id!r}: values of type {arr.type} cannot be cast to "
+            f"result_type {f.result_type}: {exc}"
+        ) from exc
+

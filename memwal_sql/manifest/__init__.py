@@ -1,0 +1,173 @@
+"""Region manifests: versioned, put-if-not-exists commits, and epoch-fenced claims.
+
+A region manifest version ``v`` lives at ``_mem_wal/{region}/manifest/{bitrev64(v)}.binpb``.
+Versions start at 1 and grow by one; a commit is a put-if-not-exists of the next version, so two
+writers can never both commit the same version. ``version_hint.json`` (``{"version":N}``, as Lance
+writes it) is only a hint: readers start from it and probe forward.
+
+Example:
+    >>> from memwal_sql.storage import ObjectStore
+    >>> store = ObjectStore("memory://manifest-doc")
+    >>> manifests = RegionManifestStore(store, "7d4f7a4e-0000-4000-8000-000000000001")
+    >>> m = claim_region(manifests, region_spec_id=0)
+    >>> (m.version, m.writer_epoch, m.current_generation)
+    (1, 1, 1)
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from google.protobuf.message import DecodeError
+
+from memwal_sql._proto.memwal_pb2 import RegionFieldEntry, RegionManifest
+from memwal_sql.errors import (
+    CommitConflictError,
+    CorruptManifestError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    RegionSealedError,
+)
+from memwal_sql.storage import ObjectStore, layout
+
+__all__ = ["RegionManifest", "RegionManifestStore", "claim_region", "region_uuid_bytes"]
+
+SEALED = 1
+_CLAIM_ATTEMPTS = 32
+
+
+def region_uuid_bytes(region_id: str) -> bytes:
+    """The 16 RFC 4122 bytes stored in ``RegionManifest.region_id``."""
+    return uuid.UUID(region_id).bytes
+
+
+class RegionManifestStore:
+    """Read and commit the manifest versions of one region."""
+
+    def __init__(self, store: ObjectStore, region_id: str) -> None:
+        self.store = store
+        self.region_id = str(uuid.UUID(region_id))
+
+    def read(self, version: int) -> RegionManifest:
+        """Manifest ``version``; :class:`ObjectNotFoundError` if it does not exist."""
+        data = self.store.get(layout.manifest_path(self.region_id, version))
+        m = RegionManifest()
+        try:
+            m.ParseFromString(data)
+        except DecodeError as e:
+            raise CorruptManifestError(
+                f"region {self.region_id} manifest v{version} is not a RegionManifest: {e}"
+            ) from e
+        if m.version != version:
+            raise CorruptManifestError(
+                f"region {self.region_id}: file of v{version} holds version {m.version}"
+            )
+        return m
+
+    def latest_version(self) -> int:
+        """Newest committed version, 0 if the region has no manifest."""
+        start = self._hinted_version()
+        if start is None:
+            # No usable hint: old versions may have been garbage-collected, so list instead of
+            # probing from 1.
+            versions = self.list_versions()
+            start = versions[-1] if versions else 0
+        elif start > 0 and not self.store.exists(layout.manifest_path(self.region_id, start)):
+            versions = self.list_versions()
+            start = versions[-1] if versions else 0
+        v = start
+        while self.store.exists(layout.manifest_path(self.region_id, v + 1)):
+            v += 1
+        return v
+
+    def latest(self) -> RegionManifest | None:
+        """The newest manifest, or None for a region nobody has claimed yet."""
+        v = self.latest_version()
+        while v > 0:
+            try:
+                return self.read(v)
+            except ObjectNotFoundError:  # raced with GC of old versions: look again
+                v = self.latest_version()
+        return None
+
+    def list_versions(self) -> list[int]:
+        """Every stored version, ascending."""
+        out = []
+        for meta in self.store.list(layout.manifest_dir(self.region_id) + "/"):
+            if meta.path.endswith(layout.MANIFEST_SUFFIX):
+                try:
+                    out.append(layout.parse_bitrev64(meta.path))
+                except ValueError:
+                    continue
+        return sorted(out)
+
+    def commit(self, manifest: RegionManifest) -> None:
+        """Write ``manifest`` as its version; :class:`CommitConflictError` if it exists."""
+        data = manifest.SerializeToString()
+        try:
+            self.store.put_if_not_exists(
+                layout.manifest_path(self.region_id, manifest.version), data
+            )
+        except ObjectExistsError as e:
+            raise CommitConflictError(
+                f"region {self.region_id} manifest v{manifest.version} was committed by "
+                "another writer"
+            ) from e
+        try:
+            self.store.put(
+                layout.version_hint_path(self.region_id),
+                json.dumps({"version": manifest.version}, separators=(",", ":")).encode(),
+            )
+        except Exception:  # noqa: BLE001 - the hint is an optimisation; readers probe past it
+            pass
+
+    def _hinted_version(self) -> int | None:
+        try:
+            hint = json.loads(self.store.get(layout.version_hint_path(self.region_id)))
+            return int(hint["version"])
+        except (ObjectNotFoundError, ValueError, KeyError, TypeError):
+            return None
+
+
+def claim_region(
+    manifests: RegionManifestStore,
+    *,
+    region_spec_id: int,
+    field_entries: list[tuple[str, bytes]] | None = None,
+) -> RegionManifest:
+    """Claim a region for a new writer: commit the next version with the next writer epoch.
+
+    A region without a manifest starts at version 1, epoch 1, generation 1 (as Lance 14 does).
+    Otherwise every field is copied and ``writer_epoch`` goes up by one, which fences the previous
+    writer at its next manifest commit. A lost race is retried on the new latest version.
+    """
+    for _ in range(_CLAIM_ATTEMPTS):
+        prev = manifests.latest()
+        m = RegionManifest()
+        if prev is None:
+            m.version = 1
+            m.writer_epoch = 1
+            m.current_generation = 1
+            m.region_spec_id = region_spec_id
+            m.region_id.uuid = region_uuid_bytes(manifests.region_id)
+            for field_id, value in field_entries or []:
+                m.region_field_entries.append(RegionFieldEntry(field_id=field_id, value=value))
+        else:
+            if prev.status == SEALED:
+                raise RegionSealedError(
+                    f"region {manifests.region_id} is sealed and refuses writers; "
+                    "write to another region"
+                )
+            m.CopyFrom(prev)
+            m.version = prev.version + 1
+            m.writer_epoch = prev.writer_epoch + 1
+        try:
+            manifests.commit(m)
+            return m
+        except CommitConflictError:
+            continue
+    raise CommitConflictError(
+        f"could not claim region {manifests.region_id} after {_CLAIM_ATTEMPTS} attempts: "
+        "other writers keep claiming it"
+    )

@@ -1,0 +1,197 @@
+"""One storage interface over obstore: local disk, ``memory://`` and ``s3://``.
+
+obstore binds the same Rust ``object_store`` crate Lance uses, so one ``storage_options`` dict
+serves both. This wrapper normalises what differs between backends (listing order, deleting a
+missing key, error types) and adds what obstore lacks: durability on local disk. obstore's
+LocalStore publishes files atomically (temp file + link) but never fsyncs; with ``durable=True``
+a put-if-not-exists on local disk writes a temp file, fsyncs it, links it into place (``link``
+never replaces, so exactly one writer wins) and fsyncs the directory.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import obstore as obs
+from obstore.exceptions import AlreadyExistsError, PreconditionError
+from obstore.store import LocalStore, MemoryStore, S3Store
+
+from memwal_sql.errors import ObjectExistsError, ObjectNotFoundError, StorageError
+
+# Keys of a Lance storage_options dict that configure the HTTP client rather than the S3
+# credentials; obstore panics if they are passed as S3 config.
+_CLIENT_KEYS = {
+    "allow_http",
+    "aws_allow_http",
+    "allow_invalid_certificates",
+    "timeout",
+    "connect_timeout",
+    "pool_idle_timeout",
+    "proxy_url",
+}
+_MEMORY_STORES: dict[str, MemoryStore] = {}
+
+
+@dataclass(frozen=True)
+class ObjectMeta:
+    """A listed object: its path relative to the store root and its size in bytes."""
+
+    path: str
+    size: int
+
+
+class ObjectStore:
+    """Put-if-not-exists, get, head, sorted list and delete over one root uri.
+
+    Example:
+        >>> store = ObjectStore("memory://doc-example")
+        >>> store.put_if_not_exists("a/1", b"x")
+        >>> store.get("a/1")
+        b'x'
+        >>> [m.path for m in store.list("a/")]
+        ['a/1']
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        storage_options: Mapping[str, str] | None = None,
+        *,
+        durable: bool = True,
+    ) -> None:
+        self.storage_options = dict(storage_options or {})
+        self.durable = durable
+        parsed = urlparse(uri)
+        self._local_root: Path | None = None
+        if parsed.scheme in ("", "file"):
+            root = Path(parsed.path if parsed.scheme else uri).expanduser().resolve()
+            root.mkdir(parents=True, exist_ok=True)
+            self._local_root = root
+            self.uri = str(root)
+            self._store = LocalStore(root)
+        elif parsed.scheme == "memory":
+            # One MemoryStore per name so that several handles on one uri see the same objects.
+            self.uri = uri.rstrip("/")
+            self._store = _MEMORY_STORES.setdefault(self.uri, MemoryStore())
+        elif parsed.scheme == "s3":
+            self.uri = uri.rstrip("/")
+            config = {k: v for k, v in self.storage_options.items() if k not in _CLIENT_KEYS}
+            client = {
+                k.removeprefix("aws_"): v
+                for k, v in self.storage_options.items()
+                if k in _CLIENT_KEYS
+            }
+            self._store = S3Store(
+                parsed.netloc,
+                prefix=parsed.path.strip("/") or None,
+                config=config,
+                client_options=client,
+            )
+        else:
+            raise StorageError(f"unsupported uri scheme {parsed.scheme!r} in {uri!r}; "
+                               "use a local path, file://, memory:// or s3://")
+
+    @property
+    def is_local(self) -> bool:
+        """True when the store is a directory on local disk."""
+        return self._local_root is not None
+
+    def uri_for(self, path: str) -> str:
+        """Absolute uri of ``path`` for Lance (which reads the same store directly)."""
+        return f"{self.uri}/{path}" if path else self.uri
+
+    def put_if_not_exists(self, path: str, data: bytes) -> None:
+        """Create ``path`` atomically; raise :class:`ObjectExistsError` if it exists."""
+        if self._local_root is not None and self.durable:
+            self._durable_local_create(path, data)
+            return
+        try:
+            obs.put(self._store, path, data, mode="create")
+        except (AlreadyExistsError, PreconditionError, FileExistsError) as e:
+            raise ObjectExistsError(f"{path} already exists") from e
+        except OSError as e:
+            raise StorageError(f"put of {path} failed: {e}") from e
+
+    def put(self, path: str, data: bytes) -> None:
+        """Create or replace ``path`` atomically (readers never see a torn object)."""
+        try:
+            obs.put(self._store, path, data)
+        except OSError as e:
+            raise StorageError(f"put of {path} failed: {e}") from e
+
+    def get(self, path: str) -> bytes:
+        """Read a whole object; raise :class:`ObjectNotFoundError` if missing."""
+        try:
+            return bytes(obs.get(self._store, path).bytes())
+        except FileNotFoundError as e:
+            raise ObjectNotFoundError(f"{self.uri_for(path)} does not exist") from e
+
+    def exists(self, path: str) -> bool:
+        """True if an object exists at ``path`` (a HEAD request)."""
+        try:
+            obs.head(self._store, path)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def list(self, prefix: str) -> list[ObjectMeta]:
+        """Every object under ``prefix``, sorted by path on every backend."""
+        out = [
+            ObjectMeta(m["path"], m["size"])
+            for chunk in obs.list(self._store, prefix)
+            for m in chunk
+        ]
+        out.sort(key=lambda m: m.path)
+        return out
+
+    def list_dirs(self, prefix: str) -> list[str]:
+        """Names (last component) of the immediate sub-directories of ``prefix``, sorted."""
+        try:
+            res = obs.list_with_delimiter(self._store, prefix.rstrip("/") + "/")
+        except FileNotFoundError:
+            return []
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in res["common_prefixes"])
+
+    def delete(self, path: str) -> None:
+        """Delete ``path``; deleting a missing object is not an error."""
+        try:
+            obs.delete(self._store, path)
+        except FileNotFoundError:
+            pass
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under ``prefix``; return how many were deleted."""
+        paths = [m.path for m in self.list(prefix)]
+        for p in paths:
+            self.delete(p)
+        return len(paths)
+
+    def _durable_local_create(self, path: str, data: bytes) -> None:
+        assert self._local_root is not None
+        dst = self._local_root / path
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f".{dst.name}.{secrets.token_hex(6)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, dst)  # unlike rename, link never replaces: exactly one winner
+        except FileExistsError as e:
+            raise ObjectExistsError(f"{path} already exists") from e
+        finally:
+            os.unlink(tmp)
+        dfd = os.open(dst.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)

@@ -1,0 +1,387 @@
+"""MemWalTable: a Lance base table plus its MemWAL regions, and how to create or open one.
+
+Example:
+    >>> import memwal_sql as mw, pyarrow as pa, tempfile
+    >>> schema = pa.schema([pa.field("id", pa.int64(), False), ("v", pa.string())])
+    >>> tbl = mw.create_table(tempfile.mkdtemp(), schema, primary_key="id",
+    ...                       region_spec=mw.RegionSpec.bucket("id", 4))
+    >>> tbl.upsert({"id": [1, 2, 3], "v": ["a", "b", "c"]})
+    >>> tbl.delete([2])
+    >>> tbl.close()
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+
+from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails
+from memwal_sql._proto.memwal_pb2 import RegionSpec as RegionSpecProto
+from memwal_sql.errors import (
+    InvalidInputError,
+    PrimaryKeyError,
+    TableExistsError,
+    TableNotFoundError,
+    UnknownRegionError,
+)
+from memwal_sql.index.details import create_mem_wal_index, has_mem_wal_index
+from memwal_sql.index.region_spec import RegionSpec
+from memwal_sql.storage import ObjectStore, layout
+from memwal_sql.writer.region_writer import RegionWriter, TableLayout, WriterConfig
+from memwal_sql.writer.rows import RowCoercer, to_arrow_table
+
+PK_METADATA = b"lance-schema:unenforced-primary-key"
+# Region ids of spec-governed regions are derived from the region values, so every process that
+# routes a key computes the same region (and the writers fence each other instead of splitting a
+# key over two regions).
+_REGION_NAMESPACE = uuid.UUID("6f2e1c7a-3b1d-4d8e-9a55-6d656d77616c")
+
+
+def region_id_for(spec: RegionSpec, values: Sequence[Any]) -> str:
+    """The deterministic region id of the region holding ``values`` under ``spec``.
+
+    Example:
+        >>> s = RegionSpec.bucket("id", 4)
+        >>> region_id_for(s, (1,)) == region_id_for(s, (1,)) != region_id_for(s, (2,))
+        True
+    """
+    parts = [f"{fid}={v.hex()}" for fid, v in spec.field_entries(tuple(values))]
+    return str(uuid.uuid5(_REGION_NAMESPACE, f"spec{spec.spec_id}/" + "/".join(parts)))
+
+
+class MemWalTable:
+    """A table open for MemWAL writes (and, through the readers, for reads)."""
+
+    def __init__(
+        self,
+        uri: str,
+        dataset: lance.LanceDataset,
+        *,
+        primary_key: Sequence[str],
+        region_spec: RegionSpec | None,
+        storage_options: Mapping[str, str] | None = None,
+        writer_config: WriterConfig | None = None,
+    ) -> None:
+        self.uri = uri
+        self.storage_options = dict(storage_options or {})
+        self.primary_key = tuple(primary_key)
+        self.region_spec = region_spec
+        self.writer_config = writer_config or WriterConfig()
+        self._dataset = dataset
+        self.schema = _plain_schema(dataset.schema)
+        self.store = ObjectStore(uri, self.storage_options)
+        self._layout = TableLayout(
+            store=self.store,
+            base_schema=self.schema,
+            primary_key=self.primary_key,
+            region_spec=region_spec,
+            data_storage_version=dataset.data_storage_version,
+        )
+        self._writers: dict[str, RegionWriter] = {}
+        self._writers_lock = threading.Lock()
+
+    # ---- base table ---------------------------------------------------------------------------
+
+    def dataset(self, version: int | None = None) -> lance.LanceDataset:
+        """The base Lance dataset (latest version unless ``version`` is given)."""
+        return lance.dataset(self.uri, version=version, storage_options=self.storage_options or None)
+
+    # ---- regions ------------------------------------------------------------------------------
+
+    def regions(self) -> list[str]:
+        """Ids of every region that has a directory under ``_mem_wal/``."""
+        out = []
+        for name in self.store.list_dirs(layout.MEM_WAL_DIR):
+            try:
+                out.append(str(uuid.UUID(name)))
+            except ValueError:
+                continue
+        return out
+
+    def writer(
+        self,
+        region_id: str | None = None,
+        *,
+        region_values: Sequence[Any] | None = None,
+        durable: bool | None = None,
+        **config: Any,
+    ) -> RegionWriter:
+        """Claim a region and return its :class:`RegionWriter` (a context manager).
+
+        ``region_values`` names the region by its region-spec values (e.g. ``(3,)`` for bucket 3);
+        ``region_id`` names an existing region. With neither, an unsharded table's single region
+        is claimed; a table without a region spec gets a new manual region. Other keyword
+        arguments override :class:`WriterConfig` fields.
+
+        Example:
+            ``with tbl.writer(region_values=(0,), durable=False) as w: w.upsert(batch)``
+        """
+        cfg = self.writer_config.with_overrides(durable=durable, **config)
+        spec = self.region_spec
+        if region_values is not None:
+            if spec is None:
+                raise InvalidInputError("region_values needs a table with a region spec")
+            values = tuple(region_values)
+            rid = region_id_for(spec, values)
+            if region_id is not None and str(uuid.UUID(region_id)) != rid:
+                raise InvalidInputError(f"region {region_id} does not hold values {values}")
+            return RegionWriter(self._layout, rid, region_values=values, config=cfg)
+        if region_id is not None:
+            rid = str(uuid.UUID(region_id))
+            if rid not in self.regions():
+                raise UnknownRegionError(
+                    f"no region {rid} in {self.uri}; known regions: {self.regions()[:5]}"
+                )
+            return RegionWriter(self._layout, rid, config=cfg)
+        if spec is None:
+            return RegionWriter(self._layout, str(uuid.uuid4()), config=cfg)
+        if all(f.transform == "unsharded" for f in spec.fields):
+            values = (0,)
+            return RegionWriter(
+                self._layout, region_id_for(spec, values), region_values=values, config=cfg
+            )
+        raise InvalidInputError(
+            f"this table is split into regions by {spec.describe()}; pass region_values=(...) "
+            "or region_id=..., or write through table.upsert() which routes rows"
+        )
+
+    # ---- routed writes -----------------------------------------------------------------------
+
+    def upsert(self, data: Any) -> None:
+        """Insert or replace rows, routed to their regions' writers in this process.
+
+        Example:
+            ``tbl.upsert(pa.table({"id": [1], "v": ["x"]}))``
+        """
+        table = to_arrow_table(data)
+        for writer, rows in self._route(table, need=()):
+            writer.upsert(rows)
+
+    def delete(self, keys: Any) -> None:
+        """Delete rows by primary key, routed like :meth:`upsert`.
+
+        ``keys`` is an array of keys (single-column key) or a table of key columns; when the
+        region spec reads a non-key column, the table must hold that column too.
+        """
+        if not isinstance(keys, (pa.Table, pa.RecordBatch, dict)) and not hasattr(keys, "columns"):
+            if len(self.primary_key) != 1:
+                raise PrimaryKeyError(f"pass a table of the key columns {list(self.primary_key)}")
+            keys = pa.table({self.primary_key[0]: keys})
+        table = to_arrow_table(keys)
+        for writer, rows in self._route(table, need=self.primary_key):
+            writer.delete(rows)
+
+    def flush(self) -> None:
+        """Flush every in-process writer's MemTable to a generation and wait."""
+        for w in list(self._writers.values()):
+            w.flush()
+
+    def close(self) -> None:
+        """Flush and close every in-process writer."""
+        with self._writers_lock:
+            writers, self._writers = list(self._writers.values()), {}
+        errors = []
+        for w in writers:
+            try:
+                w.close()
+            except Exception as e:  # noqa: BLE001 - close the others, then report
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> MemWalTable:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _route(self, table: pa.Table, need: Sequence[str]) -> list[tuple[RegionWriter, pa.Table]]:
+        spec = self.region_spec
+        if spec is None:
+            return [(self._cached_writer(None), table)]
+        missing = [c for f in spec.fields for c in f.source_columns if c not in table.column_names]
+        if missing:
+            raise InvalidInputError(
+                f"routing needs the region-spec column(s) {missing}; include them in the input"
+            )
+        if need:  # deletes: the router must not send unrelated columns to the writer
+            keep = list(dict.fromkeys([*need, *[c for f in spec.fields for c in f.source_columns]]))
+            table = table.select(keep)
+        groups = spec.group_rows(table)
+        out = []
+        for values, idx in groups.items():
+            rows = table if len(groups) == 1 else table.take(pa.array(np.asarray(idx)))
+            if need:
+                rows = rows.select(list(need))
+            out.append((self._cached_writer(tuple(values)), rows))
+        return out
+
+    def _cached_writer(self, values: tuple[Any, ...] | None) -> RegionWriter:
+        key = repr(values)
+        with self._writers_lock:
+            w = self._writers.get(key)
+            if w is None:
+                if values is None:
+                    w = self.writer()
+                else:
+                    w = self.writer(region_values=values)
+                self._writers[key] = w
+            return w
+
+
+def _plain_schema(schema: pa.Schema) -> pa.Schema:
+    return pa.schema(list(schema))
+
+
+def _with_primary_key(schema: pa.Schema, primary_key: Sequence[str]) -> pa.Schema:
+    missing = [k for k in primary_key if k not in schema.names]
+    if missing:
+        raise PrimaryKeyError(f"primary-key column(s) {missing} are not in the schema {schema.names}")
+    fields = []
+    for f in schema:
+        if f.name in primary_key:
+            meta = dict(f.metadata or {})
+            meta[PK_METADATA] = b"true"
+            f = f.with_nullable(False).with_metadata(meta)
+        fields.append(f)
+    return pa.schema(fields, metadata=schema.metadata)
+
+
+def _normalise_pk(primary_key: str | Sequence[str]) -> list[str]:
+    keys = [primary_key] if isinstance(primary_key, str) else list(primary_key)
+    if not keys or len(set(keys)) != len(keys):
+        raise PrimaryKeyError(f"invalid primary key {primary_key!r}")
+    return keys
+
+
+def _index_details(ds: lance.LanceDataset, spec: RegionSpec | None) -> MemWalIndexDetails:
+    details = MemWalIndexDetails(maintain_all_indexes=False)
+    if spec is not None:
+        field_ids = {f.name(): f.id() for f in ds.lance_schema.fields()}
+        details.region_specs.append(spec.to_proto(field_ids))
+        details.num_regions = spec.num_regions
+    return details
+
+
+def create_table(
+    uri: str,
+    data_or_schema: Any = None,
+    *,
+    primary_key: str | Sequence[str],
+    region_spec: RegionSpec | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    writer_config: WriterConfig | None = None,
+) -> MemWalTable:
+    """Create a MemWAL table: the base Lance table with the primary key and the MemWAL index.
+
+    ``data_or_schema`` is initial data (any Arrow-convertible table) or a ``pa.Schema``. Pass
+    ``None`` to enable MemWAL on an existing Lance table at ``uri``. ``region_spec`` defaults to
+    :meth:`RegionSpec.unsharded` (one region).
+
+    Example:
+        >>> import memwal_sql as mw, pyarrow as pa, tempfile
+        >>> tbl = mw.create_table(tempfile.mkdtemp(), pa.schema([("id", pa.int64())]),
+        ...                       primary_key="id")
+        >>> tbl.primary_key
+        ('id',)
+    """
+    keys = _normalise_pk(primary_key)
+    spec = region_spec if region_spec is not None else RegionSpec.unsharded()
+    opts = dict(storage_options or {}) or None
+    existing = _try_dataset(uri, opts)
+    if data_or_schema is None:
+        if existing is None:
+            raise TableNotFoundError(f"no Lance table at {uri}; pass data or a schema to create one")
+        if has_mem_wal_index(existing):
+            raise TableExistsError(f"{uri} already has MemWAL enabled; use mw.open_table")
+        ds = existing
+        current_pk = [f.name() for f in ds.lance_schema.unenforced_primary_key()]
+        if current_pk and current_pk != keys:
+            raise PrimaryKeyError(f"{uri} already has primary key {current_pk}, not {keys}")
+        if not current_pk:
+            for k in keys:
+                if ds.to_table(columns=[k]).column(k).null_count:
+                    raise PrimaryKeyError(f"column {k!r} of {uri} holds nulls; it cannot be a key")
+                meta = dict(ds.schema.field(k).metadata or {})
+                meta[PK_METADATA.decode()] = "true"
+                ds.replace_field_metadata(k, {str(a if isinstance(a, str) else a.decode()):
+                                              str(b if isinstance(b, str) else b.decode())
+                                              for a, b in meta.items()})
+            ds = lance.dataset(uri, storage_options=opts)
+    else:
+        if existing is not None:
+            raise TableExistsError(f"a table already exists at {uri}; use mw.open_table")
+        if isinstance(data_or_schema, pa.Schema):
+            schema = _with_primary_key(data_or_schema, keys)
+            data = schema.empty_table()
+        else:
+            data = to_arrow_table(data_or_schema)
+            schema = _with_primary_key(data.schema, keys)
+            RowCoercer(schema, keys).upserts(data)  # same validation as every later write
+            data = data.cast(schema)
+        spec = spec.bind(schema)
+        ds = lance.write_dataset(data, uri, schema=schema, mode="create", storage_options=opts)
+    spec = spec.bind(_plain_schema(ds.schema))
+    ds = create_mem_wal_index(ds, _index_details(ds, spec), opts)
+    return MemWalTable(uri, ds, primary_key=keys, region_spec=spec, storage_options=opts,
+                       writer_config=writer_config)
+
+
+def open_table(
+    uri: str,
+    storage_options: Mapping[str, str] | None = None,
+    *,
+    writer_config: WriterConfig | None = None,
+) -> MemWalTable:
+    """Open an existing MemWAL table (one written by memwal-sql or by Lance 14).
+
+    Example:
+        ``tbl = mw.open_table("s3://bucket/events", storage_options={...})``
+    """
+    opts = dict(storage_options or {}) or None
+    ds = _try_dataset(uri, opts)
+    if ds is None:
+        raise TableNotFoundError(f"no Lance table at {uri}")
+    details = ds.mem_wal_index_details()
+    if details is None:
+        raise TableNotFoundError(
+            f"{uri} is a Lance table without MemWAL; enable it with mw.create_table({uri!r}, None, "
+            "primary_key=...)"
+        )
+    keys = [f.name() for f in ds.lance_schema.unenforced_primary_key()]
+    if not keys:
+        raise PrimaryKeyError(f"{uri} has a MemWAL index but no primary key")
+    names = {f.id(): f.name() for f in ds.lance_schema.fields()}
+    specs = details.get("sharding_specs") or []
+    spec = None
+    if specs:
+        newest = max(specs, key=lambda s: s["spec_id"])
+        msg = RegionSpecProto(spec_id=newest["spec_id"])
+        for f in newest["fields"]:
+            rf = msg.fields.add(field_id=f["field_id"], source_ids=f["source_ids"],
+                                result_type=f["result_type"])
+            if f.get("transform") is not None:
+                rf.transform = f["transform"]
+            if f.get("expression") is not None:
+                rf.expression = f["expression"]
+            rf.parameters.update(f.get("parameters") or {})
+        spec = RegionSpec.from_proto(msg, names).bind(_plain_schema(ds.schema))
+    return MemWalTable(uri, ds, primary_key=keys, region_spec=spec, storage_options=opts,
+                       writer_config=writer_config)
+
+
+def _try_dataset(uri: str, storage_options: dict[str, str] | None) -> lance.LanceDataset | None:
+    try:
+        return lance.dataset(uri, storage_options=storage_options)
+    except (ValueError, OSError, FileNotFoundError) as e:
+        if "not found" in str(e).lower() or "does not exist" in str(e).lower() or isinstance(
+            e, FileNotFoundError
+        ):
+            return None
+        raise

@@ -1,0 +1,57 @@
+"""Flush a frozen MemTable to a generation: a standalone Lance dataset, as Lance 14 writes it.
+
+``_mem_wal/{region}/{hex8}_gen_{n}/`` holds the deduplicated rows (base columns + ``_tombstone``)
+as a Lance dataset with its own data file, the ``_pk_index/`` BTree sidecar that Lance's
+``LsmScanner`` requires, and ``bloom_filter.bin``. Nothing references it until the region
+manifest is committed, so a crash mid-flush leaves only an orphan directory for GC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import lance
+import pyarrow as pa
+
+from memwal_sql._proto.memwal_pb2 import FlushedGeneration
+from memwal_sql.storage import ObjectStore, layout
+from memwal_sql.writer.bloom import bloom_filter_bytes, pk_hashes
+from memwal_sql.writer.pk_index import write_pk_index
+
+BLOOM_FILTER = "bloom_filter.bin"
+
+
+def write_generation(
+    store: ObjectStore,
+    region_id: str,
+    generation: int,
+    rows: pa.Table,
+    primary_key: Sequence[str],
+    *,
+    data_storage_version: str,
+    in_memory_bytes: int,
+) -> FlushedGeneration:
+    """Write deduplicated ``rows`` as generation ``generation``; return its manifest entry.
+
+    Every call writes a fresh directory, so a retried flush never meets a failed one's files.
+    """
+    name = layout.new_generation_dir_name(generation)
+    path = f"{layout.region_dir(region_id)}/{name}"
+    uri = store.uri_for(path)
+    lance.write_dataset(
+        rows,
+        uri,
+        mode="create",
+        data_storage_version=data_storage_version,
+        storage_options=store.storage_options or None,
+    )
+    keys = rows.select(list(primary_key))
+    write_pk_index(uri, keys, store.storage_options or None)
+    store.put(f"{path}/{BLOOM_FILTER}", bloom_filter_bytes(pk_hashes(keys)))
+    return FlushedGeneration(
+        generation=generation,
+        path=name,
+        in_memory_bytes=in_memory_bytes,
+        physical_rows=rows.num_rows,
+        primary_key_bytes=keys.nbytes,
+    )

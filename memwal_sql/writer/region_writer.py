@@ -1,0 +1,503 @@
+"""RegionWriter: the single writer of one region.
+
+Opening a writer claims the region (a new manifest version with the next writer epoch), replays
+the WAL after the last flushed generation into the MemTable, and puts a fence sentinel at the WAL
+tail so the previous writer's next put fails. Each ``upsert``/``delete`` is validated, appended to
+the MemTable (visible at once to readers in this process) and to the WAL; in durable mode the call
+returns only once a WAL entry holding it is stored. Full MemTables are frozen and flushed to
+generations by a background thread, each flush ending in an epoch-checked manifest commit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pyarrow as pa
+
+from memwal_sql._proto.memwal_pb2 import RegionManifest
+from memwal_sql.errors import (
+    CommitConflictError,
+    MemWalError,
+    ObjectExistsError,
+    WriterClosedError,
+    WriterFencedError,
+    WrongRegionError,
+)
+from memwal_sql.index.region_spec import RegionSpec
+from memwal_sql.manifest import RegionManifestStore, claim_region
+from memwal_sql.storage import ObjectStore, layout
+from memwal_sql.writer.generation import write_generation
+from memwal_sql.writer.memtable import MemTable, latest_per_key
+from memwal_sql.writer.rows import RowCoercer
+from memwal_sql.writer.wal import (
+    WalWriter,
+    decode_wal_entry,
+    encode_fence_sentinel,
+    iter_wal,
+)
+
+_FLUSH_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    """Thresholds of a region writer (names follow Lance 14's writer options).
+
+    Example:
+        >>> WriterConfig(durable=False).with_overrides(max_memtable_rows=10).max_memtable_rows
+        10
+    """
+
+    durable: bool = True
+    """Return from a write only once its WAL entry is stored."""
+    max_wal_buffer_bytes: int = 8 << 20
+    max_wal_buffer_batches: int = 256
+    max_wal_flush_interval: float = 0.1
+    """Seconds a non-durable write may wait in the WAL buffer."""
+    max_memtable_rows: int = 1_000_000
+    max_memtable_bytes: int = 256 << 20
+    max_unflushed_bytes: int = 1 << 30
+    """Writes block (backpressure) while frozen MemTables hold more than this."""
+
+    def with_overrides(self, **overrides: Any) -> WriterConfig:
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """What a region writer needs to know about its table."""
+
+    store: ObjectStore
+    base_schema: pa.Schema
+    primary_key: tuple[str, ...]
+    region_spec: RegionSpec | None
+    data_storage_version: str
+
+
+@dataclass
+class WriterStats:
+    """Counters of one region writer (see :meth:`RegionWriter.stats`)."""
+
+    upserts: int = 0
+    deletes: int = 0
+    rows_written: int = 0
+    replayed_entries: int = 0
+    replayed_rows: int = 0
+    memtable_flushes: int = 0
+    flushed_rows: int = 0
+    flush_seconds: float = 0.0
+    backpressure_waits: int = 0
+    backpressure_seconds: float = 0.0
+    generations: list[int] = field(default_factory=list)
+
+
+class RegionWriter:
+    """The writer of one region; use it as a context manager.
+
+    Example:
+        >>> import memwal_sql as mw, pyarrow as pa, tempfile
+        >>> tbl = mw.create_table(tempfile.mkdtemp(), pa.schema([pa.field("id", pa.int64(), False),
+        ...                       ("v", pa.string())]), primary_key="id")
+        >>> with tbl.writer() as w:
+        ...     w.upsert({"id": [1, 2], "v": ["a", "b"]})
+        ...     w.delete([2])
+        >>> w.stats()["rows_written"]
+        3
+    """
+
+    def __init__(
+        self,
+        table: TableLayout,
+        region_id: str,
+        *,
+        region_values: tuple[Any, ...] | None = None,
+        config: WriterConfig | None = None,
+    ) -> None:
+        self._table = table
+        self.config = config or WriterConfig()
+        self._store = table.store
+        self._rows = RowCoercer(table.base_schema, table.primary_key)
+        self._region_values = region_values
+        self._manifests = RegionManifestStore(table.store, region_id)
+        self.region_id = self._manifests.region_id
+        self._lock = threading.Condition()
+        self._stats = WriterStats()
+        self._closed = False
+        self._error: BaseException | None = None
+        self._frozen: deque[MemTable] = deque()
+
+        field_entries = None
+        if table.region_spec is not None and region_values is not None:
+            field_entries = table.region_spec.field_entries(region_values)
+        manifest = claim_region(
+            self._manifests,
+            region_spec_id=table.region_spec.spec_id if table.region_spec else 0,
+            field_entries=field_entries,
+        )
+        self.epoch = manifest.writer_epoch
+        self._active = MemTable(self._rows.schema, manifest.current_generation)
+        self._replay_floor = self._replay_and_fence(manifest)
+
+        self._wal = WalWriter(
+            table.store,
+            self.region_id,
+            self._rows.schema,
+            writer_epoch=self.epoch,
+            next_position=self._replay_floor + 1,
+            on_entry_written=self._entry_written,
+            max_buffer_bytes=self.config.max_wal_buffer_bytes,
+            max_buffer_batches=self.config.max_wal_buffer_batches,
+            max_flush_interval=self.config.max_wal_flush_interval,
+            background=not self.config.durable,
+        )
+        self._memtables_by_gen = {self._active.generation: self._active}
+        self._flush_thread = threading.Thread(
+            target=self._flush_loop, name=f"memwal-flush-{self.region_id[:8]}", daemon=True
+        )
+        self._flush_thread.start()
+
+    # ---- public API -------------------------------------------------------------------------
+
+    def upsert(self, data: Any) -> None:
+        """Insert or replace rows (a pa.Table, RecordBatch, RecordBatchReader, pandas, dict).
+
+        Raises:
+            SchemaMismatchError, PrimaryKeyError: the rows do not fit the table; nothing written.
+            WrongRegionError: a row belongs to another region.
+            WriterFencedError: a newer writer claimed the region.
+            WriterClosedError: the writer was closed.
+        """
+        rows = self._rows.upserts(data)
+        self._check_region(rows)
+        self._write(rows)
+        self._stats.upserts += 1
+
+    def delete(self, keys: Any) -> None:
+        """Delete rows by primary key: a table of key columns, or an array of keys.
+
+        Example:
+            ``w.delete(pa.table({"id": [1, 2]}))`` or ``w.delete([1, 2])``
+        """
+        rows = self._rows.deletes(keys)
+        self._write(rows)
+        self._stats.deletes += 1
+
+    def flush(self) -> None:
+        """Freeze the MemTable, flush every frozen MemTable to a generation and wait."""
+        with self._lock:
+            self._check_open()
+            self._freeze_locked()
+            target = self._frozen[-1].generation if self._frozen else None
+        if target is not None:
+            self._wait_flushed(target)
+
+    def close(self) -> None:
+        """Flush the MemTable to a generation, wait, and release the writer. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+        try:
+            if self._error is None:
+                self.flush()
+                self._wal.close()
+        finally:
+            with self._lock:
+                self._closed = True
+                self._lock.notify_all()
+            self._flush_thread.join()
+            if self._wal.error is None:
+                self._wal.close()
+        if self._error is not None:
+            raise self._error
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and current sizes, e.g. ``w.stats()["rows_written"]``."""
+        with self._lock:
+            frozen = list(self._frozen)
+            out = dict(self._stats.__dict__)
+            out.update(
+                region_id=self.region_id,
+                writer_epoch=self.epoch,
+                generation=self._active.generation,
+                memtable_rows=self._active.num_rows,
+                memtable_bytes=self._active.nbytes,
+                frozen_memtables=len(frozen),
+                frozen_bytes=sum(m.nbytes for m in frozen),
+                wal_entries_written=self._wal.entries_written,
+                wal_bytes_written=self._wal.bytes_written,
+                wal_put_seconds=self._wal.put_seconds,
+                next_wal_position=self._wal.next_position,
+            )
+            out["generations"] = list(self._stats.generations)
+        return out
+
+    def memtables(self) -> list[MemTable]:
+        """Live MemTables, newest first (the active one, then frozen ones not yet flushed)."""
+        with self._lock:
+            return [self._active, *reversed(self._frozen)]
+
+    def __enter__(self) -> RegionWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            try:
+                self.close()
+            except MemWalError:
+                pass  # the exception in flight says more
+
+    # ---- claim and replay -------------------------------------------------------------------
+
+    def _replay_and_fence(self, manifest: RegionManifest) -> int:
+        """Replay the WAL tail into the MemTable and fence the previous writer.
+
+        Returns the highest WAL position this writer has seen (replayed or sentinel); its own
+        entries start right after it.
+        """
+        tail = manifest.replay_after_wal_entry_position
+        for entry in iter_wal(self._store, self.region_id, tail):
+            self._replay_entry(entry)
+            tail = entry.position
+        if manifest.version == 1:
+            return tail  # nobody wrote this region before: there is no one to fence
+        # Put the sentinel at the first free position. Taking a position means the previous
+        # writer's next put there fails; if it got there first, that entry is one of its
+        # acknowledged writes: replay it and try the next position.
+        sentinel = encode_fence_sentinel(self.epoch)
+        position = tail + 1
+        while True:
+            try:
+                self._store.put_if_not_exists(layout.wal_entry_path(self.region_id, position), sentinel)
+                break
+            except ObjectExistsError:
+                entry = decode_wal_entry(
+                    self._store.get(layout.wal_entry_path(self.region_id, position)), position
+                )
+                self._replay_entry(entry)
+                position += 1
+        if position > manifest.wal_entry_position_last_seen:
+            self._commit(lambda m: setattr(m, "wal_entry_position_last_seen", position))
+        return position
+
+    def _replay_entry(self, entry: Any) -> None:
+        if entry.writer_epoch > self.epoch:
+            raise WriterFencedError(
+                f"region {self.region_id}: WAL entry {entry.position} has writer epoch "
+                f"{entry.writer_epoch} > {self.epoch}; a newer writer owns the region"
+            )
+        if entry.is_sentinel:
+            return
+        for batch in entry.batches:
+            batch = _conform(batch, self._rows.schema)
+            self._active.append(batch, 0)
+            self._stats.replayed_rows += batch.num_rows
+        self._active.wal_position = entry.position
+        self._stats.replayed_entries += 1
+
+    # ---- write path -------------------------------------------------------------------------
+
+    def _check_region(self, rows: pa.Table) -> None:
+        spec = self._table.region_spec
+        if spec is None or self._region_values is None or rows.num_rows == 0:
+            return
+        groups = spec.group_rows(rows)
+        wrong = [v for v in groups if tuple(v) != tuple(self._region_values)]
+        if wrong:
+            raise WrongRegionError(
+                f"region {self.region_id} holds rows with region values {self._region_values}, "
+                f"but the batch has rows for {wrong[:3]}; write through table.upsert() to route "
+                "rows, or open a writer per region"
+            )
+
+    def _write(self, rows: pa.Table) -> None:
+        if rows.num_rows == 0:
+            with self._lock:
+                self._check_open()
+            return
+        batch = rows.combine_chunks().to_batches()[0] if rows.num_rows else None
+        assert batch is not None
+        with self._lock:
+            self._check_open()
+            self._backpressure_locked()
+            seq = self._wal.append(batch, self._active.generation)
+            self._active.append(batch, seq)
+            self._stats.rows_written += batch.num_rows
+            if (
+                self._active.num_rows >= self.config.max_memtable_rows
+                or self._active.nbytes >= self.config.max_memtable_bytes
+            ):
+                self._freeze_locked()
+        if self.config.durable:
+            self._wal.wait(seq)
+
+    def _backpressure_locked(self) -> None:
+        t0 = None
+        while (
+            sum(m.nbytes for m in self._frozen) > self.config.max_unflushed_bytes
+            and self._error is None
+        ):
+            if t0 is None:
+                t0 = time.perf_counter()
+                self._stats.backpressure_waits += 1
+            self._lock.wait(0.5)
+        if t0 is not None:
+            self._stats.backpressure_seconds += time.perf_counter() - t0
+        self._check_open()
+
+    def _check_open(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._wal.error is not None:
+            raise self._wal.error
+        if self._closed:
+            raise WriterClosedError(
+                f"the writer of region {self.region_id} is closed; open a new one with "
+                "table.writer(...)"
+            )
+
+    def _freeze_locked(self) -> None:
+        if self._active.num_rows == 0:
+            return
+        self._active.frozen = True
+        self._frozen.append(self._active)
+        nxt = MemTable(self._rows.schema, self._active.generation + 1)
+        self._active = nxt
+        self._memtables_by_gen[nxt.generation] = nxt
+        self._lock.notify_all()
+
+    def _entry_written(self, generation: int, position: int) -> None:
+        mt = self._memtables_by_gen.get(generation)
+        if mt is not None:
+            mt.wal_position = max(mt.wal_position, position)
+
+    # ---- MemTable flush -----------------------------------------------------------------------
+
+    def _wait_flushed(self, generation: int) -> None:
+        with self._lock:
+            while (
+                self._frozen
+                and self._frozen[0].generation <= generation
+                and self._error is None
+            ):
+                self._lock.wait()
+            if self._error is not None:
+                raise self._error
+
+    def _flush_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._frozen and not self._closed:
+                    self._lock.wait()
+                if not self._frozen:
+                    return
+                memtable = self._frozen[0]
+            try:
+                self._flush_memtable(memtable)
+            except BaseException as e:  # noqa: BLE001 - surfaced to every later call
+                with self._lock:
+                    self._error = e
+                    self._lock.notify_all()
+                return
+            with self._lock:
+                self._frozen.popleft()
+                self._memtables_by_gen.pop(memtable.generation, None)
+                self._lock.notify_all()
+
+    def _flush_memtable(self, memtable: MemTable) -> None:
+        t0 = time.perf_counter()
+        if memtable.last_seq:
+            self._wal.wait(memtable.last_seq)  # the generation must be in the WAL first
+        covered = max(memtable.wal_position, self._replay_floor)
+        rows = latest_per_key(memtable.to_table(), self._table.primary_key)
+        last_error: BaseException | None = None
+        for _ in range(_FLUSH_ATTEMPTS):
+            try:
+                entry = write_generation(
+                    self._store,
+                    self.region_id,
+                    memtable.generation,
+                    rows,
+                    self._table.primary_key,
+                    data_storage_version=self._table.data_storage_version,
+                    in_memory_bytes=memtable.nbytes,
+                )
+                break
+            except (OSError, MemWalError) as e:  # a retry writes a fresh directory
+                last_error = e
+        else:
+            assert last_error is not None
+            raise last_error
+
+        def apply(m: RegionManifest) -> None:
+            m.replay_after_wal_entry_position = max(m.replay_after_wal_entry_position, covered)
+            m.wal_entry_position_last_seen = max(m.wal_entry_position_last_seen, covered)
+            m.current_generation = memtable.generation + 1
+            m.flushed_generations.append(entry)
+
+        self._commit(apply)
+        with self._lock:
+            self._stats.memtable_flushes += 1
+            self._stats.flushed_rows += rows.num_rows
+            self._stats.flush_seconds += time.perf_counter() - t0
+            self._stats.generations.append(memtable.generation)
+
+    def _commit(self, change: Any) -> RegionManifest:
+        """Commit the next manifest version with ``change`` applied, if still the owner."""
+        while True:
+            latest = self._manifests.latest()
+            assert latest is not None
+            if latest.writer_epoch > self.epoch:
+                raise WriterFencedError(
+                    f"region {self.region_id} was claimed by writer epoch {latest.writer_epoch} "
+                    f"(this writer has {self.epoch}); acknowledged writes are safe in the WAL, "
+                    "reopen a writer to continue"
+                )
+            m = RegionManifest()
+            m.CopyFrom(latest)
+            m.version = latest.version + 1
+            change(m)
+            try:
+                self._manifests.commit(m)
+                return m
+            except CommitConflictError:
+                continue
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """A replayed batch in the writer's WAL schema (Lance entries may lack ``_tombstone`` or
+    carry other field metadata)."""
+    if batch.schema.equals(schema):
+        return batch
+    cols = []
+    for f in schema:
+        idx = batch.schema.get_field_index(f.name)
+        if idx >= 0:
+            cols.append(batch.column(idx).cast(f.type))
+        elif f.name == "_tombstone":
+            cols.append(pa.array([False] * batch.num_rows, pa.bool_()))
+        else:
+            cols.append(pa.nulls(batch.num_rows, f.type))
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def open_region_writer(
+    table: TableLayout,
+    region_id: str,
+    *,
+    region_values: Sequence[Any] | None = None,
+    config: WriterConfig | None = None,
+) -> RegionWriter:
+    """Claim ``region_id`` and return its writer (see :class:`RegionWriter`)."""
+    return RegionWriter(
+        table,
+        region_id,
+        region_values=tuple(region_values) if region_values is not None else None,
+        config=config,
+    )

@@ -1,0 +1,131 @@
+"""Turn what a user hands a writer into WAL-schema Arrow tables, or a typed error.
+
+Validation is all-or-nothing per call: a bad batch raises before anything reaches the MemTable or
+the WAL, so nothing already written can be affected. Upserts replace whole rows, so every column
+of the table must be present (partial updates are a different merge engine); extra columns are
+refused rather than dropped silently.
+
+Example:
+    >>> import pyarrow as pa
+    >>> rows = RowCoercer(pa.schema([pa.field("id", pa.int64(), False), ("v", pa.string())]), ["id"])
+    >>> rows.upserts({"id": [1], "v": ["a"]}).column("_tombstone").to_pylist()
+    [False]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal_sql.errors import InvalidInputError, PrimaryKeyError, SchemaMismatchError
+from memwal_sql.writer.wal import TOMBSTONE, wal_schema
+
+
+def to_arrow_table(data: Any) -> pa.Table:
+    """Accept a pa.Table, RecordBatch, RecordBatchReader, pandas DataFrame or dict of columns."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if isinstance(data, pa.RecordBatchReader):
+        return data.read_all()
+    if isinstance(data, dict):
+        return pa.table(data)
+    if hasattr(data, "__arrow_c_stream__") or type(data).__module__.startswith("pandas"):
+        try:
+            return pa.table(data)
+        except (TypeError, pa.ArrowException) as e:
+            raise InvalidInputError(f"cannot convert {type(data).__name__} to Arrow: {e}") from e
+    raise InvalidInputError(
+        f"cannot write a {type(data).__name__}; pass a pyarrow Table, RecordBatch, "
+        "RecordBatchReader, pandas DataFrame or a dict of columns"
+    )
+
+
+class RowCoercer:
+    """Validates and casts upserts and deletes to the WAL schema of one table."""
+
+    def __init__(self, base_schema: pa.Schema, primary_key: Sequence[str]) -> None:
+        self.base_schema = base_schema
+        self.primary_key = list(primary_key)
+        self.schema = wal_schema(base_schema, primary_key)
+        self._not_null = [f.name for f in base_schema if not f.nullable and f.name not in primary_key]
+
+    def upserts(self, data: Any) -> pa.Table:
+        """Rows to insert or replace, with ``_tombstone = false``."""
+        table = to_arrow_table(data)
+        names = set(table.column_names)
+        self._check_keys(table, names)
+        missing = [f.name for f in self.base_schema if f.name not in names]
+        extra = sorted(names - {f.name for f in self.base_schema})
+        if missing or extra:
+            raise SchemaMismatchError(
+                "upsert columns do not match the table: "
+                + (f"missing {missing} " if missing else "")
+                + (f"unknown {extra} " if extra else "")
+                + f"(table columns: {self.base_schema.names})"
+            )
+        cols = [self._cast(table.column(f.name), f) for f in self.base_schema]
+        for name in self._not_null:
+            if table.column(name).null_count:
+                raise SchemaMismatchError(f"column {name!r} is not nullable but holds nulls")
+        cols.append(_constant_bool(False, table.num_rows))
+        return pa.Table.from_arrays(cols, schema=self.schema)
+
+    def deletes(self, keys: Any) -> pa.Table:
+        """Tombstone rows: the key columns, every other column null, ``_tombstone = true``.
+
+        ``keys`` is a table holding the key columns (other columns are ignored) or, for a
+        single-column key, an array or list of key values.
+        """
+        if isinstance(keys, (pa.Array, pa.ChunkedArray, list, tuple)) or type(keys).__name__ in (
+            "ndarray",
+            "Series",
+        ):
+            if len(self.primary_key) != 1:
+                raise PrimaryKeyError(
+                    f"the primary key is composite {self.primary_key}: pass a table of key columns"
+                )
+            keys = pa.table({self.primary_key[0]: keys})
+        table = to_arrow_table(keys)
+        self._check_keys(table, set(table.column_names))
+        n = table.num_rows
+        cols = []
+        for f in self.schema:
+            if f.name in self.primary_key:
+                cols.append(self._cast(table.column(f.name), self.base_schema.field(f.name)))
+            elif f.name == TOMBSTONE:
+                cols.append(_constant_bool(True, n))
+            else:
+                cols.append(pa.nulls(n, f.type))
+        return pa.Table.from_arrays(cols, schema=self.schema)
+
+    def _check_keys(self, table: pa.Table, names: set[str]) -> None:
+        missing = [k for k in self.primary_key if k not in names]
+        if missing:
+            raise PrimaryKeyError(f"primary-key column(s) {missing} missing from the input")
+        for k in self.primary_key:
+            if table.column(k).null_count:
+                raise PrimaryKeyError(
+                    f"primary-key column {k!r} holds {table.column(k).null_count} null(s); "
+                    "every row needs a key"
+                )
+
+    @staticmethod
+    def _cast(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
+        if column.type == field.type:
+            return column
+        try:
+            return pc.cast(column, field.type, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+            raise SchemaMismatchError(
+                f"column {field.name!r} has type {column.type}, which cannot be cast safely "
+                f"to the table's {field.type}: {e}"
+            ) from e
+
+
+def _constant_bool(value: bool, n: int) -> pa.Array:
+    return pa.repeat(pa.scalar(value, pa.bool_()), n) if n else pa.array([], pa.bool_())

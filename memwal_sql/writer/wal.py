@@ -1,0 +1,342 @@
+"""WAL entries: Arrow IPC streams at 1-based positions, as Lance 14 writes them.
+
+An entry is one Arrow IPC *stream* holding one or more record batches of the WAL schema (the base
+columns, non-key columns nullable, then ``_tombstone: bool not null``), with schema metadata
+``writer_epoch`` (required) and ``generation`` (the MemTable generation it belongs to). A fence
+sentinel is an entry with an empty schema, no batches and metadata ``fence_sentinel: "true"``; a
+new writer puts it at the tail so that the stale writer's next put collides with it.
+
+Example:
+    >>> import pyarrow as pa
+    >>> b = pa.record_batch({"id": [1], "_tombstone": [False]})
+    >>> e = decode_wal_entry(encode_wal_entry([b], b.schema, writer_epoch=3, generation=1), 7)
+    >>> (e.position, e.writer_epoch, e.generation, e.num_rows)
+    (7, 3, 1, 1)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from memwal_sql.errors import (
+    CorruptWalEntryError,
+    MemWalError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    StorageError,
+    WriterFencedError,
+)
+from memwal_sql.storage import ObjectStore, layout
+
+TOMBSTONE = "_tombstone"
+_EPOCH = b"writer_epoch"
+_GENERATION = b"generation"
+_SENTINEL = b"fence_sentinel"
+_PUT_ATTEMPTS = 4
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def wal_schema(base: pa.Schema, primary_key: Sequence[str]) -> pa.Schema:
+    """The WAL and generation schema: non-key columns nullable (tombstones leave them null),
+    then ``_tombstone``."""
+    fields = [
+        f if f.name in primary_key else f.with_nullable(True)
+        for f in base
+        if f.name != TOMBSTONE
+    ]
+    return pa.schema([*fields, pa.field(TOMBSTONE, pa.bool_(), nullable=False)])
+
+
+@dataclass(frozen=True)
+class WalEntry:
+    """One decoded WAL entry."""
+
+    position: int
+    writer_epoch: int
+    generation: int | None
+    is_sentinel: bool
+    batches: tuple[pa.RecordBatch, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(b.num_rows for b in self.batches)
+
+
+def encode_wal_entry(
+    batches: Sequence[pa.RecordBatch], schema: pa.Schema, *, writer_epoch: int, generation: int
+) -> bytes:
+    """Serialize batches as one WAL entry (an Arrow IPC stream)."""
+    schema = schema.with_metadata(
+        {_EPOCH: str(writer_epoch).encode(), _GENERATION: str(generation).encode()}
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as w:
+        for b in batches:
+            w.write_batch(b)
+    return sink.getvalue().to_pybytes()
+
+
+def encode_fence_sentinel(writer_epoch: int) -> bytes:
+    """The empty entry a new writer puts at the WAL tail to fence the previous one."""
+    schema = pa.schema([], metadata={_SENTINEL: b"true", _EPOCH: str(writer_epoch).encode()})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema):
+        pass
+    return sink.getvalue().to_pybytes()
+
+
+def decode_wal_entry(data: bytes, position: int) -> WalEntry:
+    """Parse a WAL entry; :class:`CorruptWalEntryError` if it is truncated or malformed."""
+    if not data.endswith(_END_OF_STREAM):
+        # Writers (ours and Lance's) always finish the stream; without the marker the entry may
+        # have lost whole record batches and still parse.
+        raise CorruptWalEntryError(
+            f"WAL entry at position {position} has no end-of-stream marker: it is truncated; "
+            "restore it from a backup or move it aside to recover"
+        )
+    try:
+        reader = pa.ipc.open_stream(pa.BufferReader(data))
+        batches = tuple(reader)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise CorruptWalEntryError(
+            f"WAL entry at position {position} is not a complete Arrow IPC stream ({e}); "
+            "it may be truncated: restore it from a backup or move it aside to recover"
+        ) from e
+    meta = reader.schema.metadata or {}
+    if _EPOCH not in meta:
+        raise CorruptWalEntryError(f"WAL entry at position {position} has no writer_epoch")
+    try:
+        epoch = int(meta[_EPOCH])
+        generation = int(meta[_GENERATION]) if _GENERATION in meta else None
+    except ValueError as e:
+        raise CorruptWalEntryError(f"WAL entry at position {position}: bad metadata {e}") from e
+    return WalEntry(
+        position=position,
+        writer_epoch=epoch,
+        generation=generation,
+        is_sentinel=meta.get(_SENTINEL) == b"true",
+        batches=batches,
+    )
+
+
+def read_wal_entry(store: ObjectStore, region_id: str, position: int) -> WalEntry | None:
+    """The entry at ``position``, or None if there is none."""
+    try:
+        data = store.get(layout.wal_entry_path(region_id, position))
+    except ObjectNotFoundError:
+        return None
+    return decode_wal_entry(data, position)
+
+
+def iter_wal(store: ObjectStore, region_id: str, after: int) -> Iterator[WalEntry]:
+    """Entries at ``after + 1, after + 2, ...`` until the first missing position (WAL replay)."""
+    position = after + 1
+    while (entry := read_wal_entry(store, region_id, position)) is not None:
+        yield entry
+        position += 1
+
+
+class WalWriter:
+    """Appends WAL entries at consecutive positions with group commit.
+
+    Every appended batch gets a sequence number. A caller that needs durability calls
+    :meth:`wait` with its sequence number: if no flush is running it becomes the leader and writes
+    one entry holding *every* pending batch (of one generation) itself; otherwise it waits for the
+    running flush and checks again. Concurrent durable puts therefore share one put, and a lone
+    durable put pays for exactly one put, never a timer tick. Non-durable appends are written by a
+    background thread when the buffer reaches ``max_buffer_bytes`` or ``max_buffer_batches`` or
+    the oldest pending batch is ``max_flush_interval`` seconds old.
+
+    A put that finds its position taken means another writer claimed the region (it put a fence
+    sentinel there): the writer is fenced and every later call raises.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        region_id: str,
+        schema: pa.Schema,
+        *,
+        writer_epoch: int,
+        next_position: int,
+        on_entry_written: Callable[[int, int], None],
+        max_buffer_bytes: int = 8 << 20,
+        max_buffer_batches: int = 256,
+        max_flush_interval: float = 0.1,
+        background: bool = True,
+    ) -> None:
+        self.store = store
+        self.region_id = region_id
+        self.schema = schema
+        self.writer_epoch = writer_epoch
+        self.next_position = next_position
+        self._on_entry_written = on_entry_written
+        self.max_buffer_bytes = max_buffer_bytes
+        self.max_buffer_batches = max_buffer_batches
+        self.max_flush_interval = max_flush_interval
+        self._cond = threading.Condition()
+        self._pending: list[tuple[int, int, pa.RecordBatch]] = []  # (seq, generation, batch)
+        self._pending_bytes = 0
+        self._oldest_pending = 0.0
+        self._seq = 0
+        self.flushed_seq = 0
+        self._writing = False
+        self._closing = False
+        self.error: BaseException | None = None
+        self.entries_written = 0
+        self.bytes_written = 0
+        self.put_seconds = 0.0
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(
+                target=self._background, name=f"memwal-wal-{region_id[:8]}", daemon=True
+            )
+            self._thread.start()
+
+    def append(self, batch: pa.RecordBatch, generation: int) -> int:
+        """Queue ``batch`` for the WAL; return its sequence number."""
+        with self._cond:
+            self._raise_if_failed()
+            self._seq += 1
+            first = not self._pending
+            if first:
+                self._oldest_pending = time.monotonic()
+            self._pending.append((self._seq, generation, batch))
+            self._pending_bytes += batch.nbytes
+            if (
+                first  # the background thread starts the flush-interval clock
+                or self._pending_bytes >= self.max_buffer_bytes
+                or len(self._pending) >= self.max_buffer_batches
+            ):
+                self._cond.notify_all()
+            return self._seq
+
+    def wait(self, seq: int) -> None:
+        """Block until batch ``seq`` is in a stored WAL entry; raise if the WAL failed first."""
+        while True:
+            with self._cond:
+                while True:
+                    if self.flushed_seq >= seq:
+                        return
+                    self._raise_if_failed()
+                    if not self._writing:
+                        group = self._take_group()
+                        break
+                    self._cond.wait()
+            self._write_group(group)
+
+    def flush(self) -> None:
+        """Write everything appended so far and wait for it."""
+        with self._cond:
+            seq = self._seq
+        self.wait(seq)
+
+    def close(self) -> None:
+        """Flush what is pending (unless the WAL failed) and stop the background thread."""
+        try:
+            if self.error is None:
+                self.flush()
+        finally:
+            with self._cond:
+                self._closing = True
+                self._cond.notify_all()
+            if self._thread is not None:
+                self._thread.join()
+
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _take_group(self) -> list[tuple[int, int, pa.RecordBatch]]:
+        # Caller holds the lock. An entry never spans MemTable generations (Lance 14 relies on
+        # it to map WAL positions to generations), so stop at the first generation change.
+        gen = self._pending[0][1]
+        n = 0
+        while n < len(self._pending) and self._pending[n][1] == gen:
+            n += 1
+        group, self._pending = self._pending[:n], self._pending[n:]
+        self._pending_bytes -= sum(b.nbytes for _, _, b in group)
+        self._oldest_pending = time.monotonic()
+        self._writing = True
+        return group
+
+    def _write_group(self, group: list[tuple[int, int, pa.RecordBatch]]) -> None:
+        generation = group[0][1]
+        position = self.next_position
+        try:
+            data = encode_wal_entry(
+                [b for _, _, b in group], self.schema,
+                writer_epoch=self.writer_epoch, generation=generation,
+            )
+            t0 = time.perf_counter()
+            self._put(position, data)
+            elapsed = time.perf_counter() - t0
+        except BaseException as e:  # noqa: BLE001 - recorded and re-raised to every caller
+            with self._cond:
+                self.error = e
+                self._writing = False
+                self._cond.notify_all()
+            raise
+        with self._cond:
+            self.next_position = position + 1
+            self.flushed_seq = group[-1][0]
+            self.entries_written += 1
+            self.bytes_written += len(data)
+            self.put_seconds += elapsed
+            self._writing = False
+            self._on_entry_written(generation, position)
+            self._cond.notify_all()
+
+    def _put(self, position: int, data: bytes) -> None:
+        path = layout.wal_entry_path(self.region_id, position)
+        for attempt in range(_PUT_ATTEMPTS):
+            try:
+                self.store.put_if_not_exists(path, data)
+                return
+            except ObjectExistsError:
+                raise self._fenced_at(position) from None
+            except StorageError:
+                if attempt == _PUT_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.05 * 2**attempt)
+
+    def _fenced_at(self, position: int) -> MemWalError:
+        try:
+            other = read_wal_entry(self.store, self.region_id, position)
+        except CorruptWalEntryError:
+            other = None
+        epoch = other.writer_epoch if other is not None else "unknown"
+        return WriterFencedError(
+            f"region {self.region_id}: WAL position {position} was taken by writer epoch "
+            f"{epoch} (this writer has epoch {self.writer_epoch}); a newer writer claimed the "
+            "region. Acknowledged writes are safe; reopen a writer to continue"
+        )
+
+    def _background(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._closing or self.error is not None:
+                        return
+                    if self._pending and not self._writing:
+                        due = self._oldest_pending + self.max_flush_interval
+                        now = time.monotonic()
+                        if (
+                            now >= due
+                            or self._pending_bytes >= self.max_buffer_bytes
+                            or len(self._pending) >= self.max_buffer_batches
+                        ):
+                            group = self._take_group()
+                            break
+                        self._cond.wait(due - now)
+                    else:
+                        self._cond.wait()
+            try:
+                self._write_group(group)
+            except BaseException:  # noqa: BLE001 - stored in self.error for the callers
+                return

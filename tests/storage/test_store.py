@@ -1,0 +1,77 @@
+import os
+import threading
+
+import pytest
+
+from memwal_sql.errors import ObjectExistsError, ObjectNotFoundError, StorageError
+from memwal_sql.storage import ObjectStore
+
+
+@pytest.fixture(params=["local", "local-nondurable", "memory", pytest.param("s3", marks=pytest.mark.s3)])
+def store(request, tmp_path):
+    if request.param == "local":
+        return ObjectStore(str(tmp_path / "root"))
+    if request.param == "local-nondurable":
+        return ObjectStore(f"file://{tmp_path}/root", durable=False)
+    if request.param == "memory":
+        return ObjectStore(f"memory://{tmp_path.name}")
+    return ObjectStore(f"s3://memwal/{tmp_path.name}", request.getfixturevalue("s3_server"))
+
+
+def test_put_if_not_exists_has_one_winner(store):
+    store.put_if_not_exists("a/x", b"1")
+    with pytest.raises(ObjectExistsError):
+        store.put_if_not_exists("a/x", b"2")
+    assert store.get("a/x") == b"1"
+
+
+def test_racing_creates_have_exactly_one_winner(store):
+    wins, losses = [], []
+
+    def attempt(i):
+        try:
+            store.put_if_not_exists("race/k", str(i).encode())
+            wins.append(i)
+        except ObjectExistsError:
+            losses.append(i)
+
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1 and len(losses) == 7
+    assert store.get("race/k") == str(wins[0]).encode()
+
+
+def test_get_exists_list_delete(store):
+    for name in ["d/3", "d/1", "d/sub/2", "e/1"]:
+        store.put(name, name.encode())
+    assert store.exists("d/1") and not store.exists("d/9")
+    assert [m.path for m in store.list("d/")] == ["d/1", "d/3", "d/sub/2"]
+    assert store.list_dirs("d") == ["sub"]
+    store.delete("d/1")
+    store.delete("d/1")  # deleting a missing object is not an error
+    with pytest.raises(ObjectNotFoundError):
+        store.get("d/1")
+    assert store.delete_prefix("d/") == 2
+    assert store.list("d/") == []
+
+
+def test_put_overwrites(store):
+    store.put("h", b"1")
+    store.put("h", b"2")
+    assert store.get("h") == b"2"
+
+
+def test_durable_local_create_leaves_no_temp_files(tmp_path):
+    store = ObjectStore(str(tmp_path))
+    store.put_if_not_exists("w/a", b"x")
+    with pytest.raises(ObjectExistsError):
+        store.put_if_not_exists("w/a", b"y")
+    assert os.listdir(tmp_path / "w") == ["a"]
+
+
+def test_unknown_scheme_is_a_clear_error():
+    with pytest.raises(StorageError, match="unsupported uri scheme"):
+        ObjectStore("ftp://x/y")

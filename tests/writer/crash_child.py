@@ -1,0 +1,45 @@
+"""A writer process for the crash tests: writes batches and prints each acknowledged one.
+
+Usage: python -m tests.writer.crash_child URI MODE
+MODE "puts": durable upserts/deletes forever. MODE "flush": like "puts", but every MemTable flush
+prints FLUSHING and then stalls inside the generation write, so the parent can kill it there.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import memwal_sql as mw
+from tests.writer.crash_plan import batch_for
+
+
+def main() -> None:
+    uri, mode = sys.argv[1], sys.argv[2]
+    if mode == "flush":
+        from memwal_sql.writer import generation
+
+        real = generation.write_pk_index
+
+        def stalling(uri_, keys, opts=None):
+            real(uri_, keys, opts)
+            print("FLUSHING", flush=True)
+            time.sleep(3600)
+
+        generation.write_pk_index = stalling
+    tbl = mw.open_table(uri)
+    w = tbl.writer(max_memtable_rows=400 if mode == "flush" else 1_000_000)
+    print("READY", flush=True)
+    i = 0
+    while True:
+        kind, data = batch_for(i)
+        if kind == "upsert":
+            w.upsert(data)
+        else:
+            w.delete(data)
+        print(f"ACK {i}", flush=True)
+        i += 1
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+import threading
+
+import lance
+import pyarrow as pa
+import pytest
+
+import memwal_sql as mw
+from memwal_sql.errors import WriterClosedError, WrongRegionError
+from memwal_sql.manifest import RegionManifestStore
+from memwal_sql.storage import layout
+from memwal_sql.writer import generation as generation_module
+from memwal_sql.writer.wal import iter_wal
+from tests.lsm import Model, lance_latest_rows
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string()),
+                    pa.field("n", pa.float64())])
+
+
+def rows(ids, tag="a"):
+    return pa.table({"id": ids, "v": [f"{tag}{i}" for i in ids], "n": [float(i) for i in ids]},
+                    schema=SCHEMA)
+
+
+@pytest.fixture
+def table(table_root):
+    uri, opts = table_root
+    return mw.create_table(uri, SCHEMA, primary_key="id", storage_options=opts)
+
+
+def manifest(tbl, rid):
+    return RegionManifestStore(tbl.store, rid).latest()
+
+
+def test_close_flushes_a_generation_lance_reads(table):
+    with table.writer() as w:
+        w.upsert(rows([1, 2, 3]))
+        w.upsert(rows([2], "b"))
+        w.delete([3])
+    m = manifest(table, w.region_id)
+    assert [g.generation for g in m.flushed_generations] == [1]
+    assert m.current_generation == 2 and m.replay_after_wal_entry_position == 3
+    gen = lance.dataset(table.store.uri_for(f"{layout.region_dir(w.region_id)}/"
+                                            f"{m.flushed_generations[0].path}"),
+                        storage_options=table.storage_options or None).to_table()
+    # Deduplicated inside the generation, tombstone kept, insertion order of the last writes.
+    assert gen.column("id").to_pylist() == [1, 2, 3]
+    assert gen.column("_tombstone").to_pylist() == [False, False, True]
+    got = lance_latest_rows(table.uri, ["id"], table.storage_options or None)
+    assert got.to_pylist() == [{"id": 1, "v": "a1", "n": 1.0}, {"id": 2, "v": "b2", "n": 2.0}]
+
+
+def test_reopen_replays_the_unflushed_wal_tail(table):
+    w = table.writer()
+    w.upsert(rows([1, 2]))
+    w.delete([1])
+    # Abandon the writer without closing (as a crash would); its entries are durable.
+    w2 = table.writer()
+    assert w2.stats()["replayed_rows"] == 3 and w2.epoch == w.epoch + 1
+    w2.upsert(rows([5]))
+    w2.close()
+    got = lance_latest_rows(table.uri, ["id"], table.storage_options or None)
+    assert got.column("id").to_pylist() == [2, 5]
+
+
+def test_memtable_thresholds_flush_in_the_background(table):
+    model = Model(["id"])
+    with table.writer(max_memtable_rows=50) as w:
+        for i in range(10):
+            batch = rows(list(range(i * 20, i * 20 + 30)), tag=f"t{i}")
+            w.upsert(batch)
+            model.upsert(batch)
+    m = manifest(table, w.region_id)
+    gens = [g.generation for g in m.flushed_generations]
+    assert gens == list(range(1, len(gens) + 1)) and len(gens) >= 4
+    assert lance_latest_rows(table.uri, ["id"], table.storage_options or None) == model.table(SCHEMA)
+    # An entry never spans generations: the generation in each entry's metadata only grows.
+    entry_gens = [e.generation for e in iter_wal(table.store, w.region_id, 0) if not e.is_sentinel]
+    assert entry_gens == sorted(entry_gens)
+
+
+def test_durable_puts_group_commit(tmp_path):
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    with tbl.writer() as w:
+        barrier = threading.Barrier(8)
+
+        def put(t):
+            barrier.wait()
+            for i in range(25):
+                w.upsert(rows([t * 1000 + i]))
+
+        threads = [threading.Thread(target=put, args=(t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        s = w.stats()
+    assert s["rows_written"] == 200
+    assert s["wal_entries_written"] < 200  # concurrent durable puts shared WAL entries
+    assert lance_latest_rows(str(tmp_path), ["id"]).num_rows == 200
+
+
+def test_non_durable_puts_are_buffered_into_few_entries(tmp_path):
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    with tbl.writer(durable=False, max_wal_flush_interval=10.0) as w:
+        for i in range(100):
+            w.upsert(rows([i]))
+        assert w.stats()["wal_entries_written"] == 0  # nothing forced a put yet
+    assert w.stats()["wal_entries_written"] == 1
+    assert lance_latest_rows(str(tmp_path), ["id"]).num_rows == 100
+
+
+def test_non_durable_puts_reach_the_wal_within_the_interval(tmp_path):
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    w = tbl.writer(durable=False, max_wal_flush_interval=0.05)
+    w.upsert(rows([1]))
+    import time
+
+    deadline = time.monotonic() + 5
+    while w.stats()["wal_entries_written"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert w.stats()["wal_entries_written"] == 1
+    w.close()
+
+
+def test_closed_writer_refuses_writes(table):
+    w = table.writer()
+    w.close()
+    w.close()  # idempotent
+    with pytest.raises(WriterClosedError):
+        w.upsert(rows([1]))
+
+
+def test_rows_of_another_region_are_refused_and_nothing_is_written(tmp_path):
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id",
+                          region_spec=mw.RegionSpec.bucket("id", 4))
+    spec = tbl.region_spec
+    buckets = spec.region_values(rows(list(range(20)))).column(0).to_pylist()
+    mine = [i for i, b in enumerate(buckets) if b == 0]
+    other = [i for i, b in enumerate(buckets) if b != 0]
+    with tbl.writer(region_values=(0,)) as w:
+        w.upsert(rows(mine))
+        with pytest.raises(WrongRegionError):
+            w.upsert(rows(mine[:1] + other[:1]))
+        assert w.stats()["rows_written"] == len(mine)
+    assert lance_latest_rows(str(tmp_path), ["id"]).column("id").to_pylist() == sorted(mine)
+    m = manifest(tbl, w.region_id)
+    assert m.region_spec_id == spec.spec_id
+    assert [(e.field_id, e.value) for e in m.region_field_entries] == spec.field_entries((0,))
+
+
+def test_backpressure_blocks_until_flushes_catch_up(tmp_path):
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    model = Model(["id"])
+    with tbl.writer(durable=False, max_memtable_rows=10, max_unflushed_bytes=1) as w:
+        for i in range(30):
+            batch = rows(list(range(i * 7, i * 7 + 10)), tag=str(i))
+            w.upsert(batch)
+            model.upsert(batch)
+        assert w.stats()["backpressure_waits"] > 0
+    assert lance_latest_rows(str(tmp_path), ["id"]) == model.table(SCHEMA)
+
+
+def test_failed_flush_retries_into_a_new_directory(tmp_path, monkeypatch):
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    real = generation_module.write_pk_index
+    calls = []
+
+    def flaky(uri, keys, opts=None):
+        calls.append(uri)
+        if len(calls) == 1:
+            raise OSError("injected failure after the data files were written")
+        return real(uri, keys, opts)
+
+    monkeypatch.setattr(generation_module, "write_pk_index", flaky)
+    with tbl.writer() as w:
+        w.upsert(rows([1, 2]))
+    m = manifest(tbl, w.region_id)
+    assert len(calls) == 2 and calls[0] != calls[1]
+    assert calls[1].endswith(m.flushed_generations[0].path)
+    dirs = [d for d in tbl.store.list_dirs(layout.region_dir(w.region_id)) if "_gen_" in d]
+    assert len(dirs) == 2  # the orphan of the failed attempt is left for GC, unreferenced
+    assert lance_latest_rows(str(tmp_path), ["id"]).num_rows == 2

@@ -1,0 +1,65 @@
+import pyarrow as pa
+import pytest
+
+from memwal_sql.errors import InvalidInputError, PrimaryKeyError, SchemaMismatchError
+from memwal_sql.writer.rows import RowCoercer
+
+BASE = pa.schema([pa.field("id", pa.int64(), False), pa.field("n", pa.int32(), False),
+                  pa.field("s", pa.string())])
+
+
+@pytest.fixture
+def rows():
+    return RowCoercer(BASE, ["id"])
+
+
+def test_upserts_cast_reorder_and_mark_live(rows):
+    t = rows.upserts({"s": ["a", None], "n": [1, 2], "id": [10, 11]})
+    assert t.schema == rows.schema
+    assert t.column("_tombstone").to_pylist() == [False, False]
+    assert t.column("id").to_pylist() == [10, 11]
+
+
+def test_accepts_pandas_batches_and_readers(rows):
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"id": [1], "n": [2], "s": ["x"]})
+    assert rows.upserts(df).num_rows == 1
+    b = pa.record_batch({"id": [1], "n": pa.array([2], pa.int32()), "s": ["x"]})
+    assert rows.upserts(b).num_rows == 1
+    assert rows.upserts(pa.RecordBatchReader.from_batches(b.schema, [b, b])).num_rows == 2
+
+
+def test_deletes_are_tombstones(rows):
+    t = rows.deletes([3, 4])
+    assert t.column("_tombstone").to_pylist() == [True, True]
+    assert t.column("n").null_count == 2 and t.column("s").null_count == 2
+
+
+@pytest.mark.parametrize(
+    "data, error, match",
+    [
+        ({"n": [1], "s": ["a"]}, PrimaryKeyError, "missing"),
+        ({"id": [None], "n": [1], "s": ["a"]}, PrimaryKeyError, "null"),
+        ({"id": [1], "s": ["a"]}, SchemaMismatchError, "missing \\['n'\\]"),
+        ({"id": [1], "n": [1], "s": ["a"], "zz": [1]}, SchemaMismatchError, "unknown"),
+        ({"id": ["x"], "n": [1], "s": ["a"]}, SchemaMismatchError, "cannot be cast"),
+        ({"id": [1], "n": [2**40], "s": ["a"]}, SchemaMismatchError, "cannot be cast"),
+        ({"id": [1], "n": [None], "s": ["a"]}, SchemaMismatchError, "not nullable"),
+    ],
+)
+def test_bad_input_is_a_typed_error(rows, data, error, match):
+    with pytest.raises(error, match=match):
+        rows.upserts(data)
+
+
+def test_unconvertible_input(rows):
+    with pytest.raises(InvalidInputError):
+        rows.upserts(42)
+
+
+def test_composite_key_deletes_need_a_table():
+    rows = RowCoercer(pa.schema([pa.field("a", pa.int64(), False), pa.field("b", pa.string(), False)]),
+                      ["a", "b"])
+    with pytest.raises(PrimaryKeyError, match="composite"):
+        rows.deletes([1])
+    assert rows.deletes({"a": [1], "b": ["x"]}).num_rows == 1
