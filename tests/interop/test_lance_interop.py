@@ -27,7 +27,7 @@ def rows(ids, tag):
                      "x": pa.array([i / 2 for i in ids], pa.float32())}, schema=SCHEMA)
 
 
-def test_lance_reads_what_our_writer_produced(table_root):
+def test_lance_reads_what_our_writer_produced(table_root, monkeypatch):
     uri, opts = table_root
     tbl = mw.create_table(uri, rows(list(range(0, 300, 3)), "base"), primary_key="id",
                           region_spec=mw.RegionSpec.bucket("id", 4), storage_options=opts,
@@ -49,6 +49,11 @@ def test_lance_reads_what_our_writer_produced(table_root):
     ds = lance.dataset(uri, storage_options=opts)
     scanner = LsmScanner.from_snapshots(ds, lance_snapshots(uri, opts))
     assert scanner.filter("id < 100").count_rows() == sum(1 for k in model.rows if k[0] < 100)
+    if opts:
+        # Lance 14's point-lookup planner opens generations without the dataset's storage
+        # options ("Failed to resolve region"); hand them over through the environment.
+        for k, v in opts.items():
+            monkeypatch.setenv(k.upper(), v)
     planner = LsmPointLookupPlanner(ds, lance_snapshots(uri, opts))
     for key in [0, 3, 7, 14, 41, 250, 299, 1000]:
         got = planner.plan_lookup(pa.array([key], pa.int64())).to_table().select(SCHEMA.names)

