@@ -50,11 +50,11 @@ class MemTable:
         self.wal_position = 0  # highest WAL position holding rows of this generation
         self.frozen = False
 
-    def append(self, batch: pa.RecordBatch, seq: int) -> None:
+    def append(self, batch: pa.RecordBatch, seq: int, nbytes: int | None = None) -> None:
         with self._lock:
             self._batches.append(batch)
             self.num_rows += batch.num_rows
-            self.nbytes += batch.nbytes
+            self.nbytes += batch.nbytes if nbytes is None else nbytes
             self.last_seq = seq
 
     def batches(self) -> list[pa.RecordBatch]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from memwal_sql._proto.memwal_pb2 import RegionManifest
 from memwal_sql.errors import (
@@ -130,6 +131,7 @@ class RegionWriter:
         self._closed = False
         self._error: BaseException | None = None
         self._frozen: deque[MemTable] = deque()
+        self._frozen_bytes = 0
 
         field_entries = None
         if table.region_spec is not None and region_values is not None:
@@ -307,8 +309,15 @@ class RegionWriter:
         spec = self._table.region_spec
         if spec is None or self._region_values is None or rows.num_rows == 0:
             return
-        groups = spec.group_rows(rows)
-        wrong = [v for v in groups if tuple(v) != tuple(self._region_values)]
+        if all(f.transform == "unsharded" for f in spec.fields):
+            return  # every row belongs to the one region
+        values = spec.region_values(rows)
+        if all(
+            pc.all(pc.equal(col, pa.scalar(v, col.type))).as_py()
+            for col, v in zip(values.columns, self._region_values)
+        ):
+            return
+        wrong = [v for v in spec.group_rows(rows) if tuple(v) != tuple(self._region_values)]
         if wrong:
             raise WrongRegionError(
                 f"region {self.region_id} holds rows with region values {self._region_values}, "
@@ -321,13 +330,13 @@ class RegionWriter:
             with self._lock:
                 self._check_open()
             return
-        batch = rows.combine_chunks().to_batches()[0] if rows.num_rows else None
-        assert batch is not None
+        batch = rows.combine_chunks().to_batches()[0]
+        nbytes = batch.get_total_buffer_size()  # .nbytes walks every buffer: too slow per put
         with self._lock:
             self._check_open()
             self._backpressure_locked()
-            seq = self._wal.append(batch, self._active.generation)
-            self._active.append(batch, seq)
+            seq = self._wal.append(batch, self._active.generation, nbytes)
+            self._active.append(batch, seq, nbytes)
             self._stats.rows_written += batch.num_rows
             if (
                 self._active.num_rows >= self.config.max_memtable_rows
@@ -339,10 +348,7 @@ class RegionWriter:
 
     def _backpressure_locked(self) -> None:
         t0 = None
-        while (
-            sum(m.nbytes for m in self._frozen) > self.config.max_unflushed_bytes
-            and self._error is None
-        ):
+        while self._frozen_bytes > self.config.max_unflushed_bytes and self._error is None:
             if t0 is None:
                 t0 = time.perf_counter()
                 self._stats.backpressure_waits += 1
@@ -367,6 +373,7 @@ class RegionWriter:
             return
         self._active.frozen = True
         self._frozen.append(self._active)
+        self._frozen_bytes += self._active.nbytes
         nxt = MemTable(self._rows.schema, self._active.generation + 1)
         self._active = nxt
         self._memtables_by_gen[nxt.generation] = nxt
@@ -407,6 +414,7 @@ class RegionWriter:
                 return
             with self._lock:
                 self._frozen.popleft()
+                self._frozen_bytes -= memtable.nbytes
                 self._memtables_by_gen.pop(memtable.generation, None)
                 self._lock.notify_all()
 

@@ -180,7 +180,7 @@ class WalWriter:
         self.max_buffer_batches = max_buffer_batches
         self.max_flush_interval = max_flush_interval
         self._cond = threading.Condition()
-        self._pending: list[tuple[int, int, pa.RecordBatch]] = []  # (seq, generation, batch)
+        self._pending: list[tuple[int, int, pa.RecordBatch, int]] = []  # seq, gen, batch, bytes
         self._pending_bytes = 0
         self._oldest_pending = 0.0
         self._seq = 0
@@ -198,16 +198,16 @@ class WalWriter:
             )
             self._thread.start()
 
-    def append(self, batch: pa.RecordBatch, generation: int) -> int:
-        """Queue ``batch`` for the WAL; return its sequence number."""
+    def append(self, batch: pa.RecordBatch, generation: int, nbytes: int) -> int:
+        """Queue ``batch`` (``nbytes`` in memory) for the WAL; return its sequence number."""
         with self._cond:
             self._raise_if_failed()
             self._seq += 1
             first = not self._pending
             if first:
                 self._oldest_pending = time.monotonic()
-            self._pending.append((self._seq, generation, batch))
-            self._pending_bytes += batch.nbytes
+            self._pending.append((self._seq, generation, batch, nbytes))
+            self._pending_bytes += nbytes
             if (
                 first  # the background thread starts the flush-interval clock
                 or self._pending_bytes >= self.max_buffer_bytes
@@ -252,7 +252,7 @@ class WalWriter:
         if self.error is not None:
             raise self.error
 
-    def _take_group(self) -> list[tuple[int, int, pa.RecordBatch]]:
+    def _take_group(self) -> list[tuple[int, int, pa.RecordBatch, int]]:
         # Caller holds the lock. An entry never spans MemTable generations (Lance 14 relies on
         # it to map WAL positions to generations), so stop at the first generation change.
         gen = self._pending[0][1]
@@ -260,17 +260,17 @@ class WalWriter:
         while n < len(self._pending) and self._pending[n][1] == gen:
             n += 1
         group, self._pending = self._pending[:n], self._pending[n:]
-        self._pending_bytes -= sum(b.nbytes for _, _, b in group)
+        self._pending_bytes -= sum(g[3] for g in group)
         self._oldest_pending = time.monotonic()
         self._writing = True
         return group
 
-    def _write_group(self, group: list[tuple[int, int, pa.RecordBatch]]) -> None:
+    def _write_group(self, group: list[tuple[int, int, pa.RecordBatch, int]]) -> None:
         generation = group[0][1]
         position = self.next_position
         try:
             data = encode_wal_entry(
-                [b for _, _, b in group], self.schema,
+                [g[2] for g in group], self.schema,
                 writer_epoch=self.writer_epoch, generation=generation,
             )
             t0 = time.perf_counter()

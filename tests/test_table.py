@@ -1,0 +1,137 @@
+import subprocess
+import sys
+import uuid
+
+import lance
+import pyarrow as pa
+import pytest
+
+import memwal_sql as mw
+from memwal_sql.errors import (
+    CorruptWalEntryError,
+    InvalidInputError,
+    PrimaryKeyError,
+    TableExistsError,
+    TableNotFoundError,
+    UnknownRegionError,
+)
+from memwal_sql.storage import layout
+from tests.lsm import Model, lance_latest_rows
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string())])
+
+
+def rows(ids, tag="a"):
+    return pa.table({"id": ids, "v": [f"{tag}{i}" for i in ids]}, schema=SCHEMA)
+
+
+def test_create_sets_the_primary_key_and_the_mem_wal_index(tmp_path):
+    tbl = mw.create_table(str(tmp_path), rows([1, 2]), primary_key="id",
+                          region_spec=mw.RegionSpec.bucket("id", 4))
+    ds = lance.dataset(str(tmp_path))
+    assert [f.name() for f in ds.lance_schema.unenforced_primary_key()] == ["id"]
+    assert ds.mem_wal_index_details()["num_shards"] == 4
+    assert ds.count_rows() == 2
+    again = mw.open_table(str(tmp_path))
+    assert again.primary_key == ("id",) and again.region_spec == tbl.region_spec
+
+
+def test_composite_primary_key(tmp_path):
+    schema = pa.schema([pa.field("a", pa.int32(), False), pa.field("b", pa.string(), False),
+                        pa.field("x", pa.float64())])
+    tbl = mw.create_table(str(tmp_path), schema, primary_key=["a", "b"],
+                          region_spec=mw.RegionSpec.bucket("b", 2))
+    model = Model(["a", "b"])
+    data = pa.table({"a": [1, 1, 2], "b": ["x", "y", "x"], "x": [1.0, 2.0, 3.0]}, schema=schema)
+    tbl.upsert(data)
+    model.upsert(data)
+    tbl.upsert(pa.table({"a": [1], "b": ["x"], "x": [9.0]}, schema=schema))
+    model.upsert(pa.table({"a": [1], "b": ["x"], "x": [9.0]}, schema=schema))
+    tbl.delete(pa.table({"a": [2], "b": ["x"]}))
+    model.delete(pa.table({"a": [2], "b": ["x"]}))
+    tbl.close()
+    assert mw.open_table(str(tmp_path)).primary_key == ("a", "b")
+    assert lance_latest_rows(str(tmp_path), ["a", "b"]) == model.table(schema)
+
+
+def test_enable_mem_wal_on_an_existing_lance_table(tmp_path):
+    uri = str(tmp_path / "plain")
+    lance.write_dataset(rows([1, 2, 3]), uri)
+    tbl = mw.create_table(uri, None, primary_key="id")
+    tbl.upsert(rows([2], "new"))
+    tbl.delete([3])
+    tbl.close()
+    got = lance_latest_rows(uri, ["id"])
+    assert got.to_pylist() == [{"id": 1, "v": "a1"}, {"id": 2, "v": "new2"}]
+
+
+def test_create_and_open_errors(tmp_path):
+    with pytest.raises(TableNotFoundError):
+        mw.open_table(str(tmp_path / "missing"))
+    with pytest.raises(TableNotFoundError):
+        mw.create_table(str(tmp_path / "missing"), None, primary_key="id")
+    plain = str(tmp_path / "plain")
+    lance.write_dataset(rows([1]), plain)
+    with pytest.raises(TableNotFoundError, match="without MemWAL"):
+        mw.open_table(plain)
+    mw.create_table(str(tmp_path / "t"), SCHEMA, primary_key="id")
+    with pytest.raises(TableExistsError):
+        mw.create_table(str(tmp_path / "t"), SCHEMA, primary_key="id")
+    with pytest.raises(PrimaryKeyError):
+        mw.create_table(str(tmp_path / "u"), SCHEMA, primary_key="nope")
+    with pytest.raises(PrimaryKeyError):
+        mw.create_table(str(tmp_path / "w"), pa.table({"id": [1, None]}), primary_key="id")
+
+
+def test_routing_is_the_same_in_every_process(tmp_path):
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id",
+                          region_spec=mw.RegionSpec.bucket("id", 8))
+    tbl.upsert(rows(list(range(40))))
+    tbl.close()
+    here = sorted(tbl.regions())
+    code = ("import sys, memwal_sql as mw, pyarrow as pa\n"
+            "t = mw.open_table(sys.argv[1])\n"
+            "t.upsert({'id': list(range(40)), 'v': ['b'] * 40}); t.close()\n"
+            "print(','.join(sorted(t.regions())))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    assert out.split(",") == here and len(here) == 8
+    assert all(r["v"] == "b" for r in lance_latest_rows(str(tmp_path), ["id"]).to_pylist())
+
+
+def test_writer_needs_a_region_on_a_sharded_table(tmp_path):
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id",
+                          region_spec=mw.RegionSpec.bucket("id", 2))
+    with pytest.raises(InvalidInputError, match="region_values"):
+        tbl.writer()
+    with pytest.raises(UnknownRegionError):
+        tbl.writer(region_id=str(uuid.uuid4()))
+
+
+def test_truncated_wal_entry_stops_the_open_and_deletes_nothing(tmp_path):
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    w = tbl.writer()
+    w.upsert(rows([1]))
+    w.upsert(rows([2]))
+    path = layout.wal_entry_path(w.region_id, 2)
+    full = tbl.store.get(path)
+    tbl.store.delete(path)
+    tbl.store.put(path, full[: len(full) // 2])
+    with pytest.raises(CorruptWalEntryError, match="position 2"):
+        tbl.writer(region_id=w.region_id)
+    assert tbl.store.get(path) == full[: len(full) // 2]
+    assert tbl.store.exists(layout.wal_entry_path(w.region_id, 1))
+    # Restoring the entry (the error's advice) lets the next writer recover both rows.
+    tbl.store.put(path, full)
+    tbl.writer(region_id=w.region_id).close()
+    assert lance_latest_rows(str(tmp_path), ["id"]).column("id").to_pylist() == [1, 2]
+
+
+def test_routed_writes_accept_pandas(tmp_path):
+    pd = pytest.importorskip("pandas")
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id",
+                          region_spec=mw.RegionSpec.bucket("id", 3))
+    tbl.upsert(pd.DataFrame({"id": [1, 2, 3], "v": ["a", "b", "c"]}))
+    tbl.delete(pd.DataFrame({"id": [2]}))
+    tbl.close()
+    assert lance_latest_rows(str(tmp_path), ["id"]).column("id").to_pylist() == [1, 3]
