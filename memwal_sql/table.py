@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -85,6 +86,7 @@ class MemWalTable:
         )
         self._writers: dict[str, RegionWriter] = {}
         self._writers_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
 
     # ---- base table ---------------------------------------------------------------------------
 
@@ -159,9 +161,10 @@ class MemWalTable:
         Example:
             ``tbl.upsert(pa.table({"id": [1], "v": ["x"]}))``
         """
-        table = to_arrow_table(data)
-        for writer, rows in self._route(table, need=()):
-            writer.upsert(rows)
+        routed = self._route(to_arrow_table(data), need=())
+        # Validate every region's share before appending any, so bad input writes nothing.
+        prepared = [(w, w._prepare_upserts(rows)) for w, rows in routed]
+        self._append_all(prepared, "upserts")
 
     def delete(self, keys: Any) -> None:
         """Delete rows by primary key, routed like :meth:`upsert`.
@@ -173,9 +176,20 @@ class MemWalTable:
             if len(self.primary_key) != 1:
                 raise PrimaryKeyError(f"pass a table of the key columns {list(self.primary_key)}")
             keys = pa.table({self.primary_key[0]: keys})
-        table = to_arrow_table(keys)
-        for writer, rows in self._route(table, need=self.primary_key):
-            writer.delete(rows)
+        routed = self._route(to_arrow_table(keys), need=self.primary_key)
+        prepared = [(w, w._prepare_deletes(rows)) for w, rows in routed]
+        self._append_all(prepared, "deletes")
+
+    def _append_all(self, prepared: list[tuple[RegionWriter, pa.Table]], kind: str) -> None:
+        pending = [(w, w._append(rows, kind)) for w, rows in prepared]
+        if len(pending) == 1:
+            pending[0][0]._await(pending[0][1])
+            return
+        # Durable waits of different regions are independent puts: issue them concurrently.
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="memwal-route")
+        for f in [self._pool.submit(w._await, seq) for w, seq in pending]:
+            f.result()
 
     def flush(self) -> None:
         """Flush every in-process writer's MemTable to a generation and wait."""
@@ -186,6 +200,9 @@ class MemWalTable:
         """Flush and close every in-process writer."""
         with self._writers_lock:
             writers, self._writers = list(self._writers.values()), {}
+            if self._pool is not None:
+                self._pool.shutdown()
+                self._pool = None
         errors = []
         for w in writers:
             try:

@@ -135,3 +135,20 @@ def test_routed_writes_accept_pandas(tmp_path):
     tbl.delete(pd.DataFrame({"id": [2]}))
     tbl.close()
     assert lance_latest_rows(str(tmp_path), ["id"]).column("id").to_pylist() == [1, 3]
+
+
+def test_bad_rows_in_one_region_write_nothing_to_the_others(tmp_path):
+    schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("n", pa.int32(), False)])
+    tbl = mw.create_table(str(tmp_path), schema, primary_key="id",
+                          region_spec=mw.RegionSpec.bucket("id", 4))
+    buckets = tbl.region_spec.region_values(pa.table({"id": list(range(20))})).column(0)
+    ids = list(range(20))
+    last_bucket = buckets[19].as_py()
+    n = [None if b.as_py() == last_bucket else 1 for b in buckets]
+    from memwal_sql.errors import SchemaMismatchError
+
+    with pytest.raises(SchemaMismatchError):
+        tbl.upsert(pa.table({"id": ids, "n": pa.array(n, pa.int32())}))
+    assert all(w.stats()["rows_written"] == 0 for w in tbl._writers.values())
+    tbl.close()
+    assert lance_latest_rows(str(tmp_path), ["id"]).num_rows == 0

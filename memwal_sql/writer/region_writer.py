@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,6 +25,7 @@ from memwal_sql.errors import (
     CommitConflictError,
     MemWalError,
     ObjectExistsError,
+    StorageError,
     WriterClosedError,
     WriterFencedError,
     WrongRegionError,
@@ -43,6 +44,7 @@ from memwal_sql.writer.wal import (
 )
 
 _FLUSH_ATTEMPTS = 3
+_COMMIT_ATTEMPTS = 4
 
 
 @dataclass(frozen=True)
@@ -174,10 +176,21 @@ class RegionWriter:
             WriterFencedError: a newer writer claimed the region.
             WriterClosedError: the writer was closed.
         """
+        self._await(self._append(self._prepare_upserts(data), "upserts"))
+
+    def _prepare_upserts(self, data: Any) -> pa.Table:
+        """Validate upserts into WAL-schema rows; raises before anything is written."""
         rows = self._rows.upserts(data)
         self._check_region(rows)
-        self._write(rows)
-        self._stats.upserts += 1
+        return rows
+
+    def _prepare_deletes(self, keys: Any) -> pa.Table:
+        return self._rows.deletes(keys)
+
+    def _await(self, seq: int) -> None:
+        """Wait until WAL sequence ``seq`` is stored, if this writer is durable."""
+        if self.config.durable and seq:
+            self._wal.wait(seq)
 
     def delete(self, keys: Any) -> None:
         """Delete rows by primary key: a table of key columns, or an array of keys.
@@ -185,9 +198,7 @@ class RegionWriter:
         Example:
             ``w.delete(pa.table({"id": [1, 2]}))`` or ``w.delete([1, 2])``
         """
-        rows = self._rows.deletes(keys)
-        self._write(rows)
-        self._stats.deletes += 1
+        self._await(self._append(self._prepare_deletes(keys), "deletes"))
 
     def flush(self) -> None:
         """Freeze the MemTable, flush every frozen MemTable to a generation and wait."""
@@ -206,7 +217,6 @@ class RegionWriter:
         try:
             if self._error is None:
                 self.flush()
-                self._wal.close()
         finally:
             with self._lock:
                 self._closed = True
@@ -285,7 +295,12 @@ class RegionWriter:
                 self._replay_entry(entry)
                 position += 1
         if position > manifest.wal_entry_position_last_seen:
-            self._commit(lambda m: setattr(m, "wal_entry_position_last_seen", position))
+
+            def see_sentinel(m: RegionManifest) -> bool:
+                m.wal_entry_position_last_seen = max(m.wal_entry_position_last_seen, position)
+                return True
+
+            self._commit(see_sentinel)
         return position
 
     def _replay_entry(self, entry: Any) -> None:
@@ -325,11 +340,12 @@ class RegionWriter:
                 "rows, or open a writer per region"
             )
 
-    def _write(self, rows: pa.Table) -> None:
-        if rows.num_rows == 0:
-            with self._lock:
-                self._check_open()
-            return
+    def _append(self, rows: pa.Table, kind: str) -> int:
+        """Append to the MemTable and the WAL queue; return the WAL sequence (0: nothing)."""
+        with self._lock:
+            self._check_open()
+            if rows.num_rows == 0:
+                return 0
         batch = rows.combine_chunks().to_batches()[0]
         nbytes = batch.get_total_buffer_size()  # .nbytes walks every buffer: too slow per put
         with self._lock:
@@ -338,13 +354,13 @@ class RegionWriter:
             seq = self._wal.append(batch, self._active.generation, nbytes)
             self._active.append(batch, seq, nbytes)
             self._stats.rows_written += batch.num_rows
+            setattr(self._stats, kind, getattr(self._stats, kind) + 1)
             if (
                 self._active.num_rows >= self.config.max_memtable_rows
                 or self._active.nbytes >= self.config.max_memtable_bytes
             ):
                 self._freeze_locked()
-        if self.config.durable:
-            self._wal.wait(seq)
+        return seq
 
     def _backpressure_locked(self) -> None:
         t0 = None
@@ -443,11 +459,14 @@ class RegionWriter:
             assert last_error is not None
             raise last_error
 
-        def apply(m: RegionManifest) -> None:
+        def apply(m: RegionManifest) -> bool:
+            if any(g.path == entry.path for g in m.flushed_generations):
+                return False  # an earlier attempt whose reply was lost did commit it
             m.replay_after_wal_entry_position = max(m.replay_after_wal_entry_position, covered)
             m.wal_entry_position_last_seen = max(m.wal_entry_position_last_seen, covered)
             m.current_generation = memtable.generation + 1
             m.flushed_generations.append(entry)
+            return True
 
         self._commit(apply)
         with self._lock:
@@ -456,8 +475,13 @@ class RegionWriter:
             self._stats.flush_seconds += time.perf_counter() - t0
             self._stats.generations.append(memtable.generation)
 
-    def _commit(self, change: Any) -> RegionManifest:
-        """Commit the next manifest version with ``change`` applied, if still the owner."""
+    def _commit(self, change: Callable[[RegionManifest], bool]) -> None:
+        """Commit the next manifest version with ``change`` applied, while still the owner.
+
+        ``change`` returns False when the latest version already holds the change (a commit
+        whose success was lost in transit), which ends the retry loop without a duplicate.
+        """
+        transient_failures = 0
         while True:
             latest = self._manifests.latest()
             assert latest is not None
@@ -470,12 +494,18 @@ class RegionWriter:
             m = RegionManifest()
             m.CopyFrom(latest)
             m.version = latest.version + 1
-            change(m)
+            if not change(m):
+                return
             try:
                 self._manifests.commit(m)
-                return m
+                return
             except CommitConflictError:
                 continue
+            except StorageError:
+                transient_failures += 1
+                if transient_failures >= _COMMIT_ATTEMPTS:
+                    raise
+                time.sleep(0.05 * 2**transient_failures)
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
