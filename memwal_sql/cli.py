@@ -32,11 +32,12 @@ def _spec(text: str | None) -> mw.RegionSpec | None:
 
 
 def cmd_create(a: argparse.Namespace) -> None:
-    data = pads.dataset(a.source).to_table() if a.source else None
-    if data is None:
+    spec = _spec(a.region_spec)
+    if not a.source:
         raise SystemExit("create needs --from FILE (parquet/arrow/csv) to take the schema from")
-    tbl = mw.create_table(a.uri, data if a.with_data else data.schema,
-                          primary_key=a.primary_key.split(","), region_spec=_spec(a.region_spec))
+    data = pads.dataset(a.source)
+    tbl = mw.create_table(a.uri, data.to_table() if a.with_data else data.schema,
+                          primary_key=a.primary_key.split(","), region_spec=spec)
     print(f"created {tbl.uri}: primary key {list(tbl.primary_key)}, "
           f"regions {tbl.region_spec.describe() if tbl.region_spec else 'manual'}")
 

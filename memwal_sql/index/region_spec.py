@@ -1337,6 +1337,23 @@ class RegionSpec:
             if v is not None
         ]
 
+    def values_from_entries(self, entries: Sequence[tuple[str, bytes]]) -> tuple[Any, ...] | None:
+        """Invert :meth:`field_entries`; None when the entries do not name every field
+        (a manual region, or a NULL region value).
+
+        Example:
+            >>> s = RegionSpec.bucket("id", 4)
+            >>> s.values_from_entries(s.field_entries((3,)))
+            (3,)
+        """
+        by_id = dict(entries)
+        if set(by_id) != {f.field_id for f in self.fields} or len(by_id) != len(self.fields):
+            return None
+        return tuple(
+            decode_region_value(by_id[f.field_id], t)
+            for f, t in zip(self.fields, self.result_types())
+        )
+
     # -- evaluation --------------------------------------------------------------------------
 
     def region_values(

@@ -144,6 +144,11 @@ class RegionWriter:
             field_entries=field_entries,
         )
         self.epoch = manifest.writer_epoch
+        if region_values is None and table.region_spec is not None:
+            # A region opened by id still only takes its own rows.
+            self._region_values = table.region_spec.values_from_entries(
+                [(e.field_id, e.value) for e in manifest.region_field_entries]
+            )
         self._active = MemTable(self._rows.schema, manifest.current_generation)
         self._replay_floor = self._replay_and_fence(manifest)
 

@@ -146,6 +146,10 @@ def test_rows_of_another_region_are_refused_and_nothing_is_written(tmp_path):
     m = manifest(tbl, w.region_id)
     assert m.region_spec_id == spec.spec_id
     assert [(e.field_id, e.value) for e in m.region_field_entries] == spec.field_entries((0,))
+    # Reopened by id, the region still knows its values from its manifest.
+    with tbl.writer(region_id=w.region_id) as again:
+        with pytest.raises(WrongRegionError):
+            again.upsert(rows(other[:1]))
 
 
 def test_backpressure_blocks_until_flushes_catch_up(tmp_path):
