@@ -109,22 +109,22 @@ class ObjectStore:
         """Absolute uri of ``path`` for Lance (which reads the same store directly)."""
         return f"{self.uri}/{path}" if path else self.uri
 
-    def put_if_not_exists(self, path: str, data: bytes) -> None:
+    def put_if_not_exists(self, path: str, data: bytes | memoryview) -> None:
         """Create ``path`` atomically; raise :class:`ObjectExistsError` if it exists."""
         if self._local_root is not None and self.durable:
             self._durable_local_create(path, data)
             return
         try:
-            obs.put(self._store, path, data, mode="create")
+            obs.put(self._store, path, _as_bytes(data), mode="create")
         except (AlreadyExistsError, PreconditionError, FileExistsError) as e:
             raise ObjectExistsError(f"{path} already exists") from e
         except OSError as e:
             raise StorageError(f"put of {path} failed: {e}") from e
 
-    def put(self, path: str, data: bytes) -> None:
+    def put(self, path: str, data: bytes | memoryview) -> None:
         """Create or replace ``path`` atomically (readers never see a torn object)."""
         try:
-            obs.put(self._store, path, data)
+            obs.put(self._store, path, _as_bytes(data))
         except OSError as e:
             raise StorageError(f"put of {path} failed: {e}") from e
 
@@ -175,7 +175,7 @@ class ObjectStore:
             self.delete(p)
         return len(paths)
 
-    def _durable_local_create(self, path: str, data: bytes) -> None:
+    def _durable_local_create(self, path: str, data: bytes | memoryview) -> None:
         assert self._local_root is not None
         dst = self._local_root / path
         try:
@@ -212,7 +212,7 @@ class ObjectStore:
         _fsync_dir(dst.parent)  # the new name itself must survive a power loss
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
@@ -241,3 +241,8 @@ def _link_fd(fd: int, dst: Path) -> None:
         if err == errno.EEXIST:
             raise ObjectExistsError(f"{dst} already exists")
         raise OSError(err, os.strerror(err), str(dst))
+
+
+def _as_bytes(data: bytes | memoryview) -> bytes:
+    # obstore takes a memoryview for an iterable of chunks, so hand it bytes.
+    return data if isinstance(data, bytes) else bytes(data)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -52,6 +53,7 @@ class RowCoercer:
         self.base_schema = base_schema
         self.primary_key = list(primary_key)
         self.schema = wal_schema(base_schema, primary_key)
+        self._false = pa.array(np.zeros(0, dtype=bool))  # grown on demand, then sliced
         self._not_null = [f.name for f in base_schema if not f.nullable and f.name not in primary_key]
 
     def upserts(self, data: Any) -> pa.Table:
@@ -72,7 +74,7 @@ class RowCoercer:
         for name in self._not_null:
             if table.column(name).null_count:
                 raise SchemaMismatchError(f"column {name!r} is not nullable but holds nulls")
-        cols.append(_constant_bool(False, table.num_rows))
+        cols.append(self._live(table.num_rows))
         return pa.Table.from_arrays(cols, schema=self.schema)
 
     def deletes(self, keys: Any) -> pa.Table:
@@ -102,6 +104,12 @@ class RowCoercer:
             else:
                 cols.append(pa.nulls(n, f.type))
         return pa.Table.from_arrays(cols, schema=self.schema)
+
+    def _live(self, n: int) -> pa.Array:
+        """``_tombstone = false`` for ``n`` rows: a zero-copy slice of a cached array."""
+        if len(self._false) < n:
+            self._false = pa.array(np.zeros(max(n, 2 * len(self._false)), dtype=bool))
+        return self._false.slice(0, n)
 
     def _check_keys(self, table: pa.Table, names: set[str]) -> None:
         missing = [k for k in self.primary_key if k not in names]

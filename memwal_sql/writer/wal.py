@@ -69,8 +69,8 @@ class WalEntry:
 
 def encode_wal_entry(
     batches: Sequence[pa.RecordBatch], schema: pa.Schema, *, writer_epoch: int, generation: int
-) -> bytes:
-    """Serialize batches as one WAL entry (an Arrow IPC stream)."""
+) -> memoryview:
+    """Serialize batches as one WAL entry (an Arrow IPC stream), without a copy to ``bytes``."""
     schema = schema.with_metadata(
         {_EPOCH: str(writer_epoch).encode(), _GENERATION: str(generation).encode()}
     )
@@ -78,7 +78,7 @@ def encode_wal_entry(
     with pa.ipc.new_stream(sink, schema) as w:
         for b in batches:
             w.write_batch(b)
-    return sink.getvalue().to_pybytes()
+    return memoryview(sink.getvalue())
 
 
 def encode_fence_sentinel(writer_epoch: int) -> bytes:
@@ -90,9 +90,9 @@ def encode_fence_sentinel(writer_epoch: int) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def decode_wal_entry(data: bytes, position: int) -> WalEntry:
+def decode_wal_entry(data: bytes | memoryview, position: int) -> WalEntry:
     """Parse a WAL entry; :class:`CorruptWalEntryError` if it is truncated or malformed."""
-    if not data.endswith(_END_OF_STREAM):
+    if bytes(data[-len(_END_OF_STREAM):]) != _END_OF_STREAM:
         # Writers (ours and Lance's) always finish the stream; without the marker the entry may
         # have lost whole record batches and still parse.
         raise CorruptWalEntryError(
@@ -292,7 +292,7 @@ class WalWriter:
             self._on_entry_written(generation, position)
             self._cond.notify_all()
 
-    def _put(self, position: int, data: bytes) -> None:
+    def _put(self, position: int, data: memoryview) -> None:
         path = layout.wal_entry_path(self.region_id, position)
         for attempt in range(_PUT_ATTEMPTS):
             try:
