@@ -37,8 +37,6 @@ Example:
 
 from __future__ import annotations
 
-import threading
-import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
@@ -47,11 +45,33 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_sql._proto import memwal_pb2
-from memwal_sql.errors import (
-    CorruptManifestError,
-    InvalidInputError,
-    InvalidRegionSpecError,
-    SchemaMismatchError,
+from memwal_sql.errors import InvalidRegionSpecError, SchemaMismatchError
+from memwal_sql.index.arrow_types import (
+    _BUCKET_TYPES,
+    _MULTI_BUCKET_TYPES,
+    _bucket_type_ok,
+    _date_part_type_ok,
+    _identity_type_ok,
+    _multi_bucket_type_ok,
+    _truncate_type_ok,
+    arrow_type_name,
+    parse_arrow_type,
+)
+from memwal_sql.index.murmur3 import (
+    MAX_NUM_BUCKETS,
+    _check_num_buckets,
+    _decode_dictionary,
+    _hash_lance,
+    _hash_multi,
+    _to_bucket,
+    murmur3_bucket,
+)
+from memwal_sql.index.region_values import decode_region_value, encode_region_value
+from memwal_sql.index.transforms import (  # _datafusion_context: kept importable from here
+    _datafusion_context,
+    _date_part,
+    _eval_expression,
+    _truncate,
 )
 
 __all__ = [
@@ -88,8 +108,7 @@ HOUR = "hour"
 TRUNCATE = "truncate"
 MULTI_BUCKET = "multi_bucket"
 
-#: Lance's ``initialize_mem_wal`` rejects bucket counts outside [1, 1024].
-MAX_NUM_BUCKETS = 1024
+# MAX_NUM_BUCKETS, Lance's bucket-count limit, lives in murmur3 next to the bucket hash.
 
 _DATE_PARTS = (YEAR, MONTH, DAY, HOUR)
 _KNOWN_TRANSFORMS = frozenset({BUCKET, IDENTITY, UNSHARDED, TRUNCATE, MULTI_BUCKET, *_DATE_PARTS})
@@ -108,160 +127,10 @@ def _removed_column_name(field_id: int) -> str:
     return f"{_REMOVED_PREFIX}{field_id}"
 
 
-# --------------------------------------------------------------------------------------------
-# Arrow type names (RegionField.result_type)
-# --------------------------------------------------------------------------------------------
-
-# Names that Lance 14 was observed to write for identity sharding. They are Arrow-rs style
-# snake case. Lance accepts no other identity source types, so for the others we extend the
-# same style in the way Lance's LogicalType names parametrised types ("time32:s",
-# "timestamp:us:UTC").
-_SIMPLE_TYPE_NAMES: dict[pa.DataType, str] = {
-    pa.int8(): "int8",
-    pa.int16(): "int16",
-    pa.int32(): "int32",
-    pa.int64(): "int64",
-    pa.uint8(): "uint8",
-    pa.uint16(): "uint16",
-    pa.uint32(): "uint32",
-    pa.uint64(): "uint64",
-    pa.bool_(): "boolean",
-    pa.utf8(): "utf8",
-    pa.large_utf8(): "large_utf8",
-    pa.binary(): "binary",
-    pa.large_binary(): "large_binary",
-    pa.float16(): "float16",
-    pa.float32(): "float32",
-    pa.float64(): "float64",
-    pa.date32(): "date32",
-    pa.date64(): "date64",
-    pa.null(): "null",
-}
-_TYPES_BY_NAME: dict[str, pa.DataType] = {v: k for k, v in _SIMPLE_TYPE_NAMES.items()}
-# Accepted on input only: pyarrow's own spellings.
-_TYPES_BY_NAME.update(
-    {
-        "bool": pa.bool_(),
-        "string": pa.utf8(),
-        "large_string": pa.large_utf8(),
-        "halffloat": pa.float16(),
-        "float": pa.float32(),
-        "double": pa.float64(),
-    }
-)
-
-
-def arrow_type_name(arrow_type: pa.DataType) -> str:
-    """Return the ``result_type`` name for an Arrow type, spelled the way Lance 14 spells it.
-
-    Example:
-        >>> arrow_type_name(pa.large_utf8()), arrow_type_name(pa.timestamp("us", "UTC"))
-        ('large_utf8', 'timestamp:us:UTC')
-    """
-    name = _SIMPLE_TYPE_NAMES.get(arrow_type)
-    if name is not None:
-        return name
-    if pa.types.is_timestamp(arrow_type):
-        return f"timestamp:{arrow_type.unit}" + (f":{arrow_type.tz}" if arrow_type.tz else "")
-    if pa.types.is_time32(arrow_type) or pa.types.is_time64(arrow_type):
-        return f"time{arrow_type.bit_width}:{arrow_type.unit}"
-    raise InvalidRegionSpecError(f"Arrow type {arrow_type} cannot be a region value type")
-
-
-def parse_arrow_type(name: str) -> pa.DataType:
-    """Parse a ``result_type`` name (see :func:`arrow_type_name`) back into an Arrow type.
-
-    Example:
-        >>> parse_arrow_type("utf8"), parse_arrow_type("time64:ns")
-        (DataType(string), Time64Type(time64[ns]))
-    """
-    simple = _TYPES_BY_NAME.get(name)
-    if simple is not None:
-        return simple
-    parts = name.split(":")
-    try:
-        if parts[0] == "timestamp" and len(parts) >= 2:
-            # A tz like "+05:30" contains ':'; re-join everything after the unit.
-            return pa.timestamp(parts[1], ":".join(parts[2:]) or None)
-        if parts[0] == "time32" and len(parts) == 2:
-            return pa.time32(parts[1])
-        if parts[0] == "time64" and len(parts) == 2:
-            return pa.time64(parts[1])
-    except (ValueError, TypeError, pa.ArrowInvalid) as exc:
-        raise InvalidRegionSpecError(f"invalid region result_type {name!r}: {exc}") from exc
-    raise InvalidRegionSpecError(f"unknown region result_type {name!r}")
-
-
-# --------------------------------------------------------------------------------------------
-# Type families
-# --------------------------------------------------------------------------------------------
-
-
-def _is_int(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t)
-
-
-def _is_string(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t)
-
-
-def _is_temporal_hashable(t: pa.DataType) -> bool:
-    return (
-        pa.types.is_date32(t)
-        or pa.types.is_timestamp(t)
-        or pa.types.is_time32(t)
-        or pa.types.is_time64(t)
-    )
-
-
-def _bucket_type_ok(t: pa.DataType) -> bool:
-    # Exactly Lance 14's `hash_array_value` match arms. Date64, binary, decimal, float16 and
-    # nested types fall into its "Unsupported bucket sharding column type" arm.
-    return (
-        _is_int(t)
-        or pa.types.is_boolean(t)
-        or pa.types.is_float32(t)
-        or pa.types.is_float64(t)
-        or _is_string(t)
-        or _is_temporal_hashable(t)
-    )
-
-
-def _multi_bucket_type_ok(t: pa.DataType) -> bool:
-    # multi_bucket normalises date64 to days, so it can also accept date64.
-    return _bucket_type_ok(t) or pa.types.is_date64(t)
-
-
-def _identity_type_ok(t: pa.DataType) -> bool:
-    # Lance's initialize_mem_wal accepts ints, bool, utf8 and large_utf8 for identity. Its
-    # evaluator passes any column through, and the seed spec allows any type. We also accept
-    # temporal and binary types, which have an obvious region-value encoding. Floats are
-    # refused: -0.0/+0.0 and the many NaN payloads would split one logical value over
-    # several regions.
-    return (
-        _is_int(t)
-        or pa.types.is_boolean(t)
-        or _is_string(t)
-        or pa.types.is_binary(t)
-        or pa.types.is_large_binary(t)
-        or pa.types.is_date(t)
-        or pa.types.is_time(t)
-        or pa.types.is_timestamp(t)
-    )
-
-
-def _date_part_type_ok(t: pa.DataType) -> bool:
-    return pa.types.is_date(t) or pa.types.is_timestamp(t)
-
-
-def _truncate_type_ok(t: pa.DataType) -> bool:
-    return _is_int(t) or _is_string(t)
-
-
+# Source types each transform accepts, and how to describe them in errors.
 _TYPE_CHECKS = {
-    BUCKET: (_bucket_type_ok, "int8..int64, uint8..uint64, bool, float32/64, utf8, large_utf8, "
-             "date32, time32/64 or timestamp"),
-    MULTI_BUCKET: (_multi_bucket_type_ok, "the bucket types or date64"),
+    BUCKET: (_bucket_type_ok, _BUCKET_TYPES),
+    MULTI_BUCKET: (_multi_bucket_type_ok, _MULTI_BUCKET_TYPES),
     IDENTITY: (_identity_type_ok, "an integer, bool, string, binary, date, time or timestamp"),
     TRUNCATE: (_truncate_type_ok, "an integer or string"),
     YEAR: (_date_part_type_ok, "date32, date64 or timestamp"),
@@ -272,492 +141,8 @@ _TYPE_CHECKS = {
 
 
 # --------------------------------------------------------------------------------------------
-# Vectorised murmur3 (Spark / Lance flavour), on uint32 numpy arrays
-# --------------------------------------------------------------------------------------------
-#
-# Numpy uint32 array arithmetic wraps modulo 2**32. That is exactly the `wrapping_mul` /
-# `wrapping_add` of Lance's Rust code, and the signed/unsigned view of the bits makes no
-# difference to the result.
-
-_U32 = np.uint32
-_C1 = _U32(0xCC9E2D51)
-_C2 = _U32(0x1B873593)
-_M5 = _U32(5)
-_N1 = _U32(0xE6546B64)
-_F1 = _U32(0x85EBCA6B)
-_F2 = _U32(0xC2B2AE35)
-_S13 = _U32(13)
-_S15 = _U32(15)
-_S16 = _U32(16)
-_S17 = _U32(17)
-_S19 = _U32(19)
-
-
-def _mix_k1(k: np.ndarray) -> np.ndarray:
-    k = k * _C1
-    k = (k << _S15) | (k >> _S17)
-    k *= _C2
-    return k
-
-
-def _mix_h1(h: np.ndarray, k: np.ndarray) -> np.ndarray:
-    h = h ^ k
-    h = (h << _S13) | (h >> _S19)
-    h *= _M5
-    h += _N1
-    return h
-
-
-def _fmix(h: np.ndarray, length: np.ndarray | np.uint32) -> np.ndarray:
-    h = h ^ length
-    h ^= h >> _S16
-    h *= _F1
-    h ^= h >> _S13
-    h *= _F2
-    h ^= h >> _S16
-    return h
-
-
-def _hash_int(values: np.ndarray, seed: np.ndarray) -> np.ndarray:
-    """Lance `hash_int`: murmur3 of one 4-byte little-endian word. `values` is uint32."""
-    return _fmix(_mix_h1(seed, _mix_k1(values)), _U32(4))
-
-
-def _hash_long(values: np.ndarray, seed: np.ndarray) -> np.ndarray:
-    """Lance `hash_long`: murmur3 of 8 bytes, low word first. `values` is uint64."""
-    low = values.astype(np.uint32)  # narrowing astype wraps: the low 32 bits
-    high = (values >> np.uint64(32)).astype(np.uint32)
-    h = _mix_h1(seed, _mix_k1(low))
-    h = _mix_h1(h, _mix_k1(high))
-    return _fmix(h, _U32(8))
-
-
-def _hash_utf8(offsets: np.ndarray, data: np.ndarray, seed: np.ndarray) -> np.ndarray:
-    """Lance/Spark `hashUnsafeBytes` over an Arrow string array, vectorised.
-
-    The full 4-byte words are mixed as little-endian uint32. Each of the last ``len % 4``
-    bytes is then mixed *on its own*, sign-extended to 32 bits. Standard murmur3 instead
-    packs the tail into one word, so ``mmh3.hash`` differs whenever ``len % 4 != 0``.
-
-    Vectorisation: word ``j`` of every row that still has ``> j`` words is processed in one
-    numpy step. The set of active rows only shrinks, so the total work is O(total words +
-    rows). The number of steps is the longest row's word count, plus 3 tail steps.
-    """
-    starts = offsets[:-1].astype(np.int64)
-    lengths = offsets[1:].astype(np.int64) - starts
-    nwords = lengths >> 2
-    h = seed.copy()
-    max_words = int(nwords.max()) if len(nwords) else 0
-    if max_words:
-        # An unaligned uint32 view whose element i is bytes[i:i+4]. Every full word lies
-        # inside its string, so no padding is needed.
-        words = np.ndarray(shape=(len(data) - 3,), dtype="<u4", buffer=data, strides=(1,))
-        # Compacted state of the rows that still have words to mix.
-        rows, act_h, act_pos, act_nw = None, h, starts, nwords  # rows None = all rows
-        for j in range(max_words):
-            if int(act_nw.min()) <= j:
-                # Some rows have no word j: store their hash and drop them from the set.
-                done = act_nw <= j
-                keep = ~done
-                if rows is None:
-                    h = act_h.copy()
-                    rows = np.flatnonzero(keep)
-                else:
-                    h[rows[done]] = act_h[done]
-                    rows = rows[keep]
-                act_h, act_pos, act_nw = act_h[keep], act_pos[keep], act_nw[keep]
-            act_h = _mix_h1(act_h, _mix_k1(words[act_pos + 4 * j]))
-        if rows is None:
-            h = act_h
-        else:
-            h[rows] = act_h
-    tails = lengths & 3
-    if tails.any():
-        tail_start = starts + 4 * nwords
-        signed_bytes = data.view(np.int8)
-        for t in range(3):
-            rows = np.flatnonzero(tails > t)
-            if not len(rows):
-                break
-            # Sign-extend the byte (Rust `byte as i8 as i32`) and reinterpret it as uint32.
-            k = signed_bytes[tail_start[rows] + t].astype(np.int32).view(np.uint32)
-            h[rows] = _mix_h1(h[rows], _mix_k1(k))
-    return _fmix(h, lengths.astype(np.uint32))
-
-
-def _valid_mask(arr: pa.Array) -> np.ndarray | None:
-    """Boolean validity per row, or None when the array has no nulls."""
-    if arr.null_count == 0:
-        return None
-    if pa.types.is_null(arr.type):
-        return np.zeros(len(arr), dtype=bool)
-    return _unpack_bits(arr.buffers()[0], arr.offset, len(arr))
-
-
-def _unpack_bits(buf: pa.Buffer, offset: int, length: int) -> np.ndarray:
-    first, last = offset // 8, (offset + length + 7) // 8
-    raw = np.frombuffer(buf, dtype=np.uint8, count=last - first, offset=first)
-    bits = np.unpackbits(raw, bitorder="little")
-    return bits[offset - 8 * first : offset - 8 * first + length].view(bool)
-
-
-def _primitive(arr: pa.Array, dtype: Any) -> np.ndarray:
-    """The data buffer of a fixed-width array as numpy, zero-copy. Null slots hold garbage."""
-    dtype = np.dtype(dtype)
-    buf = arr.buffers()[1]
-    if buf is None or len(arr) == 0:
-        return np.zeros(len(arr), dtype=dtype)
-    return np.frombuffer(buf, dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
-
-
-def _string_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets[n+1], data bytes) of a utf8 / large_utf8 array, zero-copy."""
-    off_dtype = np.int64 if pa.types.is_large_string(arr.type) else np.int32
-    offsets = _primitive_offsets(arr, off_dtype)
-    data_buf = arr.buffers()[2]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    return offsets, data
-
-
-def _primitive_offsets(arr: pa.Array, dtype: Any) -> np.ndarray:
-    dtype = np.dtype(dtype)
-    buf = arr.buffers()[1]
-    if buf is None or len(arr) == 0:
-        return np.zeros(len(arr) + 1, dtype=dtype)
-    return np.frombuffer(buf, dtype=dtype, count=len(arr) + 1, offset=arr.offset * dtype.itemsize)
-
-
-def _canonical_f32_bits(values: np.ndarray) -> np.ndarray:
-    bits = values.view(np.uint32).copy()
-    bits[values == 0] = 0  # +0.0 and -0.0
-    bits[np.isnan(values)] = 0x7FC00000
-    return bits
-
-
-def _canonical_f64_bits(values: np.ndarray) -> np.ndarray:
-    bits = values.view(np.uint64).copy()
-    bits[values == 0] = 0
-    bits[np.isnan(values)] = 0x7FF8000000000000
-    return bits
-
-
-_SIGN_EXTEND_32 = {pa.int8(): np.int8, pa.int16(): np.int16}
-_ZERO_EXTEND_32 = {pa.uint8(): np.uint8, pa.uint16(): np.uint16}
-
-
-def _decode_dictionary(arr: pa.Array) -> pa.Array:
-    # Dictionary-encoded input is hashed and transformed by its values. Lance itself rejects
-    # dictionary columns, but equal values must land in the same region whatever the encoding.
-    return arr.dictionary_decode() if pa.types.is_dictionary(arr.type) else arr
-
-
-def _hash_lance(arr: pa.Array, seed: np.ndarray) -> np.ndarray:
-    """Per-row murmur3 exactly as Lance 14 `hash_array_value` (NULL -> seed)."""
-    arr = _decode_dictionary(arr)
-    t = arr.type
-    n = len(arr)
-    if pa.types.is_null(t):
-        return seed.copy()
-    if t in _SIGN_EXTEND_32:
-        h = _hash_int(_primitive(arr, _SIGN_EXTEND_32[t]).astype(np.int32).view(np.uint32), seed)
-    elif t in _ZERO_EXTEND_32:
-        h = _hash_int(_primitive(arr, _ZERO_EXTEND_32[t]).astype(np.uint32), seed)
-    elif t in (pa.int32(), pa.uint32(), pa.date32()) or pa.types.is_time32(t):
-        h = _hash_int(_primitive(arr, np.uint32), seed)
-    elif t in (pa.int64(), pa.uint64()) or pa.types.is_timestamp(t) or pa.types.is_time64(t):
-        # Timestamps hash their raw i64 in their own unit, so ts[s] 1 != ts[ms] 1000.
-        h = _hash_long(_primitive(arr, np.uint64), seed)
-    elif pa.types.is_boolean(t):
-        h = _hash_int(_unpack_bits(arr.buffers()[1], arr.offset, n).astype(np.uint32), seed)
-    elif pa.types.is_float32(t):
-        h = _hash_int(_canonical_f32_bits(_primitive(arr, np.float32)), seed)
-    elif pa.types.is_float64(t):
-        h = _hash_long(_canonical_f64_bits(_primitive(arr, np.float64)), seed)
-    elif _is_string(t):
-        offsets, data = _string_parts(arr)
-        h = _hash_utf8(offsets, data, seed)
-    else:
-        raise InvalidRegionSpecError(
-            f"unsupported bucket column type {t}; Lance 14 can only bucket "
-            f"{_TYPE_CHECKS[BUCKET][1]}"
-        )
-    valid = _valid_mask(arr)
-    return h if valid is None else np.where(valid, h, seed)
-
-
-_NS_PER = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
-_MS_PER_DAY = 86_400_000
-_TWO_63 = 2.0**63
-
-
-def _hash_multi(arr: pa.Array, seed: np.ndarray) -> np.ndarray:
-    """Per-row murmur3 of a type-normalised value, for ``multi_bucket`` (NULL -> seed).
-
-    The values are normalised so that equal values of different types hash equally:
-
-    * every integer type and bool -> its value as int64 (uint64 as the same 64 bits),
-      then ``hash_long``;
-    * float32/float64 -> widened to float64. An integral value inside the int64 range hashes
-      as that integer (so ``5.0`` equals ``5``). Any other value hashes its canonical float64
-      bits (+-0 -> 0, NaN -> the canonical NaN);
-    * date32/date64 -> days since epoch (date64 floor-divided by 86_400_000 ms);
-    * timestamp -> nanoseconds since epoch in any unit (wrapping outside the ns range, where
-      timestamp[ns] has no value to collide with). time32/time64 -> nanoseconds since
-      midnight;
-    * utf8/large_utf8 -> the Spark-style byte hash, as for ``bucket``.
-    """
-    arr = _decode_dictionary(arr)
-    t = arr.type
-    if pa.types.is_null(t):
-        return seed.copy()
-    if _is_int(t) or pa.types.is_boolean(t):
-        if pa.types.is_boolean(t):
-            v = _unpack_bits(arr.buffers()[1], arr.offset, len(arr)).astype(np.uint64)
-        elif t == pa.uint64():
-            v = _primitive(arr, np.uint64)
-        else:
-            v = _primitive(arr, t.to_pandas_dtype()).astype(np.int64).view(np.uint64)
-        h = _hash_long(v, seed)
-    elif pa.types.is_float32(t) or pa.types.is_float64(t):
-        f = _primitive(arr, t.to_pandas_dtype()).astype(np.float64)
-        with np.errstate(invalid="ignore"):
-            integral = np.isfinite(f) & (np.floor(f) == f) & (f >= -_TWO_63) & (f < _TWO_63)
-        as_int = np.where(integral, f, 0.0).astype(np.int64).view(np.uint64)
-        h = _hash_long(np.where(integral, as_int, _canonical_f64_bits(f)), seed)
-    elif pa.types.is_date32(t):
-        h = _hash_long(_primitive(arr, np.int32).astype(np.int64).view(np.uint64), seed)
-    elif pa.types.is_date64(t):
-        days = np.floor_divide(_primitive(arr, np.int64), _MS_PER_DAY)
-        h = _hash_long(days.view(np.uint64), seed)
-    elif pa.types.is_timestamp(t) or pa.types.is_time(t):
-        raw = _primitive(arr, np.int32 if pa.types.is_time32(t) else np.int64).astype(np.int64)
-        # Uniform-unit rescale; uint64 multiplication wraps instead of raising.
-        ns = raw.view(np.uint64) * np.uint64(_NS_PER[t.unit])
-        h = _hash_long(ns, seed)
-    elif _is_string(t):
-        offsets, data = _string_parts(arr)
-        h = _hash_utf8(offsets, data, seed)
-    else:
-        raise InvalidRegionSpecError(
-            f"unsupported multi_bucket column type {t}; expected {_TYPE_CHECKS[MULTI_BUCKET][1]}"
-        )
-    valid = _valid_mask(arr)
-    return h if valid is None else np.where(valid, h, seed)
-
-
-def _to_bucket(h: np.ndarray, num_buckets: int) -> np.ndarray:
-    # Lance: `(hash & i32::MAX) % num_buckets`. It is NOT abs(hash) % N, which differs for
-    # every negative hash and overflows for i32::MIN.
-    return ((h & _U32(0x7FFFFFFF)) % _U32(num_buckets)).astype(np.int32)
-
-
-def murmur3_bucket(values: pa.Array | pa.ChunkedArray, num_buckets: int) -> np.ndarray:
-    """Lance 14 bucket ids (int32 numpy array) of an Arrow array; NULL -> 0.
-
-    Example:
-        >>> murmur3_bucket(pa.array(["a", "b", None]), 8).tolist()
-        [1, 5, 0]
-    """
-    _check_num_buckets(num_buckets, "murmur3_bucket")
-    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
-    parts = [_to_bucket(_hash_lance(c, np.zeros(len(c), np.uint32)), num_buckets) for c in chunks]
-    return np.concatenate(parts) if parts else np.zeros(0, np.int32)
-
-
-# --------------------------------------------------------------------------------------------
-# Other transforms
-# --------------------------------------------------------------------------------------------
-
-
-def _date_part(arr: pa.Array, part: str) -> pa.Array:
-    """`date_part(part, col)` as int32, for date32/date64/timestamp columns.
-
-    This runs DataFusion's own ``date_part``, because that *is* the seed spec's definition
-    of these transforms. pyarrow's ``pc.year`` etc. are not equivalent:
-
-    * pyarrow keeps the year in 16 bits. It wraps for |year| > 32767 (timestamp[us] 2**62
-      gives 17036 in pyarrow, 148108 in DataFusion). DataFusion returns NULL outside chrono's
-      range, e.g. date32 2**31-1.
-    * For tz-aware timestamps, both use the local time of the column's zone. But their time
-      zone databases disagree on far-future DST (after 2037), so they differ by an hour
-      there.
-    """
-    arr = _decode_dictionary(arr)
-    if pa.types.is_null(arr.type):
-        return pa.nulls(len(arr), pa.int32())
-    out = _eval_expression(f"date_part('{part}', col0)", [arr], len(arr))
-    return out if out.type == pa.int32() else out.cast(pa.int32())
-
-
-def _truncate(arr: pa.Array, width: int) -> pa.Array:
-    """Seed `truncate`: `left(col, W)` for strings; `col - (col mod W)` with floor mod for ints.
-
-    Floor semantics (Iceberg's too): -7 truncated to width 5 is -10, not -5. DataFusion's
-    `%` is truncating, so the SQL text `col0 - (col0 % 5)` would give -5 for -7.
-    """
-    arr = _decode_dictionary(arr)
-    t = arr.type
-    if pa.types.is_null(t):
-        return arr
-    if _is_string(t):
-        # utf8_slice_codeunits counts code points, like DataFusion's left().
-        return pc.utf8_slice_codeunits(arr, 0, width)
-    if not _is_int(t):
-        raise InvalidRegionSpecError(f"truncate needs an integer or string column, got {t}")
-    valid = _valid_mask(arr)
-    mask = None if valid is None else ~valid
-    np_type = np.dtype(t.to_pandas_dtype())
-    if pa.types.is_unsigned_integer(t):
-        v = _primitive(arr, np_type).astype(np.uint64)
-        out = v - v % np.uint64(width)  # never below 0, so it always fits the source type
-        return pa.array(out.astype(np_type), type=t, mask=mask)
-    v = _primitive(arr, np_type).astype(np.int64)
-    out = v - np.mod(v, np.int64(width)) if width <= np.iinfo(np.int64).max else None
-    info = np.iinfo(np_type)
-    # The result is <= v. It can only leave the type's range downward, which wraps around
-    # for int64 and shows up as out > v.
-    bad = (out > v) | (out < info.min) if out is not None else np.ones(len(v), bool)
-    if valid is not None:
-        bad &= valid
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
-        raise InvalidInputError(
-            f"truncate({width}) of {int(v[row])} does not fit {t}; use a smaller width"
-        )
-    return pa.array(out.astype(np_type), type=t, mask=mask)
-
-
-_DF_LOCAL = threading.local()
-
-
-def _datafusion_context() -> Any:
-    """One DataFusion SessionContext per thread, created on first use.
-
-    target_partitions=1 makes DataFusion keep the input row order. A projection over one
-    partition is never repartitioned, so output row i is input row i.
-    """
-    ctx = getattr(_DF_LOCAL, "ctx", None)
-    if ctx is None:
-        from datafusion import SessionConfig, SessionContext  # imported lazily: slow import
-
-        ctx = SessionContext(SessionConfig().with_target_partitions(1))
-        _DF_LOCAL.ctx = ctx
-    return ctx
-
-
-def _eval_expression(sql: str, arrays: Sequence[pa.Array], n: int) -> pa.Array:
-    """Evaluate a DataFusion SQL expression over one batch with columns col0..colN."""
-    batch = pa.record_batch({f"col{i}": a for i, a in enumerate(arrays)}) if arrays else (
-        pa.record_batch({"__row": pa.nulls(n)})
-    )
-    ctx = _datafusion_context()
-    # A unique name per call: the context is reused across batches, and a leftover
-    # registration must never be read by another call.
-    name = f"region_input_{uuid.uuid4().hex}"
-    ctx.register_record_batches(name, [[batch]])
-    try:
-        result = ctx.sql(f"SELECT {sql} AS v FROM {name}").to_arrow_table()
-    except Exception as exc:  # DataFusion raises plain Exception subclasses
-        raise InvalidRegionSpecError(f"region expression {sql!r} failed: {exc}") from exc
-    finally:
-        ctx.deregister_table(name)
-    if result.num_rows != n:
-        raise InvalidRegionSpecError(
-            f"region expression {sql!r} returned {result.num_rows} rows for {n} input rows; "
-            "it must be a scalar (row-wise) expression"
-        )
-    column = result.column(0)
-    return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-
-
-# --------------------------------------------------------------------------------------------
-# Region field value encoding (RegionFieldEntry.value)
-# --------------------------------------------------------------------------------------------
-
-
-def encode_region_value(value: Any, arrow_type: pa.DataType | str) -> bytes:
-    """Encode one region value as raw little-endian Arrow scalar bytes (``RegionFieldEntry.value``).
-
-    This is Lance's encoding: int32 -> 4 LE bytes, utf8 -> the raw UTF-8 bytes, and every
-    fixed-width type -> its Arrow buffer bytes (date32 = days as i32, timestamp = i64 in its
-    unit, ...). A bool is one byte 0/1, which is also what a one-row Arrow bitmap holds.
-    NULL has no byte encoding: a NULL region value is recorded by *omitting* its
-    ``RegionFieldEntry``, because ``b""`` is already the encoding of the empty string.
-    Passing ``None`` raises.
-
-    Example:
-        >>> encode_region_value(5, "int32"), encode_region_value("ab", pa.utf8())
-        (b'\\x05\\x00\\x00\\x00', b'ab')
-    """
-    t = parse_arrow_type(arrow_type) if isinstance(arrow_type, str) else arrow_type
-    if isinstance(value, pa.Scalar):
-        value = value.as_py()
-    if value is None:
-        raise InvalidInputError(
-            "a NULL region value has no byte encoding; omit its RegionFieldEntry instead"
-        )
-    if _is_string(t):
-        if not isinstance(value, str):
-            raise InvalidInputError(f"expected str for {t}, got {type(value).__name__}")
-        return value.encode("utf-8")
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return bytes(value)
-    if pa.types.is_boolean(t):
-        if not isinstance(value, (bool, np.bool_)):
-            raise InvalidInputError(f"expected bool for {t}, got {type(value).__name__}")
-        return b"\x01" if value else b"\x00"
-    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_temporal(t)):
-        raise InvalidRegionSpecError(f"region values of type {t} cannot be encoded")
-    try:
-        arr = pa.array([value], type=t)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
-        raise InvalidInputError(f"{value!r} is not a valid {t} region value: {exc}") from exc
-    width = t.bit_width // 8
-    return arr.buffers()[1].to_pybytes()[:width]
-
-
-def decode_region_value(data: bytes, arrow_type: pa.DataType | str) -> Any:
-    """Decode ``RegionFieldEntry.value`` bytes back into a Python value (inverse of encode).
-
-    Example:
-        >>> decode_region_value(b"\\x05\\x00\\x00\\x00", "int32"), decode_region_value(b"ab", "utf8")
-        (5, 'ab')
-    """
-    t = parse_arrow_type(arrow_type) if isinstance(arrow_type, str) else arrow_type
-    data = bytes(data)
-    if _is_string(t):
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise CorruptManifestError(f"region value is not valid UTF-8: {data!r}") from exc
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return data
-    if pa.types.is_boolean(t):
-        if data not in (b"\x00", b"\x01"):
-            raise CorruptManifestError(f"a boolean region value must be 1 byte 0/1, got {data!r}")
-        return data == b"\x01"
-    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_temporal(t)):
-        raise InvalidRegionSpecError(f"region values of type {t} cannot be decoded")
-    width = t.bit_width // 8
-    if len(data) != width:
-        raise CorruptManifestError(f"a {t} region value needs {width} bytes, got {len(data)}")
-    return pa.Array.from_buffers(t, 1, [None, pa.py_buffer(data)])[0].as_py()
-
-
-# --------------------------------------------------------------------------------------------
 # RegionField / RegionSpec
 # --------------------------------------------------------------------------------------------
-
-
-def _check_num_buckets(num_buckets: Any, where: str) -> int:
-    if isinstance(num_buckets, bool) or not isinstance(num_buckets, (int, np.integer)):
-        raise InvalidRegionSpecError(f"{where}: num_buckets must be an int, got {num_buckets!r}")
-    if not 1 <= int(num_buckets) <= MAX_NUM_BUCKETS:
-        raise InvalidRegionSpecError(
-            f"{where}: num_buckets must be in [1, {MAX_NUM_BUCKETS}] (Lance's limit), "
-            f"got {num_buckets}"
-        )
-    return int(num_buckets)
 
 
 def _int_param(params: Mapping[str, str], key: str, where: str) -> int:
@@ -1621,4 +1006,3 @@ def _cast_result(arr: pa.Array, f: RegionField, error: type[Exception]) -> pa.Ar
             f"region field {f.field_id!r}: values of type {arr.type} cannot be cast to "
             f"result_type {f.result_type}: {exc}"
         ) from exc
-

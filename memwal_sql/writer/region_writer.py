@@ -317,7 +317,7 @@ class RegionWriter:
         if entry.is_sentinel:
             return
         for batch in entry.batches:
-            batch = _conform(batch, self._rows.schema)
+            batch = conform_batch(batch, self._rows.schema)
             self._active.append(batch, 0)
             self._stats.replayed_rows += batch.num_rows
         self._active.wal_position = entry.position
@@ -513,7 +513,7 @@ class RegionWriter:
                 time.sleep(0.05 * 2**transient_failures)
 
 
-def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     """A replayed batch in the writer's WAL schema (Lance entries may lack ``_tombstone`` or
     carry other field metadata)."""
     if batch.schema.equals(schema):
