@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 
+import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -50,7 +51,9 @@ def newest_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
 class DeduplicateExec(ExecNode):
     """Newest version per key across the base table and newer sources; tombstones remove keys.
 
-    Partition 0 yields the surviving newer rows; partitions 1.. yield the base parts.
+    Partition 0 yields the surviving newer rows; partition ``i >= 1`` yields base part ``i - 1``
+    (a group of the base table's fragments). The output columns can be chosen per call, because
+    DataFusion only names them when it executes a partition.
     """
 
     name = "DeduplicateExec"
@@ -58,14 +61,16 @@ class DeduplicateExec(ExecNode):
     def __init__(
         self,
         newer: Sequence[SourceExec],
-        base: Sequence[BaseScanExec],
+        base: lance.LanceDataset | None,
+        base_parts: Sequence[Sequence[int] | None],
         *,
         primary_key: Sequence[str],
         filter: pc.Expression | None,
         output: pa.Schema,
     ) -> None:
         self.newer = list(newer)
-        self.base = list(base)
+        self.base_dataset = base
+        self.base_parts = [None if p is None else list(p) for p in base_parts] if base else []
         self.primary_key = list(primary_key)
         self.filter = filter
         self.output = output
@@ -79,45 +84,44 @@ class DeduplicateExec(ExecNode):
 
     @property
     def children(self) -> list[ExecNode]:
-        return [*self.newer, *self.base]
+        return [*self.newer, *[self._base_scan(p, self.output) for p in self.base_parts]]
 
     @property
     def num_partitions(self) -> int:
-        return 1 + len(self.base)
+        return 1 + len(self.base_parts)
 
     def describe(self) -> str:
         return (f"{self.name}: key={self.primary_key} newer_sources={len(self.newer)} "
-                f"base_parts={len(self.base)} filter={self.filter}")
+                f"base_parts={len(self.base_parts)} filter={self.filter}")
 
     def winners(self) -> tuple[pa.Table, KeySet]:
         """Newest row per key over the newer sources (tombstones included), and their keys."""
         with self._lock:
-            if self._winners is None:
-                tables = [s.read_counted() for s in self.newer]
-                tables = [t for t in tables if t.num_rows]
+            if self._keys is None:
+                tables = [t for t in (s.read_counted() for s in self.newer) if t.num_rows]
                 if tables:
-                    merged = pa.concat_tables(tables, promote_options="none")
+                    merged = pa.concat_tables(tables)
                     self._winners = newest_per_key(merged, self.primary_key)
+                    self._keys = KeySet(self._winners.select(self.primary_key))
                 else:
                     self._winners = None
                     self._keys = KeySet(pa.table({k: pa.array([], pa.int64())
                                                   for k in self.primary_key}))
-                    return pa.table({}), self._keys
-                self._keys = KeySet(self._winners.select(self.primary_key))
-            assert self._keys is not None
-            return self._winners, self._keys
+            return (self._winners if self._winners is not None else pa.table({})), self._keys
 
     def execute(self) -> Iterator[pa.RecordBatch]:
         for i in range(self.num_partitions):
             yield from self.execute_partition(i)
 
-    def execute_partition(self, i: int) -> Iterator[pa.RecordBatch]:
+    def execute_partition(self, i: int, output: pa.Schema | None = None) -> Iterator[pa.RecordBatch]:
+        """Batches of partition ``i`` with the columns of ``output`` (default: the node's)."""
+        output = output if output is not None else self.output
         if i == 0:
-            yield from self._newer_rows()
+            yield from self._newer_rows(output)
         else:
-            yield from self._base_rows(self.base[i - 1])
+            yield from self._base_rows(self.base_parts[i - 1], output)
 
-    def _newer_rows(self) -> Iterator[pa.RecordBatch]:
+    def _newer_rows(self, output: pa.Schema) -> Iterator[pa.RecordBatch]:
         winners, _ = self.winners()
         if winners.num_rows == 0:
             return
@@ -125,25 +129,35 @@ class DeduplicateExec(ExecNode):
         if self.filter is not None and live.num_rows:
             live = live.filter(self.filter)
         if live.num_rows:
-            yield from self._project(live, None).to_batches()
+            yield from _project(live, output, None).to_batches()
 
-    def _base_rows(self, base: BaseScanExec) -> Iterator[pa.RecordBatch]:
+    def _base_scan(self, part: Sequence[int] | None, output: pa.Schema) -> BaseScanExec:
+        assert self.base_dataset is not None
+        wanted = [f.name for f in output if f.name not in (GEN, ROWADDR)]
+        columns = list(dict.fromkeys([*wanted, *self.primary_key]))
+        return BaseScanExec(self.base_dataset, columns, self.filter, fragment_ids=part)
+
+    def _base_rows(self, part: Sequence[int] | None, output: pa.Schema) -> Iterator[pa.RecordBatch]:
         _, keys = self.winners()
-        for batch in base.execute():
+        for batch in self._base_scan(part, output).execute():
             if len(keys):
                 keep = ~keys.contains(batch.select(self.primary_key))
                 if not keep.all():
                     batch = batch.filter(pa.array(keep))
             if batch.num_rows:
-                yield from self._project(pa.Table.from_batches([batch]), BASE_GENERATION).to_batches()
+                yield from _project(pa.Table.from_batches([batch]), output,
+                                    BASE_GENERATION).to_batches()
 
-    def _project(self, table: pa.Table, generation: int | None) -> pa.Table:
-        cols = []
-        for f in self.output:
-            if f.name == GEN and generation is not None:
-                cols.append(pa.array(np.full(table.num_rows, generation, dtype=np.int64)))
-            else:
-                cols.append(table.column(f.name))
-        if not cols:  # count(*): batches with rows but no columns
-            return table.select([])
-        return pa.Table.from_arrays(cols, schema=self.output)
+
+def _project(table: pa.Table, output: pa.Schema, generation: int | None) -> pa.Table:
+    """``table`` with exactly the columns of ``output`` (``_gen`` filled for base rows)."""
+    if len(output) == 0:  # count(*): batches with rows but no columns
+        return table.select([])
+    cols = []
+    for f in output:
+        if f.name == GEN and generation is not None:
+            cols.append(pa.array(np.full(table.num_rows, generation, dtype=np.int64)))
+        else:
+            col = table.column(f.name)
+            cols.append(col if col.type == f.type else col.cast(f.type))
+    return pa.Table.from_arrays(cols, schema=output)

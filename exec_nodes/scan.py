@@ -88,7 +88,8 @@ class GenerationScanExec(SourceExec):
         table = ds.to_table(columns=names, with_row_address=True)
         addr = table.column(ROWADDR)
         out = tag(table.drop_columns([ROWADDR]), self.generation, self.schema)
-        return out.set_column(out.schema.get_field_index(ROWADDR), ROWADDR, addr)
+        cols = [addr if f.name == ROWADDR else out.column(f.name) for f in self.schema]
+        return pa.Table.from_arrays(cols, schema=self.schema)
 
     def describe(self) -> str:
         return f"{self.name}: region={self.region_id[:8]} gen={self.generation} " \

@@ -10,14 +10,17 @@ Example:
 
 from memwal_sql import errors
 from memwal_sql.index.region_spec import RegionSpec
+from memwal_sql.session import MemWalContext, connect
 from memwal_sql.table import MemWalTable, create_table, open_table, region_id_for
 from memwal_sql.writer.region_writer import RegionWriter, WriterConfig
 
 __all__ = [
+    "MemWalContext",
     "MemWalTable",
     "RegionSpec",
     "RegionWriter",
     "WriterConfig",
+    "connect",
     "create_table",
     "errors",
     "open_table",

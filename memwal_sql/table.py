@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,6 +32,7 @@ from memwal_sql.errors import (
     TableNotFoundError,
     UnknownRegionError,
 )
+from memwal_sql.index.base_manifest import read_mem_wal_details
 from memwal_sql.index.details import create_mem_wal_index, has_mem_wal_index
 from memwal_sql.index.region_spec import RegionSpec
 from memwal_sql.storage import ObjectStore, layout
@@ -77,6 +79,7 @@ class MemWalTable:
         self._dataset = dataset
         self.schema = _plain_schema(dataset.schema)
         self.store = ObjectStore(uri, self.storage_options)
+        self._layout_rows = RowCoercer(self.schema, self.primary_key)
         self._layout = TableLayout(
             store=self.store,
             base_schema=self.schema,
@@ -86,6 +89,9 @@ class MemWalTable:
         )
         self._writers: dict[str, RegionWriter] = {}
         self._writers_lock = threading.Lock()
+        # Every writer this object opened, by region, so this process's reads see its MemTables.
+        self._live: weakref.WeakValueDictionary[str, RegionWriter] = weakref.WeakValueDictionary()
+        self._query_ctx: Any = None
         self._pool: ThreadPoolExecutor | None = None
 
     # ---- base table ---------------------------------------------------------------------------
@@ -133,25 +139,128 @@ class MemWalTable:
             rid = region_id_for(spec, values)
             if region_id is not None and str(uuid.UUID(region_id)) != rid:
                 raise InvalidInputError(f"region {region_id} does not hold values {values}")
-            return RegionWriter(self._layout, rid, region_values=values, config=cfg)
+            return self._track(RegionWriter(self._layout, rid, region_values=values, config=cfg))
         if region_id is not None:
             rid = str(uuid.UUID(region_id))
             if rid not in self.regions():
                 raise UnknownRegionError(
                     f"no region {rid} in {self.uri}; known regions: {self.regions()[:5]}"
                 )
-            return RegionWriter(self._layout, rid, config=cfg)
+            return self._track(RegionWriter(self._layout, rid, config=cfg))
         if spec is None:
-            return RegionWriter(self._layout, str(uuid.uuid4()), config=cfg)
+            return self._track(RegionWriter(self._layout, str(uuid.uuid4()), config=cfg))
         if all(f.transform == "unsharded" for f in spec.fields):
             values = (0,)
-            return RegionWriter(
+            return self._track(RegionWriter(
                 self._layout, region_id_for(spec, values), region_values=values, config=cfg
-            )
+            ))
         raise InvalidInputError(
             f"this table is split into regions by {spec.describe()}; pass region_values=(...) "
             "or region_id=..., or write through table.upsert() which routes rows"
         )
+
+    def _track(self, writer: RegionWriter) -> RegionWriter:
+        self._live[writer.region_id] = writer
+        return writer
+
+    def live_writers(self) -> dict[str, RegionWriter]:
+        """This object's open, healthy writers by region id (their MemTables are readable)."""
+        return {rid: w for rid, w in list(self._live.items()) if w.is_open}
+
+    @property
+    def wal_schema(self) -> pa.Schema:
+        """The schema of WAL entries and generations: base columns then ``_tombstone``."""
+        return self._layout_rows.schema
+
+    def merged_generations(self, dataset: lance.LanceDataset | None = None) -> dict[str, int]:
+        """The newest generation of each region already merged into the base table."""
+        ds = dataset if dataset is not None else self.dataset()
+        details = read_mem_wal_details(self.store, ds)
+        if details is None:
+            return {}
+        return {str(uuid.UUID(bytes=m.region_id.uuid)): m.generation
+                for m in details.merged_generations}
+
+    # ---- reads --------------------------------------------------------------------------------
+
+    def _query(self, *, consistency: str, system_columns: bool) -> tuple[Any, str]:
+        from memwal_sql.session import connect
+
+        if self._query_ctx is None:
+            self._query_ctx = connect()
+        name = f"t_{consistency}_{int(system_columns)}"
+        self._query_ctx.register(name, self, consistency=consistency,
+                                 system_columns=system_columns)
+        return self._query_ctx, name
+
+    def _select(self, columns: Sequence[str] | None, filter: str | None, consistency: str,
+                with_system_columns: bool, what: str | None = None) -> tuple[Any, Any, str]:
+        ctx, name = self._query(consistency=consistency, system_columns=with_system_columns)
+        if what is None:
+            if columns is None:
+                what = "*"
+            else:
+                what = ", ".join(_quote(c) for c in columns)
+        sql = f"SELECT {what} FROM {name}" + (f" WHERE {filter}" if filter else "")
+        return ctx, ctx.sql(sql), name
+
+    def to_arrow(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        *,
+        consistency: str = "strong",
+        with_system_columns: bool = False,
+    ) -> pa.Table:
+        """The latest row of every key (deletes removed), optionally projected and filtered.
+
+        ``filter`` is a SQL predicate, evaluated on each key's newest version.
+        ``with_system_columns`` adds ``_gen`` (-1 = base table) and ``_rowaddr``.
+
+        Example:
+            ``tbl.to_arrow(["id", "score"], filter="score > 0.5")``
+        """
+        _, df, _ = self._select(columns, filter, consistency, with_system_columns)
+        return _plain_strings(df.to_arrow_table())
+
+    def scan(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        *,
+        consistency: str = "strong",
+        with_system_columns: bool = False,
+    ) -> pa.RecordBatchReader:
+        """Like :meth:`to_arrow`, streamed as a RecordBatchReader."""
+        _, df, _ = self._select(columns, filter, consistency, with_system_columns)
+        return pa.RecordBatchReader.from_stream(df)
+
+    def count_rows(self, filter: str | None = None, *, consistency: str = "strong") -> int:
+        """Number of live keys (matching ``filter``).
+
+        Example:
+            ``tbl.count_rows("score > 0.5")``
+        """
+        _, df, _ = self._select(None, filter, consistency, False, what="count(*) AS n")
+        return int(df.to_pydict()["n"][0])
+
+    def explain(
+        self,
+        filter: str | None = None,
+        columns: Sequence[str] | None = None,
+        *,
+        consistency: str = "strong",
+    ) -> str:
+        """The exec-node tree a scan would run: pruned regions, sources, pushed filter.
+
+        Example:
+            ``print(tbl.explain("id = 5"))``
+        """
+        ctx, df, name = self._select(columns, filter, consistency, False)
+        df.execution_plan()  # physical planning runs our planner (get_fragments)
+        plan = ctx.last_plan(name)
+        assert plan is not None
+        return plan.explain()
 
     # ---- routed writes -----------------------------------------------------------------------
 
@@ -250,6 +359,23 @@ class MemWalTable:
                     w = self.writer(region_values=values)
                 self._writers[key] = w
             return w
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _plain_strings(table: pa.Table) -> pa.Table:
+    """Cast DataFusion's view types back to plain string/binary (Spark and pandas want those)."""
+    fields = []
+    changed = False
+    for f in table.schema:
+        if pa.types.is_string_view(f.type):
+            f, changed = f.with_type(pa.string()), True
+        elif pa.types.is_binary_view(f.type):
+            f, changed = f.with_type(pa.binary()), True
+        fields.append(f)
+    return table.cast(pa.schema(fields, metadata=table.schema.metadata)) if changed else table
 
 
 def _plain_schema(schema: pa.Schema) -> pa.Schema:

@@ -253,6 +253,11 @@ class RegionWriter:
             out["generations"] = list(self._stats.generations)
         return out
 
+    @property
+    def is_open(self) -> bool:
+        """True while the writer accepts writes (not closed, not fenced, no failed flush)."""
+        return not self._closed and self._error is None and self._wal.error is None
+
     def memtables(self) -> list[MemTable]:
         """Live MemTables, newest first (the active one, then frozen ones not yet flushed)."""
         with self._lock:

@@ -1,0 +1,222 @@
+"""DataFusion integration: MemWAL tables as datasets that take a fresh snapshot per query.
+
+DataFusion 55 cannot run Python ExecutionPlans, but it drives any ``pyarrow.dataset.Dataset``
+lazily: at physical planning it calls ``get_fragments(filter)`` with the pushed-down filter (our
+planner runs there: snapshot, region pruning, node tree), and at execution it pulls batches from
+each fragment's scanner (our exec nodes run there, one DataFusion partition per fragment). A
+Python schema provider hands DataFusion a new dataset for every query, so each query sees the
+latest acknowledged writes. Pushed filters are *Exact*: the nodes apply them after deduplication.
+
+Example:
+    >>> import memwal_sql as mw, pyarrow as pa, tempfile
+    >>> tbl = mw.create_table(tempfile.mkdtemp(), pa.schema([pa.field("id", pa.int64(), False)]),
+    ...                       primary_key="id")
+    >>> tbl.upsert({"id": [1, 2, 3]})
+    >>> ctx = mw.connect()
+    >>> ctx.register("t", tbl)
+    >>> ctx.sql("SELECT count(*) AS n FROM t WHERE id > 1").to_pydict()
+    {'n': [2]}
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pds
+from datafusion import SessionConfig, SessionContext, Table
+from datafusion import catalog as dfc
+
+from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
+from planner.scan import ScanPlan, output_schema, plan_scan
+
+if TYPE_CHECKING:
+    from memwal_sql.table import MemWalTable
+
+CATALOG = "memwal"
+SCHEMA = "public"
+
+
+class _Projection:
+    """What ``Dataset.scanner()`` returns to DataFusion: only the projected schema is read."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.projected_schema = schema
+
+
+class _PartitionScanner:
+    def __init__(self, plan: ScanPlan, index: int, schema: pa.Schema) -> None:
+        self.plan = plan
+        self.index = index
+        self.projected_schema = schema
+
+    def to_batches(self) -> Iterator[pa.RecordBatch]:
+        for batch in self.plan.root.execute_partition(self.index, self.projected_schema):
+            yield batch
+
+
+class _PartitionFragment:
+    """One DataFusion partition of a scan plan."""
+
+    def __init__(self, dataset: MemWalDataset, plan: ScanPlan, index: int) -> None:
+        self.dataset = dataset
+        self.plan = plan
+        self.index = index
+
+    def scanner(self, schema: Any = None, columns: list[str] | None = None,
+                filter: pc.Expression | None = None, batch_size: int | None = None,
+                **_: Any) -> _PartitionScanner:
+        return _PartitionScanner(self.plan, self.index, self.dataset.project(columns))
+
+
+class MemWalDataset(pds.Dataset):
+    """A MemWAL table as a pyarrow Dataset that DataFusion scans through our exec nodes.
+
+    The snapshot is taken at the first planning and pinned for the dataset's life.
+    """
+
+    def __init__(self, table: MemWalTable, *, consistency: Consistency = "strong",
+                 system_columns: bool = False, partitions: int | None = None) -> None:
+        self._table = table
+        self._consistency = consistency
+        self._system_columns = system_columns
+        self._partitions = partitions or max(2, os.cpu_count() or 2)
+        self._schema = output_schema(table.schema, system_columns)
+        self._snapshot: TableSnapshot | None = None
+        self._lock = threading.Lock()
+        self.last_plan: ScanPlan | None = None
+
+    @property
+    def schema(self) -> pa.Schema:  # type: ignore[override]
+        return self._schema
+
+    def project(self, columns: list[str] | None) -> pa.Schema:
+        if columns is None:
+            return self._schema
+        return pa.schema([self._schema.field(c) for c in columns])
+
+    def snapshot(self) -> TableSnapshot:
+        with self._lock:
+            if self._snapshot is None:
+                self._snapshot = take_snapshot(self._table, self._consistency)
+            return self._snapshot
+
+    def scanner(self, columns: list[str] | None = None, filter: Any = None,  # type: ignore[override]
+                **_: Any) -> _Projection:
+        return _Projection(self.project(columns))
+
+    def get_fragments(self, filter: pc.Expression | None = None) -> list[_PartitionFragment]:  # type: ignore[override]
+        plan = plan_scan(self.snapshot(), self._table.region_spec, self._table.schema, filter,
+                         system_columns=self._system_columns, partitions=self._partitions)
+        self.last_plan = plan
+        # Partition 0 (the newer sources) always exists: DataFusion breaks on zero fragments.
+        return [_PartitionFragment(self, plan, i) for i in range(plan.root.num_partitions)]
+
+
+class MemWalSchema(dfc.SchemaProvider):
+    """The session's default schema: MemWAL tables (fresh per query) and ordinary tables."""
+
+    def __init__(self) -> None:
+        self._memwal: dict[str, tuple[MemWalTable, dict[str, Any]]] = {}
+        self._tables: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.last_datasets: dict[str, MemWalDataset] = {}
+
+    def add(self, name: str, table: MemWalTable, **options: Any) -> None:
+        with self._lock:
+            self._tables.pop(name, None)
+            self._memwal[name] = (table, options)
+
+    @property
+    def table_names(self) -> set[str]:  # type: ignore[override]
+        with self._lock:
+            return set(self._memwal) | set(self._tables)
+
+    def table_exist(self, name: str) -> bool:
+        with self._lock:
+            return name in self._memwal or name in self._tables
+
+    def table(self, name: str) -> Any:
+        with self._lock:
+            entry = self._memwal.get(name)
+            if entry is None:
+                return self._tables.get(name)
+        table, options = entry
+        dataset = MemWalDataset(table, **options)
+        self.last_datasets[name] = dataset
+        return Table(dataset)
+
+    def register_table(self, name: str, table: Any) -> None:
+        with self._lock:
+            self._memwal.pop(name, None)
+            self._tables[name] = table
+
+    def deregister_table(self, name: str, cascade: bool = True) -> None:
+        with self._lock:
+            self._memwal.pop(name, None)
+            self._tables.pop(name, None)
+
+    def owner_name(self) -> str | None:
+        return None
+
+
+class _Catalog(dfc.CatalogProvider):
+    def __init__(self, schema: MemWalSchema) -> None:
+        self._schema = schema
+
+    def schema_names(self) -> set[str]:
+        return {SCHEMA}
+
+    def schema(self, name: str) -> MemWalSchema | None:
+        return self._schema if name == SCHEMA else None
+
+    def register_schema(self, name: str, schema: Any) -> None:
+        raise ValueError("memwal-sql sessions have one schema; register tables instead")
+
+    def deregister_schema(self, name: str, cascade: bool) -> None:
+        raise ValueError("memwal-sql sessions have one schema")
+
+
+class MemWalContext(SessionContext):
+    """A DataFusion SessionContext that also resolves MemWAL tables (see :func:`connect`)."""
+
+    def __init__(self, config: SessionConfig | None = None) -> None:
+        config = (config or SessionConfig()).with_default_catalog_and_schema(CATALOG, SCHEMA) \
+            .with_create_default_catalog_and_schema(False).with_information_schema(True)
+        super().__init__(config)
+        self.memwal_schema = MemWalSchema()
+        self.register_catalog_provider(CATALOG, _Catalog(self.memwal_schema))
+
+    def register(self, name: str, table: MemWalTable | str, *,
+                 consistency: Consistency = "strong", system_columns: bool = False,
+                 storage_options: dict[str, str] | None = None) -> None:
+        """Register a MemWAL table (or its uri) under ``name``.
+
+        Every query that names it reads a fresh snapshot: with ``consistency="strong"`` all
+        acknowledged writes, with ``"eventual"`` the flushed generations only.
+        ``system_columns=True`` adds ``_gen`` (-1 for the base table) and ``_rowaddr``.
+        """
+        if isinstance(table, str):
+            from memwal_sql.table import open_table
+
+            table = open_table(table, storage_options)
+        self.memwal_schema.add(name, table, consistency=consistency,
+                               system_columns=system_columns)
+
+    def last_plan(self, name: str) -> ScanPlan | None:
+        """The scan plan of the last query that read MemWAL table ``name``."""
+        ds = self.memwal_schema.last_datasets.get(name)
+        return ds.last_plan if ds is not None else None
+
+
+def connect(config: SessionConfig | None = None) -> MemWalContext:
+    """A DataFusion session with MemWAL support.
+
+    Example:
+        ``ctx = mw.connect(); ctx.register("events", tbl); ctx.sql("SELECT ...").to_arrow_table()``
+    """
+    return MemWalContext(config)

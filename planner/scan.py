@@ -1,0 +1,100 @@
+"""Plan an LSM-merging scan: collect sources per region, prune regions, build the node tree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from exec_nodes.base import GEN, ROWADDR
+from exec_nodes.dedup import DeduplicateExec
+from exec_nodes.scan import GenerationScanExec, MemTableScanExec, SourceExec, source_schema
+from memwal_sql.index.region_spec import RegionSpec
+from memwal_sql.snapshot import TableSnapshot
+from planner.predicate import Node
+from planner.pruning import parse_filter, prune_regions
+
+
+@dataclass
+class ScanPlan:
+    """The plan of one scan: what was pruned and the exec-node tree that runs it."""
+
+    snapshot: TableSnapshot
+    predicate: Node | None
+    kept_regions: list[str]
+    pruned_regions: list[str]
+    root: DeduplicateExec
+    sources: list[SourceExec] = field(default_factory=list)
+
+    def sources_opened(self) -> list[SourceExec]:
+        """The newer-than-base sources that were actually read."""
+        return [s for s in self.sources if s.opened]
+
+    def explain(self) -> str:
+        """The plan as text: consistency, base version, regions kept and pruned, node tree."""
+        snap = self.snapshot
+        head = [
+            f"MemWAL scan: base version {snap.base_version}, consistency={snap.consistency}",
+            f"regions: {len(self.kept_regions)} scanned, {len(self.pruned_regions)} pruned"
+            + (f" ({', '.join(r[:8] for r in self.pruned_regions)})" if self.pruned_regions else ""),
+        ]
+        return "\n".join(head + [self.root.explain()])
+
+
+def output_schema(base: pa.Schema, system_columns: bool) -> pa.Schema:
+    """What a scan returns: the base columns, then ``_gen`` and ``_rowaddr`` if asked."""
+    fields = list(base)
+    if system_columns:
+        fields += [pa.field(GEN, pa.int64(), False), pa.field(ROWADDR, pa.uint64(), False)]
+    return pa.schema(fields)
+
+
+def base_parts(snapshot: TableSnapshot, partitions: int) -> list[list[int] | None]:
+    """Split the base table's fragments into at most ``partitions`` groups."""
+    ids = [f.fragment_id for f in snapshot.dataset.get_fragments()]
+    if not ids:
+        return []
+    n = max(1, min(partitions, len(ids)))
+    return [ids[i::n] for i in range(n)]
+
+
+def plan_scan(
+    snapshot: TableSnapshot,
+    spec: RegionSpec | None,
+    base_schema: pa.Schema,
+    filter: pc.Expression | None,
+    *,
+    system_columns: bool = False,
+    partitions: int = 2,
+) -> ScanPlan:
+    """Build the scan plan of ``snapshot`` for a (pushed-down) ``filter``.
+
+    Example:
+        ``plan = plan_scan(take_snapshot(tbl), tbl.region_spec, tbl.schema, pc.field("id") == 3)``
+    """
+    predicate = parse_filter(filter, base_schema)
+    kept, pruned = prune_regions(
+        predicate, spec, base_schema, [(r.region_id, r.region_values) for r in snapshot.regions]
+    )
+    keep = set(kept)
+    sschema = source_schema(snapshot.wal_schema)
+    sources: list[SourceExec] = []
+    for region in snapshot.regions:
+        if region.region_id not in keep:
+            continue
+        for mem in region.unflushed:
+            sources.append(MemTableScanExec(region.region_id, mem.generation, mem.batches,
+                                            sschema, origin=mem.origin))
+        for gen in sorted(region.generations, key=lambda g: -g.generation):
+            sources.append(GenerationScanExec(region.region_id, gen.generation, gen.uri, sschema,
+                                              dict(snapshot.storage_options or {}) or None))
+    root = DeduplicateExec(
+        sources,
+        snapshot.dataset,
+        base_parts(snapshot, partitions),
+        primary_key=snapshot.primary_key,
+        filter=filter,
+        output=output_schema(base_schema, system_columns),
+    )
+    return ScanPlan(snapshot, predicate, kept, pruned, root, sources)
