@@ -132,9 +132,10 @@ class MemWalSchema(dfc.SchemaProvider):
             self._memwal[name] = (table, options)
 
     @property
-    def table_names(self) -> set[str]:  # type: ignore[override]
+    def table_names(self) -> list[str]:  # type: ignore[override]
+        # DataFusion 55 reads this as an attribute and wants a sequence.
         with self._lock:
-            return set(self._memwal) | set(self._tables)
+            return sorted(set(self._memwal) | set(self._tables))
 
     def table_exist(self, name: str) -> bool:
         with self._lock:

@@ -200,7 +200,10 @@ class MemWalTable:
             if columns is None:
                 what = "*"
             else:
-                what = ", ".join(_quote(c) for c in columns)
+                wanted = list(columns)
+                if with_system_columns:
+                    wanted += [c for c in ("_gen", "_rowaddr") if c not in wanted]
+                what = ", ".join(_quote(c) for c in wanted)
         sql = f"SELECT {what} FROM {name}" + (f" WHERE {filter}" if filter else "")
         return ctx, ctx.sql(sql), name
 

@@ -1,0 +1,218 @@
+"""LSM-merging reads against a model of "latest row per key", through every read path."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+import uuid
+
+import lance
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from lance.mem_wal import LsmScanner
+
+import memwal_sql as mw
+from tests.lsm import Model, lance_snapshots
+
+SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("grp", pa.string(), False),
+                    pa.field("n", pa.int32()), pa.field("s", pa.string())])
+
+keys = st.lists(st.integers(0, 30), min_size=1, max_size=10, unique=True)
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("upsert"), keys, st.integers(0, 100)),
+        st.tuples(st.just("delete"), keys, st.just(0)),
+        st.tuples(st.sampled_from(["flush", "close", "crash", "reopen", "read"]), st.just([]),
+                  st.just(0)),
+    ),
+    min_size=1, max_size=20,
+)
+FILTERS = [None, "k < 12", "k IN (3, 4, 17)", "n >= 50", "s = 's7'", "n IS NULL",
+           "k > 5 AND n < 60", "grp = 'g1' OR n = 3"]
+
+
+def batch(ks, seed):
+    return pa.table({"k": ks, "grp": [f"g{k % 3}" for k in ks],
+                     "n": [None if (k + seed) % 5 == 0 else (k * 7 + seed) % 100 for k in ks],
+                     "s": [f"s{(k + seed) % 10}" for k in ks]}, schema=SCHEMA)
+
+
+def expected(model: Model, filter: str | None, columns=None) -> pa.Table:
+    table = model.table(SCHEMA)
+    if filter:
+        ctx = mw.connect()
+        ctx.register_record_batches("m", [table.to_batches() or [SCHEMA.empty_table().to_batches()]])
+        table = pa.Table.from_batches(
+            ctx.sql(f"SELECT * FROM m WHERE {filter}").to_arrow_table().to_batches(), schema=SCHEMA) \
+            if table.num_rows else table
+    if columns:
+        table = table.select(columns)
+    return table.sort_by([(c, "ascending") for c in table.column_names])
+
+
+def check_reads(tbl: mw.MemWalTable, model: Model) -> None:
+    for f in FILTERS:
+        got = tbl.to_arrow(filter=f)
+        assert got.sort_by([(c, "ascending") for c in got.column_names]) == expected(model, f), f
+    got = tbl.to_arrow(["s", "k"], filter="k >= 10")
+    assert got.sort_by([("s", "ascending"), ("k", "ascending")]) == expected(model, "k >= 10", ["s", "k"])
+    assert tbl.count_rows() == len(model.rows)
+    assert tbl.count_rows("n > 40") == expected(model, "n > 40").num_rows
+    sys_cols = tbl.to_arrow(["k"], with_system_columns=True)
+    assert len(set(sys_cols.column("k").to_pylist())) == sys_cols.num_rows  # no duplicates
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=ops, spec=st.sampled_from(["bucket", "identity", "none"]))
+def test_reads_match_the_model(ops, spec):
+    region_spec = {"bucket": mw.RegionSpec.bucket("k", 3), "identity": mw.RegionSpec.identity("grp"),
+                   "none": None}[spec]
+    with tempfile.TemporaryDirectory() as d:
+        tbl = mw.create_table(d, batch([0, 1, 2, 3], 1), primary_key="k", region_spec=region_spec,
+                              writer_config=mw.WriterConfig(max_memtable_rows=6))
+        model = Model(["k"])
+        model.upsert(batch([0, 1, 2, 3], 1))
+        for op, ks, seed in ops:
+            if op == "upsert":
+                tbl.upsert(batch(ks, seed))
+                model.upsert(batch(ks, seed))
+            elif op == "delete":
+                tbl.delete(batch(ks, 0).select(["k", "grp"]))
+                model.delete(pa.table({"k": ks}))
+            elif op == "flush":
+                tbl.flush()
+            elif op == "close":
+                tbl.close()
+            elif op == "crash":
+                tbl._writers.clear()  # abandoned writers: their rows are in the WAL tail
+            elif op == "reopen":
+                tbl = mw.open_table(d, writer_config=tbl.writer_config)
+            else:
+                check_reads(tbl, model)
+        check_reads(tbl, model)
+        # Another handle on the table (as another process would) reads the WAL tails.
+        check_reads(mw.open_table(d), model)
+        tbl.close()
+
+
+def test_system_columns_tag_sources(tmp_path):
+    tbl = mw.create_table(str(tmp_path), batch([1, 2, 3], 0), primary_key="k")
+    tbl.upsert(batch([2], 5))
+    tbl.flush()
+    tbl.upsert(batch([3, 3], 9))
+    got = {r["k"]: r["_gen"] for r in tbl.to_arrow(["k"], with_system_columns=True).to_pylist()}
+    assert got == {1: -1, 2: 1, 3: 2}
+    tbl.close()
+
+
+def test_eventual_reads_see_only_flushed_generations(tmp_path):
+    tbl = mw.create_table(str(tmp_path), batch([1], 0), primary_key="k")
+    tbl.upsert(batch([2], 0))
+    assert tbl.count_rows(consistency="eventual") == 1
+    assert tbl.count_rows() == 2
+    tbl.flush()
+    assert tbl.count_rows(consistency="eventual") == 2
+
+
+def test_sql_over_memwal_and_ordinary_tables(tmp_path):
+    tbl = mw.create_table(str(tmp_path), batch(list(range(10)), 0), primary_key="k",
+                          region_spec=mw.RegionSpec.bucket("k", 2))
+    tbl.upsert(batch([1, 2, 11], 50))
+    tbl.delete(pa.table({"k": [3]}))
+    ctx = mw.connect()
+    ctx.register("t", tbl)
+    ctx.register_record_batches("names", [[pa.record_batch({"grp": ["g0", "g1", "g2"],
+                                                            "label": ["zero", "one", "two"]})]])
+    joined = ctx.sql("SELECT label, count(*) AS c FROM t JOIN names USING (grp) "
+                     "GROUP BY label ORDER BY label").to_pydict()
+    model = Model(["k"])
+    model.upsert(batch(list(range(10)), 0))
+    model.upsert(batch([1, 2, 11], 50))
+    model.delete(pa.table({"k": [3]}))
+    counts: dict[str, int] = {}
+    for row in model.rows.values():
+        label = {"g0": "zero", "g1": "one", "g2": "two"}[row["grp"]]
+        counts[label] = counts.get(label, 0) + 1
+    assert joined == {"label": sorted(counts), "c": [counts[k] for k in sorted(counts)]}
+    top = ctx.sql("SELECT k, row_number() OVER (ORDER BY k DESC) AS r FROM t "
+                  "ORDER BY k DESC LIMIT 3").to_pydict()
+    assert top == {"k": [11, 9, 8], "r": [1, 2, 3]}
+    assert ctx.sql("SELECT count(*) AS n FROM t a JOIN t b ON a.k = b.k").to_pydict() == {"n": [10]}
+    # Every query sees the latest writes.
+    tbl.upsert(batch([100], 1))
+    assert ctx.sql("SELECT count(*) AS n FROM t").to_pydict() == {"n": [11]}
+    assert "t" in ctx.sql("SHOW TABLES").to_pydict()["table_name"]
+    tbl.close()
+
+
+def test_reads_while_a_writer_writes_and_flushes(tmp_path):
+    """No duplicates, and nothing acknowledged before a read began is missing from it."""
+    schema = pa.schema([pa.field("k", pa.int64(), False), pa.field("version", pa.int64())])
+    tbl = mw.create_table(str(tmp_path), schema, primary_key="k",
+                          region_spec=mw.RegionSpec.bucket("k", 2),
+                          writer_config=mw.WriterConfig(max_memtable_rows=300))
+    acked: dict[int, int] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def write():
+        v = 0
+        while not stop.is_set() and v < 400:
+            v += 1
+            ks = [(v * 13 + j) % 500 for j in range(20)]
+            tbl.upsert(pa.table({"k": ks, "version": [v] * len(ks)}, schema=schema))
+            with lock:
+                for k in ks:
+                    acked[k] = v
+
+    t = threading.Thread(target=write)
+    t.start()
+    reads = 0
+    deadline = time.monotonic() + 20
+    while t.is_alive() and time.monotonic() < deadline:
+        with lock:
+            before = dict(acked)
+        got = tbl.to_arrow()
+        ks = got.column("k").to_pylist()
+        assert len(ks) == len(set(ks))
+        seen = dict(zip(ks, got.column("version").to_pylist()))
+        for k, v in before.items():
+            assert seen.get(k, -1) >= v, (k, v, seen.get(k))
+        reads += 1
+    stop.set()
+    t.join()
+    tbl.close()
+    assert reads >= 3
+
+
+@pytest.mark.interop
+def test_our_reads_of_a_lance_written_table_equal_lsm_scanner(tmp_path):
+    uri = str(tmp_path / "t")
+    ds = lance.write_dataset(pa.Table.from_batches(batch(list(range(20)), 0).to_batches(),
+                             schema=SCHEMA.with_metadata(None)).cast(pa.schema([
+                                 SCHEMA.field("k").with_metadata(
+                                     {"lance-schema:unenforced-primary-key": "true"}),
+                                 *list(SCHEMA)[1:]])), uri)
+    ds.initialize_mem_wal(bucket_column="k", num_buckets=2)
+    model = Model(["k"])
+    model.upsert(batch(list(range(20)), 0))
+    shard = str(uuid.uuid4())
+    with lance.dataset(uri).mem_wal_writer(shard) as w:
+        w.put(batch(list(range(5, 15)), 3))
+        w.delete(pa.table({"k": [6, 7]}))
+    model.upsert(batch(list(range(5, 15)), 3))
+    model.delete(pa.table({"k": [6, 7]}))
+    with lance.dataset(uri).mem_wal_writer(shard) as w:
+        w.put(batch([7, 30], 4))
+    model.upsert(batch([7, 30], 4))
+    tbl = mw.open_table(uri)
+    ours = tbl.to_arrow().sort_by("k")
+    theirs = LsmScanner.from_snapshots(lance.dataset(uri), lance_snapshots(uri)).to_table()
+    theirs = theirs.select(SCHEMA.names).sort_by("k")
+    assert ours.cast(theirs.schema) == theirs
+    assert ours == model.table(SCHEMA).cast(ours.schema)
+    assert tbl.count_rows("n > 30") == LsmScanner.from_snapshots(
+        lance.dataset(uri), lance_snapshots(uri)).filter("n > 30").count_rows()
