@@ -23,6 +23,7 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_write.py
+	$(PY) benchmarks/bench_read.py
 
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=memwal_sql/_proto proto/memwal.proto

@@ -1,9 +1,10 @@
 """DeduplicateExec: the LSM-merging read of a scan.
 
 Children are the newer-than-base sources of the queried regions (flushed generations, MemTables,
-WAL tails) and the base-table scan, split in parts. The newer sources are small: they are read
-whole, sorted by primary key then ``_gen`` and ``_rowaddr`` descending, and the first row of each
-key wins (a tombstone winner removes the key). Only then is the query's filter applied, so a row
+WAL tails) and the base-table scan, split in parts. First the key columns of every newer row are
+read and the newest version of each key is found (highest ``_gen``, then ``_rowaddr``; a
+tombstone winner removes the key). Then each newer source is read again, filtered (for a
+generation, inside Lance), and a row is output only if it *is* its key's newest version: a row
 whose newest version no longer matches never comes back from an older source. The base is
 streamed: each batch, already filtered and projected by Lance, loses the rows whose key has any
 newer version.
@@ -12,6 +13,7 @@ newer version.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Sequence
 
 import lance
@@ -25,27 +27,48 @@ from exec_nodes.scan import BaseScanExec, SourceExec
 
 
 def newest_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
-    """The newest row of every key: highest ``_gen``, then highest ``_rowaddr``.
+    """The newest row of every key, as key columns plus ``_gen``, ``_rowaddr`` and
+    ``_tombstone``: highest ``_gen`` wins, then highest ``_rowaddr``.
 
     Example:
         >>> t = pa.table({"id": [1, 1, 2], "_gen": [1, 2, 1], "_rowaddr": pa.array([0, 0, 1], pa.uint64())})
-        >>> newest_per_key(t, ["id"])["_gen"].to_pylist()
+        >>> newest_per_key(t, ["id"]).sort_by("id")["_gen"].to_pylist()
         [2, 1]
     """
-    if table.num_rows <= 1:
-        return table
-    order = pc.sort_indices(
-        table, sort_keys=[*[(k, "ascending") for k in primary_key],
-                          (GEN, "descending"), (ROWADDR, "descending")],
-    )
-    s = table.take(order)
+    gen = table.column(GEN).to_numpy()
+    addr = table.column(ROWADDR).to_numpy()
+    dead = (table.column(TOMBSTONE).to_numpy(zero_copy_only=False) if TOMBSTONE in
+            table.column_names else np.zeros(table.num_rows, dtype=bool))
+    if table.num_rows and (gen.min() < 0 or gen.max() >= 1 << 30 or addr.max() >= 1 << 32):
+        return _newest_by_sort(table, primary_key, dead)
+    # One hash aggregate instead of a multi-column sort: pack (gen, rowaddr, tombstone) into one
+    # integer whose maximum per key is the newest version (row addresses of newer-than-base
+    # sources are offsets below 2^32, generations far below 2^30).
+    packed = (gen.astype(np.int64) << 33) | (addr.astype(np.int64) << 1) | dead.astype(np.int64)
+    keys = table.select(list(primary_key)).append_column("__p", pa.array(packed))
+    best = keys.group_by(list(primary_key), use_threads=False).aggregate([("__p", "max")])
+    p = best.column("__p_max").to_numpy()
+    return best.select(list(primary_key)).append_column(GEN, pa.array(p >> 33)) \
+        .append_column(ROWADDR, pa.array(((p >> 1) & 0xFFFFFFFF).astype(np.uint64))) \
+        .append_column(TOMBSTONE, pa.array((p & 1).astype(bool)))
+
+
+def _newest_by_sort(table: pa.Table, primary_key: Sequence[str], dead: np.ndarray) -> pa.Table:
+    t = table.select([*primary_key, GEN, ROWADDR]).append_column(TOMBSTONE, pa.array(dead))
+    order = pc.sort_indices(t, sort_keys=[*[(k, "ascending") for k in primary_key],
+                                          (GEN, "descending"), (ROWADDR, "descending")])
+    s = t.take(order)
     first = np.ones(s.num_rows, dtype=bool)
-    differs = np.zeros(s.num_rows - 1, dtype=bool)
-    for k in primary_key:
-        col = s.column(k).combine_chunks()
-        differs |= pc.not_equal(col[1:], col[:-1]).to_numpy(zero_copy_only=False)
-    first[1:] = differs
+    if s.num_rows > 1:
+        differs = np.zeros(s.num_rows - 1, dtype=bool)
+        for k in primary_key:
+            col = s.column(k).combine_chunks()
+            differs |= pc.not_equal(col[1:], col[:-1]).to_numpy(zero_copy_only=False)
+        first[1:] = differs
     return s.filter(pa.array(first))
+
+
+_READERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-read")
 
 
 class DeduplicateExec(ExecNode):
@@ -95,19 +118,28 @@ class DeduplicateExec(ExecNode):
                 f"base_parts={len(self.base_parts)} filter={self.filter}")
 
     def winners(self) -> tuple[pa.Table, KeySet]:
-        """Newest row per key over the newer sources (tombstones included), and their keys."""
+        """The newest version of every key in the newer sources, by key columns only
+        (``_gen``, ``_rowaddr``, ``_tombstone`` say which row it is), and an index of them."""
         with self._lock:
             if self._keys is None:
-                tables = [t for t in (s.read_counted() for s in self.newer) if t.num_rows]
+                cols = [*self.primary_key, TOMBSTONE]
+                # Lance releases the GIL: read the sources side by side.
+                tables = [t for t in _READERS.map(lambda s: s.read_counted(cols), self.newer)
+                          if t.num_rows]
                 if tables:
-                    merged = pa.concat_tables(tables)
-                    self._winners = newest_per_key(merged, self.primary_key)
-                    self._keys = KeySet(self._winners.select(self.primary_key))
+                    self._winners = newest_per_key(pa.concat_tables(tables), self.primary_key)
                 else:
-                    self._winners = None
-                    self._keys = KeySet(pa.table({k: pa.array([], pa.int64())
-                                                  for k in self.primary_key}))
-            return (self._winners if self._winners is not None else pa.table({})), self._keys
+                    self._winners = pa.table({k: pa.array([], f.type) for k, f in
+                                              ((f.name, f) for f in self._key_fields())})
+                self._keys = KeySet(self._winners.select(self.primary_key))
+            assert self._winners is not None
+            return self._winners, self._keys
+
+    def _key_fields(self) -> list[pa.Field]:
+        schema = self.newer[0].schema if self.newer else None
+        if schema is None:
+            return [pa.field(k, pa.int64()) for k in self.primary_key]
+        return [schema.field(k) for k in self.primary_key]
 
     def execute(self) -> Iterator[pa.RecordBatch]:
         for i in range(self.num_partitions):
@@ -122,14 +154,27 @@ class DeduplicateExec(ExecNode):
             yield from self._base_rows(self.base_parts[i - 1], output)
 
     def _newer_rows(self, output: pa.Schema) -> Iterator[pa.RecordBatch]:
-        winners, _ = self.winners()
+        winners, keys = self.winners()
         if winners.num_rows == 0:
             return
-        live = winners.filter(pc.invert(winners.column(TOMBSTONE)))
-        if self.filter is not None and live.num_rows:
-            live = live.filter(self.filter)
-        if live.num_rows:
-            yield from _project(live, output, None).to_batches()
+        win_gen = winners.column(GEN).to_numpy()
+        win_addr = winners.column(ROWADDR).to_numpy()
+        win_dead = winners.column(TOMBSTONE).to_numpy(zero_copy_only=False)
+        wanted = [f.name for f in output if f.name not in (GEN, ROWADDR)]
+        columns = list(dict.fromkeys([*wanted, *self.primary_key, TOMBSTONE]))
+        # With a filter, only matching rows are read in full (the filter goes into Lance for
+        # generations); either way a row is output only if it is its key's newest version.
+        read_columns = None if self.filter is not None else columns
+        for rows in _READERS.map(lambda s: s.read_counted(read_columns, self.filter), self.newer):
+            if rows.num_rows == 0:
+                continue
+            pos = keys.positions(rows.select(self.primary_key))
+            hit = pos >= 0
+            safe = np.where(hit, pos, 0)
+            keep = (hit & (win_gen[safe] == rows.column(GEN).to_numpy())
+                    & (win_addr[safe] == rows.column(ROWADDR).to_numpy()) & ~win_dead[safe])
+            if keep.any():
+                yield from _project(rows.filter(pa.array(keep)), output, None).to_batches()
 
     def _base_scan(self, part: Sequence[int] | None, output: pa.Schema) -> BaseScanExec:
         assert self.base_dataset is not None

@@ -21,12 +21,14 @@ def _encoded(keys: pa.Table) -> pa.Array:
 
 
 class KeySet:
-    """An immutable set of primary keys.
+    """An immutable set of distinct primary keys that also tells where each key sits.
 
     Example:
         >>> s = KeySet(pa.table({"id": [3, 1]}))
         >>> s.contains(pa.table({"id": [1, 2, 3]})).tolist()
         [True, False, True]
+        >>> s.positions(pa.table({"id": [1, 2, 3]})).tolist()
+        [1, -1, 0]
     """
 
     def __init__(self, keys: pa.Table) -> None:
@@ -36,43 +38,51 @@ class KeySet:
         self._integer = col is not None and pa.types.is_integer(col.type)
         if self._integer:
             assert col is not None
-            self._sorted = np.unique(col.to_numpy())
+            values = col.to_numpy()
+            self._order = np.argsort(values, kind="stable")
+            self._sorted = values[self._order]
             return
         encoded = _encoded(keys)
         hashes = pk_hashes(pa.table({"k": encoded}))
-        order = np.argsort(hashes, kind="stable")
-        self._hashes = hashes[order]
-        self._values = encoded.take(pa.array(order))
+        self._order = np.argsort(hashes, kind="stable")
+        self._hashes = hashes[self._order]
+        self._values = encoded.take(pa.array(self._order))
 
     def __len__(self) -> int:
         return self._size
 
     def contains(self, keys: pa.Table | pa.RecordBatch) -> np.ndarray:
         """A boolean mask: which rows of ``keys`` (same key columns) are in the set."""
+        return self.positions(keys) >= 0
+
+    def positions(self, keys: pa.Table | pa.RecordBatch) -> np.ndarray:
+        """For each row of ``keys``, the row of the set's input holding that key, or -1."""
         n = keys.num_rows
+        out = np.full(n, -1, dtype=np.int64)
         if n == 0 or self._size == 0:
-            return np.zeros(n, dtype=bool)
+            return out
         if self._integer:
             probe = keys.column(0).to_numpy()
             idx = np.searchsorted(self._sorted, probe)
             idx[idx == len(self._sorted)] = 0
-            return self._sorted[idx] == probe
+            hit = self._sorted[idx] == probe
+            out[hit] = self._order[idx[hit]]
+            return out
         table = keys if isinstance(keys, pa.Table) else pa.Table.from_batches([keys])
         encoded = _encoded(table.select(self.columns))
         hashes = pk_hashes(pa.table({"k": encoded}))
         lo = np.searchsorted(self._hashes, hashes, side="left")
         hi = np.searchsorted(self._hashes, hashes, side="right")
-        hit = hi > lo
-        out = np.zeros(n, dtype=bool)
-        if not hit.any():
+        rows = np.nonzero(hi > lo)[0]
+        if len(rows) == 0:
             return out
-        rows = np.nonzero(hit)[0]
+        probe = encoded.take(pa.array(rows))
         # Almost always one candidate per hash; compare bytes for each candidate slot in turn.
-        width = int((hi - lo)[rows].max())
-        for j in range(width):
+        for j in range(int((hi - lo)[rows].max())):
             slot = lo[rows] + j
             valid = slot < hi[rows]
             cand = np.where(valid, slot, lo[rows])
-            same = pc.equal(encoded.take(pa.array(rows)), self._values.take(pa.array(cand)))
-            out[rows] |= valid & same.to_numpy(zero_copy_only=False)
+            same = pc.equal(probe, self._values.take(pa.array(cand)))
+            match = valid & same.to_numpy(zero_copy_only=False) & (out[rows] < 0)
+            out[rows[match]] = self._order[cand[match]]
         return out

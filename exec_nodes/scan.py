@@ -1,8 +1,9 @@
 """Leaf scans: the base table, a flushed generation, a live MemTable, a WAL tail.
 
-Every leaf below the base table yields *all* columns of its source (base columns and
-``_tombstone``) tagged with ``_gen`` and ``_rowaddr``: deduplication must see every newer version
-of a key, whatever the query's filter, so those sources are never filtered at the leaf. The base
+Every leaf below the base table yields rows of its source (base columns and ``_tombstone``)
+tagged with ``_gen`` and ``_rowaddr``, optionally only some columns or only rows matching a
+filter: deduplication reads the key columns of every row (it must see every newer version of a
+key, whatever the filter) and, for a filtered query, only the matching rows in full. The base
 table is the large one; it takes the projection and the filter directly in Lance.
 """
 
@@ -61,13 +62,19 @@ class SourceExec(ExecNode):
     def execute(self) -> Iterator[pa.RecordBatch]:
         yield from self.read_counted().to_batches()
 
-    def read_counted(self) -> pa.Table:
-        """Read the whole source, counting the open (tests check what a plan touched)."""
+    def read_counted(self, columns: Sequence[str] | None = None,
+                     filter: pc.Expression | None = None) -> pa.Table:
+        """Read the source (``columns`` plus ``_gen``/``_rowaddr``; rows matching ``filter``),
+        counting the open: tests check what a plan touched."""
         with self._lock:
             self.opened += 1
-        return self.read()
+        schema = self._schema
+        if columns is not None:
+            names = [*columns, GEN, ROWADDR]
+            schema = pa.schema([self._schema.field(c) for c in names])
+        return self.read(schema, filter)
 
-    def read(self) -> pa.Table:
+    def read(self, schema: pa.Schema, filter: pc.Expression | None) -> pa.Table:
         raise NotImplementedError
 
 
@@ -82,14 +89,15 @@ class GenerationScanExec(SourceExec):
         self.uri = uri
         self.storage_options = storage_options
 
-    def read(self) -> pa.Table:
+    def read(self, schema: pa.Schema, filter: pc.Expression | None) -> pa.Table:
         ds = lance.dataset(self.uri, storage_options=self.storage_options)
-        names = [f.name for f in self.schema if f.name in ds.schema.names]
-        table = ds.to_table(columns=names, with_row_address=True)
+        names = [f.name for f in schema if f.name in ds.schema.names]
+        table = ds.to_table(columns=names, filter=filter, with_row_address=True)
         addr = table.column(ROWADDR)
-        out = tag(table.drop_columns([ROWADDR]), self.generation, self.schema)
-        cols = [addr if f.name == ROWADDR else out.column(f.name) for f in self.schema]
-        return pa.Table.from_arrays(cols, schema=self.schema)
+        out = tag(table.drop_columns([ROWADDR]), self.generation, schema)
+        cols = [addr.cast(pa.uint64()) if f.name == ROWADDR else out.column(f.name)
+                for f in schema]
+        return pa.Table.from_arrays(cols, schema=schema)
 
     def describe(self) -> str:
         return f"{self.name}: region={self.region_id[:8]} gen={self.generation} " \
@@ -107,10 +115,13 @@ class MemTableScanExec(SourceExec):
         self.batches = list(batches)
         self.origin = origin
 
-    def read(self) -> pa.Table:
+    def read(self, schema: pa.Schema, filter: pc.Expression | None) -> pa.Table:
         if not self.batches:
-            return self.schema.empty_table()
-        return tag(pa.Table.from_batches(self.batches), self.generation, self.schema)
+            return schema.empty_table()
+        table = pa.Table.from_batches(self.batches)
+        names = [f.name for f in schema if f.name in table.column_names]
+        table = tag(table.select(names), self.generation, schema)
+        return table.filter(filter) if filter is not None else table
 
     def describe(self) -> str:
         rows = sum(b.num_rows for b in self.batches)

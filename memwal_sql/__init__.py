@@ -10,7 +10,6 @@ Example:
 
 from memwal_sql import errors
 from memwal_sql.index.region_spec import RegionSpec
-from memwal_sql.session import MemWalContext, connect
 from memwal_sql.table import MemWalTable, create_table, open_table, region_id_for
 from memwal_sql.writer.region_writer import RegionWriter, WriterConfig
 
@@ -27,3 +26,13 @@ __all__ = [
     "region_id_for",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # The session pulls in DataFusion and the read side (planner, exec nodes), which import
+    # back from this package: load it on first use.
+    if name in ("connect", "MemWalContext"):
+        from memwal_sql import session
+
+        return getattr(session, name)
+    raise AttributeError(f"module 'memwal_sql' has no attribute {name!r}")

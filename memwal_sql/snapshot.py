@@ -105,9 +105,12 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
         )
         unflushed: list[MemRows] = []
         if rid in memtables:
+            flushed = {g.generation for g in manifest.flushed_generations}
             for mt in memtables[rid]:
                 batches = tuple(mt.batches())
-                if batches:
+                # A MemTable whose flush committed after we listed it is read as the generation;
+                # one source per (region, generation) keeps row addresses unambiguous.
+                if batches and mt.generation not in flushed:
                     unflushed.append(MemRows(mt.generation, batches, "memtable"))
         elif consistency == "strong":
             tail = _wal_tail(table, rid, manifest.replay_after_wal_entry_position)

@@ -42,12 +42,12 @@ def batch(ks, seed):
 
 def expected(model: Model, filter: str | None, columns=None) -> pa.Table:
     table = model.table(SCHEMA)
-    if filter:
-        ctx = mw.connect()
-        ctx.register_record_batches("m", [table.to_batches() or [SCHEMA.empty_table().to_batches()]])
-        table = pa.Table.from_batches(
-            ctx.sql(f"SELECT * FROM m WHERE {filter}").to_arrow_table().to_batches(), schema=SCHEMA) \
-            if table.num_rows else table
+    if filter and table.num_rows:
+        ctx = mw.connect()  # the model's rows filtered by the same SQL, on a plain table
+        ctx.register_record_batches("m", [table.to_batches()])
+        got = ctx.sql(f"SELECT * FROM m WHERE {filter}").to_arrow_table()
+        table = pa.Table.from_batches(got.to_batches(), schema=SCHEMA) if got.num_rows \
+            else SCHEMA.empty_table()
     if columns:
         table = table.select(columns)
     return table.sort_by([(c, "ascending") for c in table.column_names])
