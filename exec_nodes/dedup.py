@@ -194,6 +194,11 @@ class DeduplicateExec(ExecNode):
                                     BASE_GENERATION).to_batches()
 
 
+def project_to(table: pa.Table, output: pa.Schema) -> pa.Table:
+    """``table`` (which carries ``_gen``) with exactly the columns of ``output``."""
+    return _project(table, output, None)
+
+
 def _project(table: pa.Table, output: pa.Schema, generation: int | None) -> pa.Table:
     """``table`` with exactly the columns of ``output`` (``_gen`` filled for base rows)."""
     if len(output) == 0:  # count(*): batches with rows but no columns

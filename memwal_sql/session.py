@@ -31,7 +31,10 @@ import pyarrow.dataset as pds
 from datafusion import SessionConfig, SessionContext, Table
 from datafusion import catalog as dfc
 
+from exec_nodes.dedup import project_to
 from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
+from planner.lookup import LookupPlan, lookup_keys, plan_lookup
+from planner.pruning import parse_filter
 from planner.scan import ScanPlan, output_schema, plan_scan
 
 if TYPE_CHECKING:
@@ -57,6 +60,33 @@ class _PartitionScanner:
     def to_batches(self) -> Iterator[pa.RecordBatch]:
         for batch in self.plan.root.execute_partition(self.index, self.projected_schema):
             yield batch
+
+
+class _LookupScanner:
+    def __init__(self, plan: LookupPlan, filter: pc.Expression | None, schema: pa.Schema) -> None:
+        self.plan = plan
+        self.filter = filter
+        self.projected_schema = schema
+
+    def to_batches(self) -> Iterator[pa.RecordBatch]:
+        rows = self.plan.execute()
+        if self.filter is not None and rows.num_rows:
+            rows = rows.filter(self.filter)  # the rest of the (Exact) pushed filter
+        if rows.num_rows:
+            yield from project_to(rows, self.projected_schema).to_batches()
+
+
+class _LookupFragment:
+    def __init__(self, dataset: MemWalDataset, plan: LookupPlan,
+                 filter: pc.Expression | None) -> None:
+        self.dataset = dataset
+        self.plan = plan
+        self.filter = filter
+
+    def scanner(self, schema: Any = None, columns: list[str] | None = None,
+                filter: pc.Expression | None = None, batch_size: int | None = None,
+                **_: Any) -> _LookupScanner:
+        return _LookupScanner(self.plan, self.filter, self.dataset.project(columns))
 
 
 class _PartitionFragment:
@@ -88,7 +118,7 @@ class MemWalDataset(pds.Dataset):
         self._schema = output_schema(table.schema, system_columns)
         self._snapshot: TableSnapshot | None = None
         self._lock = threading.Lock()
-        self.last_plan: ScanPlan | None = None
+        self.last_plan: ScanPlan | LookupPlan | None = None
 
     @property
     def schema(self) -> pa.Schema:  # type: ignore[override]
@@ -109,8 +139,14 @@ class MemWalDataset(pds.Dataset):
                 **_: Any) -> _Projection:
         return _Projection(self.project(columns))
 
-    def get_fragments(self, filter: pc.Expression | None = None) -> list[_PartitionFragment]:  # type: ignore[override]
-        plan = plan_scan(self.snapshot(), self._table.region_spec, self._table.schema, filter,
+    def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:  # type: ignore[override]
+        table = self._table
+        keys = lookup_keys(parse_filter(filter, table.schema), table.primary_key, table.schema)
+        if keys is not None:  # WHERE pk = v / pk IN (...): the point-lookup plan
+            lookup = plan_lookup(self.snapshot(), table.store, table.region_spec, keys)
+            self.last_plan = lookup
+            return [_LookupFragment(self, lookup, filter)]
+        plan = plan_scan(self.snapshot(), table.region_spec, table.schema, filter,
                          system_columns=self._system_columns, partitions=self._partitions)
         self.last_plan = plan
         # Partition 0 (the newer sources) always exists: DataFusion breaks on zero fragments.
@@ -208,7 +244,7 @@ class MemWalContext(SessionContext):
         self.memwal_schema.add(name, table, consistency=consistency,
                                system_columns=system_columns)
 
-    def last_plan(self, name: str) -> ScanPlan | None:
+    def last_plan(self, name: str) -> ScanPlan | LookupPlan | None:
         """The scan plan of the last query that read MemWAL table ``name``."""
         ds = self.memwal_schema.last_datasets.get(name)
         return ds.last_plan if ds is not None else None

@@ -247,6 +247,41 @@ class MemWalTable:
         _, df, _ = self._select(None, filter, consistency, False, what="count(*) AS n")
         return int(df.to_pydict()["n"][0])
 
+    def lookup(
+        self,
+        keys: Any,
+        columns: Sequence[str] | None = None,
+        *,
+        consistency: str = "strong",
+        with_system_columns: bool = False,
+    ) -> pa.Table:
+        """The latest live row of each key (absent and deleted keys are left out), in the order
+        of ``keys``: an array or list of keys, or a table of the key columns (composite keys).
+
+        Each source is probed once per call, newest first, generations behind their bloom
+        filters, the base table through its primary-key btree.
+
+        Example:
+            ``tbl.lookup([3, 1, 42], columns=["name"])``
+        """
+        from memwal_sql.snapshot import take_snapshot
+        from planner.lookup import plan_lookup
+
+        key_table = self._layout_rows.keys(keys)
+        plan = plan_lookup(take_snapshot(self, consistency), self.store, self.region_spec,
+                           key_table)
+        self.last_lookup_plan = plan
+        rows = plan.execute()
+        if rows.num_rows:  # input order, first occurrence of each key
+            from exec_nodes.keyset import KeySet
+
+            where = KeySet(key_table).positions(rows.select(list(self.primary_key)))
+            rows = rows.take(pa.array(np.argsort(where, kind="stable")))
+        names = list(columns) if columns is not None else list(self.schema.names)
+        if with_system_columns:
+            names += ["_gen", "_rowaddr"]
+        return rows.select(names)
+
     def explain(
         self,
         filter: str | None = None,
@@ -264,6 +299,14 @@ class MemWalTable:
         plan = ctx.last_plan(name)
         assert plan is not None
         return plan.explain()
+
+    def explain_lookup(self, keys: Any, *, consistency: str = "strong") -> str:
+        """The point-lookup plan of ``keys`` (see :meth:`lookup`)."""
+        from memwal_sql.snapshot import take_snapshot
+        from planner.lookup import plan_lookup
+
+        return plan_lookup(take_snapshot(self, consistency), self.store, self.region_spec,
+                           self._layout_rows.keys(keys)).explain()
 
     # ---- routed writes -----------------------------------------------------------------------
 
@@ -475,6 +518,7 @@ def create_table(
         ds = lance.write_dataset(data, uri, schema=schema, mode="create", storage_options=opts)
     spec = spec.bind(_plain_schema(ds.schema))
     ds = create_mem_wal_index(ds, _index_details(ds, spec), opts)
+    ds = _ensure_key_index(ds, keys, uri, opts)
     return MemWalTable(uri, ds, primary_key=keys, region_spec=spec, storage_options=opts,
                        writer_config=writer_config)
 
@@ -520,6 +564,15 @@ def open_table(
         spec = RegionSpec.from_proto(msg, names).bind(_plain_schema(ds.schema))
     return MemWalTable(uri, ds, primary_key=keys, region_spec=spec, storage_options=opts,
                        writer_config=writer_config)
+
+
+def _ensure_key_index(ds: lance.LanceDataset, keys: Sequence[str], uri: str,
+                      opts: dict[str, str] | None) -> lance.LanceDataset:
+    """A btree index on the (first) primary-key column, which point lookups probe."""
+    if any(i["fields"] == [keys[0]] for i in ds.list_indices()):
+        return ds
+    ds.create_scalar_index(keys[0], "BTREE", name=f"{keys[0]}_pk_btree")
+    return lance.dataset(uri, storage_options=opts)
 
 
 def _try_dataset(uri: str, storage_options: dict[str, str] | None) -> lance.LanceDataset | None:

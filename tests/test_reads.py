@@ -216,3 +216,31 @@ def test_our_reads_of_a_lance_written_table_equal_lsm_scanner(tmp_path):
     assert ours == model.table(SCHEMA).cast(ours.schema)
     assert tbl.count_rows("n > 30") == LsmScanner.from_snapshots(
         lance.dataset(uri), lance_snapshots(uri)).filter("n > 30").count_rows()
+
+
+@pytest.mark.interop
+def test_generations_merged_into_the_base_table_are_skipped(tmp_path):
+    from lance.mem_wal import CompactedSsTable
+
+    tbl = mw.create_table(str(tmp_path), batch([1, 2], 0), primary_key="k")
+    with tbl.writer() as w:
+        w.upsert(batch([1], 7))  # generation 1 holds k=1 at seed 7
+    # A merger folds generation 1 into the base table and records it, atomically (Lance's API);
+    # then the base row moves on (seed 9). A reader that kept generation 1 would resurrect seed 7.
+    ds = lance.dataset(str(tmp_path))
+    ds.merge_insert("k").when_matched_update_all().when_not_matched_insert_all() \
+        .mark_sstables_as_compacted([CompactedSsTable(w.region_id, 1)]).execute(batch([1], 7))
+    lance.dataset(str(tmp_path)).merge_insert("k").when_matched_update_all() \
+        .when_not_matched_insert_all().execute(batch([1], 9))
+    assert tbl.merged_generations() == {w.region_id: 1}
+    got = tbl.to_arrow().sort_by("k")
+    assert got == pa.concat_tables([batch([1], 9), batch([2], 0)]).cast(got.schema)
+
+
+def test_register_by_uri(tmp_path):
+    tbl = mw.create_table(str(tmp_path), batch([1, 2], 0), primary_key="k")
+    with tbl.writer() as w:
+        w.delete([2])
+    ctx = mw.connect()
+    ctx.register("t", str(tmp_path))
+    assert ctx.sql("SELECT k FROM t").to_pydict() == {"k": [1]}

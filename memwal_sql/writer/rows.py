@@ -111,6 +111,15 @@ class RowCoercer:
             self._false = pa.array(np.zeros(max(n, 2 * len(self._false)), dtype=bool))
         return self._false.slice(0, n)
 
+    def keys(self, keys: Any) -> pa.Table:
+        """Key columns only, cast to the key types (an array/list for a one-column key).
+
+        Example:
+            >>> RowCoercer(pa.schema([pa.field("id", pa.int64(), False)]), ["id"]).keys([1]).schema
+            id: int64 not null
+        """
+        return self.deletes(keys).select(self.primary_key)
+
     def _check_keys(self, table: pa.Table, names: set[str]) -> None:
         missing = [k for k in self.primary_key if k not in names]
         if missing:

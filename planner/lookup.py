@@ -1,0 +1,153 @@
+"""Plan primary-key point lookups (the spec's point-lookup plan), in batches.
+
+Per region: the live MemTables and then the flushed generations, newest first, each generation
+behind its bloom filter, in a :class:`CoalesceFirstExec` that stops at the first hit; the base
+table (through its primary-key btree) last, for the keys no region resolved. Keys are routed to
+their region by the region spec when the spec reads only key columns; otherwise every region is
+probed. A tombstone in a newer source resolves a key as absent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from exec_nodes.base import ExecNode
+from exec_nodes.keyset import KeySet
+from exec_nodes.lookup import (
+    BaseLookupExec,
+    BloomFilterGuardExec,
+    CoalesceFirstExec,
+    TakeLastExec,
+    live_rows,
+)
+from exec_nodes.scan import source_schema
+from memwal_sql.index.region_spec import RegionSpec
+from memwal_sql.snapshot import TableSnapshot
+from memwal_sql.storage import ObjectStore
+from memwal_sql.writer.generation import BLOOM_FILTER
+from planner.predicate import And, Cmp, In, Node
+
+MAX_SQL_LOOKUP_KEYS = 1024  # larger IN lists are scanned (pyarrow hands over at most 20 values)
+
+
+@dataclass
+class LookupPlan:
+    """Per-region newest-first probes, then the base table."""
+
+    snapshot: TableSnapshot
+    keys: pa.Table
+    regions: list[tuple[str, pa.Table, CoalesceFirstExec]]
+    base: BaseLookupExec
+    direct_to_base: pa.Table
+    nodes: list[ExecNode] = field(default_factory=list)
+
+    def execute(self) -> pa.Table:
+        """The newest live row of every requested key that exists (tombstones dropped)."""
+        found, remaining = [], [self.direct_to_base]
+        for _, keys, node in self.regions:
+            rows, rest = node.take_last(keys)
+            found.append(rows)
+            remaining.append(rest)
+        rest = pa.concat_tables([r.select(self.base.primary_key) for r in remaining if r.num_rows]) \
+            if any(r.num_rows for r in remaining) else None
+        if rest is not None and rest.num_rows:
+            found.append(self.base.take_last(_distinct(rest)))
+        rows = pa.concat_tables(found) if found else self.base.schema.empty_table()
+        return live_rows(rows)
+
+    def explain(self) -> str:
+        lines = [f"MemWAL point lookup: {self.keys.num_rows} key(s), base version "
+                 f"{self.snapshot.base_version}, consistency={self.snapshot.consistency}"]
+        for rid, keys, node in self.regions:
+            lines.append(f"region {rid[:8]}: {keys.num_rows} key(s)")
+            lines.append(node.explain(1))
+        lines.append(self.base.explain(0) + "  (keys no region resolved)")
+        return "\n".join(lines)
+
+
+def _distinct(keys: pa.Table) -> pa.Table:
+    return keys.group_by(keys.column_names, use_threads=False).aggregate([])
+
+
+def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | None,
+                keys: pa.Table) -> LookupPlan:
+    """Build the lookup plan of ``keys`` (a table of the primary-key columns)."""
+    pk = list(snapshot.primary_key)
+    keys = _distinct(keys.select(pk))
+    schema = source_schema(snapshot.wal_schema)
+    opts = dict(snapshot.storage_options or {}) or None
+    routable = spec is not None and set(spec.source_columns) <= set(pk) and bool(spec.fields)
+    by_values: dict[tuple[Any, ...], pa.Table] = {}
+    if routable:
+        assert spec is not None
+        for values, idx in spec.group_rows(keys).items():
+            by_values[tuple(values)] = keys.take(pa.array(idx))
+    regions = []
+    routed = 0
+    for region in snapshot.regions:
+        if routable and region.region_values is not None:
+            region_keys = by_values.get(tuple(region.region_values))
+            if region_keys is None:
+                continue
+            routed += region_keys.num_rows
+        else:
+            region_keys = keys  # cannot route: this region may hold any key
+        children: list[ExecNode] = []
+        for mem in region.unflushed:
+            children.append(TakeLastExec(region.region_id, mem.generation, schema, pk,
+                                         batches=mem.batches, origin=mem.origin))
+        for gen in sorted(region.generations, key=lambda g: -g.generation):
+            take = TakeLastExec(region.region_id, gen.generation, schema, pk, uri=gen.uri,
+                                storage_options=opts)
+            rel = gen.uri[len(store.uri) + 1:] if gen.uri.startswith(store.uri) else gen.uri
+            children.append(BloomFilterGuardExec(take, store, f"{rel}/{BLOOM_FILTER}"))
+        if children:
+            regions.append((region.region_id, region_keys,
+                            CoalesceFirstExec(children, pk, schema,
+                                              label=f"region {region.region_id[:8]}")))
+    # Keys whose region has no sources (or no region at all) go straight to the base table.
+    covered = [k for _, k, _ in regions]
+    if covered:
+        seen = KeySet(_distinct(pa.concat_tables(covered)))
+        direct = keys.filter(pa.array(~seen.contains(keys)))
+    else:
+        direct = keys
+    base = BaseLookupExec(snapshot.dataset, schema, pk)
+    return LookupPlan(snapshot, keys, regions, base, direct)
+
+
+def lookup_keys(predicate: Node | None, primary_key: Sequence[str], schema: pa.Schema,
+                max_keys: int = MAX_SQL_LOOKUP_KEYS) -> pa.Table | None:
+    """The key set a filter pins down (``pk = v``, ``pk IN (...)``, conjunctions thereof), or
+    None when the filter is not a point lookup."""
+    pk = list(primary_key)
+    values: dict[str, list[Any]] = {}
+
+    def visit(node: Node) -> bool:
+        if isinstance(node, And):
+            return visit(node.left) | visit(node.right)
+        if isinstance(node, Cmp) and node.op == "==" and node.column in pk:
+            values.setdefault(node.column, [node.value])
+            return True
+        if isinstance(node, In) and node.column in pk:
+            values.setdefault(node.column, list(node.values))
+            return True
+        return False  # other conjuncts are applied to the looked-up rows
+
+    if predicate is None:
+        return None
+    visit(predicate)
+    if set(values) != set(pk) or any(v is None for vs in values.values() for v in vs):
+        return None
+    if len(pk) == 1:
+        vals = values[pk[0]]
+        if len(vals) > max_keys:
+            return None
+        return pa.table({pk[0]: pa.array(vals, schema.field(pk[0]).type)})
+    if any(len(v) != 1 for v in values.values()):  # composite: one key only
+        return None
+    return pa.table({k: pa.array(values[k], schema.field(k).type) for k in pk})

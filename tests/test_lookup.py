@@ -1,0 +1,170 @@
+"""Point lookups against the model, what they touch, and SQL taking the lookup plan."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+
+import pyarrow as pa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import memwal_sql as mw
+from exec_nodes.lookup import BaseLookupExec, BloomFilterGuardExec, TakeLastExec
+from planner.lookup import LookupPlan
+from tests.lsm import Model
+
+SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
+COMPOSITE = pa.schema([pa.field("a", pa.string(), False), pa.field("b", pa.int32(), False),
+                       pa.field("v", pa.int64())])
+
+keys = st.lists(st.integers(0, 25), min_size=1, max_size=8, unique=True)
+ops = st.lists(st.one_of(
+    st.tuples(st.just("upsert"), keys, st.integers(0, 99)),
+    st.tuples(st.just("delete"), keys, st.just(0)),
+    st.tuples(st.sampled_from(["flush", "close", "crash", "reopen"]), st.just([]), st.just(0)),
+), min_size=1, max_size=20)
+
+
+def batch(ks, seed):
+    return pa.table({"k": ks, "v": [f"v{k}-{seed}" for k in ks]}, schema=SCHEMA)
+
+
+def check(tbl, model, probe):
+    got = tbl.lookup(probe)
+    want = [model.rows[(k,)] for k in probe if (k,) in model.rows]
+    assert got.to_pylist() == want
+    ctx = mw.connect()
+    ctx.register("t", tbl)
+    # pyarrow prints (and so hands over) at most 20 IN values; longer lists are scanned.
+    for part in (probe[:20], probe[20:]):
+        sql = ctx.sql(f"SELECT * FROM t WHERE k IN ({', '.join(map(str, part))}) ORDER BY k")
+        assert sql.to_pylist() == sorted([r for r in want if r["k"] in part],
+                                         key=lambda r: r["k"])
+        assert isinstance(ctx.last_plan("t"), LookupPlan)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=ops, bucketed=st.booleans())
+def test_lookups_match_the_model(ops, bucketed):
+    with tempfile.TemporaryDirectory() as d:
+        tbl = mw.create_table(d, batch(list(range(0, 26, 2)), 0), primary_key="k",
+                              region_spec=mw.RegionSpec.bucket("k", 3) if bucketed else None,
+                              writer_config=mw.WriterConfig(max_memtable_rows=5))
+        model = Model(["k"])
+        model.upsert(batch(list(range(0, 26, 2)), 0))
+        for op, ks, seed in ops:
+            if op == "upsert":
+                tbl.upsert(batch(ks, seed))
+                model.upsert(batch(ks, seed))
+            elif op == "delete":
+                tbl.delete(ks)
+                model.delete(pa.table({"k": ks}))
+            elif op == "flush":
+                tbl.flush()
+            elif op == "close":
+                tbl.close()
+            elif op == "crash":
+                tbl._writers.clear()
+            else:
+                tbl = mw.open_table(d, writer_config=tbl.writer_config)
+        probe = list(range(27))  # present, absent, deleted and re-inserted keys
+        check(tbl, model, probe)
+        check(mw.open_table(d), model, probe)  # another handle: WAL tails
+        tbl.close()
+
+
+def test_composite_keys(tmp_path):
+    rows = pa.table({"a": ["x", "x", "y"], "b": [1, 2, 1], "v": [1, 2, 3]}, schema=COMPOSITE)
+    tbl = mw.create_table(str(tmp_path), rows, primary_key=["a", "b"],
+                          region_spec=mw.RegionSpec.bucket("a", 2))
+    tbl.upsert(pa.table({"a": ["x"], "b": [2], "v": [20]}, schema=COMPOSITE))
+    tbl.flush()
+    tbl.delete(pa.table({"a": ["y"], "b": [1]}))
+    tbl.upsert(pa.table({"a": ["z"], "b": [9], "v": [90]}, schema=COMPOSITE))
+    probe = pa.table({"a": ["z", "y", "x", "x", "q"], "b": [9, 1, 2, 1, 1]})
+    assert tbl.lookup(probe).to_pylist() == [
+        {"a": "z", "b": 9, "v": 90}, {"a": "x", "b": 2, "v": 20}, {"a": "x", "b": 1, "v": 1}]
+    ctx = mw.connect()
+    ctx.register("t", tbl)
+    assert ctx.sql("SELECT v FROM t WHERE a = 'x' AND b = 2").to_pydict() == {"v": [20]}
+    assert isinstance(ctx.last_plan("t"), LookupPlan)
+    tbl.close()
+
+
+def _nodes(plan):
+    out = []
+    for _, _, coalesce in plan.regions:
+        out.extend(coalesce.children)
+    return out
+
+
+def test_a_hit_in_the_newest_memtable_opens_nothing_older(tmp_path):
+    tbl = mw.create_table(str(tmp_path), batch([1, 2, 3], 0), primary_key="k")
+    with tbl.writer() as w:
+        w.upsert(batch([1, 2], 1))
+        w.flush()
+        w.upsert(batch([1], 2))
+        assert tbl.lookup([1]).to_pylist() == [{"k": 1, "v": "v1-2"}]
+        plan = tbl.last_lookup_plan
+        memtable, guarded = _nodes(plan)
+        assert isinstance(memtable, TakeLastExec) and memtable.probes == 1
+        assert isinstance(guarded, BloomFilterGuardExec)
+        assert guarded.passed == 0 and guarded.skipped == 0 and guarded.child.probes == 0
+        assert plan.base.probes == 0
+
+
+def test_a_key_every_bloom_filter_rules_out_touches_only_the_base_index(tmp_path):
+    tbl = mw.create_table(str(tmp_path), batch([1000], 0), primary_key="k",
+                          writer_config=mw.WriterConfig(max_memtable_rows=50))
+    with tbl.writer() as w:
+        for i in range(4):
+            w.upsert(batch(list(range(i * 50, i * 50 + 50)), i))
+    assert tbl.lookup([1000]).to_pylist() == [{"k": 1000, "v": "v1000-0"}]
+    plan = tbl.last_lookup_plan
+    guards = [n for n in _nodes(plan) if isinstance(n, BloomFilterGuardExec)]
+    assert len(guards) == 4
+    assert all(g.skipped == 1 and g.child.probes == 0 for g in guards)
+    assert isinstance(plan.base, BaseLookupExec) and plan.base.probes == 1
+    assert "btree=yes" in plan.base.describe()
+
+
+def test_batched_lookup_probes_each_source_once(tmp_path):
+    tbl = mw.create_table(str(tmp_path), batch(list(range(5000)), 0), primary_key="k",
+                          region_spec=mw.RegionSpec.bucket("k", 2))
+    tbl.upsert(batch(list(range(0, 5000, 3)), 1))
+    tbl.flush()
+    tbl.upsert(batch(list(range(0, 5000, 7)), 2))
+    got = tbl.lookup(list(range(4000, -1, -1)))
+    assert got.num_rows == 4001
+    assert got.column("k").to_pylist() == list(range(4000, -1, -1))
+    plan = tbl.last_lookup_plan
+    assert all(n.probes <= 1 for n in _nodes(plan) if isinstance(n, TakeLastExec))
+    assert all(g.child.probes <= 1 for g in _nodes(plan) if isinstance(g, BloomFilterGuardExec))
+    assert plan.base.probes == 1
+    tbl.close()
+
+
+def test_lookups_while_a_writer_writes(tmp_path):
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="k",
+                          writer_config=mw.WriterConfig(max_memtable_rows=200))
+    acked: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def write():
+        for v in range(1, 150):
+            ks = [(v * 11 + j) % 300 for j in range(10)]
+            tbl.upsert(batch(ks, v))
+            with lock:
+                acked.update({k: v for k in ks})
+
+    t = threading.Thread(target=write)
+    t.start()
+    while t.is_alive():
+        with lock:
+            before = dict(acked)
+        got = {r["k"]: int(r["v"].split("-")[1]) for r in tbl.lookup(list(range(300))).to_pylist()}
+        for k, v in before.items():
+            assert got.get(k, -1) >= v
+    t.join()
+    tbl.close()
