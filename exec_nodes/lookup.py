@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode
+from exec_nodes.dedup import newest_per_key
 from exec_nodes.keyset import KeySet
 from exec_nodes.scan import tag
 from memwal_sql.errors import ObjectNotFoundError
@@ -32,6 +33,7 @@ from memwal_sql.storage import ObjectStore
 from memwal_sql.writer.bloom import BloomFilter, pk_hashes
 from memwal_sql.writer.pk_index import read_pk_index
 
+HASH = "__memwal_key_hash"  # keys may carry their bloom hashes, computed once per lookup
 _CACHE_SIZE = 256
 _cache: OrderedDict[tuple[str, str], object] = OrderedDict()
 _cache_lock = threading.Lock()
@@ -106,7 +108,7 @@ class TakeLastExec(LookupSource):
         self.batches = list(batches or [])
         self.storage_options = storage_options
         self.origin = origin
-        self._mem: tuple[pa.Table, KeySet, np.ndarray] | None = None
+        self._mem: pa.Table | None = None
 
     def describe(self) -> str:
         where = self.uri.rsplit("/", 1)[-1] if self.uri else f"{self.origin} " \
@@ -134,13 +136,14 @@ class TakeLastExec(LookupSource):
             return _key_index(table, index.column("ids").to_numpy())
 
         keyset, ids = _cached("pk_index", uri, load)  # type: ignore[misc]
-        probe = keys if len(self.primary_key) == 1 else _encoded_keys(keys)
+        probe = keys.select(self.primary_key) if len(self.primary_key) == 1 \
+            else _encoded_keys(keys.select(self.primary_key))
         pos = keyset.positions(probe)
         hit = pos >= 0
         if not hit.any():
             return self.schema.empty_table()
         row_ids = ids[pos[hit]].astype(np.uint64)
-        ds = lance.dataset(uri, storage_options=opts)
+        ds = _cached("dataset", uri, lambda: lance.dataset(uri, storage_options=opts))
         names = [f.name for f in self.schema if f.name in ds.schema.names]
         # Row addresses of fragment 0 are the offsets the _pk_index stores.
         rows = ds._take_rows(pa.array(row_ids), columns=names)
@@ -151,17 +154,29 @@ class TakeLastExec(LookupSource):
     def _from_memtable(self, keys: pa.Table) -> pa.Table:
         with self._lock:
             if self._mem is None:
-                table = tag(pa.Table.from_batches(self.batches), self.generation, self.schema) \
-                    if self.batches else self.schema.empty_table()
-                keyset, last = _key_index(table.select(self.primary_key),
-                                          np.arange(table.num_rows))
-                self._mem = (table, keyset, last)
-            table, keyset, last = self._mem
-        pos = keyset.positions(keys.select(self.primary_key))
-        hit = pos >= 0
-        if not hit.any():
+                self._mem = tag(pa.Table.from_batches(self.batches), self.generation,
+                                self.schema) if self.batches else self.schema.empty_table()
+            table = self._mem
+        # One pass over the MemTable's key column(s) with the requested keys as the small set,
+        # then the last occurrence of each matching key: cheaper than indexing the MemTable.
+        if len(self.primary_key) == 1:
+            k = self.primary_key[0]
+            mask = pc.is_in(table.column(k), value_set=keys.column(k).combine_chunks())
+        else:
+            k = self.primary_key[0]
+            mask = pc.is_in(table.column(k), value_set=pc.unique(keys.column(k).combine_chunks()))
+        idx = np.nonzero(mask.to_numpy(zero_copy_only=False))[0]
+        if len(idx) == 0:
             return self.schema.empty_table()
-        return table.take(pa.array(last[pos[hit]]))
+        cand = table.take(pa.array(idx))
+        if len(self.primary_key) > 1:
+            exact = KeySet(keys.select(self.primary_key)).contains(cand.select(self.primary_key))
+            cand = cand.filter(pa.array(exact))
+        newest = newest_per_key(cand, self.primary_key)
+        if newest.num_rows == cand.num_rows:
+            return cand
+        # A MemTable row's address is its position, so the winners are taken straight back.
+        return table.take(pa.array(newest.column(ROWADDR).to_numpy().astype(np.int64)))
 
 
 class BaseLookupExec(LookupSource):
@@ -229,7 +244,9 @@ class BloomFilterGuardExec(ExecNode):
 
         bloom = _cached("bloom", self.store.uri_for(self.bloom_path), load)
         if bloom is not None:
-            mask = bloom.might_contain(pk_hashes(keys))  # type: ignore[union-attr]
+            hashes = (keys.column(HASH).to_numpy() if HASH in keys.column_names
+                      else pk_hashes(keys))
+            mask = bloom.might_contain(hashes)  # type: ignore[union-attr]
             self.skipped += int((~mask).sum())
             if not mask.any():
                 return self.schema.empty_table()

@@ -77,6 +77,7 @@ class MemWalTable:
         self.region_spec = region_spec
         self.writer_config = writer_config or WriterConfig()
         self._dataset = dataset
+        self._session = dataset.session()
         self.schema = _plain_schema(dataset.schema)
         self.store = ObjectStore(uri, self.storage_options)
         self._layout_rows = RowCoercer(self.schema, self.primary_key)
@@ -97,8 +98,13 @@ class MemWalTable:
     # ---- base table ---------------------------------------------------------------------------
 
     def dataset(self, version: int | None = None) -> lance.LanceDataset:
-        """The base Lance dataset (latest version unless ``version`` is given)."""
-        return lance.dataset(self.uri, version=version, storage_options=self.storage_options or None)
+        """The base Lance dataset (latest version unless ``version`` is given).
+
+        Every open shares one Lance session, so index and metadata caches (the primary-key
+        btree that point lookups probe) survive from one snapshot to the next.
+        """
+        return lance.dataset(self.uri, version=version, storage_options=self.storage_options or None,
+                             session=self._session)
 
     # ---- regions ------------------------------------------------------------------------------
 

@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
 from exec_nodes.keyset import KeySet
 from exec_nodes.lookup import (
+    HASH,
     BaseLookupExec,
     BloomFilterGuardExec,
     CoalesceFirstExec,
@@ -28,6 +30,7 @@ from exec_nodes.scan import source_schema
 from memwal_sql.index.region_spec import RegionSpec
 from memwal_sql.snapshot import TableSnapshot
 from memwal_sql.storage import ObjectStore
+from memwal_sql.writer.bloom import pk_hashes
 from memwal_sql.writer.generation import BLOOM_FILTER
 from planner.predicate import And, Cmp, In, Node
 
@@ -49,6 +52,8 @@ class LookupPlan:
         """The newest live row of every requested key that exists (tombstones dropped)."""
         found, remaining = [], [self.direct_to_base]
         for _, keys, node in self.regions:
+            # Hash each key once for every bloom filter it meets.
+            keys = keys.append_column(HASH, pa.array(pk_hashes(keys)))
             rows, rest = node.take_last(keys)
             found.append(rows)
             remaining.append(rest)
@@ -70,6 +75,8 @@ class LookupPlan:
 
 
 def _distinct(keys: pa.Table) -> pa.Table:
+    if keys.num_columns == 1:
+        return pa.table({keys.column_names[0]: pc.unique(keys.column(0).combine_chunks())})
     return keys.group_by(keys.column_names, use_threads=False).aggregate([])
 
 

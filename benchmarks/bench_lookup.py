@@ -1,0 +1,129 @@
+"""Point-lookup benchmark: memwal-sql's lookups against Lance 14's LsmPointLookupPlanner.
+
+Same layout as ``bench_read.py`` (base table, several flushed generations per region, live
+MemTables). Measured in one run, on the same files:
+
+* single-key lookups of present keys (spread over base, generations and MemTables) and of absent
+  keys: p50 and p99 latency;
+* batches of 1,000 keys: keys/s.
+
+Lance's planner reads base + flushed generations (it cannot see our live MemTables); memwal-sql
+reads those plus the MemTables. Prints a table with ratios (> 1: memwal-sql faster) and writes
+JSON (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+
+import lance
+import numpy as np
+import pyarrow as pa
+from lance.mem_wal import LsmPointLookupPlanner, ShardSnapshot
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_read import build  # noqa: E402
+
+from memwal_sql.manifest import RegionManifestStore  # noqa: E402
+
+
+def lance_planner(tbl) -> LsmPointLookupPlanner:
+    snaps = []
+    for rid in tbl.regions():
+        m = RegionManifestStore(tbl.store, rid).latest()
+        snap = ShardSnapshot(rid)
+        for g in m.flushed_generations:
+            snap = snap.with_sstable(g.generation, g.path)
+        snaps.append(snap)
+    return LsmPointLookupPlanner(lance.dataset(tbl.uri), snaps)
+
+
+def latencies(fn, keys) -> np.ndarray:
+    out = []
+    for k in keys:
+        t0 = time.perf_counter()
+        fn(k)
+        out.append(time.perf_counter() - t0)
+    return np.array(out) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--base-rows", type=int, default=500_000)
+    ap.add_argument("--upserts", type=int, default=500_000)
+    ap.add_argument("--memtable-rows", type=int, default=40_000)
+    ap.add_argument("--single", type=int, default=200, help="single-key lookups per kind")
+    ap.add_argument("--batches", type=int, default=10, help="1,000-key batches")
+    ap.add_argument("--out", default="benchmarks/results/bench_lookup.json")
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="memwal-bench-lookup-")
+    try:
+        tbl = build(f"{work}/t", args.base_rows, args.upserts, args.memtable_rows)
+        for w in tbl.live_writers().values():
+            w._wal.flush()
+        max_id = args.base_rows + args.upserts
+        rng = np.random.default_rng(7)
+        present = rng.integers(0, max_id, args.single * 4).astype(np.int64)
+        present = [int(k) for k in present if tbl.lookup([int(k)], columns=["id"]).num_rows][
+            : args.single]
+        absent = [int(k) for k in rng.integers(10 * max_id, 20 * max_id, args.single)]
+        planner = lance_planner(tbl)
+
+        def ours(k: int) -> int:
+            return tbl.lookup([k]).num_rows
+
+        def theirs(k: int) -> int:
+            return planner.plan_lookup(pa.array([k], pa.int64())).to_table().num_rows
+
+        for fn in (ours, theirs):  # warm caches (pk indexes, bloom filters, file handles)
+            for k in present[:20] + absent[:20]:
+                fn(k)
+        rows = []
+        for kind, ks in (("present", present), ("absent", absent)):
+            a, b = latencies(ours, ks), latencies(theirs, ks)
+            rows.append({"kind": kind, "memwal_p50_ms": float(np.median(a)),
+                         "memwal_p99_ms": float(np.percentile(a, 99)),
+                         "lance_p50_ms": float(np.median(b)),
+                         "lance_p99_ms": float(np.percentile(b, 99))})
+        batch_keys = [rng.integers(0, max_id, 1000).astype(np.int64) for _ in range(args.batches)]
+        t0 = time.perf_counter()
+        for ks in batch_keys:
+            tbl.lookup(pa.array(ks))
+        ours_kps = 1000 * args.batches / (time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        n_lance = max(1, args.batches // 5)
+        for ks in batch_keys[:n_lance]:  # Lance's planner takes one key per plan
+            for k in ks:
+                planner.plan_lookup(pa.array([k], pa.int64())).to_table()
+        lance_kps = 1000 * n_lance / (time.perf_counter() - t0)
+
+        print(f"\n{'single key':<12}{'memwal p50':>12}{'memwal p99':>12}{'lance p50':>12}"
+              f"{'lance p99':>12}{'p50 ratio':>11}")
+        for r in rows:
+            print(f"{r['kind']:<12}{r['memwal_p50_ms']:>10.2f}ms{r['memwal_p99_ms']:>10.2f}ms"
+                  f"{r['lance_p50_ms']:>10.2f}ms{r['lance_p99_ms']:>10.2f}ms"
+                  f"{r['lance_p50_ms'] / r['memwal_p50_ms']:>11.1f}")
+        print(f"\nbatched 1,000 keys: memwal {ours_kps:,.0f} keys/s, lance (one plan per key) "
+              f"{lance_kps:,.0f} keys/s, ratio {ours_kps / lance_kps:.1f}")
+        print("\nexplained: tbl.explain_lookup([present[0]])\n" + tbl.explain_lookup([present[0]]))
+        tbl.close()
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                                   "lance": lance.__version__},
+                       "single": rows, "batched_keys_per_s": {"memwal": ours_kps,
+                                                              "lance": lance_kps}}, f, indent=2)
+        print(f"\nwrote {args.out}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
