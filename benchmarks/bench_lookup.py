@@ -26,23 +26,16 @@ import time
 import lance
 import numpy as np
 import pyarrow as pa
-from lance.mem_wal import LsmPointLookupPlanner, ShardSnapshot
+from lance.mem_wal import LsmPointLookupPlanner
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_read import build  # noqa: E402
 
-from memwal_sql.manifest import RegionManifestStore  # noqa: E402
+from memwal_sql.interop import lance_shard_snapshots  # noqa: E402
 
 
 def lance_planner(tbl) -> LsmPointLookupPlanner:
-    snaps = []
-    for rid in tbl.regions():
-        m = RegionManifestStore(tbl.store, rid).latest()
-        snap = ShardSnapshot(rid)
-        for g in m.flushed_generations:
-            snap = snap.with_sstable(g.generation, g.path)
-        snaps.append(snap)
-    return LsmPointLookupPlanner(lance.dataset(tbl.uri), snaps)
+    return LsmPointLookupPlanner(tbl.dataset(), lance_shard_snapshots(tbl))
 
 
 def latencies(fn, keys) -> np.ndarray:

@@ -30,9 +30,9 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from lance.mem_wal import LsmScanner, ShardSnapshot
 
 import memwal_sql as mw
+from memwal_sql.interop import lance_scanner
 from memwal_sql.manifest import RegionManifestStore
 
 SCHEMA = pa.schema([
@@ -73,17 +73,6 @@ def build(uri: str, base_rows: int, upserts: int, memtable_rows: int) -> mw.MemW
         tbl.delete(pa.table({"id": dels, "tenant": (dels % 4).astype(np.int32)}))
         done += n
     return tbl
-
-
-def lance_scanner(tbl: mw.MemWalTable) -> LsmScanner:
-    snaps = []
-    for rid in tbl.regions():
-        m = RegionManifestStore(tbl.store, rid).latest()
-        snap = ShardSnapshot(rid)
-        for g in m.flushed_generations:
-            snap = snap.with_sstable(g.generation, g.path)
-        snaps.append(snap)
-    return LsmScanner.from_snapshots(lance.dataset(tbl.uri), snaps)
 
 
 def best(fn: Callable[[], int], repeats: int) -> tuple[float, int]:

@@ -13,14 +13,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-import lance
 import numpy as np
 import pyarrow as pa
-from lance.mem_wal import LsmScanner, ShardSnapshot
 from tqdm import tqdm
 
 import memwal_sql as mw
-from memwal_sql.manifest import RegionManifestStore
+from memwal_sql.interop import lance_scanner
 
 SCHEMA = pa.schema([
     pa.field("id", pa.int64(), False),
@@ -101,15 +99,7 @@ def run_demo(
         print(f"{s['region_id']:<38}{s['writer_epoch']:>6}{s['rows_written']:>10}"
               f"{s['deletes']:>9}{s['wal_entries_written']:>12}{len(s['generations']):>6}")
 
-    snaps = []
-    for rid in tbl.regions():
-        m = RegionManifestStore(tbl.store, rid).latest()
-        snap = ShardSnapshot(rid)
-        for g in m.flushed_generations:
-            snap = snap.with_sstable(g.generation, g.path)
-        snaps.append(snap)
-    stored = LsmScanner.from_snapshots(lance.dataset(uri), snaps).project(
-        ["id", "version"]).to_table().sort_by("id")
+    stored = lance_scanner(tbl).project(["id", "version"]).to_table().sort_by("id")
     expected_ids = np.nonzero(latest_version)[0]
     matches = (
         np.array_equal(stored.column("id").to_numpy(), expected_ids)

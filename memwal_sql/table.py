@@ -92,7 +92,7 @@ class MemWalTable:
         self._writers_lock = threading.Lock()
         # Every writer this object opened, by region, so this process's reads see its MemTables.
         self._live: weakref.WeakValueDictionary[str, RegionWriter] = weakref.WeakValueDictionary()
-        self._query_ctx: Any = None
+        self._reads_impl: Any = None
         self._pool: ThreadPoolExecutor | None = None
 
     # ---- base table ---------------------------------------------------------------------------
@@ -187,31 +187,16 @@ class MemWalTable:
         return {str(uuid.UUID(bytes=m.region_id.uuid)): m.generation
                 for m in details.merged_generations}
 
-    # ---- reads --------------------------------------------------------------------------------
+    # ---- reads (implemented in memwal_sql.reads) ---------------------------------------------
 
-    def _query(self, *, consistency: str, system_columns: bool) -> tuple[Any, str]:
-        from memwal_sql.session import connect
+    @property
+    def _reads(self) -> Any:
+        # Imported on first use: the read side pulls in DataFusion, the planner and exec nodes.
+        if self._reads_impl is None:
+            from memwal_sql.reads import TableReads
 
-        if self._query_ctx is None:
-            self._query_ctx = connect()
-        name = f"t_{consistency}_{int(system_columns)}"
-        self._query_ctx.register(name, self, consistency=consistency,
-                                 system_columns=system_columns)
-        return self._query_ctx, name
-
-    def _select(self, columns: Sequence[str] | None, filter: str | None, consistency: str,
-                with_system_columns: bool, what: str | None = None) -> tuple[Any, Any, str]:
-        ctx, name = self._query(consistency=consistency, system_columns=with_system_columns)
-        if what is None:
-            if columns is None:
-                what = "*"
-            else:
-                wanted = list(columns)
-                if with_system_columns:
-                    wanted += [c for c in ("_gen", "_rowaddr") if c not in wanted]
-                what = ", ".join(_quote(c) for c in wanted)
-        sql = f"SELECT {what} FROM {name}" + (f" WHERE {filter}" if filter else "")
-        return ctx, ctx.sql(sql), name
+            self._reads_impl = TableReads(self)
+        return self._reads_impl
 
     def to_arrow(
         self,
@@ -229,8 +214,7 @@ class MemWalTable:
         Example:
             ``tbl.to_arrow(["id", "score"], filter="score > 0.5")``
         """
-        _, df, _ = self._select(columns, filter, consistency, with_system_columns)
-        return _plain_strings(df.to_arrow_table())
+        return self._reads.to_arrow(columns, filter, consistency, with_system_columns)
 
     def scan(
         self,
@@ -240,9 +224,12 @@ class MemWalTable:
         consistency: str = "strong",
         with_system_columns: bool = False,
     ) -> pa.RecordBatchReader:
-        """Like :meth:`to_arrow`, streamed as a RecordBatchReader."""
-        _, df, _ = self._select(columns, filter, consistency, with_system_columns)
-        return pa.RecordBatchReader.from_stream(df)
+        """Like :meth:`to_arrow`, streamed as a RecordBatchReader.
+
+        Example:
+            ``for batch in tbl.scan(["id"], filter="id > 10"): ...``
+        """
+        return self._reads.scan(columns, filter, consistency, with_system_columns)
 
     def count_rows(self, filter: str | None = None, *, consistency: str = "strong") -> int:
         """Number of live keys (matching ``filter``).
@@ -250,8 +237,7 @@ class MemWalTable:
         Example:
             ``tbl.count_rows("score > 0.5")``
         """
-        _, df, _ = self._select(None, filter, consistency, False, what="count(*) AS n")
-        return int(df.to_pydict()["n"][0])
+        return self._reads.count_rows(filter, consistency)
 
     def lookup(
         self,
@@ -270,23 +256,7 @@ class MemWalTable:
         Example:
             ``tbl.lookup([3, 1, 42], columns=["name"])``
         """
-        from memwal_sql.snapshot import take_snapshot
-        from planner.lookup import plan_lookup
-
-        key_table = self._layout_rows.keys(keys)
-        plan = plan_lookup(take_snapshot(self, consistency), self.store, self.region_spec,
-                           key_table)
-        self.last_lookup_plan = plan
-        rows = plan.execute()
-        if rows.num_rows:  # input order, first occurrence of each key
-            from exec_nodes.keyset import KeySet
-
-            where = KeySet(key_table).positions(rows.select(list(self.primary_key)))
-            rows = rows.take(pa.array(np.argsort(where, kind="stable")))
-        names = list(columns) if columns is not None else list(self.schema.names)
-        if with_system_columns:
-            names += ["_gen", "_rowaddr"]
-        return rows.select(names)
+        return self._reads.lookup(keys, columns, consistency, with_system_columns)
 
     def explain(
         self,
@@ -295,24 +265,21 @@ class MemWalTable:
         *,
         consistency: str = "strong",
     ) -> str:
-        """The exec-node tree a scan would run: pruned regions, sources, pushed filter.
+        """The exec-node tree a read would run: pruned regions, sources, pushed filter (or the
+        point-lookup plan for ``pk = v`` / ``pk IN (...)``).
 
         Example:
-            ``print(tbl.explain("id = 5"))``
+            ``print(tbl.explain("score > 0.5"))``
         """
-        ctx, df, name = self._select(columns, filter, consistency, False)
-        df.execution_plan()  # physical planning runs our planner (get_fragments)
-        plan = ctx.last_plan(name)
-        assert plan is not None
-        return plan.explain()
+        return self._reads.explain(filter, columns, consistency)
 
     def explain_lookup(self, keys: Any, *, consistency: str = "strong") -> str:
-        """The point-lookup plan of ``keys`` (see :meth:`lookup`)."""
-        from memwal_sql.snapshot import take_snapshot
-        from planner.lookup import plan_lookup
+        """The point-lookup plan of ``keys`` (see :meth:`lookup`).
 
-        return plan_lookup(take_snapshot(self, consistency), self.store, self.region_spec,
-                           self._layout_rows.keys(keys)).explain()
+        Example:
+            ``print(tbl.explain_lookup([1, 2]))``
+        """
+        return self._reads.explain_lookup(keys, consistency)
 
     # ---- routed writes -----------------------------------------------------------------------
 
@@ -411,23 +378,6 @@ class MemWalTable:
                     w = self.writer(region_values=values)
                 self._writers[key] = w
             return w
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _plain_strings(table: pa.Table) -> pa.Table:
-    """Cast DataFusion's view types back to plain string/binary (Spark and pandas want those)."""
-    fields = []
-    changed = False
-    for f in table.schema:
-        if pa.types.is_string_view(f.type):
-            f, changed = f.with_type(pa.string()), True
-        elif pa.types.is_binary_view(f.type):
-            f, changed = f.with_type(pa.binary()), True
-        fields.append(f)
-    return table.cast(pa.schema(fields, metadata=table.schema.metadata)) if changed else table
 
 
 def _plain_schema(schema: pa.Schema) -> pa.Schema:

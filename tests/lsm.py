@@ -8,27 +8,14 @@ import lance
 import pyarrow as pa
 from lance.mem_wal import LsmScanner, ShardSnapshot
 
-from memwal_sql.manifest import RegionManifestStore
 
 
 def lance_snapshots(uri: str, storage_options: dict | None = None) -> list[ShardSnapshot]:
     """Snapshots of every region's flushed generations, read from the region manifests."""
-    from memwal_sql.storage import ObjectStore
-    from memwal_sql.storage.layout import MEM_WAL_DIR
+    import memwal_sql as mw
+    from memwal_sql.interop import lance_shard_snapshots
 
-    store = ObjectStore(uri, storage_options)
-    snaps = []
-    for rid in store.list_dirs(MEM_WAL_DIR):
-        m = RegionManifestStore(store, rid).latest()
-        if m is None:
-            continue
-        snap = ShardSnapshot(rid).with_spec_id(m.region_spec_id).with_current_generation(
-            m.current_generation
-        )
-        for g in m.flushed_generations:
-            snap = snap.with_sstable(g.generation, g.path)
-        snaps.append(snap)
-    return snaps
+    return lance_shard_snapshots(mw.open_table(uri, storage_options))
 
 
 def lance_latest_rows(uri: str, primary_key: list[str], storage_options: dict | None = None) -> pa.Table:

@@ -106,7 +106,7 @@ def test_a_hit_in_the_newest_memtable_opens_nothing_older(tmp_path):
         w.flush()
         w.upsert(batch([1], 2))
         assert tbl.lookup([1]).to_pylist() == [{"k": 1, "v": "v1-2"}]
-        plan = tbl.last_lookup_plan
+        plan = tbl._reads.last_lookup_plan
         memtable, guarded = _nodes(plan)
         assert isinstance(memtable, TakeLastExec) and memtable.probes == 1
         assert isinstance(guarded, BloomFilterGuardExec)
@@ -121,7 +121,7 @@ def test_a_key_every_bloom_filter_rules_out_touches_only_the_base_index(tmp_path
         for i in range(4):
             w.upsert(batch(list(range(i * 50, i * 50 + 50)), i))
     assert tbl.lookup([1000]).to_pylist() == [{"k": 1000, "v": "v1000-0"}]
-    plan = tbl.last_lookup_plan
+    plan = tbl._reads.last_lookup_plan
     guards = [n for n in _nodes(plan) if isinstance(n, BloomFilterGuardExec)]
     assert len(guards) == 4
     assert all(g.skipped == 1 and g.child.probes == 0 for g in guards)
@@ -138,7 +138,7 @@ def test_batched_lookup_probes_each_source_once(tmp_path):
     got = tbl.lookup(list(range(4000, -1, -1)))
     assert got.num_rows == 4001
     assert got.column("k").to_pylist() == list(range(4000, -1, -1))
-    plan = tbl.last_lookup_plan
+    plan = tbl._reads.last_lookup_plan
     assert all(n.probes <= 1 for n in _nodes(plan) if isinstance(n, TakeLastExec))
     assert all(g.child.probes <= 1 for g in _nodes(plan) if isinstance(g, BloomFilterGuardExec))
     assert plan.base.probes == 1
