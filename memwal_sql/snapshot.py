@@ -17,6 +17,7 @@ outrank newer base rows.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
 
 Consistency = Literal["strong", "eventual"]
+_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="memwal-snapshot")
 
 
 @dataclass(frozen=True)
@@ -93,8 +95,10 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
     merged = table.merged_generations(dataset)
     spec = table.region_spec
     regions = []
-    for rid in table.regions():
-        manifest = RegionManifestStore(table.store, rid).latest()
+    rids = table.regions()
+    # Each manifest read is a few small object reads: issue them side by side.
+    manifests = list(_POOL.map(lambda r: RegionManifestStore(table.store, r).latest(), rids))
+    for rid, manifest in zip(rids, manifests):
         if manifest is None:
             continue
         floor = merged.get(rid, 0)

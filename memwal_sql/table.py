@@ -93,6 +93,7 @@ class MemWalTable:
         # Every writer this object opened, by region, so this process's reads see its MemTables.
         self._live: weakref.WeakValueDictionary[str, RegionWriter] = weakref.WeakValueDictionary()
         self._reads_impl: Any = None
+        self._merged_cache: tuple[int, dict[str, int]] | None = None
         self._pool: ThreadPoolExecutor | None = None
 
     # ---- base table ---------------------------------------------------------------------------
@@ -181,11 +182,15 @@ class MemWalTable:
     def merged_generations(self, dataset: lance.LanceDataset | None = None) -> dict[str, int]:
         """The newest generation of each region already merged into the base table."""
         ds = dataset if dataset is not None else self.dataset()
+        cached = self._merged_cache
+        if cached is not None and cached[0] == ds.version:  # a version's manifest never changes
+            return dict(cached[1])
         details = read_mem_wal_details(self.store, ds)
-        if details is None:
-            return {}
-        return {str(uuid.UUID(bytes=m.region_id.uuid)): m.generation
-                for m in details.merged_generations}
+        merged = {} if details is None else {
+            str(uuid.UUID(bytes=m.region_id.uuid)): m.generation
+            for m in details.merged_generations}
+        self._merged_cache = (ds.version, merged)
+        return dict(merged)
 
     # ---- reads (implemented in memwal_sql.reads) ---------------------------------------------
 

@@ -10,6 +10,7 @@ probed. A tombstone in a newer source resolves a key as absent.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ from memwal_sql.writer.bloom import pk_hashes
 from memwal_sql.writer.generation import BLOOM_FILTER
 from planner.predicate import And, Cmp, In, Node
 
+_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-lookup")
 MAX_SQL_LOOKUP_KEYS = 1024  # larger IN lists are scanned (pyarrow hands over at most 20 values)
 
 
@@ -51,10 +53,16 @@ class LookupPlan:
     def execute(self) -> pa.Table:
         """The newest live row of every requested key that exists (tombstones dropped)."""
         found, remaining = [], [self.direct_to_base]
-        for _, keys, node in self.regions:
+
+        def probe(region: tuple[str, pa.Table, CoalesceFirstExec]) -> tuple[pa.Table, pa.Table]:
+            _, keys, node = region
             # Hash each key once for every bloom filter it meets.
-            keys = keys.append_column(HASH, pa.array(pk_hashes(keys)))
-            rows, rest = node.take_last(keys)
+            return node.take_last(keys.append_column(HASH, pa.array(pk_hashes(keys))))
+
+        # Regions are independent and Lance releases the GIL: probe them side by side.
+        results = list(_POOL.map(probe, self.regions)) if len(self.regions) > 1 \
+            else [probe(r) for r in self.regions]
+        for rows, rest in results:
             found.append(rows)
             remaining.append(rest)
         rest = pa.concat_tables([r.select(self.base.primary_key) for r in remaining if r.num_rows]) \
