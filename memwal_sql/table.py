@@ -286,6 +286,19 @@ class MemWalTable:
         """
         return self._reads.explain_lookup(keys, consistency)
 
+    # ---- maintenance --------------------------------------------------------------------------
+
+    def merge(self, *, max_generations_per_region: int | None = None) -> Any:
+        """Merge flushed generations into the base table (oldest first, progress recorded
+        atomically with the data); returns a :class:`~memwal_sql.maintenance.MergeResult`.
+
+        Example:
+            ``tbl.flush(); tbl.merge().merged``
+        """
+        from memwal_sql.maintenance import merge_table
+
+        return merge_table(self, max_generations_per_region=max_generations_per_region)
+
     # ---- routed writes -----------------------------------------------------------------------
 
     def upsert(self, data: Any) -> None:

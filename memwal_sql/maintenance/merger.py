@@ -1,0 +1,152 @@
+"""The MemTable merger: fold flushed generations into the base table, in generation order.
+
+Per region, each generation newer than the base table's recorded merge progress is merged with
+one Lance merge-insert: its live rows are upserted, and base rows whose key the generation
+tombstones are deleted ("not matched by source" with a key predicate), in a single commit that
+also records ``merged_generations`` for the region (Lance's ``mark_sstables_as_compacted``). Data
+and progress land atomically, so a merger that crashes before the commit leaves nothing, and one
+that crashes after it has recorded its work: the next merger skips the generation. Two mergers
+racing on a generation: Lance rejects the second progress record as stale, and the loser re-reads
+the progress and moves on (the seed spec's Appendix 2). A separate delete pass would not be safe:
+a slow merger's stale delete could remove a key a later generation re-inserted.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+from lance.mem_wal import CompactedSsTable
+
+from memwal_sql.errors import CommitConflictError, InvalidInputError
+from memwal_sql.manifest import RegionManifestStore
+from memwal_sql.storage import layout
+from memwal_sql.writer.wal import TOMBSTONE
+
+if TYPE_CHECKING:
+    from memwal_sql.table import MemWalTable
+
+_STALE = "Stale SSTable compaction"
+_ATTEMPTS = 8
+
+
+@dataclass
+class MergeResult:
+    """What one merge pass did."""
+
+    merged: dict[str, list[int]] = field(default_factory=dict)  # region -> generations
+    rows_upserted: int = 0
+    rows_deleted: int = 0
+    conflicts: int = 0
+    seconds: float = 0.0
+
+
+def merge_region(table: MemWalTable, region_id: str, *, max_generations: int | None = None,
+                 result: MergeResult | None = None) -> MergeResult:
+    """Merge ``region_id``'s unmerged generations into the base table, oldest first.
+
+    Example:
+        ``merge_region(tbl, tbl.regions()[0]).merged``
+    """
+    result = result or MergeResult()
+    t0 = time.perf_counter()
+    manifests = RegionManifestStore(table.store, region_id)
+    pk = list(table.primary_key)
+    done = 0
+    attempts = 0
+    while max_generations is None or done < max_generations:
+        ds = table.dataset()
+        floor = table.merged_generations(ds).get(region_id, 0)
+        manifest = manifests.latest()
+        pending = sorted(
+            (g for g in (manifest.flushed_generations if manifest else []) if g.generation > floor),
+            key=lambda g: g.generation,
+        )
+        if not pending:
+            break
+        gen = pending[0]
+        uri = table.store.uri_for(f"{layout.region_dir(region_id)}/{gen.path}")
+        rows = lance.dataset(uri, storage_options=table.storage_options or None).to_table()
+        dead = rows.filter(rows.column(TOMBSTONE)) if TOMBSTONE in rows.column_names else None
+        live = rows.filter(pc.invert(rows.column(TOMBSTONE))) if dead is not None else rows
+        live = live.select(table.schema.names).cast(table.schema)
+        builder = ds.merge_insert(pk).when_matched_update_all().when_not_matched_insert_all()
+        if dead is not None and dead.num_rows:
+            # A tombstoned key is never among the generation's live rows (it is deduplicated),
+            # so its base row is "not matched by source" and this predicate selects it.
+            builder = builder.when_not_matched_by_source_delete(sql_key_predicate(dead.select(pk)))
+        try:
+            builder.mark_sstables_as_compacted(
+                [CompactedSsTable(region_id, gen.generation)]).execute(live)
+        except OSError as e:
+            if _STALE not in str(e) and "conflict" not in str(e).lower():
+                raise
+            result.conflicts += 1
+            attempts += 1
+            if attempts >= _ATTEMPTS:
+                raise CommitConflictError(
+                    f"merging region {region_id} generation {gen.generation} kept conflicting "
+                    "with other mergers; retry later"
+                ) from e
+            continue  # another merger got there first: re-read the progress
+        result.rows_upserted += live.num_rows
+        result.rows_deleted += dead.num_rows if dead is not None else 0
+        result.merged.setdefault(region_id, []).append(gen.generation)
+        done += 1
+    result.seconds += time.perf_counter() - t0
+    return result
+
+
+def sql_key_predicate(keys: pa.Table) -> str:
+    """A SQL predicate true for exactly the given keys (integer, string or binary columns).
+
+    Example:
+        >>> sql_key_predicate(pa.table({"k": [1, 2]}))
+        'k IN (1, 2)'
+        >>> sql_key_predicate(pa.table({"a": ["x"], "b": [3]}))
+        "(a = 'x' AND b = 3)"
+    """
+    literals = [_sql_literals(keys.column(name).combine_chunks()) for name in keys.column_names]
+    names = [_sql_name(n) for n in keys.column_names]
+    if len(names) == 1:
+        return f"{names[0]} IN ({', '.join(literals[0])})"
+    return " OR ".join("(" + " AND ".join(f"{n} = {v}" for n, v in zip(names, row)) + ")"
+                       for row in zip(*literals))
+
+
+def _sql_name(name: str) -> str:
+    return name if name.isidentifier() and name.islower() else '"' + name.replace('"', '""') + '"'
+
+
+def _sql_literals(col: pa.Array) -> list[str]:
+    t = col.type
+    if pa.types.is_integer(t):
+        return pc.cast(col, pa.string()).to_pylist()
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        quoted = pc.binary_join_element_wise("'", pc.replace_substring(col, "'", "''"), "'", "")
+        return quoted.to_pylist()
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return [f"X'{v.hex()}'" for v in col.to_pylist()]
+    raise InvalidInputError(f"cannot merge deletes of a primary key of type {t}")
+
+
+def merge_table(table: MemWalTable, *, max_generations_per_region: int | None = None) -> MergeResult:
+    """One merge pass over every region; keeps the primary-key btree index current.
+
+    Example:
+        ``tbl.merge().merged``
+    """
+    result = MergeResult()
+    for rid in table.regions():
+        merge_region(table, rid, max_generations=max_generations_per_region, result=result)
+    if result.merged:
+        # Rows merged since the index was built are not in it; Lance would scan them.
+        table.dataset().optimize.optimize_indices()
+    return result
+
+
+__all__ = ["MergeResult", "merge_region", "merge_table"]
