@@ -1,4 +1,4 @@
-"""The ``memwal`` command line: create, ingest, inspect, demo."""
+"""The ``memwal`` command line: create, ingest, inspect, merge, gc, maintain, demo."""
 
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ def cmd_ingest(a: argparse.Namespace) -> None:
 
 def cmd_inspect(a: argparse.Namespace) -> None:
     tbl = mw.open_table(a.uri)
+    merged = tbl.merged_generations()
     out = []
     for rid in tbl.regions():
         m = RegionManifestStore(tbl.store, rid).latest()
@@ -69,6 +70,9 @@ def cmd_inspect(a: argparse.Namespace) -> None:
             "writer_epoch": m.writer_epoch,
             "current_generation": m.current_generation,
             "flushed_generations": [g.generation for g in m.flushed_generations],
+            "merged_generation": merged.get(rid, 0),
+            "unmerged_generations": sum(1 for g in m.flushed_generations
+                                        if g.generation > merged.get(rid, 0)),
             "replay_after_wal_entry_position": m.replay_after_wal_entry_position,
             "wal_entries": len(wal),
             "wal_bytes": sum(x.size for x in wal),
@@ -77,11 +81,51 @@ def cmd_inspect(a: argparse.Namespace) -> None:
         print(json.dumps(out, indent=2))
         return
     print(f"{a.uri}: primary key {list(tbl.primary_key)}, base version {tbl.dataset().version}")
-    print(f"{'region':<38}{'ver':>5}{'epoch':>6}{'gens':>6}{'replay_after':>13}{'WAL files':>10}")
+    print(f"{'region':<38}{'ver':>5}{'epoch':>6}{'gens':>6}{'merged':>7}{'unmerged':>9}"
+          f"{'replay_after':>13}{'WAL files':>10}")
     for r in out:
         print(f"{r['region_id']:<38}{r['manifest_version']:>5}{r['writer_epoch']:>6}"
-              f"{len(r['flushed_generations']):>6}{r['replay_after_wal_entry_position']:>13}"
+              f"{len(r['flushed_generations']):>6}{r['merged_generation']:>7}"
+              f"{r['unmerged_generations']:>9}{r['replay_after_wal_entry_position']:>13}"
               f"{r['wal_entries']:>10}")
+
+
+def cmd_merge(a: argparse.Namespace) -> None:
+    r = mw.open_table(a.uri).merge()
+    gens = sum(len(g) for g in r.merged.values())
+    print(f"merged {gens} generation(s) from {len(r.merged)} region(s): {r.rows_upserted:,} rows "
+          f"upserted, {r.rows_deleted:,} deleted, {r.conflicts} conflict(s), {r.seconds:.2f} s")
+
+
+def cmd_gc(a: argparse.Namespace) -> None:
+    from datetime import timedelta
+
+    older = timedelta(seconds=a.base_versions_older_than) \
+        if a.base_versions_older_than is not None else None
+    r = mw.open_table(a.uri).gc(base_versions_older_than=older)
+    print(f"deleted {sum(len(g) for g in r.generations.values())} generation(s), "
+          f"{r.wal_entries} WAL entries, {r.orphan_directories} orphan directories, "
+          f"{r.manifest_versions} manifest versions ({r.objects} objects)")
+
+
+def cmd_maintain(a: argparse.Namespace) -> None:
+    import time
+    from datetime import timedelta
+
+    older = timedelta(seconds=a.base_versions_older_than) \
+        if a.base_versions_older_than is not None else None
+    tbl = mw.open_table(a.uri)
+    runs = 0
+    with tqdm(desc="maintenance passes", unit="pass") as bar:
+        while True:
+            merged, collected = tbl.maintain(base_versions_older_than=older)
+            runs += 1
+            bar.set_postfix(merged=sum(len(g) for g in merged.merged.values()),
+                            deleted=collected.objects)
+            bar.update(1)
+            if a.watch is None or (a.iterations and runs >= a.iterations):
+                break
+            time.sleep(a.watch)
 
 
 def cmd_demo(a: argparse.Namespace) -> None:
@@ -113,6 +157,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     s.add_argument("uri")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_inspect)
+    m = sub.add_parser("merge", help="merge flushed generations into the base table")
+    m.add_argument("uri")
+    m.set_defaults(func=cmd_merge)
+    for name, func, text in (("gc", cmd_gc, "delete what no reader or writer can need"),
+                             ("maintain", cmd_maintain, "merge then gc, once or on a schedule")):
+        g = sub.add_parser(name, help=text)
+        g.add_argument("uri")
+        g.add_argument("--base-versions-older-than", type=float, metavar="SECONDS",
+                       help="first drop base-table versions older than this")
+        if name == "maintain":
+            g.add_argument("--watch", type=float, metavar="SECONDS",
+                           help="repeat every SECONDS alongside live writers")
+            g.add_argument("--iterations", type=int, default=0, help="stop after N passes")
+        g.set_defaults(func=func)
     d = sub.add_parser("demo", help="stream 1M upserts into 4 regions and check the result")
     d.add_argument("--rows", type=int, default=1_000_000)
     d.add_argument("--regions", type=int, default=4)

@@ -299,6 +299,31 @@ class MemWalTable:
 
         return merge_table(self, max_generations_per_region=max_generations_per_region)
 
+    def gc(self, *, keep_manifest_versions: int = 10,
+           base_versions_older_than: Any = None) -> Any:
+        """Delete merged generations, WAL entries already in generations (never fence
+        sentinels), orphaned generation directories and old manifest versions; returns a
+        :class:`~memwal_sql.maintenance.GcResult`.
+
+        A generation is deleted once the oldest retained base version has merged it;
+        ``base_versions_older_than`` (a ``timedelta``) first drops older base versions.
+
+        Example:
+            ``tbl.merge(); tbl.gc(base_versions_older_than=timedelta(hours=1)).objects``
+        """
+        from memwal_sql.maintenance import gc_table
+
+        return gc_table(self, keep_manifest_versions=keep_manifest_versions,
+                        base_versions_older_than=base_versions_older_than)
+
+    def maintain(self, *, base_versions_older_than: Any = None) -> tuple[Any, Any]:
+        """One maintenance pass: :meth:`merge` then :meth:`gc`.
+
+        Example:
+            ``merged, collected = tbl.maintain()``
+        """
+        return self.merge(), self.gc(base_versions_older_than=base_versions_older_than)
+
     # ---- routed writes -----------------------------------------------------------------------
 
     def upsert(self, data: Any) -> None:

@@ -38,3 +38,24 @@ def test_bad_region_spec_text(tmp_path):
 def test_demo_checks_what_it_wrote(capsys):
     main(["demo", "--rows", "20000", "--regions", "2"])
     assert "MATCH" in capsys.readouterr().out
+
+
+def test_merge_gc_maintain(tmp_path, capsys):
+    import memwal_sql as mw
+
+    uri = str(tmp_path / "t")
+    tbl = mw.create_table(uri, pa.table({"id": pa.array([1, 2], pa.int64()), "v": ["a", "b"]}),
+                          primary_key="id")
+    tbl.upsert({"id": [2, 3], "v": ["B", "C"]})
+    tbl.delete([1])
+    tbl.close()
+    main(["merge", uri])
+    assert "merged 1 generation(s)" in capsys.readouterr().out
+    main(["maintain", uri, "--base-versions-older-than", "0", "--watch", "0.01",
+          "--iterations", "2"])
+    main(["inspect", uri, "--json"])
+    out = capsys.readouterr().out
+    (region,) = json.loads(out[out.index("[\n"):])
+    assert region["merged_generation"] == 1 and region["flushed_generations"] == []
+    main(["gc", uri])
+    assert lance_latest_rows(uri, ["id"]).column("v").to_pylist() == ["B", "C"]

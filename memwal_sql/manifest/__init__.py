@@ -17,7 +17,9 @@ Example:
 from __future__ import annotations
 
 import json
+import time
 import uuid
+from collections.abc import Callable
 
 from google.protobuf.message import DecodeError
 
@@ -28,13 +30,18 @@ from memwal_sql.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
     RegionSealedError,
+    StorageError,
+    WriterFencedError,
 )
 from memwal_sql.storage import ObjectStore, layout
 
-__all__ = ["RegionManifest", "RegionManifestStore", "claim_region", "region_uuid_bytes"]
+__all__ = [
+    "RegionManifest", "RegionManifestStore", "claim_region", "commit_change", "region_uuid_bytes",
+]
 
 SEALED = 1
 _CLAIM_ATTEMPTS = 32
+_COMMIT_ATTEMPTS = 4
 
 
 def region_uuid_bytes(region_id: str) -> bytes:
@@ -171,3 +178,44 @@ def claim_region(
         f"could not claim region {manifests.region_id} after {_CLAIM_ATTEMPTS} attempts: "
         "other writers keep claiming it"
     )
+
+
+def commit_change(
+    manifests: RegionManifestStore,
+    change: Callable[[RegionManifest], bool],
+    *,
+    max_epoch: int | None = None,
+) -> RegionManifest | None:
+    """Commit the next manifest version with ``change`` applied to a copy of the latest one.
+
+    ``change`` returns False when there is nothing to do (for instance because an earlier
+    attempt whose reply was lost already committed it); then nothing is written and None is
+    returned. A lost race is retried on the new latest version. With ``max_epoch`` (a writer's
+    own epoch), a newer writer epoch in the latest version raises :class:`WriterFencedError`.
+    """
+    transient = 0
+    while True:
+        latest = manifests.latest()
+        if latest is None:
+            raise CorruptManifestError(f"region {manifests.region_id} has no manifest")
+        if max_epoch is not None and latest.writer_epoch > max_epoch:
+            raise WriterFencedError(
+                f"region {manifests.region_id} was claimed by writer epoch "
+                f"{latest.writer_epoch} (this writer has {max_epoch}); acknowledged writes are "
+                "safe in the WAL, reopen a writer to continue"
+            )
+        m = RegionManifest()
+        m.CopyFrom(latest)
+        m.version = latest.version + 1
+        if not change(m):
+            return None
+        try:
+            manifests.commit(m)
+            return m
+        except CommitConflictError:
+            continue
+        except StorageError:
+            transient += 1
+            if transient >= _COMMIT_ATTEMPTS:
+                raise
+            time.sleep(0.05 * 2**transient)

@@ -15,6 +15,7 @@ import ctypes
 import errno
 import os
 import secrets
+import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -169,10 +170,15 @@ class ObjectStore:
             pass
 
     def delete_prefix(self, prefix: str) -> int:
-        """Delete every object under ``prefix``; return how many were deleted."""
+        """Delete every object under ``prefix``; return how many were deleted.
+
+        On local disk the emptied directories go too (object stores have none to leave).
+        """
         paths = [m.path for m in self.list(prefix)]
         for p in paths:
             self.delete(p)
+        if self._local_root is not None and prefix.strip("/"):
+            shutil.rmtree(self._local_root / prefix.strip("/"), ignore_errors=True)
         return len(paths)
 
     def _durable_local_create(self, path: str, data: bytes | memoryview) -> None:

@@ -25,13 +25,12 @@ from memwal_sql.errors import (
     CommitConflictError,
     MemWalError,
     ObjectExistsError,
-    StorageError,
     WriterClosedError,
     WriterFencedError,
     WrongRegionError,
 )
 from memwal_sql.index.region_spec import RegionSpec
-from memwal_sql.manifest import RegionManifestStore, claim_region
+from memwal_sql.manifest import RegionManifestStore, claim_region, commit_change
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.writer.generation import write_generation
 from memwal_sql.writer.memtable import MemTable, latest_per_key
@@ -44,7 +43,6 @@ from memwal_sql.writer.wal import (
 )
 
 _FLUSH_ATTEMPTS = 3
-_COMMIT_ATTEMPTS = 4
 
 
 @dataclass(frozen=True)
@@ -486,36 +484,8 @@ class RegionWriter:
             self._stats.generations.append(memtable.generation)
 
     def _commit(self, change: Callable[[RegionManifest], bool]) -> None:
-        """Commit the next manifest version with ``change`` applied, while still the owner.
-
-        ``change`` returns False when the latest version already holds the change (a commit
-        whose success was lost in transit), which ends the retry loop without a duplicate.
-        """
-        transient_failures = 0
-        while True:
-            latest = self._manifests.latest()
-            assert latest is not None
-            if latest.writer_epoch > self.epoch:
-                raise WriterFencedError(
-                    f"region {self.region_id} was claimed by writer epoch {latest.writer_epoch} "
-                    f"(this writer has {self.epoch}); acknowledged writes are safe in the WAL, "
-                    "reopen a writer to continue"
-                )
-            m = RegionManifest()
-            m.CopyFrom(latest)
-            m.version = latest.version + 1
-            if not change(m):
-                return
-            try:
-                self._manifests.commit(m)
-                return
-            except CommitConflictError:
-                continue
-            except StorageError:
-                transient_failures += 1
-                if transient_failures >= _COMMIT_ATTEMPTS:
-                    raise
-                time.sleep(0.05 * 2**transient_failures)
+        """Commit ``change`` as the next manifest version, while still the region's owner."""
+        commit_change(self._manifests, change, max_epoch=self.epoch)
 
 
 def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

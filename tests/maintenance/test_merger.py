@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
+from datetime import timedelta
 
 import lance
 import pyarrow as pa
@@ -21,7 +22,8 @@ keys = st.lists(st.integers(0, 20), min_size=1, max_size=6, unique=True)
 ops = st.lists(st.one_of(
     st.tuples(st.just("upsert"), keys, st.integers(0, 99)),
     st.tuples(st.just("delete"), keys, st.just(0)),
-    st.tuples(st.sampled_from(["flush", "merge", "crash", "reopen"]), st.just([]), st.just(0)),
+    st.tuples(st.sampled_from(["flush", "merge", "gc", "crash", "reopen"]), st.just([]),
+              st.just(0)),
 ), min_size=1, max_size=20)
 
 
@@ -33,12 +35,11 @@ def assert_reads(tbl, model, d):
     want = model.table(SCHEMA)
     assert tbl.to_arrow().sort_by("k") == want
     assert tbl.lookup(list(range(21))).sort_by("k") == want
-    # Lance's own scanner, given only the unmerged generations, agrees (after a flush).
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops, bucketed=st.booleans())
-def test_merges_interleaved_with_writes_keep_the_latest_rows(ops, bucketed):
+def test_merges_and_gc_interleaved_with_writes_keep_the_latest_rows(ops, bucketed):
     with tempfile.TemporaryDirectory() as d:
         tbl = mw.create_table(d, batch(list(range(0, 21, 3)), 0), primary_key="k",
                               region_spec=mw.RegionSpec.bucket("k", 2) if bucketed else None,
@@ -56,6 +57,8 @@ def test_merges_interleaved_with_writes_keep_the_latest_rows(ops, bucketed):
                 tbl.flush()
             elif op == "merge":
                 tbl.merge()
+            elif op == "gc":
+                tbl.gc(base_versions_older_than=timedelta(0), keep_manifest_versions=2)
             elif op == "crash":
                 tbl._writers.clear()
             else:

@@ -1,0 +1,131 @@
+"""The garbage collector: delete what no reader, recovering writer or fenced writer can need.
+
+Per region, it removes:
+
+* flushed generations already merged into the base table as of the *oldest retained* base
+  version (a reader pinned to any retained version never lists them), both their directories
+  and their manifest entries;
+* WAL data entries at or below ``replay_after_wal_entry_position`` (their rows are in
+  generations). Fence sentinels are never deleted: a fenced writer's next put lands exactly on
+  one, and deleting it would let that put succeed where no one will ever replay it (the upstream
+  warning about WAL GC weakening fencing);
+* ``*_gen_*`` directories no manifest references, from failed or fenced flushes, once their
+  generation is below the region's next generation (so no flush is still writing them);
+* manifest versions older than the newest ``keep_manifest_versions``.
+
+Example:
+    ``tbl.merge(); print(tbl.gc())``
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from memwal_sql._proto.memwal_pb2 import RegionManifest
+from memwal_sql.errors import CorruptWalEntryError
+from memwal_sql.index.base_manifest import read_mem_wal_details
+from memwal_sql.manifest import RegionManifestStore, commit_change
+from memwal_sql.storage import layout
+from memwal_sql.writer.wal import read_wal_entry
+
+if TYPE_CHECKING:
+    from memwal_sql.table import MemWalTable
+
+
+@dataclass
+class GcResult:
+    """What one GC pass deleted."""
+
+    generations: dict[str, list[int]] = field(default_factory=dict)
+    wal_entries: int = 0
+    orphan_directories: int = 0
+    manifest_versions: int = 0
+    objects: int = 0
+
+
+def _merged_at_oldest_retained_version(table: MemWalTable) -> dict[str, int]:
+    import uuid
+
+    ds = table.dataset()
+    oldest = min(v["version"] for v in ds.versions())
+    details = read_mem_wal_details(table.store, table.dataset(oldest))
+    if details is None:
+        return {}
+    return {str(uuid.UUID(bytes=m.region_id.uuid)): m.generation for m in details.merged_generations}
+
+
+def gc_table(table: MemWalTable, *, keep_manifest_versions: int = 10,
+             base_versions_older_than: timedelta | None = None) -> GcResult:
+    """One GC pass over every region (see the module docstring).
+
+    ``base_versions_older_than`` first removes base-table versions older than that (Lance's
+    ``cleanup_old_versions``); otherwise generations wait until the base table's own retention
+    drops the versions that still list them.
+    """
+    result = GcResult()
+    if base_versions_older_than is not None:
+        table.dataset().cleanup_old_versions(older_than=base_versions_older_than)
+    merged = _merged_at_oldest_retained_version(table)
+    for rid in table.regions():
+        _gc_region(table, rid, merged.get(rid, 0), keep_manifest_versions, result)
+    return result
+
+
+def _gc_region(table: MemWalTable, rid: str, merged: int, keep: int, result: GcResult) -> None:
+    store = table.store
+    manifests = RegionManifestStore(store, rid)
+    manifest = manifests.latest()
+    if manifest is None:
+        return
+    # 1. Merged generations: drop them from the manifest first (so no new reader lists them),
+    #    then delete their files.
+    dead = [g for g in manifest.flushed_generations if g.generation <= merged]
+    if dead:
+        dead_paths = {g.path for g in dead}
+
+        def drop(m: RegionManifest) -> bool:
+            keep_gens = [g for g in m.flushed_generations if g.path not in dead_paths]
+            if len(keep_gens) == len(m.flushed_generations):
+                return False
+            del m.flushed_generations[:]
+            m.flushed_generations.extend(keep_gens)
+            return True
+
+        manifest = commit_change(manifests, drop) or manifests.latest()
+        assert manifest is not None
+        for g in dead:
+            result.objects += store.delete_prefix(f"{layout.region_dir(rid)}/{g.path}/")
+            result.generations.setdefault(rid, []).append(g.generation)
+    # 2. Orphaned generation directories.
+    referenced = {g.path for g in manifest.flushed_generations}
+    for name in store.list_dirs(layout.region_dir(rid)):
+        gen = layout.parse_generation_dir_name(name)
+        if gen is None or name in referenced or gen >= manifest.current_generation:
+            continue
+        result.objects += store.delete_prefix(f"{layout.region_dir(rid)}/{name}/")
+        result.orphan_directories += 1
+    # 3. WAL data entries already in generations; sentinels stay.
+    for meta in store.list(layout.wal_dir(rid) + "/"):
+        try:
+            pos = layout.parse_bitrev64(meta.path)
+        except ValueError:
+            continue
+        if pos > manifest.replay_after_wal_entry_position:
+            continue
+        try:
+            entry = read_wal_entry(store, rid, pos)
+        except CorruptWalEntryError:
+            continue  # never delete what we cannot classify
+        if entry is None or entry.is_sentinel:
+            continue
+        store.delete(meta.path)
+        result.wal_entries += 1
+        result.objects += 1
+    # 4. Old manifest versions (the hint and the newest ``keep`` stay).
+    versions = manifests.list_versions()
+    for v in versions[:-keep] if keep > 0 else []:
+        store.delete(layout.manifest_path(rid, v))
+        result.manifest_versions += 1
+        result.objects += 1

@@ -1,0 +1,115 @@
+"""GC deletes only what no reader, recovering writer or fenced writer can need."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import lance
+import pyarrow as pa
+import pytest
+
+import memwal_sql as mw
+from memwal_sql.errors import WriterFencedError
+from memwal_sql.manifest import RegionManifestStore
+from memwal_sql.storage import layout
+from memwal_sql.writer import generation as generation_module
+from memwal_sql.writer.wal import iter_wal, read_wal_entry
+from tests.lsm import Model, lance_latest_rows
+
+SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
+NOW = timedelta(0)
+
+
+def batch(ks, seed):
+    return pa.table({"k": ks, "v": [f"v{k}-{seed}" for k in ks]}, schema=SCHEMA)
+
+
+def gen_dirs(tbl, rid):
+    return [d for d in tbl.store.list_dirs(layout.region_dir(rid)) if "_gen_" in d]
+
+
+def test_a_long_run_shrinks_back_to_the_base_table_plus_live_generations(tmp_path):
+    tbl = mw.create_table(str(tmp_path), batch(list(range(20)), 0), primary_key="k")
+    model = Model(["k"])
+    model.upsert(batch(list(range(20)), 0))
+    w = tbl.writer(max_memtable_rows=15)
+    for i in range(10):
+        w.upsert(batch(list(range(i * 5, i * 5 + 15)), i + 1))
+        model.upsert(batch(list(range(i * 5, i * 5 + 15)), i + 1))
+        w.delete([i * 5 + 2])
+        model.delete(pa.table({"k": [i * 5 + 2]}))
+    w.flush()
+    w.upsert(batch([1000], 99))  # a live, unflushed row
+    model.upsert(batch([1000], 99))
+    rid = w.region_id
+    flushed = len(RegionManifestStore(tbl.store, rid).latest().flushed_generations)
+    assert flushed >= 5 and len(gen_dirs(tbl, rid)) == flushed
+
+    # Not merged yet: GC keeps every generation; WAL entries the generations cover can go.
+    first = tbl.gc(base_versions_older_than=NOW)
+    assert first.generations == {} and first.wal_entries > 0
+    assert len(gen_dirs(tbl, rid)) == flushed
+    assert tbl.to_arrow().sort_by("k") == model.table(SCHEMA)
+    tbl.merge()
+    # Merged, but older base versions still list the generations: kept.
+    assert tbl.gc().generations == {}
+    result = tbl.gc(base_versions_older_than=NOW)
+    assert sorted(result.generations[rid]) == list(range(1, flushed + 1))
+    assert gen_dirs(tbl, rid) == []
+    m = RegionManifestStore(tbl.store, rid).latest()
+    assert list(m.flushed_generations) == []
+    remaining = list(iter_wal(tbl.store, rid, m.replay_after_wal_entry_position))
+    assert [e.num_rows for e in remaining] == [1]  # only the live row's entry is left
+    assert len(RegionManifestStore(tbl.store, rid).list_versions()) <= 10
+    # Reads are unchanged, through every path.
+    assert tbl.to_arrow().sort_by("k") == model.table(SCHEMA)
+    assert tbl.lookup(list(range(1001))).sort_by("k") == model.table(SCHEMA)
+    w.close()
+    assert lance_latest_rows(str(tmp_path), ["k"]) == model.table(SCHEMA)
+    # A recovering writer still finds what it needs.
+    with tbl.writer(region_id=rid) as w2:
+        w2.upsert(batch([5000], 1))
+    model.upsert(batch([5000], 1))
+    assert tbl.to_arrow().sort_by("k") == model.table(SCHEMA)
+
+
+def test_gc_never_lets_a_fenced_writer_succeed(tmp_path):
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="k")
+    a = tbl.writer()
+    a.upsert(batch([1], 1))
+    b = tbl.writer(region_id=a.region_id)  # fences a: sentinel at a's next position
+    sentinel_pos = a.stats()["next_wal_position"]
+    assert read_wal_entry(tbl.store, a.region_id, sentinel_pos).is_sentinel
+    b.upsert(batch([2], 2))
+    b.flush()  # replay_after moves past the sentinel
+    tbl.merge()
+    tbl.gc(base_versions_older_than=NOW)
+    assert read_wal_entry(tbl.store, a.region_id, sentinel_pos).is_sentinel  # kept
+    assert read_wal_entry(tbl.store, a.region_id, 1) is None  # data entry collected
+    with pytest.raises(WriterFencedError):
+        a.upsert(batch([3], 3))
+    b.close()
+    assert tbl.to_arrow().sort_by("k").column("k").to_pylist() == [1, 2]
+
+
+def test_orphans_of_failed_flushes_are_collected(tmp_path, monkeypatch):
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="k")
+    real = generation_module.write_pk_index
+    calls = []
+
+    def flaky(uri, keys, opts=None):
+        calls.append(uri)
+        if len(calls) == 1:
+            raise OSError("injected")
+        return real(uri, keys, opts)
+
+    monkeypatch.setattr(generation_module, "write_pk_index", flaky)
+    with tbl.writer() as w:
+        w.upsert(batch([1, 2], 0))
+    assert len(gen_dirs(tbl, w.region_id)) == 2
+    result = tbl.gc()
+    assert result.orphan_directories == 1
+    (left,) = gen_dirs(tbl, w.region_id)
+    assert calls[1].endswith(left)
+    assert tbl.to_arrow().num_rows == 2
+    assert lance.dataset(str(tmp_path)).count_rows() == 0  # nothing merged: gen 1 is needed
