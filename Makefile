@@ -25,6 +25,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_write.py
 	$(PY) benchmarks/bench_read.py
 	$(PY) benchmarks/bench_lookup.py
+	$(PY) benchmarks/bench_maintenance.py
 
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=memwal_sql/_proto proto/memwal.proto

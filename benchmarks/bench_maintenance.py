@@ -1,0 +1,116 @@
+"""Maintenance benchmark: merge throughput and what maintenance does to read latency.
+
+On the layout of ``bench_read.py`` (flushed generations in every region, MemTables closed so
+everything is flushed), in one run:
+
+* merge throughput: ``tbl.merge()`` (one merge-insert commit per generation, tombstones
+  included, progress recorded atomically) in rows/s, against plain Lance ``merge_insert`` of the
+  same live rows in the same number of commits (no deletes, no progress);
+* read latency before and after ``tbl.maintain()``: a full scan, a filtered scan and a point
+  lookup, on the table with many generations and then on the merged, collected one.
+
+Prints a table and writes JSON (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from datetime import timedelta
+
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_read import SCHEMA, build  # noqa: E402
+
+from memwal_sql.manifest import RegionManifestStore  # noqa: E402
+from memwal_sql.storage import layout  # noqa: E402
+
+
+def timed(fn, repeats: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--base-rows", type=int, default=300_000)
+    ap.add_argument("--upserts", type=int, default=300_000)
+    ap.add_argument("--memtable-rows", type=int, default=20_000)
+    ap.add_argument("--out", default="benchmarks/results/bench_maintenance.json")
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="memwal-bench-maint-")
+    try:
+        tbl = build(f"{work}/t", args.base_rows, args.upserts, args.memtable_rows)
+        tbl.close()
+        gens = []
+        for rid in tbl.regions():
+            for g in RegionManifestStore(tbl.store, rid).latest().flushed_generations:
+                gens.append(tbl.store.uri_for(f"{layout.region_dir(rid)}/{g.path}"))
+        live_batches = []
+        for uri in gens:
+            t = lance.dataset(uri).to_table()
+            live_batches.append(t.filter(pc.invert(t.column("_tombstone"))).select(SCHEMA.names)
+                                .cast(SCHEMA))
+        merged_rows = sum(lance.dataset(u).count_rows() for u in gens)
+        key = int(live_batches[-1].column("id")[0].as_py())
+
+        reads = {
+            "full scan": lambda: tbl.to_arrow(),
+            "filtered scan": lambda: tbl.to_arrow(filter="score > 0.99"),
+            "point lookup": lambda: tbl.lookup([key]),
+        }
+        before = {name: timed(fn) for name, fn in reads.items()}
+
+        # The anchor: plain merge_insert of the same live rows, one commit per generation.
+        plain_uri = f"{work}/plain"
+        lance.write_dataset(lance.dataset(tbl.uri).to_table(columns=SCHEMA.names), plain_uri)
+        t0 = time.perf_counter()
+        for b in live_batches:
+            (lance.dataset(plain_uri).merge_insert("id").when_matched_update_all()
+             .when_not_matched_insert_all().execute(b))
+        plain_s = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        result = tbl.merge()
+        merge_s = time.perf_counter() - t0
+        gc = tbl.gc(base_versions_older_than=timedelta(0))
+        after = {name: timed(fn) for name, fn in reads.items()}
+
+        print(f"\n{len(gens)} generations, {merged_rows:,} generation rows "
+              f"({result.rows_deleted:,} tombstones)")
+        print(f"{'merge':<28}{'seconds':>10}{'rows/s':>14}")
+        print(f"{'memwal merge (atomic)':<28}{merge_s:>10.2f}{merged_rows / merge_s:>14,.0f}")
+        print(f"{'plain lance merge_insert':<28}{plain_s:>10.2f}{merged_rows / plain_s:>14,.0f}")
+        print(f"ratio (plain time / memwal time): {plain_s / merge_s:.2f}")
+        print(f"gc deleted {gc.objects} objects")
+        print(f"\n{'read':<18}{'before ms':>12}{'after ms':>12}{'speed-up':>10}")
+        for name in reads:
+            print(f"{name:<18}{before[name] * 1e3:>12.1f}{after[name] * 1e3:>12.1f}"
+                  f"{before[name] / after[name]:>10.2f}")
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                                   "lance": lance.__version__},
+                       "generations": len(gens), "rows": merged_rows,
+                       "merge_s": merge_s, "plain_merge_insert_s": plain_s,
+                       "read_before_s": before, "read_after_s": after}, f, indent=2)
+        print(f"\nwrote {args.out}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
