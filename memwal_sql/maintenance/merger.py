@@ -1,9 +1,10 @@
 """The MemTable merger: fold flushed generations into the base table, in generation order.
 
-Per region, each generation newer than the base table's recorded merge progress is merged with
-one Lance merge-insert: its live rows are upserted, and base rows whose key the generation
-tombstones are deleted ("not matched by source" with a key predicate), in a single commit that
-also records ``merged_generations`` for the region (Lance's ``mark_sstables_as_compacted``). Data
+Per region, the generations newer than the base table's recorded merge progress are merged, in
+generation order, with one Lance merge-insert: the newest version of each key among them wins,
+live rows are upserted, and base rows whose key is tombstoned are deleted ("not matched by
+source" with a key predicate), in a single commit that also records ``merged_generations`` for
+the region (Lance's ``mark_sstables_as_compacted``; the newest generation covers the older). Data
 and progress land atomically, so a merger that crashes before the commit leaves nothing, and one
 that crashes after it has recorded its work: the next merger skips the generation. Two mergers
 racing on a generation: Lance rejects the second progress record as stale, and the loser re-reads
@@ -25,6 +26,7 @@ from lance.mem_wal import CompactedSsTable
 from memwal_sql.errors import CommitConflictError, InvalidInputError
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import layout
+from memwal_sql.writer.memtable import latest_per_key
 from memwal_sql.writer.wal import TOMBSTONE
 
 if TYPE_CHECKING:
@@ -68,20 +70,28 @@ def merge_region(table: MemWalTable, region_id: str, *, max_generations: int | N
         )
         if not pending:
             break
-        gen = pending[0]
-        uri = table.store.uri_for(f"{layout.region_dir(region_id)}/{gen.path}")
-        rows = lance.dataset(uri, storage_options=table.storage_options or None).to_table()
+        if max_generations is not None:
+            pending = pending[: max_generations - done]
+        # All pending generations of the region go in one commit (one scan of the base table):
+        # concatenated oldest first, the newest version of each key wins, and the progress
+        # marker names the newest generation, which covers the older ones.
+        tables = []
+        for gen in pending:
+            uri = table.store.uri_for(f"{layout.region_dir(region_id)}/{gen.path}")
+            tables.append(lance.dataset(uri, storage_options=table.storage_options or None)
+                          .to_table())
+        rows = latest_per_key(pa.concat_tables(tables, promote_options="default"), pk)
         dead = rows.filter(rows.column(TOMBSTONE)) if TOMBSTONE in rows.column_names else None
         live = rows.filter(pc.invert(rows.column(TOMBSTONE))) if dead is not None else rows
         live = live.select(table.schema.names).cast(table.schema)
         builder = ds.merge_insert(pk).when_matched_update_all().when_not_matched_insert_all()
         if dead is not None and dead.num_rows:
-            # A tombstoned key is never among the generation's live rows (it is deduplicated),
-            # so its base row is "not matched by source" and this predicate selects it.
+            # A tombstoned key is never among the live rows (they are deduplicated), so its base
+            # row is "not matched by source" and this predicate selects it.
             builder = builder.when_not_matched_by_source_delete(sql_key_predicate(dead.select(pk)))
         try:
             builder.mark_sstables_as_compacted(
-                [CompactedSsTable(region_id, gen.generation)]).execute(live)
+                [CompactedSsTable(region_id, pending[-1].generation)]).execute(live)
         except OSError as e:
             if _STALE not in str(e) and "conflict" not in str(e).lower():
                 raise
@@ -89,14 +99,15 @@ def merge_region(table: MemWalTable, region_id: str, *, max_generations: int | N
             attempts += 1
             if attempts >= _ATTEMPTS:
                 raise CommitConflictError(
-                    f"merging region {region_id} generation {gen.generation} kept conflicting "
+                    f"merging region {region_id} generations up to {pending[-1].generation} "
+                    "kept conflicting "
                     "with other mergers; retry later"
                 ) from e
             continue  # another merger got there first: re-read the progress
         result.rows_upserted += live.num_rows
         result.rows_deleted += dead.num_rows if dead is not None else 0
-        result.merged.setdefault(region_id, []).append(gen.generation)
-        done += 1
+        result.merged.setdefault(region_id, []).extend(g.generation for g in pending)
+        done += len(pending)
     result.seconds += time.perf_counter() - t0
     return result
 
