@@ -47,3 +47,40 @@ class Model:
     def table(self, schema: pa.Schema) -> pa.Table:
         rows = [self.rows[k] for k in sorted(self.rows)]
         return pa.Table.from_pylist(rows, schema=schema) if rows else schema.empty_table()
+
+
+def apply_op(tbl: Any, model: Model, op: str, keys: list, seed: int, uri: str, batch: Any,
+             *, delete_columns: list[str] | None = None) -> Any:
+    """Apply one generated operation to a table and the model; returns the table to go on with
+    (a new handle after "reopen"). Deletes pass ``delete_columns`` of ``batch(keys, 0)``."""
+    from datetime import timedelta
+
+    import memwal_sql as mw
+
+    if op == "upsert":
+        tbl.upsert(batch(keys, seed))
+        model.upsert(batch(keys, seed))
+    elif op == "delete":
+        rows = batch(keys, 0)
+        tbl.delete(rows.select(delete_columns or model.primary_key))
+        model.delete(rows.select(model.primary_key))
+    elif op == "flush":
+        tbl.flush()
+    elif op == "close":
+        tbl.close()
+    elif op == "crash":
+        # Drop the writers without closing. Durable writes are in the WAL already; non-durable
+        # ones are made durable first, because the model holds only acknowledged writes.
+        for w in tbl._writers.values():
+            w._wal.flush()
+        tbl._writers.clear()
+    elif op == "reopen":
+        tbl.close()
+        return mw.open_table(uri, writer_config=tbl.writer_config)
+    elif op == "merge":
+        tbl.merge()
+    elif op == "gc":
+        tbl.gc(base_versions_older_than=timedelta(0), keep_manifest_versions=2)
+    else:
+        raise ValueError(op)
+    return tbl

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import memwal_sql as mw
 from exec_nodes.lookup import BaseLookupExec, BloomFilterGuardExec, TakeLastExec
 from planner.lookup import LookupPlan
-from tests.lsm import Model
+from tests.lsm import Model, apply_op
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
 COMPOSITE = pa.schema([pa.field("a", pa.string(), False), pa.field("b", pa.int32(), False),
@@ -54,20 +54,7 @@ def test_lookups_match_the_model(ops, bucketed):
         model = Model(["k"])
         model.upsert(batch(list(range(0, 26, 2)), 0))
         for op, ks, seed in ops:
-            if op == "upsert":
-                tbl.upsert(batch(ks, seed))
-                model.upsert(batch(ks, seed))
-            elif op == "delete":
-                tbl.delete(ks)
-                model.delete(pa.table({"k": ks}))
-            elif op == "flush":
-                tbl.flush()
-            elif op == "close":
-                tbl.close()
-            elif op == "crash":
-                tbl._writers.clear()
-            else:
-                tbl = mw.open_table(d, writer_config=tbl.writer_config)
+            tbl = apply_op(tbl, model, op, ks, seed, d, batch)
         probe = list(range(27))  # present, absent, deleted and re-inserted keys
         check(tbl, model, probe)
         check(mw.open_table(d), model, probe)  # another handle: WAL tails

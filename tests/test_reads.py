@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from lance.mem_wal import LsmScanner
 
 import memwal_sql as mw
-from tests.lsm import Model, lance_snapshots
+from tests.lsm import Model, apply_op, lance_snapshots
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("grp", pa.string(), False),
                     pa.field("n", pa.int32()), pa.field("s", pa.string())])
@@ -76,22 +76,10 @@ def test_reads_match_the_model(ops, spec):
         model = Model(["k"])
         model.upsert(batch([0, 1, 2, 3], 1))
         for op, ks, seed in ops:
-            if op == "upsert":
-                tbl.upsert(batch(ks, seed))
-                model.upsert(batch(ks, seed))
-            elif op == "delete":
-                tbl.delete(batch(ks, 0).select(["k", "grp"]))
-                model.delete(pa.table({"k": ks}))
-            elif op == "flush":
-                tbl.flush()
-            elif op == "close":
-                tbl.close()
-            elif op == "crash":
-                tbl._writers.clear()  # abandoned writers: their rows are in the WAL tail
-            elif op == "reopen":
-                tbl = mw.open_table(d, writer_config=tbl.writer_config)
-            else:
+            if op == "read":
                 check_reads(tbl, model)
+            else:
+                tbl = apply_op(tbl, model, op, ks, seed, d, batch, delete_columns=["k", "grp"])
         check_reads(tbl, model)
         # Another handle on the table (as another process would) reads the WAL tails.
         check_reads(mw.open_table(d), model)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
-from datetime import timedelta
 
 import lance
 import pyarrow as pa
@@ -15,7 +14,7 @@ from hypothesis import strategies as st
 
 import memwal_sql as mw
 from memwal_sql.maintenance import merger
-from tests.lsm import Model, lance_latest_rows
+from tests.lsm import Model, apply_op, lance_latest_rows
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
 keys = st.lists(st.integers(0, 20), min_size=1, max_size=6, unique=True)
@@ -47,22 +46,7 @@ def test_merges_and_gc_interleaved_with_writes_keep_the_latest_rows(ops, buckete
         model = Model(["k"])
         model.upsert(batch(list(range(0, 21, 3)), 0))
         for op, ks, seed in ops:
-            if op == "upsert":
-                tbl.upsert(batch(ks, seed))
-                model.upsert(batch(ks, seed))
-            elif op == "delete":
-                tbl.delete(ks)
-                model.delete(pa.table({"k": ks}))
-            elif op == "flush":
-                tbl.flush()
-            elif op == "merge":
-                tbl.merge()
-            elif op == "gc":
-                tbl.gc(base_versions_older_than=timedelta(0), keep_manifest_versions=2)
-            elif op == "crash":
-                tbl._writers.clear()
-            else:
-                tbl = mw.open_table(d, writer_config=tbl.writer_config)
+            tbl = apply_op(tbl, model, op, ks, seed, d, batch)
             assert_reads(tbl, model, d)
         tbl.close()
         for rid in tbl.regions():  # replay abandoned WAL tails into generations

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memwal_sql as mw
-from tests.lsm import Model, lance_latest_rows
+from tests.lsm import Model, apply_op, lance_latest_rows
 
 SCHEMA = pa.schema([pa.field("k", pa.string(), False), pa.field("n", pa.int32(), False),
                     pa.field("v", pa.int64())])
@@ -42,25 +42,7 @@ def test_random_sequences_match_the_model(ops, bucketed, durable):
                               writer_config=mw.WriterConfig(durable=durable, max_memtable_rows=7))
         model = Model(["k"])
         for op, ks, seed in ops:
-            if op == "upsert":
-                tbl.upsert(batch(ks, seed))
-                model.upsert(batch(ks, seed))
-            elif op == "delete":
-                tbl.delete(pa.table({"k": ks}))
-                model.delete(pa.table({"k": ks}))
-            elif op == "flush":
-                tbl.flush()
-            elif op == "close":
-                tbl.close()
-            elif op == "crash":
-                # Drop the writers without closing: durable writes are in the WAL; non-durable
-                # ones are made durable first (the model only holds acknowledged writes).
-                for w in tbl._writers.values():
-                    w._wal.flush()
-                tbl._writers.clear()
-            else:
-                tbl.close()
-                tbl = mw.open_table(d, writer_config=tbl.writer_config)
+            tbl = apply_op(tbl, model, op, ks, seed, d, batch)
         tbl.close()
         # Writers abandoned by "crash" left WAL tails: a new writer per region replays them.
         for rid in tbl.regions():
