@@ -16,10 +16,10 @@ from collections.abc import Iterator
 import lance
 
 from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails
+from memwal_sql.index.details import INDEX_NAME
 from memwal_sql.errors import CorruptManifestError
 from memwal_sql.storage import ObjectStore
 
-INDEX_NAME = "__lance_mem_wal"
 _MAGIC = b"LANC"
 
 
