@@ -97,7 +97,12 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
     regions = []
     rids = table.regions()
     # Each manifest read is a few small object reads: issue them side by side.
-    manifests = list(_POOL.map(lambda r: RegionManifestStore(table.store, r).latest(), rids))
+    known = table.known_manifests
+    manifests = list(_POOL.map(
+        lambda r: RegionManifestStore(table.store, r).refresh(known.get(r)), rids))
+    for rid, manifest in zip(rids, manifests):
+        if manifest is not None:
+            known[rid] = manifest
     for rid, manifest in zip(rids, manifests):
         if manifest is None:
             continue

@@ -94,6 +94,8 @@ class MemWalTable:
         self._live: weakref.WeakValueDictionary[str, RegionWriter] = weakref.WeakValueDictionary()
         self._reads_impl: Any = None
         self._merged_cache: tuple[int, dict[str, int]] | None = None
+        # The newest manifest seen per region: a snapshot re-reads one only if a newer exists.
+        self.known_manifests: dict[str, Any] = {}
         self._pool: ThreadPoolExecutor | None = None
 
     # ---- base table ---------------------------------------------------------------------------

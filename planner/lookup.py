@@ -36,6 +36,7 @@ from memwal_sql.writer.generation import BLOOM_FILTER
 from planner.predicate import And, Cmp, In, Node
 
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-lookup")
+_PARALLEL_KEYS = 256
 MAX_SQL_LOOKUP_KEYS = 1024  # larger IN lists are scanned (pyarrow hands over at most 20 values)
 
 
@@ -59,8 +60,10 @@ class LookupPlan:
             # Hash each key once for every bloom filter it meets.
             return node.take_last(keys.append_column(HASH, pa.array(pk_hashes(keys))))
 
-        # Regions are independent and Lance releases the GIL: probe them side by side.
-        results = list(_POOL.map(probe, self.regions)) if len(self.regions) > 1 \
+        # Regions are independent and Lance releases the GIL: big batches probe them side by
+        # side; for a few keys the thread hand-offs cost more than they save.
+        parallel = len(self.regions) > 1 and self.keys.num_rows >= _PARALLEL_KEYS
+        results = list(_POOL.map(probe, self.regions)) if parallel \
             else [probe(r) for r in self.regions]
         for rows, rest in results:
             found.append(rows)

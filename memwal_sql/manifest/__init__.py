@@ -98,6 +98,18 @@ class RegionManifestStore:
                 v = self.latest_version()
         return None
 
+    def refresh(self, known: RegionManifest | None) -> RegionManifest | None:
+        """The newest manifest, reusing ``known`` when no newer version exists.
+
+        Versions are consecutive, so one existence check of ``known.version + 1`` proves
+        ``known`` is still the newest: one request instead of reading hint and manifest.
+        """
+        if known is not None and not self.store.exists(
+            layout.manifest_path(self.region_id, known.version + 1)
+        ):
+            return known
+        return self.latest()
+
     def list_versions(self) -> list[int]:
         """Every stored version, ascending."""
         out = []
