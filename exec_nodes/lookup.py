@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode
+from exec_nodes.base import BASE_GENERATION, ROWADDR, TOMBSTONE, ExecNode
 from exec_nodes.dedup import newest_per_key
 from exec_nodes.keyset import KeySet
 from exec_nodes.scan import tag
@@ -72,7 +72,6 @@ class LookupSource(ExecNode):
         self.generation = generation
         self._schema = schema
         self.probes = 0
-        self.keys: pa.Table | None = None
         self._lock = threading.Lock()
 
     @property
@@ -87,10 +86,6 @@ class LookupSource(ExecNode):
 
     def _take_last(self, keys: pa.Table) -> pa.Table:
         raise NotImplementedError
-
-    def execute(self) -> Iterator[pa.RecordBatch]:
-        assert self.keys is not None
-        yield from self.take_last(self.keys).to_batches()
 
 
 class TakeLastExec(LookupSource):
@@ -316,6 +311,6 @@ def live_rows(rows: pa.Table) -> pa.Table:
 
 
 __all__ = [
-    "BaseLookupExec", "BloomFilterGuardExec", "CoalesceFirstExec", "GEN", "LookupSource",
+    "BaseLookupExec", "BloomFilterGuardExec", "CoalesceFirstExec", "LookupSource",
     "TakeLastExec", "live_rows",
 ]

@@ -16,7 +16,7 @@ outrank newer base rows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -149,6 +149,3 @@ def _wal_tail(table: MemWalTable, region_id: str, after: int) -> tuple[pa.Record
         out.extend(conform_batch(b, table.wal_schema) for b in entry.batches)
     return tuple(out)
 
-
-def source_count(regions: Sequence[RegionSnapshot]) -> int:
-    return sum(r.num_sources for r in regions)

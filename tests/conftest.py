@@ -92,3 +92,22 @@ def table_root(request: Any, tmp_path: Any) -> tuple[str, dict[str, str] | None]
         return str(tmp_path / "table"), None
     options = request.getfixturevalue("s3_server")
     return f"s3://{S3_BUCKET}/{uuid.uuid4().hex}/table", options
+
+
+@pytest.fixture
+def failing_first_flush(monkeypatch: Any) -> list[str]:
+    """Make the first generation write fail after its data files are written (the _pk_index
+    step); returns the generation uris each attempt used."""
+    from memwal_sql.writer import generation
+
+    real = generation.write_pk_index
+    calls: list[str] = []
+
+    def flaky(uri: str, keys: Any, opts: Any = None) -> None:
+        calls.append(uri)
+        if len(calls) == 1:
+            raise OSError("injected failure after the data files were written")
+        real(uri, keys, opts)
+
+    monkeypatch.setattr(generation, "write_pk_index", flaky)
+    return calls

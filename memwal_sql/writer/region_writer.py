@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -504,18 +504,3 @@ def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
             cols.append(pa.nulls(batch.num_rows, f.type))
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
-
-def open_region_writer(
-    table: TableLayout,
-    region_id: str,
-    *,
-    region_values: Sequence[Any] | None = None,
-    config: WriterConfig | None = None,
-) -> RegionWriter:
-    """Claim ``region_id`` and return its writer (see :class:`RegionWriter`)."""
-    return RegionWriter(
-        table,
-        region_id,
-        region_values=tuple(region_values) if region_values is not None else None,
-        config=config,
-    )

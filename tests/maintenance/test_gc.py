@@ -12,7 +12,6 @@ import memwal_sql as mw
 from memwal_sql.errors import WriterFencedError
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import layout
-from memwal_sql.writer import generation as generation_module
 from memwal_sql.writer.wal import iter_wal, read_wal_entry
 from tests.lsm import Model, lance_latest_rows
 
@@ -92,18 +91,9 @@ def test_gc_never_lets_a_fenced_writer_succeed(tmp_path):
     assert tbl.to_arrow().sort_by("k").column("k").to_pylist() == [1, 2]
 
 
-def test_orphans_of_failed_flushes_are_collected(tmp_path, monkeypatch):
+def test_orphans_of_failed_flushes_are_collected(tmp_path, failing_first_flush):
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="k")
-    real = generation_module.write_pk_index
-    calls = []
-
-    def flaky(uri, keys, opts=None):
-        calls.append(uri)
-        if len(calls) == 1:
-            raise OSError("injected")
-        return real(uri, keys, opts)
-
-    monkeypatch.setattr(generation_module, "write_pk_index", flaky)
+    calls = failing_first_flush
     with tbl.writer() as w:
         w.upsert(batch([1, 2], 0))
     assert len(gen_dirs(tbl, w.region_id)) == 2

@@ -8,7 +8,6 @@ import memwal_sql as mw
 from memwal_sql.errors import WriterClosedError, WrongRegionError
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import layout
-from memwal_sql.writer import generation as generation_module
 from memwal_sql.writer.wal import iter_wal
 from tests.lsm import Model, lance_latest_rows
 
@@ -164,18 +163,9 @@ def test_backpressure_blocks_until_flushes_catch_up(tmp_path):
     assert lance_latest_rows(str(tmp_path), ["id"]) == model.table(SCHEMA)
 
 
-def test_failed_flush_retries_into_a_new_directory(tmp_path, monkeypatch):
+def test_failed_flush_retries_into_a_new_directory(tmp_path, failing_first_flush):
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
-    real = generation_module.write_pk_index
-    calls = []
-
-    def flaky(uri, keys, opts=None):
-        calls.append(uri)
-        if len(calls) == 1:
-            raise OSError("injected failure after the data files were written")
-        return real(uri, keys, opts)
-
-    monkeypatch.setattr(generation_module, "write_pk_index", flaky)
+    calls = failing_first_flush
     with tbl.writer() as w:
         w.upsert(rows([1, 2]))
     m = manifest(tbl, w.region_id)
