@@ -15,9 +15,10 @@ keys, never once per key.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import lance
 import numpy as np
@@ -25,7 +26,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import BASE_GENERATION, ROWADDR, TOMBSTONE, ExecNode
-from exec_nodes.dedup import newest_per_key
 from exec_nodes.keyset import KeySet
 from exec_nodes.scan import tag
 from memwal_sql.errors import ObjectNotFoundError
@@ -34,24 +34,56 @@ from memwal_sql.writer.bloom import BloomFilter, pk_hashes
 from memwal_sql.writer.pk_index import read_pk_index
 
 HASH = "__memwal_key_hash"  # keys may carry their bloom hashes, computed once per lookup
-_CACHE_SIZE = 256
-_cache: OrderedDict[tuple[str, str], object] = OrderedDict()
-_cache_lock = threading.Lock()
 
 
-def _cached(kind: str, uri: str, load: object) -> object:
-    """Per-process LRU of immutable per-generation structures (pk index, bloom filter)."""
-    key = (kind, uri)
-    with _cache_lock:
-        if key in _cache:
-            _cache.move_to_end(key)
-            return _cache[key]
-    value = load()  # type: ignore[operator]
-    with _cache_lock:
-        _cache[key] = value
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
-    return value
+class LookupCache:
+    """Per-process LRU of immutable per-generation structures, bounded in bytes.
+
+    Generations never change once flushed, so their primary-key index, bloom filter and (for
+    small generations) their rows are read once and kept, as RocksDB keeps SST blocks in its
+    block cache. ``MEMWAL_LOOKUP_CACHE_BYTES`` sets the budget (default 512 MiB; 0 disables).
+
+    Example:
+        >>> c = LookupCache(100)
+        >>> c.get("k", "a", lambda: ("v", 60)), c.get("k", "b", lambda: ("w", 60))
+        ('v', 'w')
+        >>> c.nbytes  # "a" was evicted to stay within 100 bytes
+        60
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._entries: OrderedDict[tuple[str, str], tuple[object, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, kind: str, uri: str, load: Callable[[], tuple[object, int]],
+            current: Callable[[object], bool] | None = None) -> object:
+        """The cached value of ``(kind, uri)`` (if ``current`` accepts it), else ``load()``'s
+        ``(value, nbytes)``, kept."""
+        key = (kind, uri)
+        with self._lock:
+            if key in self._entries:
+                value = self._entries[key][0]
+                if current is None or current(value):
+                    self._entries.move_to_end(key)
+                    return value
+        value, nbytes = load()
+        with self._lock:
+            if key in self._entries:
+                self.nbytes -= self._entries.pop(key)[1]
+            if nbytes <= self.max_bytes:
+                self._entries[key] = (value, nbytes)
+                self.nbytes += nbytes
+                while self.nbytes > self.max_bytes:
+                    _, (_, n) = self._entries.popitem(last=False)
+                    self.nbytes -= n
+        return value
+
+
+_KEY_INDEX_ROW_BYTES = 32  # a cached base key index entry: key, row address, sort order
+_WHOLE_GENERATION_SHARE = 16  # a generation read whole takes at most 1/16 of the cache
+CACHE = LookupCache(int(os.environ.get("MEMWAL_LOOKUP_CACHE_BYTES", 512 << 20)))
 
 
 def _key_index(values: pa.Table, ids: np.ndarray) -> tuple[KeySet, np.ndarray]:
@@ -67,10 +99,12 @@ def _key_index(values: pa.Table, ids: np.ndarray) -> tuple[KeySet, np.ndarray]:
 class LookupSource(ExecNode):
     """One source that can be probed by key; counts probes (tests check what was touched)."""
 
-    def __init__(self, region_id: str | None, generation: int, schema: pa.Schema) -> None:
+    def __init__(self, region_id: str | None, generation: int, schema: pa.Schema,
+                 primary_key: Sequence[str]) -> None:
         self.region_id = region_id
         self.generation = generation
         self._schema = schema
+        self.primary_key = list(primary_key)
         self.probes = 0
         self._lock = threading.Lock()
 
@@ -78,14 +112,26 @@ class LookupSource(ExecNode):
     def schema(self) -> pa.Schema:
         return self._schema
 
-    def take_last(self, keys: pa.Table) -> pa.Table:
-        """The newest row (tombstones included) of each of ``keys`` present in this source."""
+    def take_last(self, keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
+        """The newest row (tombstones included) of each of ``keys`` present in this source,
+        and a mask of the keys that were present."""
         with self._lock:
             self.probes += 1
+        if keys.num_rows == 0:
+            return self.schema.empty_table(), np.zeros(0, dtype=bool)
         return self._take_last(keys)
 
-    def _take_last(self, keys: pa.Table) -> pa.Table:
+    def _take_last(self, keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
         raise NotImplementedError
+
+    def _take_newest(self, keys: pa.Table, keyset: KeySet, newest: np.ndarray,
+                     take: Callable[[np.ndarray], pa.Table]) -> tuple[pa.Table, np.ndarray]:
+        """Probe ``keyset`` and ``take`` the rows ``newest`` names for the keys it holds."""
+        pos = keyset.positions(keys)
+        hit = pos >= 0
+        if not hit.any():
+            return self.schema.empty_table(), hit
+        return take(newest[pos[hit]]), hit
 
 
 class TakeLastExec(LookupSource):
@@ -97,13 +143,11 @@ class TakeLastExec(LookupSource):
                  primary_key: Sequence[str], *, uri: str | None = None,
                  batches: Sequence[pa.RecordBatch] | None = None,
                  storage_options: dict[str, str] | None = None, origin: str = "generation") -> None:
-        super().__init__(region_id, generation, schema)
-        self.primary_key = list(primary_key)
+        super().__init__(region_id, generation, schema, primary_key)
         self.uri = uri
         self.batches = list(batches or [])
         self.storage_options = storage_options
         self.origin = origin
-        self._mem: pa.Table | None = None
 
     def describe(self) -> str:
         where = self.uri.rsplit("/", 1)[-1] if self.uri else f"{self.origin} " \
@@ -112,99 +156,158 @@ class TakeLastExec(LookupSource):
         return f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} " \
                f"{where} via {how}"
 
-    def _take_last(self, keys: pa.Table) -> pa.Table:
+    def _take_last(self, keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
         if self.uri is not None:
             return self._from_generation(keys)
         return self._from_memtable(keys)
 
-    def _from_generation(self, keys: pa.Table) -> pa.Table:
+    def _from_generation(self, keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
         assert self.uri is not None
-        uri, opts = self.uri, self.storage_options
+        uri, opts, pk = self.uri, self.storage_options, self.primary_key
 
-        def load() -> tuple[KeySet, np.ndarray]:
+        def load_index() -> tuple[tuple[KeySet, np.ndarray], int]:
             index = read_pk_index(uri, opts)
             values = index.column("values")
-            if len(self.primary_key) == 1:
-                table = pa.table({self.primary_key[0]: values})
+            if len(pk) == 1:
+                table = pa.table({pk[0]: values})
             else:  # composite keys are stored encoded; probe with the same encoding
                 table = pa.table({"__key": values.cast(pa.binary())})
-            return _key_index(table, index.column("ids").to_numpy())
+            keyset, ids = _key_index(table, index.column("ids").to_numpy())
+            return (keyset, ids), index.nbytes + ids.nbytes
 
-        keyset, ids = _cached("pk_index", uri, load)  # type: ignore[misc]
-        probe = keys.select(self.primary_key) if len(self.primary_key) == 1 \
-            else _encoded_keys(keys.select(self.primary_key))
-        pos = keyset.positions(probe)
-        hit = pos >= 0
-        if not hit.any():
-            return self.schema.empty_table()
-        row_ids = ids[pos[hit]].astype(np.uint64)
-        ds = _cached("dataset", uri, lambda: lance.dataset(uri, storage_options=opts))
-        names = [f.name for f in self.schema if f.name in ds.schema.names]
+        keyset, ids = CACHE.get("pk_index", uri, load_index)  # type: ignore[misc]
+        probe = keys.select(pk) if len(pk) == 1 else _encoded_keys(keys.select(pk))
+        rows = self._generation_rows()
+        if rows is not None:
+            return self._take_newest(probe, keyset, ids,
+                                     lambda offsets: rows.take(pa.array(offsets)))
+        return self._take_newest(probe, keyset, ids, self._take_from_generation)
+
+    def _take_from_generation(self, offsets: np.ndarray) -> pa.Table:
+        uri, opts = self.uri, self.storage_options
+        ds = CACHE.get("dataset", uri, lambda: (lance.dataset(uri, storage_options=opts), 4096))
+        names = [f.name for f in self.schema if f.name in ds.schema.names]  # type: ignore[union-attr]
         # Row addresses of fragment 0 are the offsets the _pk_index stores.
-        rows = ds._take_rows(pa.array(row_ids), columns=names)
-        out = tag(rows, self.generation, self.schema)
-        cols = [pa.array(row_ids) if f.name == ROWADDR else out.column(f.name) for f in self.schema]
-        return pa.Table.from_arrays(cols, schema=self.schema)
+        row_ids = pa.array(offsets.astype(np.uint64))
+        out = tag(ds._take_rows(row_ids, columns=names),  # type: ignore[union-attr]
+                  self.generation, self.schema)
+        return out.set_column(out.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), row_ids)
 
-    def _from_memtable(self, keys: pa.Table) -> pa.Table:
-        with self._lock:
-            if self._mem is None:
-                self._mem = tag(pa.Table.from_batches(self.batches), self.generation,
-                                self.schema) if self.batches else self.schema.empty_table()
-            table = self._mem
-        # One pass over the MemTable's key column(s) with the requested keys as the small set,
-        # then the last occurrence of each matching key: cheaper than indexing the MemTable.
-        if len(self.primary_key) == 1:
-            k = self.primary_key[0]
-            mask = pc.is_in(table.column(k), value_set=keys.column(k).combine_chunks())
-        else:
-            k = self.primary_key[0]
-            mask = pc.is_in(table.column(k), value_set=pc.unique(keys.column(k).combine_chunks()))
-        idx = np.nonzero(mask.to_numpy(zero_copy_only=False))[0]
-        if len(idx) == 0:
-            return self.schema.empty_table()
-        cand = table.take(pa.array(idx))
-        if len(self.primary_key) > 1:
-            exact = KeySet(keys.select(self.primary_key)).contains(cand.select(self.primary_key))
-            cand = cand.filter(pa.array(exact))
-        newest = newest_per_key(cand, self.primary_key)
-        if newest.num_rows == cand.num_rows:
-            return cand
-        # A MemTable row's address is its position, so the winners are taken straight back.
-        return table.take(pa.array(newest.column(ROWADDR).to_numpy().astype(np.int64)))
+    def _generation_rows(self) -> pa.Table | None:
+        """A small generation's rows (source schema, row ``i`` at offset ``i``), read once;
+        None for a generation too big to keep.
+
+        One sequential read of a small generation costs about what two random ``take`` calls
+        do, and it serves every later lookup from memory.
+        """
+        uri, opts = self.uri, self.storage_options
+
+        def load() -> tuple[pa.Table | None, int]:
+            ds = lance.dataset(uri, storage_options=opts)
+            frags = ds.get_fragments()
+            size = sum(f.file_size_bytes or 0 for fr in frags for f in fr.data_files())
+            if len(frags) != 1 or size > CACHE.max_bytes // _WHOLE_GENERATION_SHARE:
+                return None, 64
+            names = [f.name for f in self.schema if f.name in ds.schema.names]
+            table = ds.to_table(columns=names, with_row_address=True)
+            offsets = table.column(ROWADDR).to_numpy().astype(np.int64)
+            table = tag(table.drop_columns([ROWADDR]), self.generation, self.schema)
+            physical = frags[0].metadata.physical_rows
+            if len(offsets) != physical or not np.array_equal(offsets, np.arange(physical)):
+                # A deletion vector: deleted offsets become null rows, which the _pk_index's
+                # newest id per key never selects.
+                dense = np.full(physical, -1, dtype=np.int64)
+                dense[offsets] = np.arange(len(offsets))
+                table = table.take(pa.array(dense, mask=dense < 0))
+            table = table.combine_chunks()  # take() on one chunk is several times faster
+            return table, table.nbytes
+
+        return CACHE.get("rows", uri, load)  # type: ignore[return-value]
+
+    def _from_memtable(self, keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
+        batches, pk = self.batches, self.primary_key
+        if not batches:
+            return self.schema.empty_table(), np.zeros(keys.num_rows, dtype=bool)
+
+        def load() -> tuple[tuple[pa.RecordBatch, int, pa.Table, KeySet, np.ndarray], int]:
+            table = tag(pa.Table.from_batches(batches), self.generation, self.schema)
+            table = table.combine_chunks()
+            keyset, newest = _key_index(table.select(pk), np.arange(table.num_rows))
+            return (batches[-1], len(batches), table, keyset, newest), table.nbytes
+
+        def current(entry: object) -> bool:
+            # A MemTable only grows: the same last batch object and count mean the same rows.
+            last, count = entry[0], entry[1]  # type: ignore[index]
+            return last is batches[-1] and count == len(batches)
+
+        key = f"{self.region_id}/{self.generation}/{self.origin}"
+        _, _, table, keyset, newest = CACHE.get("memtable", key, load, current)  # type: ignore[misc]
+        return self._take_newest(keys.select(pk), keyset, newest,
+                                 lambda rows: table.take(pa.array(rows)))
 
 
 class BaseLookupExec(LookupSource):
-    """Newest row per key in the base table: a filtered Lance read the btree index serves."""
+    """Newest row per key in the base table, found through an index, never a scan.
+
+    The base table's keys and row addresses at the pinned version are read once (one column,
+    like Lance's own btree pages) and cached, so a batch of keys costs a vectorised probe and
+    one ``take`` of the rows that exist. A base table whose key index would not fit the lookup
+    cache is probed through its primary-key btree instead (a filtered Lance read).
+    """
 
     name = "BaseLookupExec"
 
     def __init__(self, dataset: lance.LanceDataset, schema: pa.Schema,
                  primary_key: Sequence[str]) -> None:
-        super().__init__(None, BASE_GENERATION, schema)
+        super().__init__(None, BASE_GENERATION, schema, primary_key)
         self.dataset = dataset
-        self.primary_key = list(primary_key)
 
     def describe(self) -> str:
         indexed = any(i["fields"] == [self.primary_key[0]] and i["type"] == "BTree"
                       for i in self.dataset.list_indices())
+        how = "cached key index" if self._fits_cache() else "btree"
         return (f"{self.name}: version={self.dataset.version} gen={BASE_GENERATION} "
-                f"key={self.primary_key} btree={'yes' if indexed else 'no (scan)'}")
+                f"key={self.primary_key} btree={'yes' if indexed else 'no (scan)'} via {how}")
 
-    def _take_last(self, keys: pa.Table) -> pa.Table:
-        if keys.num_rows == 0:
-            return self.schema.empty_table()
-        filt = _key_filter(keys, self.primary_key)
+    def _fits_cache(self) -> bool:
+        return self.dataset.count_rows() * _KEY_INDEX_ROW_BYTES <= CACHE.max_bytes // 4
+
+    def _key_index(self) -> tuple[KeySet, np.ndarray] | None:
+        if not self._fits_cache():
+            return None
+        ds, pk = self.dataset, self.primary_key
+
+        def load() -> tuple[tuple[KeySet, np.ndarray], int]:
+            table = ds.to_table(columns=pk, with_row_address=True)
+            addrs = table.column(ROWADDR).to_numpy()
+            keys = table.select(pk)
+            return (KeySet(keys), addrs), keys.nbytes + 2 * addrs.nbytes
+
+        # Data file names are random: they tell a table recreated at the same uri apart.
+        frags = ds.get_fragments()
+        files = [fr.data_files()[0].path for fr in (frags[0], frags[-1])] if frags else []
+        return CACHE.get("base_keys", f"{ds.uri}@{ds.version}:{files}", load)  # type: ignore[return-value]
+
+    def _take_last(self, keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
         names = [f.name for f in self.schema if f.name in self.dataset.schema.names]
-        rows = self.dataset.to_table(columns=names, filter=filt, with_row_address=True)
-        if len(self.primary_key) > 1 and rows.num_rows:
+        index = self._key_index()
+        if index is not None:
+            keyset, addrs = index
+            return self._take_newest(keys.select(self.primary_key), keyset, addrs,
+                                     lambda hit: self._tagged(self.dataset._take_rows(
+                                         pa.array(hit), columns=names), pa.array(hit)))
+        rows = self.dataset.to_table(columns=names, filter=_key_filter(keys, self.primary_key),
+                                     with_row_address=True)
+        if len(self.primary_key) > 1 and rows.num_rows:  # the filter was on the first column
             rows = rows.filter(pa.array(KeySet(keys.select(self.primary_key)).contains(
                 rows.select(self.primary_key))))
-        addr = rows.column(ROWADDR)
-        out = tag(rows.drop_columns([ROWADDR]), BASE_GENERATION, self.schema)
-        cols = [addr.cast(pa.uint64()) if f.name == ROWADDR else out.column(f.name)
-                for f in self.schema]
-        return pa.Table.from_arrays(cols, schema=self.schema)
+        found = KeySet(rows.select(self.primary_key)).contains(keys.select(self.primary_key))
+        return self._tagged(rows.drop_columns([ROWADDR]),
+                            rows.column(ROWADDR).cast(pa.uint64())), found
+
+    def _tagged(self, rows: pa.Table, addr: pa.Array | pa.ChunkedArray) -> pa.Table:
+        out = tag(rows, BASE_GENERATION, self.schema)
+        return out.set_column(out.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), addr)
 
 
 class BloomFilterGuardExec(ExecNode):
@@ -230,24 +333,30 @@ class BloomFilterGuardExec(ExecNode):
     def describe(self) -> str:
         return f"{self.name}: {self.bloom_path.rsplit('/', 2)[-2]}/bloom_filter.bin"
 
-    def take_last(self, keys: pa.Table) -> pa.Table:
-        def load() -> BloomFilter | None:
+    def take_last(self, keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
+        """As :meth:`LookupSource.take_last`, asking the child only for keys the filter passes."""
+        def load() -> tuple[BloomFilter | None, int]:
             try:
-                return BloomFilter.from_bytes(self.store.get(self.bloom_path))
+                data = self.store.get(self.bloom_path)
             except ObjectNotFoundError:
-                return None  # no filter: every key passes
+                return None, 64  # no filter: every key passes
+            return BloomFilter.from_bytes(data), len(data)
 
-        bloom = _cached("bloom", self.store.uri_for(self.bloom_path), load)
-        if bloom is not None:
-            hashes = (keys.column(HASH).to_numpy() if HASH in keys.column_names
-                      else pk_hashes(keys))
-            mask = bloom.might_contain(hashes)  # type: ignore[union-attr]
-            self.skipped += int((~mask).sum())
-            if not mask.any():
-                return self.schema.empty_table()
-            keys = keys.filter(pa.array(mask))
-        self.passed += keys.num_rows
-        return self.child.take_last(keys)
+        bloom = CACHE.get("bloom", self.store.uri_for(self.bloom_path), load)
+        if bloom is None:
+            self.passed += keys.num_rows
+            return self.child.take_last(keys)
+        hashes = keys.column(HASH).to_numpy() if HASH in keys.column_names else pk_hashes(keys)
+        mask = bloom.might_contain(hashes)  # type: ignore[union-attr]
+        passed = np.nonzero(mask)[0]
+        self.skipped += keys.num_rows - len(passed)
+        self.passed += len(passed)
+        if len(passed) == 0:
+            return self.schema.empty_table(), mask
+        rows, found = self.child.take_last(keys.take(pa.array(passed)))
+        hit = np.zeros(keys.num_rows, dtype=bool)
+        hit[passed[found]] = True
+        return rows, hit
 
 
 class CoalesceFirstExec(ExecNode):
@@ -280,11 +389,10 @@ class CoalesceFirstExec(ExecNode):
         for child in self._children:
             if remaining.num_rows == 0:
                 break
-            rows = child.take_last(remaining)  # type: ignore[attr-defined]
+            rows, hit = child.take_last(remaining)  # type: ignore[attr-defined]
             if rows.num_rows:
                 found.append(rows)
-                resolved = KeySet(rows.select(self.primary_key))
-                remaining = remaining.filter(pa.array(~resolved.contains(remaining)))
+                remaining = remaining.filter(pa.array(~hit))
         table = pa.concat_tables(found) if found else self._schema.empty_table()
         return table, remaining
 

@@ -13,8 +13,6 @@ from tqdm import tqdm
 
 import memwal_sql as mw
 from memwal_sql.errors import MemWalError
-from memwal_sql.manifest import RegionManifestStore
-from memwal_sql.storage import layout
 
 
 def _spec(text: str | None) -> mw.RegionSpec | None:
@@ -56,38 +54,30 @@ def cmd_ingest(a: argparse.Namespace) -> None:
 
 
 def cmd_inspect(a: argparse.Namespace) -> None:
+    from memwal_sql.maintenance.status import region_status
+
     tbl = mw.open_table(a.uri)
-    merged = tbl.merged_generations()
-    out = []
-    for rid in tbl.regions():
-        m = RegionManifestStore(tbl.store, rid).latest()
-        if m is None:
-            continue
-        wal = [meta for meta in tbl.store.list(layout.wal_dir(rid) + "/")]
-        out.append({
-            "region_id": rid,
-            "manifest_version": m.version,
-            "writer_epoch": m.writer_epoch,
-            "current_generation": m.current_generation,
-            "flushed_generations": [g.generation for g in m.flushed_generations],
-            "merged_generation": merged.get(rid, 0),
-            "unmerged_generations": sum(1 for g in m.flushed_generations
-                                        if g.generation > merged.get(rid, 0)),
-            "replay_after_wal_entry_position": m.replay_after_wal_entry_position,
-            "wal_entries": len(wal),
-            "wal_bytes": sum(x.size for x in wal),
-        })
+    regions = region_status(tbl)
     if a.json:
-        print(json.dumps(out, indent=2))
+        print(json.dumps([r.to_dict() for r in regions], indent=2))
         return
     print(f"{a.uri}: primary key {list(tbl.primary_key)}, base version {tbl.dataset().version}")
-    print(f"{'region':<38}{'ver':>5}{'epoch':>6}{'gens':>6}{'merged':>7}{'unmerged':>9}"
-          f"{'replay_after':>13}{'WAL files':>10}")
-    for r in out:
-        print(f"{r['region_id']:<38}{r['manifest_version']:>5}{r['writer_epoch']:>6}"
-              f"{len(r['flushed_generations']):>6}{r['merged_generation']:>7}"
-              f"{r['unmerged_generations']:>9}{r['replay_after_wal_entry_position']:>13}"
-              f"{r['wal_entries']:>10}")
+    print(f"{'region':<38}{'epoch':>6}{'gens':>6}{'merged':>7}{'unmerged':>9}{'rows':>10}"
+          f"{'lag s':>8}{'WAL':>6}{'storage':>10}  index catch-up")
+    for r in regions:
+        catchup = ", ".join(f"{k}@{v}" for k, v in r.index_catchup.items()) or "-"
+        print(f"{r.region_id:<38}{r.writer_epoch:>6}{len(r.flushed_generations):>6}"
+              f"{r.merged_generation:>7}{r.unmerged_generations:>9}{r.unmerged_rows:>10,}"
+              f"{r.merge_lag_seconds:>8.0f}{r.wal_entries:>6}"
+              f"{_size(sum(r.storage_bytes.values())):>10}  {catchup}")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
 
 
 def cmd_merge(a: argparse.Namespace) -> None:

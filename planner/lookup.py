@@ -53,25 +53,30 @@ class LookupPlan:
 
     def execute(self) -> pa.Table:
         """The newest live row of every requested key that exists (tombstones dropped)."""
-        found, remaining = [], [self.direct_to_base]
-
         def probe(region: tuple[str, pa.Table, CoalesceFirstExec]) -> tuple[pa.Table, pa.Table]:
-            _, keys, node = region
-            # Hash each key once for every bloom filter it meets.
-            return node.take_last(keys.append_column(HASH, pa.array(pk_hashes(keys))))
+            return region[2].take_last(region[1])
 
-        # Regions are independent and Lance releases the GIL: big batches probe them side by
-        # side; for a few keys the thread hand-offs cost more than they save.
-        parallel = len(self.regions) > 1 and self.keys.num_rows >= _PARALLEL_KEYS
-        results = list(_POOL.map(probe, self.regions)) if parallel \
-            else [probe(r) for r in self.regions]
-        for rows, rest in results:
-            found.append(rows)
-            remaining.append(rest)
-        rest = pa.concat_tables([r.select(self.base.primary_key) for r in remaining if r.num_rows]) \
-            if any(r.num_rows for r in remaining) else None
-        if rest is not None and rest.num_rows:
-            found.append(self.base.take_last(_distinct(rest)))
+        # The base table's random reads dominate a big batch and Lance releases the GIL for
+        # them: the base is probed for every key on another thread while this one resolves
+        # the regions (mostly in-memory probes, faster here than on competing threads); its
+        # rows for keys a region resolved are then dropped. For a few keys the thread hand-off
+        # costs more than it saves.
+        if self.keys.num_rows >= _PARALLEL_KEYS:
+            base = _POOL.submit(self.base.take_last, self.keys)
+            results = [probe(r) for r in self.regions]
+            base_rows = base.result()[0]
+        else:
+            results, base_rows = [probe(r) for r in self.regions], None
+        found = [rows for rows, _ in results]
+        remaining = [self.direct_to_base, *(rest for _, rest in results)]
+        rest = _distinct(pa.concat_tables([r.select(self.base.primary_key) for r in remaining]))
+        if rest.num_rows:
+            if base_rows is None:
+                base_rows = self.base.take_last(rest)[0]
+            elif base_rows.num_rows:
+                base_rows = base_rows.filter(pa.array(
+                    KeySet(rest).contains(base_rows.select(self.base.primary_key))))
+            found.append(base_rows)
         rows = pa.concat_tables(found) if found else self.base.schema.empty_table()
         return live_rows(rows)
 
@@ -96,6 +101,8 @@ def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | 
     """Build the lookup plan of ``keys`` (a table of the primary-key columns)."""
     pk = list(snapshot.primary_key)
     keys = _distinct(keys.select(pk))
+    # Hash each key once for every bloom filter it meets.
+    hashed = keys.append_column(HASH, pa.array(pk_hashes(keys)))
     schema = source_schema(snapshot.wal_schema)
     opts = dict(snapshot.storage_options or {}) or None
     routable = spec is not None and set(spec.source_columns) <= set(pk) and bool(spec.fields)
@@ -103,7 +110,7 @@ def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | 
     if routable:
         assert spec is not None
         for values, idx in spec.group_rows(keys).items():
-            by_values[tuple(values)] = keys.take(pa.array(idx))
+            by_values[tuple(values)] = hashed.take(pa.array(idx))
     regions = []
     routed = 0
     for region in snapshot.regions:
@@ -113,7 +120,7 @@ def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | 
                 continue
             routed += region_keys.num_rows
         else:
-            region_keys = keys  # cannot route: this region may hold any key
+            region_keys = hashed  # cannot route: this region may hold any key
         children: list[ExecNode] = []
         for mem in region.unflushed:
             children.append(TakeLastExec(region.region_id, mem.generation, schema, pk,
@@ -128,12 +135,13 @@ def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | 
                             CoalesceFirstExec(children, pk, schema,
                                               label=f"region {region.region_id[:8]}")))
     # Keys whose region has no sources (or no region at all) go straight to the base table.
-    covered = [k for _, k, _ in regions]
-    if covered:
-        seen = KeySet(_distinct(pa.concat_tables(covered)))
-        direct = keys.filter(pa.array(~seen.contains(keys)))
-    else:
+    if not regions:
         direct = keys
+    elif not routable:
+        direct = keys.slice(0, 0)  # every region was given every key
+    else:
+        seen = KeySet(_distinct(pa.concat_tables([k.select(pk) for _, k, _ in regions])))
+        direct = keys.filter(pa.array(~seen.contains(keys)))
     base = BaseLookupExec(snapshot.dataset, schema, pk)
     return LookupPlan(snapshot, keys, regions, base, direct)
 

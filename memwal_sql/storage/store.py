@@ -44,10 +44,12 @@ _MEMORY_STORES: dict[str, MemoryStore] = {}
 
 @dataclass(frozen=True)
 class ObjectMeta:
-    """A listed object: its path relative to the store root and its size in bytes."""
+    """A listed object: its path relative to the store root, size in bytes, and when it was
+    last written (seconds since the epoch)."""
 
     path: str
     size: int
+    last_modified: float = 0.0
 
 
 class ObjectStore:
@@ -147,7 +149,7 @@ class ObjectStore:
     def list(self, prefix: str) -> list[ObjectMeta]:
         """Every object under ``prefix``, sorted by path on every backend."""
         out = [
-            ObjectMeta(m["path"], m["size"])
+            ObjectMeta(m["path"], m["size"], m["last_modified"].timestamp())
             for chunk in obs.list(self._store, prefix)
             for m in chunk
         ]
