@@ -1,9 +1,10 @@
 """Point-lookup operators: probe each source by key, newest first, and stop at the first hit.
 
 * :class:`TakeLastExec` finds the newest row of each requested key in *one* source: a flushed
-  generation through its ``_pk_index`` (sorted keys to row offsets, read once per generation and
-  cached: generations are immutable), a MemTable through a key index built once per snapshot,
-  or the base table through its primary-key btree index (a filtered Lance read).
+  generation through its ``_pk_index`` (sorted keys to row offsets), a MemTable through a key
+  index; :class:`BaseLookupExec` does it for the base table through its key index or btree.
+  What is immutable (a generation's index, filter and, when small, rows; the base key index of
+  one version) is kept in the byte-bounded :data:`CACHE`.
 * :class:`BloomFilterGuardExec` passes on only the keys a generation's ``bloom_filter.bin`` may
   hold, so a miss costs a hash and a bit test, not an index probe.
 * :class:`CoalesceFirstExec` runs its children newest first, each on the keys still unresolved;

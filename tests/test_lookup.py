@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import threading
 
@@ -10,7 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memwal_sql as mw
-from exec_nodes.lookup import BaseLookupExec, BloomFilterGuardExec, TakeLastExec
+from exec_nodes.lookup import (
+    CACHE,
+    BaseLookupExec,
+    BloomFilterGuardExec,
+    LookupCache,
+    TakeLastExec,
+)
 from planner.lookup import LookupPlan
 from tests.lsm import Model, apply_op
 
@@ -22,7 +29,8 @@ keys = st.lists(st.integers(0, 25), min_size=1, max_size=8, unique=True)
 ops = st.lists(st.one_of(
     st.tuples(st.just("upsert"), keys, st.integers(0, 99)),
     st.tuples(st.just("delete"), keys, st.just(0)),
-    st.tuples(st.sampled_from(["flush", "close", "crash", "reopen"]), st.just([]), st.just(0)),
+    st.tuples(st.sampled_from(["flush", "close", "crash", "reopen", "merge", "gc", "reindex"]),
+              st.just([]), st.just(0)),
 ), min_size=1, max_size=20)
 
 
@@ -45,9 +53,11 @@ def check(tbl, model, probe):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=ops, bucketed=st.booleans())
-def test_lookups_match_the_model(ops, bucketed):
-    with tempfile.TemporaryDirectory() as d:
+@given(ops=ops, bucketed=st.booleans(), cached=st.booleans())
+def test_lookups_match_the_model(ops, bucketed, cached):
+    """With the lookup cache (small generations and the base key index in memory, reused
+    across base versions and growing MemTables) and without it (``_take_rows``, btree)."""
+    with tempfile.TemporaryDirectory() as d, _cache_budget(CACHE.max_bytes if cached else 0):
         tbl = mw.create_table(d, batch(list(range(0, 26, 2)), 0), primary_key="k",
                               region_spec=mw.RegionSpec.bucket("k", 3) if bucketed else None,
                               writer_config=mw.WriterConfig(max_memtable_rows=5))
@@ -55,10 +65,34 @@ def test_lookups_match_the_model(ops, bucketed):
         model.upsert(batch(list(range(0, 26, 2)), 0))
         for op, ks, seed in ops:
             tbl = apply_op(tbl, model, op, ks, seed, d, batch)
+            got = {r["k"]: r for r in tbl.lookup(ks).to_pylist()}
+            assert got == {k: model.rows[(k,)] for k in ks if (k,) in model.rows}
         probe = list(range(27))  # present, absent, deleted and re-inserted keys
         check(tbl, model, probe)
         check(mw.open_table(d), model, probe)  # another handle: WAL tails
         tbl.close()
+
+
+@contextlib.contextmanager
+def _cache_budget(max_bytes):
+    saved = CACHE.max_bytes
+    CACHE.max_bytes = max_bytes
+    try:
+        yield
+    finally:
+        CACHE.max_bytes = saved
+
+
+def test_lookup_cache_stays_within_its_budget_and_evicts_oldest():
+    c = LookupCache(100)
+    assert c.get("k", "a", lambda: ("A", 40)) == "A"
+    assert c.get("k", "b", lambda: ("B", 40)) == "B"
+    assert c.get("k", "a", lambda: ("stale", 40)) == "A"  # a hit: "a" is now the newest
+    assert c.get("k", "c", lambda: ("C", 40)) == "C"  # evicts "b", the least recently used
+    assert c.nbytes == 80
+    assert c.get("k", "b", lambda: ("B2", 40)) == "B2"
+    assert c.get("k", "x", lambda: ("huge", 101)) == "huge" and c.nbytes <= 100  # not kept
+    assert c.get("k", "c", lambda: ("C2", 40), current=lambda v: False) == "C2"  # refreshed
 
 
 def test_composite_keys(tmp_path):

@@ -21,7 +21,7 @@ keys = st.lists(st.integers(0, 20), min_size=1, max_size=6, unique=True)
 ops = st.lists(st.one_of(
     st.tuples(st.just("upsert"), keys, st.integers(0, 99)),
     st.tuples(st.just("delete"), keys, st.just(0)),
-    st.tuples(st.sampled_from(["flush", "merge", "gc", "crash", "reopen"]), st.just([]),
+    st.tuples(st.sampled_from(["flush", "merge", "gc", "reindex", "crash", "reopen"]), st.just([]),
               st.just(0)),
 ), min_size=1, max_size=20)
 
