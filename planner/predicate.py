@@ -159,7 +159,6 @@ class _Parser:
         return Unknown(f"{left} {op} {right}")
 
     def _is_in(self, pos: int) -> tuple[Node, int]:
-        s = self.s
         text, end = self._operand(pos)  # the whole call, balanced
         inner = text[len("is_in("):-1] if text.endswith(")") else None
         if inner is None:

@@ -22,7 +22,6 @@ import pyarrow.compute as pc
 
 from memwal_sql._proto.memwal_pb2 import RegionManifest
 from memwal_sql.errors import (
-    CommitConflictError,
     MemWalError,
     ObjectExistsError,
     WriterClosedError,

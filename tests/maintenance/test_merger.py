@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memwal_sql as mw
-from memwal_sql.maintenance import merger
 from tests.lsm import Model, apply_op, lance_latest_rows
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
