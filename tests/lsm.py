@@ -49,6 +49,19 @@ class Model:
         return pa.Table.from_pylist(rows, schema=schema) if rows else schema.empty_table()
 
 
+def seeded_table(uri: str, rows: pa.Table, key: str, *, buckets: int | None,
+                 max_memtable_rows: int) -> tuple[Any, Model]:
+    """A table whose base holds ``rows`` (bucketed on ``key`` when ``buckets``), and its model."""
+    import memwal_sql as mw
+
+    tbl = mw.create_table(uri, rows, primary_key=key,
+                          region_spec=mw.RegionSpec.bucket(key, buckets) if buckets else None,
+                          writer_config=mw.WriterConfig(max_memtable_rows=max_memtable_rows))
+    model = Model([key])
+    model.upsert(rows)
+    return tbl, model
+
+
 def apply_op(tbl: Any, model: Model, op: str, keys: list, seed: int, uri: str, batch: Any,
              *, delete_columns: list[str] | None = None) -> Any:
     """Apply one generated operation to a table and the model; returns the table to go on with

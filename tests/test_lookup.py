@@ -19,7 +19,7 @@ from exec_nodes.lookup import (
     TakeLastExec,
 )
 from planner.lookup import LookupPlan
-from tests.lsm import Model, apply_op
+from tests.lsm import apply_op, seeded_table
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
 COMPOSITE = pa.schema([pa.field("a", pa.string(), False), pa.field("b", pa.int32(), False),
@@ -58,11 +58,8 @@ def test_lookups_match_the_model(ops, bucketed, cached):
     """With the lookup cache (small generations and the base key index in memory, reused
     across base versions and growing MemTables) and without it (``_take_rows``, btree)."""
     with tempfile.TemporaryDirectory() as d, _cache_budget(CACHE.max_bytes if cached else 0):
-        tbl = mw.create_table(d, batch(list(range(0, 26, 2)), 0), primary_key="k",
-                              region_spec=mw.RegionSpec.bucket("k", 3) if bucketed else None,
-                              writer_config=mw.WriterConfig(max_memtable_rows=5))
-        model = Model(["k"])
-        model.upsert(batch(list(range(0, 26, 2)), 0))
+        tbl, model = seeded_table(d, batch(list(range(0, 26, 2)), 0), "k",
+                                  buckets=3 if bucketed else None, max_memtable_rows=5)
         for op, ks, seed in ops:
             tbl = apply_op(tbl, model, op, ks, seed, d, batch)
             got = {r["k"]: r for r in tbl.lookup(ks).to_pylist()}

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memwal_sql as mw
-from tests.lsm import Model, apply_op, lance_latest_rows
+from tests.lsm import Model, apply_op, lance_latest_rows, seeded_table
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
 keys = st.lists(st.integers(0, 20), min_size=1, max_size=6, unique=True)
@@ -39,11 +39,8 @@ def assert_reads(tbl, model, d):
 @given(ops=ops, bucketed=st.booleans())
 def test_merges_and_gc_interleaved_with_writes_keep_the_latest_rows(ops, bucketed):
     with tempfile.TemporaryDirectory() as d:
-        tbl = mw.create_table(d, batch(list(range(0, 21, 3)), 0), primary_key="k",
-                              region_spec=mw.RegionSpec.bucket("k", 2) if bucketed else None,
-                              writer_config=mw.WriterConfig(max_memtable_rows=4))
-        model = Model(["k"])
-        model.upsert(batch(list(range(0, 21, 3)), 0))
+        tbl, model = seeded_table(d, batch(list(range(0, 21, 3)), 0), "k",
+                                  buckets=2 if bucketed else None, max_memtable_rows=4)
         for op, ks, seed in ops:
             tbl = apply_op(tbl, model, op, ks, seed, d, batch)
             assert_reads(tbl, model, d)
