@@ -259,16 +259,23 @@ class BaseLookupExec(LookupSource):
     name = "BaseLookupExec"
 
     def __init__(self, dataset: lance.LanceDataset, schema: pa.Schema,
-                 primary_key: Sequence[str]) -> None:
+                 primary_key: Sequence[str], fragment_ids: Sequence[int] | None = None) -> None:
         super().__init__(None, BASE_GENERATION, schema, primary_key)
         self.dataset = dataset
+        self.fragment_ids = None if fragment_ids is None else list(fragment_ids)
 
     def describe(self) -> str:
-        indexed = any(i["fields"] == [self.primary_key[0]] and i["type"] == "BTree"
-                      for i in self.dataset.list_indices())
+        indexed = any(d.field_names == [self.primary_key[0]] and d.index_type == "BTree"
+                      for d in self.dataset.describe_indices())
         how = "cached key index" if self._fits_cache() else "btree"
+        frags = "" if self.fragment_ids is None else f" fragments={self.fragment_ids}"
         return (f"{self.name}: version={self.dataset.version} gen={BASE_GENERATION} "
-                f"key={self.primary_key} btree={'yes' if indexed else 'no (scan)'} via {how}")
+                f"key={self.primary_key} btree={'yes' if indexed else 'no (scan)'} via {how}"
+                + frags)
+
+    def uses_key_index(self) -> bool:
+        """True if keys are probed in the cached key index, not through the btree."""
+        return self._fits_cache()
 
     def _fits_cache(self) -> bool:
         return self.dataset.count_rows() * _KEY_INDEX_ROW_BYTES <= CACHE.max_bytes // 4
@@ -297,8 +304,15 @@ class BaseLookupExec(LookupSource):
             return self._take_newest(keys.select(self.primary_key), keyset, addrs,
                                      lambda hit: self._tagged(self.dataset._take_rows(
                                          pa.array(hit), columns=names), pa.array(hit)))
-        rows = self.dataset.to_table(columns=names, filter=_key_filter(keys, self.primary_key),
-                                     with_row_address=True)
+        fragments = None if self.fragment_ids is None else \
+            [self.dataset.get_fragment(i) for i in self.fragment_ids]
+        if fragments == []:
+            rows = self.dataset.schema.empty_table().select(names).append_column(
+                ROWADDR, pa.array([], pa.uint64()))
+        else:
+            rows = self.dataset.scanner(columns=names, fragments=fragments,
+                                        filter=_key_filter(keys, self.primary_key),
+                                        with_row_address=True).to_table()
         if len(self.primary_key) > 1 and rows.num_rows:  # the filter was on the first column
             rows = rows.filter(pa.array(KeySet(keys.select(self.primary_key)).contains(
                 rows.select(self.primary_key))))

@@ -65,7 +65,8 @@ def cmd_inspect(a: argparse.Namespace) -> None:
     print(f"{'region':<38}{'epoch':>6}{'gens':>6}{'merged':>7}{'unmerged':>9}{'rows':>10}"
           f"{'lag s':>8}{'WAL':>6}{'storage':>10}  index catch-up")
     for r in regions:
-        catchup = ", ".join(f"{k}@{v}" for k, v in r.index_catchup.items()) or "-"
+        catchup = ", ".join(f"{k}@{'?' if v is None else v}"
+                            for k, v in r.index_catchup.items()) or "-"
         print(f"{r.region_id:<38}{r.writer_epoch:>6}{len(r.flushed_generations):>6}"
               f"{r.merged_generation:>7}{r.unmerged_generations:>9}{r.unmerged_rows:>10,}"
               f"{r.merge_lag_seconds:>8.0f}{r.wal_entries:>6}"
@@ -108,10 +109,11 @@ def cmd_maintain(a: argparse.Namespace) -> None:
     runs = 0
     with tqdm(desc="maintenance passes", unit="pass") as bar:
         while True:
-            merged, collected = tbl.maintain(base_versions_older_than=older)
+            r = tbl.maintain(base_versions_older_than=older)
             runs += 1
-            bar.set_postfix(merged=sum(len(g) for g in merged.merged.values()),
-                            deleted=collected.objects)
+            bar.set_postfix(merged=sum(len(g) for g in r.merge.merged.values()),
+                            indexed=len(r.indexes.optimized), regions=r.snapshots.regions,
+                            deleted=r.gc.objects)
             bar.update(1)
             if a.watch is None or (a.iterations and runs >= a.iterations):
                 break
@@ -151,7 +153,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     m.add_argument("uri")
     m.set_defaults(func=cmd_merge)
     for name, func, text in (("gc", cmd_gc, "delete what no reader or writer can need"),
-                             ("maintain", cmd_maintain, "merge then gc, once or on a schedule")):
+                             ("maintain", cmd_maintain,
+                              "merge, index catch-up, region snapshots and gc, once or on a "
+                              "schedule")):
         g = sub.add_parser(name, help=text)
         g.add_argument("uri")
         g.add_argument("--base-versions-older-than", type=float, metavar="SECONDS",

@@ -7,15 +7,20 @@ the base table has merged, plus the unflushed rows:
   process's open writers (active and frozen, before the manifest, so a flush finishing in between
   shows up in one or the other), and for regions without a live writer here reads the WAL tail
   after the last flushed generation. Every acknowledged durable write is visible.
-* ``consistency="eventual"`` reads the region manifests only: flushed generations, no MemTables,
-  no WAL. It is cheaper and lags by the unflushed data.
+* ``consistency="eventual"`` reads flushed generations only, no MemTables, no WAL, and takes the
+  regions from the MemWAL index's region snapshot when there is one (one object for all regions,
+  as of the last :func:`~memwal_sql.maintenance.snapshots.build_region_snapshots`), else from
+  the region manifests. It is cheaper and lags by the unflushed data and the snapshot's age.
 
-Generations at or below the base table's merged generation are skipped: a stale generation would
-outrank newer base rows.
+Generations at or below the base table's merged generation are not read as newer sources: a
+stale generation would outrank newer base rows. The ones the region manifest still lists are kept
+aside (``merged_generations``) for the indexed read plan, which reads them in place of the base
+rows an index does not cover yet.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,8 +29,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import lance
 import pyarrow as pa
 
+from memwal_sql._proto.memwal_pb2 import RegionManifest
 from memwal_sql.manifest import RegionManifestStore
-from memwal_sql.storage import layout
+from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.writer.region_writer import conform_batch
 from memwal_sql.writer.wal import iter_wal
 
@@ -57,6 +63,7 @@ class RegionSnapshot:
     region_values: tuple[Any, ...] | None
     generations: tuple[GenerationRef, ...]
     unflushed: tuple[MemRows, ...] = ()
+    merged_generations: tuple[GenerationRef, ...] = ()  # already in the base table, still listed
 
     @property
     def num_sources(self) -> int:
@@ -73,6 +80,8 @@ class TableSnapshot:
     regions: tuple[RegionSnapshot, ...]
     consistency: Consistency
     storage_options: Mapping[str, str] | None = field(default=None)
+    merged: Mapping[str, int] = field(default_factory=dict)  # the base version's merge progress
+    store: ObjectStore | None = None
 
     @property
     def base_version(self) -> int:
@@ -95,23 +104,27 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
     merged = table.merged_generations(dataset)
     spec = table.region_spec
     regions = []
-    rids = table.regions()
-    # Each manifest read is a few small object reads: issue them side by side.
-    known = table.known_manifests
-    manifests = list(_POOL.map(
-        lambda r: RegionManifestStore(table.store, r).refresh(known.get(r)), rids))
-    for rid, manifest in zip(rids, manifests):
-        if manifest is not None:
-            known[rid] = manifest
+    snapshotted = table.region_snapshots(dataset) if consistency == "eventual" else None
+    if snapshotted is not None:
+        rids = [str(uuid.UUID(bytes=m.region_id.uuid)) for m in snapshotted]
+        manifests: list[RegionManifest | None] = list(snapshotted)
+    else:
+        rids = table.regions()
+        # Each manifest read is a few small object reads: issue them side by side.
+        known = table.known_manifests
+        manifests = list(_POOL.map(
+            lambda r: RegionManifestStore(table.store, r).refresh(known.get(r)), rids))
+        for rid, manifest in zip(rids, manifests):
+            if manifest is not None:
+                known[rid] = manifest
     for rid, manifest in zip(rids, manifests):
         if manifest is None:
             continue
         floor = merged.get(rid, 0)
-        gens = tuple(
-            GenerationRef(g.generation, table.store.uri_for(f"{layout.region_dir(rid)}/{g.path}"))
-            for g in manifest.flushed_generations
-            if g.generation > floor
-        )
+        refs = [GenerationRef(g.generation,
+                              table.store.uri_for(f"{layout.region_dir(rid)}/{g.path}"))
+                for g in manifest.flushed_generations]
+        gens = tuple(g for g in refs if g.generation > floor)
         unflushed: list[MemRows] = []
         if rid in memtables:
             flushed = {g.generation for g in manifest.flushed_generations}
@@ -130,7 +143,10 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
             values = spec.values_from_entries(
                 [(e.field_id, e.value) for e in manifest.region_field_entries]
             )
-        regions.append(RegionSnapshot(rid, values, gens, tuple(unflushed)))
+        # A region snapshot may list generations collected since: none for the indexed read.
+        merged_refs = () if snapshotted is not None else \
+            tuple(g for g in refs if g.generation <= floor)
+        regions.append(RegionSnapshot(rid, values, gens, tuple(unflushed), merged_refs))
     return TableSnapshot(
         dataset=dataset,
         primary_key=table.primary_key,
@@ -138,6 +154,8 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
         regions=tuple(regions),
         consistency=consistency,
         storage_options=table.storage_options or None,
+        merged=merged,
+        store=table.store,
     )
 
 

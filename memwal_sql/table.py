@@ -23,7 +23,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails
+from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails, RegionManifest
 from memwal_sql._proto.memwal_pb2 import RegionSpec as RegionSpecProto
 from memwal_sql.errors import (
     InvalidInputError,
@@ -33,6 +33,7 @@ from memwal_sql.errors import (
     UnknownRegionError,
 )
 from memwal_sql.index.base_manifest import read_mem_wal_details
+from memwal_sql.index.region_snapshots import load_region_snapshots
 from memwal_sql.index.details import create_mem_wal_index, has_mem_wal_index
 from memwal_sql.index.region_spec import RegionSpec
 from memwal_sql.storage import ObjectStore, layout
@@ -93,7 +94,8 @@ class MemWalTable:
         # Every writer this object opened, by region, so this process's reads see its MemTables.
         self._live: weakref.WeakValueDictionary[str, RegionWriter] = weakref.WeakValueDictionary()
         self._reads_impl: Any = None
-        self._merged_cache: tuple[int, dict[str, int]] | None = None
+        self._details_cache: tuple[int, MemWalIndexDetails] | None = None
+        self._snapshots_cache: tuple[tuple[int, int], list[RegionManifest] | None] | None = None
         # The newest manifest seen per region: a snapshot re-reads one only if a newer exists.
         self.known_manifests: dict[str, Any] = {}
         self._pool: ThreadPoolExecutor | None = None
@@ -181,18 +183,42 @@ class MemWalTable:
         """The schema of WAL entries and generations: base columns then ``_tombstone``."""
         return self._layout_rows.schema
 
+    def mem_wal_details(self, dataset: lance.LanceDataset | None = None) -> MemWalIndexDetails:
+        """The MemWAL index details of a base version (default: the latest; empty for a version
+        from before MemWAL was enabled).
+
+        Example:
+            ``tbl.mem_wal_details().num_regions``
+        """
+        ds = dataset if dataset is not None else self.dataset()
+        cached = self._details_cache
+        if cached is not None and cached[0] == ds.version:  # a version's manifest never changes
+            return cached[1]
+        details = read_mem_wal_details(self.store, ds.version) or MemWalIndexDetails()
+        self._details_cache = (ds.version, details)
+        return details
+
     def merged_generations(self, dataset: lance.LanceDataset | None = None) -> dict[str, int]:
         """The newest generation of each region already merged into the base table."""
-        ds = dataset if dataset is not None else self.dataset()
-        cached = self._merged_cache
-        if cached is not None and cached[0] == ds.version:  # a version's manifest never changes
-            return dict(cached[1])
-        details = read_mem_wal_details(self.store, ds)
-        merged = {} if details is None else {
-            str(uuid.UUID(bytes=m.region_id.uuid)): m.generation
-            for m in details.merged_generations}
-        self._merged_cache = (ds.version, merged)
-        return dict(merged)
+        return {str(uuid.UUID(bytes=m.region_id.uuid)): m.generation
+                for m in self.mem_wal_details(dataset).merged_generations}
+
+    def region_snapshots(self, dataset: lance.LanceDataset | None = None
+                         ) -> list[RegionManifest] | None:
+        """The region manifests as of the MemWAL index's last region snapshot (None: none
+        taken, or unreadable); eventual-consistency reads use it.
+
+        Example:
+            ``[m.current_generation for m in tbl.region_snapshots() or []]``
+        """
+        details = self.mem_wal_details(dataset)
+        key = (details.snapshot_ts_millis, details.num_regions)
+        cached = self._snapshots_cache
+        if cached is None or cached[0] != key:
+            cached = (key, load_region_snapshots(details, self.region_spec, self.store.uri_for,
+                                                 self.storage_options or None))
+            self._snapshots_cache = cached
+        return cached[1]
 
     # ---- reads (implemented in memwal_sql.reads) ---------------------------------------------
 
@@ -307,8 +333,9 @@ class MemWalTable:
         sentinels), orphaned generation directories and old manifest versions; returns a
         :class:`~memwal_sql.maintenance.GcResult`.
 
-        A generation is deleted once the oldest retained base version has merged it;
-        ``base_versions_older_than`` (a ``timedelta``) first drops older base versions.
+        A generation is deleted once the oldest retained base version has merged it and every
+        base-table index covers it there; ``base_versions_older_than`` (a ``timedelta``) first
+        drops older base versions.
 
         Example:
             ``tbl.merge(); tbl.gc(base_versions_older_than=timedelta(hours=1)).objects``
@@ -318,13 +345,41 @@ class MemWalTable:
         return gc_table(self, keep_manifest_versions=keep_manifest_versions,
                         base_versions_older_than=base_versions_older_than)
 
-    def maintain(self, *, base_versions_older_than: Any = None) -> tuple[Any, Any]:
-        """One maintenance pass: :meth:`merge` then :meth:`gc`.
+    def catch_up_indexes(self) -> Any:
+        """Optimize the base table's indexes that lag behind merged rows; returns a
+        :class:`~memwal_sql.maintenance.CatchupResult`.
 
         Example:
-            ``merged, collected = tbl.maintain()``
+            ``tbl.merge(); tbl.catch_up_indexes().caught_up``
         """
-        return self.merge(), self.gc(base_versions_older_than=base_versions_older_than)
+        from memwal_sql.maintenance import catch_up_indexes
+
+        return catch_up_indexes(self)
+
+    def build_region_snapshots(self) -> Any:
+        """Refresh the regions' WAL hints and snapshot every region into the MemWAL index, for
+        eventual-consistency reads; returns a :class:`~memwal_sql.maintenance.SnapshotResult`.
+
+        Example:
+            ``tbl.build_region_snapshots().regions``
+        """
+        from memwal_sql.maintenance import build_region_snapshots
+
+        return build_region_snapshots(self)
+
+    def maintain(self, *, base_versions_older_than: Any = None,
+                 keep_manifest_versions: int = 10) -> Any:
+        """One maintenance pass: :meth:`merge`, :meth:`catch_up_indexes`,
+        :meth:`build_region_snapshots`, then :meth:`gc`; returns a
+        :class:`~memwal_sql.maintenance.MaintenanceResult`.
+
+        Example:
+            ``tbl.maintain().merge.merged``
+        """
+        from memwal_sql.maintenance import maintain_table
+
+        return maintain_table(self, base_versions_older_than=base_versions_older_than,
+                              keep_manifest_versions=keep_manifest_versions)
 
     # ---- routed writes -----------------------------------------------------------------------
 

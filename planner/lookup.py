@@ -33,6 +33,7 @@ from memwal_sql.snapshot import TableSnapshot
 from memwal_sql.storage import ObjectStore
 from memwal_sql.writer.bloom import pk_hashes
 from memwal_sql.writer.generation import BLOOM_FILTER
+from planner.indexed import IndexedRead, plan_indexed_read
 from planner.predicate import And, Cmp, In, Node
 
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-lookup")
@@ -50,6 +51,7 @@ class LookupPlan:
     base: BaseLookupExec
     direct_to_base: pa.Table
     nodes: list[ExecNode] = field(default_factory=list)
+    indexed: IndexedRead | None = None
 
     def execute(self) -> pa.Table:
         """The newest live row of every requested key that exists (tombstones dropped)."""
@@ -83,6 +85,8 @@ class LookupPlan:
     def explain(self) -> str:
         lines = [f"MemWAL point lookup: {self.keys.num_rows} key(s), base version "
                  f"{self.snapshot.base_version}, consistency={self.snapshot.consistency}"]
+        if self.indexed is not None:
+            lines.append(self.indexed.describe())
         for rid, keys, node in self.regions:
             lines.append(f"region {rid[:8]}: {keys.num_rows} key(s)")
             lines.append(node.explain(1))
@@ -105,6 +109,12 @@ def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | 
     hashed = keys.append_column(HASH, pa.array(pk_hashes(keys)))
     schema = source_schema(snapshot.wal_schema)
     opts = dict(snapshot.storage_options or {}) or None
+    base = BaseLookupExec(snapshot.dataset, schema, pk)
+    # Probed through its btree, the base table stays on the index while it catches up: the
+    # generations of the gap are probed like newer ones and the base only where it is indexed.
+    indexed = None if base.uses_key_index() else plan_indexed_read(snapshot, pk[:1])
+    if indexed is not None:
+        base.fragment_ids = list(indexed.fragment_ids)
     routable = spec is not None and set(spec.source_columns) <= set(pk) and bool(spec.fields)
     by_values: dict[tuple[Any, ...], pa.Table] = {}
     if routable:
@@ -125,7 +135,8 @@ def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | 
         for mem in region.unflushed:
             children.append(TakeLastExec(region.region_id, mem.generation, schema, pk,
                                          batches=mem.batches, origin=mem.origin))
-        for gen in sorted(region.generations, key=lambda g: -g.generation):
+        gap = indexed.gap.get(region.region_id, ()) if indexed else ()
+        for gen in sorted([*region.generations, *gap], key=lambda g: -g.generation):
             take = TakeLastExec(region.region_id, gen.generation, schema, pk, uri=gen.uri,
                                 storage_options=opts)
             rel = gen.uri[len(store.uri) + 1:] if gen.uri.startswith(store.uri) else gen.uri
@@ -142,8 +153,7 @@ def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | 
     else:
         seen = KeySet(_distinct(pa.concat_tables([k.select(pk) for _, k, _ in regions])))
         direct = keys.filter(pa.array(~seen.contains(keys)))
-    base = BaseLookupExec(snapshot.dataset, schema, pk)
-    return LookupPlan(snapshot, keys, regions, base, direct)
+    return LookupPlan(snapshot, keys, regions, base, direct, indexed=indexed)
 
 
 def lookup_keys(predicate: Node | None, primary_key: Sequence[str], schema: pa.Schema,

@@ -94,6 +94,10 @@ def apply_op(tbl: Any, model: Model, op: str, keys: list, seed: int, uri: str, b
         tbl.merge()
     elif op == "gc":
         tbl.gc(base_versions_older_than=timedelta(0), keep_manifest_versions=2)
+    elif op == "catchup":
+        tbl.catch_up_indexes()
+    elif op == "snapshot":
+        tbl.build_region_snapshots()
     elif op == "reindex":  # an index rebuild: a new base version, rows at the same addresses
         key = model.primary_key[0]
         tbl.dataset().create_scalar_index(key, "BTREE", name=f"{key}_pk_btree", replace=True)

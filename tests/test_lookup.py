@@ -29,8 +29,8 @@ keys = st.lists(st.integers(0, 25), min_size=1, max_size=8, unique=True)
 ops = st.lists(st.one_of(
     st.tuples(st.just("upsert"), keys, st.integers(0, 99)),
     st.tuples(st.just("delete"), keys, st.just(0)),
-    st.tuples(st.sampled_from(["flush", "close", "crash", "reopen", "merge", "gc", "reindex"]),
-              st.just([]), st.just(0)),
+    st.tuples(st.sampled_from(["flush", "close", "crash", "reopen", "merge", "gc", "reindex",
+                               "catchup"]), st.just([]), st.just(0)),
 ), min_size=1, max_size=20)
 
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 
-import lance
-
 from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails
 from memwal_sql.index.details import INDEX_NAME
 from memwal_sql.errors import CorruptManifestError
@@ -57,9 +55,13 @@ def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
             raise CorruptManifestError(f"unsupported protobuf wire type {wt}")
 
 
-def read_mem_wal_details(store: ObjectStore, dataset: lance.LanceDataset) -> MemWalIndexDetails | None:
-    """The MemWAL index details of ``dataset``'s version, or None if it has no MemWAL index."""
-    path = f"_versions/{(1 << 64) - 1 - dataset.version}.manifest"
+def read_mem_wal_details(store: ObjectStore, version: int) -> MemWalIndexDetails | None:
+    """The MemWAL index details of base version ``version``, or None if it has no MemWAL index.
+
+    Example:
+        ``read_mem_wal_details(tbl.store, tbl.dataset().version)``
+    """
+    path = f"_versions/{(1 << 64) - 1 - version}.manifest"
     try:
         data = store.get(path)
         if data[-4:] != _MAGIC:

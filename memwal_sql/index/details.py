@@ -8,6 +8,7 @@ The index is an entry named ``__lance_mem_wal`` in the base table's manifest wit
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 import lance
@@ -15,6 +16,8 @@ from lance import LanceOperation
 from lance.dataset import Index
 
 from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails
+from memwal_sql.errors import CommitConflictError, TableNotFoundError
+from memwal_sql.storage import ObjectStore
 
 INDEX_NAME = "__lance_mem_wal"
 TYPE_URL = "/lance.table.MemWalIndexDetails"
@@ -47,3 +50,64 @@ def create_mem_wal_index(
         read_version=ds.version,
         storage_options=storage_options,
     )
+
+
+def update_mem_wal_details(
+    uri: str,
+    store: ObjectStore,
+    change: Callable[[MemWalIndexDetails], None],
+    storage_options: dict[str, str] | None = None,
+    *,
+    attempts: int = 8,
+) -> lance.LanceDataset:
+    """Commit the latest MemWAL index details with ``change(details)`` applied,
+    keeping every merge progress a concurrent merger recorded.
+
+    Lance 14 rebases a ``CreateIndex`` over commits made since its read version instead of
+    failing, and the rebased details replace those the merger wrote: its ``merged_generations``
+    would go back. So after each commit the versions in between are read, and if one recorded
+    progress the new details lack, it is restored at once with another commit (repeated until a
+    commit lands with nothing lost). Until then readers merely read merged generations again,
+    which is harmless (spec, "Reader Consistency"), and a merger re-merges the same rows.
+
+    Example:
+        ``update_mem_wal_details(tbl.uri, tbl.store, lambda d: d.maintained_indexes.append("i"))``
+    """
+    from memwal_sql.index.base_manifest import read_mem_wal_details
+
+    restore: dict[bytes, int] = {}
+    for _ in range(attempts):
+        ds = lance.dataset(uri, storage_options=storage_options)
+        details = read_mem_wal_details(store, ds.version)
+        if details is None:
+            raise TableNotFoundError(f"{uri} has no MemWAL index; enable it with mw.create_table")
+        change(details)
+        _raise_progress(details, restore)
+        committed = create_mem_wal_index(ds, details, storage_options)
+        restore = {}
+        ours = _progress(details)
+        for v in range(ds.version + 1, committed.version):
+            theirs = read_mem_wal_details(store, v)
+            for rid, gen in (_progress(theirs) if theirs else {}).items():
+                if gen > ours.get(rid, 0):
+                    restore[rid] = max(gen, restore.get(rid, 0))
+        if not restore:
+            return committed
+    raise CommitConflictError(
+        f"the MemWAL index of {uri} kept changing under concurrent merges; retry later")
+
+
+def _progress(details: MemWalIndexDetails) -> dict[bytes, int]:
+    return {m.region_id.uuid: m.generation for m in details.merged_generations}
+
+
+def _raise_progress(details: MemWalIndexDetails, restore: dict[bytes, int]) -> None:
+    """Raise ``details``' merge progress to at least ``restore`` (region uuid -> generation)."""
+    if not restore:
+        return
+    merged = _progress(details)
+    for rid, gen in restore.items():
+        merged[rid] = max(gen, merged.get(rid, 0))
+    del details.merged_generations[:]
+    for rid, gen in sorted(merged.items()):
+        details.merged_generations.add(generation=gen).region_id.uuid = rid

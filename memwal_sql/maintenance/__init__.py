@@ -1,6 +1,14 @@
-"""Background maintenance: merging generations into the base table, garbage collection."""
+"""Background maintenance: merging generations into the base table, index catch-up, region
+snapshots, garbage collection."""
 
 from memwal_sql.maintenance.gc import GcResult, gc_table
+from memwal_sql.maintenance.indexes import CatchupResult, catch_up_indexes
 from memwal_sql.maintenance.merger import MergeResult, merge_region, merge_table
+from memwal_sql.maintenance.run import MaintenanceResult, maintain_table
+from memwal_sql.maintenance.snapshots import SnapshotResult, build_region_snapshots
 
-__all__ = ["GcResult", "MergeResult", "gc_table", "merge_region", "merge_table"]
+__all__ = [
+    "CatchupResult", "GcResult", "MaintenanceResult", "MergeResult", "SnapshotResult",
+    "build_region_snapshots", "catch_up_indexes", "gc_table", "maintain_table", "merge_region",
+    "merge_table",
+]

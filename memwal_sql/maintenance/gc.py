@@ -3,8 +3,9 @@
 Per region, it removes:
 
 * flushed generations already merged into the base table as of the *oldest retained* base
-  version (a reader pinned to any retained version never lists them), both their directories
-  and their manifest entries;
+  version (a reader pinned to any retained version never lists them) and covered there by every
+  base-table index (the indexed read plan reads the ones an index lags behind; an index whose
+  catch-up is unknown keeps them all), both their directories and their manifest entries;
 * WAL data entries at or below ``replay_after_wal_entry_position`` (their rows are in
   generations). Fence sentinels are never deleted: a fenced writer's next put lands exactly on
   one, and deleting it would let that put succeed where no one will ever replay it (the upstream
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from memwal_sql._proto.memwal_pb2 import RegionManifest
 from memwal_sql.errors import CorruptWalEntryError
-from memwal_sql.index.base_manifest import read_mem_wal_details
+from memwal_sql.index.catchup import index_coverage, min_caught_up
 from memwal_sql.manifest import RegionManifestStore, commit_change
 from memwal_sql.storage import layout
 from memwal_sql.writer.wal import read_wal_entry
@@ -45,20 +46,26 @@ class GcResult:
     objects: int = 0
 
 
-def _merged_at_oldest_retained_version(table: MemWalTable) -> dict[str, int]:
-    import uuid
-
+def collectable_generations(table: MemWalTable) -> dict[str, int]:
+    """Per region, the newest generation no retained base version still needs: merged as of
+    the oldest retained version, and covered there by every base-table index (the indexed read
+    plan reads the generations an index has not caught up with)."""
     ds = table.dataset()
-    oldest = min(v["version"] for v in ds.versions())
-    details = read_mem_wal_details(table.store, table.dataset(oldest))
-    if details is None:
-        return {}
-    return {str(uuid.UUID(bytes=m.region_id.uuid)): m.generation for m in details.merged_generations}
+    oldest = table.dataset(min(v["version"] for v in ds.versions()))
+    coverage = index_coverage(table.store, oldest)
+    out = {}
+    for rid, merged in table.merged_generations(oldest).items():
+        caught_up = min_caught_up(coverage, rid)
+        out[rid] = 0 if caught_up is None else min(merged, caught_up)
+    return out
 
 
 def gc_table(table: MemWalTable, *, keep_manifest_versions: int = 10,
              base_versions_older_than: timedelta | None = None) -> GcResult:
     """One GC pass over every region (see the module docstring).
+
+    Example:
+        ``gc_table(tbl, base_versions_older_than=timedelta(hours=1)).generations``
 
     ``base_versions_older_than`` first removes base-table versions older than that (Lance's
     ``cleanup_old_versions``); otherwise generations wait until the base table's own retention
@@ -67,13 +74,14 @@ def gc_table(table: MemWalTable, *, keep_manifest_versions: int = 10,
     result = GcResult()
     if base_versions_older_than is not None:
         table.dataset().cleanup_old_versions(older_than=base_versions_older_than)
-    merged = _merged_at_oldest_retained_version(table)
+    collectable = collectable_generations(table)
     for rid in table.regions():
-        _gc_region(table, rid, merged.get(rid, 0), keep_manifest_versions, result)
+        _gc_region(table, rid, collectable.get(rid, 0), keep_manifest_versions, result)
     return result
 
 
-def _gc_region(table: MemWalTable, rid: str, merged: int, keep: int, result: GcResult) -> None:
+def _gc_region(table: MemWalTable, rid: str, collectable: int, keep: int,
+               result: GcResult) -> None:
     store = table.store
     manifests = RegionManifestStore(store, rid)
     manifest = manifests.latest()
@@ -81,7 +89,7 @@ def _gc_region(table: MemWalTable, rid: str, merged: int, keep: int, result: GcR
         return
     # 1. Merged generations: drop them from the manifest first (so no new reader lists them),
     #    then delete their files.
-    dead = [g for g in manifest.flushed_generations if g.generation <= merged]
+    dead = [g for g in manifest.flushed_generations if g.generation <= collectable]
     if dead:
         dead_paths = {g.path for g in dead}
 

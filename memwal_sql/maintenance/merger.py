@@ -146,7 +146,9 @@ def _sql_literals(col: pa.Array) -> list[str]:
 
 
 def merge_table(table: MemWalTable, *, max_generations_per_region: int | None = None) -> MergeResult:
-    """One merge pass over every region; keeps the primary-key btree index current.
+    """One merge pass over every region. The base table's indexes then lag behind the merged
+    rows until :func:`~memwal_sql.maintenance.indexes.catch_up_indexes` runs (reads stay
+    indexed meanwhile through the generations of the gap).
 
     Example:
         ``tbl.merge().merged``
@@ -154,9 +156,6 @@ def merge_table(table: MemWalTable, *, max_generations_per_region: int | None = 
     result = MergeResult()
     for rid in table.regions():
         merge_region(table, rid, max_generations=max_generations_per_region, result=result)
-    if result.merged:
-        # Rows merged since the index was built are not in it; Lance would scan them.
-        table.dataset().optimize.optimize_indices()
     return result
 
 

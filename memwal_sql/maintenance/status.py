@@ -1,8 +1,8 @@
 """What ``memwal inspect`` reports: per region its generations, merge lag, index catch-up and
 storage use.
 
-Everything comes from one listing of the region's directory, its latest manifest and the base
-table's MemWAL index details; nothing is opened or read in full.
+Everything comes from one listing of the region's directory, its latest manifest, the base
+table's MemWAL index details and index metadata; nothing is opened or read in full.
 
 Example:
     ``for r in region_status(tbl): print(r.region_id, r.unmerged_rows, r.storage_bytes)``
@@ -11,11 +11,10 @@ Example:
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memwal_sql.index.base_manifest import read_mem_wal_details
+from memwal_sql.index.catchup import index_coverage
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import layout
 
@@ -38,25 +37,23 @@ class RegionStatus:
     merge_lag_seconds: float  # age of the oldest unmerged generation (0: nothing to merge)
     replay_after_wal_entry_position: int
     wal_entries: int
-    index_catchup: dict[str, int] = field(default_factory=dict)  # index name -> generation
+    # index name -> newest generation of the region it covers (None: unknown)
+    index_catchup: dict[str, int | None] = field(default_factory=dict)
     storage_bytes: dict[str, int] = field(default_factory=dict)  # wal, generations, manifests
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def index_catchup(table: MemWalTable) -> dict[str, dict[str, int]]:
-    """Per base-table index, the newest generation of each region its rebuild covers.
+def index_catchup(table: MemWalTable) -> dict[str, dict[str, int] | None]:
+    """Per base-table index, the newest generation of each region it covers (None: unknown,
+    see :mod:`memwal_sql.index.catchup`).
 
     Example:
         ``index_catchup(tbl)  # {"id_pk_btree": {"<region id>": 3}}``
     """
-    details = read_mem_wal_details(table.store, table.dataset())
-    if details is None:
-        return {}
-    return {p.index_name: {str(uuid.UUID(bytes=g.region_id.uuid)): g.generation
-                           for g in p.caught_up_generations}
-            for p in details.index_catchup}
+    return {c.name: None if c.caught_up is None else dict(c.caught_up)
+            for c in index_coverage(table.store, table.dataset())}
 
 
 def region_status(table: MemWalTable) -> list[RegionStatus]:
@@ -101,7 +98,8 @@ def region_status(table: MemWalTable) -> list[RegionStatus]:
             merge_lag_seconds=round(now - oldest_unmerged, 3) if unmerged else 0.0,
             replay_after_wal_entry_position=m.replay_after_wal_entry_position,
             wal_entries=wal_entries,
-            index_catchup={name: gens.get(rid, 0) for name, gens in catchup.items()},
+            index_catchup={name: None if gens is None else gens.get(rid, 0)
+                           for name, gens in catchup.items()},
             storage_bytes=storage,
         ))
     return out

@@ -1,0 +1,110 @@
+"""Index catch-up derived from what each index covers, and the indexed read plan over the gap."""
+
+from __future__ import annotations
+
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import memwal_sql as mw
+from exec_nodes.lookup import CACHE
+from memwal_sql.index import catchup
+from memwal_sql.index.catchup import index_coverage
+from planner.indexed import plan_indexed_read
+from memwal_sql.snapshot import take_snapshot
+from tests.lsm import Model
+
+SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
+
+
+def batch(ks, tag):
+    return pa.table({"k": ks, "v": [f"{tag}{k}" for k in ks]}, schema=SCHEMA)
+
+
+@pytest.fixture
+def lagging(tmp_path):
+    """Two regions, three generations each merged, the key btree not caught up; plus the model."""
+    tbl = mw.create_table(str(tmp_path), batch(list(range(0, 40, 4)), "base"), primary_key="k",
+                          region_spec=mw.RegionSpec.bucket("k", 2))
+    model = Model(["k"])
+    model.upsert(batch(list(range(0, 40, 4)), "base"))
+    for i in range(3):
+        tbl.upsert(batch(list(range(i * 6, i * 6 + 10)), f"g{i}-"))
+        model.upsert(batch(list(range(i * 6, i * 6 + 10)), f"g{i}-"))
+        tbl.flush()
+    tbl.delete([8, 9])
+    model.delete(pa.table({"k": [8, 9]}))
+    tbl.flush()
+    tbl.merge()
+    return tbl, model
+
+
+def test_catch_up_is_where_the_index_last_covered_every_fragment(lagging):
+    tbl, _ = lagging
+    [cov] = index_coverage(tbl.store, tbl.dataset())
+    assert cov.name == "k_pk_btree" and not cov.complete
+    assert cov.fragment_ids == {0}  # the seed rows; every merge wrote a new fragment
+    assert dict(cov.caught_up) == {}  # nothing merged when the index last covered everything
+    result = tbl.catch_up_indexes()
+    assert result.optimized == ["k_pk_btree"]
+    merged = tbl.merged_generations()
+    assert result.caught_up == {"k_pk_btree": merged} and min(merged.values()) >= 3
+    [cov] = index_coverage(tbl.store, tbl.dataset())
+    assert cov.complete
+    assert tbl.catch_up_indexes().optimized == []  # nothing lags: no commit
+
+
+def test_a_fragment_not_written_by_a_merge_makes_catch_up_unknown(lagging):
+    tbl, _ = lagging
+    tbl.catch_up_indexes()
+    lance.write_dataset(batch([1000], "x"), tbl.uri, mode="append")  # bypasses the MemWAL
+    [cov] = index_coverage(tbl.store, tbl.dataset())
+    assert cov.caught_up is None
+    assert plan_indexed_read(take_snapshot(tbl), {"k"}) is None  # the whole base is read
+    assert tbl.lookup([1000]).to_pylist() == [{"k": 1000, "v": "x1000"}]
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_reads_stay_on_the_index_through_the_gap_and_match_the_model(lagging, cached):
+    tbl, model = lagging
+    snap = take_snapshot(tbl)
+    plan = plan_indexed_read(snap, {"k"})
+    assert plan is not None and plan.fragment_ids == (0,)
+    assert sorted(len(g) for g in plan.gap.values()) == [3, 4]  # every merged generation
+    want = model.table(SCHEMA)
+    assert "indexed read: k_pk_btree" in tbl.explain("k >= 5")
+    assert "fragments=[0]" in tbl.explain("k >= 5")
+    assert tbl.to_arrow(filter="k >= 5").sort_by("k") == want.filter(pc.field("k") >= 5)
+    saved = CACHE.max_bytes
+    CACHE.max_bytes = CACHE.max_bytes if cached else 0  # btree path takes the indexed plan
+    try:
+        text = tbl.explain_lookup([1, 2])
+        assert ("indexed read" in text) != cached
+        probe = list(range(45))
+        assert tbl.lookup(probe).sort_by("k") == want
+    finally:
+        CACHE.max_bytes = saved
+    assert tbl.to_arrow().sort_by("k") == want  # no filter: the whole base, no gap
+
+
+def test_gap_generations_are_kept_until_the_index_covers_them(lagging):
+    from datetime import timedelta
+
+    tbl, model = lagging
+    want = model.table(SCHEMA).filter(pc.field("k") >= 5)
+    assert tbl.gc().generations == {}
+    assert plan_indexed_read(take_snapshot(tbl), {"k"}) is not None
+    # Dropping the history the catch-up is derived from: the generations stay. A process that
+    # had not derived it before (an empty cache) finds it unknown and reads the whole base
+    # table, still exact.
+    assert tbl.gc(base_versions_older_than=timedelta(0)).generations == {}
+    catchup._cache.clear()
+    assert index_coverage(tbl.store, tbl.dataset())[0].caught_up is None
+    assert plan_indexed_read(take_snapshot(tbl), {"k"}) is None
+    assert tbl.to_arrow(filter="k >= 5").sort_by("k") == want
+    tbl.catch_up_indexes()
+    collected = tbl.gc(base_versions_older_than=timedelta(0)).generations
+    assert sorted(len(g) for g in collected.values()) == [3, 4]
+    assert plan_indexed_read(take_snapshot(tbl), {"k"}) is None  # caught up: nothing to bridge
+    assert tbl.to_arrow(filter="k >= 5").sort_by("k") == want
