@@ -7,6 +7,12 @@ covers, already merged) are read in place of the rest, through their own indexes
 because catch-up is derived so that the uncovered fragments hold only rows of those generations
 (:mod:`memwal_sql.index.catchup`). When catch-up is unknown or a gap generation is gone, there is
 no indexed plan and the whole base table is read.
+
+Point lookups through the base table's btree use it: a generation answers a key from its cached
+``_pk_index`` behind its bloom filter. Measured with 400k merged rows the btree did not cover
+yet: 13.5 ms instead of 33.4 ms for one key, 20 ms instead of 51 ms for 1,000. Scans do not: a
+generation has no index a scan filter can use, so reading eight generations for a key-range
+filter took 166 ms where Lance's filtered scan of the uncovered fragments took 29 ms.
 """
 
 from __future__ import annotations

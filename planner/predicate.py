@@ -85,17 +85,6 @@ def parse_filter(expr: pc.Expression | None, schema: pa.Schema) -> Node | None:
         return Unknown(text)
 
 
-def columns_of(node: Node | None) -> set[str]:
-    """The columns a predicate tree compares (an unparsed part names none)."""
-    if isinstance(node, (And, Or)):
-        return columns_of(node.left) | columns_of(node.right)
-    if isinstance(node, Not):
-        return columns_of(node.child)
-    if isinstance(node, (Cmp, In)):
-        return {node.column}
-    return set()
-
-
 class _Parser:
     def __init__(self, text: str, schema: pa.Schema) -> None:
         self.s = text

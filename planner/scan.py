@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -13,8 +12,7 @@ from exec_nodes.dedup import DeduplicateExec
 from exec_nodes.scan import GenerationScanExec, MemTableScanExec, SourceExec, source_schema
 from memwal_sql.index.region_spec import RegionSpec
 from memwal_sql.snapshot import TableSnapshot
-from planner.indexed import IndexedRead, plan_indexed_read
-from planner.predicate import Node, columns_of
+from planner.predicate import Node
 from planner.pruning import parse_filter, prune_regions
 
 
@@ -28,7 +26,6 @@ class ScanPlan:
     pruned_regions: list[str]
     root: DeduplicateExec
     sources: list[SourceExec] = field(default_factory=list)
-    indexed: IndexedRead | None = None
 
     def sources_opened(self) -> list[SourceExec]:
         """The newer-than-base sources that were actually read."""
@@ -42,8 +39,6 @@ class ScanPlan:
             f"regions: {len(self.kept_regions)} scanned, {len(self.pruned_regions)} pruned"
             + (f" ({', '.join(r[:8] for r in self.pruned_regions)})" if self.pruned_regions else ""),
         ]
-        if self.indexed is not None:
-            head.append(self.indexed.describe())
         return "\n".join(head + [self.root.explain()])
 
 
@@ -55,12 +50,9 @@ def output_schema(base: pa.Schema, system_columns: bool) -> pa.Schema:
     return pa.schema(fields)
 
 
-def base_parts(snapshot: TableSnapshot, partitions: int,
-               fragment_ids: Sequence[int] | None = None) -> list[list[int] | None]:
-    """Split the base table's fragments (or ``fragment_ids``) into at most ``partitions``
-    groups."""
-    ids = list(fragment_ids) if fragment_ids is not None else \
-        [f.fragment_id for f in snapshot.dataset.get_fragments()]
+def base_parts(snapshot: TableSnapshot, partitions: int) -> list[list[int] | None]:
+    """Split the base table's fragments into at most ``partitions`` groups."""
+    ids = [f.fragment_id for f in snapshot.dataset.get_fragments()]
     if not ids:
         return []
     n = max(1, min(partitions, len(ids)))
@@ -86,8 +78,6 @@ def plan_scan(
         predicate, spec, base_schema, [(r.region_id, r.region_values) for r in snapshot.regions]
     )
     keep = set(kept)
-    # A filter an index serves stays on the index while it catches up with the merges.
-    indexed = plan_indexed_read(snapshot, columns_of(predicate)) if predicate else None
     sschema = source_schema(snapshot.wal_schema)
     sources: list[SourceExec] = []
     for region in snapshot.regions:
@@ -96,16 +86,15 @@ def plan_scan(
         for mem in region.unflushed:
             sources.append(MemTableScanExec(region.region_id, mem.generation, mem.batches,
                                             sschema, origin=mem.origin))
-        gap = indexed.gap.get(region.region_id, ()) if indexed else ()
-        for gen in sorted([*region.generations, *gap], key=lambda g: -g.generation):
+        for gen in sorted(region.generations, key=lambda g: -g.generation):
             sources.append(GenerationScanExec(region.region_id, gen.generation, gen.uri, sschema,
                                               dict(snapshot.storage_options or {}) or None))
     root = DeduplicateExec(
         sources,
         snapshot.dataset,
-        base_parts(snapshot, partitions, indexed.fragment_ids if indexed else None),
+        base_parts(snapshot, partitions),
         primary_key=snapshot.primary_key,
         filter=filter,
         output=output_schema(base_schema, system_columns),
     )
-    return ScanPlan(snapshot, predicate, kept, pruned, root, sources, indexed)
+    return ScanPlan(snapshot, predicate, kept, pruned, root, sources)

@@ -36,7 +36,6 @@ def assert_reads(tbl, model, d):
     want = model.table(SCHEMA)
     assert tbl.to_arrow().sort_by("k") == want
     assert tbl.lookup(list(range(21))).sort_by("k") == want
-    # A filter the key btree serves: the indexed read plan while the index lags the merges.
     assert tbl.to_arrow(filter="k >= 7").sort_by("k") == want.filter(pa.compute.field("k") >= 7)
     # While no region manifest changed since the region snapshot, eventual reads through it
     # see what they would see through the manifests.
@@ -154,3 +153,81 @@ def test_racing_mergers_merge_each_generation_exactly_once(tmp_path):
     assert tbl.merged_generations() == {rid: flushed}
     assert lance.dataset(uri).to_table().sort_by("k") == model.table(SCHEMA)
     assert tbl.to_arrow().sort_by("k") == model.table(SCHEMA)
+
+
+KILLED_AFTER_COMMIT = """
+import os, signal, sys
+from lance.dataset import MergeInsertBuilder
+import memwal_sql as mw
+
+real = MergeInsertBuilder.execute
+
+def execute_then_die(self, data):
+    out = real(self, data)  # the merge and its progress are committed
+    os.kill(os.getpid(), signal.SIGKILL)
+    return out
+
+MergeInsertBuilder.execute = execute_then_die
+mw.open_table(sys.argv[1]).merge(max_generations_per_region=1)
+"""
+
+
+@pytest.mark.slow
+def test_a_merger_killed_right_after_its_commit_is_not_merged_twice(tmp_path):
+    uri = str(tmp_path)
+    tbl = mw.create_table(uri, batch([1, 2, 3], 0), primary_key="k")
+    model = Model(["k"])
+    model.upsert(batch([1, 2, 3], 0))
+    with tbl.writer(max_memtable_rows=2) as w:
+        for i in range(3):
+            w.upsert(batch([i, i + 10], i + 1))
+            model.upsert(batch([i, i + 10], i + 1))
+        w.delete([2])
+        model.delete(pa.table({"k": [2]}))
+    proc = subprocess.run([sys.executable, "-c", KILLED_AFTER_COMMIT, uri],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    committed = tbl.merged_generations()
+    assert list(committed.values()) == [1]  # the killed merger's commit landed...
+    versions = tbl.dataset().version
+    rest = tbl.merge()  # ...and the next merger goes on after it, never before
+    assert [g for gens in rest.merged.values() for g in gens][0] == 2
+    assert tbl.dataset().version == versions + 1  # one commit for the rest
+    assert lance.dataset(uri).to_table().sort_by("k") == model.table(SCHEMA)
+    assert tbl.to_arrow().sort_by("k") == model.table(SCHEMA)
+    assert lance_latest_rows(uri, ["k"]) == model.table(SCHEMA)
+
+
+@pytest.mark.slow
+def test_maintain_watch_runs_beside_a_live_writer(tmp_path):
+    uri = str(tmp_path)
+    tbl = mw.create_table(uri, batch(list(range(30)), 0), primary_key="k",
+                          region_spec=mw.RegionSpec.bucket("k", 2))
+    model = Model(["k"])
+    model.upsert(batch(list(range(30)), 0))
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "memwal_sql.cli", "maintain", uri, "--watch", "0.05",
+         "--base-versions-older-than", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        for i in range(40):
+            ks = [(i * 7 + j) % 60 for j in range(5)]
+            tbl.upsert(batch(ks, i + 1))
+            model.upsert(batch(ks, i + 1))
+            tbl.delete([(i * 11) % 60])
+            model.delete(pa.table({"k": [(i * 11) % 60]}))
+            if i % 4 == 3:
+                tbl.flush()
+                assert tbl.to_arrow().sort_by("k") == model.table(SCHEMA)
+                assert tbl.lookup(list(range(60))).sort_by("k") == model.table(SCHEMA)
+    finally:
+        watcher.terminate()
+        _, err = watcher.communicate(timeout=60)
+    assert "Traceback" not in err, err[-3000:]
+    assert tbl.merged_generations() and tbl.region_snapshots() is not None  # it did its work
+    tbl.close()
+    result = tbl.maintain()
+    assert tbl.to_arrow().sort_by("k") == model.table(SCHEMA)
+    assert tbl.to_arrow(consistency="eventual").sort_by("k") == model.table(SCHEMA)
+    assert lance_latest_rows(uri, ["k"]) == model.table(SCHEMA)
+    assert result.merge.conflicts == 0
