@@ -11,6 +11,7 @@ import memwal_sql as mw
 from exec_nodes.lookup import CACHE
 from memwal_sql.index import catchup
 from memwal_sql.index.catchup import index_coverage
+from memwal_sql.maintenance.indexes import recorded_catchup
 from planner.indexed import plan_indexed_read
 from memwal_sql.snapshot import take_snapshot
 from tests.lsm import Model
@@ -52,6 +53,8 @@ def test_catch_up_is_where_the_index_last_covered_every_fragment(lagging):
     assert result.caught_up == {"k_pk_btree": merged} and min(merged.values()) >= 3
     [cov] = index_coverage(tbl.store, tbl.dataset())
     assert cov.complete
+    # Lance records the same progress in the MemWAL index, in the index's own commit.
+    assert recorded_catchup(tbl.mem_wal_details()) == result.caught_up
     assert tbl.catch_up_indexes().optimized == []  # nothing lags: no commit
 
 
