@@ -27,7 +27,6 @@ import time
 from datetime import timedelta
 
 import lance
-import pyarrow as pa
 import pyarrow.compute as pc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -29,7 +29,6 @@ from collections.abc import Callable
 import lance
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 import memwal_sql as mw
 from memwal_sql.interop import lance_scanner
