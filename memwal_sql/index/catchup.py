@@ -154,7 +154,7 @@ def _created_paths(op: Any) -> Iterable[str]:
     groups = getattr(op, "groups", None) or []
     frags = [*(getattr(op, "new_fragments", None) or []), *(getattr(op, "fragments", None) or []),
              *(f for g in groups for f in getattr(g, "new_fragments", []))]
-    return [d.path for f in frags for d in getattr(f, "files", None) or f.data_files()]
+    return [p for f in frags for p in _paths(f)]
 
 
 def min_caught_up(coverages: Iterable[IndexCoverage], region_id: str) -> int | None:
