@@ -34,7 +34,11 @@ from memwal_sql.errors import (
 )
 from memwal_sql.index.base_manifest import read_mem_wal_details
 from memwal_sql.index.region_snapshots import load_region_snapshots
-from memwal_sql.index.details import create_mem_wal_index, has_mem_wal_index
+from memwal_sql.index.details import (
+    create_mem_wal_index,
+    has_mem_wal_index,
+    region_generations,
+)
 from memwal_sql.index.region_spec import RegionSpec
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.writer.region_writer import RegionWriter, TableLayout, WriterConfig
@@ -200,8 +204,7 @@ class MemWalTable:
 
     def merged_generations(self, dataset: lance.LanceDataset | None = None) -> dict[str, int]:
         """The newest generation of each region already merged into the base table."""
-        return {str(uuid.UUID(bytes=m.region_id.uuid)): m.generation
-                for m in self.mem_wal_details(dataset).merged_generations}
+        return region_generations(self.mem_wal_details(dataset).merged_generations)
 
     def region_snapshots(self, dataset: lance.LanceDataset | None = None
                          ) -> list[RegionManifest] | None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ import lance
 
 from memwal_sql.errors import MemWalError
 from memwal_sql.index.base_manifest import read_mem_wal_details
-from memwal_sql.index.details import INDEX_NAME
+from memwal_sql.index.details import INDEX_NAME, region_generations
 from memwal_sql.storage import ObjectStore
 
 _MAX_HISTORY = 1000  # versions walked back at most before catch-up counts as unknown
@@ -68,10 +67,7 @@ class IndexCoverage:
 def merged_generations_at(store: ObjectStore, version: int) -> dict[str, int]:
     """The merge progress recorded in base version ``version`` (region id -> generation)."""
     details = read_mem_wal_details(store, version)
-    if details is None:
-        return {}
-    return {str(uuid.UUID(bytes=m.region_id.uuid)): m.generation
-            for m in details.merged_generations}
+    return {} if details is None else region_generations(details.merged_generations)
 
 
 _cache: OrderedDict[tuple[str, int], list[IndexCoverage]] = OrderedDict()

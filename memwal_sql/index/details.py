@@ -8,19 +8,28 @@ The index is an entry named ``__lance_mem_wal`` in the base table's manifest wit
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 
 import lance
 from lance import LanceOperation
 from lance.dataset import Index
 
-from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails
+from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails, MergedGeneration
 from memwal_sql.errors import CommitConflictError, TableNotFoundError
 from memwal_sql.storage import ObjectStore
 
 INDEX_NAME = "__lance_mem_wal"
 TYPE_URL = "/lance.table.MemWalIndexDetails"
+
+
+def region_generations(entries: Iterable[MergedGeneration]) -> dict[str, int]:
+    """``MergedGeneration`` entries (merge or index catch-up progress) as region id -> generation.
+
+    Example:
+        ``region_generations(details.merged_generations)``
+    """
+    return {str(uuid.UUID(bytes=m.region_id.uuid)): m.generation for m in entries}
 
 
 def has_mem_wal_index(ds: lance.LanceDataset) -> bool:

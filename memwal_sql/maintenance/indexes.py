@@ -15,12 +15,12 @@ Example:
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails
 from memwal_sql.index.catchup import index_coverage
+from memwal_sql.index.details import region_generations
 
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
@@ -57,6 +57,5 @@ def catch_up_indexes(table: MemWalTable) -> CatchupResult:
 
 def recorded_catchup(details: MemWalIndexDetails) -> dict[str, dict[str, int]]:
     """``index_catchup`` of the details: index name -> region id -> generation."""
-    return {p.index_name: {str(uuid.UUID(bytes=g.region_id.uuid)): g.generation
-                           for g in p.caught_up_generations}
+    return {p.index_name: region_generations(p.caught_up_generations)
             for p in details.index_catchup}
