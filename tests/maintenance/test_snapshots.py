@@ -146,3 +146,14 @@ def test_snapshot_rows_round_trip_through_lance_file_bytes():
     assert rows.schema.field("region_field_bucket").type == pa.int32()
     back = region_snapshots.from_lance_bytes(region_snapshots.to_lance_bytes(rows))
     assert region_snapshots.manifests_from_table(back, spec) == [m]
+
+
+def test_an_unreadable_snapshot_falls_back_to_the_manifests(table):
+    table.build_region_snapshots()
+
+    def corrupt(d):
+        d.inline_snapshots = b"not a lance file"
+
+    details_module.update_mem_wal_details(table.uri, table.store, corrupt)
+    assert table.region_snapshots() is None
+    assert table.to_arrow(consistency="eventual").sort_by("k") == table.to_arrow().sort_by("k")
