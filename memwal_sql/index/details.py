@@ -77,7 +77,9 @@ def update_mem_wal_details(
     would go back. So after each commit the versions in between are read, and if one recorded
     progress the new details lack, it is restored at once with another commit (repeated until a
     commit lands with nothing lost). Until then readers merely read merged generations again,
-    which is harmless (spec, "Reader Consistency"), and a merger re-merges the same rows.
+    which is harmless (spec, "Reader Consistency"), and a merger re-merges the same rows. Lance's
+    own ``index_catchup`` record can go back the same way; that only understates coverage, and
+    our readers derive catch-up instead (:mod:`memwal_sql.index.catchup`).
 
     Example:
         ``update_mem_wal_details(tbl.uri, tbl.store, lambda d: d.maintained_indexes.append("i"))``

@@ -41,6 +41,7 @@ class SnapshotResult:
     regions: int = 0
     inline: bool = True
     hints_refreshed: int = 0
+    committed: bool = False  # False: every region manifest was as the last snapshot holds it
     base_version: int = 0
     seconds: float = 0.0
 
@@ -67,6 +68,11 @@ def build_region_snapshots(table: MemWalTable) -> SnapshotResult:
     rows = snapshot_table(manifests, table.region_spec)
     result.regions = rows.num_rows
     result.inline = rows.num_rows <= INLINE_THRESHOLD
+    ds = table.dataset()
+    if _versions(table.region_snapshots(ds)) == _versions(manifests):
+        result.base_version = ds.version  # nothing changed: no commit, no new base version
+        result.seconds = time.perf_counter() - t0
+        return result
     inline = to_lance_bytes(rows) if result.inline else None
     now_ms = int(time.time() * 1000)
 
@@ -83,9 +89,16 @@ def build_region_snapshots(table: MemWalTable) -> SnapshotResult:
             details.ClearField("inline_snapshots")
 
     ds = update_mem_wal_details(table.uri, table.store, change, table.storage_options or None)
+    result.committed = True
     result.base_version = ds.version
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _versions(manifests: list[RegionManifest] | None) -> list[tuple[bytes, int]] | None:
+    if manifests is None:
+        return None
+    return sorted((m.region_id.uuid, m.version) for m in manifests)
 
 
 def _refresh_wal_hint(table: MemWalTable, store: RegionManifestStore,

@@ -47,7 +47,9 @@ def assert_snapshot_matches_manifests(tbl):
 
 def test_inline_snapshot_holds_every_region_manifest(table):
     result = table.build_region_snapshots()
-    assert result.regions == 3 and result.inline
+    assert result.regions == 3 and result.inline and result.committed
+    again = table.build_region_snapshots()  # no region changed: no new base version
+    assert not again.committed and again.base_version == result.base_version
     d = table.mem_wal_details()
     assert d.num_regions == 3 and d.HasField("inline_snapshots") and d.snapshot_ts_millis > 0
     assert_snapshot_matches_manifests(table)
