@@ -112,3 +112,32 @@ def test_gap_generations_are_kept_until_the_index_covers_them(lagging):
     assert sorted(len(g) for g in collected.values()) == [3, 4]
     assert plan_indexed_read(take_snapshot(tbl), {"k"}) is None  # caught up: nothing to bridge
     assert tbl.to_arrow(filter="k >= 5").sort_by("k") == want
+
+
+def test_full_text_and_vector_indexes_catch_up_and_gc_waits_for_the_slowest(tmp_path):
+    from datetime import timedelta
+
+    schema = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string()),
+                        pa.field("vec", pa.list_(pa.float32(), 4))])
+
+    def rows(ks, tag):
+        return pa.table({"k": ks, "v": [f"{tag} word{k}" for k in ks],
+                         "vec": [[float(k), 1, 2, 3] for k in ks]}, schema=schema)
+
+    tbl = mw.create_table(str(tmp_path), rows(list(range(300)), "base"), primary_key="k")
+    tbl.dataset().create_scalar_index("v", "INVERTED", name="v_fts")
+    tbl.dataset().create_index("vec", "IVF_FLAT", num_partitions=1, name="vec_ivf")
+    tbl.upsert(rows(list(range(20)), "fresh"))
+    tbl.flush()
+    tbl.merge()
+    assert {c.name for c in index_coverage(tbl.store, tbl.dataset()) if not c.complete} == \
+        {"k_pk_btree", "v_fts", "vec_ivf"}
+    # Only the key btree is optimized: the generation stays for the two that lag.
+    tbl.dataset().optimize.optimize_indices(index_names=["k_pk_btree"])
+    assert tbl.gc(base_versions_older_than=timedelta(0)).generations == {}
+    assert sorted(tbl.catch_up_indexes().optimized) == ["v_fts", "vec_ivf"]
+    assert all(c.complete for c in index_coverage(tbl.store, tbl.dataset()))
+    assert sum(len(g) for g in tbl.gc(base_versions_older_than=timedelta(0))
+               .generations.values()) == 1
+    assert tbl.dataset().to_table(full_text_query="fresh").num_rows == 20
+    assert tbl.lookup([5]).column("v").to_pylist() == ["fresh word5"]
