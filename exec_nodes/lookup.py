@@ -83,8 +83,29 @@ class LookupCache:
 
 
 _KEY_INDEX_ROW_BYTES = 32  # a cached base key index entry: key, row address, sort order
-_WHOLE_GENERATION_SHARE = 16  # a generation read whole takes at most 1/16 of the cache
+_WHOLE_FRAGMENT_SHARE = 16  # a fragment read whole takes at most 1/16 of the cache
 CACHE = LookupCache(int(os.environ.get("MEMWAL_LOOKUP_CACHE_BYTES", 512 << 20)))
+
+
+def _whole_fragment(fragment: lance.LanceFragment, names: Sequence[str], generation: int,
+                    schema: pa.Schema) -> tuple[pa.Table | None, int]:
+    """Every physical row of a small fragment in the source ``schema``, row ``i`` at offset
+    ``i``, for the lookup cache; ``(None, _)`` for a fragment too big to keep.
+
+    Deleted rows are kept in place: key indexes never point at them, and so the rows serve
+    every version of the fragment. One sequential read of a small fragment costs about what two
+    or three random ``take`` calls do (a ``take`` costs milliseconds even for one row), and it
+    serves every later lookup from memory, as RocksDB serves hot blocks from its block cache.
+    """
+    sizes = [f.file_size_bytes for f in fragment.data_files()]
+    if any(n is None for n in sizes) or \
+            sum(sizes) > CACHE.max_bytes // _WHOLE_FRAGMENT_SHARE:  # type: ignore[arg-type]
+        return None, 64
+    table = fragment.to_table(columns=list(names), with_row_id=True, include_deleted_rows=True)
+    if table.num_rows != fragment.metadata.physical_rows:
+        return None, 64
+    table = tag(table.select(list(names)), generation, schema).combine_chunks()
+    return table, table.nbytes
 
 
 def _key_index(values: pa.Table, ids: np.ndarray) -> tuple[KeySet, np.ndarray]:
@@ -196,32 +217,16 @@ class TakeLastExec(LookupSource):
 
     def _generation_rows(self) -> pa.Table | None:
         """A small generation's rows (source schema, row ``i`` at offset ``i``), read once;
-        None for a generation too big to keep.
-
-        One sequential read of a small generation costs about what two random ``take`` calls
-        do, and it serves every later lookup from memory.
-        """
+        None for a generation too big to keep (see :func:`_whole_fragment`)."""
         uri, opts = self.uri, self.storage_options
 
         def load() -> tuple[pa.Table | None, int]:
             ds = lance.dataset(uri, storage_options=opts)
             frags = ds.get_fragments()
-            size = sum(f.file_size_bytes or 0 for fr in frags for f in fr.data_files())
-            if len(frags) != 1 or size > CACHE.max_bytes // _WHOLE_GENERATION_SHARE:
+            if len(frags) != 1:
                 return None, 64
             names = [f.name for f in self.schema if f.name in ds.schema.names]
-            table = ds.to_table(columns=names, with_row_address=True)
-            offsets = table.column(ROWADDR).to_numpy().astype(np.int64)
-            table = tag(table.drop_columns([ROWADDR]), self.generation, self.schema)
-            physical = frags[0].metadata.physical_rows
-            if len(offsets) != physical or not np.array_equal(offsets, np.arange(physical)):
-                # A deletion vector: deleted offsets become null rows, which the _pk_index's
-                # newest id per key never selects.
-                dense = np.full(physical, -1, dtype=np.int64)
-                dense[offsets] = np.arange(len(offsets))
-                table = table.take(pa.array(dense, mask=dense < 0))
-            table = table.combine_chunks()  # take() on one chunk is several times faster
-            return table, table.nbytes
+            return _whole_fragment(frags[0], names, self.generation, self.schema)
 
         return CACHE.get("rows", uri, load)  # type: ignore[return-value]
 
@@ -252,8 +257,9 @@ class BaseLookupExec(LookupSource):
 
     The base table's keys and row addresses at the pinned version are read once (one column,
     like Lance's own btree pages) and cached, so a batch of keys costs a vectorised probe and
-    one ``take`` of the rows that exist. A base table whose key index would not fit the lookup
-    cache is probed through its primary-key btree instead (a filtered Lance read).
+    then the rows that exist: from small fragments kept whole in the lookup cache, else one
+    random ``take``. A base table whose key index would not fit the lookup cache is probed
+    through its primary-key btree instead (a filtered Lance read).
     """
 
     name = "BaseLookupExec"
@@ -302,8 +308,7 @@ class BaseLookupExec(LookupSource):
         if index is not None:
             keyset, addrs = index
             return self._take_newest(keys.select(self.primary_key), keyset, addrs,
-                                     lambda hit: self._tagged(self.dataset._take_rows(
-                                         pa.array(hit), columns=names), pa.array(hit)))
+                                     lambda hit: self._take_addresses(hit, names))
         fragments = None if self.fragment_ids is None else \
             [self.dataset.get_fragment(i) for i in self.fragment_ids]
         if fragments == []:
@@ -319,6 +324,36 @@ class BaseLookupExec(LookupSource):
         found = KeySet(rows.select(self.primary_key)).contains(keys.select(self.primary_key))
         return self._tagged(rows.drop_columns([ROWADDR]),
                             rows.column(ROWADDR).cast(pa.uint64())), found
+
+    def _take_addresses(self, addrs: np.ndarray, names: list[str]) -> pa.Table:
+        """The rows at ``addrs``, in order: from cached whole fragments where small enough,
+        else with one random ``take`` for the rest."""
+        fragment_of = addrs >> 32
+        parts, order, rest = [], [], []
+        for fid in np.unique(fragment_of):
+            at = np.nonzero(fragment_of == fid)[0]
+            rows = self._fragment_rows(int(fid), names)
+            if rows is None:
+                rest.append(at)
+                continue
+            parts.append(rows.take(pa.array(addrs[at] & 0xFFFFFFFF)))
+            order.append(at)
+        if rest:
+            at = np.concatenate(rest)
+            parts.append(tag(self.dataset._take_rows(pa.array(addrs[at]), columns=names),
+                             BASE_GENERATION, self.schema))
+            order.append(at)
+        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts).take(
+            pa.array(np.argsort(np.concatenate(order))))
+        return table.set_column(table.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR),
+                                pa.array(addrs))
+
+    def _fragment_rows(self, fragment_id: int, names: list[str]) -> pa.Table | None:
+        fragment = self.dataset.get_fragment(fragment_id)
+        # Data files are immutable and uniquely named: the same files hold the same rows.
+        key = f"{self.dataset.uri}#{','.join(f.path for f in fragment.data_files())}"
+        return CACHE.get("rows", key, lambda: _whole_fragment(  # type: ignore[return-value]
+            fragment, names, BASE_GENERATION, self.schema))
 
     def _tagged(self, rows: pa.Table, addr: pa.Array | pa.ChunkedArray) -> pa.Table:
         out = tag(rows, BASE_GENERATION, self.schema)

@@ -53,11 +53,13 @@ def check(tbl, model, probe):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=ops, bucketed=st.booleans(), cached=st.booleans())
-def test_lookups_match_the_model(ops, bucketed, cached):
-    """With the lookup cache (small generations and the base key index in memory, reused
-    across base versions and growing MemTables) and without it (``_take_rows``, btree)."""
-    with tempfile.TemporaryDirectory() as d, _cache_budget(CACHE.max_bytes if cached else 0):
+@given(ops=ops, bucketed=st.booleans(), cache=st.sampled_from(["default", "tight", "off"]))
+def test_lookups_match_the_model(ops, bucketed, cache):
+    """With the lookup cache (small generations and base fragments whole, the base key index,
+    reused across base versions and growing MemTables), with one so tight that only some
+    fragments fit whole (the rest taken at random), and without it (btree, ``_take_rows``)."""
+    budget = {"default": CACHE.max_bytes, "tight": 12 << 10, "off": 0}[cache]
+    with tempfile.TemporaryDirectory() as d, _cache_budget(budget):
         tbl, model = seeded_table(d, batch(list(range(0, 26, 2)), 0), "k",
                                   buckets=3 if bucketed else None, max_memtable_rows=5)
         for op, ks, seed in ops:
