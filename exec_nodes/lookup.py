@@ -82,6 +82,13 @@ class LookupCache:
         return value
 
 
+    def clear(self) -> None:
+        """Drop every entry."""
+        with self._lock:
+            self._entries.clear()
+            self.nbytes = 0
+
+
 _KEY_INDEX_ROW_BYTES = 32  # a cached base key index entry: key, row address, sort order
 _WHOLE_FRAGMENT_SHARE = 16  # a fragment read whole takes at most 1/16 of the cache
 CACHE = LookupCache(int(os.environ.get("MEMWAL_LOOKUP_CACHE_BYTES", 512 << 20)))
