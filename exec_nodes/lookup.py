@@ -350,8 +350,10 @@ class BaseLookupExec(LookupSource):
             parts.append(tag(self.dataset._take_rows(pa.array(addrs[at]), columns=names),
                              BASE_GENERATION, self.schema))
             order.append(at)
-        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts).take(
-            pa.array(np.argsort(np.concatenate(order))))
+        table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        positions = np.concatenate(order)
+        if not np.array_equal(positions, np.arange(len(addrs))):
+            table = table.take(pa.array(np.argsort(positions)))
         return table.set_column(table.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR),
                                 pa.array(addrs))
 

@@ -53,14 +53,15 @@ def plan_indexed_read(snapshot: TableSnapshot, columns: Collection[str]) -> Inde
                 if wanted & set(c.columns)]
     if not coverage or all(c.complete for c in coverage):
         return None
+    if any(c.caught_up is None for c in coverage):
+        return None  # some uncovered rows are not from merged generations
     fragments = frozenset.intersection(*(c.fragment_ids for c in coverage))
     listed = {r.region_id: {g.generation: g for g in r.merged_generations}
               for r in snapshot.regions}
     gap: dict[str, tuple[GenerationRef, ...]] = {}
     for rid, merged in snapshot.merged.items():
         caught_up = min_caught_up(coverage, rid)
-        if caught_up is None:
-            return None
+        assert caught_up is not None
         if caught_up >= merged:
             continue
         gens = listed.get(rid, {})

@@ -188,3 +188,33 @@ def test_lookups_while_a_writer_writes(tmp_path):
             assert got.get(k, -1) >= v
     t.join()
     tbl.close()
+
+
+def test_base_rows_come_back_in_key_order_across_cached_and_taken_fragments(tmp_path):
+    """Keys spread over several base fragments, some kept whole in the cache and some too big
+    (taken at random): every row must come back with its own key."""
+    import random
+
+    rnd = random.Random(7)
+    noise = [rnd.randbytes(48).hex() for _ in range(4000)]  # incompressible: big fragments
+    big = pa.table({"k": list(range(0, 4000)), "v": [f"big{k}-{noise[k]}" for k in range(4000)]},
+                   schema=SCHEMA)
+    tbl = mw.create_table(str(tmp_path), big.slice(0, 2000), primary_key="k")
+    import lance
+
+    lance.write_dataset(big.slice(2000), str(tmp_path), mode="append")  # a second big fragment
+    lance.write_dataset(batch([9000, 9001], 1), str(tmp_path), mode="append")  # a small one
+    probe = [3999, 5, 9001, 2000, 1999, 9000, 0, 2500]
+    want = [{"k": k, "v": f"big{k}-{noise[k]}" if k < 4000 else f"v{k}-1"} for k in probe]
+    only_big = [k for k in probe if k < 4000]
+    for budget in (CACHE.max_bytes, 1 << 20, 0):  # all whole; only the small one; btree
+        with _cache_budget(budget):
+            CACHE.clear()
+            reopened = mw.open_table(str(tmp_path))
+            assert reopened.lookup(probe).to_pylist() == want
+            assert reopened.lookup(only_big).to_pylist() == [r for r in want if r["k"] < 4000]
+            for keys in (probe, only_big):  # row addresses name each row's own place
+                rows = reopened.lookup(keys, with_system_columns=True)
+                assert rows.column("_rowaddr").to_pylist() == [
+                    (k // 2000 << 32) + k % 2000 if k < 4000 else (2 << 32) + k - 9000
+                    for k in keys]
