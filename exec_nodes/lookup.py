@@ -276,6 +276,7 @@ class BaseLookupExec(LookupSource):
         super().__init__(None, BASE_GENERATION, schema, primary_key)
         self.dataset = dataset
         self.fragment_ids = None if fragment_ids is None else list(fragment_ids)
+        self._rows: int | None = None
 
     def describe(self) -> str:
         indexed = any(d.field_names == [self.primary_key[0]] and d.index_type == "BTree"
@@ -291,7 +292,10 @@ class BaseLookupExec(LookupSource):
         return self._fits_cache()
 
     def _fits_cache(self) -> bool:
-        return self.dataset.count_rows() * _KEY_INDEX_ROW_BYTES <= CACHE.max_bytes // 4
+        # Asked by the planner and again per probe: count the rows (deletion files) once.
+        if self._rows is None:
+            self._rows = self.dataset.count_rows()
+        return self._rows * _KEY_INDEX_ROW_BYTES <= CACHE.max_bytes // 4
 
     def _key_index(self) -> tuple[KeySet, np.ndarray] | None:
         if not self._fits_cache():

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from lance.mem_wal import LsmScanner, ShardSnapshot
 
-from memwal_sql.manifest import RegionManifestStore
 
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
@@ -24,10 +23,7 @@ def lance_shard_snapshots(table: MemWalTable) -> list[ShardSnapshot]:
     """One Lance ``ShardSnapshot`` per region, from the region manifests."""
     merged = table.merged_generations()
     snaps = []
-    for rid in table.regions():
-        m = RegionManifestStore(table.store, rid).latest()
-        if m is None:
-            continue
+    for rid, m in table.region_manifests():
         snap = ShardSnapshot(rid).with_spec_id(m.region_spec_id) \
             .with_current_generation(m.current_generation)
         for g in m.flushed_generations:

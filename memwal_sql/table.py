@@ -40,6 +40,7 @@ from memwal_sql.index.details import (
     region_generations,
 )
 from memwal_sql.index.region_spec import RegionSpec
+from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.writer.region_writer import RegionWriter, TableLayout, WriterConfig
 from memwal_sql.writer.rows import RowCoercer, to_arrow_table
@@ -125,6 +126,19 @@ class MemWalTable:
                 out.append(str(uuid.UUID(name)))
             except ValueError:
                 continue
+        return out
+
+    def region_manifests(self) -> list[tuple[str, RegionManifest]]:
+        """Each region's latest manifest, in region-id order (regions without one left out).
+
+        Example:
+            ``{rid: m.current_generation for rid, m in tbl.region_manifests()}``
+        """
+        out = []
+        for rid in self.regions():
+            manifest = RegionManifestStore(self.store, rid).latest()
+            if manifest is not None:
+                out.append((rid, manifest))
         return out
 
     def writer(

@@ -62,6 +62,42 @@ def seeded_table(uri: str, rows: pa.Table, key: str, *, buckets: int | None,
     return tbl, model
 
 
+def op_sequences(max_key: int, max_keys: int, others: list[str]) -> Any:
+    """A hypothesis strategy of (op, keys, seed) lists for :func:`apply_op`: upserts and deletes
+    of up to ``max_keys`` distinct keys in ``[0, max_key]``, and the key-less ``others``."""
+    from hypothesis import strategies as st
+
+    keys = st.lists(st.integers(0, max_key), min_size=1, max_size=max_keys, unique=True)
+    return st.lists(st.one_of(
+        st.tuples(st.just("upsert"), keys, st.integers(0, 99)),
+        st.tuples(st.just("delete"), keys, st.just(0)),
+        st.tuples(st.sampled_from(others), st.just([]), st.just(0)),
+    ), min_size=1, max_size=20)
+
+
+def layered_table(uri: str, batch: Any, *, base: list, width: int, step: int, deletes: list,
+                  storage_options: dict | None = None) -> tuple[Any, Model]:
+    """A table bucketed into two regions with ``base`` keys in the base table, three flushed
+    upserts of ``width`` keys every ``step``, then a flushed delete of ``deletes``; and its
+    model. ``batch(keys, tag)`` makes the rows."""
+    import memwal_sql as mw
+
+    tbl = mw.create_table(uri, batch(base, "base"), primary_key="k",
+                          region_spec=mw.RegionSpec.bucket("k", 2),
+                          storage_options=storage_options)
+    model = Model(["k"])
+    model.upsert(batch(base, "base"))
+    for i in range(3):
+        rows = batch(list(range(i * step, i * step + width)), f"g{i}-")
+        tbl.upsert(rows)
+        model.upsert(rows)
+        tbl.flush()
+    tbl.delete(deletes)
+    model.delete(pa.table({"k": deletes}))
+    tbl.flush()
+    return tbl, model
+
+
 def apply_op(tbl: Any, model: Model, op: str, keys: list, seed: int, uri: str, batch: Any,
              *, delete_columns: list[str] | None = None) -> Any:
     """Apply one generated operation to a table and the model; returns the table to go on with

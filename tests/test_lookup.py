@@ -19,19 +19,14 @@ from exec_nodes.lookup import (
     TakeLastExec,
 )
 from planner.lookup import LookupPlan
-from tests.lsm import apply_op, seeded_table
+from tests.lsm import apply_op, op_sequences, seeded_table
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
 COMPOSITE = pa.schema([pa.field("a", pa.string(), False), pa.field("b", pa.int32(), False),
                        pa.field("v", pa.int64())])
 
-keys = st.lists(st.integers(0, 25), min_size=1, max_size=8, unique=True)
-ops = st.lists(st.one_of(
-    st.tuples(st.just("upsert"), keys, st.integers(0, 99)),
-    st.tuples(st.just("delete"), keys, st.just(0)),
-    st.tuples(st.sampled_from(["flush", "close", "crash", "reopen", "merge", "gc", "reindex",
-                               "catchup"]), st.just([]), st.just(0)),
-), min_size=1, max_size=20)
+ops = op_sequences(25, 8, ["flush", "close", "crash", "reopen", "merge", "gc", "reindex",
+                         "catchup"])
 
 
 def batch(ks, seed):
@@ -199,7 +194,7 @@ def test_base_rows_come_back_in_key_order_across_cached_and_taken_fragments(tmp_
     noise = [rnd.randbytes(48).hex() for _ in range(4000)]  # incompressible: big fragments
     big = pa.table({"k": list(range(0, 4000)), "v": [f"big{k}-{noise[k]}" for k in range(4000)]},
                    schema=SCHEMA)
-    tbl = mw.create_table(str(tmp_path), big.slice(0, 2000), primary_key="k")
+    mw.create_table(str(tmp_path), big.slice(0, 2000), primary_key="k")
     import lance
 
     lance.write_dataset(big.slice(2000), str(tmp_path), mode="append")  # a second big fragment

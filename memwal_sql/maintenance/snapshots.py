@@ -55,12 +55,8 @@ def build_region_snapshots(table: MemWalTable) -> SnapshotResult:
     t0 = time.perf_counter()
     result = SnapshotResult()
     manifests: list[RegionManifest] = []
-    for rid in table.regions():
-        store = RegionManifestStore(table.store, rid)
-        manifest = store.latest()
-        if manifest is None:
-            continue
-        refreshed = _refresh_wal_hint(table, store, manifest)
+    for rid, manifest in table.region_manifests():
+        refreshed = _refresh_wal_hint(table, RegionManifestStore(table.store, rid), manifest)
         if refreshed is not None:
             manifest = refreshed
             result.hints_refreshed += 1

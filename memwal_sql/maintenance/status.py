@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from memwal_sql.index.catchup import index_coverage
-from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import layout
 
 if TYPE_CHECKING:
@@ -62,10 +61,7 @@ def region_status(table: MemWalTable) -> list[RegionStatus]:
     catchup = index_catchup(table)
     now = time.time()
     out = []
-    for rid in table.regions():
-        m = RegionManifestStore(table.store, rid).latest()
-        if m is None:
-            continue
+    for rid, m in table.region_manifests():
         done = merged.get(rid, 0)
         unmerged = [g for g in m.flushed_generations if g.generation > done]
         prefix = f"{layout.region_dir(rid)}/"

@@ -14,7 +14,7 @@ from memwal_sql.index.catchup import index_coverage
 from memwal_sql.maintenance.indexes import recorded_catchup
 from planner.indexed import plan_indexed_read
 from memwal_sql.snapshot import take_snapshot
-from tests.lsm import Model
+from tests.lsm import layered_table
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
 
@@ -26,17 +26,8 @@ def batch(ks, tag):
 @pytest.fixture
 def lagging(tmp_path):
     """Two regions, three generations each merged, the key btree not caught up; plus the model."""
-    tbl = mw.create_table(str(tmp_path), batch(list(range(0, 40, 4)), "base"), primary_key="k",
-                          region_spec=mw.RegionSpec.bucket("k", 2))
-    model = Model(["k"])
-    model.upsert(batch(list(range(0, 40, 4)), "base"))
-    for i in range(3):
-        tbl.upsert(batch(list(range(i * 6, i * 6 + 10)), f"g{i}-"))
-        model.upsert(batch(list(range(i * 6, i * 6 + 10)), f"g{i}-"))
-        tbl.flush()
-    tbl.delete([8, 9])
-    model.delete(pa.table({"k": [8, 9]}))
-    tbl.flush()
+    tbl, model = layered_table(str(tmp_path), batch, base=list(range(0, 40, 4)), width=10,
+                               step=6, deletes=[8, 9])
     tbl.merge()
     return tbl, model
 

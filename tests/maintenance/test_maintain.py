@@ -10,7 +10,7 @@ import pytest
 import memwal_sql as mw
 from memwal_sql.index.region_snapshots import external_snapshot_path
 from memwal_sql.maintenance.status import region_status
-from tests.lsm import Model, lance_latest_rows
+from tests.lsm import lance_latest_rows, layered_table
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
 
@@ -25,17 +25,8 @@ def test_a_maintenance_pass_leaves_the_latest_rows_on_every_store(table_root, in
     if not inline:
         monkeypatch.setattr("memwal_sql.maintenance.snapshots.INLINE_THRESHOLD", 1)
     uri, opts = table_root
-    tbl = mw.create_table(uri, batch(list(range(10)), "base"), primary_key="k",
-                          region_spec=mw.RegionSpec.bucket("k", 2), storage_options=opts)
-    model = Model(["k"])
-    model.upsert(batch(list(range(10)), "base"))
-    for i in range(3):
-        tbl.upsert(batch(list(range(i * 4, i * 4 + 8)), f"g{i}-"))
-        model.upsert(batch(list(range(i * 4, i * 4 + 8)), f"g{i}-"))
-        tbl.flush()
-    tbl.delete([1, 5])
-    model.delete(pa.table({"k": [1, 5]}))
-    tbl.flush()
+    tbl, model = layered_table(uri, batch, base=list(range(10)), width=8, step=4,
+                               deletes=[1, 5], storage_options=opts)
     tbl.upsert(batch([40], "live"))  # unflushed: survives maintenance in the MemTable
     model.upsert(batch([40], "live"))
 

@@ -16,16 +16,11 @@ from hypothesis import strategies as st
 
 import memwal_sql as mw
 from memwal_sql.manifest import RegionManifestStore
-from tests.lsm import Model, apply_op, lance_latest_rows, seeded_table
+from tests.lsm import Model, apply_op, lance_latest_rows, op_sequences, seeded_table
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
-keys = st.lists(st.integers(0, 20), min_size=1, max_size=6, unique=True)
-ops = st.lists(st.one_of(
-    st.tuples(st.just("upsert"), keys, st.integers(0, 99)),
-    st.tuples(st.just("delete"), keys, st.just(0)),
-    st.tuples(st.sampled_from(["flush", "merge", "gc", "reindex", "catchup", "snapshot", "crash",
-                               "reopen"]), st.just([]), st.just(0)),
-), min_size=1, max_size=20)
+ops = op_sequences(20, 6, ["flush", "merge", "gc", "reindex", "catchup", "snapshot", "crash",
+                         "reopen"])
 
 
 def batch(ks, seed):
