@@ -425,7 +425,7 @@ class MemWalTable:
         prepared = [(w, w._prepare_deletes(rows)) for w, rows in routed]
         self._append_all(prepared, "deletes")
 
-    def _append_all(self, prepared: list[tuple[RegionWriter, pa.Table]], kind: str) -> None:
+    def _append_all(self, prepared: list[tuple[RegionWriter, pa.RecordBatch]], kind: str) -> None:
         pending = [(w, w._append(rows, kind)) for w, rows in prepared]
         if len(pending) == 1:
             pending[0][0]._await(pending[0][1])

@@ -6,7 +6,8 @@ missing key, error types) and adds what obstore lacks: durability on local disk.
 LocalStore publishes files atomically (temp file + link) but never fsyncs; with ``durable=True``
 a put-if-not-exists on local disk writes an anonymous file (``O_TMPFILE``, or a temp file where
 that is missing), fsyncs it, links it into place (``link`` never replaces, so exactly one writer
-wins) and fsyncs the directory.
+wins) and fsyncs the directory. In directories a writer appends to, the anonymous files are
+created ahead of time, in the background (:meth:`ObjectStore.keep_spare_files`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import secrets
 import shutil
 import sys
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,7 @@ from obstore.exceptions import AlreadyExistsError, PreconditionError
 from obstore.store import LocalStore, MemoryStore, S3Store
 
 from memwal_sql.errors import ObjectExistsError, ObjectNotFoundError, StorageError
+from memwal_sql.storage.spare_files import SpareFiles, open_anonymous
 
 # Keys of a Lance storage_options dict that configure the HTTP client rather than the S3
 # credentials; obstore panics if they are passed as S3 config.
@@ -75,12 +78,16 @@ class ObjectStore:
         self.durable = durable
         parsed = urlparse(uri)
         self._local_root: Path | None = None
+        self._spares: SpareFiles | None = None
         if parsed.scheme in ("", "file"):
             root = Path(parsed.path if parsed.scheme else uri).expanduser().resolve()
             root.mkdir(parents=True, exist_ok=True)
             self._local_root = root
             self.uri = str(root)
             self._store = LocalStore(root)
+            if durable and _O_TMPFILE:
+                self._spares = SpareFiles()
+                weakref.finalize(self, self._spares.close)
         elif parsed.scheme == "memory":
             # One MemoryStore per name so that several handles on one uri see the same objects.
             self.uri = uri.rstrip("/")
@@ -123,6 +130,27 @@ class ObjectStore:
             raise ObjectExistsError(f"{path} already exists") from e
         except OSError as e:
             raise StorageError(f"put of {path} failed: {e}") from e
+
+    def keep_spare_files(self, prefix: str) -> None:
+        """Prepare files ahead of time for durable puts into the directory ``prefix``, so that
+        such a put does not wait to create one (local disk only; elsewhere a no-op). For the
+        hot append paths: a region writer keeps them for its WAL directory.
+
+        Example:
+            >>> import tempfile
+            >>> store = ObjectStore(tempfile.mkdtemp())
+            >>> store.keep_spare_files("_mem_wal/r/wal")
+            >>> store.put_if_not_exists("_mem_wal/r/wal/1.arrow", b"x")
+            >>> store.release_spare_files("_mem_wal/r/wal")
+        """
+        if self._spares is not None:
+            os.makedirs(os.path.join(self.uri, prefix), exist_ok=True)
+            self._spares.keep(os.path.join(self.uri, prefix.strip("/")))
+
+    def release_spare_files(self, prefix: str) -> None:
+        """Close the files :meth:`keep_spare_files` prepared in ``prefix``."""
+        if self._spares is not None:
+            self._spares.release(os.path.join(self.uri, prefix.strip("/")))
 
     def put(self, path: str, data: bytes | memoryview) -> None:
         """Create or replace ``path`` atomically (readers never see a torn object)."""
@@ -185,39 +213,57 @@ class ObjectStore:
 
     def _durable_local_create(self, path: str, data: bytes | memoryview) -> None:
         assert self._local_root is not None
-        dst = self._local_root / path
+        dst = os.path.join(self.uri, path)
+        directory = os.path.dirname(dst)
+        fd = self._anonymous_file(directory)
+        if fd < 0:
+            _create_via_temp_name(dst, path, data)
+            return
+        # An anonymous file gets a name only once complete and synced: no temp name to clean up
+        # after a crash, and one fewer directory operation than temp + link + unlink.
         try:
-            fd = os.open(dst.parent, _O_TMPFILE | os.O_WRONLY, 0o644) if _O_TMPFILE else -1
+            _write_all(fd, data)
+            os.fsync(fd)
+            _link_fd(fd, dst)
+        finally:
+            os.close(fd)
+        _fsync_dir(directory)  # the new name itself must survive a power loss
+
+    def _anonymous_file(self, directory: str) -> int:
+        """A spare anonymous file of ``directory``, else a new one; -1 if the file system has
+        none (or the platform is not Linux)."""
+        if self._spares is None:
+            return -1
+        spare = self._spares.take(directory)
+        if spare is not None:
+            return spare
+        try:
+            return open_anonymous(directory)
         except FileNotFoundError:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(dst.parent, _O_TMPFILE | os.O_WRONLY, 0o644)
-        except OSError:  # the file system has no anonymous temp files
-            fd = -1
-        if fd >= 0:
-            # An anonymous file gets a name only once complete and synced: no temp name to
-            # clean up after a crash, and one fewer directory operation than temp + link + unlink.
-            try:
-                _write_all(fd, data)
-                os.fsync(fd)
-                _link_fd(fd, dst)
-            finally:
-                os.close(fd)
-        else:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dst.with_name(f".{dst.name}.{secrets.token_hex(6)}.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                _write_all(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            try:
-                os.link(tmp, dst)  # unlike rename, link never replaces: exactly one winner
-            except FileExistsError as e:
-                raise ObjectExistsError(f"{path} already exists") from e
-            finally:
-                os.unlink(tmp)
-        _fsync_dir(dst.parent)  # the new name itself must survive a power loss
+            os.makedirs(directory, exist_ok=True)
+            return open_anonymous(directory)
+        except OSError:  # the file system has no anonymous files
+            self._spares.close()
+            self._spares = None
+            return -1
+
+
+def _create_via_temp_name(dst: str, path: str, data: bytes | memoryview) -> None:
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    tmp = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, dst)  # unlike rename, link never replaces: exactly one winner
+    except FileExistsError as e:
+        raise ObjectExistsError(f"{path} already exists") from e
+    finally:
+        os.unlink(tmp)
+    _fsync_dir(os.path.dirname(dst))
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:
@@ -226,7 +272,7 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync_dir(path: str) -> None:
     dfd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(dfd)
@@ -240,15 +286,24 @@ _AT_SYMLINK_FOLLOW = 0x400
 _libc = ctypes.CDLL(None, use_errno=True) if _O_TMPFILE else None
 
 
-def _link_fd(fd: int, dst: Path) -> None:
-    """Give the anonymous file ``fd`` the name ``dst``; fails if ``dst`` exists (never replaces)."""
+def _link_fd(fd: int, dst: str) -> None:
+    """Give the anonymous file ``fd`` the name ``dst``; fails if ``dst`` exists (never replaces).
+
+    A spare file may outlive its directory (a GC removed it); the directory is then made again.
+    """
     assert _libc is not None
     src = f"/proc/self/fd/{fd}".encode()
-    if _libc.linkat(_AT_FDCWD, src, _AT_FDCWD, os.fsencode(dst), _AT_SYMLINK_FOLLOW) != 0:
+    target = os.fsencode(dst)
+    for _ in range(2):
+        if _libc.linkat(_AT_FDCWD, src, _AT_FDCWD, target, _AT_SYMLINK_FOLLOW) == 0:
+            return
         err = ctypes.get_errno()
         if err == errno.EEXIST:
             raise ObjectExistsError(f"{dst} already exists")
-        raise OSError(err, os.strerror(err), str(dst))
+        if err != errno.ENOENT:
+            break
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+    raise OSError(err, os.strerror(err), dst)
 
 
 def _as_bytes(data: bytes | memoryview) -> bytes:

@@ -10,8 +10,10 @@ generations by a background thread, each flush ending in an epoch-checked manife
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -42,6 +44,15 @@ from memwal_sql.writer.wal import (
 )
 
 _FLUSH_ATTEMPTS = 3
+_OPEN_WRITERS: weakref.WeakSet[RegionWriter] = weakref.WeakSet()
+
+
+@atexit.register
+def _release_open_writers() -> None:
+    # A writer left open at interpreter exit: its flush thread may be inside Lance's native code
+    # when Python finalizes, which crashes the process. Stop the threads first.
+    for writer in list(_OPEN_WRITERS):
+        writer._release_at_exit()
 
 
 @dataclass(frozen=True)
@@ -128,6 +139,7 @@ class RegionWriter:
         self._lock = threading.Condition()
         self._stats = WriterStats()
         self._closed = False
+        self._releasing = False
         self._error: BaseException | None = None
         self._frozen: deque[MemTable] = deque()
         self._frozen_bytes = 0
@@ -166,6 +178,7 @@ class RegionWriter:
             target=self._flush_loop, name=f"memwal-flush-{self.region_id[:8]}", daemon=True
         )
         self._flush_thread.start()
+        _OPEN_WRITERS.add(self)
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -180,13 +193,13 @@ class RegionWriter:
         """
         self._await(self._append(self._prepare_upserts(data), "upserts"))
 
-    def _prepare_upserts(self, data: Any) -> pa.Table:
+    def _prepare_upserts(self, data: Any) -> pa.RecordBatch:
         """Validate upserts into WAL-schema rows; raises before anything is written."""
         rows = self._rows.upserts(data)
         self._check_region(rows)
         return rows
 
-    def _prepare_deletes(self, keys: Any) -> pa.Table:
+    def _prepare_deletes(self, keys: Any) -> pa.RecordBatch:
         return self._rows.deletes(keys)
 
     def _await(self, seq: int) -> None:
@@ -224,10 +237,24 @@ class RegionWriter:
                 self._closed = True
                 self._lock.notify_all()
             self._flush_thread.join()
-            if self._wal.error is None:
-                self._wal.close()
+            self._wal.close()  # after a WAL failure, only stops its threads
+            _OPEN_WRITERS.discard(self)
         if self._error is not None:
             raise self._error
+
+    def _release_at_exit(self) -> None:
+        """Store buffered WAL writes and stop the threads, without flushing MemTables: what is
+        not in a generation is in the WAL, and the next writer of the region replays it."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = self._releasing = True
+            self._lock.notify_all()
+        self._flush_thread.join()  # returns once the flush in progress (if any) is committed
+        try:
+            self._wal.close()
+        except MemWalError:
+            pass  # a fenced or failed WAL: the writes it holds were never acknowledged
 
     def stats(self) -> dict[str, Any]:
         """Counters and current sizes, e.g. ``w.stats()["rows_written"]``."""
@@ -327,7 +354,7 @@ class RegionWriter:
 
     # ---- write path -------------------------------------------------------------------------
 
-    def _check_region(self, rows: pa.Table) -> None:
+    def _check_region(self, rows: pa.RecordBatch) -> None:
         spec = self._table.region_spec
         if spec is None or self._region_values is None or rows.num_rows == 0:
             return
@@ -347,13 +374,12 @@ class RegionWriter:
                 "rows, or open a writer per region"
             )
 
-    def _append(self, rows: pa.Table, kind: str) -> int:
+    def _append(self, batch: pa.RecordBatch, kind: str) -> int:
         """Append to the MemTable and the WAL queue; return the WAL sequence (0: nothing)."""
-        with self._lock:
-            self._check_open()
-            if rows.num_rows == 0:
-                return 0
-        batch = rows.combine_chunks().to_batches()[0]
+        if batch.num_rows == 0:
+            with self._lock:
+                self._check_open()
+            return 0
         nbytes = batch.get_total_buffer_size()  # .nbytes walks every buffer: too slow per put
         with self._lock:
             self._check_open()
@@ -425,7 +451,7 @@ class RegionWriter:
             with self._lock:
                 while not self._frozen and not self._closed:
                     self._lock.wait()
-                if not self._frozen:
+                if not self._frozen or self._releasing:
                     return
                 memtable = self._frozen[0]
             try:

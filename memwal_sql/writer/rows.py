@@ -10,6 +10,10 @@ Example:
     >>> rows = RowCoercer(pa.schema([pa.field("id", pa.int64(), False), ("v", pa.string())]), ["id"])
     >>> rows.upserts({"id": [1], "v": ["a"]}).column("_tombstone").to_pylist()
     [False]
+
+Both ``upserts`` and ``deletes`` return one record batch: the unit the MemTable holds and a WAL
+entry serializes. Input already in the table's exact column order and types (the common case of a
+stream of same-shaped batches) takes a fast path that only checks nulls.
 """
 
 from __future__ import annotations
@@ -55,10 +59,22 @@ class RowCoercer:
         self.schema = wal_schema(base_schema, primary_key)
         self._false = pa.array(np.zeros(0, dtype=bool))  # grown on demand, then sliced
         self._not_null = [f.name for f in base_schema if not f.nullable and f.name not in primary_key]
+        # Input of exactly these fields needs no cast or reordering, only null checks.
+        self._exact_input = pa.schema(list(self.schema)[:-1])
+        self._required = [
+            (i, f.name) for i, f in enumerate(base_schema)
+            if f.name in self.primary_key or f.name in self._not_null
+        ]
+        self._tombstone_field = self.schema.field(TOMBSTONE)
 
-    def upserts(self, data: Any) -> pa.Table:
+    def upserts(self, data: Any) -> pa.RecordBatch:
         """Rows to insert or replace, with ``_tombstone = false``."""
         table = to_arrow_table(data)
+        if table.schema.equals(self._exact_input):
+            batch = _one_batch(table)
+            for i, name in self._required:
+                self._check_not_null(batch.column(i), name)
+            return batch.append_column(self._tombstone_field, self._live(batch.num_rows))
         names = set(table.column_names)
         self._check_keys(table, names)
         missing = [f.name for f in self.base_schema if f.name not in names]
@@ -72,12 +88,11 @@ class RowCoercer:
             )
         cols = [self._cast(table.column(f.name), f) for f in self.base_schema]
         for name in self._not_null:
-            if table.column(name).null_count:
-                raise SchemaMismatchError(f"column {name!r} is not nullable but holds nulls")
+            self._check_not_null(table.column(name), name)
         cols.append(self._live(table.num_rows))
-        return pa.Table.from_arrays(cols, schema=self.schema)
+        return _one_batch(pa.Table.from_arrays(cols, schema=self.schema))
 
-    def deletes(self, keys: Any) -> pa.Table:
+    def deletes(self, keys: Any) -> pa.RecordBatch:
         """Tombstone rows: the key columns, every other column null, ``_tombstone = true``.
 
         ``keys`` is a table holding the key columns (other columns are ignored) or, for a
@@ -103,7 +118,7 @@ class RowCoercer:
                 cols.append(_constant_bool(True, n))
             else:
                 cols.append(pa.nulls(n, f.type))
-        return pa.Table.from_arrays(cols, schema=self.schema)
+        return _one_batch(pa.Table.from_arrays(cols, schema=self.schema))
 
     def _live(self, n: int) -> pa.Array:
         """``_tombstone = false`` for ``n`` rows: a zero-copy slice of a cached array."""
@@ -118,18 +133,24 @@ class RowCoercer:
             >>> RowCoercer(pa.schema([pa.field("id", pa.int64(), False)]), ["id"]).keys([1]).schema
             id: int64 not null
         """
-        return self.deletes(keys).select(self.primary_key)
+        return pa.Table.from_batches([self.deletes(keys).select(self.primary_key)])
 
     def _check_keys(self, table: pa.Table, names: set[str]) -> None:
         missing = [k for k in self.primary_key if k not in names]
         if missing:
             raise PrimaryKeyError(f"primary-key column(s) {missing} missing from the input")
         for k in self.primary_key:
-            if table.column(k).null_count:
-                raise PrimaryKeyError(
-                    f"primary-key column {k!r} holds {table.column(k).null_count} null(s); "
-                    "every row needs a key"
-                )
+            self._check_not_null(table.column(k), k)
+
+    def _check_not_null(self, column: pa.Array | pa.ChunkedArray, name: str) -> None:
+        nulls = column.null_count
+        if not nulls:
+            return
+        if name in self.primary_key:
+            raise PrimaryKeyError(
+                f"primary-key column {name!r} holds {nulls} null(s); every row needs a key"
+            )
+        raise SchemaMismatchError(f"column {name!r} is not nullable but holds {nulls} null(s)")
 
     @staticmethod
     def _cast(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
@@ -142,6 +163,16 @@ class RowCoercer:
                 f"column {field.name!r} has type {column.type}, which cannot be cast safely "
                 f"to the table's {field.type}: {e}"
             ) from e
+
+
+def _one_batch(table: pa.Table) -> pa.RecordBatch:
+    """``table`` as one record batch (copying only when its columns are chunked)."""
+    batches = table.to_batches()
+    if len(batches) == 1:
+        return batches[0]
+    if not batches:
+        return pa.RecordBatch.from_pylist([], schema=table.schema)
+    return table.combine_chunks().to_batches()[0]
 
 
 def _constant_bool(value: bool, n: int) -> pa.Array:

@@ -1,3 +1,6 @@
+import os
+import subprocess
+import sys
 import threading
 
 import lance
@@ -174,3 +177,26 @@ def test_failed_flush_retries_into_a_new_directory(tmp_path, failing_first_flush
     dirs = [d for d in tbl.store.list_dirs(layout.region_dir(w.region_id)) if "_gen_" in d]
     assert len(dirs) == 2  # the orphan of the failed attempt is left for GC, unreferenced
     assert lance_latest_rows(str(tmp_path), ["id"]).num_rows == 2
+
+
+def test_a_writer_left_open_at_exit_stores_its_writes_and_exits_cleanly(tmp_path):
+    # Non-durable writes and MemTable flushes still running when the interpreter exits: the
+    # process must neither crash (a flush thread inside Lance at finalization did) nor drop
+    # the buffered WAL entries; the next writer replays them.
+    uri = str(tmp_path / "t")
+    mw.create_table(uri, SCHEMA, primary_key="id")
+    script = (
+        "import sys, pyarrow as pa, memwal_sql as mw\n"
+        "from tests.writer.test_region_writer import rows\n"
+        f"w = mw.open_table({uri!r}).writer(durable=False, max_memtable_rows=3000,\n"
+        "                                   max_wal_flush_interval=60)\n"
+        "for i in range(40):\n"
+        "    w.upsert(rows(list(range(i * 1000, i * 1000 + 1000))))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert done.returncode == 0, done.stderr
+    tbl = mw.open_table(uri)
+    tbl.writer().close()  # replays what no generation holds yet, then flushes it
+    got = lance_latest_rows(uri, ["id"])
+    assert got.column("id").to_pylist() == list(range(40_000))

@@ -4,6 +4,7 @@ import pytest
 from memwal_sql.errors import CorruptWalEntryError
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.writer.wal import (
+    WalEntryEncoder,
     decode_wal_entry,
     encode_fence_sentinel,
     encode_wal_entry,
@@ -29,6 +30,32 @@ def test_entry_is_an_ipc_stream_with_lance_metadata():
     assert reader.schema.metadata == {b"writer_epoch": b"4", b"generation": b"2"}
     e = decode_wal_entry(data, 9)
     assert (e.writer_epoch, e.generation, e.num_rows, e.is_sentinel) == (4, 2, 4, False)
+
+
+@pytest.mark.parametrize("types", [
+    (pa.int64(), pa.string()),
+    (pa.int32(), pa.list_(pa.struct([("x", pa.float32()), ("y", pa.large_string())]))),
+    (pa.string(), pa.dictionary(pa.int8(), pa.string())),  # dictionaries: the stream writer
+    (pa.int64(), pa.struct([("d", pa.dictionary(pa.int16(), pa.utf8()))])),
+])
+def test_encoder_writes_the_same_bytes_as_the_stream_writer(types):
+    s = wal_schema(pa.schema([pa.field("id", types[0], False), pa.field("v", types[1])]), ["id"])
+    values = {
+        pa.string(): ["a", None, "c"],
+        pa.list_(pa.struct([("x", pa.float32()), ("y", pa.large_string())])):
+            [[{"x": 1.0, "y": "p"}], None, []],
+        pa.dictionary(pa.int8(), pa.string()): ["u", "u", None],
+        pa.struct([("d", pa.dictionary(pa.int16(), pa.utf8()))]): [{"d": "k"}, None, {"d": "k"}],
+    }[types[1]]
+    ids = ["1", "2", "3"] if types[0] == pa.string() else [1, 2, 3]
+    b = pa.record_batch([pa.array(ids, types[0]), pa.array(values, types[1]),
+                         pa.array([False, True, False])], schema=s)
+    enc = WalEntryEncoder(s, writer_epoch=3)
+    for generation, batches in ((1, [b]), (1, [b, b.slice(1)]), (2, [b.slice(2), b])):
+        got = bytes(enc.encode(batches, generation))
+        assert got == bytes(encode_wal_entry(batches, s, writer_epoch=3, generation=generation))
+        e = decode_wal_entry(got, 1)
+        assert (e.generation, e.num_rows) == (generation, sum(x.num_rows for x in batches))
 
 
 def test_sentinel_matches_lance_shape():
