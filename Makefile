@@ -23,6 +23,7 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_write.py
+	$(PY) benchmarks/bench_wal_put.py
 	$(PY) benchmarks/bench_read.py
 	$(PY) benchmarks/bench_lookup.py
 	$(PY) benchmarks/bench_maintenance.py

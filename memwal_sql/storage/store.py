@@ -144,13 +144,14 @@ class ObjectStore:
             >>> store.release_spare_files("_mem_wal/r/wal")
         """
         if self._spares is not None:
-            os.makedirs(os.path.join(self.uri, prefix), exist_ok=True)
-            self._spares.keep(os.path.join(self.uri, prefix.strip("/")))
+            directory = f"{self.uri}/{prefix.strip('/')}"
+            os.makedirs(directory, exist_ok=True)
+            self._spares.keep(directory)
 
     def release_spare_files(self, prefix: str) -> None:
         """Close the files :meth:`keep_spare_files` prepared in ``prefix``."""
         if self._spares is not None:
-            self._spares.release(os.path.join(self.uri, prefix.strip("/")))
+            self._spares.release(f"{self.uri}/{prefix.strip('/')}")
 
     def put(self, path: str, data: bytes | memoryview) -> None:
         """Create or replace ``path`` atomically (readers never see a torn object)."""
@@ -213,8 +214,8 @@ class ObjectStore:
 
     def _durable_local_create(self, path: str, data: bytes | memoryview) -> None:
         assert self._local_root is not None
-        dst = os.path.join(self.uri, path)
-        directory = os.path.dirname(dst)
+        dst = f"{self.uri}/{path}"
+        directory = dst.rpartition("/")[0]
         fd = self._anonymous_file(directory)
         if fd < 0:
             _create_via_temp_name(dst, path, data)
