@@ -62,7 +62,7 @@ class RowCoercer:
         # Input of exactly these fields needs no cast or reordering, only null checks.
         self._exact_input = pa.schema(list(self.schema)[:-1])
         self._required = [
-            (i, f.name) for i, f in enumerate(base_schema)
+            (i, f.name) for i, f in enumerate(self._exact_input)
             if f.name in self.primary_key or f.name in self._not_null
         ]
         self._tombstone_field = self.schema.field(TOMBSTONE)

@@ -63,3 +63,22 @@ def test_composite_key_deletes_need_a_table():
     with pytest.raises(PrimaryKeyError, match="composite"):
         rows.deletes([1])
     assert rows.deletes({"a": [1], "b": ["x"]}).num_rows == 1
+
+
+def exact(rows, ids, ns, ss, chunks=1):
+    """Input already in the WAL schema's order and types (the fast path), in ``chunks`` chunks."""
+    t = pa.table({"id": pa.array(ids, pa.int64()), "n": pa.array(ns, pa.int32()), "s": ss},
+                 schema=pa.schema(list(rows.schema)[:-1]))
+    return pa.concat_tables([t.slice(i, 1) for i in range(t.num_rows)]) if chunks > 1 else t
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_exact_input_takes_the_fast_path_and_still_checks_nulls(rows, chunks):
+    out = rows.upserts(exact(rows, [1, 2, 3], [4, 5, 6], ["a", None, "c"], chunks))
+    assert isinstance(out, pa.RecordBatch) and out.schema.equals(rows.schema)
+    assert out.to_pydict() == {"id": [1, 2, 3], "n": [4, 5, 6], "s": ["a", None, "c"],
+                               "_tombstone": [False] * 3}
+    with pytest.raises(PrimaryKeyError, match="1 null"):
+        rows.upserts(exact(rows, [1, None, 3], [4, 5, 6], ["a", "b", "c"], chunks))
+    with pytest.raises(SchemaMismatchError, match="not nullable"):
+        rows.upserts(exact(rows, [1, 2, 3], [4, None, 6], ["a", "b", "c"], chunks))
