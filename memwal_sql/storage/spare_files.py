@@ -1,12 +1,12 @@
 """Anonymous files created ahead of time, so that a durable put does not wait for one.
 
-A durable put on local disk writes an anonymous file (``O_TMPFILE``), fsyncs it and links it
-into place. Creating the file is the one step that does not depend on the data, and on some
-systems it is the costliest: on this project's CI machines (ext4 without a journal, in a VM) a
-new inode takes 0.3-1 ms of system time, more than the fsync. So for the directories of hot
-append paths (a writer's WAL), a background thread keeps two anonymous files open and ready; a
-put takes one and the thread makes the next while the caller goes on. RocksDB recycles WAL files
-and Kafka preallocates segments for the same reason.
+A durable put on local disk writes a new file, fsyncs it and renames it into place. Creating the
+file is the one step that does not depend on the data, and on some systems it is the costliest:
+on this project's CI machines (ext4 without a journal, in a VM) a new inode takes 0.3-1 ms of
+system time while files are being deleted, more than the fsync. So for the directories of hot
+append paths (a writer's WAL), a background thread keeps two anonymous files (``O_TMPFILE``) open
+and ready; a put takes one, gives it its temporary name, and the thread makes the next while the
+caller goes on. RocksDB recycles WAL files and Kafka preallocates segments for the same reason.
 
 An unused spare is an unlinked inode: closing it, or a crash, frees it and leaves nothing behind.
 Spares are per process: a forked child never uses its parent's (both would write one inode).

@@ -4,10 +4,11 @@ obstore binds the same Rust ``object_store`` crate Lance uses, so one ``storage_
 serves both. This wrapper normalises what differs between backends (listing order, deleting a
 missing key, error types) and adds what obstore lacks: durability on local disk. obstore's
 LocalStore publishes files atomically (temp file + link) but never fsyncs; with ``durable=True``
-a put-if-not-exists on local disk writes an anonymous file (``O_TMPFILE``, or a temp file where
-that is missing), fsyncs it, links it into place (``link`` never replaces, so exactly one writer
-wins) and fsyncs the directory. In directories a writer appends to, the anonymous files are
-created ahead of time, in the background (:meth:`ObjectStore.keep_spare_files`).
+a put-if-not-exists on local disk writes the data under a temporary name, fsyncs the file, renames
+it into place without replacing (``RENAME_NOREPLACE``, else ``link``: exactly one writer wins)
+and fsyncs the directory. Readers never see a partial object, and a name never becomes durable
+before its data. In directories a writer appends to, the files are created ahead of time in the
+background, as anonymous files (:meth:`ObjectStore.keep_spare_files`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import secrets
 import shutil
 import sys
+import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -122,7 +124,12 @@ class ObjectStore:
     def put_if_not_exists(self, path: str, data: bytes | memoryview) -> None:
         """Create ``path`` atomically; raise :class:`ObjectExistsError` if it exists."""
         if self._local_root is not None and self.durable:
-            self._durable_local_create(path, data)
+            try:
+                self._durable_local_create(path, data)
+            except ObjectExistsError:
+                raise
+            except OSError as e:
+                raise StorageError(f"put of {path} failed: {e}") from e
             return
         try:
             obs.put(self._store, path, _as_bytes(data), mode="create")
@@ -215,20 +222,55 @@ class ObjectStore:
     def _durable_local_create(self, path: str, data: bytes | memoryview) -> None:
         assert self._local_root is not None
         dst = f"{self.uri}/{path}"
-        directory = dst.rpartition("/")[0]
+        directory, _, name = dst.rpartition("/")
+        tmp = f"{directory}/.{name}.{secrets.token_hex(6)}{_TEMP_SUFFIX}"
+        # The file gets its final name only once complete and synced. It is synced under a
+        # temporary name, so that its link count on disk is already 1: on ext4 without a journal,
+        # fsyncing the directory after linking an anonymous file would leave the new name
+        # pointing at an inode whose link count on disk is 0 (unreadable after a power loss).
         fd = self._anonymous_file(directory)
-        if fd < 0:
-            _create_via_temp_name(dst, path, data)
-            return
-        # An anonymous file gets a name only once complete and synced: no temp name to clean up
-        # after a crash, and one fewer directory operation than temp + link + unlink.
         try:
+            if fd >= 0:
+                _link_fd(fd, tmp)
+            else:
+                os.makedirs(directory, exist_ok=True)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             _write_all(fd, data)
             os.fsync(fd)
-            _link_fd(fd, dst)
+        except BaseException:
+            _unlink_if_exists(tmp)
+            raise
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
+        try:
+            _rename_no_replace(tmp, dst)
+        except BaseException as e:
+            _unlink_if_exists(tmp)
+            if isinstance(e, FileExistsError):
+                raise ObjectExistsError(f"{path} already exists") from e
+            raise
         _fsync_dir(directory)  # the new name itself must survive a power loss
+
+    def remove_temp_files(self, prefix: str, older_than: float = 60.0) -> int:
+        """Delete the temporary files that puts interrupted by a crash left in the directory
+        ``prefix`` (local disk only), if older than ``older_than`` seconds; return how many."""
+        if self._local_root is None:
+            return 0
+        removed = 0
+        cutoff = time.time() - older_than
+        try:
+            entries = list(os.scandir(f"{self.uri}/{prefix.strip('/')}"))
+        except FileNotFoundError:
+            return 0
+        for entry in entries:
+            if entry.name.startswith(".") and entry.name.endswith(_TEMP_SUFFIX):
+                try:
+                    if entry.stat().st_mtime < cutoff:
+                        removed += _unlink_if_exists(entry.path)
+                except FileNotFoundError:
+                    pass
+        return removed
 
     def _anonymous_file(self, directory: str) -> int:
         """A spare anonymous file of ``directory``, else a new one; -1 if the file system has
@@ -249,22 +291,27 @@ class ObjectStore:
             return -1
 
 
-def _create_via_temp_name(dst: str, path: str, data: bytes | memoryview) -> None:
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+def _unlink_if_exists(path: str) -> bool:
     try:
-        _write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, dst)  # unlike rename, link never replaces: exactly one winner
-    except FileExistsError as e:
-        raise ObjectExistsError(f"{path} already exists") from e
-    finally:
-        os.unlink(tmp)
-    _fsync_dir(os.path.dirname(dst))
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _rename_no_replace(src: str, dst: str) -> None:
+    """Rename ``src`` to ``dst``; FileExistsError if ``dst`` exists (exactly one winner)."""
+    if _libc is not None and hasattr(_libc, "renameat2"):
+        if _libc.renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst),
+                           _RENAME_NOREPLACE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            raise FileExistsError(err, os.strerror(err), dst)
+        if err not in (errno.EINVAL, errno.ENOSYS):  # EINVAL: no RENAME_NOREPLACE here
+            raise OSError(err, os.strerror(err), dst)
+    os.link(src, dst)  # unlike rename, link never replaces
+    os.unlink(src)
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:
@@ -283,6 +330,8 @@ def _fsync_dir(path: str) -> None:
 
 _O_TMPFILE = getattr(os, "O_TMPFILE", 0) if sys.platform == "linux" else 0
 _AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_TEMP_SUFFIX = ".tmp"
 _AT_SYMLINK_FOLLOW = 0x400
 _libc = ctypes.CDLL(None, use_errno=True) if _O_TMPFILE else None
 

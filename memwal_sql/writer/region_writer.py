@@ -160,6 +160,8 @@ class RegionWriter:
             )
         self._active = MemTable(self._rows.schema, manifest.current_generation)
         self._replay_floor = self._replay_and_fence(manifest)
+        for prefix in (layout.wal_dir(self.region_id), layout.manifest_dir(self.region_id)):
+            table.store.remove_temp_files(prefix)  # left by puts that a crash interrupted
 
         self._wal = WalWriter(
             table.store,

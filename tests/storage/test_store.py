@@ -1,5 +1,6 @@
 import os
 import threading
+import time
 
 import pytest
 
@@ -64,12 +65,46 @@ def test_put_overwrites(store):
     assert store.get("h") == b"2"
 
 
-def test_durable_local_create_leaves_no_temp_files(tmp_path):
+@pytest.mark.parametrize("spares", [False, True])
+def test_durable_local_create_leaves_no_temp_files(tmp_path, spares):
     store = ObjectStore(str(tmp_path))
+    if spares:
+        store.keep_spare_files("w")
     store.put_if_not_exists("w/a", b"x")
     with pytest.raises(ObjectExistsError):
         store.put_if_not_exists("w/a", b"y")
     assert os.listdir(tmp_path / "w") == ["a"]
+    assert os.stat(tmp_path / "w" / "a").st_nlink == 1
+
+
+@pytest.mark.parametrize("spares", [False, True])
+def test_a_put_that_fails_midway_leaves_nothing(tmp_path, monkeypatch, spares):
+    import memwal_sql.storage.store as store_module
+
+    store = ObjectStore(str(tmp_path))
+    if spares:
+        store.keep_spare_files("w")
+
+    def fail(src, dst):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(store_module, "_rename_no_replace", fail)
+    with pytest.raises(StorageError, match="Input/output error"):
+        store.put_if_not_exists("w/a", b"x")
+    assert os.listdir(tmp_path / "w") == []
+
+
+def test_remove_temp_files_takes_only_old_leftovers(tmp_path):
+    store = ObjectStore(str(tmp_path))
+    (tmp_path / "w").mkdir()
+    for name in (".a.1.tmp", ".b.2.tmp", "c.arrow", ".d"):
+        (tmp_path / "w" / name).write_bytes(b"x")
+    old = time.time() - 3600
+    for name in (".a.1.tmp", "c.arrow", ".d"):
+        os.utime(tmp_path / "w" / name, (old, old))
+    assert store.remove_temp_files("w") == 1  # .b.2.tmp may belong to a put in progress
+    assert sorted(os.listdir(tmp_path / "w")) == [".b.2.tmp", ".d", "c.arrow"]
+    assert store.remove_temp_files("missing") == 0
 
 
 def test_unknown_scheme_is_a_clear_error():

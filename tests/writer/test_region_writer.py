@@ -200,3 +200,18 @@ def test_a_writer_left_open_at_exit_stores_its_writes_and_exits_cleanly(tmp_path
     tbl.writer().close()  # replays what no generation holds yet, then flushes it
     got = lance_latest_rows(uri, ["id"])
     assert got.column("id").to_pylist() == list(range(40_000))
+
+
+def test_opening_a_writer_removes_temp_files_a_crash_left(tmp_path):
+    tbl = mw.create_table(str(tmp_path / "t"), SCHEMA, primary_key="id")
+    with tbl.writer() as w:
+        w.upsert(rows([1]))
+    leftovers = [tmp_path / "t" / d / ".x.1.tmp"
+                 for d in (layout.wal_dir(w.region_id), layout.manifest_dir(w.region_id))]
+    for p in leftovers:
+        p.write_bytes(b"partial")
+        os.utime(p, (0, 0))
+    with tbl.writer(region_id=w.region_id) as w2:
+        w2.upsert(rows([2]))
+    assert not any(p.exists() for p in leftovers)
+    assert lance_latest_rows(tbl.uri, ["id"]).column("id").to_pylist() == [1, 2]
