@@ -58,6 +58,7 @@ class RowCoercer:
         self.primary_key = list(primary_key)
         self.schema = wal_schema(base_schema, primary_key)
         self._false = pa.array(np.zeros(0, dtype=bool))  # grown on demand, then sliced
+        self._live_rows = self._false
         self._not_null = [f.name for f in base_schema if not f.nullable and f.name not in primary_key]
         # Input of exactly these fields needs no cast or reordering, only null checks.
         self._exact_input = pa.schema(list(self.schema)[:-1])
@@ -71,10 +72,9 @@ class RowCoercer:
         """Rows to insert or replace, with ``_tombstone = false``."""
         table = to_arrow_table(data)
         if table.schema.equals(self._exact_input):
-            batch = _one_batch(table)
             for i, name in self._required:
-                self._check_not_null(batch.column(i), name)
-            return batch.append_column(self._tombstone_field, self._live(batch.num_rows))
+                self._check_not_null(table.column(i), name)
+            return _one_batch(table).append_column(self._tombstone_field, self._live(table.num_rows))
         names = set(table.column_names)
         self._check_keys(table, names)
         missing = [f.name for f in self.base_schema if f.name not in names]
@@ -122,9 +122,11 @@ class RowCoercer:
 
     def _live(self, n: int) -> pa.Array:
         """``_tombstone = false`` for ``n`` rows: a zero-copy slice of a cached array."""
-        if len(self._false) < n:
-            self._false = pa.array(np.zeros(max(n, 2 * len(self._false)), dtype=bool))
-        return self._false.slice(0, n)
+        if len(self._live_rows) != n:  # streams repeat batch sizes: reuse the last slice
+            if len(self._false) < n:
+                self._false = pa.array(np.zeros(max(n, 2 * len(self._false)), dtype=bool))
+            self._live_rows = self._false.slice(0, n)
+        return self._live_rows
 
     def keys(self, keys: Any) -> pa.Table:
         """Key columns only, cast to the key types (an array/list for a one-column key).

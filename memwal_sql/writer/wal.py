@@ -255,7 +255,7 @@ class WalWriter:
                 self._oldest_pending = time.monotonic()
             self._pending.append((self._seq, generation, batch, nbytes))
             self._pending_bytes += nbytes
-            if (
+            if self._thread is not None and (
                 first  # the background thread starts the flush-interval clock
                 or self._pending_bytes >= self.max_buffer_bytes
                 or len(self._pending) >= self.max_buffer_batches
