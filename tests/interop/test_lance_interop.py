@@ -14,6 +14,7 @@ from lance.mem_wal import LsmPointLookupPlanner, LsmScanner
 
 import memwal_sql as mw
 from memwal_sql.manifest import RegionManifestStore
+from memwal_sql.storage import layout
 from tests.lsm import Model, lance_latest_rows, lance_snapshots
 
 pytestmark = pytest.mark.interop
@@ -73,7 +74,10 @@ def test_lance_shard_writer_replays_our_wal_tail(tmp_path):
     model.upsert(rows([1, 2, 3], "a"))
     model.upsert(rows([2, 4], "b"))
     model.delete(pa.table({"id": [1]}))
-    # Leave the tail unflushed, as a crashed writer would, and let Lance claim the region.
+    # Leave the tail unflushed, as a crashed writer would (with the temp files of puts it was
+    # in the middle of), and let Lance claim the region.
+    for d in (layout.wal_dir(w.region_id), layout.manifest_dir(w.region_id)):
+        (tmp_path / "t" / d / f".{layout.bitrev64(9)}.arrow.0123456789ab.tmp").write_bytes(b"par")
     ds = lance.dataset(uri)
     with ds.mem_wal_writer(w.region_id) as lw:
         live = lw.lsm_scanner().to_table().select(SCHEMA.names).sort_by("id")
