@@ -183,11 +183,13 @@ class ObjectStore:
             return False
 
     def list(self, prefix: str) -> list[ObjectMeta]:
-        """Every object under ``prefix``, sorted by path on every backend."""
+        """Every object under ``prefix``, sorted by path on every backend (without the
+        temporary files of durable puts on local disk)."""
         out = [
             ObjectMeta(m["path"], m["size"], m["last_modified"].timestamp())
             for chunk in obs.list(self._store, prefix)
             for m in chunk
+            if not _is_temp_file(m["path"])
         ]
         out.sort(key=lambda m: m.path)
         return out
@@ -264,7 +266,7 @@ class ObjectStore:
         except FileNotFoundError:
             return 0
         for entry in entries:
-            if entry.name.startswith(".") and entry.name.endswith(_TEMP_SUFFIX):
+            if _is_temp_file(entry.name):
                 try:
                     if entry.stat().st_mtime < cutoff:
                         removed += _unlink_if_exists(entry.path)
@@ -289,6 +291,11 @@ class ObjectStore:
             self._spares.close()
             self._spares = None
             return -1
+
+
+def _is_temp_file(path: str) -> bool:
+    name = path.rpartition("/")[2]
+    return name.startswith(".") and name.endswith(_TEMP_SUFFIX)
 
 
 def _unlink_if_exists(path: str) -> bool:

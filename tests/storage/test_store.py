@@ -110,3 +110,11 @@ def test_remove_temp_files_takes_only_old_leftovers(tmp_path):
 def test_unknown_scheme_is_a_clear_error():
     with pytest.raises(StorageError, match="unsupported uri scheme"):
         ObjectStore("ftp://x/y")
+
+
+def test_list_hides_the_temp_files_of_local_puts(tmp_path):
+    store = ObjectStore(str(tmp_path))
+    store.put_if_not_exists("w/a", b"x")
+    (tmp_path / "w" / ".b.0123.tmp").write_bytes(b"partial")  # a put in progress, or crashed
+    (tmp_path / "w" / ".keep").write_bytes(b"")
+    assert [m.path for m in store.list("w/")] == ["w/.keep", "w/a"]
