@@ -16,6 +16,8 @@ created and deleted just before, the steady state of a writer whose old WAL entr
 garbage-collected; on ext4 without a journal, creating a file skips every inode deleted in the last
 30 s). Prints a table and writes JSON (``--out``).
 
+The files go to the system's temporary directory: set ``TMPDIR`` to measure another file system.
+
 Usage: ``python benchmarks/bench_wal_put.py [--puts 600] [--out benchmarks/results/bench_wal_put.json]``
 """
 
