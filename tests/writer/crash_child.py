@@ -8,10 +8,21 @@ prints FLUSHING and then stalls inside the generation write, so the parent can k
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 import memwal_sql as mw
 from tests.writer.crash_plan import batch_for
+
+
+_STDOUT = threading.Lock()
+
+
+def emit(line: str) -> None:
+    """One whole line per write: the flush thread and the main thread both report."""
+    with _STDOUT:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 def main() -> None:
@@ -23,13 +34,13 @@ def main() -> None:
 
         def stalling(uri_, keys, opts=None):
             real(uri_, keys, opts)
-            print("FLUSHING", flush=True)
+            emit("FLUSHING")
             time.sleep(3600)
 
         generation.write_pk_index = stalling
     tbl = mw.open_table(uri)
     w = tbl.writer(max_memtable_rows=400 if mode == "flush" else 1_000_000)
-    print("READY", flush=True)
+    emit("READY")
     i = 0
     while True:
         kind, data = batch_for(i)
@@ -37,7 +48,7 @@ def main() -> None:
             w.upsert(data)
         else:
             w.delete(data)
-        print(f"ACK {i}", flush=True)
+        emit(f"ACK {i}")
         i += 1
 
 
