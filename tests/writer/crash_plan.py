@@ -17,14 +17,19 @@ def batch_for(i: int) -> tuple[str, pa.Table]:
     return "upsert", pa.table({"id": keys, "v": [f"b{i}-k{k}" for k in keys]}, schema=SCHEMA)
 
 
+def apply_batch(state: dict[int, str], i: int) -> None:
+    """Apply batch ``i`` to a key -> value ``state``."""
+    kind, t = batch_for(i)
+    if kind == "upsert":
+        state.update(zip(t.column("id").to_pylist(), t.column("v").to_pylist()))
+    else:
+        for k in t.column("id").to_pylist():
+            state.pop(k, None)
+
+
 def model_after(n: int) -> dict[int, str]:
     """Latest value per key after batches 0..n-1."""
     state: dict[int, str] = {}
     for i in range(n):
-        kind, t = batch_for(i)
-        if kind == "upsert":
-            state.update(zip(t.column("id").to_pylist(), t.column("v").to_pylist()))
-        else:
-            for k in t.column("id").to_pylist():
-                state.pop(k, None)
+        apply_batch(state, i)
     return state
