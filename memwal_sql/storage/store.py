@@ -287,8 +287,10 @@ class ObjectStore:
         except FileNotFoundError:
             os.makedirs(directory, exist_ok=True)
             return open_anonymous(directory)
-        except OSError:  # the file system has no anonymous files
-            self._spares.close()
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise
+            self._spares.close()  # the file system has no anonymous files: named ones only
             self._spares = None
             return -1
 

@@ -118,3 +118,36 @@ def test_list_hides_the_temp_files_of_local_puts(tmp_path):
     (tmp_path / "w" / ".b.0123.tmp").write_bytes(b"partial")  # a put in progress, or crashed
     (tmp_path / "w" / ".keep").write_bytes(b"")
     assert [m.path for m in store.list("w/")] == ["w/.keep", "w/a"]
+
+
+def test_a_file_system_without_anonymous_files_uses_named_temp_files(tmp_path, monkeypatch):
+    import errno
+
+    import memwal_sql.storage.store as store_module
+
+    def unsupported(directory):
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    store = ObjectStore(str(tmp_path))
+    monkeypatch.setattr(store_module, "open_anonymous", unsupported)
+    store.put_if_not_exists("w/a", b"x")
+    assert store.get("w/a") == b"x" and os.listdir(tmp_path / "w") == ["a"]
+    assert store._spares is None  # and it does not try again
+
+
+def test_a_transient_error_is_a_storage_error_and_keeps_anonymous_files(tmp_path, monkeypatch):
+    import errno
+
+    import memwal_sql.storage.store as store_module
+
+    def too_many(directory):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    store = ObjectStore(str(tmp_path))
+    monkeypatch.setattr(store_module, "open_anonymous", too_many)
+    with pytest.raises(StorageError, match="Too many open files"):
+        store.put_if_not_exists("w/a", b"x")
+    assert store._spares is not None
+    monkeypatch.undo()
+    store.put_if_not_exists("w/a", b"x")
+    assert store.get("w/a") == b"x"
