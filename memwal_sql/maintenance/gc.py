@@ -12,7 +12,8 @@ Per region, it removes:
   warning about WAL GC weakening fencing);
 * ``*_gen_*`` directories no manifest references, from failed or fenced flushes, once their
   generation is below the region's next generation (so no flush is still writing them);
-* manifest versions older than the newest ``keep_manifest_versions``.
+* manifest versions older than the newest ``keep_manifest_versions``;
+* on local disk, temporary files of puts a crash interrupted (older than a minute).
 
 Example:
     ``tbl.merge(); print(tbl.gc())``
@@ -137,3 +138,6 @@ def _gc_region(table: MemWalTable, rid: str, collectable: int, keep: int,
         store.delete(layout.manifest_path(rid, v))
         result.manifest_versions += 1
         result.objects += 1
+    # 5. Temporary files of crashed puts.
+    for prefix in (layout.wal_dir(rid), layout.manifest_dir(rid)):
+        result.objects += store.remove_temp_files(prefix)

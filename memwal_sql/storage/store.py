@@ -233,11 +233,14 @@ class ObjectStore:
         fd = self._anonymous_file(directory)
         try:
             if fd >= 0:
+                # Written before it is named: a spare made long ago then has a fresh mtime, so
+                # remove_temp_files never takes it for a crashed put's leftover.
+                _write_all(fd, data)
                 _link_fd(fd, tmp)
             else:
                 os.makedirs(directory, exist_ok=True)
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            _write_all(fd, data)
+                _write_all(fd, data)
             os.fsync(fd)
         except BaseException:
             _unlink_if_exists(tmp)
