@@ -76,7 +76,7 @@ class TableReads:
 
     def _lookup_plan(self, keys: Any, consistency: str) -> tuple[LookupPlan, pa.Table]:
         t = self.table
-        key_table = t._layout_rows.keys(keys)
+        key_table = t._rows.keys(keys)
         plan = plan_lookup(take_snapshot(t, consistency), t.store, t.region_spec,  # type: ignore[arg-type]
                            key_table)
         return plan, key_table

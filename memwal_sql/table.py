@@ -43,7 +43,7 @@ from memwal_sql.index.region_spec import RegionSpec
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.writer.region_writer import RegionWriter, TableLayout, WriterConfig
-from memwal_sql.writer.rows import RowCoercer, to_arrow_table
+from memwal_sql.writer.rows import RowCoercer, region_columns_beyond_key, to_arrow_table
 
 PK_METADATA = b"lance-schema:unenforced-primary-key"
 # Region ids of spec-governed regions are derived from the region values, so every process that
@@ -86,7 +86,7 @@ class MemWalTable:
         self._session = dataset.session()
         self.schema = _plain_schema(dataset.schema)
         self.store = ObjectStore(uri, self.storage_options)
-        self._layout_rows = RowCoercer(self.schema, self.primary_key)
+        self._rows = RowCoercer(self.schema, self.primary_key)
         self._layout = TableLayout(
             store=self.store,
             base_schema=self.schema,
@@ -199,7 +199,7 @@ class MemWalTable:
     @property
     def wal_schema(self) -> pa.Schema:
         """The schema of WAL entries and generations: base columns then ``_tombstone``."""
-        return self._layout_rows.schema
+        return self._rows.schema
 
     def mem_wal_details(self, dataset: lance.LanceDataset | None = None) -> MemWalIndexDetails:
         """The MemWAL index details of a base version (default: the latest; empty for a version
@@ -403,13 +403,14 @@ class MemWalTable:
     def upsert(self, data: Any) -> None:
         """Insert or replace rows, routed to their regions' writers in this process.
 
+        Rows are validated and cast to the table's types first, then routed: a key's region
+        never depends on the type it was handed in (an int32 key hashes as the table's int64).
+
         Example:
             ``tbl.upsert(pa.table({"id": [1], "v": ["x"]}))``
         """
-        routed = self._route(to_arrow_table(data), need=())
-        # Validate every region's share before appending any, so bad input writes nothing.
-        prepared = [(w, w._prepare_upserts(rows)) for w, rows in routed]
-        self._append_all(prepared, "upserts")
+        rows = self._rows.upserts(data)
+        self._append_all(self._route(rows, rows), "upserts")
 
     def delete(self, keys: Any) -> None:
         """Delete rows by primary key, routed like :meth:`upsert`.
@@ -417,13 +418,14 @@ class MemWalTable:
         ``keys`` is an array of keys (single-column key) or a table of key columns; when the
         region spec reads a non-key column, the table must hold that column too.
         """
-        if not isinstance(keys, (pa.Table, pa.RecordBatch, dict)) and not hasattr(keys, "columns"):
-            if len(self.primary_key) != 1:
-                raise PrimaryKeyError(f"pass a table of the key columns {list(self.primary_key)}")
-            keys = pa.table({self.primary_key[0]: keys})
-        routed = self._route(to_arrow_table(keys), need=self.primary_key)
-        prepared = [(w, w._prepare_deletes(rows)) for w, rows in routed]
-        self._append_all(prepared, "deletes")
+        table = self._rows.key_table(keys)
+        rows = self._rows.deletes(table)
+        routing = rows
+        extra = region_columns_beyond_key(self.region_spec, self.primary_key) \
+            if self.region_spec is not None else []
+        if extra:
+            routing = self._rows.with_columns(rows, table, extra, "routing deletes")
+        self._append_all(self._route(rows, routing), "deletes")
 
     def _append_all(self, prepared: list[tuple[RegionWriter, pa.RecordBatch]], kind: str) -> None:
         pending = [(w, w._append(rows, kind)) for w, rows in prepared]
@@ -463,26 +465,19 @@ class MemWalTable:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _route(self, table: pa.Table, need: Sequence[str]) -> list[tuple[RegionWriter, pa.Table]]:
+    def _route(self, rows: pa.RecordBatch, routing: pa.RecordBatch
+               ) -> list[tuple[RegionWriter, pa.RecordBatch]]:
+        """Split validated WAL-schema ``rows`` by the region values of ``routing`` (the same
+        rows, with any region-spec column they lack filled in)."""
         spec = self.region_spec
         if spec is None:
-            return [(self._cached_writer(None), table)]
-        missing = [c for f in spec.fields for c in f.source_columns if c not in table.column_names]
-        if missing:
-            raise InvalidInputError(
-                f"routing needs the region-spec column(s) {missing}; include them in the input"
-            )
-        if need:  # deletes: the router must not send unrelated columns to the writer
-            keep = list(dict.fromkeys([*need, *[c for f in spec.fields for c in f.source_columns]]))
-            table = table.select(keep)
-        groups = spec.group_rows(table)
-        out = []
-        for values, idx in groups.items():
-            rows = table if len(groups) == 1 else table.take(pa.array(np.asarray(idx)))
-            if need:
-                rows = rows.select(list(need))
-            out.append((self._cached_writer(tuple(values)), rows))
-        return out
+            return [(self._cached_writer(None), rows)]
+        groups = spec.group_rows(routing)
+        return [
+            (self._cached_writer(tuple(values)),
+             rows if len(groups) == 1 else rows.take(pa.array(np.asarray(idx))))
+            for values, idx in groups.items()
+        ]
 
     def _cached_writer(self, values: tuple[Any, ...] | None) -> RegionWriter:
         key = repr(values)

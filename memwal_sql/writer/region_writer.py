@@ -35,7 +35,7 @@ from memwal_sql.manifest import RegionManifestStore, claim_region, commit_change
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.writer.generation import write_generation
 from memwal_sql.writer.memtable import MemTable, latest_per_key
-from memwal_sql.writer.rows import RowCoercer
+from memwal_sql.writer.rows import RowCoercer, region_columns_beyond_key
 from memwal_sql.writer.wal import (
     WalWriter,
     decode_wal_entry,
@@ -202,7 +202,18 @@ class RegionWriter:
         return rows
 
     def _prepare_deletes(self, keys: Any) -> pa.RecordBatch:
-        return self._rows.deletes(keys)
+        """Tombstones for ``keys``, checked to belong to this region: a tombstone in another
+        region would hide the key from scans but not from lookups pruned to its region."""
+        table = self._rows.key_table(keys)
+        rows = self._rows.deletes(table)
+        spec = self._table.region_spec
+        if spec is not None and self._region_values is not None:
+            extra = region_columns_beyond_key(spec, self._rows.primary_key)
+            self._check_region(
+                self._rows.with_columns(rows, table, extra, "deleting from a region writer")
+                if extra else rows
+            )
+        return rows
 
     def _await(self, seq: int) -> None:
         """Wait until WAL sequence ``seq`` is stored, if this writer is durable."""

@@ -19,7 +19,7 @@ stream of same-shaped batches) takes a fast path that only checks nulls.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +27,9 @@ import pyarrow.compute as pc
 
 from memwal_sql.errors import InvalidInputError, PrimaryKeyError, SchemaMismatchError
 from memwal_sql.writer.wal import TOMBSTONE, wal_schema
+
+if TYPE_CHECKING:
+    from memwal_sql.index.region_spec import RegionSpec
 
 
 def to_arrow_table(data: Any) -> pa.Table:
@@ -98,16 +101,7 @@ class RowCoercer:
         ``keys`` is a table holding the key columns (other columns are ignored) or, for a
         single-column key, an array or list of key values.
         """
-        if isinstance(keys, (pa.Array, pa.ChunkedArray, list, tuple)) or type(keys).__name__ in (
-            "ndarray",
-            "Series",
-        ):
-            if len(self.primary_key) != 1:
-                raise PrimaryKeyError(
-                    f"the primary key is composite {self.primary_key}: pass a table of key columns"
-                )
-            keys = pa.table({self.primary_key[0]: keys})
-        table = to_arrow_table(keys)
+        table = self.key_table(keys)
         self._check_keys(table, set(table.column_names))
         n = table.num_rows
         cols = []
@@ -119,6 +113,35 @@ class RowCoercer:
             else:
                 cols.append(pa.nulls(n, f.type))
         return _one_batch(pa.Table.from_arrays(cols, schema=self.schema))
+
+    def key_table(self, keys: Any) -> pa.Table:
+        """``keys`` as a table: a table as given, or an array/list of a one-column key."""
+        if isinstance(keys, (pa.Array, pa.ChunkedArray, list, tuple)) or type(keys).__name__ in (
+            "ndarray",
+            "Series",
+        ):
+            if len(self.primary_key) != 1:
+                raise PrimaryKeyError(
+                    f"the primary key is composite {self.primary_key}: pass a table of key columns"
+                )
+            return pa.table({self.primary_key[0]: keys})
+        return to_arrow_table(keys)
+
+    def with_columns(self, rows: pa.RecordBatch, table: pa.Table, columns: Sequence[str],
+                     why: str) -> pa.RecordBatch:
+        """``rows`` with its ``columns`` taken from ``table`` (row-aligned), cast to the table's
+        types: tombstones carry only keys, so checking or routing them by a region-spec column
+        that is not a key needs that column from the caller (``why`` says what for)."""
+        missing = [c for c in columns if c not in table.column_names]
+        if missing:
+            raise InvalidInputError(
+                f"{why} needs the region-spec column(s) {missing}: include them with the keys"
+            )
+        for c in columns:
+            i = rows.schema.get_field_index(c)
+            col = self._cast(table.column(c), self.base_schema.field(c)).combine_chunks()
+            rows = rows.set_column(i, rows.schema.field(i), col)
+        return rows
 
     def _live(self, n: int) -> pa.Array:
         """``_tombstone = false`` for ``n`` rows: a zero-copy slice of a cached array."""
@@ -165,6 +188,12 @@ class RowCoercer:
                 f"column {field.name!r} has type {column.type}, which cannot be cast safely "
                 f"to the table's {field.type}: {e}"
             ) from e
+
+
+def region_columns_beyond_key(spec: RegionSpec, primary_key: Sequence[str]) -> list[str]:
+    """The columns ``spec`` reads that are not key columns (tombstones do not carry them)."""
+    return [c for c in dict.fromkeys(c for f in spec.fields for c in f.source_columns)
+            if c not in primary_key]
 
 
 def _one_batch(table: pa.Table) -> pa.RecordBatch:
