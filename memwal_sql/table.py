@@ -42,6 +42,7 @@ from memwal_sql.index.details import (
 from memwal_sql.index.region_spec import RegionSpec
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import ObjectStore, layout
+from memwal_sql.writer.bloom import is_supported_pk_type
 from memwal_sql.writer.region_writer import RegionWriter, TableLayout, WriterConfig
 from memwal_sql.writer.rows import RowCoercer, region_columns_beyond_key, to_arrow_table
 
@@ -497,9 +498,7 @@ def _plain_schema(schema: pa.Schema) -> pa.Schema:
 
 
 def _with_primary_key(schema: pa.Schema, primary_key: Sequence[str]) -> pa.Schema:
-    missing = [k for k in primary_key if k not in schema.names]
-    if missing:
-        raise PrimaryKeyError(f"primary-key column(s) {missing} are not in the schema {schema.names}")
+    _check_key_types(schema, primary_key)
     fields = []
     for f in schema:
         if f.name in primary_key:
@@ -508,6 +507,21 @@ def _with_primary_key(schema: pa.Schema, primary_key: Sequence[str]) -> pa.Schem
             f = f.with_nullable(False).with_metadata(meta)
         fields.append(f)
     return pa.schema(fields, metadata=schema.metadata)
+
+
+def _check_key_types(schema: pa.Schema, primary_key: Sequence[str]) -> None:
+    """Refuse a key Lance 14 cannot index before anything is written: a MemTable flush of such
+    a key would fail, leaving acknowledged rows stuck in the WAL."""
+    missing = [k for k in primary_key if k not in schema.names]
+    if missing:
+        raise PrimaryKeyError(f"primary-key column(s) {missing} are not in the schema {schema.names}")
+    for k in primary_key:
+        t = schema.field(k).type
+        if not is_supported_pk_type(t):
+            raise PrimaryKeyError(
+                f"primary-key column {k!r} has type {t}; a MemWAL primary key must be an integer, "
+                "bool, string or binary column (Lance 14 indexes no other key type)"
+            )
 
 
 def _normalise_pk(primary_key: str | Sequence[str]) -> list[str]:
@@ -562,6 +576,7 @@ def create_table(
         if current_pk and current_pk != keys:
             raise PrimaryKeyError(f"{uri} already has primary key {current_pk}, not {keys}")
         if not current_pk:
+            _check_key_types(_plain_schema(ds.schema), keys)
             for k in keys:
                 if ds.to_table(columns=[k]).column(k).null_count:
                     raise PrimaryKeyError(f"column {k!r} of {uri} holds nulls; it cannot be a key")

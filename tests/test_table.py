@@ -84,6 +84,21 @@ def test_create_and_open_errors(tmp_path):
         mw.create_table(str(tmp_path / "w"), pa.table({"id": [1, None]}), primary_key="id")
 
 
+@pytest.mark.parametrize("key_type", [pa.float64(), pa.timestamp("us"), pa.date32(),
+                                      pa.decimal128(10, 2)])
+def test_a_key_lance_cannot_index_is_refused_before_anything_is_written(tmp_path, key_type):
+    # Accepted once, such a key took writes that no MemTable flush could ever store.
+    schema = pa.schema([pa.field("k", key_type, False), pa.field("v", pa.string())])
+    with pytest.raises(PrimaryKeyError, match="integer, bool, string or binary"):
+        mw.create_table(str(tmp_path / "new"), schema, primary_key="k")
+    assert not (tmp_path / "new").exists()
+    plain = str(tmp_path / "plain")
+    lance.write_dataset(schema.empty_table(), plain)
+    with pytest.raises(PrimaryKeyError, match="integer, bool, string or binary"):
+        mw.create_table(plain, None, primary_key="k")
+    assert lance.dataset(plain).mem_wal_index_details() is None
+
+
 def test_routing_is_the_same_in_every_process(tmp_path):
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id",
                           region_spec=mw.RegionSpec.bucket("id", 8))
