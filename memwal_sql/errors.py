@@ -77,6 +77,10 @@ class CorruptWalEntryError(StorageError):
     """A WAL entry cannot be decoded (truncated or not an Arrow IPC stream)."""
 
 
+class MissingWalEntryError(CorruptWalEntryError):
+    """A WAL position is missing while later positions exist: an entry was lost."""
+
+
 class CorruptManifestError(StorageError):
     """A region manifest or MemWAL index entry cannot be decoded."""
 

@@ -7,7 +7,8 @@ deduplication, the rest by DataFusion). Lookups run the point-lookup plan direct
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -15,7 +16,8 @@ import pyarrow as pa
 
 from exec_nodes.base import GEN, ROWADDR
 from exec_nodes.keyset import KeySet
-from memwal_sql.session import MemWalContext, connect
+from memwal_sql.errors import InvalidInputError, SchemaMismatchError
+from memwal_sql.session import MemWalContext, MemWalDataset, connect, typed_errors
 from memwal_sql.snapshot import take_snapshot
 from planner.lookup import LookupPlan, plan_lookup
 
@@ -29,47 +31,78 @@ class TableReads:
     def __init__(self, table: MemWalTable) -> None:
         self.table = table
         self._ctx: MemWalContext | None = None
+        self._lock = threading.Lock()
         self.last_lookup_plan: LookupPlan | None = None
 
     def _sql(self, what: str, filter: str | None, consistency: str,
-             system_columns: bool) -> tuple[MemWalContext, Any, str]:
-        if self._ctx is None:
-            self._ctx = connect()
-        name = f"t_{consistency}_{int(system_columns)}"
-        self._ctx.register(name, self.table, consistency=consistency,  # type: ignore[arg-type]
-                           system_columns=system_columns)
-        sql = f"SELECT {what} FROM {name}" + (f" WHERE {filter}" if filter else "")
-        return self._ctx, self._ctx.sql(sql), name
+             system_columns: bool) -> tuple[MemWalContext, Any, str, MemWalDataset | None]:
+        """Plan ``SELECT what FROM table WHERE filter``: the context, the DataFrame, the table's
+        name in the context, and the dataset this query reads (for its errors)."""
+        with self._lock:
+            if self._ctx is None:
+                self._ctx = connect()
+            name = f"t_{consistency}_{int(system_columns)}"
+            self._ctx.register(name, self.table, consistency=consistency,  # type: ignore[arg-type]
+                               system_columns=system_columns)
+            sql = f"SELECT {what} FROM {name}" + (f" WHERE {filter}" if filter else "")
+            try:
+                df = self._ctx.sql(sql)
+            except Exception as e:  # noqa: BLE001 - DataFusion's planning errors are untyped
+                raise InvalidInputError(
+                    f"invalid filter {filter!r}: {_datafusion_message(e, name)}"
+                ) from e
+            return self._ctx, df, name, self._ctx.memwal_schema.last_datasets.get(name)
 
-    @staticmethod
-    def _columns(columns: Sequence[str] | None, system_columns: bool) -> str:
+    def _columns(self, columns: Sequence[str] | None, system_columns: bool) -> str:
         if columns is None:
             return "*"
-        wanted = list(columns)
+        wanted = self._checked(columns, system_columns)
         if system_columns:
             wanted += [c for c in (GEN, ROWADDR) if c not in wanted]
         return ", ".join(_quote(c) for c in wanted)
 
+    def _checked(self, columns: Sequence[str], system_columns: bool) -> list[str]:
+        if isinstance(columns, str):
+            raise InvalidInputError(f"columns must be a list of names, not the string {columns!r}")
+        known = set(self.table.schema.names) | ({GEN, ROWADDR} if system_columns else set())
+        unknown = [c for c in columns if c not in known]
+        if unknown:
+            raise SchemaMismatchError(
+                f"no column(s) {unknown} in the table; its columns are {self.table.schema.names}"
+                + ("" if system_columns else " (with_system_columns=True adds _gen and _rowaddr)")
+            )
+        return list(columns)
+
     def to_arrow(self, columns: Sequence[str] | None, filter: str | None, consistency: str,
                  system_columns: bool) -> pa.Table:
-        _, df, _ = self._sql(self._columns(columns, system_columns), filter, consistency,
-                             system_columns)
-        return _plain_strings(df.to_arrow_table())
+        _, df, _, ds = self._sql(self._columns(columns, system_columns), filter, consistency,
+                                 system_columns)
+        with typed_errors(ds):
+            return _plain_strings(df.to_arrow_table())
 
     def scan(self, columns: Sequence[str] | None, filter: str | None, consistency: str,
              system_columns: bool) -> pa.RecordBatchReader:
-        _, df, _ = self._sql(self._columns(columns, system_columns), filter, consistency,
-                             system_columns)
-        return pa.RecordBatchReader.from_stream(df)
+        _, df, _, ds = self._sql(self._columns(columns, system_columns), filter, consistency,
+                                 system_columns)
+        with typed_errors(ds):
+            stream = pa.RecordBatchReader.from_stream(df)
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            with typed_errors(ds):
+                yield from stream
+
+        return pa.RecordBatchReader.from_batches(stream.schema, batches())
 
     def count_rows(self, filter: str | None, consistency: str) -> int:
-        _, df, _ = self._sql("count(*) AS n", filter, consistency, False)
-        return int(df.to_pydict()["n"][0])
+        _, df, _, ds = self._sql("count(*) AS n", filter, consistency, False)
+        with typed_errors(ds):
+            return int(df.to_pydict()["n"][0])
 
     def explain(self, filter: str | None, columns: Sequence[str] | None,
                 consistency: str) -> str:
-        ctx, df, name = self._sql(self._columns(columns, False), filter, consistency, False)
-        df.execution_plan()  # physical planning runs our planner (get_fragments)
+        ctx, df, name, ds = self._sql(self._columns(columns, False), filter, consistency, False)
+        with typed_errors(ds):
+            df.execution_plan()  # physical planning runs our planner (get_fragments)
         plan = ctx.last_plan(name)
         assert plan is not None
         return plan.explain()
@@ -83,19 +116,26 @@ class TableReads:
 
     def lookup(self, keys: Any, columns: Sequence[str] | None, consistency: str,
                system_columns: bool) -> pa.Table:
+        names = (self._checked(columns, system_columns) if columns is not None
+                 else list(self.table.schema.names))
         plan, key_table = self._lookup_plan(keys, consistency)
         self.last_lookup_plan = plan
         rows = plan.execute()
         if rows.num_rows:  # input order, first occurrence of each key
             where = KeySet(key_table).positions(rows.select(list(self.table.primary_key)))
             rows = rows.take(pa.array(np.argsort(where, kind="stable")))
-        names = list(columns) if columns is not None else list(self.table.schema.names)
         if system_columns:
-            names += [GEN, ROWADDR]
+            names += [c for c in (GEN, ROWADDR) if c not in names]
         return rows.select(names)
 
     def explain_lookup(self, keys: Any, consistency: str) -> str:
         return self._lookup_plan(keys, consistency)[0].explain()
+
+
+def _datafusion_message(e: Exception, table_name: str) -> str:
+    """DataFusion's error text without its prefix and the private name of the table."""
+    text = str(e).removeprefix("DataFusion error: ")
+    return text.replace(f"{table_name}.", "").replace(table_name, "the table")
 
 
 def _quote(name: str) -> str:

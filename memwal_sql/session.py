@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -32,6 +33,7 @@ from datafusion import SessionConfig, SessionContext, Table
 from datafusion import catalog as dfc
 
 from exec_nodes.dedup import project_to
+from memwal_sql.errors import MemWalError
 from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
 from planner.lookup import LookupPlan, lookup_keys, plan_lookup
 from planner.pruning import parse_filter
@@ -52,28 +54,33 @@ class _Projection:
 
 
 class _PartitionScanner:
-    def __init__(self, plan: ScanPlan, index: int, schema: pa.Schema) -> None:
+    def __init__(self, dataset: MemWalDataset, plan: ScanPlan, index: int,
+                 schema: pa.Schema) -> None:
+        self.dataset = dataset
         self.plan = plan
         self.index = index
         self.projected_schema = schema
 
     def to_batches(self) -> Iterator[pa.RecordBatch]:
-        for batch in self.plan.root.execute_partition(self.index, self.projected_schema):
-            yield batch
+        with self.dataset.recording_errors():
+            yield from self.plan.root.execute_partition(self.index, self.projected_schema)
 
 
 class _LookupScanner:
-    def __init__(self, plan: LookupPlan, filter: pc.Expression | None, schema: pa.Schema) -> None:
+    def __init__(self, dataset: MemWalDataset, plan: LookupPlan, filter: pc.Expression | None,
+                 schema: pa.Schema) -> None:
+        self.dataset = dataset
         self.plan = plan
         self.filter = filter
         self.projected_schema = schema
 
     def to_batches(self) -> Iterator[pa.RecordBatch]:
-        rows = self.plan.execute()
-        if self.filter is not None and rows.num_rows:
-            rows = rows.filter(self.filter)  # the rest of the (Exact) pushed filter
-        if rows.num_rows:
-            yield from project_to(rows, self.projected_schema).to_batches()
+        with self.dataset.recording_errors():
+            rows = self.plan.execute()
+            if self.filter is not None and rows.num_rows:
+                rows = rows.filter(self.filter)  # the rest of the (Exact) pushed filter
+            if rows.num_rows:
+                yield from project_to(rows, self.projected_schema).to_batches()
 
 
 class _LookupFragment:
@@ -86,7 +93,7 @@ class _LookupFragment:
     def scanner(self, schema: Any = None, columns: list[str] | None = None,
                 filter: pc.Expression | None = None, batch_size: int | None = None,
                 **_: Any) -> _LookupScanner:
-        return _LookupScanner(self.plan, self.filter, self.dataset.project(columns))
+        return _LookupScanner(self.dataset, self.plan, self.filter, self.dataset.project(columns))
 
 
 class _PartitionFragment:
@@ -100,7 +107,8 @@ class _PartitionFragment:
     def scanner(self, schema: Any = None, columns: list[str] | None = None,
                 filter: pc.Expression | None = None, batch_size: int | None = None,
                 **_: Any) -> _PartitionScanner:
-        return _PartitionScanner(self.plan, self.index, self.dataset.project(columns))
+        return _PartitionScanner(self.dataset, self.plan, self.index,
+                                 self.dataset.project(columns))
 
 
 class MemWalDataset(pds.Dataset):
@@ -119,6 +127,18 @@ class MemWalDataset(pds.Dataset):
         self._snapshot: TableSnapshot | None = None
         self._lock = threading.Lock()
         self.last_plan: ScanPlan | LookupPlan | None = None
+        #: The first memwal-sql error a query of this dataset raised; DataFusion hands it back
+        #: as a plain Exception, so the table API re-raises this one (see :func:`typed_errors`).
+        self.error: MemWalError | None = None
+
+    @contextmanager
+    def recording_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except MemWalError as e:
+            with self._lock:
+                self.error = self.error or e
+            raise
 
     @property
     def schema(self) -> pa.Schema:  # type: ignore[override]
@@ -140,6 +160,10 @@ class MemWalDataset(pds.Dataset):
         return _Projection(self.project(columns))
 
     def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:  # type: ignore[override]
+        with self.recording_errors():
+            return self._fragments(filter)
+
+    def _fragments(self, filter: pc.Expression | None) -> list[Any]:
         table = self._table
         keys = lookup_keys(parse_filter(filter, table.schema), table.primary_key, table.schema)
         if keys is not None:  # WHERE pk = v / pk IN (...): the point-lookup plan
@@ -248,6 +272,20 @@ class MemWalContext(SessionContext):
         """The scan plan of the last query that read MemWAL table ``name``."""
         ds = self.memwal_schema.last_datasets.get(name)
         return ds.last_plan if ds is not None else None
+
+
+@contextmanager
+def typed_errors(dataset: MemWalDataset | None) -> Iterator[None]:
+    """Re-raise the memwal-sql error behind a DataFusion failure of a query of ``dataset``
+    (DataFusion turns a Python error into a plain ``Exception`` holding only its text)."""
+    try:
+        yield
+    except MemWalError:
+        raise
+    except Exception as e:
+        if dataset is not None and dataset.error is not None:
+            raise dataset.error from e
+        raise
 
 
 def connect(config: SessionConfig | None = None) -> MemWalContext:

@@ -30,6 +30,7 @@ import lance
 import pyarrow as pa
 
 from memwal_sql._proto.memwal_pb2 import RegionManifest
+from memwal_sql.errors import CommitConflictError, InvalidInputError, MissingWalEntryError
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.writer.region_writer import conform_batch
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
 
 Consistency = Literal["strong", "eventual"]
+_TAIL_ATTEMPTS = 10
 _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="memwal-snapshot")
 
 
@@ -95,7 +97,7 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
         ``snap = take_snapshot(tbl); [r.region_id for r in snap.regions]``
     """
     if consistency not in ("strong", "eventual"):
-        raise ValueError(f"consistency must be 'strong' or 'eventual', not {consistency!r}")
+        raise InvalidInputError(f"consistency must be 'strong' or 'eventual', not {consistency!r}")
     live = table.live_writers() if consistency == "strong" else {}
     # MemTables first, manifests second: a flush that completes in between is then seen as a
     # generation, a MemTable, or both (deduplication makes both harmless), never neither.
@@ -120,6 +122,10 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
     for rid, manifest in zip(rids, manifests):
         if manifest is None:
             continue
+        tail: tuple[pa.RecordBatch, ...] = ()
+        if consistency == "strong" and rid not in memtables:
+            manifest, tail = _consistent_wal_tail(table, rid, manifest)
+            table.known_manifests[rid] = manifest
         floor = merged.get(rid, 0)
         refs = [GenerationRef(g.generation,
                               table.store.uri_for(f"{layout.region_dir(rid)}/{g.path}"))
@@ -134,10 +140,8 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
                 # one source per (region, generation) keeps row addresses unambiguous.
                 if batches and mt.generation not in flushed:
                     unflushed.append(MemRows(mt.generation, batches, "memtable"))
-        elif consistency == "strong":
-            tail = _wal_tail(table, rid, manifest.replay_after_wal_entry_position)
-            if tail:
-                unflushed.append(MemRows(manifest.current_generation, tail, "wal"))
+        elif tail:
+            unflushed.append(MemRows(manifest.current_generation, tail, "wal"))
         values = None
         if spec is not None:
             values = spec.values_from_entries(
@@ -156,6 +160,35 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
         storage_options=table.storage_options or None,
         merged=merged,
         store=table.store,
+    )
+
+
+def _consistent_wal_tail(table: MemWalTable, region_id: str, manifest: RegionManifest
+                         ) -> tuple[RegionManifest, tuple[pa.RecordBatch, ...]]:
+    """The WAL tail after ``manifest``, with the manifest it was read against.
+
+    A flush may commit a newer manifest while the tail is read, and GC may then delete the WAL
+    entries its generation holds: the tail read against the older manifest would miss those
+    rows. So the manifest is checked again afterwards (one existence check), and the tail is
+    read again against a newer one.
+    """
+    manifests = RegionManifestStore(table.store, region_id)
+    for _ in range(_TAIL_ATTEMPTS):
+        try:
+            tail = _wal_tail(table, region_id, manifest.replay_after_wal_entry_position)
+        except MissingWalEntryError:
+            newer = manifests.refresh(manifest)
+            if newer is manifest or newer is None:
+                raise  # no GC explains the hole: the WAL lost an entry
+            manifest = newer
+            continue
+        newer = manifests.refresh(manifest)
+        if newer is manifest or newer is None:
+            return manifest, tail
+        manifest = newer
+    raise CommitConflictError(
+        f"region {region_id} committed {_TAIL_ATTEMPTS} manifests while its WAL tail was read; "
+        "retry the read"
     )
 
 

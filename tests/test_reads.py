@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from lance.mem_wal import LsmScanner
 
 import memwal_sql as mw
+from memwal_sql.errors import InvalidInputError, SchemaMismatchError
 from tests.lsm import Model, apply_op, lance_snapshots
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("grp", pa.string(), False),
@@ -232,3 +233,25 @@ def test_register_by_uri(tmp_path):
     ctx = mw.connect()
     ctx.register("t", str(tmp_path))
     assert ctx.sql("SELECT k FROM t").to_pydict() == {"k": [1]}
+
+
+def test_bad_read_arguments_are_typed_errors_that_name_no_private_table(tmp_path):
+    schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string())])
+    tbl = mw.create_table(str(tmp_path), schema, primary_key="id")
+    tbl.upsert({"id": [1, 2], "v": ["a", "b"]})
+    with pytest.raises(SchemaMismatchError, match="nope"):
+        tbl.to_arrow(["nope"])
+    with pytest.raises(SchemaMismatchError, match="_gen"):
+        tbl.to_arrow(["id", "_gen"])  # a system column without system_columns=True
+    with pytest.raises(SchemaMismatchError, match="nope"):
+        tbl.lookup([1], columns=["nope"])
+    with pytest.raises(InvalidInputError, match="string"):
+        tbl.to_arrow("id")
+    for bad in ("nope > 1", "id >", "v + 1 = 'x' AND"):
+        with pytest.raises(InvalidInputError) as e:
+            tbl.to_arrow(filter=bad)
+        assert "t_strong" not in str(e.value)
+    with pytest.raises(InvalidInputError, match="consistency"):
+        tbl.to_arrow(consistency="weak")
+    assert tbl.to_arrow(["v"], filter="id = 2").column("v").to_pylist() == ["b"]
+    assert tbl.lookup([2], columns=["v"], with_system_columns=True).column_names == ["v", "_gen", "_rowaddr"]

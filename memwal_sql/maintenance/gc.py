@@ -30,7 +30,7 @@ from memwal_sql.errors import CorruptWalEntryError
 from memwal_sql.index.catchup import index_coverage, min_caught_up
 from memwal_sql.manifest import RegionManifestStore, commit_change
 from memwal_sql.storage import layout
-from memwal_sql.writer.wal import read_wal_entry
+from memwal_sql.writer.wal import read_wal_entry, wal_positions
 
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
@@ -116,20 +116,16 @@ def _gc_region(table: MemWalTable, rid: str, collectable: int, keep: int,
         result.objects += store.delete_prefix(f"{layout.region_dir(rid)}/{name}/")
         result.orphan_directories += 1
     # 3. WAL data entries already in generations; sentinels stay.
-    for meta in store.list(layout.wal_dir(rid) + "/"):
-        try:
-            pos = layout.parse_bitrev64(meta.path)
-        except ValueError:
-            continue
+    for pos in wal_positions(store, rid):
         if pos > manifest.replay_after_wal_entry_position:
-            continue
+            break
         try:
             entry = read_wal_entry(store, rid, pos)
         except CorruptWalEntryError:
             continue  # never delete what we cannot classify
         if entry is None or entry.is_sentinel:
             continue
-        store.delete(meta.path)
+        store.delete(layout.wal_entry_path(rid, pos))
         result.wal_entries += 1
         result.objects += 1
     # 4. Old manifest versions (the hint and the newest ``keep`` stay).

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from memwal_sql.errors import (
     CorruptWalEntryError,
+    MissingWalEntryError,
     MemWalError,
     ObjectExistsError,
     ObjectNotFoundError,
@@ -179,11 +180,34 @@ def read_wal_entry(store: ObjectStore, region_id: str, position: int) -> WalEntr
 
 
 def iter_wal(store: ObjectStore, region_id: str, after: int) -> Iterator[WalEntry]:
-    """Entries at ``after + 1, after + 2, ...`` until the first missing position (WAL replay)."""
+    """Entries at ``after + 1, after + 2, ...`` until the first missing position (WAL replay).
+
+    Writers append at consecutive positions, so an entry after the first missing position means
+    the WAL lost one: :class:`MissingWalEntryError`, rather than a replay that silently stops
+    short (and a next writer whose sentinel fills the hole and fences itself).
+    """
     position = after + 1
     while (entry := read_wal_entry(store, region_id, position)) is not None:
         yield entry
         position += 1
+    later = [p for p in wal_positions(store, region_id) if p > position]
+    if later and not store.exists(layout.wal_entry_path(region_id, position)):
+        raise MissingWalEntryError(
+            f"region {region_id} has no WAL entry at position {position} but has entries up to "
+            f"{max(later)}: an entry was lost. Restore it from a backup; or, to give up every "
+            f"write from position {position} on, delete the entries after it too"
+        )
+
+
+def wal_positions(store: ObjectStore, region_id: str) -> list[int]:
+    """Every position that holds a WAL entry (data or sentinel), ascending."""
+    out = []
+    for meta in store.list(layout.wal_dir(region_id) + "/"):
+        try:
+            out.append(layout.parse_bitrev64(meta.path))
+        except ValueError:
+            continue
+    return sorted(out)
 
 
 class WalWriter:

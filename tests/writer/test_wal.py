@@ -1,7 +1,7 @@
 import pyarrow as pa
 import pytest
 
-from memwal_sql.errors import CorruptWalEntryError
+from memwal_sql.errors import CorruptWalEntryError, MissingWalEntryError
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.writer.wal import (
     WalEntryEncoder,
@@ -83,9 +83,22 @@ def test_entry_without_epoch_is_rejected():
         decode_wal_entry(sink.getvalue().to_pybytes(), 1)
 
 
-def test_iter_wal_stops_at_first_gap(tmp_path):
+def test_iter_wal_stops_at_the_tail(tmp_path):
+    store = ObjectStore(str(tmp_path))
+    for pos in (1, 2, 3):
+        store.put(layout.wal_entry_path("r", pos), encode_fence_sentinel(pos))
+    assert [e.position for e in iter_wal(store, "r", 0)] == [1, 2, 3]
+    assert [e.position for e in iter_wal(store, "r", 2)] == [3]
+    assert list(iter_wal(store, "r", 3)) == []
+
+
+def test_a_lost_entry_before_the_tail_is_an_error_not_a_short_replay(tmp_path):
     store = ObjectStore(str(tmp_path))
     for pos in (1, 2, 3, 5):
         store.put(layout.wal_entry_path("r", pos), encode_fence_sentinel(pos))
-    assert [e.position for e in iter_wal(store, "r", 0)] == [1, 2, 3]
+    seen = []
+    with pytest.raises(MissingWalEntryError, match="position 4 but has entries up to 5"):
+        seen.extend(e.position for e in iter_wal(store, "r", 0))
+    assert seen == [1, 2, 3]
+    assert [e.position for e in iter_wal(store, "r", 4)] == [5]  # entries below are not looked at
     assert [e.position for e in iter_wal(store, "r", 4)] == [5]
