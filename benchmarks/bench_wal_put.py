@@ -69,7 +69,7 @@ def link_then_fsync(directory: str) -> Callable[[int, bytes], None]:
     def put(i: int, data: bytes) -> None:
         fd = open_anonymous(directory)
         os.write(fd, data)
-        _link_fd(fd, f"{directory}/{i}")
+        _link_fd(fd, f"{directory}/{i}", os.makedirs)
         os.fsync(fd)
         os.close(fd)
         dfd = os.open(directory, os.O_RDONLY)

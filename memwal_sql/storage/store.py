@@ -21,7 +21,7 @@ import shutil
 import sys
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -152,7 +152,7 @@ class ObjectStore:
         """
         if self._spares is not None:
             directory = f"{self.uri}/{prefix.strip('/')}"
-            os.makedirs(directory, exist_ok=True)
+            self._make_dirs(directory)
             self._spares.keep(directory)
 
     def release_spare_files(self, prefix: str) -> None:
@@ -236,9 +236,9 @@ class ObjectStore:
                 # Written before it is named: a spare made long ago then has a fresh mtime, so
                 # remove_temp_files never takes it for a crashed put's leftover.
                 _write_all(fd, data)
-                _link_fd(fd, tmp)
+                _link_fd(fd, tmp, self._make_dirs)
             else:
-                os.makedirs(directory, exist_ok=True)
+                self._make_dirs(directory)
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 _write_all(fd, data)
             os.fsync(fd)
@@ -256,6 +256,42 @@ class ObjectStore:
                 raise ObjectExistsError(f"{path} already exists") from e
             raise
         _fsync_dir(directory)  # the new name itself must survive a power loss
+
+    def sync_tree(self, prefix: str) -> None:
+        """Make everything under the directory ``prefix`` durable, as a put is: on local disk,
+        fsync every file and directory in it, then the directories above it up to the root.
+
+        For trees written by others (Lance writes a generation's files without fsync), before
+        a manifest that references them is committed. Object stores need nothing.
+        """
+        if self._local_root is None or not self.durable:
+            return
+        top = self._local_root / prefix.strip("/")
+        try:
+            for directory, _, files in os.walk(top, topdown=False, onerror=_raise):
+                for name in files:
+                    _fsync_file(os.path.join(directory, name))
+                _fsync_dir(directory)
+            self._sync_parents(top)
+        except OSError as e:
+            raise StorageError(f"syncing {prefix} failed: {e}") from e
+
+    def _sync_parents(self, path: Path) -> None:
+        """fsync the directories holding ``path``'s name and its parents' names, up to the root."""
+        while path != self._local_root and self._local_root in path.parents:
+            path = path.parent
+            _fsync_dir(str(path))
+
+    def _make_dirs(self, directory: str) -> None:
+        """Create ``directory`` and its missing parents, each new name made durable."""
+        missing = []
+        path = Path(directory)
+        while not path.exists():
+            missing.append(path)
+            path = path.parent
+        os.makedirs(directory, exist_ok=True)
+        if missing:
+            self._sync_parents(missing[0])
 
     def remove_temp_files(self, prefix: str, older_than: float = 60.0) -> int:
         """Delete the temporary files that puts interrupted by a crash left in the directory
@@ -288,7 +324,7 @@ class ObjectStore:
         try:
             return open_anonymous(directory)
         except FileNotFoundError:
-            os.makedirs(directory, exist_ok=True)
+            self._make_dirs(directory)
             return open_anonymous(directory)
         except OSError as e:
             if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
@@ -340,6 +376,18 @@ def _fsync_dir(path: str) -> None:
         os.close(dfd)
 
 
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _raise(e: OSError) -> None:
+    raise e
+
+
 _O_TMPFILE = getattr(os, "O_TMPFILE", 0) if sys.platform == "linux" else 0
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
@@ -348,7 +396,7 @@ _AT_SYMLINK_FOLLOW = 0x400
 _libc = ctypes.CDLL(None, use_errno=True) if _O_TMPFILE else None
 
 
-def _link_fd(fd: int, dst: str) -> None:
+def _link_fd(fd: int, dst: str, make_dirs: Callable[[str], None]) -> None:
     """Give the anonymous file ``fd`` the name ``dst``; fails if ``dst`` exists (never replaces).
 
     A spare file may outlive its directory (a GC removed it); the directory is then made again.
@@ -364,7 +412,7 @@ def _link_fd(fd: int, dst: str) -> None:
             raise ObjectExistsError(f"{dst} already exists")
         if err != errno.ENOENT:
             break
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        make_dirs(os.path.dirname(dst))
     raise OSError(err, os.strerror(err), dst)
 
 

@@ -3,7 +3,8 @@
 ``_mem_wal/{region}/{hex8}_gen_{n}/`` holds the deduplicated rows (base columns + ``_tombstone``)
 as a Lance dataset with its own data file, the ``_pk_index/`` BTree sidecar that Lance's
 ``LsmScanner`` requires, and ``bloom_filter.bin``. Nothing references it until the region
-manifest is committed, so a crash mid-flush leaves only an orphan directory for GC.
+manifest is committed, so a crash mid-flush leaves only an orphan directory for GC; on local
+disk every file is fsynced before that commit.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ def write_generation(
     keys = rows.select(list(primary_key))
     write_pk_index(uri, keys, store.storage_options or None)
     store.put(f"{path}/{BLOOM_FILTER}", bloom_filter_bytes(pk_hashes(keys)))
+    # Lance writes without fsync; the manifest commit that follows lets GC delete the WAL
+    # entries these rows came from, so the files must be on disk first.
+    store.sync_tree(path)
     return FlushedGeneration(
         generation=generation,
         path=name,
