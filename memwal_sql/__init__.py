@@ -10,7 +10,13 @@ Example:
 
 from memwal_sql import errors
 from memwal_sql.index.region_spec import RegionSpec
-from memwal_sql.table import MemWalTable, create_table, open_table, region_id_for
+from memwal_sql.table import (
+    DEFAULT_REGION_ID,
+    MemWalTable,
+    create_table,
+    open_table,
+    region_id_for,
+)
 from memwal_sql.writer.region_writer import RegionWriter, WriterConfig
 
 __all__ = [
@@ -24,6 +30,7 @@ __all__ = [
     "errors",
     "open_table",
     "region_id_for",
+    "DEFAULT_REGION_ID",
 ]
 __version__ = "0.1.0"
 

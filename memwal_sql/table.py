@@ -27,10 +27,13 @@ from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails, RegionManifest
 from memwal_sql._proto.memwal_pb2 import RegionSpec as RegionSpecProto
 from memwal_sql.errors import (
     InvalidInputError,
+    MemWalError,
     PrimaryKeyError,
     TableExistsError,
     TableNotFoundError,
     UnknownRegionError,
+    WriterError,
+    WriterFencedError,
 )
 from memwal_sql.index.base_manifest import read_mem_wal_details
 from memwal_sql.index.region_snapshots import load_region_snapshots
@@ -51,6 +54,10 @@ PK_METADATA = b"lance-schema:unenforced-primary-key"
 # routes a key computes the same region (and the writers fence each other instead of splitting a
 # key over two regions).
 _REGION_NAMESPACE = uuid.UUID("6f2e1c7a-3b1d-4d8e-9a55-6d656d77616c")
+
+
+#: The region ``table.writer()`` and routed writes use on a table without a region spec.
+DEFAULT_REGION_ID = str(uuid.uuid5(_REGION_NAMESPACE, "default-region"))
 
 
 def region_id_for(spec: RegionSpec, values: Sequence[Any]) -> str:
@@ -153,9 +160,11 @@ class MemWalTable:
         """Claim a region and return its :class:`RegionWriter` (a context manager).
 
         ``region_values`` names the region by its region-spec values (e.g. ``(3,)`` for bucket 3);
-        ``region_id`` names an existing region. With neither, an unsharded table's single region
-        is claimed; a table without a region spec gets a new manual region. Other keyword
-        arguments override :class:`WriterConfig` fields.
+        ``region_id`` names an existing region (on a table without a region spec, any new id
+        makes a manual region, as Lance's shard ids do). With neither, an unsharded table's single
+        region is claimed; a table without a region spec claims its fixed default region
+        (:data:`DEFAULT_REGION_ID`). Other keyword arguments override :class:`WriterConfig`
+        fields.
 
         Example:
             ``with tbl.writer(region_values=(0,), durable=False) as w: w.upsert(batch)``
@@ -171,14 +180,20 @@ class MemWalTable:
                 raise InvalidInputError(f"region {region_id} does not hold values {values}")
             return self._track(RegionWriter(self._layout, rid, region_values=values, config=cfg))
         if region_id is not None:
-            rid = str(uuid.UUID(region_id))
-            if rid not in self.regions():
+            try:
+                rid = str(uuid.UUID(region_id))
+            except (TypeError, ValueError, AttributeError) as e:
+                raise InvalidInputError(f"region_id {region_id!r} is not a UUID") from e
+            # Without a region spec, regions are manual (as Lance's shard ids): any id may be
+            # claimed. With one, a region exists once a writer of its values claimed it.
+            if spec is not None and rid not in self.regions():
                 raise UnknownRegionError(
                     f"no region {rid} in {self.uri}; known regions: {self.regions()[:5]}"
                 )
             return self._track(RegionWriter(self._layout, rid, config=cfg))
         if spec is None:
-            return self._track(RegionWriter(self._layout, str(uuid.uuid4()), config=cfg))
+            # One fixed region, so every process's table.upsert of a key reaches the same one.
+            return self._track(RegionWriter(self._layout, DEFAULT_REGION_ID, config=cfg))
         if all(f.transform == "unsharded" for f in spec.fields):
             values = (0,)
             return self._track(RegionWriter(
@@ -429,32 +444,56 @@ class MemWalTable:
         self._append_all(self._route(rows, routing), "deletes")
 
     def _append_all(self, prepared: list[tuple[RegionWriter, pa.RecordBatch]], kind: str) -> None:
-        pending = [(w, w._append(rows, kind)) for w, rows in prepared]
-        if len(pending) == 1:
-            pending[0][0]._await(pending[0][1])
-            return
-        # Durable waits of different regions are independent puts: issue them concurrently.
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="memwal-route")
-        for f in [self._pool.submit(w._await, seq) for w, seq in pending]:
-            f.result()
+        done: list[str] = []
+        try:
+            pending = []
+            for w, rows in prepared:
+                pending.append((w, w._append(rows, kind)))
+                done.append(w.region_id)
+            if len(pending) == 1:
+                pending[0][0]._await(pending[0][1])
+                return
+            # Durable waits of different regions are independent puts: issue them concurrently.
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="memwal-route")
+            futures = [(w, self._pool.submit(w._await, seq)) for w, seq in pending]
+            done, errors = [], []
+            for w, f in futures:
+                try:
+                    f.result()
+                    done.append(w.region_id)
+                except MemWalError as e:
+                    errors.append(e)
+            if errors:
+                raise errors[0]
+        except WriterError as e:
+            # A fenced or failed writer is dropped, so the next write claims its region anew.
+            with self._writers_lock:
+                self._writers = {k: w for k, w in self._writers.items() if w.is_open}
+            if len(prepared) > 1:
+                e.add_note(f"regions {done} took their rows of this call; the others did not")
+            raise
 
     def flush(self) -> None:
-        """Flush every in-process writer's MemTable to a generation and wait."""
-        for w in list(self._writers.values()):
+        """Flush the MemTable of every writer this table opened (routed or not) to a
+        generation, and wait."""
+        for w in self.live_writers().values():
             w.flush()
 
     def close(self) -> None:
-        """Flush and close every in-process writer."""
+        """Flush and close every writer this table opened. A writer fenced by another one is
+        left as it is: its acknowledged writes are safe in the WAL for the new writer."""
         with self._writers_lock:
-            writers, self._writers = list(self._writers.values()), {}
+            self._writers = {}
             if self._pool is not None:
                 self._pool.shutdown()
                 self._pool = None
         errors = []
-        for w in writers:
+        for w in list(self._live.values()):
             try:
                 w.close()
+            except WriterFencedError:
+                pass
             except Exception as e:  # noqa: BLE001 - close the others, then report
                 errors.append(e)
         if errors:

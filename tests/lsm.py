@@ -118,10 +118,10 @@ def apply_op(tbl: Any, model: Model, op: str, keys: list, seed: int, uri: str, b
     elif op == "close":
         tbl.close()
     elif op == "crash":
-        # Drop the writers without closing. Durable writes are in the WAL already; non-durable
-        # ones are made durable first, because the model holds only acknowledged writes.
-        for w in tbl._writers.values():
-            w._wal.flush()
+        # Stop the writers as a dying process would: no MemTable flush, but buffered
+        # non-durable WAL writes stored, because the model holds only acknowledged writes.
+        for w in tbl.live_writers().values():
+            w._release_at_exit()
         tbl._writers.clear()
     elif op == "reopen":
         tbl.close()

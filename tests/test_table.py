@@ -14,6 +14,7 @@ from memwal_sql.errors import (
     TableExistsError,
     TableNotFoundError,
     UnknownRegionError,
+    WriterFencedError,
     WrongRegionError,
 )
 from memwal_sql.storage import layout
@@ -225,3 +226,59 @@ def test_deletes_need_the_region_columns_that_are_not_keys(tmp_path):
     tbl.delete(pa.table({"id": [2], "country": ["de"]}))
     tbl.close()
     assert lance_latest_rows(str(tmp_path), ["id"]).column("id").to_pylist() == [3]
+
+
+def test_table_flush_and_close_cover_the_writers_it_opened_explicitly(tmp_path):
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id",
+                          region_spec=mw.RegionSpec.bucket("id", 2))
+    values = tbl.region_spec.region_values(pa.table({"id": [1]})).column(0)[0].as_py()
+    w = tbl.writer(region_values=(values,))
+    w.upsert(rows([1]))
+    tbl.flush()
+    assert w.stats()["memtable_rows"] == 0
+    assert len(manifest_of(tbl, w.region_id).flushed_generations) == 1
+    w.upsert(rows([1], "b"))
+    tbl.close()
+    assert not w.is_open
+    assert lance_latest_rows(str(tmp_path), ["id"]).column("v").to_pylist() == ["b1"]
+
+
+def manifest_of(tbl, rid):
+    return dict(tbl.region_manifests())[rid]
+
+
+def test_a_table_without_region_spec_keeps_one_region_across_reopens(tmp_path):
+    uri = str(tmp_path)
+    ds = lance.write_dataset(SCHEMA.empty_table(), uri)
+    ds.initialize_mem_wal()  # Lance's spec-less MemWAL: regions are manual
+    lance.dataset(uri).replace_field_metadata("id", {"lance-schema:unenforced-primary-key": "true"})
+    for tag in ("first", "second"):
+        tbl = mw.open_table(uri)
+        assert tbl.region_spec is None
+        tbl.upsert(rows([1], tag))
+        tbl.close()
+    tbl = mw.open_table(uri)
+    assert tbl.regions() == [mw.DEFAULT_REGION_ID]
+    assert tbl.to_arrow().to_pylist() == [{"id": 1, "v": "second1"}]
+    with tbl.writer(region_id="b9a0ee34-0d6c-4a55-9ab4-5a1a1d1e7e01") as manual:
+        manual.upsert(rows([2]))
+    assert len(mw.open_table(uri).regions()) == 2
+    with pytest.raises(InvalidInputError, match="not a UUID"):
+        tbl.writer(region_id="bogus")
+
+
+def test_a_routed_writer_fenced_by_another_is_dropped_and_the_next_write_reclaims(tmp_path):
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id",
+                          region_spec=mw.RegionSpec.bucket("id", 2))
+    ids = list(range(8))
+    tbl.upsert(rows(ids))
+    buckets = tbl.region_spec.region_values(pa.table({"id": ids})).column(0).to_pylist()
+    other = mw.open_table(str(tmp_path)).writer(region_values=(buckets[0],))  # fences ours
+    with pytest.raises(WriterFencedError) as e:
+        tbl.upsert(rows(ids, "b"))
+    assert any("took their rows" in n for n in getattr(e.value, "__notes__", []))
+    other.close()
+    tbl.upsert(rows(ids, "c"))  # claims the fenced region again
+    tbl.close()
+    assert lance_latest_rows(str(tmp_path), ["id"]).column("v").to_pylist() == \
+        [f"c{i}" for i in ids]
