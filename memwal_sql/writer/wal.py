@@ -368,11 +368,20 @@ class WalWriter:
                 self.store.put_if_not_exists(path, data)
                 return
             except ObjectExistsError:
+                # A retried put whose first attempt landed (its reply lost) finds its own bytes.
+                if attempt and self._holds(position, data):
+                    return
                 raise self._fenced_at(position) from None
             except StorageError:
                 if attempt == _PUT_ATTEMPTS - 1:
                     raise
                 time.sleep(0.05 * 2**attempt)
+
+    def _holds(self, position: int, data: bytes | memoryview) -> bool:
+        try:
+            return self.store.get(layout.wal_entry_path(self.region_id, position)) == bytes(data)
+        except StorageError:
+            return False
 
     def _fenced_at(self, position: int) -> MemWalError:
         try:

@@ -1,7 +1,8 @@
 import pyarrow as pa
 import pytest
 
-from memwal_sql.errors import CorruptWalEntryError, MissingWalEntryError
+import memwal_sql as mw
+from memwal_sql.errors import CorruptWalEntryError, MissingWalEntryError, StorageError
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.writer.wal import (
     WalEntryEncoder,
@@ -102,3 +103,25 @@ def test_a_lost_entry_before_the_tail_is_an_error_not_a_short_replay(tmp_path):
     assert seen == [1, 2, 3]
     assert [e.position for e in iter_wal(store, "r", 4)] == [5]  # entries below are not looked at
     assert [e.position for e in iter_wal(store, "r", 4)] == [5]
+
+
+def test_a_retried_put_that_finds_its_own_entry_succeeds(tmp_path):
+    # On S3 a put can land while its reply is lost; the retry then finds the object. Only bytes
+    # of another writer mean a fence.
+    tbl = mw.create_table(str(tmp_path), BASE, primary_key="id")
+    w = tbl.writer()
+    store = w._wal.store
+    real = store.put_if_not_exists
+    failures = iter([True])
+
+    def reply_lost(path, data):
+        real(path, data)
+        if "/wal/" in path and next(failures, False):
+            raise StorageError("connection reset after the object was stored")
+
+    store.put_if_not_exists = reply_lost
+    w.upsert({"id": [1], "v": ["a"]})
+    assert w.is_open
+    w.upsert({"id": [2], "v": ["b"]})
+    w.close()
+    assert sorted(tbl.to_arrow().column("id").to_pylist()) == [1, 2]
