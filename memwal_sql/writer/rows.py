@@ -34,6 +34,20 @@ if TYPE_CHECKING:
 
 def to_arrow_table(data: Any) -> pa.Table:
     """Accept a pa.Table, RecordBatch, RecordBatchReader, pandas DataFrame or dict of columns."""
+    try:
+        table = _convert(data)
+    except InvalidInputError:
+        raise
+    except (pa.ArrowException, ValueError, TypeError, KeyError) as e:
+        raise InvalidInputError(f"cannot convert the {type(data).__name__} to Arrow: {e}") from e
+    names = table.column_names
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise SchemaMismatchError(f"column(s) {dup} appear more than once in the input")
+    return table
+
+
+def _convert(data: Any) -> pa.Table:
     if isinstance(data, pa.Table):
         return data
     if isinstance(data, pa.RecordBatch):
@@ -43,10 +57,7 @@ def to_arrow_table(data: Any) -> pa.Table:
     if isinstance(data, dict):
         return pa.table(data)
     if hasattr(data, "__arrow_c_stream__") or type(data).__module__.startswith("pandas"):
-        try:
-            return pa.table(data)
-        except (TypeError, pa.ArrowException) as e:
-            raise InvalidInputError(f"cannot convert {type(data).__name__} to Arrow: {e}") from e
+        return pa.table(data)
     raise InvalidInputError(
         f"cannot write a {type(data).__name__}; pass a pyarrow Table, RecordBatch, "
         "RecordBatchReader, pandas DataFrame or a dict of columns"
@@ -179,15 +190,105 @@ class RowCoercer:
 
     @staticmethod
     def _cast(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
+        """``column`` as ``field``'s type, or :class:`SchemaMismatchError` if that would change
+        a value: another kind of data (a string is not parsed into a number), an overflow, a
+        rounding, a lost time of day or a dropped struct field. Only float narrowing may lose
+        precision (float64 vectors into a float32 column), never range."""
         if column.type == field.type:
             return column
+        if pa.types.is_dictionary(column.type):
+            column = pc.cast(column, column.type.value_type)
+            if column.type == field.type:
+                return column
+        _check_kinds(column.type, field.type, field.name)
         try:
-            return pc.cast(column, field.type, safe=True)
+            out = pc.cast(column, field.type, safe=True)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
             raise SchemaMismatchError(
                 f"column {field.name!r} has type {column.type}, which cannot be cast safely "
                 f"to the table's {field.type}: {e}"
             ) from e
+        _check_lossless(column, out, field.name)
+        return out
+
+
+_KINDS = (
+    (pa.types.is_integer, "integer"), (pa.types.is_floating, "float"),
+    (pa.types.is_decimal, "decimal"), (pa.types.is_boolean, "bool"),
+    (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t)
+     or pa.types.is_string_view(t), "string"),
+    (lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t)
+     or pa.types.is_binary_view(t) or pa.types.is_fixed_size_binary(t), "binary"),
+    (pa.types.is_timestamp, "timestamp"), (pa.types.is_date, "date"),
+    (pa.types.is_time, "time"), (pa.types.is_duration, "duration"),
+    (lambda t: pa.types.is_list(t) or pa.types.is_large_list(t)
+     or pa.types.is_fixed_size_list(t) or pa.types.is_list_view(t), "list"),
+    (pa.types.is_struct, "struct"), (pa.types.is_map, "map"), (pa.types.is_null, "null"),
+)
+# Kinds a value may change into without changing what it means (plus every kind into itself);
+# the safe cast and _check_lossless refuse the values that would change (1.5 into an integer).
+# Floats into integers: pandas holds an integer column with missing values as float64.
+_CONVERTIBLE = {("integer", "float"), ("float", "integer"), ("integer", "decimal"),
+                ("decimal", "float"), ("date", "timestamp"), ("timestamp", "date")}
+_EXACT = frozenset(["decimal", "timestamp", "date", "time", "duration"])
+
+
+def _kind(t: pa.DataType) -> str:
+    return next((k for test, k in _KINDS if test(t)), str(t))
+
+
+def _check_kinds(src: pa.DataType, dst: pa.DataType, name: str) -> None:
+    a, b = _kind(src), _kind(dst)
+    if a != b and a != "null" and (a, b) not in _CONVERTIBLE:
+        raise SchemaMismatchError(
+            f"column {name!r} holds {src} values, but the table's column is {dst}; convert them "
+            "explicitly (a value of another kind is never cast implicitly)"
+        )
+    if a == b == "struct" and {f.name for f in src} != {f.name for f in dst}:
+        raise SchemaMismatchError(
+            f"column {name!r} has struct fields {[f.name for f in src]}, the table's has "
+            f"{[f.name for f in dst]}"
+        )
+    if a == b == "timestamp" and (src.tz is None) != (dst.tz is None):
+        raise SchemaMismatchError(
+            f"column {name!r} is {src}, the table's is {dst}: a timestamp with a time zone and "
+            "one without are different things; convert explicitly"
+        )
+    for child_src, child_dst in _children(src, dst):
+        _check_kinds(child_src, child_dst, name)
+
+
+def _children(src: pa.DataType, dst: pa.DataType) -> list[tuple[pa.DataType, pa.DataType]]:
+    if _kind(src) == _kind(dst) == "list":
+        return [(src.value_type, dst.value_type)]
+    if _kind(src) == _kind(dst) == "struct":
+        return [(src.field(f.name).type, f.type) for f in dst]
+    if _kind(src) == _kind(dst) == "map":
+        return [(src.key_type, dst.key_type), (src.item_type, dst.item_type)]
+    return []
+
+
+def _check_lossless(before: pa.ChunkedArray, after: pa.ChunkedArray, name: str) -> None:
+    """Refuse a cast that changed a value pyarrow's safe cast lets through."""
+    src, dst = before.type, after.type
+    if _kind(dst) == "float" and _kind(src) in ("float", "decimal"):
+        if pc.sum(pc.is_inf(after)).as_py() != pc.sum(pc.is_inf(pc.cast(before, pa.float64()))
+                                                    ).as_py():
+            raise SchemaMismatchError(
+                f"column {name!r}: a value is out of the range of the table's {dst}"
+            )
+    elif _kind(src) in _EXACT or _kind(dst) in _EXACT or _children(src, dst):
+        try:
+            back = pc.cast(after, src, safe=False)
+            same = back.equals(before) if _children(src, dst) else \
+                pc.all(pc.equal(back, before)).as_py() is not False
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            same = False
+        if not same:
+            raise SchemaMismatchError(
+                f"column {name!r}: casting {src} to the table's {dst} would change values "
+                "(rounded, truncated or dropped); convert them explicitly"
+            )
 
 
 def region_columns_beyond_key(spec: RegionSpec, primary_key: Sequence[str]) -> list[str]:

@@ -1,4 +1,7 @@
+from decimal import Decimal
+
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 import pytest
 
 from memwal_sql.errors import InvalidInputError, PrimaryKeyError, SchemaMismatchError
@@ -42,7 +45,7 @@ def test_deletes_are_tombstones(rows):
         ({"id": [None], "n": [1], "s": ["a"]}, PrimaryKeyError, "null"),
         ({"id": [1], "s": ["a"]}, SchemaMismatchError, "missing \\['n'\\]"),
         ({"id": [1], "n": [1], "s": ["a"], "zz": [1]}, SchemaMismatchError, "unknown"),
-        ({"id": ["x"], "n": [1], "s": ["a"]}, SchemaMismatchError, "cannot be cast"),
+        ({"id": ["x"], "n": [1], "s": ["a"]}, SchemaMismatchError, "never cast implicitly"),
         ({"id": [1], "n": [2**40], "s": ["a"]}, SchemaMismatchError, "cannot be cast"),
         ({"id": [1], "n": [None], "s": ["a"]}, SchemaMismatchError, "not nullable"),
     ],
@@ -82,3 +85,58 @@ def test_exact_input_takes_the_fast_path_and_still_checks_nulls(rows, chunks):
         rows.upserts(exact(rows, [1, None, 3], [4, 5, 6], ["a", "b", "c"], chunks))
     with pytest.raises(SchemaMismatchError, match="not nullable"):
         rows.upserts(exact(rows, [1, 2, 3], [4, None, 6], ["a", "b", "c"], chunks))
+
+
+def one_column(t):
+    return RowCoercer(pa.schema([pa.field("id", pa.int64(), False), pa.field("c", t)]), ["id"])
+
+
+@pytest.mark.parametrize("table_type, value", [
+    (pa.float32(), pa.array([0.1, float("nan"), None])),  # precision only: float64 vectors
+    (pa.int32(), pa.array([1.0, 2.0])),  # pandas' float64 for integers with missing values
+    (pa.float64(), pa.array([2**40])),
+    (pa.timestamp("us", "UTC"), pa.array([10**9], pa.timestamp("s", "Asia/Tokyo"))),
+    (pa.timestamp("us"), pa.array([0], pa.date32())),
+    (pa.decimal128(25, 2), pa.array([5], pa.int64())),
+    (pa.string(), pa.array(["a"], pa.large_string())),
+    (pa.string(), pa.array(["a", "b"]).dictionary_encode()),
+    (pa.list_(pa.float32(), 2), pa.array([[1.0, 2.0]], pa.list_(pa.float64()))),
+    (pa.struct([("a", pa.int64()), ("b", pa.string())]),
+     pa.array([{"b": "x", "a": 1}], pa.struct([("b", pa.string()), ("a", pa.int32())]))),
+    (pa.int32(), pa.nulls(1)),
+])
+def test_casts_that_keep_every_value(table_type, value):
+    out = one_column(table_type).upserts(pa.table({"id": list(range(len(value))), "c": value}))
+    assert out.schema.field("c").type == table_type
+    assert out.column("c").equals(pa.compute.cast(value, table_type)) or \
+        str(out.column("c")) == str(pa.compute.cast(value, table_type))  # NaN != NaN
+
+
+@pytest.mark.parametrize("table_type, value, match", [
+    (pa.int64(), pa.array(["11"]), "never cast implicitly"),  # no parsing of strings
+    (pa.string(), pa.array([5]), "never cast implicitly"),
+    (pa.float64(), pa.array([True]), "never cast implicitly"),
+    (pa.timestamp("us"), pa.array([5]), "never cast implicitly"),
+    (pa.decimal128(10, 2), pa.array([1.239]), "never cast implicitly"),
+    (pa.float32(), pa.array([1e300]), "out of the range"),
+    (pa.int32(), pa.array([1.5]), "cannot be cast safely"),
+    (pa.decimal128(10, 2), pa.array([Decimal("1.239")], pa.decimal128(10, 3)), "cannot be cast safely"),
+    (pa.date32(), pa.array([13 * 3600 * 10**6], pa.timestamp("us")), "would change values"),
+    (pa.timestamp("us", "UTC"), pa.array([0], pa.timestamp("us")), "time zone"),
+    (pa.struct([("a", pa.int64())]), pa.array([{"a": 7, "b": 99}]), "struct fields"),
+    (pa.list_(pa.string()), pa.array([[1, 2]]), "never cast implicitly"),
+])
+def test_casts_that_would_change_a_value_are_refused(table_type, value, match):
+    with pytest.raises(SchemaMismatchError, match=match):
+        one_column(table_type).upserts(pa.table({"id": [1], "c": value}))
+
+
+@pytest.mark.parametrize("data, error", [
+    ({"id": [1, 2], "n": [1], "s": ["a", "b"]}, InvalidInputError),  # ragged
+    (pa.table([[1], [2], [1], ["a"]], names=["id", "n", "id", "s"]), SchemaMismatchError),
+    (pa.RecordBatchReader.from_batches(
+        pa.schema([("id", pa.int64())]), iter([pa.record_batch({"x": ["a"]})])), InvalidInputError),
+])
+def test_malformed_input_is_a_typed_error(rows, data, error):
+    with pytest.raises(error):
+        rows.upserts(data)
