@@ -151,3 +151,39 @@ def test_a_transient_error_is_a_storage_error_and_keeps_anonymous_files(tmp_path
     monkeypatch.undo()
     store.put_if_not_exists("w/a", b"x")
     assert store.get("w/a") == b"x"
+
+
+@pytest.mark.parametrize("temp_file", ["anonymous", "spare", "named"])
+def test_a_durable_local_put_syncs_the_file_then_its_new_name(tmp_path, monkeypatch, temp_file):
+    # A put acknowledged before a power loss must survive it: the data is fsynced before the
+    # name exists (a name never becomes durable before its data), then the directory is fsynced
+    # once it holds the name.
+    import errno
+    import stat
+
+    import memwal_sql.storage.store as store_module
+
+    store = ObjectStore(str(tmp_path))
+    if temp_file == "spare":
+        store.keep_spare_files("w")
+    elif temp_file == "named":
+        def unsupported(directory):
+            raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+        monkeypatch.setattr(store_module, "open_anonymous", unsupported)
+    dst = tmp_path / "w" / "a"
+    synced = []  # (inode, is a directory, the final name existed)
+    real_fsync = store_module.os.fsync
+
+    def recording_fsync(fd):
+        st = os.fstat(fd)
+        synced.append((st.st_ino, stat.S_ISDIR(st.st_mode), dst.exists()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(store_module.os, "fsync", recording_fsync)
+    store.put_if_not_exists("w/a", b"payload")
+    monkeypatch.undo()
+    assert dst.read_bytes() == b"payload"
+    file_ino, dir_ino = os.stat(dst).st_ino, os.stat(tmp_path / "w").st_ino
+    assert (file_ino, False, False) in synced
+    assert (dir_ino, True, True) in synced

@@ -3,6 +3,9 @@
 Usage: python -m tests.writer.crash_child URI MODE
 MODE "puts": durable upserts/deletes forever. MODE "flush": like "puts", but every MemTable flush
 prints FLUSHING and then stalls inside the generation write, so the parent can kill it there.
+MODE "flushes": like "puts" with small MemTables, flushed one after another while the writes go
+on; each flush prints FLUSHING midway through its generation write (between the data files and
+the ``_pk_index``) and carries on, so generations keep being committed until the kill.
 """
 
 from __future__ import annotations
@@ -38,8 +41,18 @@ def main() -> None:
             time.sleep(3600)
 
         generation.write_pk_index = stalling
+    elif mode == "flushes":
+        from memwal_sql.writer import generation
+
+        real = generation.write_pk_index
+
+        def reporting(uri_, keys, opts=None):
+            emit("FLUSHING")
+            real(uri_, keys, opts)
+
+        generation.write_pk_index = reporting
     tbl = mw.open_table(uri)
-    w = tbl.writer(max_memtable_rows=400 if mode == "flush" else 1_000_000)
+    w = tbl.writer(max_memtable_rows={"flush": 400, "flushes": 120}.get(mode, 1_000_000))
     emit("READY")
     i = 0
     while True:

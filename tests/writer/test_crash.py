@@ -13,9 +13,11 @@ import lance
 import pytest
 
 import memwal_sql as mw
+from memwal_sql._proto.memwal_pb2 import FlushedGeneration
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import layout
 from memwal_sql.writer.generation import BLOOM_FILTER
+from memwal_sql.writer.pk_index import read_pk_index
 from tests.lsm import lance_latest_rows
 from tests.writer.crash_plan import SCHEMA, apply_batch, model_after
 
@@ -23,24 +25,38 @@ pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_and_kill(uri: str, mode: str, until: str, timeout: float = 60) -> int:
-    """Start the child, SIGKILL it once a stdout line starts with ``until``; return acks seen."""
+def run_and_kill(uri: str, mode: str, until: str, timeout: float = 60, *, times: int = 1,
+                 then: float = 0.0) -> int:
+    """Start the child, SIGKILL it ``then`` seconds after the ``times``-th stdout line starting
+    with ``until``; return acks seen."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.writer.crash_child", uri, mode],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    acked = 0
+    acked = seen = 0
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("ACK"):
             acked = int(line.split()[1]) + 1
-        if line.startswith(until) or time.monotonic() > deadline:
+        seen += line.startswith(until)
+        if seen >= times or time.monotonic() > deadline:
             break
+    time.sleep(then)  # the child goes on meanwhile: the kill lands wherever it has got to
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read() if proc.stderr else ""
     return acked
+
+
+def assert_whole_generation(tbl: mw.MemWalTable, rid: str, g: FlushedGeneration) -> None:
+    """Generation ``g`` is complete: every row readable, its ``_pk_index`` and bloom filter
+    there and covering every row."""
+    path = f"{layout.region_dir(rid)}/{g.path}"
+    uri = tbl.store.uri_for(path)
+    assert lance.dataset(uri).to_table().num_rows == g.physical_rows
+    assert read_pk_index(uri).num_rows == g.physical_rows
+    assert tbl.store.exists(f"{path}/{BLOOM_FILTER}")
 
 
 def recover_and_check(uri: str, acked: int) -> None:
@@ -49,10 +65,7 @@ def recover_and_check(uri: str, acked: int) -> None:
     for m_version in RegionManifestStore(tbl.store, rid).list_versions():
         m = RegionManifestStore(tbl.store, rid).read(m_version)
         for g in m.flushed_generations:  # no manifest references a partial generation
-            path = f"{layout.region_dir(rid)}/{g.path}"
-            assert tbl.store.exists(f"{path}/{BLOOM_FILTER}")
-            assert tbl.store.exists(f"{path}/_pk_index/page_lookup.lance")
-            assert lance.dataset(tbl.store.uri_for(path)).count_rows() == g.physical_rows
+            assert_whole_generation(tbl, rid, g)
     with tbl.writer():  # claim, replay the WAL, flush everything to a generation
         pass
     got = dict(
@@ -89,3 +102,25 @@ def test_sigkill_during_memtable_flush_leaves_no_partial_generation(tmp_path):
     orphans = [d for d in tbl.store.list_dirs(layout.region_dir(rid)) if "_gen_" in d]
     assert len(orphans) == 1  # its directory is there, complete or not, and unreferenced
     recover_and_check(uri, acked)
+
+
+def test_sigkill_while_generations_are_committed_references_only_whole_ones(tmp_path):
+    # Flushes running back to back, none stalled: the kill lands at a random moment after the
+    # n-th flush got halfway (so n-1 generations are committed), inside a generation write,
+    # its manifest commit or a later flush.
+    rng = random.Random(11)
+    for round_ in range(3):
+        uri = str(tmp_path / f"t{round_}")
+        mw.create_table(uri, SCHEMA, primary_key="id")
+        n = rng.randint(3, 8)
+        acked = run_and_kill(uri, "flushes", until="FLUSHING", times=n, then=rng.uniform(0, 0.05))
+        tbl = mw.open_table(uri)
+        (rid,) = tbl.regions()
+        gens = RegionManifestStore(tbl.store, rid).latest().flushed_generations
+        assert len(gens) >= n - 1
+        assert [g.generation for g in gens] == list(range(1, len(gens) + 1))
+        for g in gens:
+            assert_whole_generation(tbl, rid, g)
+        dirs = [d for d in tbl.store.list_dirs(layout.region_dir(rid)) if "_gen_" in d]
+        assert len(set(dirs) - {g.path for g in gens}) <= 1  # only the flush the kill cut short
+        recover_and_check(uri, acked)

@@ -95,3 +95,28 @@ def test_replay_refuses_entries_of_a_newer_epoch(tmp_path):
     with pytest.raises(WriterFencedError):
         tbl.writer(region_id=rid)
     assert read_wal_entry(tbl.store, rid, pos).writer_epoch == 99  # nothing was deleted
+
+
+def test_claim_alone_fences_the_previous_writer(table_root):
+    # The new writer has not written anything yet: only its fence sentinel at the first free
+    # WAL position stops the stale writer's next put from landing after the replayed tail,
+    # where it would be acknowledged and yet belong to no writer.
+    uri, opts = table_root
+    tbl = mw.create_table(uri, SCHEMA, primary_key="id", storage_options=opts)
+    a = tbl.writer()
+    a.upsert(rows([1, 2], "A"))
+    a.upsert(rows([3], "A"))
+    b = tbl.writer(region_id=a.region_id)
+    assert b.epoch == a.epoch + 1 and b.stats()["replayed_rows"] == 3
+    sentinel = read_wal_entry(tbl.store, a.region_id, b.stats()["next_wal_position"] - 1)
+    assert sentinel.is_sentinel and sentinel.writer_epoch == b.epoch
+    with pytest.raises(WriterFencedError):
+        a.upsert(rows([3, 4], "A-late"))
+    with pytest.raises(WriterFencedError):
+        a.close()
+    b.close()
+    # A later writer replays whatever the WAL still holds after B's generation: A's late rows
+    # must not be there either.
+    tbl.writer(region_id=a.region_id).close()
+    assert lance_latest_rows(uri, ["id"], opts).to_pylist() == [
+        {"id": 1, "v": "A1"}, {"id": 2, "v": "A2"}, {"id": 3, "v": "A3"}]
