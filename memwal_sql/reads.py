@@ -17,7 +17,13 @@ import pyarrow as pa
 from exec_nodes.base import GEN, ROWADDR
 from exec_nodes.keyset import KeySet
 from memwal_sql.errors import InvalidInputError, SchemaMismatchError
-from memwal_sql.session import MemWalContext, MemWalDataset, connect, typed_errors
+from memwal_sql.session import (
+    MemWalContext,
+    MemWalDataset,
+    connect,
+    read_failures,
+    typed_errors,
+)
 from memwal_sql.snapshot import take_snapshot
 from planner.lookup import LookupPlan, plan_lookup
 
@@ -120,7 +126,8 @@ class TableReads:
                  else list(self.table.schema.names))
         plan, key_table = self._lookup_plan(keys, consistency)
         self.last_lookup_plan = plan
-        rows = plan.execute()
+        with read_failures(f"lookup in {self.table.uri}"):
+            rows = plan.execute()
         if rows.num_rows:  # input order, first occurrence of each key
             where = KeySet(key_table).positions(rows.select(list(self.table.primary_key)))
             rows = rows.take(pa.array(np.argsort(where, kind="stable")))

@@ -33,7 +33,7 @@ from datafusion import SessionConfig, SessionContext, Table
 from datafusion import catalog as dfc
 
 from exec_nodes.dedup import project_to
-from memwal_sql.errors import MemWalError
+from memwal_sql.errors import MemWalError, StorageError
 from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
 from planner.lookup import LookupPlan, lookup_keys, plan_lookup
 from planner.pruning import parse_filter
@@ -134,7 +134,8 @@ class MemWalDataset(pds.Dataset):
     @contextmanager
     def recording_errors(self) -> Iterator[None]:
         try:
-            yield
+            with read_failures(f"reading {self._table.uri}"):
+                yield
         except MemWalError as e:
             with self._lock:
                 self.error = self.error or e
@@ -272,6 +273,20 @@ class MemWalContext(SessionContext):
         """The scan plan of the last query that read MemWAL table ``name``."""
         ds = self.memwal_schema.last_datasets.get(name)
         return ds.last_plan if ds is not None else None
+
+
+@contextmanager
+def read_failures(what: str) -> Iterator[None]:
+    """Raise Lance's and Arrow's errors of reading a table's files as :class:`StorageError`."""
+    try:
+        yield
+    except MemWalError:
+        raise
+    except (OSError, ValueError) as e:
+        raise StorageError(
+            f"{what} failed: {e}. A file the region manifests or the base table name may be "
+            "missing or damaged"
+        ) from e
 
 
 @contextmanager

@@ -44,7 +44,7 @@ from memwal_sql.index.details import (
 )
 from memwal_sql.index.region_spec import RegionSpec
 from memwal_sql.manifest import RegionManifestStore
-from memwal_sql.storage import ObjectStore, layout
+from memwal_sql.storage import ObjectStore, layout, storage_failures
 from memwal_sql.writer.bloom import is_supported_pk_type
 from memwal_sql.writer.region_writer import RegionWriter, TableLayout, WriterConfig
 from memwal_sql.writer.rows import RowCoercer, region_columns_beyond_key, to_arrow_table
@@ -358,7 +358,8 @@ class MemWalTable:
         """
         from memwal_sql.maintenance import merge_table
 
-        return merge_table(self, max_generations_per_region=max_generations_per_region)
+        with storage_failures(f"merge of {self.uri}"):
+            return merge_table(self, max_generations_per_region=max_generations_per_region)
 
     def gc(self, *, keep_manifest_versions: int = 10,
            base_versions_older_than: Any = None) -> Any:
@@ -375,8 +376,9 @@ class MemWalTable:
         """
         from memwal_sql.maintenance import gc_table
 
-        return gc_table(self, keep_manifest_versions=keep_manifest_versions,
-                        base_versions_older_than=base_versions_older_than)
+        with storage_failures(f"gc of {self.uri}"):
+            return gc_table(self, keep_manifest_versions=keep_manifest_versions,
+                            base_versions_older_than=base_versions_older_than)
 
     def catch_up_indexes(self) -> Any:
         """Optimize the base table's indexes that lag behind merged rows; returns a
@@ -387,7 +389,8 @@ class MemWalTable:
         """
         from memwal_sql.maintenance import catch_up_indexes
 
-        return catch_up_indexes(self)
+        with storage_failures(f"catch up indexes of {self.uri}"):
+            return catch_up_indexes(self)
 
     def build_region_snapshots(self) -> Any:
         """Refresh the regions' WAL hints and snapshot every region into the MemWAL index, for
@@ -398,7 +401,8 @@ class MemWalTable:
         """
         from memwal_sql.maintenance import build_region_snapshots
 
-        return build_region_snapshots(self)
+        with storage_failures(f"build region snapshots of {self.uri}"):
+            return build_region_snapshots(self)
 
     def maintain(self, *, base_versions_older_than: Any = None,
                  keep_manifest_versions: int = 10) -> Any:
@@ -411,8 +415,9 @@ class MemWalTable:
         """
         from memwal_sql.maintenance import maintain_table
 
-        return maintain_table(self, base_versions_older_than=base_versions_older_than,
-                              keep_manifest_versions=keep_manifest_versions)
+        with storage_failures(f"maintain of {self.uri}"):
+            return maintain_table(self, base_versions_older_than=base_versions_older_than,
+                                  keep_manifest_versions=keep_manifest_versions)
 
     # ---- routed writes -----------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from lance.mem_wal import LsmScanner
 
 import memwal_sql as mw
-from memwal_sql.errors import InvalidInputError, SchemaMismatchError
+from memwal_sql.errors import InvalidInputError, SchemaMismatchError, StorageError
 from tests.lsm import Model, apply_op, lance_snapshots
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("grp", pa.string(), False),
@@ -255,3 +255,18 @@ def test_bad_read_arguments_are_typed_errors_that_name_no_private_table(tmp_path
         tbl.to_arrow(consistency="weak")
     assert tbl.to_arrow(["v"], filter="id = 2").column("v").to_pylist() == ["b"]
     assert tbl.lookup([2], columns=["v"], with_system_columns=True).column_names == ["v", "_gen", "_rowaddr"]
+
+
+def test_a_missing_generation_file_is_a_storage_error_on_every_read_path(tmp_path):
+    schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string())])
+    tbl = mw.create_table(str(tmp_path), schema, primary_key="id")
+    with tbl.writer() as w:
+        w.upsert({"id": [1, 2], "v": ["a", "b"]})
+    [(rid, manifest)] = tbl.region_manifests()
+    gen_dir = tmp_path / "_mem_wal" / rid / manifest.flushed_generations[0].path
+    for f in (gen_dir / "data").iterdir():
+        f.unlink()
+    reader = mw.open_table(str(tmp_path))
+    for read in (reader.to_arrow, reader.count_rows, lambda: reader.lookup([1])):
+        with pytest.raises(StorageError, match="missing or damaged"):
+            read()

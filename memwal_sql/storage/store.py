@@ -21,16 +21,17 @@ import shutil
 import sys
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
 import obstore as obs
-from obstore.exceptions import AlreadyExistsError, PreconditionError
+from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
 from obstore.store import LocalStore, MemoryStore, S3Store
 
-from memwal_sql.errors import ObjectExistsError, ObjectNotFoundError, StorageError
+from memwal_sql.errors import MemWalError, ObjectExistsError, ObjectNotFoundError, StorageError
 from memwal_sql.storage.spare_files import SpareFiles, open_anonymous
 
 # Keys of a Lance storage_options dict that configure the HTTP client rather than the S3
@@ -162,52 +163,55 @@ class ObjectStore:
 
     def put(self, path: str, data: bytes | memoryview) -> None:
         """Create or replace ``path`` atomically (readers never see a torn object)."""
-        try:
+        with storage_failures(f"put of {path}"):
             obs.put(self._store, path, _as_bytes(data))
-        except OSError as e:
-            raise StorageError(f"put of {path} failed: {e}") from e
 
     def get(self, path: str) -> bytes:
         """Read a whole object; raise :class:`ObjectNotFoundError` if missing."""
-        try:
-            return bytes(obs.get(self._store, path).bytes())
-        except FileNotFoundError as e:
-            raise ObjectNotFoundError(f"{self.uri_for(path)} does not exist") from e
+        with storage_failures(f"get of {path}"):
+            try:
+                return bytes(obs.get(self._store, path).bytes())
+            except FileNotFoundError as e:
+                raise ObjectNotFoundError(f"{self.uri_for(path)} does not exist") from e
 
     def exists(self, path: str) -> bool:
         """True if an object exists at ``path`` (a HEAD request)."""
-        try:
-            obs.head(self._store, path)
-            return True
-        except FileNotFoundError:
-            return False
+        with storage_failures(f"head of {path}"):
+            try:
+                obs.head(self._store, path)
+                return True
+            except FileNotFoundError:
+                return False
 
     def list(self, prefix: str) -> list[ObjectMeta]:
         """Every object under ``prefix``, sorted by path on every backend (without the
         temporary files of durable puts on local disk)."""
-        out = [
-            ObjectMeta(m["path"], m["size"], m["last_modified"].timestamp())
-            for chunk in obs.list(self._store, prefix)
-            for m in chunk
-            if not _is_temp_file(m["path"])
-        ]
+        with storage_failures(f"list of {prefix}"):
+            out = [
+                ObjectMeta(m["path"], m["size"], m["last_modified"].timestamp())
+                for chunk in obs.list(self._store, prefix)
+                for m in chunk
+                if not _is_temp_file(m["path"])
+            ]
         out.sort(key=lambda m: m.path)
         return out
 
     def list_dirs(self, prefix: str) -> list[str]:
         """Names (last component) of the immediate sub-directories of ``prefix``, sorted."""
-        try:
-            res = obs.list_with_delimiter(self._store, prefix.rstrip("/") + "/")
-        except FileNotFoundError:
-            return []
+        with storage_failures(f"list of {prefix}"):
+            try:
+                res = obs.list_with_delimiter(self._store, prefix.rstrip("/") + "/")
+            except FileNotFoundError:
+                return []
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in res["common_prefixes"])
 
     def delete(self, path: str) -> None:
         """Delete ``path``; deleting a missing object is not an error."""
-        try:
-            obs.delete(self._store, path)
-        except FileNotFoundError:
-            pass
+        with storage_failures(f"delete of {path}"):
+            try:
+                obs.delete(self._store, path)
+            except FileNotFoundError:
+                pass
 
     def delete_prefix(self, prefix: str) -> int:
         """Delete every object under ``prefix``; return how many were deleted.
@@ -332,6 +336,17 @@ class ObjectStore:
             self._spares.close()  # the file system has no anonymous files: named ones only
             self._spares = None
             return -1
+
+
+@contextmanager
+def storage_failures(what: str) -> Iterator[None]:
+    """Raise what the object store raises as :class:`StorageError` (typed ones pass)."""
+    try:
+        yield
+    except MemWalError:
+        raise
+    except (OSError, BaseError) as e:
+        raise StorageError(f"{what} failed: {e}") from e
 
 
 def _is_temp_file(path: str) -> bool:

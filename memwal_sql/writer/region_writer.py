@@ -26,6 +26,7 @@ from memwal_sql._proto.memwal_pb2 import RegionManifest
 from memwal_sql.errors import (
     MemWalError,
     ObjectExistsError,
+    StorageError,
     WriterClosedError,
     WriterFencedError,
     WrongRegionError,
@@ -470,6 +471,14 @@ class RegionWriter:
             try:
                 self._flush_memtable(memtable)
             except BaseException as e:  # noqa: BLE001 - surfaced to every later call
+                if not isinstance(e, MemWalError):
+                    failure = StorageError(
+                        f"flushing generation {memtable.generation} of region {self.region_id} "
+                        f"failed: {e}. Acknowledged writes are safe in the WAL; fix the cause, "
+                        "then open a new writer of the region (it replays them)"
+                    )
+                    failure.__cause__ = e
+                    e = failure
                 with self._lock:
                     self._error = e
                     self._lock.notify_all()

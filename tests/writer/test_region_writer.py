@@ -2,16 +2,17 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import lance
 import pyarrow as pa
 import pytest
 
 import memwal_sql as mw
-from memwal_sql.errors import WriterClosedError, WrongRegionError
+from memwal_sql.errors import StorageError, WriterClosedError, WrongRegionError
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import layout
-from memwal_sql.writer.wal import iter_wal
+from memwal_sql.writer.wal import iter_wal, read_wal_entry, wal_positions
 from tests.lsm import Model, lance_latest_rows
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string()),
@@ -31,6 +32,14 @@ def table(table_root):
 
 def manifest(tbl, rid):
     return RegionManifestStore(tbl.store, rid).latest()
+
+
+def wait_for(condition, timeout=5.0):
+    """Poll ``condition`` until it holds or ``timeout`` seconds pass; return its last value."""
+    deadline = time.monotonic() + timeout
+    while not (ok := condition()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return ok
 
 
 def test_close_flushes_a_generation_lance_reads(table):
@@ -80,6 +89,19 @@ def test_memtable_thresholds_flush_in_the_background(table):
     assert entry_gens == sorted(entry_gens)
 
 
+def test_memtable_is_frozen_at_the_byte_threshold(tmp_path):
+    # Far below max_memtable_rows: only max_memtable_bytes can freeze these MemTables. Each
+    # batch is ~490 bytes in memory, so the third one of a MemTable crosses 1200.
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    with tbl.writer(max_memtable_bytes=1200) as w:
+        for i in range(6):
+            w.upsert(rows(list(range(100 + 20 * i, 120 + 20 * i))))
+        s = w.stats()
+    assert s["generation"] == 3 and s["memtable_rows"] == 0
+    m = manifest(tbl, w.region_id)
+    assert [(g.generation, g.physical_rows) for g in m.flushed_generations] == [(1, 60), (2, 60)]
+
+
 def test_durable_puts_group_commit(tmp_path):
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
     with tbl.writer() as w:
@@ -101,6 +123,18 @@ def test_durable_puts_group_commit(tmp_path):
     assert lance_latest_rows(str(tmp_path), ["id"]).num_rows == 200
 
 
+def test_a_durable_put_does_not_wait_for_the_flush_interval(tmp_path):
+    # The flush interval is for buffered (non-durable) writes: a durable caller leads the WAL
+    # put itself, so a lone durable write costs one put, never a timer tick.
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    with tbl.writer(max_wal_flush_interval=5.0) as w:
+        for i in range(3):
+            t0 = time.perf_counter()
+            w.upsert(rows([i]))
+            assert time.perf_counter() - t0 < 1.0
+            assert w.stats()["wal_entries_written"] == i + 1  # stored before the call returned
+
+
 def test_non_durable_puts_are_buffered_into_few_entries(tmp_path):
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
     with tbl.writer(durable=False, max_wal_flush_interval=10.0) as w:
@@ -109,6 +143,21 @@ def test_non_durable_puts_are_buffered_into_few_entries(tmp_path):
         assert w.stats()["wal_entries_written"] == 0  # nothing forced a put yet
     assert w.stats()["wal_entries_written"] == 1
     assert lance_latest_rows(str(tmp_path), ["id"]).num_rows == 100
+
+
+@pytest.mark.parametrize("limit", [{"max_wal_buffer_bytes": 1000}, {"max_wal_buffer_batches": 3}])
+def test_a_full_non_durable_buffer_is_put_without_waiting_for_the_interval(tmp_path, limit):
+    # Two small batches stay buffered; the third fills the buffer (by bytes, or by count), and
+    # the background thread puts all three as one entry at once, not when the 60 s are up.
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    with tbl.writer(durable=False, max_wal_flush_interval=60.0, **limit) as w:
+        w.upsert(rows([1]))
+        w.upsert(rows([2]))
+        assert w.stats()["wal_entries_written"] == 0
+        w.upsert(rows(list(range(10, 60))))  # ~1150 bytes in memory
+        assert wait_for(lambda: w.stats()["wal_entries_written"] == 1)
+        assert wal_positions(tbl.store, w.region_id) == [1]
+        assert read_wal_entry(tbl.store, w.region_id, 1).num_rows == 52
 
 
 def test_non_durable_puts_reach_the_wal_within_the_interval(tmp_path):
@@ -154,15 +203,30 @@ def test_rows_of_another_region_are_refused_and_nothing_is_written(tmp_path):
             again.upsert(rows(other[:1]))
 
 
-def test_backpressure_blocks_until_flushes_catch_up(tmp_path):
+def test_backpressure_blocks_until_flushes_catch_up(tmp_path, monkeypatch):
+    # Slowed flushes fall behind the writer. With max_unflushed_bytes=1, a write must wait until
+    # no frozen MemTable is left, so each write leaves at most the one MemTable it froze itself.
+    from memwal_sql.writer import generation
+
+    real = generation.write_pk_index
+
+    def slow(uri, keys, opts=None):
+        time.sleep(0.01)
+        real(uri, keys, opts)
+
+    monkeypatch.setattr(generation, "write_pk_index", slow)
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
     model = Model(["id"])
+    most_frozen = 0
     with tbl.writer(durable=False, max_memtable_rows=10, max_unflushed_bytes=1) as w:
         for i in range(30):
             batch = rows(list(range(i * 7, i * 7 + 10)), tag=str(i))
             w.upsert(batch)
             model.upsert(batch)
-        assert w.stats()["backpressure_waits"] > 0
+            most_frozen = max(most_frozen, w.stats()["frozen_memtables"])
+        s = w.stats()
+    assert s["backpressure_waits"] > 0 and s["backpressure_seconds"] > 0
+    assert most_frozen == 1
     assert lance_latest_rows(str(tmp_path), ["id"]) == model.table(SCHEMA)
 
 
@@ -215,3 +279,21 @@ def test_opening_a_writer_removes_temp_files_a_crash_left(tmp_path):
         w2.upsert(rows([2]))
     assert not any(p.exists() for p in leftovers)
     assert lance_latest_rows(tbl.uri, ["id"]).column("id").to_pylist() == [1, 2]
+
+
+def test_a_failed_flush_is_a_typed_error_and_the_next_writer_recovers(tmp_path, monkeypatch):
+    from memwal_sql.writer import region_writer
+
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    w = tbl.writer()
+    w.upsert(rows([1, 2]))
+    monkeypatch.setattr(region_writer, "write_generation",
+                        lambda *a, **k: (_ for _ in ()).throw(OSError("LanceError(IO): denied")))
+    with pytest.raises(StorageError, match="Acknowledged writes are safe in the WAL") as e:
+        w.flush()
+    assert isinstance(e.value.__cause__, OSError)
+    with pytest.raises(StorageError):
+        w.upsert(rows([3]))
+    monkeypatch.undo()
+    tbl.writer(region_id=w.region_id).close()
+    assert lance_latest_rows(str(tmp_path), ["id"]).column("id").to_pylist() == [1, 2]
