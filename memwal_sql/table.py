@@ -18,6 +18,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import urlparse
 
 import lance
 import numpy as np
@@ -29,6 +30,8 @@ from memwal_sql.errors import (
     InvalidInputError,
     MemWalError,
     PrimaryKeyError,
+    SchemaMismatchError,
+    StorageError,
     TableExistsError,
     TableNotFoundError,
     UnknownRegionError,
@@ -48,6 +51,7 @@ from memwal_sql.storage import ObjectStore, layout, storage_failures
 from memwal_sql.writer.bloom import is_supported_pk_type
 from memwal_sql.writer.region_writer import RegionWriter, TableLayout, WriterConfig
 from memwal_sql.writer.rows import RowCoercer, region_columns_beyond_key, to_arrow_table
+from memwal_sql.writer.wal import TOMBSTONE
 
 PK_METADATA = b"lance-schema:unenforced-primary-key"
 # Region ids of spec-governed regions are derived from the region values, so every process that
@@ -543,6 +547,10 @@ def _plain_schema(schema: pa.Schema) -> pa.Schema:
 
 def _with_primary_key(schema: pa.Schema, primary_key: Sequence[str]) -> pa.Schema:
     _check_key_types(schema, primary_key)
+    if TOMBSTONE in schema.names:
+        raise SchemaMismatchError(
+            f"{TOMBSTONE!r} is the WAL's deletion marker column; rename the table's column"
+        )
     fields = []
     for f in schema:
         if f.name in primary_key:
@@ -703,6 +711,13 @@ def _ensure_key_index(ds: lance.LanceDataset, keys: Sequence[str], uri: str,
 
 
 def _try_dataset(uri: str, storage_options: dict[str, str] | None) -> lance.LanceDataset | None:
+    scheme = urlparse(uri).scheme
+    if scheme not in ("", "file", "s3"):
+        # Lance keeps no memory:// dataset from one open to the next, so no table can live there.
+        raise InvalidInputError(
+            f"unsupported uri scheme {scheme!r} in {uri!r}; a table lives at a local path, "
+            "file:// or s3://"
+        )
     try:
         return lance.dataset(uri, storage_options=storage_options)
     except (ValueError, OSError, FileNotFoundError) as e:
@@ -710,4 +725,4 @@ def _try_dataset(uri: str, storage_options: dict[str, str] | None) -> lance.Lanc
             e, FileNotFoundError
         ):
             return None
-        raise
+        raise StorageError(f"cannot open a table at {uri}: {e}") from e

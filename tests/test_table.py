@@ -11,6 +11,8 @@ from memwal_sql.errors import (
     CorruptWalEntryError,
     InvalidInputError,
     PrimaryKeyError,
+    SchemaMismatchError,
+    StorageError,
     TableExistsError,
     TableNotFoundError,
     UnknownRegionError,
@@ -282,3 +284,30 @@ def test_a_routed_writer_fenced_by_another_is_dropped_and_the_next_write_reclaim
     tbl.close()
     assert lance_latest_rows(str(tmp_path), ["id"]).column("v").to_pylist() == \
         [f"c{i}" for i in ids]
+
+
+def test_bad_writer_arguments_are_typed_errors(tmp_path):
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id",
+                          region_spec=mw.RegionSpec.bucket("id", 4))
+    for values in ((4,), (-1,), ("x",)):
+        with pytest.raises(InvalidInputError):
+            tbl.writer(region_values=values)
+    for options in ({"bogus": 1}, {"max_memtable_rows": -5}, {"max_wal_flush_interval": "x"},
+                    {"max_unflushed_bytes": 0}):
+        with pytest.raises(InvalidInputError, match=next(iter(options))):
+            tbl.writer(region_values=(0,), **options)
+    with pytest.raises(InvalidInputError, match="durable"):
+        mw.WriterConfig(durable="no")
+    assert tbl.regions() == []  # nothing claimed by any refused call
+
+
+def test_create_and_open_refuse_what_cannot_be_a_table(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(StorageError):
+        mw.open_table(str(tmp_path / "afile"))
+    for uri in ("gs://bucket/t", "memory://t"):
+        with pytest.raises(InvalidInputError, match="scheme"):
+            mw.create_table(uri, SCHEMA, primary_key="id")
+    reserved = pa.schema([pa.field("id", pa.int64(), False), pa.field("_tombstone", pa.bool_())])
+    with pytest.raises(SchemaMismatchError, match="_tombstone"):
+        mw.create_table(str(tmp_path / "t"), reserved, primary_key="id")

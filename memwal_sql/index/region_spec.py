@@ -37,6 +37,7 @@ Example:
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
@@ -45,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_sql._proto import memwal_pb2
-from memwal_sql.errors import InvalidRegionSpecError, SchemaMismatchError
+from memwal_sql.errors import InvalidInputError, InvalidRegionSpecError, SchemaMismatchError
 from memwal_sql.index.arrow_types import (
     _BUCKET_TYPES,
     _MULTI_BUCKET_TYPES,
@@ -716,6 +717,13 @@ class RegionSpec:
             raise InvalidRegionSpecError(
                 f"{self.describe()} has {len(self.fields)} field(s), got values {tuple(values)}"
             )
+        for f, v in zip(self.fields, values):
+            n = f.num_buckets if f.transform != UNSHARDED else 1
+            if n is not None and not (isinstance(v, numbers.Integral) and 0 <= v < n):
+                raise InvalidInputError(
+                    f"no row has the region value {v!r} under {f.describe()}: its values are "
+                    f"0 to {n - 1}"
+                )
         return [
             (f.field_id, encode_region_value(v, t))
             for f, v, t in zip(self.fields, values, self.result_types())

@@ -16,7 +16,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import pyarrow as pa
@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from memwal_sql._proto.memwal_pb2 import RegionManifest
 from memwal_sql.errors import (
+    InvalidInputError,
     MemWalError,
     ObjectExistsError,
     StorageError,
@@ -76,7 +77,23 @@ class WriterConfig:
     max_unflushed_bytes: int = 1 << 30
     """Writes block (backpressure) while frozen MemTables hold more than this."""
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.durable, bool):
+            raise InvalidInputError(f"durable must be True or False, not {self.durable!r}")
+        for f in fields(self):
+            if f.name == "durable":
+                continue
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise InvalidInputError(f"{f.name} must be a positive number, not {v!r}")
+
     def with_overrides(self, **overrides: Any) -> WriterConfig:
+        unknown = sorted(set(overrides) - {f.name for f in fields(self)})
+        if unknown:
+            raise InvalidInputError(
+                f"unknown writer option(s) {unknown}; the options are "
+                f"{[f.name for f in fields(self)]}"
+            )
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
 
