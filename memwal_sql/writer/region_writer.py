@@ -46,6 +46,8 @@ from memwal_sql.writer.wal import (
 )
 
 _FLUSH_ATTEMPTS = 3
+# Above this many buffer bytes per row, an appended batch may be a slice of a larger one.
+_COMPACT_ABOVE_BYTES_PER_ROW = 256
 _OPEN_WRITERS: weakref.WeakSet[RegionWriter] = weakref.WeakSet()
 
 
@@ -412,6 +414,12 @@ class RegionWriter:
                 self._check_open()
             return 0
         nbytes = batch.get_total_buffer_size()  # .nbytes walks every buffer: too slow per put
+        if nbytes > _COMPACT_ABOVE_BYTES_PER_ROW * batch.num_rows and nbytes > 2 * batch.nbytes:
+            # A small slice of a large batch would pin its parent's buffers in the MemTable
+            # (and count them against the thresholds): keep a copy of just these rows.
+            batch = pa.RecordBatch.from_arrays(
+                [pa.concat_arrays([c]) for c in batch.columns], schema=batch.schema)
+            nbytes = batch.get_total_buffer_size()
         with self._lock:
             self._check_open()
             self._backpressure_locked()

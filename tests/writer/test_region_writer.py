@@ -297,3 +297,17 @@ def test_a_failed_flush_is_a_typed_error_and_the_next_writer_recovers(tmp_path, 
     monkeypatch.undo()
     tbl.writer(region_id=w.region_id).close()
     assert lance_latest_rows(str(tmp_path), ["id"]).column("id").to_pylist() == [1, 2]
+
+
+def test_slices_of_a_large_batch_count_and_keep_only_their_own_rows(tmp_path):
+    # to_batches(max_chunksize) and slice() share the parent's buffers: counted whole, 1,000 rows
+    # of a 100,000-row table looked 100x larger and froze a MemTable every few writes.
+    big = pa.table({"id": range(100_000), "v": [f"value-{i:09d}" for i in range(100_000)],
+                    "n": [1] * 100_000}, schema=SCHEMA)
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    with tbl.writer(durable=False, max_memtable_bytes=8 << 20) as w:
+        for batch in big.to_batches(max_chunksize=1_000):
+            w.upsert(batch)
+        held = w.stats()["memtable_bytes"]
+    assert held < 2 * big.nbytes
+    assert len(w.stats()["generations"]) == 1
