@@ -30,11 +30,16 @@ import lance
 import pyarrow as pa
 
 from memwal_sql._proto.memwal_pb2 import RegionManifest
-from memwal_sql.errors import CommitConflictError, InvalidInputError, MissingWalEntryError
+from memwal_sql.errors import (
+    CommitConflictError,
+    CorruptManifestError,
+    InvalidInputError,
+    MissingWalEntryError,
+)
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.writer.region_writer import conform_batch
-from memwal_sql.writer.wal import iter_wal
+from memwal_sql.writer.wal import iter_wal, wal_positions
 
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
@@ -121,6 +126,12 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
                 known[rid] = manifest
     for rid, manifest in zip(rids, manifests):
         if manifest is None:
+            # A claim commits the manifest before any WAL put: a WAL without one is damage.
+            if snapshotted is None and wal_positions(table.store, rid):
+                raise CorruptManifestError(
+                    f"region {rid} has WAL entries but no manifest: its manifests were lost. "
+                    "Restore them from a backup; a new writer of the region would start over"
+                )
             continue
         tail: tuple[pa.RecordBatch, ...] = ()
         if consistency == "strong" and rid not in memtables:

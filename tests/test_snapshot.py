@@ -2,7 +2,7 @@ import pyarrow as pa
 import pytest
 
 import memwal_sql as mw
-from memwal_sql.errors import MissingWalEntryError
+from memwal_sql.errors import CorruptManifestError, MissingWalEntryError
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.snapshot import _consistent_wal_tail
 from memwal_sql.storage import layout
@@ -63,3 +63,13 @@ def test_every_read_path_raises_the_typed_error_through_datafusion(tmp_path):
                  lambda: reader.lookup([2])):
         with pytest.raises(MissingWalEntryError):
             read()
+
+
+def test_a_region_whose_manifests_were_lost_is_an_error_not_an_empty_region(tmp_path):
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    w = tbl.writer()
+    w.upsert(rows([1, 2]))
+    w._release_at_exit()
+    tbl.store.delete_prefix(layout.manifest_dir(w.region_id) + "/")
+    with pytest.raises(CorruptManifestError, match="no manifest"):
+        mw.open_table(str(tmp_path)).to_arrow()
