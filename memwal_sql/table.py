@@ -16,6 +16,7 @@ import threading
 import uuid
 import weakref
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlparse
@@ -35,7 +36,6 @@ from memwal_sql.errors import (
     TableExistsError,
     TableNotFoundError,
     UnknownRegionError,
-    WriterError,
     WriterFencedError,
 )
 from memwal_sql.index.base_manifest import read_mem_wal_details
@@ -453,35 +453,36 @@ class MemWalTable:
         self._append_all(self._route(rows, routing), "deletes")
 
     def _append_all(self, prepared: list[tuple[RegionWriter, pa.RecordBatch]], kind: str) -> None:
-        done: list[str] = []
-        try:
-            pending = []
-            for w, rows in prepared:
+        pending, errors = [], []
+        for w, rows in prepared:
+            try:
                 pending.append((w, w._append(rows, kind)))
-                done.append(w.region_id)
-            if len(pending) == 1:
-                pending[0][0]._await(pending[0][1])
-                return
-            # Durable waits of different regions are independent puts: issue them concurrently.
+            except MemWalError as e:
+                errors.append(e)
+        # Every region that took its rows is waited for, so when one fails the others' rows
+        # are stored too; durable waits of different regions are independent puts, so they go
+        # side by side.
+        if len(pending) > 1:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="memwal-route")
-            futures = [(w, self._pool.submit(w._await, seq)) for w, seq in pending]
-            done, errors = [], []
-            for w, f in futures:
-                try:
-                    f.result()
-                    done.append(w.region_id)
-                except MemWalError as e:
-                    errors.append(e)
-            if errors:
-                raise errors[0]
-        except WriterError as e:
+            waits = [(w, self._pool.submit(w._await, seq).result) for w, seq in pending]
+        else:
+            waits = [(w, partial(w._await, seq)) for w, seq in pending]
+        done = []
+        for w, wait in waits:
+            try:
+                wait()
+                done.append(w.region_id)
+            except MemWalError as e:
+                errors.append(e)
+        if errors:
             # A fenced or failed writer is dropped, so the next write claims its region anew.
             with self._writers_lock:
                 self._writers = {k: w for k, w in self._writers.items() if w.is_open}
             if len(prepared) > 1:
-                e.add_note(f"regions {done} took their rows of this call; the others did not")
-            raise
+                errors[0].add_note(f"regions {done} stored their rows of this call; the others "
+                                   "did not")
+            raise errors[0]
 
     def flush(self) -> None:
         """Flush the MemTable of every writer this table opened (routed or not) to a

@@ -278,7 +278,7 @@ def test_a_routed_writer_fenced_by_another_is_dropped_and_the_next_write_reclaim
     other = mw.open_table(str(tmp_path)).writer(region_values=(buckets[0],))  # fences ours
     with pytest.raises(WriterFencedError) as e:
         tbl.upsert(rows(ids, "b"))
-    assert any("took their rows" in n for n in getattr(e.value, "__notes__", []))
+    assert any("stored their rows" in n for n in getattr(e.value, "__notes__", []))
     other.close()
     tbl.upsert(rows(ids, "c"))  # claims the fenced region again
     tbl.close()
