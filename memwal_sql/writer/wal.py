@@ -333,7 +333,8 @@ class WalWriter:
             n += 1
         group, self._pending = self._pending[:n], self._pending[n:]
         self._pending_bytes -= sum(g[3] for g in group)
-        self._oldest_pending = time.monotonic()
+        # What stays pending (the next generation's batches) keeps the clock of the oldest
+        # batch taken, which is no younger than it: it is written next, never past its interval.
         self._writing = True
         return group
 
