@@ -46,8 +46,9 @@ from memwal_sql.writer.wal import (
 )
 
 _FLUSH_ATTEMPTS = 3
-# Above this many buffer bytes per row, an appended batch may be a slice of a larger one.
-_COMPACT_ABOVE_BYTES_PER_ROW = 256
+# Batches holding more buffer bytes than this are checked for being a small slice of a larger
+# batch (the check, .nbytes, costs tens of microseconds: small batches are never checked).
+_COMPACT_ABOVE_BYTES = 1 << 20
 _OPEN_WRITERS: weakref.WeakSet[RegionWriter] = weakref.WeakSet()
 
 
@@ -414,7 +415,7 @@ class RegionWriter:
                 self._check_open()
             return 0
         nbytes = batch.get_total_buffer_size()  # .nbytes walks every buffer: too slow per put
-        if nbytes > _COMPACT_ABOVE_BYTES_PER_ROW * batch.num_rows and nbytes > 2 * batch.nbytes:
+        if nbytes > _COMPACT_ABOVE_BYTES and nbytes > 2 * batch.nbytes:
             # A small slice of a large batch would pin its parent's buffers in the MemTable
             # (and count them against the thresholds): keep a copy of just these rows.
             batch = pa.RecordBatch.from_arrays(

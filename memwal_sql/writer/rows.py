@@ -71,8 +71,7 @@ class RowCoercer:
         self.base_schema = base_schema
         self.primary_key = list(primary_key)
         self.schema = wal_schema(base_schema, primary_key)
-        self._false = pa.array(np.zeros(0, dtype=bool))  # grown on demand, then sliced
-        self._live_rows = self._false
+        self._live_rows = pa.array(np.zeros(0, dtype=bool))
         self._not_null = [f.name for f in base_schema if not f.nullable and f.name not in primary_key]
         # Input of exactly these fields needs no cast or reordering, only null checks.
         self._exact_input = pa.schema(list(self.schema)[:-1])
@@ -155,11 +154,10 @@ class RowCoercer:
         return rows
 
     def _live(self, n: int) -> pa.Array:
-        """``_tombstone = false`` for ``n`` rows: a zero-copy slice of a cached array."""
-        if len(self._live_rows) != n:  # streams repeat batch sizes: reuse the last slice
-            if len(self._false) < n:
-                self._false = pa.array(np.zeros(max(n, 2 * len(self._false)), dtype=bool))
-            self._live_rows = self._false.slice(0, n)
+        """``_tombstone = false`` for ``n`` rows, cached: streams repeat batch sizes. Exactly
+        ``n`` long, never a slice of a larger array, whose buffer every batch would pin."""
+        if len(self._live_rows) != n:
+            self._live_rows = pa.array(np.zeros(n, dtype=bool))
         return self._live_rows
 
     def keys(self, keys: Any) -> pa.Table:
@@ -200,6 +198,8 @@ class RowCoercer:
             column = pc.cast(column, column.type.value_type)
             if column.type == field.type:
                 return column
+        if column.null_count == len(column):  # no value to change (an empty pandas frame)
+            return pa.chunked_array([pa.nulls(len(column), field.type)])
         _check_kinds(column.type, field.type, field.name)
         try:
             out = pc.cast(column, field.type, safe=True)
@@ -269,19 +269,26 @@ def _children(src: pa.DataType, dst: pa.DataType) -> list[tuple[pa.DataType, pa.
 
 
 def _check_lossless(before: pa.ChunkedArray, after: pa.ChunkedArray, name: str) -> None:
-    """Refuse a cast that changed a value pyarrow's safe cast lets through."""
+    """Refuse a cast that changed a value pyarrow's safe cast lets through; nested values are
+    checked leaf by leaf, by the same rules."""
     src, dst = before.type, after.type
-    if _kind(dst) == "float" and _kind(src) in ("float", "decimal"):
-        if pc.sum(pc.is_inf(after)).as_py() != pc.sum(pc.is_inf(pc.cast(before, pa.float64()))
-                                                    ).as_py():
+    if src == dst or _kind(src) == "null":
+        return
+    if _kind(src) == _kind(dst) == "list":
+        _check_lossless(pc.list_flatten(before), pc.list_flatten(after), name)
+    elif _kind(src) == _kind(dst) == "struct":
+        for f in dst:
+            _check_lossless(pc.struct_field(before, f.name), pc.struct_field(after, f.name), name)
+    elif _kind(dst) == "float" and _kind(src) in ("float", "decimal"):
+        # Narrowing may round (float64 vectors into float32), never overflow.
+        grown = pc.sum(pc.is_inf(after)).as_py() or 0
+        if grown and grown != (pc.sum(pc.is_inf(pc.cast(before, pa.float64()))).as_py() or 0):
             raise SchemaMismatchError(
                 f"column {name!r}: a value is out of the range of the table's {dst}"
             )
-    elif _kind(src) in _EXACT or _kind(dst) in _EXACT or _children(src, dst):
+    elif _kind(src) in _EXACT or _kind(dst) in _EXACT:
         try:
-            back = pc.cast(after, src, safe=False)
-            same = back.equals(before) if _children(src, dst) else \
-                pc.all(pc.equal(back, before)).as_py() is not False
+            same = pc.all(pc.equal(pc.cast(after, src, safe=False), before)).as_py() is not False
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
             same = False
         if not same:

@@ -140,3 +140,25 @@ def test_casts_that_would_change_a_value_are_refused(table_type, value, match):
 def test_malformed_input_is_a_typed_error(rows, data, error):
     with pytest.raises(error):
         rows.upserts(data)
+
+
+@pytest.mark.parametrize("table_type, value", [
+    # what pandas and numpy hand in for vector and list columns
+    (pa.list_(pa.float32(), 3), pa.array([[0.1, 0.2, 0.3], None], pa.list_(pa.float64()))),
+    (pa.list_(pa.float64()), pa.array([[float("nan")], []], pa.list_(pa.float32()))),
+    (pa.list_(pa.string()), pa.array([[]], pa.list_(pa.null()))),
+    (pa.struct([("a", pa.float64()), ("b", pa.int64())]),
+     pa.array([{"a": float("nan"), "b": 1}], pa.struct([("a", pa.float32()), ("b", pa.int32())]))),
+    (pa.struct([("a", pa.string())]), pa.array([{"a": None}], pa.struct([("a", pa.null())]))),
+])
+def test_nested_casts_follow_the_same_rules_leaf_by_leaf(table_type, value):
+    out = one_column(table_type).upserts(pa.table({"id": list(range(len(value))), "c": value}))
+    assert out.schema.field("c").type == table_type
+
+
+def test_an_empty_or_all_null_column_of_another_type_is_taken(rows):
+    pd = pytest.importorskip("pandas")
+    empty = pd.DataFrame({"id": pd.Series([], dtype="int64"), "n": pd.Series([], dtype="int32"),
+                          "s": pd.Series([], dtype="float64")})
+    assert rows.upserts(empty).num_rows == 0
+    assert rows.upserts({"id": [1], "n": [2], "s": pa.array([None], pa.float64())}).num_rows == 1
