@@ -65,6 +65,11 @@ class StorageError(MemWalError):
     """The object store failed or holds something it should not."""
 
 
+class SyncFailedError(StorageError):
+    """An fsync failed: the file system may have dropped written data, so the put is not
+    retried (a retried fsync can succeed without the data being on disk)."""
+
+
 class ObjectNotFoundError(StorageError, FileNotFoundError):
     """An object the format requires is missing."""
 

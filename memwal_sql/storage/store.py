@@ -31,7 +31,13 @@ import obstore as obs
 from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
 from obstore.store import LocalStore, MemoryStore, S3Store
 
-from memwal_sql.errors import MemWalError, ObjectExistsError, ObjectNotFoundError, StorageError
+from memwal_sql.errors import (
+    MemWalError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    StorageError,
+    SyncFailedError,
+)
 from memwal_sql.storage.spare_files import SpareFiles, open_anonymous
 
 # Keys of a Lance storage_options dict that configure the HTTP client rather than the S3
@@ -124,20 +130,14 @@ class ObjectStore:
 
     def put_if_not_exists(self, path: str, data: bytes | memoryview) -> None:
         """Create ``path`` atomically; raise :class:`ObjectExistsError` if it exists."""
-        if self._local_root is not None and self.durable:
-            try:
+        with storage_failures(f"put of {path}"):
+            if self._local_root is not None and self.durable:
                 self._durable_local_create(path, data)
-            except ObjectExistsError:
-                raise
-            except OSError as e:
-                raise StorageError(f"put of {path} failed: {e}") from e
-            return
-        try:
-            obs.put(self._store, path, _as_bytes(data), mode="create")
-        except (AlreadyExistsError, PreconditionError, FileExistsError) as e:
-            raise ObjectExistsError(f"{path} already exists") from e
-        except OSError as e:
-            raise StorageError(f"put of {path} failed: {e}") from e
+                return
+            try:
+                obs.put(self._store, path, _as_bytes(data), mode="create")
+            except (AlreadyExistsError, PreconditionError, FileExistsError) as e:
+                raise ObjectExistsError(f"{path} already exists") from e
 
     def keep_spare_files(self, prefix: str) -> None:
         """Prepare files ahead of time for durable puts into the directory ``prefix``, so that
@@ -153,7 +153,8 @@ class ObjectStore:
         """
         if self._spares is not None:
             directory = f"{self.uri}/{prefix.strip('/')}"
-            self._make_dirs(directory)
+            with storage_failures(f"creating {prefix}"):
+                self._make_dirs(directory)
             self._spares.keep(directory)
 
     def release_spare_files(self, prefix: str) -> None:
@@ -245,7 +246,7 @@ class ObjectStore:
                 self._make_dirs(directory)
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 _write_all(fd, data)
-            os.fsync(fd)
+            _sync(fd, path)
         except BaseException:
             _unlink_if_exists(tmp)
             raise
@@ -259,7 +260,11 @@ class ObjectStore:
             if isinstance(e, FileExistsError):
                 raise ObjectExistsError(f"{path} already exists") from e
             raise
-        _fsync_dir(directory)  # the new name itself must survive a power loss
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            _sync(dfd, f"the directory of {path}")  # the new name must survive a power loss
+        finally:
+            os.close(dfd)
 
     def sync_tree(self, prefix: str) -> None:
         """Make everything under the directory ``prefix`` durable, as a put is: on local disk,
@@ -381,6 +386,16 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def _sync(fd: int, what: str) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        raise SyncFailedError(
+            f"fsync of {what} failed: {e}. The disk may have dropped written data; check it, "
+            "then open a new writer (it replays what the WAL holds)"
+        ) from e
 
 
 def _fsync_dir(path: str) -> None:

@@ -342,7 +342,7 @@ class RegionWriter:
         entries start right after it.
         """
         tail = manifest.replay_after_wal_entry_position
-        for entry in iter_wal(self._store, self.region_id, tail):
+        for entry in iter_wal(self._store, self.region_id, tail, list_for_gaps=True):
             self._replay_entry(entry)
             tail = entry.position
         if manifest.version == 1:

@@ -30,6 +30,7 @@ from memwal_sql.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
     StorageError,
+    SyncFailedError,
     WriterFencedError,
 )
 from memwal_sql.storage import ObjectStore, layout
@@ -179,18 +180,25 @@ def read_wal_entry(store: ObjectStore, region_id: str, position: int) -> WalEntr
     return decode_wal_entry(data, position)
 
 
-def iter_wal(store: ObjectStore, region_id: str, after: int) -> Iterator[WalEntry]:
+def iter_wal(store: ObjectStore, region_id: str, after: int, *,
+             list_for_gaps: bool = False) -> Iterator[WalEntry]:
     """Entries at ``after + 1, after + 2, ...`` until the first missing position (WAL replay).
 
     Writers append at consecutive positions, so an entry after the first missing position means
     the WAL lost one: :class:`MissingWalEntryError`, rather than a replay that silently stops
-    short (and a next writer whose sentinel fills the hole and fences itself).
+    short (and a next writer whose sentinel fills the hole and fences itself). Readers check
+    the next position only (one request); a claiming writer passes ``list_for_gaps`` to list the
+    whole WAL, which GC keeps small except for fence sentinels.
     """
     position = after + 1
     while (entry := read_wal_entry(store, region_id, position)) is not None:
         yield entry
         position += 1
-    later = [p for p in wal_positions(store, region_id) if p > position]
+    if list_for_gaps:
+        later = [p for p in wal_positions(store, region_id) if p > position]
+    else:
+        later = [position + 1] if store.exists(layout.wal_entry_path(region_id, position + 1)) \
+            else []
     if later and not store.exists(layout.wal_entry_path(region_id, position)):
         raise MissingWalEntryError(
             f"region {region_id} has no WAL entry at position {position} but has entries up to "
@@ -373,6 +381,8 @@ class WalWriter:
                 if attempt and self._holds(position, data):
                     return
                 raise self._fenced_at(position) from None
+            except SyncFailedError:
+                raise
             except StorageError:
                 if attempt == _PUT_ATTEMPTS - 1:
                     raise

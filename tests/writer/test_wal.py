@@ -97,11 +97,16 @@ def test_a_lost_entry_before_the_tail_is_an_error_not_a_short_replay(tmp_path):
     store = ObjectStore(str(tmp_path))
     for pos in (1, 2, 3, 5):
         store.put(layout.wal_entry_path("r", pos), encode_fence_sentinel(pos))
-    seen = []
-    with pytest.raises(MissingWalEntryError, match="position 4 but has entries up to 5"):
-        seen.extend(e.position for e in iter_wal(store, "r", 0))
-    assert seen == [1, 2, 3]
-    assert [e.position for e in iter_wal(store, "r", 4)] == [5]  # entries below are not looked at
+    store.put(layout.wal_entry_path("r", 8), encode_fence_sentinel(8))
+    for list_for_gaps in (False, True):
+        seen = []
+        with pytest.raises(MissingWalEntryError, match="position 4 but has entries up to"):
+            seen.extend(e.position for e in iter_wal(store, "r", 0, list_for_gaps=list_for_gaps))
+        assert seen == [1, 2, 3]
+    # A reader checks the next position only; a claiming writer lists the whole WAL.
+    assert [e.position for e in iter_wal(store, "r", 4)] == [5]
+    with pytest.raises(MissingWalEntryError, match="position 6 but has entries up to 8"):
+        list(iter_wal(store, "r", 4, list_for_gaps=True))
     assert [e.position for e in iter_wal(store, "r", 4)] == [5]
 
 
@@ -125,3 +130,31 @@ def test_a_retried_put_that_finds_its_own_entry_succeeds(tmp_path):
     w.upsert({"id": [2], "v": ["b"]})
     w.close()
     assert sorted(tbl.to_arrow().column("id").to_pylist()) == [1, 2]
+
+
+def test_a_failed_fsync_fails_the_write_and_is_not_retried(tmp_path, monkeypatch):
+    # After an fsync error the kernel may have dropped the data and a second fsync can still
+    # succeed, so a retry that finds the entry's bytes must not acknowledge it (fsyncgate).
+    import errno
+    import os
+
+    from memwal_sql.errors import SyncFailedError
+    from memwal_sql.storage import store as store_module
+
+    tbl = mw.create_table(str(tmp_path), BASE, primary_key="id")
+    w = tbl.writer()
+    real, calls = os.fsync, []
+
+    def directory_fails(fd):
+        calls.append(fd)
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd)
+
+    monkeypatch.setattr(store_module.os, "fsync", directory_fails)
+    with pytest.raises(SyncFailedError, match="directory"):
+        w.upsert({"id": [1], "v": ["a"]})
+    assert len(calls) == 2  # the file's fsync and the directory's, never a retry
+    monkeypatch.undo()
+    with pytest.raises(SyncFailedError):
+        w.upsert({"id": [2], "v": ["b"]})  # the writer stays failed
