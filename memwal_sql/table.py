@@ -50,7 +50,7 @@ from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import ObjectStore, layout, storage_failures
 from memwal_sql.writer.bloom import is_supported_pk_type
 from memwal_sql.writer.region_writer import RegionWriter, TableLayout, WriterConfig
-from memwal_sql.writer.rows import RowCoercer, region_columns_beyond_key, to_arrow_table
+from memwal_sql.writer.rows import RowCoercer, to_arrow_table
 from memwal_sql.writer.wal import TOMBSTONE
 
 PK_METADATA = b"lance-schema:unenforced-primary-key"
@@ -443,13 +443,7 @@ class MemWalTable:
         ``keys`` is an array of keys (single-column key) or a table of key columns; when the
         region spec reads a non-key column, the table must hold that column too.
         """
-        table = self._rows.key_table(keys)
-        rows = self._rows.deletes(table)
-        routing = rows
-        extra = region_columns_beyond_key(self.region_spec, self.primary_key) \
-            if self.region_spec is not None else []
-        if extra:
-            routing = self._rows.with_columns(rows, table, extra, "routing deletes")
+        rows, routing = self._rows.deletes_for_regions(keys, self.region_spec)
         self._append_all(self._route(rows, routing), "deletes")
 
     def _append_all(self, prepared: list[tuple[RegionWriter, pa.RecordBatch]], kind: str) -> None:
@@ -476,19 +470,33 @@ class MemWalTable:
             except MemWalError as e:
                 errors.append(e)
         if errors:
-            # A fenced or failed writer is dropped, so the next write claims its region anew.
+            # A fenced or failed writer is released (its acknowledged writes are in the WAL) and
+            # dropped, so the next write claims its region anew.
             with self._writers_lock:
+                dead = [w for w in self._writers.values() if not w.is_open]
                 self._writers = {k: w for k, w in self._writers.items() if w.is_open}
-            if len(prepared) > 1:
-                errors[0].add_note(f"regions {done} stored their rows of this call; the others "
-                                   "did not")
-            raise errors[0]
+            for w in dead:
+                w._release_at_exit()
+            if len(prepared) == 1:
+                raise errors[0]
+            # A new error, so the writer's own (raised again by its later calls) stays as it is.
+            e = errors[0]
+            raise type(e)(f"{e} (regions {done} stored their rows of this call; the others did "
+                          "not)") from e
 
     def flush(self) -> None:
         """Flush the MemTable of every writer this table opened (routed or not) to a
-        generation, and wait."""
-        for w in self.live_writers().values():
-            w.flush()
+        generation, and wait; raises the error of a writer that failed or was fenced."""
+        errors = []
+        for w in list(self._live.values()):
+            if w.closed:
+                continue
+            try:
+                w.flush()
+            except MemWalError as e:
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
     def close(self) -> None:
         """Flush and close every writer this table opened. A writer fenced by another one is

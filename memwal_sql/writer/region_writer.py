@@ -11,6 +11,7 @@ generations by a background thread, each flush ending in an epoch-checked manife
 from __future__ import annotations
 
 import atexit
+import numbers
 import threading
 import time
 import weakref
@@ -37,7 +38,7 @@ from memwal_sql.manifest import RegionManifestStore, claim_region, commit_change
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.writer.generation import write_generation
 from memwal_sql.writer.memtable import MemTable, latest_per_key
-from memwal_sql.writer.rows import RowCoercer, region_columns_beyond_key
+from memwal_sql.writer.rows import RowCoercer
 from memwal_sql.writer.wal import (
     WalWriter,
     decode_wal_entry,
@@ -87,8 +88,10 @@ class WriterConfig:
             if f.name == "durable":
                 continue
             v = getattr(self, f.name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise InvalidInputError(f"{f.name} must be a positive number, not {v!r}")
+            # A zero flush interval means "put at once"; the thresholds need at least one.
+            least = 0 if f.name == "max_wal_flush_interval" else 1
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v >= least:
+                raise InvalidInputError(f"{f.name} must be a number >= {least}, not {v!r}")
 
     def with_overrides(self, **overrides: Any) -> WriterConfig:
         unknown = sorted(set(overrides) - {f.name for f in fields(self)})
@@ -225,15 +228,9 @@ class RegionWriter:
     def _prepare_deletes(self, keys: Any) -> pa.RecordBatch:
         """Tombstones for ``keys``, checked to belong to this region: a tombstone in another
         region would hide the key from scans but not from lookups pruned to its region."""
-        table = self._rows.key_table(keys)
-        rows = self._rows.deletes(table)
-        spec = self._table.region_spec
-        if spec is not None and self._region_values is not None:
-            extra = region_columns_beyond_key(spec, self._rows.primary_key)
-            self._check_region(
-                self._rows.with_columns(rows, table, extra, "deleting from a region writer")
-                if extra else rows
-            )
+        rows, routing = self._rows.deletes_for_regions(
+            keys, self._table.region_spec if self._region_values is not None else None)
+        self._check_region(routing)
         return rows
 
     def _await(self, seq: int) -> None:
@@ -310,6 +307,11 @@ class RegionWriter:
             )
             out["generations"] = list(self._stats.generations)
         return out
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran (or the process released the writer at exit)."""
+        return self._closed
 
     @property
     def is_open(self) -> bool:

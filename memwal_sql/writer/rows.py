@@ -137,21 +137,32 @@ class RowCoercer:
             return pa.table({self.primary_key[0]: keys})
         return to_arrow_table(keys)
 
-    def with_columns(self, rows: pa.RecordBatch, table: pa.Table, columns: Sequence[str],
-                     why: str) -> pa.RecordBatch:
-        """``rows`` with its ``columns`` taken from ``table`` (row-aligned), cast to the table's
-        types: tombstones carry only keys, so checking or routing them by a region-spec column
-        that is not a key needs that column from the caller (``why`` says what for)."""
-        missing = [c for c in columns if c not in table.column_names]
+    def deletes_for_regions(self, keys: Any, spec: RegionSpec | None
+                            ) -> tuple[pa.RecordBatch, pa.RecordBatch]:
+        """Tombstones for ``keys``, and the batch to compute their region values on.
+
+        Tombstones carry only keys: when ``spec`` reads other columns, the second batch is the
+        tombstones with those columns taken from ``keys`` (which must hold them), cast to the
+        table's types. It is for routing and region checks only; the WAL stores the first.
+        """
+        table = self.key_table(keys)
+        rows = self.deletes(table)
+        extra = [] if spec is None else [
+            c for c in dict.fromkeys(c for f in spec.fields for c in f.source_columns)
+            if c not in self.primary_key
+        ]
+        missing = [c for c in extra if c not in table.column_names]
         if missing:
             raise InvalidInputError(
-                f"{why} needs the region-spec column(s) {missing}: include them with the keys"
+                f"the region spec reads column(s) {missing}: include them with the keys, so the "
+                "deletes reach their regions"
             )
-        for c in columns:
-            i = rows.schema.get_field_index(c)
+        routing = rows
+        for c in extra:
+            i = routing.schema.get_field_index(c)
             col = self._cast(table.column(c), self.base_schema.field(c)).combine_chunks()
-            rows = rows.set_column(i, rows.schema.field(i), col)
-        return rows
+            routing = routing.set_column(i, routing.schema.field(i), col)
+        return rows, routing
 
     def _live(self, n: int) -> pa.Array:
         """``_tombstone = false`` for ``n`` rows, cached: streams repeat batch sizes. Exactly
@@ -296,12 +307,6 @@ def _check_lossless(before: pa.ChunkedArray, after: pa.ChunkedArray, name: str) 
                 f"column {name!r}: casting {src} to the table's {dst} would change values "
                 "(rounded, truncated or dropped); convert them explicitly"
             )
-
-
-def region_columns_beyond_key(spec: RegionSpec, primary_key: Sequence[str]) -> list[str]:
-    """The columns ``spec`` reads that are not key columns (tombstones do not carry them)."""
-    return [c for c in dict.fromkeys(c for f in spec.fields for c in f.source_columns)
-            if c not in primary_key]
 
 
 def _one_batch(table: pa.Table) -> pa.RecordBatch:
