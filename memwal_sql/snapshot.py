@@ -130,7 +130,8 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
             if snapshotted is None and wal_positions(table.store, rid):
                 raise CorruptManifestError(
                     f"region {rid} has WAL entries but no manifest: its manifests were lost. "
-                    "Restore them from a backup; a new writer of the region would start over"
+                    "Restore them from a backup; a writer opened on the region replays only what "
+                    "is still in its WAL"
                 )
             continue
         tail: tuple[pa.RecordBatch, ...] = ()
