@@ -1,6 +1,6 @@
 """A writer process for the crash tests: writes batches and prints each acknowledged one.
 
-Usage: python -m tests.writer.crash_child URI MODE
+Usage: python -m tests.writer.crash_child URI MODE [STORAGE_OPTIONS_JSON]
 MODE "puts": durable upserts/deletes forever. MODE "flush": like "puts", but every MemTable flush
 prints FLUSHING and then stalls inside the generation write, so the parent can kill it there.
 MODE "flushes": like "puts" with small MemTables, flushed one after another while the writes go
@@ -10,6 +10,7 @@ the ``_pk_index``) and carries on, so generations keep being committed until the
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -30,6 +31,7 @@ def emit(line: str) -> None:
 
 def main() -> None:
     uri, mode = sys.argv[1], sys.argv[2]
+    options = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
     if mode == "flush":
         from memwal_sql.writer import generation
 
@@ -51,7 +53,7 @@ def main() -> None:
             real(uri_, keys, opts)
 
         generation.write_pk_index = reporting
-    tbl = mw.open_table(uri)
+    tbl = mw.open_table(uri, options)
     w = tbl.writer(max_memtable_rows={"flush": 400, "flushes": 120}.get(mode, 1_000_000))
     emit("READY")
     i = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -26,11 +27,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def run_and_kill(uri: str, mode: str, until: str, timeout: float = 60, *, times: int = 1,
-                 then: float = 0.0) -> int:
+                 then: float = 0.0, options: dict | None = None) -> int:
     """Start the child, SIGKILL it ``then`` seconds after the ``times``-th stdout line starting
     with ``until``; return acks seen."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.writer.crash_child", uri, mode],
+        [sys.executable, "-m", "tests.writer.crash_child", uri, mode, json.dumps(options)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     acked = seen = 0
@@ -54,13 +55,14 @@ def assert_whole_generation(tbl: mw.MemWalTable, rid: str, g: FlushedGeneration)
     there and covering every row."""
     path = f"{layout.region_dir(rid)}/{g.path}"
     uri = tbl.store.uri_for(path)
-    assert lance.dataset(uri).to_table().num_rows == g.physical_rows
-    assert read_pk_index(uri).num_rows == g.physical_rows
+    options = tbl.storage_options or None
+    assert lance.dataset(uri, storage_options=options).to_table().num_rows == g.physical_rows
+    assert read_pk_index(uri, options).num_rows == g.physical_rows
     assert tbl.store.exists(f"{path}/{BLOOM_FILTER}")
 
 
-def recover_and_check(uri: str, acked: int) -> None:
-    tbl = mw.open_table(uri)
+def recover_and_check(uri: str, acked: int, options: dict | None = None) -> None:
+    tbl = mw.open_table(uri, options)
     (rid,) = tbl.regions()
     for m_version in RegionManifestStore(tbl.store, rid).list_versions():
         m = RegionManifestStore(tbl.store, rid).read(m_version)
@@ -69,7 +71,7 @@ def recover_and_check(uri: str, acked: int) -> None:
     with tbl.writer():  # claim, replay the WAL, flush everything to a generation
         pass
     got = dict(
-        (r["id"], r["v"]) for r in lance_latest_rows(uri, ["id"]).to_pylist()
+        (r["id"], r["v"]) for r in lance_latest_rows(uri, ["id"], options).to_pylist()
     )
     # The child goes on writing until the signal lands, so batches after the last ACK the
     # parent read may have landed too; the state must be a whole prefix that holds every
@@ -81,14 +83,15 @@ def recover_and_check(uri: str, acked: int) -> None:
     assert state == got, (acked, len(got))
 
 
-def test_sigkill_during_durable_puts_loses_no_acknowledged_write(tmp_path):
+def test_sigkill_during_durable_puts_loses_no_acknowledged_write(table_root):
+    root, options = table_root
     rng = random.Random(7)
     for round_ in range(3):
-        uri = str(tmp_path / f"t{round_}")
-        mw.create_table(uri, SCHEMA, primary_key="id")
-        acked = run_and_kill(uri, "puts", until=f"ACK {rng.randint(5, 60)}")
+        uri = f"{root}{round_}"
+        mw.create_table(uri, SCHEMA, primary_key="id", storage_options=options)
+        acked = run_and_kill(uri, "puts", until=f"ACK {rng.randint(5, 60)}", options=options)
         assert acked > 0
-        recover_and_check(uri, acked)
+        recover_and_check(uri, acked, options)
 
 
 def test_sigkill_during_memtable_flush_leaves_no_partial_generation(tmp_path):
@@ -104,17 +107,19 @@ def test_sigkill_during_memtable_flush_leaves_no_partial_generation(tmp_path):
     recover_and_check(uri, acked)
 
 
-def test_sigkill_while_generations_are_committed_references_only_whole_ones(tmp_path):
+def test_sigkill_while_generations_are_committed_references_only_whole_ones(table_root):
     # Flushes running back to back, none stalled: the kill lands at a random moment after the
     # n-th flush got halfway (so n-1 generations are committed), inside a generation write,
     # its manifest commit or a later flush.
+    root, options = table_root
     rng = random.Random(11)
     for round_ in range(3):
-        uri = str(tmp_path / f"t{round_}")
-        mw.create_table(uri, SCHEMA, primary_key="id")
+        uri = f"{root}{round_}"
+        mw.create_table(uri, SCHEMA, primary_key="id", storage_options=options)
         n = rng.randint(3, 8)
-        acked = run_and_kill(uri, "flushes", until="FLUSHING", times=n, then=rng.uniform(0, 0.05))
-        tbl = mw.open_table(uri)
+        acked = run_and_kill(uri, "flushes", until="FLUSHING", times=n, then=rng.uniform(0, 0.05),
+                             options=options)
+        tbl = mw.open_table(uri, options)
         (rid,) = tbl.regions()
         gens = RegionManifestStore(tbl.store, rid).latest().flushed_generations
         assert len(gens) >= n - 1
@@ -123,4 +128,4 @@ def test_sigkill_while_generations_are_committed_references_only_whole_ones(tmp_
             assert_whole_generation(tbl, rid, g)
         dirs = [d for d in tbl.store.list_dirs(layout.region_dir(rid)) if "_gen_" in d]
         assert len(set(dirs) - {g.path for g in gens}) <= 1  # only the flush the kill cut short
-        recover_and_check(uri, acked)
+        recover_and_check(uri, acked, options)

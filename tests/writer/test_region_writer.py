@@ -30,6 +30,11 @@ def table(table_root):
     return mw.create_table(uri, SCHEMA, primary_key="id", storage_options=opts)
 
 
+def table_root_key(table_root, key):
+    """lance_latest_rows arguments for the table at ``table_root``."""
+    return table_root[0], key, table_root[1]
+
+
 def manifest(tbl, rid):
     return RegionManifestStore(tbl.store, rid).latest()
 
@@ -89,10 +94,11 @@ def test_memtable_thresholds_flush_in_the_background(table):
     assert entry_gens == sorted(entry_gens)
 
 
-def test_memtable_is_frozen_at_the_byte_threshold(tmp_path):
+def test_memtable_is_frozen_at_the_byte_threshold(table_root):
     # Far below max_memtable_rows: only max_memtable_bytes can freeze these MemTables. Each
     # batch is ~490 bytes in memory, so the third one of a MemTable crosses 1200.
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
+                          storage_options=table_root[1])
     with tbl.writer(max_memtable_bytes=1200) as w:
         for i in range(6):
             w.upsert(rows(list(range(100 + 20 * i, 120 + 20 * i))))
@@ -102,8 +108,9 @@ def test_memtable_is_frozen_at_the_byte_threshold(tmp_path):
     assert [(g.generation, g.physical_rows) for g in m.flushed_generations] == [(1, 60), (2, 60)]
 
 
-def test_durable_puts_group_commit(tmp_path):
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+def test_durable_puts_group_commit(table_root):
+    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
+                          storage_options=table_root[1])
     with tbl.writer() as w:
         barrier = threading.Barrier(8)
 
@@ -120,13 +127,14 @@ def test_durable_puts_group_commit(tmp_path):
         s = w.stats()
     assert s["rows_written"] == 200
     assert s["wal_entries_written"] < 200  # concurrent durable puts shared WAL entries
-    assert lance_latest_rows(str(tmp_path), ["id"]).num_rows == 200
+    assert lance_latest_rows(*table_root_key(table_root, ["id"])).num_rows == 200
 
 
-def test_a_durable_put_does_not_wait_for_the_flush_interval(tmp_path):
+def test_a_durable_put_does_not_wait_for_the_flush_interval(table_root):
     # The flush interval is for buffered (non-durable) writes: a durable caller leads the WAL
     # put itself, so a lone durable write costs one put, never a timer tick.
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
+                          storage_options=table_root[1])
     with tbl.writer(max_wal_flush_interval=5.0) as w:
         for i in range(3):
             t0 = time.perf_counter()
@@ -135,21 +143,23 @@ def test_a_durable_put_does_not_wait_for_the_flush_interval(tmp_path):
             assert w.stats()["wal_entries_written"] == i + 1  # stored before the call returned
 
 
-def test_non_durable_puts_are_buffered_into_few_entries(tmp_path):
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+def test_non_durable_puts_are_buffered_into_few_entries(table_root):
+    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
+                          storage_options=table_root[1])
     with tbl.writer(durable=False, max_wal_flush_interval=10.0) as w:
         for i in range(100):
             w.upsert(rows([i]))
         assert w.stats()["wal_entries_written"] == 0  # nothing forced a put yet
     assert w.stats()["wal_entries_written"] == 1
-    assert lance_latest_rows(str(tmp_path), ["id"]).num_rows == 100
+    assert lance_latest_rows(*table_root_key(table_root, ["id"])).num_rows == 100
 
 
 @pytest.mark.parametrize("limit", [{"max_wal_buffer_bytes": 1000}, {"max_wal_buffer_batches": 3}])
-def test_a_full_non_durable_buffer_is_put_without_waiting_for_the_interval(tmp_path, limit):
+def test_a_full_non_durable_buffer_is_put_without_waiting_for_the_interval(table_root, limit):
     # Two small batches stay buffered; the third fills the buffer (by bytes, or by count), and
     # the background thread puts all three as one entry at once, not when the 60 s are up.
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
+                          storage_options=table_root[1])
     with tbl.writer(durable=False, max_wal_flush_interval=60.0, **limit) as w:
         w.upsert(rows([1]))
         w.upsert(rows([2]))
@@ -160,8 +170,9 @@ def test_a_full_non_durable_buffer_is_put_without_waiting_for_the_interval(tmp_p
         assert read_wal_entry(tbl.store, w.region_id, 1).num_rows == 52
 
 
-def test_non_durable_puts_reach_the_wal_within_the_interval(tmp_path):
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+def test_non_durable_puts_reach_the_wal_within_the_interval(table_root):
+    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
+                          storage_options=table_root[1])
     w = tbl.writer(durable=False, max_wal_flush_interval=0.05)
     w.upsert(rows([1]))
     import time
@@ -181,9 +192,9 @@ def test_closed_writer_refuses_writes(table):
         w.upsert(rows([1]))
 
 
-def test_rows_of_another_region_are_refused_and_nothing_is_written(tmp_path):
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id",
-                          region_spec=mw.RegionSpec.bucket("id", 4))
+def test_rows_of_another_region_are_refused_and_nothing_is_written(table_root):
+    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
+                          storage_options=table_root[1], region_spec=mw.RegionSpec.bucket("id", 4))
     spec = tbl.region_spec
     buckets = spec.region_values(rows(list(range(20)))).column(0).to_pylist()
     mine = [i for i, b in enumerate(buckets) if b == 0]
@@ -193,7 +204,7 @@ def test_rows_of_another_region_are_refused_and_nothing_is_written(tmp_path):
         with pytest.raises(WrongRegionError):
             w.upsert(rows(mine[:1] + other[:1]))
         assert w.stats()["rows_written"] == len(mine)
-    assert lance_latest_rows(str(tmp_path), ["id"]).column("id").to_pylist() == sorted(mine)
+    assert lance_latest_rows(*table_root_key(table_root, ["id"])).column("id").to_pylist() == sorted(mine)
     m = manifest(tbl, w.region_id)
     assert m.region_spec_id == spec.spec_id
     assert [(e.field_id, e.value) for e in m.region_field_entries] == spec.field_entries((0,))
@@ -203,7 +214,7 @@ def test_rows_of_another_region_are_refused_and_nothing_is_written(tmp_path):
             again.upsert(rows(other[:1]))
 
 
-def test_backpressure_blocks_until_flushes_catch_up(tmp_path, monkeypatch):
+def test_backpressure_blocks_until_flushes_catch_up(table_root, monkeypatch):
     # Slowed flushes fall behind the writer. With max_unflushed_bytes=1, a write must wait until
     # no frozen MemTable is left, so each write leaves at most the one MemTable it froze itself.
     from memwal_sql.writer import generation
@@ -215,7 +226,8 @@ def test_backpressure_blocks_until_flushes_catch_up(tmp_path, monkeypatch):
         real(uri, keys, opts)
 
     monkeypatch.setattr(generation, "write_pk_index", slow)
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
+                          storage_options=table_root[1])
     model = Model(["id"])
     most_frozen = 0
     with tbl.writer(durable=False, max_memtable_rows=10, max_unflushed_bytes=1) as w:
@@ -227,11 +239,12 @@ def test_backpressure_blocks_until_flushes_catch_up(tmp_path, monkeypatch):
         s = w.stats()
     assert s["backpressure_waits"] > 0 and s["backpressure_seconds"] > 0
     assert most_frozen == 1
-    assert lance_latest_rows(str(tmp_path), ["id"]) == model.table(SCHEMA)
+    assert lance_latest_rows(*table_root_key(table_root, ["id"])) == model.table(SCHEMA)
 
 
-def test_failed_flush_retries_into_a_new_directory(tmp_path, failing_first_flush):
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+def test_failed_flush_retries_into_a_new_directory(table_root, failing_first_flush):
+    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
+                          storage_options=table_root[1])
     calls = failing_first_flush
     with tbl.writer() as w:
         w.upsert(rows([1, 2]))
@@ -240,7 +253,7 @@ def test_failed_flush_retries_into_a_new_directory(tmp_path, failing_first_flush
     assert calls[1].endswith(m.flushed_generations[0].path)
     dirs = [d for d in tbl.store.list_dirs(layout.region_dir(w.region_id)) if "_gen_" in d]
     assert len(dirs) == 2  # the orphan of the failed attempt is left for GC, unreferenced
-    assert lance_latest_rows(str(tmp_path), ["id"]).num_rows == 2
+    assert lance_latest_rows(*table_root_key(table_root, ["id"])).num_rows == 2
 
 
 def test_a_writer_left_open_at_exit_stores_its_writes_and_exits_cleanly(tmp_path):
@@ -281,10 +294,11 @@ def test_opening_a_writer_removes_temp_files_a_crash_left(tmp_path):
     assert lance_latest_rows(tbl.uri, ["id"]).column("id").to_pylist() == [1, 2]
 
 
-def test_a_failed_flush_is_a_typed_error_and_the_next_writer_recovers(tmp_path, monkeypatch):
+def test_a_failed_flush_is_a_typed_error_and_the_next_writer_recovers(table_root, monkeypatch):
     from memwal_sql.writer import region_writer
 
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
+                          storage_options=table_root[1])
     w = tbl.writer()
     w.upsert(rows([1, 2]))
     monkeypatch.setattr(region_writer, "write_generation",
@@ -296,7 +310,7 @@ def test_a_failed_flush_is_a_typed_error_and_the_next_writer_recovers(tmp_path, 
         w.upsert(rows([3]))
     monkeypatch.undo()
     tbl.writer(region_id=w.region_id).close()
-    assert lance_latest_rows(str(tmp_path), ["id"]).column("id").to_pylist() == [1, 2]
+    assert lance_latest_rows(*table_root_key(table_root, ["id"])).column("id").to_pylist() == [1, 2]
 
 
 def test_slices_of_a_large_batch_count_and_keep_only_their_own_rows(tmp_path):
