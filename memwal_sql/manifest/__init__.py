@@ -31,6 +31,7 @@ from memwal_sql.errors import (
     ObjectNotFoundError,
     RegionSealedError,
     StorageError,
+    SyncFailedError,
     WriterFencedError,
 )
 from memwal_sql.storage import ObjectStore, layout
@@ -226,6 +227,8 @@ def commit_change(
             return m
         except CommitConflictError:
             continue
+        except SyncFailedError:
+            raise  # a retry would find the manifest it could not make durable, and take it
         except StorageError:
             transient += 1
             if transient >= _COMMIT_ATTEMPTS:

@@ -260,11 +260,7 @@ class ObjectStore:
             if isinstance(e, FileExistsError):
                 raise ObjectExistsError(f"{path} already exists") from e
             raise
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            _sync(dfd, f"the directory of {path}")  # the new name must survive a power loss
-        finally:
-            os.close(dfd)
+        _fsync_path(directory)  # the new name must survive a power loss
 
     def sync_tree(self, prefix: str) -> None:
         """Make everything under the directory ``prefix`` durable, as a put is: on local disk,
@@ -279,8 +275,8 @@ class ObjectStore:
         try:
             for directory, _, files in os.walk(top, topdown=False, onerror=_raise):
                 for name in files:
-                    _fsync_file(os.path.join(directory, name))
-                _fsync_dir(directory)
+                    _fsync_path(os.path.join(directory, name))
+                _fsync_path(directory)
             self._sync_parents(top)
         except OSError as e:
             raise StorageError(f"syncing {prefix} failed: {e}") from e
@@ -289,7 +285,7 @@ class ObjectStore:
         """fsync the directories holding ``path``'s name and its parents' names, up to the root."""
         while path != self._local_root and self._local_root in path.parents:
             path = path.parent
-            _fsync_dir(str(path))
+            _fsync_path(str(path))
 
     def _make_dirs(self, directory: str) -> None:
         """Create ``directory`` and its missing parents, each new name made durable."""
@@ -398,18 +394,11 @@ def _sync(fd: int, what: str) -> None:
         ) from e
 
 
-def _fsync_dir(path: str) -> None:
-    dfd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
-def _fsync_file(path: str) -> None:
+def _fsync_path(path: str) -> None:
+    """fsync the file or directory ``path``; :class:`SyncFailedError` if that fails."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        _sync(fd, path)
     finally:
         os.close(fd)
 

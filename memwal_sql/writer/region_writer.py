@@ -11,6 +11,7 @@ generations by a background thread, each flush ending in an epoch-checked manife
 from __future__ import annotations
 
 import atexit
+import math
 import numbers
 import threading
 import time
@@ -47,9 +48,6 @@ from memwal_sql.writer.wal import (
 )
 
 _FLUSH_ATTEMPTS = 3
-# Batches holding more buffer bytes than this are checked for being a small slice of a larger
-# batch (the check, .nbytes, costs tens of microseconds: small batches are never checked).
-_COMPACT_ABOVE_BYTES = 1 << 20
 _OPEN_WRITERS: weakref.WeakSet[RegionWriter] = weakref.WeakSet()
 
 
@@ -90,8 +88,9 @@ class WriterConfig:
             v = getattr(self, f.name)
             # A zero flush interval means "put at once"; the thresholds need at least one.
             least = 0 if f.name == "max_wal_flush_interval" else 1
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v >= least:
-                raise InvalidInputError(f"{f.name} must be a number >= {least}, not {v!r}")
+            if (isinstance(v, bool) or not isinstance(v, numbers.Real) or not v >= least
+                    or not math.isfinite(v)):
+                raise InvalidInputError(f"{f.name} must be a finite number >= {least}, not {v!r}")
 
     def with_overrides(self, **overrides: Any) -> WriterConfig:
         unknown = sorted(set(overrides) - {f.name for f in fields(self)})
@@ -417,7 +416,7 @@ class RegionWriter:
                 self._check_open()
             return 0
         nbytes = batch.get_total_buffer_size()  # .nbytes walks every buffer: too slow per put
-        if nbytes > _COMPACT_ABOVE_BYTES and nbytes > 2 * batch.nbytes:
+        if _may_be_a_slice(batch) and nbytes > 2 * batch.nbytes:
             # A small slice of a large batch would pin its parent's buffers in the MemTable
             # (and count them against the thresholds): keep a copy of just these rows.
             batch = pa.RecordBatch.from_arrays(
@@ -439,7 +438,8 @@ class RegionWriter:
 
     def _backpressure_locked(self) -> None:
         t0 = None
-        while self._frozen_bytes > self.config.max_unflushed_bytes and self._error is None:
+        while (self._frozen_bytes > self.config.max_unflushed_bytes and self._error is None
+               and not self._closed):
             if t0 is None:
                 t0 = time.perf_counter()
                 self._stats.backpressure_waits += 1
@@ -483,10 +483,11 @@ class RegionWriter:
                 self._frozen
                 and self._frozen[0].generation <= generation
                 and self._error is None
+                and not self._closed  # released by another thread: its flush thread stopped
             ):
                 self._lock.wait()
-            if self._error is not None:
-                raise self._error
+            if self._frozen and self._frozen[0].generation <= generation:
+                self._check_open()  # failed, fenced or released before the flush
 
     def _flush_loop(self) -> None:
         while True:
@@ -561,6 +562,20 @@ class RegionWriter:
     def _commit(self, change: Callable[[RegionManifest], bool]) -> None:
         """Commit ``change`` as the next manifest version, while still the region's owner."""
         commit_change(self._manifests, change, max_epoch=self.epoch)
+
+
+def _may_be_a_slice(batch: pa.RecordBatch) -> bool:
+    """Whether ``batch`` may share larger buffers with the batch it was sliced from. A cheap
+    look at the first column (an offset, or a values/offsets buffer with room for far more
+    rows); the exact check, ``.nbytes``, costs tens of microseconds per batch."""
+    if not batch.num_rows:
+        return False
+    col = batch.column(0)
+    if col.offset:
+        return True
+    buffers = col.buffers()
+    room = buffers[1].size if len(buffers) > 1 and buffers[1] is not None else 0
+    return room > 2 * (len(col) + 1) * 8 + 64  # 8 bytes per row bounds values and offsets
 
 
 def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

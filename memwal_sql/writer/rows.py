@@ -167,9 +167,10 @@ class RowCoercer:
     def _live(self, n: int) -> pa.Array:
         """``_tombstone = false`` for ``n`` rows, cached: streams repeat batch sizes. Exactly
         ``n`` long, never a slice of a larger array, whose buffer every batch would pin."""
-        if len(self._live_rows) != n:
-            self._live_rows = pa.array(np.zeros(n, dtype=bool))
-        return self._live_rows
+        live = self._live_rows
+        if len(live) != n:
+            live = self._live_rows = pa.array(np.zeros(n, dtype=bool))
+        return live
 
     def keys(self, keys: Any) -> pa.Table:
         """Key columns only, cast to the key types (an array/list for a one-column key).
@@ -233,7 +234,7 @@ _KINDS = (
     (pa.types.is_timestamp, "timestamp"), (pa.types.is_date, "date"),
     (pa.types.is_time, "time"), (pa.types.is_duration, "duration"),
     (lambda t: pa.types.is_list(t) or pa.types.is_large_list(t)
-     or pa.types.is_fixed_size_list(t) or pa.types.is_list_view(t), "list"),
+     or pa.types.is_fixed_size_list(t), "list"),
     (pa.types.is_struct, "struct"), (pa.types.is_map, "map"), (pa.types.is_null, "null"),
 )
 # Kinds a value may change into without changing what it means (plus every kind into itself);
@@ -242,6 +243,10 @@ _KINDS = (
 _CONVERTIBLE = {("integer", "float"), ("float", "integer"), ("integer", "decimal"),
                 ("decimal", "float"), ("date", "timestamp"), ("timestamp", "date")}
 _EXACT = frozenset(["decimal", "timestamp", "date", "time", "duration"])
+
+
+def _one_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
 
 
 def _kind(t: pa.DataType) -> str:
@@ -287,6 +292,10 @@ def _check_lossless(before: pa.ChunkedArray, after: pa.ChunkedArray, name: str) 
         return
     if _kind(src) == _kind(dst) == "list":
         _check_lossless(pc.list_flatten(before), pc.list_flatten(after), name)
+    elif _kind(src) == _kind(dst) == "map":
+        b, a = _one_array(before), _one_array(after)
+        _check_lossless(b.keys, a.keys, name)
+        _check_lossless(b.items, a.items, name)
     elif _kind(src) == _kind(dst) == "struct":
         for f in dst:
             _check_lossless(pc.struct_field(before, f.name), pc.struct_field(after, f.name), name)

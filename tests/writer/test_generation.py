@@ -14,11 +14,9 @@ def test_every_file_of_a_generation_is_fsynced_before_the_manifest_names_it(tmp_
     # Lance writes a generation without fsync; once the manifest commit names it, GC may delete
     # the WAL entries its rows came from, so a power loss must not be able to lose its files.
     synced: list[str] = []
-    for name in ("_fsync_file", "_fsync_dir"):
-        original = getattr(store_module, name)
-        monkeypatch.setattr(store_module, name,
-                            lambda p, original=original: (synced.append(os.path.realpath(p)),
-                                                          original(p))[1])
+    original = store_module._fsync_path
+    monkeypatch.setattr(store_module, "_fsync_path",
+                        lambda p: (synced.append(os.path.realpath(p)), original(p))[1])
     commit = RegionManifestStore.commit
     monkeypatch.setattr(RegionManifestStore, "commit",
                         lambda self, m: (synced.append(f"commit {len(m.flushed_generations)}"),

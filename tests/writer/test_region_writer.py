@@ -325,3 +325,75 @@ def test_slices_of_a_large_batch_count_and_keep_only_their_own_rows(tmp_path):
         held = w.stats()["memtable_bytes"]
     assert held < 2 * big.nbytes
     assert len(w.stats()["generations"]) == 1
+
+
+def test_a_writer_released_by_another_thread_wakes_its_waiters(tmp_path, monkeypatch):
+    # A table releases a fenced or failed writer; a thread waiting in flush() or in
+    # backpressure on it must then get an error, not wait forever for a flush thread that
+    # stopped.
+    from memwal_sql.writer import generation
+
+    started, proceed = threading.Event(), threading.Event()
+    real = generation.write_pk_index
+
+    def stalled(uri, keys, opts=None):
+        started.set()
+        proceed.wait(10)
+        real(uri, keys, opts)
+
+    monkeypatch.setattr(generation, "write_pk_index", stalled)
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    w = tbl.writer(max_memtable_rows=2)
+    w.upsert(rows([1, 2]))  # frozen: its flush stalls
+    started.wait(10)
+    w.upsert(rows([3, 4]))  # frozen too, waiting behind it
+    outcome = []
+    waiter = threading.Thread(target=lambda: outcome.append(_raised(w.flush)))
+    waiter.start()
+    time.sleep(0.1)
+    releaser = threading.Thread(target=w._release_at_exit)
+    releaser.start()
+    time.sleep(0.1)
+    proceed.set()  # the flush in progress commits; the next one never starts
+    waiter.join(10)
+    releaser.join(10)
+    assert not waiter.is_alive() and outcome == [WriterClosedError]
+
+
+def _raised(call):
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001
+        return type(e)
+    return None
+
+
+def test_a_failed_manifest_fsync_fails_the_flush_and_is_not_retried(tmp_path, monkeypatch):
+    from memwal_sql.errors import SyncFailedError
+    from memwal_sql.storage import store as store_module
+
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    w = tbl.writer()
+    w.upsert(rows([1]))
+    real = store_module._fsync_path
+
+    def manifest_dir_fails(path):
+        if path.endswith("/manifest"):
+            raise SyncFailedError("injected")
+        real(path)
+
+    monkeypatch.setattr(store_module, "_fsync_path", manifest_dir_fails)
+    with pytest.raises(SyncFailedError):
+        w.flush()
+
+
+def test_small_slices_of_a_batch_count_only_their_rows(table_root):
+    uri, opts = table_root
+    parent = pa.table({"id": range(20_000), "v": [f"value-{i:09d}" for i in range(20_000)],
+                       "n": [1.0] * 20_000}, schema=SCHEMA)
+    tbl = mw.create_table(uri, SCHEMA, primary_key="id", storage_options=opts)
+    with tbl.writer(durable=False, max_memtable_bytes=4 << 20) as w:
+        for i in range(0, 2_000):
+            w.upsert(parent.slice(i, 1))
+        assert w.stats()["memtable_bytes"] < 10 * parent.slice(0, 2_000).nbytes
+    assert w.stats()["memtable_flushes"] == 1

@@ -162,3 +162,16 @@ def test_an_empty_or_all_null_column_of_another_type_is_taken(rows):
                           "s": pd.Series([], dtype="float64")})
     assert rows.upserts(empty).num_rows == 0
     assert rows.upserts({"id": [1], "n": [2], "s": pa.array([None], pa.float64())}).num_rows == 1
+
+
+@pytest.mark.parametrize("table_type, value, match", [
+    (pa.map_(pa.string(), pa.float32()), pa.array([[("a", 1e300)]], pa.map_(pa.string(), pa.float64())),
+     "out of the range"),
+    (pa.map_(pa.string(), pa.date32()),
+     pa.array([[("a", 13 * 3600 * 10**6)]], pa.map_(pa.string(), pa.timestamp("us"))),
+     "would change values"),
+    (pa.list_(pa.int64()), pa.array([[1]], pa.list_view(pa.int64())), "never cast implicitly"),
+])
+def test_maps_and_list_views_are_checked_too(table_type, value, match):
+    with pytest.raises(SchemaMismatchError, match=match):
+        one_column(table_type).upserts(pa.table({"id": [1], "c": value}))
