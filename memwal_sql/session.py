@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -33,8 +33,9 @@ from datafusion import SessionConfig, SessionContext, Table
 from datafusion import catalog as dfc
 
 from exec_nodes.dedup import project_to
-from memwal_sql.errors import MemWalError, StorageError
+from memwal_sql.errors import MemWalError
 from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
+from memwal_sql.storage import storage_failures
 from planner.lookup import LookupPlan, lookup_keys, plan_lookup
 from planner.pruning import parse_filter
 from planner.scan import ScanPlan, output_schema, plan_scan
@@ -275,18 +276,12 @@ class MemWalContext(SessionContext):
         return ds.last_plan if ds is not None else None
 
 
-@contextmanager
-def read_failures(what: str) -> Iterator[None]:
+def read_failures(what: str) -> AbstractContextManager[None]:
     """Raise Lance's and Arrow's errors of reading a table's files as :class:`StorageError`."""
-    try:
-        yield
-    except MemWalError:
-        raise
-    except (OSError, ValueError) as e:
-        raise StorageError(
-            f"{what} failed: {e}. A file the region manifests or the base table name may be "
-            "missing or damaged"
-        ) from e
+    return storage_failures(
+        what, kinds=(OSError, ValueError),
+        advice="A file the region manifests or the base table name may be missing or damaged",
+    )
 
 
 @contextmanager

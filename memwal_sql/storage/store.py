@@ -340,14 +340,21 @@ class ObjectStore:
 
 
 @contextmanager
-def storage_failures(what: str) -> Iterator[None]:
-    """Raise what the object store raises as :class:`StorageError` (typed ones pass)."""
+def storage_failures(
+    what: str, *, kinds: tuple[type[Exception], ...] = (OSError, BaseError), advice: str = ""
+) -> Iterator[None]:
+    """Raise the ``kinds`` of error that storage code raises (by default the object store's
+    and the OS's) as :class:`StorageError`; memwal-sql's own errors pass as they are.
+
+    Example:
+        ``with storage_failures(f"merge of {uri}"): ...``
+    """
     try:
         yield
     except MemWalError:
         raise
-    except (OSError, BaseError) as e:
-        raise StorageError(f"{what} failed: {e}") from e
+    except kinds as e:
+        raise StorageError(f"{what} failed: {e}" + (f". {advice}" if advice else "")) from e
 
 
 def _is_temp_file(path: str) -> bool:
