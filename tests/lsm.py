@@ -125,7 +125,7 @@ def apply_op(tbl: Any, model: Model, op: str, keys: list, seed: int, uri: str, b
         tbl._writers.clear()
     elif op == "reopen":
         tbl.close()
-        return mw.open_table(uri, writer_config=tbl.writer_config)
+        return mw.open_table(uri, tbl.storage_options or None, writer_config=tbl.writer_config)
     elif op == "merge":
         tbl.merge()
     elif op == "gc":

@@ -4,12 +4,15 @@ the model's latest rows (read back through Lance 14's LsmScanner)."""
 from __future__ import annotations
 
 import tempfile
+import uuid
 
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memwal_sql as mw
+from tests.conftest import S3_BUCKET
 from tests.lsm import Model, apply_op, lance_latest_rows
 
 SCHEMA = pa.schema([pa.field("k", pa.string(), False), pa.field("n", pa.int32(), False),
@@ -33,18 +36,30 @@ def batch(ks, seed):
                     schema=SCHEMA)
 
 
+def check_sequence(uri, options, ops, bucketed, durable):
+    spec = mw.RegionSpec.bucket("k", 3) if bucketed else None
+    tbl = mw.create_table(uri, SCHEMA, primary_key="k", region_spec=spec, storage_options=options,
+                          writer_config=mw.WriterConfig(durable=durable, max_memtable_rows=7))
+    model = Model(["k"])
+    for op, ks, seed in ops:
+        tbl = apply_op(tbl, model, op, ks, seed, uri, batch)
+    tbl.close()
+    # Writers abandoned by "crash" left WAL tails: a new writer per region replays them.
+    for rid in tbl.regions():
+        tbl.writer(region_id=rid).close()
+    assert lance_latest_rows(uri, ["k"], options) == model.table(SCHEMA)
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops, bucketed=st.booleans(), durable=st.booleans())
 def test_random_sequences_match_the_model(ops, bucketed, durable):
     with tempfile.TemporaryDirectory() as d:
-        spec = mw.RegionSpec.bucket("k", 3) if bucketed else None
-        tbl = mw.create_table(d, SCHEMA, primary_key="k", region_spec=spec,
-                              writer_config=mw.WriterConfig(durable=durable, max_memtable_rows=7))
-        model = Model(["k"])
-        for op, ks, seed in ops:
-            tbl = apply_op(tbl, model, op, ks, seed, d, batch)
-        tbl.close()
-        # Writers abandoned by "crash" left WAL tails: a new writer per region replays them.
-        for rid in tbl.regions():
-            tbl.writer(region_id=rid).close()
-        assert lance_latest_rows(d, ["k"]) == model.table(SCHEMA)
+        check_sequence(d, None, ops, bucketed, durable)
+
+
+@pytest.mark.s3
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(ops=ops, bucketed=st.booleans(), durable=st.booleans())
+def test_random_sequences_match_the_model_on_s3(s3_server, ops, bucketed, durable):
+    check_sequence(f"s3://{S3_BUCKET}/{uuid.uuid4().hex}/t", s3_server, ops, bucketed, durable)
