@@ -272,14 +272,12 @@ class ObjectStore:
         if self._local_root is None or not self.durable:
             return
         top = self._local_root / prefix.strip("/")
-        try:
+        with storage_failures(f"syncing {prefix}"):
             for directory, _, files in os.walk(top, topdown=False, onerror=_raise):
                 for name in files:
                     _fsync_path(os.path.join(directory, name))
                 _fsync_path(directory)
             self._sync_parents(top)
-        except OSError as e:
-            raise StorageError(f"syncing {prefix} failed: {e}") from e
 
     def _sync_parents(self, path: Path) -> None:
         """fsync the directories holding ``path``'s name and its parents' names, up to the root."""

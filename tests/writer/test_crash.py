@@ -83,12 +83,18 @@ def recover_and_check(uri: str, acked: int, options: dict | None = None) -> None
     assert state == got, (acked, len(got))
 
 
-def test_sigkill_during_durable_puts_loses_no_acknowledged_write(table_root):
+def fresh_tables(table_root: tuple[str, dict | None], rounds: int = 3):
+    """A new empty table per crash round: ``(uri, storage_options)``."""
     root, options = table_root
-    rng = random.Random(7)
-    for round_ in range(3):
+    for round_ in range(rounds):
         uri = f"{root}{round_}"
         mw.create_table(uri, SCHEMA, primary_key="id", storage_options=options)
+        yield uri, options
+
+
+def test_sigkill_during_durable_puts_loses_no_acknowledged_write(table_root):
+    rng = random.Random(7)
+    for uri, options in fresh_tables(table_root):
         acked = run_and_kill(uri, "puts", until=f"ACK {rng.randint(5, 60)}", options=options)
         assert acked > 0
         recover_and_check(uri, acked, options)
@@ -111,11 +117,8 @@ def test_sigkill_while_generations_are_committed_references_only_whole_ones(tabl
     # Flushes running back to back, none stalled: the kill lands at a random moment after the
     # n-th flush got halfway (so n-1 generations are committed), inside a generation write,
     # its manifest commit or a later flush.
-    root, options = table_root
     rng = random.Random(11)
-    for round_ in range(3):
-        uri = f"{root}{round_}"
-        mw.create_table(uri, SCHEMA, primary_key="id", storage_options=options)
+    for uri, options in fresh_tables(table_root):
         n = rng.randint(3, 8)
         acked = run_and_kill(uri, "flushes", until="FLUSHING", times=n, then=rng.uniform(0, 0.05),
                              options=options)
