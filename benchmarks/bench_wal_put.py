@@ -6,14 +6,12 @@ This one takes the Python out and compares the file-system work alone, on the sa
 
 * ``floor``: create the file by name, write, fsync (what bench_write's floor does);
 * ``floor + dir fsync``: the same, then fsync the directory (what POSIX needs for the name);
-* ``put, no spare file``: ``ObjectStore.put_if_not_exists`` as memwal-sql does it (anonymous file,
-  write, fsync, link to its name, fsync the directory), creating the file on the spot;
-* ``put, spare files``: the same with the anonymous files prepared by a background thread
-  (``keep_spare_files``), as a region writer's WAL does;
-* ``link, then fsync``: the design memwal-sql does not use, measured for comparison: an anonymous
-  file written, given its final name, then the file and the directory fsynced. One device flush
-  with dirty data instead of two, but a power loss between the link and the fsync leaves a
-  torn entry under its final name, which recovery would have to tell from a corrupt one.
+* ``put, no spare file``: ``ObjectStore.put_if_not_exists`` as memwal-sql does it (temporary
+  file, write, fsync, rename to its name without replacing, fsync the directory), creating the
+  temporary file on the spot;
+* ``put, spare files``: the same with the temporary files created, fsynced and their names
+  fsynced ahead of time by a background thread (``keep_spare_files``), as a region writer's WAL
+  does.
 
 Each runs in two regimes: ``fresh`` (no file deleted lately) and ``after deletions`` (20,000 files
 created and deleted just before, the steady state of a writer whose old WAL entries are
@@ -32,7 +30,6 @@ import json
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -40,8 +37,6 @@ from collections.abc import Callable
 import numpy as np
 
 from memwal_sql.storage import ObjectStore
-from memwal_sql.storage.spare_files import open_anonymous
-from memwal_sql.storage.store import _link_fd
 
 
 def floor_put(directory: str, dirsync: bool) -> Callable[[int, bytes], None]:
@@ -65,20 +60,6 @@ def store_put(root: str, spares: bool) -> Callable[[int, bytes], None]:
     return lambda i, data: store.put_if_not_exists(f"wal/{i}.arrow", data)
 
 
-def link_then_fsync(directory: str) -> Callable[[int, bytes], None]:
-    def put(i: int, data: bytes) -> None:
-        fd = open_anonymous(directory)
-        os.write(fd, data)
-        _link_fd(fd, f"{directory}/{i}", os.makedirs)
-        os.fsync(fd)
-        os.close(fd)
-        dfd = os.open(directory, os.O_RDONLY)
-        os.fsync(dfd)
-        os.close(dfd)
-
-    return put
-
-
 def churn(workdir: str, n: int = 20_000) -> None:
     scratch = tempfile.mkdtemp(prefix="churn-", dir=workdir)
     for i in range(n):
@@ -94,8 +75,6 @@ def run(workdir: str, size: int, puts: int, turn: int = 10) -> dict[str, list[fl
         "put, no spare file": store_put(tempfile.mkdtemp(dir=workdir), False),
         "put, spare files": store_put(tempfile.mkdtemp(dir=workdir), True),
     }
-    if sys.platform == "linux":
-        configs["link, then fsync"] = link_then_fsync(tempfile.mkdtemp(dir=workdir))
     time.sleep(0.05)  # the first spare files
     lat: dict[str, list[float]] = {k: [] for k in configs}
     order = list(configs)

@@ -1,22 +1,26 @@
-"""Anonymous files created ahead of time, so that a durable put does not wait for one.
+"""Temporary files created ahead of time, so that a durable put does not wait for one.
 
-A durable put on local disk writes a new file, fsyncs it and renames it into place. Creating the
-file is the one step that does not depend on the data, and on some systems it is the costliest:
-on this project's CI machines (ext4 without a journal, in a VM) a new inode takes 0.3-1 ms of
-system time while files are being deleted, more than the fsync. So for the directories of hot
-append paths (a writer's WAL), a background thread keeps two anonymous files (``O_TMPFILE``) open
-and ready; a put takes one, gives it its temporary name, and the thread makes the next while the
-caller goes on. RocksDB recycles WAL files and Kafka preallocates segments for the same reason.
+A durable put on local disk writes its data to a temporary file, fsyncs it, renames it into place
+and fsyncs the directory. Creating that file is the one step that does not depend on the data, and
+it is costly: a new inode, and a new name that must reach the disk too (on ext4 without a journal,
+the first fsync of a new file also writes its directory, so the put would write the directory
+twice). So for the directories of hot append paths (a writer's WAL), a background thread keeps
+``per_directory`` temporary files created, fsynced, and their names fsynced: a put takes one,
+writes it, and its two fsyncs are left with only the put's own data and its final name. Spares
+are made a few at a time, so that their names share one directory fsync. RocksDB recycles WAL
+files and Kafka preallocates segments for the same reason.
 
-An unused spare is an unlinked inode: closing it, or a crash, frees it and leaves nothing behind.
-Spares are per process: a forked child never uses its parent's (both would write one inode).
+Spares are named like the temporary files of any put (``.<stem>.<hex>.tmp``): listings hide them,
+closing or releasing removes them, and the ones a crash leaves behind are removed like a crashed
+put's leftovers. Spares are per process: a forked child never uses its parent's.
 
 Example:
     >>> import tempfile, os
     >>> d = tempfile.mkdtemp()
     >>> spares = SpareFiles()
     >>> spares.keep(d); spares.wait_idle()
-    >>> fd = spares.take(d); os.close(fd)
+    >>> os.path.getsize(spares.take(d))  # an empty file, now the caller's
+    0
     >>> spares.take(tempfile.mkdtemp()) is None  # not kept: the caller creates its own file
     True
     >>> spares.close()
@@ -25,27 +29,47 @@ Example:
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 import weakref
 
-_O_TMPFILE = getattr(os, "O_TMPFILE", 0)
+TEMP_SUFFIX = ".tmp"
 _ALL: weakref.WeakSet[SpareFiles] = weakref.WeakSet()
 
 
-def open_anonymous(directory: str) -> int:
-    """A new anonymous file in ``directory`` (open for writing); raises OSError."""
-    return os.open(directory, _O_TMPFILE | os.O_WRONLY, 0o644)
+def create_temp_file(directory: str, stem: str) -> tuple[str, int]:
+    """A new, empty temporary file in ``directory``: its path and a descriptor open for writing."""
+    path = f"{directory}/.{stem}.{secrets.token_hex(6)}{TEMP_SUFFIX}"
+    return path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+
+
+def open_spare(path: str) -> tuple[str, int]:
+    """Open the spare file ``path`` for writing; FileNotFoundError if it was removed meanwhile
+    (any other failure removes it)."""
+    try:
+        return path, os.open(path, os.O_WRONLY)
+    except FileNotFoundError:
+        raise
+    except BaseException:
+        _discard([path])
+        raise
+
+
+def is_temp_file(path: str) -> bool:
+    """True for the name of a put's temporary file or a spare (hidden from listings)."""
+    name = path.rsplit("/", 1)[-1]
+    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
 
 
 class SpareFiles:
-    """``per_directory`` ready anonymous files in each kept directory, at most ``max_dirs``
-    directories (two file descriptors each)."""
+    """Up to ``per_directory`` ready temporary files in each kept directory, at most
+    ``max_dirs`` directories. Spares hold no file descriptor."""
 
-    def __init__(self, per_directory: int = 2, max_dirs: int = 64) -> None:
+    def __init__(self, per_directory: int = 8, max_dirs: int = 64) -> None:
         self.per_directory = per_directory
         self.max_dirs = max_dirs
         self._cond = threading.Condition()
-        self._ready: dict[str, list[int]] = {}  # kept directory -> its spare files
+        self._ready: dict[str, list[str]] = {}  # kept directory -> paths of its spares
         self._creating: str | None = None
         self._failed: set[str] = set()  # creation failed; retried after the next take there
         self._closed = False
@@ -65,30 +89,37 @@ class SpareFiles:
             self._cond.notify_all()
 
     def release(self, directory: str) -> None:
-        """Stop keeping spare files in ``directory`` and close its spares."""
+        """Stop keeping spare files in ``directory`` and remove its spares."""
         with self._cond:
             while self._creating == directory:
                 self._cond.wait()
-            fds = self._ready.pop(directory, [])
-        for fd in fds:
-            os.close(fd)
+            spares = self._ready.pop(directory, [])
+        _discard(spares)
 
-    def take(self, directory: str) -> int | None:
-        """A spare file of ``directory``, now the caller's to write and close; None if none.
+    def take(self, directory: str) -> str | None:
+        """The path of a spare file of ``directory``, now the caller's to write and rename or
+        remove; None if none.
 
-        When every spare is taken and one is being created, that one is waited for: it is
-        further along than a new one would be.
+        When every spare is taken and more are being created, they are waited for: they are
+        further along than a new file would be.
         """
         with self._cond:
             self._failed.discard(directory)
             while self._creating == directory and not self._ready.get(directory):
                 self._cond.wait()
-            fds = self._ready.get(directory)
-            if not fds:
+            spares = self._ready.get(directory)
+            if not spares:
                 return None
-            fd = fds.pop(0)
-            self._cond.notify_all()  # the thread makes the next one
-            return fd
+            spare = spares.pop(0)
+            if self._lacks(spares):
+                self._cond.notify_all()  # the thread makes the next batch
+            return spare
+
+    def holds(self, path: str) -> bool:
+        """True if ``path`` is one of the spares ready here (not to be removed as a leftover)."""
+        directory = path.rpartition("/")[0]
+        with self._cond:
+            return path in self._ready.get(directory, ())
 
     def wait_idle(self) -> None:
         """Block until every kept directory has its spare files (for tests)."""
@@ -97,23 +128,27 @@ class SpareFiles:
                 self._cond.wait()
 
     def close(self) -> None:
-        """Close every spare file and stop the background thread."""
+        """Remove every spare file and stop the background thread."""
         with self._cond:
             self._closed = True
-            fds = [fd for ready in self._ready.values() for fd in ready]
+            spares = [s for ready in self._ready.values() for s in ready]
             self._ready.clear()
             self._cond.notify_all()
-        for fd in fds:
-            os.close(fd)
+        _discard(spares)
 
     def _next_directory(self) -> str | None:
-        # Caller holds the lock. The directory with the fewest spares, if any lacks one.
+        # Caller holds the lock. The directory with the fewest spares, if any is down to half.
+        # Spares are made in batches: their names share one directory fsync.
         lacking = [
-            (len(fds), d)
-            for d, fds in self._ready.items()
-            if len(fds) < self.per_directory and d not in self._failed
+            (len(spares), d)
+            for d, spares in self._ready.items()
+            if self._lacks(spares) and d not in self._failed
         ]
         return min(lacking)[1] if lacking else None
+
+    def _lacks(self, spares: list[str]) -> bool:
+        # Woken only then: a wake-up per put would take the GIL from the put.
+        return 2 * len(spares) <= self.per_directory
 
     def _run(self) -> None:
         while True:
@@ -123,21 +158,49 @@ class SpareFiles:
                 if self._closed:
                     return
                 self._creating = directory
-            try:
-                fd: int | None = open_anonymous(directory)
-            except OSError:
-                fd = None  # the directory is gone (or not on a local file system)
+                missing = self.per_directory - len(self._ready[directory])
+            made = _create_synced(directory, missing)
             with self._cond:
                 self._creating = None
                 ready = self._ready.get(directory)
-                if fd is not None and ready is not None and not self._closed:
-                    ready.append(fd)
-                    fd = None
-                elif fd is None:
+                if made and ready is not None and not self._closed:
+                    ready.extend(made)
+                    made = []
+                elif not made:
                     self._failed.add(directory)
                 self._cond.notify_all()
-            if fd is not None:
-                os.close(fd)  # released or closed meanwhile
+            _discard(made)  # released or closed meanwhile
+
+
+def _create_synced(directory: str, count: int) -> list[str]:
+    """``count`` new spares in ``directory``, each file and then their names fsynced; [] if that
+    fails (the directory is gone, or the disk fails: a put then makes its own file and reports)."""
+    made: list[str] = []
+    try:
+        for _ in range(count):
+            path, fd = create_temp_file(directory, "spare")
+            made.append(path)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        _discard(made)
+        return []
+    return made
+
+
+def _discard(spares: list[str]) -> None:
+    for path in spares:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 def _after_fork_in_child() -> None:
@@ -145,9 +208,6 @@ def _after_fork_in_child() -> None:
     # the lock may have been held by that thread at the fork.
     for spares in list(_ALL):
         spares._cond = threading.Condition()
-        for ready in spares._ready.values():
-            for fd in ready:
-                os.close(fd)
         spares._ready.clear()
         spares._creating = None
         spares._thread = None

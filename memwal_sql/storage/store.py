@@ -7,8 +7,8 @@ LocalStore publishes files atomically (temp file + link) but never fsyncs; with 
 a put-if-not-exists on local disk writes the data under a temporary name, fsyncs the file, renames
 it into place without replacing (``RENAME_NOREPLACE``, else ``link``: exactly one writer wins)
 and fsyncs the directory. Readers never see a partial object, and a name never becomes durable
-before its data. In directories a writer appends to, the files are created ahead of time in the
-background, as anonymous files (:meth:`ObjectStore.keep_spare_files`).
+before its data. In directories a writer appends to, the temporary files are created ahead of
+time in the background (:meth:`ObjectStore.keep_spare_files`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import secrets
 import shutil
 import sys
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ from memwal_sql.errors import (
     StorageError,
     SyncFailedError,
 )
-from memwal_sql.storage.spare_files import SpareFiles, open_anonymous
+from memwal_sql.storage.spare_files import SpareFiles, create_temp_file, is_temp_file, open_spare
 
 # Keys of a Lance storage_options dict that configure the HTTP client rather than the S3
 # credentials; obstore panics if they are passed as S3 config.
@@ -94,7 +93,7 @@ class ObjectStore:
             self._local_root = root
             self.uri = str(root)
             self._store = LocalStore(root)
-            if durable and _O_TMPFILE:
+            if durable:
                 self._spares = SpareFiles()
                 weakref.finalize(self, self._spares.close)
         elif parsed.scheme == "memory":
@@ -158,7 +157,7 @@ class ObjectStore:
             self._spares.keep(directory)
 
     def release_spare_files(self, prefix: str) -> None:
-        """Close the files :meth:`keep_spare_files` prepared in ``prefix``."""
+        """Remove the files :meth:`keep_spare_files` prepared in ``prefix``."""
         if self._spares is not None:
             self._spares.release(f"{self.uri}/{prefix.strip('/')}")
 
@@ -192,7 +191,7 @@ class ObjectStore:
                 ObjectMeta(m["path"], m["size"], m["last_modified"].timestamp())
                 for chunk in obs.list(self._store, prefix)
                 for m in chunk
-                if not _is_temp_file(m["path"])
+                if not is_temp_file(m["path"])
             ]
         out.sort(key=lambda m: m.path)
         return out
@@ -230,37 +229,33 @@ class ObjectStore:
         assert self._local_root is not None
         dst = f"{self.uri}/{path}"
         directory, _, name = dst.rpartition("/")
-        tmp = f"{directory}/.{name}.{secrets.token_hex(6)}{_TEMP_SUFFIX}"
-        # The file gets its final name only once complete and synced. It is synced under a
-        # temporary name, so that its link count on disk is already 1: on ext4 without a journal,
-        # fsyncing the directory after linking an anonymous file would leave the new name
-        # pointing at an inode whose link count on disk is 0 (unreadable after a power loss).
-        fd = self._anonymous_file(directory)
+        spare = self._spares.take(directory) if self._spares is not None else None
+        if spare is not None:
+            try:
+                self._publish(*open_spare(spare), data, dst, path)
+                return
+            except FileNotFoundError:
+                pass  # the spare or its directory was removed meanwhile: make a new file
+        self._make_dirs(directory)
+        self._publish(*create_temp_file(directory, name), data, dst, path)
+
+    def _publish(self, tmp: str, fd: int, data: bytes | memoryview, dst: str, path: str) -> None:
+        """Write and fsync the temporary file ``tmp`` (open as ``fd``), rename it to ``dst``
+        unless that exists, then fsync the directory: a name never becomes durable before its
+        data."""
         try:
-            if fd >= 0:
-                # Written before it is named: a spare made long ago then has a fresh mtime, so
-                # remove_temp_files never takes it for a crashed put's leftover.
+            try:
                 _write_all(fd, data)
-                _link_fd(fd, tmp, self._make_dirs)
-            else:
-                self._make_dirs(directory)
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                _write_all(fd, data)
-            _sync(fd, path)
-        except BaseException:
-            _unlink_if_exists(tmp)
-            raise
-        finally:
-            if fd >= 0:
+                _sync(fd, path)
+            finally:
                 os.close(fd)
-        try:
             _rename_no_replace(tmp, dst)
         except BaseException as e:
             _unlink_if_exists(tmp)
             if isinstance(e, FileExistsError):
                 raise ObjectExistsError(f"{path} already exists") from e
             raise
-        _fsync_path(directory)  # the new name must survive a power loss
+        _fsync_path(dst.rpartition("/")[0])  # the new name must survive a power loss
 
     def sync_tree(self, prefix: str) -> None:
         """Make everything under the directory ``prefix`` durable, as a put is: on local disk,
@@ -308,33 +303,13 @@ class ObjectStore:
         except FileNotFoundError:
             return 0
         for entry in entries:
-            if _is_temp_file(entry.name):
+            if is_temp_file(entry.name) and not (self._spares and self._spares.holds(entry.path)):
                 try:
                     if entry.stat().st_mtime < cutoff:
                         removed += _unlink_if_exists(entry.path)
                 except FileNotFoundError:
                     pass
         return removed
-
-    def _anonymous_file(self, directory: str) -> int:
-        """A spare anonymous file of ``directory``, else a new one; -1 if the file system has
-        none (or the platform is not Linux)."""
-        if self._spares is None:
-            return -1
-        spare = self._spares.take(directory)
-        if spare is not None:
-            return spare
-        try:
-            return open_anonymous(directory)
-        except FileNotFoundError:
-            self._make_dirs(directory)
-            return open_anonymous(directory)
-        except OSError as e:
-            if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-                raise
-            self._spares.close()  # the file system has no anonymous files: named ones only
-            self._spares = None
-            return -1
 
 
 @contextmanager
@@ -353,11 +328,6 @@ def storage_failures(
         raise
     except kinds as e:
         raise StorageError(f"{what} failed: {e}" + (f". {advice}" if advice else "")) from e
-
-
-def _is_temp_file(path: str) -> bool:
-    name = path.rpartition("/")[2]
-    return name.startswith(".") and name.endswith(_TEMP_SUFFIX)
 
 
 def _unlink_if_exists(path: str) -> bool:
@@ -412,32 +382,9 @@ def _raise(e: OSError) -> None:
     raise e
 
 
-_O_TMPFILE = getattr(os, "O_TMPFILE", 0) if sys.platform == "linux" else 0
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
-_TEMP_SUFFIX = ".tmp"
-_AT_SYMLINK_FOLLOW = 0x400
-_libc = ctypes.CDLL(None, use_errno=True) if _O_TMPFILE else None
-
-
-def _link_fd(fd: int, dst: str, make_dirs: Callable[[str], None]) -> None:
-    """Give the anonymous file ``fd`` the name ``dst``; fails if ``dst`` exists (never replaces).
-
-    A spare file may outlive its directory (a GC removed it); the directory is then made again.
-    """
-    assert _libc is not None
-    src = f"/proc/self/fd/{fd}".encode()
-    target = os.fsencode(dst)
-    for _ in range(2):
-        if _libc.linkat(_AT_FDCWD, src, _AT_FDCWD, target, _AT_SYMLINK_FOLLOW) == 0:
-            return
-        err = ctypes.get_errno()
-        if err == errno.EEXIST:
-            raise ObjectExistsError(f"{dst} already exists")
-        if err != errno.ENOENT:
-            break
-        make_dirs(os.path.dirname(dst))
-    raise OSError(err, os.strerror(err), dst)
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
 def _as_bytes(data: bytes | memoryview) -> bytes:

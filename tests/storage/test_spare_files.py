@@ -1,13 +1,13 @@
 import os
 import shutil
+import threading
+import time
 
 import pytest
 
 from memwal_sql.errors import ObjectExistsError
 from memwal_sql.storage import ObjectStore
 from memwal_sql.storage.spare_files import SpareFiles
-
-pytestmark = pytest.mark.skipif(not hasattr(os, "O_TMPFILE"), reason="needs O_TMPFILE (Linux)")
 
 
 def open_fds() -> int:
@@ -22,21 +22,80 @@ def kept(tmp_path):
     return store
 
 
-def spares_of(store: ObjectStore, prefix: str) -> list[int]:
+def spares_of(store: ObjectStore, prefix: str) -> list[str]:
     return store._spares._ready.get(os.path.join(store.uri, prefix), [])
 
 
-def test_puts_take_prepared_files_and_the_thread_replaces_them(kept):
-    assert len(spares_of(kept, "wal")) == 2
+def names_in(store: ObjectStore, prefix: str) -> list[str]:
+    return sorted(os.listdir(os.path.join(store.uri, prefix)))
+
+
+def test_puts_take_prepared_files_and_the_thread_replaces_them_in_batches(kept):
+    full = kept._spares.per_directory
     ready = list(spares_of(kept, "wal"))
+    assert len(ready) == full
     kept.put_if_not_exists("wal/1.arrow", b"one")
-    assert spares_of(kept, "wal")[0] == ready[1]  # the oldest spare was used
     kept._spares.wait_idle()
-    assert len(spares_of(kept, "wal")) == 2
-    for i in range(2, 7):
+    assert spares_of(kept, "wal") == ready[1:]  # the oldest spare was used; no refill for one
+    for i in range(2, full // 2 + 1):
         kept.put_if_not_exists(f"wal/{i}.arrow", str(i).encode())
-    assert [kept.get(f"wal/{i}.arrow") for i in range(1, 7)] == [b"one", b"2", b"3", b"4", b"5", b"6"]
-    assert sorted(os.listdir(os.path.join(kept.uri, "wal"))) == sorted(f"{i}.arrow" for i in range(1, 7))
+    kept._spares.wait_idle()  # down to half: refilled in one batch
+    assert len(spares_of(kept, "wal")) == full
+    assert spares_of(kept, "wal")[: full // 2] == ready[full // 2:]
+    written = [f"{i}.arrow" for i in range(1, full // 2 + 1)]
+    assert [kept.get(f"wal/{n}") for n in written] == [b"one"] + [str(i).encode() for i in range(2, full // 2 + 1)]
+    spare_names = [os.path.basename(p) for p in spares_of(kept, "wal")]
+    assert names_in(kept, "wal") == sorted(written + spare_names)
+    assert [m.path for m in kept.list("wal/")] == sorted(f"wal/{n}" for n in written)
+
+
+def test_spares_are_ready_on_disk_before_a_put_takes_one(kept, monkeypatch):
+    # The refill fsyncs each new spare, then the directory holding its name, so a put has only
+    # its own data and its final name left to fsync.
+    import stat
+
+    import memwal_sql.storage.store as store_module
+
+    synced = []  # (made by the refill thread, inode, is a directory)
+    real_fsync = store_module.os.fsync
+
+    def recording_fsync(fd):
+        st = os.fstat(fd)
+        background = threading.current_thread() is not threading.main_thread()
+        synced.append((background, st.st_ino, stat.S_ISDIR(st.st_mode)))
+        real_fsync(fd)
+
+    monkeypatch.setattr(store_module.os, "fsync", recording_fsync)
+    puts = kept._spares.per_directory // 2
+    for i in range(puts):
+        kept.put_if_not_exists(f"wal/{i}.arrow", b"x")
+    # Each put fsyncs its file, then the directory once it holds the name.
+    assert [d for bg, _, d in synced if not bg] == [False, True] * puts
+    kept._spares.wait_idle()
+    wal_dir = os.stat(os.path.join(kept.uri, "wal")).st_ino
+    background = [(ino, d) for bg, ino, d in synced if bg]
+    assert background[-1] == (wal_dir, True)  # the batch's names: one directory fsync
+    new_spares = {os.stat(p).st_ino for p in spares_of(kept, "wal")[-puts:]}
+    assert new_spares == {ino for ino, d in background[-1 - puts:-1]}  # after each file's own
+
+
+def test_a_spare_removed_by_someone_else_still_makes_the_put(kept):
+    for path in spares_of(kept, "wal"):
+        os.unlink(path)  # e.g. another process's clean-up of old temporary files
+    kept.put_if_not_exists("wal/1.arrow", b"x")
+    assert kept.get("wal/1.arrow") == b"x"
+    kept._spares.wait_idle()
+    assert [m.path for m in kept.list("wal/")] == ["wal/1.arrow"]
+
+
+def test_the_clean_up_of_old_temporary_files_keeps_this_process_spares(kept):
+    old = time.time() - 3600
+    leftover = os.path.join(kept.uri, "wal", ".crashed.0123.tmp")
+    open(leftover, "wb").close()
+    for path in [leftover] + spares_of(kept, "wal"):
+        os.utime(path, (old, old))
+    assert kept.remove_temp_files("wal") == 1
+    assert all(os.path.exists(p) for p in spares_of(kept, "wal"))
 
 
 def test_a_lost_race_with_a_spare_keeps_the_winner_and_leaks_nothing(kept):
@@ -47,21 +106,20 @@ def test_a_lost_race_with_a_spare_keeps_the_winner_and_leaks_nothing(kept):
         kept.put_if_not_exists("wal/1.arrow", b"second")
     kept._spares.wait_idle()
     assert kept.get("wal/1.arrow") == b"first"
-    assert open_fds() == before  # the used spare was closed, a new one replaced it
+    assert open_fds() == before
+    assert [m.path for m in kept.list("wal/")] == ["wal/1.arrow"]
+    assert len(os.listdir(os.path.join(kept.uri, "wal"))) == 1 + len(spares_of(kept, "wal"))
 
 
 def test_a_spare_outlives_its_directory(kept):
     shutil.rmtree(os.path.join(kept.uri, "wal"))
-    kept.put_if_not_exists("wal/1.arrow", b"x")  # the link makes the directory again
+    kept.put_if_not_exists("wal/1.arrow", b"x")  # the put makes the directory again
     assert kept.get("wal/1.arrow") == b"x"
 
 
-def test_release_closes_the_spares(kept):
-    fds = list(spares_of(kept, "wal"))
+def test_release_removes_the_spares(kept):
     kept.release_spare_files("wal")
-    for fd in fds:
-        with pytest.raises(OSError):
-            os.fstat(fd)
+    assert names_in(kept, "wal") == []
     kept.put_if_not_exists("wal/1.arrow", b"x")  # works without spares
     assert kept.get("wal/1.arrow") == b"x"
 
@@ -82,7 +140,8 @@ def test_a_forked_child_never_uses_its_parents_spares(kept):
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert len(spares_of(kept, "wal")) == 2  # the parent's are untouched
+    assert len(spares_of(kept, "wal")) == kept._spares.per_directory  # the parent's are untouched
+    assert all(os.path.exists(p) for p in spares_of(kept, "wal"))
     kept.put_if_not_exists("wal/parent.arrow", b"p")
     assert kept.get("wal/child.arrow") == b"c" and kept.get("wal/parent.arrow") == b"p"
 
@@ -97,3 +156,4 @@ def test_spare_limit_per_directory_and_directories(tmp_path):
     assert [len(spares._ready.get(str(d), [])) for d in dirs] == [1, 1, 0]
     spares.close()
     assert spares.take(str(dirs[0])) is None
+    assert [os.listdir(d) for d in dirs] == [[], [], []]  # closing removes the spares

@@ -73,7 +73,7 @@ def test_durable_local_create_leaves_no_temp_files(tmp_path, spares):
     store.put_if_not_exists("w/a", b"x")
     with pytest.raises(ObjectExistsError):
         store.put_if_not_exists("w/a", b"y")
-    assert os.listdir(tmp_path / "w") == ["a"]
+    assert not_spares(store, tmp_path / "w") == ["a"]
     assert os.stat(tmp_path / "w" / "a").st_nlink == 1
 
 
@@ -91,7 +91,13 @@ def test_a_put_that_fails_midway_leaves_nothing(tmp_path, monkeypatch, spares):
     monkeypatch.setattr(store_module, "_rename_no_replace", fail)
     with pytest.raises(StorageError, match="Input/output error"):
         store.put_if_not_exists("w/a", b"x")
-    assert os.listdir(tmp_path / "w") == []
+    assert not_spares(store, tmp_path / "w") == []
+
+
+def not_spares(store: ObjectStore, directory) -> list[str]:
+    """The names in ``directory``, without the spare files a store keeps there."""
+    return sorted(n for n in os.listdir(directory)
+                  if not (store._spares and store._spares.holds(f"{directory}/{n}")))
 
 
 def test_remove_temp_files_takes_only_old_leftovers(tmp_path):
@@ -120,45 +126,28 @@ def test_list_hides_the_temp_files_of_local_puts(tmp_path):
     assert [m.path for m in store.list("w/")] == ["w/.keep", "w/a"]
 
 
-def test_a_file_system_without_anonymous_files_uses_named_temp_files(tmp_path, monkeypatch):
+def test_a_transient_error_is_a_storage_error(tmp_path, monkeypatch):
     import errno
 
     import memwal_sql.storage.store as store_module
 
-    def unsupported(directory):
-        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
-
-    store = ObjectStore(str(tmp_path))
-    monkeypatch.setattr(store_module, "open_anonymous", unsupported)
-    store.put_if_not_exists("w/a", b"x")
-    assert store.get("w/a") == b"x" and os.listdir(tmp_path / "w") == ["a"]
-    assert store._spares is None  # and it does not try again
-
-
-def test_a_transient_error_is_a_storage_error_and_keeps_anonymous_files(tmp_path, monkeypatch):
-    import errno
-
-    import memwal_sql.storage.store as store_module
-
-    def too_many(directory):
+    def too_many(directory, stem):
         raise OSError(errno.EMFILE, "Too many open files")
 
     store = ObjectStore(str(tmp_path))
-    monkeypatch.setattr(store_module, "open_anonymous", too_many)
+    monkeypatch.setattr(store_module, "create_temp_file", too_many)
     with pytest.raises(StorageError, match="Too many open files"):
         store.put_if_not_exists("w/a", b"x")
-    assert store._spares is not None
     monkeypatch.undo()
     store.put_if_not_exists("w/a", b"x")
     assert store.get("w/a") == b"x"
 
 
-@pytest.mark.parametrize("temp_file", ["anonymous", "spare", "named"])
+@pytest.mark.parametrize("temp_file", ["spare", "new"])
 def test_a_durable_local_put_syncs_the_file_then_its_new_name(tmp_path, monkeypatch, temp_file):
     # A put acknowledged before a power loss must survive it: the data is fsynced before the
     # name exists (a name never becomes durable before its data), then the directory is fsynced
     # once it holds the name.
-    import errno
     import stat
 
     import memwal_sql.storage.store as store_module
@@ -166,11 +155,7 @@ def test_a_durable_local_put_syncs_the_file_then_its_new_name(tmp_path, monkeypa
     store = ObjectStore(str(tmp_path))
     if temp_file == "spare":
         store.keep_spare_files("w")
-    elif temp_file == "named":
-        def unsupported(directory):
-            raise OSError(errno.EOPNOTSUPP, "Operation not supported")
-
-        monkeypatch.setattr(store_module, "open_anonymous", unsupported)
+        store._spares.wait_idle()
     dst = tmp_path / "w" / "a"
     synced = []  # (inode, is a directory, the final name existed)
     real_fsync = store_module.os.fsync
