@@ -127,7 +127,11 @@ def test_writer_needs_a_region_on_a_sharded_table(tmp_path):
         tbl.writer(region_id=str(uuid.uuid4()))
 
 
-def test_truncated_wal_entry_stops_the_open_and_deletes_nothing(tmp_path):
+@pytest.mark.parametrize("damage", [
+    lambda b: b[: len(b) // 2],  # truncated
+    lambda b: b[:-20] + bytes([b[-20] ^ 4]) + b[-19:],  # one bit changed in the rows
+])
+def test_damaged_wal_entry_stops_the_open_and_the_reads_and_deletes_nothing(tmp_path, damage):
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
     w = tbl.writer()
     w.upsert(rows([1]))
@@ -135,10 +139,12 @@ def test_truncated_wal_entry_stops_the_open_and_deletes_nothing(tmp_path):
     path = layout.wal_entry_path(w.region_id, 2)
     full = tbl.store.get(path)
     tbl.store.delete(path)
-    tbl.store.put(path, full[: len(full) // 2])
+    tbl.store.put(path, damage(full))
     with pytest.raises(CorruptWalEntryError, match="position 2"):
         tbl.writer(region_id=w.region_id)
-    assert tbl.store.get(path) == full[: len(full) // 2]
+    with pytest.raises(CorruptWalEntryError, match="position 2"):
+        mw.open_table(str(tmp_path)).to_arrow()
+    assert tbl.store.get(path) == damage(full)
     assert tbl.store.exists(layout.wal_entry_path(w.region_id, 1))
     # Restoring the entry (the error's advice) lets the next writer recover both rows.
     tbl.store.put(path, full)

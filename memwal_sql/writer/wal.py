@@ -6,6 +6,11 @@ columns, non-key columns nullable, then ``_tombstone: bool not null``), with sch
 sentinel is an entry with an empty schema, no batches and metadata ``fence_sentinel: "true"``; a
 new writer puts it at the tail so that the stale writer's next put collides with it.
 
+memwal-sql adds ``memwal_crc32c`` to the schema metadata: the CRC32C of every byte after the
+schema message (the record batches and the end-of-stream marker), so that a changed bit is a
+:class:`CorruptWalEntryError` rather than a different row replayed. Lance ignores the key;
+entries without it (Lance's, older ones) are read unchecked.
+
 Example:
     >>> import pyarrow as pa
     >>> b = pa.record_batch({"id": [1], "_tombstone": [False]})
@@ -16,11 +21,13 @@ Example:
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+import google_crc32c
 import pyarrow as pa
 
 from memwal_sql.errors import (
@@ -39,6 +46,7 @@ TOMBSTONE = "_tombstone"
 _EPOCH = b"writer_epoch"
 _GENERATION = b"generation"
 _SENTINEL = b"fence_sentinel"
+_CHECKSUM = b"memwal_crc32c"
 _PUT_ATTEMPTS = 4
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
@@ -71,21 +79,50 @@ class WalEntry:
 
 def encode_wal_entry(
     batches: Sequence[pa.RecordBatch], schema: pa.Schema, *, writer_epoch: int, generation: int
-) -> memoryview:
-    """Serialize batches as one WAL entry (an Arrow IPC stream), without a copy to ``bytes``."""
+) -> bytes:
+    """Serialize batches as one WAL entry (an Arrow IPC stream with its checksum)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, _entry_schema(schema, writer_epoch, generation)) as w:
+    with pa.ipc.new_stream(sink, schema) as w:
         for b in batches:
             w.write_batch(b)
-    return memoryview(sink.getvalue())
+    body = _after_schema(sink.getvalue())
+    return b"".join([_schema_message(schema, writer_epoch, generation, _crc32c([body])), body])
+
+
+def _schema_message(
+    schema: pa.Schema, writer_epoch: int, generation: int, checksum: bytes
+) -> bytes:
+    return schema.with_metadata({
+        _EPOCH: str(writer_epoch).encode(),
+        _GENERATION: str(generation).encode(),
+        _CHECKSUM: checksum,
+    }).serialize().to_pybytes()
+
+
+def _crc32c(parts: Sequence[pa.Buffer | bytes]) -> bytes:
+    crc = 0
+    for part in parts:
+        crc = google_crc32c.extend(crc, part)
+    return b"%08x" % crc
+
+
+def _after_schema(stream: bytes | memoryview | pa.Buffer) -> pa.Buffer:
+    """The messages of an IPC stream after its schema message, without a copy."""
+    buf = pa.py_buffer(stream) if not isinstance(stream, pa.Buffer) else stream
+    # A message: the continuation marker, the metadata's length, then the metadata (a schema
+    # message has no body).
+    marker, length = struct.unpack_from("<Ii", buf)
+    return buf.slice(8 + length if marker == 0xFFFFFFFF else 4 + marker)
 
 
 class WalEntryEncoder:
     """:func:`encode_wal_entry` for a stream of entries of one schema, at a fraction of the cost.
 
     An IPC stream is its schema message, one message per batch, then the end-of-stream marker.
-    The schema message depends only on (epoch, generation), so it is encoded once per generation;
-    each batch is serialized on its own. The bytes are identical to :func:`encode_wal_entry`
+    Each batch is serialized on its own, with no stream writer, and the checksum is taken over
+    the parts without joining them first. The schema message differs between entries of a
+    generation only in the checksum's eight hex digits, so it is encoded once per generation
+    and the digits are written into a copy. The bytes are identical to :func:`encode_wal_entry`
     (a test checks it). Schemas with dictionary columns need dictionary messages first and go
     through the stream writer.
 
@@ -101,25 +138,26 @@ class WalEntryEncoder:
         self.schema = schema
         self.writer_epoch = writer_epoch
         self._fast = not any(_has_dictionary(f.type) for f in schema)
-        self._header: tuple[int, bytes] | None = None
+        self._header: tuple[int, bytes, int] | None = None  # generation, message, checksum at
 
-    def encode(self, batches: Sequence[pa.RecordBatch], generation: int) -> bytes | memoryview:
+    def encode(self, batches: Sequence[pa.RecordBatch], generation: int) -> bytes:
         if not self._fast:
             return encode_wal_entry(
                 batches, self.schema, writer_epoch=self.writer_epoch, generation=generation
             )
         if self._header is None or self._header[0] != generation:
-            empty = encode_wal_entry(
-                [], self.schema, writer_epoch=self.writer_epoch, generation=generation
-            )
-            self._header = (generation, bytes(empty[: -len(_END_OF_STREAM)]))
-        return b"".join([self._header[1], *(b.serialize() for b in batches), _END_OF_STREAM])
+            self._header = (generation, *self._header_with_checksum_offset(generation))
+        _, header, at = self._header
+        body = [*(b.serialize() for b in batches), _END_OF_STREAM]
+        return b"".join([header[:at], _crc32c(body), header[at + 8:], *body])
 
-
-def _entry_schema(schema: pa.Schema, writer_epoch: int, generation: int) -> pa.Schema:
-    return schema.with_metadata(
-        {_EPOCH: str(writer_epoch).encode(), _GENERATION: str(generation).encode()}
-    )
+    def _header_with_checksum_offset(self, generation: int) -> tuple[bytes, int]:
+        # Where the digits are: the one place two messages with different checksums differ.
+        zeros, fs = (_schema_message(self.schema, self.writer_epoch, generation, digits)
+                     for digits in (b"00000000", b"ffffffff"))
+        at = next(i for i in range(len(zeros)) if zeros[i] != fs[i])
+        assert len(zeros) == len(fs) and zeros[at + 8:] == fs[at + 8:]
+        return zeros, at
 
 
 def _has_dictionary(t: pa.DataType) -> bool:
@@ -157,6 +195,14 @@ def decode_wal_entry(data: bytes | memoryview, position: int) -> WalEntry:
     meta = reader.schema.metadata or {}
     if _EPOCH not in meta:
         raise CorruptWalEntryError(f"WAL entry at position {position} has no writer_epoch")
+    if _CHECKSUM in meta:
+        crc = _crc32c([_after_schema(data)])
+        if crc != meta[_CHECKSUM]:
+            raise CorruptWalEntryError(
+                f"WAL entry at position {position} fails its checksum (crc32c {crc.decode()}, "
+                f"written {meta[_CHECKSUM].decode(errors='replace')}): its bytes changed after "
+                "it was written. Restore it from a backup; or move it aside to give up its rows"
+            )
     try:
         epoch = int(meta[_EPOCH])
         generation = int(meta[_GENERATION]) if _GENERATION in meta else None

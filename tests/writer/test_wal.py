@@ -28,9 +28,41 @@ def test_entry_is_an_ipc_stream_with_lance_metadata():
     b = pa.record_batch([pa.array([1, 2]), pa.array(["a", None]), pa.array([False, True])], schema=s)
     data = encode_wal_entry([b, b], s, writer_epoch=4, generation=2)
     reader = pa.ipc.open_stream(pa.BufferReader(data))  # a stream, not the IPC file format
-    assert reader.schema.metadata == {b"writer_epoch": b"4", b"generation": b"2"}
+    meta = reader.schema.metadata
+    assert {k: meta[k] for k in (b"writer_epoch", b"generation")} == {
+        b"writer_epoch": b"4", b"generation": b"2"}
+    assert list(reader) == [b, b]
     e = decode_wal_entry(data, 9)
     assert (e.writer_epoch, e.generation, e.num_rows, e.is_sentinel) == (4, 2, 4, False)
+
+
+def changed_bits(data: bytes, start: int, step: int):
+    """``data`` with one bit flipped, at every ``step``-th byte from ``start``."""
+    for i in range(start, len(data), step):
+        yield i, data[:i] + bytes([data[i] ^ (1 << (i % 8))]) + data[i + 1:]
+
+
+def test_a_changed_bit_after_the_schema_is_a_typed_error():
+    s = wal_schema(BASE, ["id"])
+    b = pa.record_batch([pa.array(range(50)), pa.array([f"v{i}" for i in range(50)]),
+                         pa.array([False] * 50)], schema=s)
+    data = bytes(WalEntryEncoder(s, writer_epoch=2).encode([b, b.slice(10)], 1))
+    header = len(s.with_metadata({b"writer_epoch": b"2", b"generation": b"1",
+                                  b"memwal_crc32c": b"00000000"}).serialize())
+    for i, bad in changed_bits(data, header, 7):  # every 7th byte: values, offsets, lengths
+        with pytest.raises(CorruptWalEntryError, match="checksum|truncated|complete"):
+            e = decode_wal_entry(bad, 4)
+            pytest.fail(f"byte {i} changed, still read {e.num_rows} rows")
+
+
+def test_entries_without_a_checksum_are_read_as_lance_writes_them():
+    s = wal_schema(BASE, ["id"])
+    b = pa.record_batch([pa.array([1]), pa.array(["a"]), pa.array([False])], schema=s)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, s.with_metadata({b"writer_epoch": b"3"})) as w:
+        w.write_batch(b)
+    e = decode_wal_entry(sink.getvalue().to_pybytes(), 2)
+    assert (e.writer_epoch, e.generation, e.batches) == (3, None, (b,))
 
 
 @pytest.mark.parametrize("types", [
@@ -137,6 +169,7 @@ def test_a_failed_fsync_fails_the_write_and_is_not_retried(tmp_path, monkeypatch
     # succeed, so a retry that finds the entry's bytes must not acknowledge it (fsyncgate).
     import errno
     import os
+    import threading
 
     from memwal_sql.errors import SyncFailedError
     from memwal_sql.storage import store as store_module
@@ -146,7 +179,8 @@ def test_a_failed_fsync_fails_the_write_and_is_not_retried(tmp_path, monkeypatch
     real, calls = os.fsync, []
 
     def directory_fails(fd):
-        calls.append(fd)
+        if threading.current_thread() is threading.main_thread():  # not the spare files' thread
+            calls.append(fd)
         if os.path.isdir(f"/proc/self/fd/{fd}"):
             raise OSError(errno.EIO, "Input/output error")
         return real(fd)
