@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import lance
@@ -140,3 +141,22 @@ def apply_op(tbl: Any, model: Model, op: str, keys: list, seed: int, uri: str, b
     else:
         raise ValueError(op)
     return tbl
+
+
+def files_under(root: Any) -> set[str]:
+    """Every file path under ``root``."""
+    return {os.path.join(d, n) for d, _, names in os.walk(root) for n in names}
+
+
+def record_fsyncs(monkeypatch: Any) -> set[str]:
+    """Patch ``os.fsync`` to add the path of every file or directory it syncs to the returned
+    set (undone with the monkeypatch)."""
+    synced: set[str] = set()
+    real = os.fsync
+
+    def recording(fd: int) -> None:
+        synced.add(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    return synced

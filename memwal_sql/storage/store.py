@@ -37,6 +37,7 @@ from memwal_sql.errors import (
     StorageError,
     SyncFailedError,
 )
+from memwal_sql.storage import layout
 from memwal_sql.storage.spare_files import SpareFiles, create_temp_file, is_temp_file, open_spare
 
 # Keys of a Lance storage_options dict that configure the HTTP client rather than the S3
@@ -274,6 +275,41 @@ class ObjectStore:
                 _fsync_path(directory)
             self._sync_parents(top)
 
+    def sync_written_since(self, since: float, *, skip: str = layout.MEM_WAL_DIR) -> int:
+        """On local disk, fsync every file under the root (outside the directory ``skip``)
+        modified since ``since`` (seconds since the epoch, with a second of slack for coarse
+        file-system clocks), then the directories holding them up to the root; return how many
+        files. Object stores need nothing.
+
+        For commits others write without fsync (Lance's base-table commits: a merge, an index
+        update), before anything relies on them surviving a power loss: once the base table's
+        newest version says generations are merged, GC may delete them and their WAL entries.
+        """
+        if self._local_root is None or not self.durable:
+            return 0
+        root, cutoff = str(self._local_root), since - 1.0
+        synced, directories = 0, set()
+        with storage_failures("syncing the base table's new files"):
+            for directory, subdirs, names in os.walk(root, onerror=_raise_unless_gone):
+                if directory == root:
+                    subdirs[:] = [d for d in subdirs if d != skip]
+                for name in names:
+                    path = os.path.join(directory, name)
+                    try:
+                        if os.stat(path).st_mtime < cutoff:
+                            continue
+                        _fsync_path(path)
+                    except FileNotFoundError:
+                        continue  # removed meanwhile (a cleanup of old versions)
+                    synced += 1
+                    holder = directory
+                    while holder not in directories and holder.startswith(root):
+                        directories.add(holder)  # and the ones holding its name, up to the root
+                        holder = os.path.dirname(holder)
+            for directory in sorted(directories, key=len, reverse=True):
+                _fsync_path(directory)
+        return synced
+
     def _sync_parents(self, path: Path) -> None:
         """fsync the directories holding ``path``'s name and its parents' names, up to the root."""
         while path != self._local_root and self._local_root in path.parents:
@@ -380,6 +416,11 @@ def _fsync_path(path: str) -> None:
 
 def _raise(e: OSError) -> None:
     raise e
+
+
+def _raise_unless_gone(e: OSError) -> None:
+    if not isinstance(e, FileNotFoundError):
+        raise e
 
 
 _AT_FDCWD = -100

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -16,7 +17,15 @@ from hypothesis import strategies as st
 
 import memwal_sql as mw
 from memwal_sql.manifest import RegionManifestStore
-from tests.lsm import Model, apply_op, lance_latest_rows, op_sequences, seeded_table
+from tests.lsm import (
+    Model,
+    apply_op,
+    files_under,
+    lance_latest_rows,
+    op_sequences,
+    record_fsyncs,
+    seeded_table,
+)
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
 ops = op_sequences(20, 6, ["flush", "merge", "gc", "reindex", "catchup", "snapshot", "crash",
@@ -226,3 +235,21 @@ def test_maintain_watch_runs_beside_a_live_writer(tmp_path):
     assert tbl.to_arrow(consistency="eventual").sort_by("k") == model.table(SCHEMA)
     assert lance_latest_rows(uri, ["k"]) == model.table(SCHEMA)
     assert result.merge.conflicts == 0
+
+
+def test_the_merge_commit_is_fsynced_before_gc_can_rely_on_it(tmp_path, monkeypatch):
+    # Lance writes a commit without fsync. Once the base version says the generations are
+    # merged, GC may delete them and their WAL entries, so the merge makes it durable first.
+    tbl = mw.create_table(str(tmp_path), batch([1, 2, 3], 0), primary_key="k")
+    with tbl.writer() as w:
+        w.upsert(batch([1, 4], 5))
+        w.delete([2])
+    before = files_under(tmp_path)
+    synced = record_fsyncs(monkeypatch)
+    tbl.merge()
+    monkeypatch.undo()
+    new = files_under(tmp_path) - before
+    assert any("_versions" in p for p in new) and any("/data/" in p for p in new)
+    assert new <= synced
+    assert {os.path.dirname(p) for p in new} <= synced and str(tmp_path) in synced
+    assert not any("_mem_wal" in p for p in synced)  # the writer's own files are durable already
