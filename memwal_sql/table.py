@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -623,6 +624,7 @@ def create_table(
         >>> tbl.primary_key
         ('id',)
     """
+    started = time.time()
     keys = _normalise_pk(primary_key)
     spec = region_spec if region_spec is not None else RegionSpec.unsharded()
     opts = dict(storage_options or {}) or None
@@ -663,8 +665,10 @@ def create_table(
     spec = spec.bind(_plain_schema(ds.schema))
     ds = create_mem_wal_index(ds, _index_details(ds, spec), opts)
     ds = _ensure_key_index(ds, keys, uri, opts)
-    return MemWalTable(uri, ds, primary_key=keys, region_spec=spec, storage_options=opts,
-                       writer_config=writer_config)
+    table = MemWalTable(uri, ds, primary_key=keys, region_spec=spec, storage_options=opts,
+                        writer_config=writer_config)
+    table.store.sync_written_since(started)  # Lance commits without fsync
+    return table
 
 
 def open_table(

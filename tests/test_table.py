@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 import uuid
@@ -20,7 +21,7 @@ from memwal_sql.errors import (
     WrongRegionError,
 )
 from memwal_sql.storage import layout
-from tests.lsm import Model, lance_latest_rows
+from tests.lsm import Model, files_under, lance_latest_rows, record_fsyncs
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string())])
 
@@ -332,3 +333,17 @@ def test_table_flush_reports_a_writer_whose_flush_failed(tmp_path, monkeypatch):
         tbl.flush()
     with pytest.raises(StorageError):
         tbl.flush()  # and keeps reporting it
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_create_table_fsyncs_what_lance_wrote(tmp_path, monkeypatch, existing):
+    # Lance commits without fsync: an acknowledged create_table must survive a power loss.
+    uri = str(tmp_path / "t")
+    if existing:
+        lance.write_dataset(pa.table({"id": [1, 2], "v": ["a", "b"]}, schema=SCHEMA), uri)
+    synced = record_fsyncs(monkeypatch)
+    mw.create_table(uri, None if existing else SCHEMA, primary_key="id")
+    monkeypatch.undo()
+    written = files_under(uri)
+    assert any("_versions" in p for p in written) and any("_indices" in p for p in written)
+    assert written <= synced and {os.path.dirname(p) for p in written} <= synced

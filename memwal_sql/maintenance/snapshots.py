@@ -73,8 +73,9 @@ def build_region_snapshots(table: MemWalTable) -> SnapshotResult:
     now_ms = int(time.time() * 1000)
 
     if inline is None:
-        write_lance_file(rows, table.store.uri_for(external_snapshot_path(now_ms)),
-                         table.storage_options or None)
+        path = external_snapshot_path(now_ms)
+        write_lance_file(rows, table.store.uri_for(path), table.storage_options or None)
+        table.store.sync_tree(path.rpartition("/")[0])  # before the commit that names it
 
     def change(details: MemWalIndexDetails) -> None:
         details.snapshot_ts_millis = now_ms

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import lance
 import pyarrow as pa
 import pytest
@@ -13,6 +15,7 @@ from memwal_sql.index.region_snapshots import external_snapshot_path
 from memwal_sql.maintenance.merger import merge_region
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import layout
+from tests.lsm import files_under, record_fsyncs
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
 
@@ -54,6 +57,22 @@ def test_inline_snapshot_holds_every_region_manifest(table):
     assert d.num_regions == 3 and d.HasField("inline_snapshots") and d.snapshot_ts_millis > 0
     assert_snapshot_matches_manifests(table)
     assert lance.dataset(table.uri).mem_wal_index_details() is not None  # Lance still reads it
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_the_snapshot_and_its_commit_are_fsynced(table, monkeypatch, inline):
+    # Lance commits without fsync; the details it carries (merge progress too) must survive.
+    if not inline:
+        monkeypatch.setattr("memwal_sql.maintenance.snapshots.INLINE_THRESHOLD", 2)
+    before = files_under(table.uri)
+    synced = record_fsyncs(monkeypatch)
+    result = table.build_region_snapshots()
+    monkeypatch.undo()
+    assert result.committed and result.inline == inline
+    new = files_under(table.uri) - before
+    assert any("_versions" in p for p in new)
+    assert any(p.endswith("/index.lance") for p in new) != inline
+    assert new <= synced and {os.path.dirname(p) for p in new} <= synced
 
 
 def test_eventual_reads_go_through_the_snapshot_not_the_manifests(table, monkeypatch):
