@@ -9,9 +9,8 @@ This one takes the Python out and compares the file-system work alone, on the sa
 * ``put, no spare file``: ``ObjectStore.put_if_not_exists`` as memwal-sql does it (temporary
   file, write, fsync, rename to its name without replacing, fsync the directory), creating the
   temporary file on the spot;
-* ``put, spare files``: the same with the temporary files created, fsynced and their names
-  fsynced ahead of time by a background thread (``keep_spare_files``), as a region writer's WAL
-  does.
+* ``put, spare files``: the same with the temporary files created and fsynced ahead of time by
+  a background thread (``keep_spare_files``), as a region writer's WAL does.
 
 Each runs in two regimes: ``fresh`` (no file deleted lately) and ``after deletions`` (20,000 files
 created and deleted just before, the steady state of a writer whose old WAL entries are

@@ -2,17 +2,20 @@
 
 A durable put on local disk writes its data to a temporary file, fsyncs it, renames it into place
 and fsyncs the directory. Creating that file is the one step that does not depend on the data, and
-it is costly: a new inode, and a new name that must reach the disk too (on ext4 without a journal,
-the first fsync of a new file also writes its directory, so the put would write the directory
-twice). So for the directories of hot append paths (a writer's WAL), a background thread keeps
-``per_directory`` temporary files created, fsynced, and their names fsynced: a put takes one,
-writes it, and its two fsyncs are left with only the put's own data and its final name. Spares
-are made a few at a time, so that their names share one directory fsync. RocksDB recycles WAL
-files and Kafka preallocates segments for the same reason.
+it is costly: a new inode, and on ext4 without a journal the first fsync of a new file also
+writes its directory, so the put would write the directory twice. So for the directories of hot
+append paths (a writer's WAL), a background thread keeps up to ``per_directory`` temporary files
+created and fsynced, refilled half at a time: a put takes one, writes it, and its two fsyncs are
+left with only the put's own data and its final name. RocksDB recycles WAL files and Kafka
+preallocates segments for the same reason.
 
-Spares are named like the temporary files of any put (``.<stem>.<hex>.tmp``): listings hide them,
+The thread never fsyncs the directory itself: Linux reports a failed write-back of the directory
+to one fsync only, which must be the put's whose name it holds, not the thread's.
+
+Spares are named like the temporary files of any put (``.spare.<hex>.tmp``): listings hide them,
 closing or releasing removes them, and the ones a crash leaves behind are removed like a crashed
-put's leftovers. Spares are per process: a forked child never uses its parent's.
+put's leftovers, only later (:data:`SPARE_MAX_AGE`: an idle writer keeps its spares). Spares
+are per process: a forked child never uses its parent's.
 
 Example:
     >>> import tempfile, os
@@ -34,6 +37,9 @@ import threading
 import weakref
 
 TEMP_SUFFIX = ".tmp"
+SPARE_MAX_AGE = 24 * 3600.0
+"""Seconds after which a clean-up of temporary files removes a spare nobody took."""
+_SPARE_STEM = "spare"
 _ALL: weakref.WeakSet[SpareFiles] = weakref.WeakSet()
 
 
@@ -59,6 +65,11 @@ def is_temp_file(path: str) -> bool:
     """True for the name of a put's temporary file or a spare (hidden from listings)."""
     name = path.rsplit("/", 1)[-1]
     return name.startswith(".") and name.endswith(TEMP_SUFFIX)
+
+
+def is_spare(path: str) -> bool:
+    """True for the name of a spare file."""
+    return path.rsplit("/", 1)[-1].startswith(f".{_SPARE_STEM}.") and is_temp_file(path)
 
 
 class SpareFiles:
@@ -94,6 +105,7 @@ class SpareFiles:
             while self._creating == directory:
                 self._cond.wait()
             spares = self._ready.pop(directory, [])
+            self._failed.discard(directory)
         _discard(spares)
 
     def take(self, directory: str) -> str | None:
@@ -109,6 +121,8 @@ class SpareFiles:
                 self._cond.wait()
             spares = self._ready.get(directory)
             if not spares:
+                if spares is not None:
+                    self._cond.notify_all()  # kept, but its last batch failed: try again
                 return None
             spare = spares.pop(0)
             if self._lacks(spares):
@@ -159,36 +173,36 @@ class SpareFiles:
                     return
                 self._creating = directory
                 missing = self.per_directory - len(self._ready[directory])
-            made = _create_synced(directory, missing)
-            with self._cond:
-                self._creating = None
-                ready = self._ready.get(directory)
-                if made and ready is not None and not self._closed:
-                    ready.extend(made)
-                    made = []
-                elif not made:
-                    self._failed.add(directory)
-                self._cond.notify_all()
-            _discard(made)  # released or closed meanwhile
+            made: list[str] = []
+            try:
+                made = _create_synced(directory, missing)
+            except Exception:  # noqa: BLE001 - a failed batch: puts make their own files
+                pass
+            finally:  # whatever happens, no take() or release() waits for this batch forever
+                with self._cond:
+                    self._creating = None
+                    ready = self._ready.get(directory)
+                    if made and ready is not None and not self._closed:
+                        ready.extend(made)
+                        made = []
+                    elif not made:
+                        self._failed.add(directory)
+                    self._cond.notify_all()
+                _discard(made)  # released or closed meanwhile
 
 
 def _create_synced(directory: str, count: int) -> list[str]:
-    """``count`` new spares in ``directory``, each file and then their names fsynced; [] if that
-    fails (the directory is gone, or the disk fails: a put then makes its own file and reports)."""
+    """``count`` new spares in ``directory``, each fsynced; [] if that fails (the directory is
+    gone, or the disk fails: a put then makes its own file, and its own fsyncs report)."""
     made: list[str] = []
     try:
         for _ in range(count):
-            path, fd = create_temp_file(directory, "spare")
+            path, fd = create_temp_file(directory, _SPARE_STEM)
             made.append(path)
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
     except OSError:
         _discard(made)
         return []
@@ -196,10 +210,11 @@ def _create_synced(directory: str, count: int) -> list[str]:
 
 
 def _discard(spares: list[str]) -> None:
+    # Best effort: a spare left behind is removed later as a leftover.
     for path in spares:
         try:
             os.unlink(path)
-        except FileNotFoundError:
+        except OSError:
             pass
 
 

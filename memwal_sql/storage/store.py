@@ -38,7 +38,14 @@ from memwal_sql.errors import (
     SyncFailedError,
 )
 from memwal_sql.storage import layout
-from memwal_sql.storage.spare_files import SpareFiles, create_temp_file, is_temp_file, open_spare
+from memwal_sql.storage.spare_files import (
+    SPARE_MAX_AGE,
+    SpareFiles,
+    create_temp_file,
+    is_spare,
+    is_temp_file,
+    open_spare,
+)
 
 # Keys of a Lance storage_options dict that configure the HTTP client rather than the S3
 # credentials; obstore panics if they are passed as S3 config.
@@ -329,11 +336,13 @@ class ObjectStore:
 
     def remove_temp_files(self, prefix: str, older_than: float = 60.0) -> int:
         """Delete the temporary files that puts interrupted by a crash left in the directory
-        ``prefix`` (local disk only), if older than ``older_than`` seconds; return how many."""
+        ``prefix`` (local disk only), if older than ``older_than`` seconds (spare files: a day);
+        return how many."""
         if self._local_root is None:
             return 0
         removed = 0
         cutoff = time.time() - older_than
+        spare_cutoff = min(cutoff, time.time() - SPARE_MAX_AGE)  # an idle writer's spares stay
         try:
             entries = list(os.scandir(f"{self.uri}/{prefix.strip('/')}"))
         except FileNotFoundError:
@@ -341,7 +350,7 @@ class ObjectStore:
         for entry in entries:
             if is_temp_file(entry.name) and not (self._spares and self._spares.holds(entry.path)):
                 try:
-                    if entry.stat().st_mtime < cutoff:
+                    if entry.stat().st_mtime < (spare_cutoff if is_spare(entry.name) else cutoff):
                         removed += _unlink_if_exists(entry.path)
                 except FileNotFoundError:
                     pass

@@ -6,10 +6,11 @@ columns, non-key columns nullable, then ``_tombstone: bool not null``), with sch
 sentinel is an entry with an empty schema, no batches and metadata ``fence_sentinel: "true"``; a
 new writer puts it at the tail so that the stale writer's next put collides with it.
 
-memwal-sql adds ``memwal_crc32c`` to the schema metadata: the CRC32C of every byte after the
-schema message (the record batches and the end-of-stream marker), so that a changed bit is a
-:class:`CorruptWalEntryError` rather than a different row replayed. Lance ignores the key;
-entries without it (Lance's, older ones) are read unchecked.
+memwal-sql adds ``memwal_crc32c`` as the first schema metadata key (sentinels too): the CRC32C
+of the whole entry with those eight hex digits written as zeros. It is checked on the raw bytes
+before anything is parsed, so a changed bit anywhere (a column's name or type, the epoch, a
+value) is a :class:`CorruptWalEntryError` rather than a different row replayed. Lance ignores
+the key; entries without it (Lance's, older ones) are read unchecked.
 
 Example:
     >>> import pyarrow as pa
@@ -21,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 import struct
 import threading
 import time
@@ -47,6 +49,10 @@ _EPOCH = b"writer_epoch"
 _GENERATION = b"generation"
 _SENTINEL = b"fence_sentinel"
 _CHECKSUM = b"memwal_crc32c"
+_ZEROS = b"00000000"
+# As flatbuffers stores strings: little-endian length, bytes, NUL.
+_CHECKSUM_STRING = struct.pack("<I", len(_CHECKSUM)) + _CHECKSUM + b"\0"
+_DIGITS_STRING = re.compile(rb"\x08\x00\x00\x00([0-9a-f]{8})\x00")
 _PUT_ATTEMPTS = 4
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
@@ -85,34 +91,65 @@ def encode_wal_entry(
     with pa.ipc.new_stream(sink, schema) as w:
         for b in batches:
             w.write_batch(b)
-    body = _after_schema(sink.getvalue())
-    return b"".join([_schema_message(schema, writer_epoch, generation, _crc32c([body])), body])
+    stream = sink.getvalue()
+    body = stream.slice(_schema_message_length(stream))
+    return _checksummed(_header_template(schema, _entry_metadata(writer_epoch, generation)), [body])
 
 
-def _schema_message(
-    schema: pa.Schema, writer_epoch: int, generation: int, checksum: bytes
-) -> bytes:
-    return schema.with_metadata({
-        _EPOCH: str(writer_epoch).encode(),
-        _GENERATION: str(generation).encode(),
-        _CHECKSUM: checksum,
-    }).serialize().to_pybytes()
+def _entry_metadata(writer_epoch: int, generation: int) -> dict[bytes, bytes]:
+    return {_EPOCH: str(writer_epoch).encode(), _GENERATION: str(generation).encode()}
 
 
-def _crc32c(parts: Sequence[pa.Buffer | bytes]) -> bytes:
-    crc = 0
-    for part in parts:
+def _header_template(schema: pa.Schema, metadata: dict[bytes, bytes]) -> tuple[bytes, int]:
+    """The schema message of ``schema`` with the checksum key (zeros) then ``metadata``, and
+    where the checksum's eight digits are in it: the one place where two messages with
+    different digits differ."""
+    zeros, fs = (schema.with_metadata({_CHECKSUM: digits, **metadata}).serialize().to_pybytes()
+                 for digits in (_ZEROS, b"ffffffff"))
+    at = next(i for i in range(len(zeros)) if zeros[i] != fs[i])
+    assert len(zeros) == len(fs) and zeros[at + 8:] == fs[at + 8:]
+    return zeros, at
+
+
+def _checksummed(template: tuple[bytes, int], body: Sequence[pa.Buffer | bytes]) -> bytes:
+    """The entry of schema message ``template`` and the messages ``body`` (in parts, not
+    joined first), its checksum written in."""
+    header, at = template
+    crc = google_crc32c.value(header)
+    for part in body:
         crc = google_crc32c.extend(crc, part)
-    return b"%08x" % crc
+    return b"".join([header[:at], b"%08x" % crc, header[at + 8:], *body])
 
 
-def _after_schema(stream: bytes | memoryview | pa.Buffer) -> pa.Buffer:
-    """The messages of an IPC stream after its schema message, without a copy."""
-    buf = pa.py_buffer(stream) if not isinstance(stream, pa.Buffer) else stream
+def _schema_message_length(stream: pa.Buffer) -> int:
     # A message: the continuation marker, the metadata's length, then the metadata (a schema
     # message has no body).
-    marker, length = struct.unpack_from("<Ii", buf)
-    return buf.slice(8 + length if marker == 0xFFFFFFFF else 4 + marker)
+    marker, length = struct.unpack_from("<Ii", stream)
+    return 8 + length if marker == 0xFFFFFFFF else 4 + marker
+
+
+def _check_checksum(data: bytes | memoryview, position: int) -> None:
+    """Raise :class:`CorruptWalEntryError` unless the entry's checksum holds, if it has one.
+
+    Found in the raw schema message, before pyarrow parses anything: the key as flatbuffers
+    stores a string, then the 8-digit string values whose zeroing gives back the checksum.
+    """
+    buf = pa.py_buffer(data)
+    n = _schema_message_length(buf)
+    if not 8 <= n <= len(buf) - len(_END_OF_STREAM):
+        return  # not ours or not whole: the parse reports it
+    header = buf.slice(0, n).to_pybytes()
+    if _CHECKSUM_STRING not in header:
+        return  # Lance's, or an older memwal-sql's
+    body = buf.slice(n)
+    for m in _DIGITS_STRING.finditer(header):
+        zeroed = header[:m.start(1)] + _ZEROS + header[m.end(1):]
+        if b"%08x" % google_crc32c.extend(google_crc32c.value(zeroed), body) == m.group(1):
+            return
+    raise CorruptWalEntryError(
+        f"WAL entry at position {position} fails its checksum: its bytes changed after it was "
+        "written. Restore it from a backup; or move it aside to give up its rows"
+    )
 
 
 class WalEntryEncoder:
@@ -138,26 +175,18 @@ class WalEntryEncoder:
         self.schema = schema
         self.writer_epoch = writer_epoch
         self._fast = not any(_has_dictionary(f.type) for f in schema)
-        self._header: tuple[int, bytes, int] | None = None  # generation, message, checksum at
+        self._template: tuple[int, tuple[bytes, int]] | None = None  # per generation
 
     def encode(self, batches: Sequence[pa.RecordBatch], generation: int) -> bytes:
         if not self._fast:
             return encode_wal_entry(
                 batches, self.schema, writer_epoch=self.writer_epoch, generation=generation
             )
-        if self._header is None or self._header[0] != generation:
-            self._header = (generation, *self._header_with_checksum_offset(generation))
-        _, header, at = self._header
+        if self._template is None or self._template[0] != generation:
+            metadata = _entry_metadata(self.writer_epoch, generation)
+            self._template = (generation, _header_template(self.schema, metadata))
         body = [*(b.serialize() for b in batches), _END_OF_STREAM]
-        return b"".join([header[:at], _crc32c(body), header[at + 8:], *body])
-
-    def _header_with_checksum_offset(self, generation: int) -> tuple[bytes, int]:
-        # Where the digits are: the one place two messages with different checksums differ.
-        zeros, fs = (_schema_message(self.schema, self.writer_epoch, generation, digits)
-                     for digits in (b"00000000", b"ffffffff"))
-        at = next(i for i in range(len(zeros)) if zeros[i] != fs[i])
-        assert len(zeros) == len(fs) and zeros[at + 8:] == fs[at + 8:]
-        return zeros, at
+        return _checksummed(self._template[1], body)
 
 
 def _has_dictionary(t: pa.DataType) -> bool:
@@ -168,11 +197,8 @@ def _has_dictionary(t: pa.DataType) -> bool:
 
 def encode_fence_sentinel(writer_epoch: int) -> bytes:
     """The empty entry a new writer puts at the WAL tail to fence the previous one."""
-    schema = pa.schema([], metadata={_SENTINEL: b"true", _EPOCH: str(writer_epoch).encode()})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema):
-        pass
-    return sink.getvalue().to_pybytes()
+    metadata = {_SENTINEL: b"true", _EPOCH: str(writer_epoch).encode()}
+    return _checksummed(_header_template(pa.schema([]), metadata), [_END_OF_STREAM])
 
 
 def decode_wal_entry(data: bytes | memoryview, position: int) -> WalEntry:
@@ -184,10 +210,11 @@ def decode_wal_entry(data: bytes | memoryview, position: int) -> WalEntry:
             f"WAL entry at position {position} has no end-of-stream marker: it is truncated; "
             "restore it from a backup or move it aside to recover"
         )
+    _check_checksum(data, position)
     try:
         reader = pa.ipc.open_stream(pa.BufferReader(data))
         batches = tuple(reader)
-    except (pa.ArrowInvalid, OSError) as e:
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
         raise CorruptWalEntryError(
             f"WAL entry at position {position} is not a complete Arrow IPC stream ({e}); "
             "it may be truncated: restore it from a backup or move it aside to recover"
@@ -195,14 +222,6 @@ def decode_wal_entry(data: bytes | memoryview, position: int) -> WalEntry:
     meta = reader.schema.metadata or {}
     if _EPOCH not in meta:
         raise CorruptWalEntryError(f"WAL entry at position {position} has no writer_epoch")
-    if _CHECKSUM in meta:
-        crc = _crc32c([_after_schema(data)])
-        if crc != meta[_CHECKSUM]:
-            raise CorruptWalEntryError(
-                f"WAL entry at position {position} fails its checksum (crc32c {crc.decode()}, "
-                f"written {meta[_CHECKSUM].decode(errors='replace')}): its bytes changed after "
-                "it was written. Restore it from a backup; or move it aside to give up its rows"
-            )
     try:
         epoch = int(meta[_EPOCH])
         generation = int(meta[_GENERATION]) if _GENERATION in meta else None

@@ -70,6 +70,7 @@ def test_durable_local_create_leaves_no_temp_files(tmp_path, spares):
     store = ObjectStore(str(tmp_path))
     if spares:
         store.keep_spare_files("w")
+        store._spares.wait_idle()  # the put takes a spare
     store.put_if_not_exists("w/a", b"x")
     with pytest.raises(ObjectExistsError):
         store.put_if_not_exists("w/a", b"y")
@@ -84,6 +85,7 @@ def test_a_put_that_fails_midway_leaves_nothing(tmp_path, monkeypatch, spares):
     store = ObjectStore(str(tmp_path))
     if spares:
         store.keep_spare_files("w")
+        store._spares.wait_idle()  # the put takes a spare
 
     def fail(src, dst):
         raise OSError(5, "Input/output error")
