@@ -13,7 +13,6 @@ Example:
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -624,7 +623,6 @@ def create_table(
         >>> tbl.primary_key
         ('id',)
     """
-    started = time.time()
     keys = _normalise_pk(primary_key)
     spec = region_spec if region_spec is not None else RegionSpec.unsharded()
     opts = dict(storage_options or {}) or None
@@ -667,7 +665,10 @@ def create_table(
     ds = _ensure_key_index(ds, keys, uri, opts)
     table = MemWalTable(uri, ds, primary_key=keys, region_spec=spec, storage_options=opts,
                         writer_config=writer_config)
-    table.store.sync_written_since(started)  # Lance commits without fsync
+    # Lance writes without fsync: an acknowledged table (all of it, when MemWAL was enabled on
+    # an existing one) must survive a power loss, its own name too.
+    table.store.sync_written_since(0.0)
+    table.store.sync_root_name()
     return table
 
 

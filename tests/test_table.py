@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import lance
@@ -336,14 +337,19 @@ def test_table_flush_reports_a_writer_whose_flush_failed(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("existing", [False, True])
-def test_create_table_fsyncs_what_lance_wrote(tmp_path, monkeypatch, existing):
-    # Lance commits without fsync: an acknowledged create_table must survive a power loss.
-    uri = str(tmp_path / "t")
+def test_create_table_fsyncs_what_lance_wrote_and_its_own_name(tmp_path, monkeypatch, existing):
+    # Lance commits without fsync: an acknowledged create_table must survive a power loss, all
+    # of the table when MemWAL is enabled on one Lance wrote long ago.
+    uri = str(tmp_path / "new" / "t")
     if existing:
         lance.write_dataset(pa.table({"id": [1, 2], "v": ["a", "b"]}, schema=SCHEMA), uri)
+        old = time.time() - 3600
+        for p in files_under(uri):
+            os.utime(p, (old, old))
     synced = record_fsyncs(monkeypatch)
     mw.create_table(uri, None if existing else SCHEMA, primary_key="id")
     monkeypatch.undo()
     written = files_under(uri)
     assert any("_versions" in p for p in written) and any("_indices" in p for p in written)
     assert written <= synced and {os.path.dirname(p) for p in written} <= synced
+    assert {str(tmp_path / "new"), str(tmp_path)} <= synced  # the names of the root and parents

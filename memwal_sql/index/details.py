@@ -7,7 +7,6 @@ The index is an entry named ``__lance_mem_wal`` in the base table's manifest wit
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
@@ -88,7 +87,6 @@ def update_mem_wal_details(
     from memwal_sql.index.base_manifest import read_mem_wal_details
 
     restore: dict[bytes, int] = {}
-    started = time.time()
     for _ in range(attempts):
         ds = lance.dataset(uri, storage_options=storage_options)
         details = read_mem_wal_details(store, ds.version)
@@ -105,7 +103,6 @@ def update_mem_wal_details(
                 if gen > ours.get(rid, 0):
                     restore[rid] = max(gen, restore.get(rid, 0))
         if not restore:
-            store.sync_written_since(started)  # Lance commits without fsync
             return committed
     raise CommitConflictError(
         f"the MemWAL index of {uri} kept changing under concurrent merges; retry later")

@@ -15,18 +15,26 @@ Per region, it removes:
 * manifest versions older than the newest ``keep_manifest_versions``;
 * on local disk, temporary files of puts a crash interrupted (older than a minute).
 
+Lance writes base-table versions without fsync, and GC deletes on their word. So on local disk a
+pass first fsyncs every base-table file written since the previous pass began (with a minute
+of slack for clocks; the time is kept in ``_mem_wal/base_synced.json``): merges, index updates
+and snapshots of any process, a merger that died right after its commit, commits made by Lance
+directly.
+
 Example:
     ``tbl.merge(); print(tbl.gc())``
 """
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from memwal_sql._proto.memwal_pb2 import RegionManifest
-from memwal_sql.errors import CorruptWalEntryError
+from memwal_sql.errors import CorruptWalEntryError, ObjectNotFoundError
 from memwal_sql.index.catchup import index_coverage, min_caught_up
 from memwal_sql.manifest import RegionManifestStore, commit_change
 from memwal_sql.storage import layout
@@ -34,6 +42,9 @@ from memwal_sql.writer.wal import read_wal_entry, wal_positions
 
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
+
+
+_CLOCK_SLACK = 60.0
 
 
 @dataclass
@@ -61,6 +72,23 @@ def collectable_generations(table: MemWalTable) -> dict[str, int]:
     return out
 
 
+def sync_base_table(table: MemWalTable) -> int:
+    """fsync the base-table files written since the previous call began (local disk); return
+    how many. The first call, or one after a lost marker, syncs every file."""
+    store = table.store
+    if not store.is_local:
+        return 0
+    try:
+        since = float(json.loads(store.get(layout.BASE_SYNCED))["started"]) - _CLOCK_SLACK
+    except (ObjectNotFoundError, ValueError, KeyError, TypeError):
+        since = 0.0
+    started = time.time()
+    synced = store.sync_written_since(since)
+    # Written after the sync, so a marker that survives a power loss never claims more.
+    store.put(layout.BASE_SYNCED, json.dumps({"started": started}).encode())
+    return synced
+
+
 def gc_table(table: MemWalTable, *, keep_manifest_versions: int = 10,
              base_versions_older_than: timedelta | None = None) -> GcResult:
     """One GC pass over every region (see the module docstring).
@@ -73,6 +101,7 @@ def gc_table(table: MemWalTable, *, keep_manifest_versions: int = 10,
     drops the versions that still list them.
     """
     result = GcResult()
+    sync_base_table(table)  # before the cleanup too: it may leave only unsynced versions
     if base_versions_older_than is not None:
         table.dataset().cleanup_old_versions(older_than=base_versions_older_than)
     collectable = collectable_generations(table)

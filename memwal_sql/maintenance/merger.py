@@ -89,7 +89,6 @@ def merge_region(table: MemWalTable, region_id: str, *, max_generations: int | N
             # A tombstoned key is never among the live rows (they are deduplicated), so its base
             # row is "not matched by source" and this predicate selects it.
             builder = builder.when_not_matched_by_source_delete(sql_key_predicate(dead.select(pk)))
-        started = time.time()
         try:
             builder.mark_sstables_as_compacted(
                 [CompactedSsTable(region_id, pending[-1].generation)]).execute(live)
@@ -105,9 +104,6 @@ def merge_region(table: MemWalTable, region_id: str, *, max_generations: int | N
                     "with other mergers; retry later"
                 ) from e
             continue  # another merger got there first: re-read the progress
-        # Lance commits without fsync; once this version says the generations are merged, GC
-        # may delete them and their WAL entries.
-        table.store.sync_written_since(started)
         result.rows_upserted += live.num_rows
         result.rows_deleted += dead.num_rows if dead is not None else 0
         result.merged.setdefault(region_id, []).extend(g.generation for g in pending)

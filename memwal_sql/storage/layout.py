@@ -24,6 +24,7 @@ import re
 import secrets
 
 MEM_WAL_DIR = "_mem_wal"
+BASE_SYNCED = f"{MEM_WAL_DIR}/base_synced.json"  # GC: when base-table files were last fsynced
 WAL_SUFFIX = ".arrow"  # Lance 14 ignores `.lance` WAL entries and rejects IPC *file* format
 MANIFEST_SUFFIX = ".binpb"
 VERSION_HINT = "version_hint.json"

@@ -288,9 +288,9 @@ class ObjectStore:
         file-system clocks), then the directories holding them up to the root; return how many
         files. Object stores need nothing.
 
-        For commits others write without fsync (Lance's base-table commits: a merge, an index
-        update), before anything relies on them surviving a power loss: once the base table's
-        newest version says generations are merged, GC may delete them and their WAL entries.
+        For what others write without fsync (Lance's base-table commits), before anything
+        relies on it surviving a power loss: a created table; GC, which deletes generations and
+        WAL entries once a base version says they are merged.
         """
         if self._local_root is None or not self.durable:
             return 0
@@ -314,8 +314,20 @@ class ObjectStore:
                         directories.add(holder)  # and the ones holding its name, up to the root
                         holder = os.path.dirname(holder)
             for directory in sorted(directories, key=len, reverse=True):
-                _fsync_path(directory)
+                try:
+                    _fsync_path(directory)
+                except FileNotFoundError:
+                    pass  # removed meanwhile (an index directory a cleanup dropped)
         return synced
+
+    def sync_root_name(self) -> None:
+        """On local disk, fsync the directories above the root, so that the root's name (and
+        any parent ``mkdir`` made for it) survives a power loss."""
+        if self._local_root is None or not self.durable:
+            return
+        with storage_failures(f"syncing the name of {self.uri}"):
+            for parent in self._local_root.parents:
+                _fsync_path(str(parent))
 
     def _sync_parents(self, path: Path) -> None:
         """fsync the directories holding ``path``'s name and its parents' names, up to the root."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import lance
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -16,7 +14,7 @@ from memwal_sql.index.catchup import index_coverage
 from memwal_sql.maintenance.indexes import recorded_catchup
 from planner.indexed import plan_indexed_read
 from memwal_sql.snapshot import take_snapshot
-from tests.lsm import files_under, layered_table, record_fsyncs
+from tests.lsm import layered_table
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
 
@@ -50,17 +48,6 @@ def test_catch_up_is_where_the_index_last_covered_every_fragment(lagging):
     assert recorded_catchup(tbl.mem_wal_details()) == result.caught_up
     assert tbl.catch_up_indexes().optimized == []  # nothing lags: no commit
 
-
-def test_the_catch_up_commit_is_fsynced_before_gc_can_rely_on_it(lagging, monkeypatch):
-    # GC deletes the generations an index lagged behind once the index covers them.
-    tbl, _ = lagging
-    before = files_under(tbl.uri)
-    synced = record_fsyncs(monkeypatch)
-    assert tbl.catch_up_indexes().optimized == ["k_pk_btree"]
-    monkeypatch.undo()
-    new = files_under(tbl.uri) - before
-    assert any("_indices" in p for p in new) and any("_versions" in p for p in new)
-    assert new <= synced and {os.path.dirname(p) for p in new} <= synced
 
 
 def test_a_fragment_not_written_by_a_merge_makes_catch_up_unknown(lagging):

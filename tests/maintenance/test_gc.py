@@ -125,3 +125,26 @@ def test_temp_files_of_crashed_puts_are_collected(tmp_path):
     before = tbl.gc().objects
     assert not old.exists() and fresh.exists()  # a fresh one may be a put in progress
     assert before >= 1 and tbl.to_arrow().num_rows == 1
+
+
+def test_each_gc_pass_syncs_the_base_files_written_since_the_last_one_began(tmp_path):
+    import os
+    import time
+
+    from memwal_sql.maintenance.gc import sync_base_table
+
+    tbl = mw.create_table(str(tmp_path), batch([1, 2], 0), primary_key="k")
+    base = [os.path.join(d, n) for d, _, names in os.walk(tmp_path) for n in names
+            if "_mem_wal" not in d]
+    assert sync_base_table(tbl) == len(base)  # no marker yet: everything
+    old = time.time() - 3600
+    for p in base:
+        os.utime(p, (old, old))
+    assert sync_base_table(tbl) == 0  # nothing written since the last pass began
+    with tbl.writer() as w:
+        w.upsert(batch([3], 1))
+    tbl.merge()  # a commit of four files (data, deletions, transaction, manifest) or so
+    assert 0 < sync_base_table(tbl) < len(base) + 10
+    tbl.store.put(layout.BASE_SYNCED, b"garbage")  # a lost or damaged marker: everything again
+    assert sync_base_table(tbl) == sum(
+        1 for d, _, names in os.walk(tmp_path) if "_mem_wal" not in d for _ in names)

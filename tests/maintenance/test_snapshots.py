@@ -15,7 +15,6 @@ from memwal_sql.index.region_snapshots import external_snapshot_path
 from memwal_sql.maintenance.merger import merge_region
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import layout
-from tests.lsm import files_under, record_fsyncs
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
 
@@ -59,20 +58,25 @@ def test_inline_snapshot_holds_every_region_manifest(table):
     assert lance.dataset(table.uri).mem_wal_index_details() is not None  # Lance still reads it
 
 
-@pytest.mark.parametrize("inline", [True, False])
-def test_the_snapshot_and_its_commit_are_fsynced(table, monkeypatch, inline):
-    # Lance commits without fsync; the details it carries (merge progress too) must survive.
-    if not inline:
-        monkeypatch.setattr("memwal_sql.maintenance.snapshots.INLINE_THRESHOLD", 2)
-    before = files_under(table.uri)
-    synced = record_fsyncs(monkeypatch)
+def test_an_external_snapshot_file_is_fsynced_before_the_commit_naming_it(table, monkeypatch):
+    # The commit may reach the disk before GC syncs it; the file it names must be there then.
+    monkeypatch.setattr("memwal_sql.maintenance.snapshots.INLINE_THRESHOLD", 2)
+    versions = os.path.join(table.uri, "_versions")
+    committed_at_sync = {}
+    real = os.fsync
+
+    def recording(fd):
+        committed_at_sync.setdefault(os.readlink(f"/proc/self/fd/{fd}"), len(os.listdir(versions)))
+        real(fd)
+
+    before = len(os.listdir(versions))
+    monkeypatch.setattr(os, "fsync", recording)
     result = table.build_region_snapshots()
     monkeypatch.undo()
-    assert result.committed and result.inline == inline
-    new = files_under(table.uri) - before
-    assert any("_versions" in p for p in new)
-    assert any(p.endswith("/index.lance") for p in new) != inline
-    assert new <= synced and {os.path.dirname(p) for p in new} <= synced
+    assert result.committed and not result.inline
+    [snapshot_file] = [p for p in committed_at_sync if p.endswith("/index.lance")]
+    assert committed_at_sync[snapshot_file] == before  # synced while no new version existed
+    assert len(os.listdir(versions)) == before + 1
 
 
 def test_eventual_reads_go_through_the_snapshot_not_the_manifests(table, monkeypatch):
