@@ -19,7 +19,8 @@ Lance writes base-table versions without fsync, and GC deletes on their word. So
 pass first fsyncs every base-table file written since the previous pass began (with a minute
 of slack for clocks; the time is kept in ``_mem_wal/base_synced.json``): merges, index updates
 and snapshots of any process, a merger that died right after its commit, commits made by Lance
-directly.
+directly. After reading which generations are collectable it syncs what was written since the
+pass began, for a version committed meanwhile, and only then deletes.
 
 Example:
     ``tbl.merge(); print(tbl.gc())``
@@ -72,21 +73,12 @@ def collectable_generations(table: MemWalTable) -> dict[str, int]:
     return out
 
 
-def sync_base_table(table: MemWalTable) -> int:
-    """fsync the base-table files written since the previous call began (local disk); return
-    how many. The first call, or one after a lost marker, syncs every file."""
-    store = table.store
-    if not store.is_local:
-        return 0
+def _last_pass_began(table: MemWalTable) -> float:
+    """When the previous pass began, less the slack; 0 (sync everything) without a marker."""
     try:
-        since = float(json.loads(store.get(layout.BASE_SYNCED))["started"]) - _CLOCK_SLACK
+        return float(json.loads(table.store.get(layout.BASE_SYNCED))["started"]) - _CLOCK_SLACK
     except (ObjectNotFoundError, ValueError, KeyError, TypeError):
-        since = 0.0
-    started = time.time()
-    synced = store.sync_written_since(since)
-    # Written after the sync, so a marker that survives a power loss never claims more.
-    store.put(layout.BASE_SYNCED, json.dumps({"started": started}).encode())
-    return synced
+        return 0.0
 
 
 def gc_table(table: MemWalTable, *, keep_manifest_versions: int = 10,
@@ -101,10 +93,16 @@ def gc_table(table: MemWalTable, *, keep_manifest_versions: int = 10,
     drops the versions that still list them.
     """
     result = GcResult()
-    sync_base_table(table)  # before the cleanup too: it may leave only unsynced versions
+    started = time.time()
+    # Before the cleanup too: it may leave only the newest version.
+    table.store.sync_written_since(_last_pass_began(table))
     if base_versions_older_than is not None:
         table.dataset().cleanup_old_versions(older_than=base_versions_older_than)
     collectable = collectable_generations(table)
+    # A version committed while this pass ran may be the one just read: sync it too.
+    table.store.sync_written_since(started)
+    if table.store.is_local:  # after the syncs: a marker that survives never claims more
+        table.store.put(layout.BASE_SYNCED, json.dumps({"started": started}).encode())
     for rid in table.regions():
         _gc_region(table, rid, collectable.get(rid, 0), keep_manifest_versions, result)
     return result

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from datetime import timedelta
 
 import lance
@@ -13,7 +15,7 @@ from memwal_sql.errors import WriterFencedError
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import layout
 from memwal_sql.writer.wal import iter_wal, read_wal_entry
-from tests.lsm import Model, lance_latest_rows
+from tests.lsm import Model, files_under, lance_latest_rows, record_fsyncs
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
 NOW = timedelta(0)
@@ -127,24 +129,61 @@ def test_temp_files_of_crashed_puts_are_collected(tmp_path):
     assert before >= 1 and tbl.to_arrow().num_rows == 1
 
 
-def test_each_gc_pass_syncs_the_base_files_written_since_the_last_one_began(tmp_path):
-    import os
-    import time
-
-    from memwal_sql.maintenance.gc import sync_base_table
-
+def test_each_gc_pass_syncs_the_base_files_written_since_the_last_one_began(tmp_path,
+                                                                           monkeypatch):
     tbl = mw.create_table(str(tmp_path), batch([1, 2], 0), primary_key="k")
-    base = [os.path.join(d, n) for d, _, names in os.walk(tmp_path) for n in names
-            if "_mem_wal" not in d]
-    assert sync_base_table(tbl) == len(base)  # no marker yet: everything
+
+    def base_files():
+        return {p for p in files_under(tmp_path) if "_mem_wal" not in p}
+
+    def gc_syncs():
+        synced = record_fsyncs(monkeypatch)
+        tbl.gc()
+        monkeypatch.undo()
+        return synced & base_files()
+
+    assert gc_syncs() == base_files()  # no marker yet: everything
     old = time.time() - 3600
-    for p in base:
+    for p in base_files():
         os.utime(p, (old, old))
-    assert sync_base_table(tbl) == 0  # nothing written since the last pass began
+    assert gc_syncs() == set()  # nothing written since the last pass began
     with tbl.writer() as w:
         w.upsert(batch([3], 1))
-    tbl.merge()  # a commit of four files (data, deletions, transaction, manifest) or so
-    assert 0 < sync_base_table(tbl) < len(base) + 10
+    tbl.merge()
+    written = {p for p in base_files() if os.stat(p).st_mtime > old + 1}
+    assert any("/data/" in p for p in written)
+    assert gc_syncs() == written  # the merge's commit (and the hint Lance rewrote), nothing older
     tbl.store.put(layout.BASE_SYNCED, b"garbage")  # a lost or damaged marker: everything again
-    assert sync_base_table(tbl) == sum(
-        1 for d, _, names in os.walk(tmp_path) if "_mem_wal" not in d for _ in names)
+    assert gc_syncs() == base_files()
+
+
+def test_a_merge_committed_while_gc_runs_is_synced_before_gc_acts_on_it(tmp_path, monkeypatch):
+    from memwal_sql.storage import ObjectStore
+
+    tbl = mw.create_table(str(tmp_path), batch([1, 2], 0), primary_key="k")
+    with tbl.writer() as w:
+        w.upsert(batch([3], 1))
+    tbl.gc()  # the marker: the next pass syncs only what is new
+    real_sync = ObjectStore.sync_written_since
+    calls = []
+
+    def merge_right_after_the_first_sync(self, since):
+        n = real_sync(self, since)
+        if not calls:  # another process merges just after the pass's first walk
+            tbl.merge()
+            tbl.catch_up_indexes()
+        calls.append(since)
+        return n
+
+    before = files_under(tmp_path)
+    monkeypatch.setattr(ObjectStore, "sync_written_since", merge_right_after_the_first_sync)
+    synced = record_fsyncs(monkeypatch)
+    at_first_delete = []
+    real_delete = ObjectStore.delete_prefix
+    monkeypatch.setattr(ObjectStore, "delete_prefix", lambda self, prefix: (
+        at_first_delete.append(set(synced)), real_delete(self, prefix))[1])
+    result = tbl.gc(base_versions_older_than=timedelta(0))
+    monkeypatch.undo()
+    assert result.generations == {w.region_id: [1]}  # on the word of the merge's version
+    committed = {p for p in files_under(tmp_path) - before if "_mem_wal" not in p}
+    assert any("/data/" in p for p in committed) and committed <= at_first_delete[0]
