@@ -327,7 +327,10 @@ class ObjectStore:
             return
         with storage_failures(f"syncing the name of {self.uri}"):
             for parent in self._local_root.parents:
-                _fsync_path(str(parent))
+                try:
+                    _fsync_path(str(parent))
+                except PermissionError:
+                    pass  # a directory we may not read (e.g. mode 711): not one we created
 
     def _sync_parents(self, path: Path) -> None:
         """fsync the directories holding ``path``'s name and its parents' names, up to the root."""
