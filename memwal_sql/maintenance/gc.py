@@ -93,15 +93,16 @@ def gc_table(table: MemWalTable, *, keep_manifest_versions: int = 10,
     drops the versions that still list them.
     """
     result = GcResult()
-    started = time.time()
-    # Before the cleanup too: it may leave only the newest version.
-    table.store.sync_written_since(_last_pass_began(table))
+    local, started = table.store.is_local, time.time()
+    if local:  # before the cleanup too: it may leave only the newest version
+        table.store.sync_written_since(_last_pass_began(table))
     if base_versions_older_than is not None:
         table.dataset().cleanup_old_versions(older_than=base_versions_older_than)
     collectable = collectable_generations(table)
-    # A version committed while this pass ran may be the one just read: sync it too.
-    table.store.sync_written_since(started)
-    if table.store.is_local:  # after the syncs: a marker that survives never claims more
+    if local:
+        # A version committed while this pass ran may be the one just read: sync it too. The
+        # marker comes after the syncs, so one that survives a power loss never claims more.
+        table.store.sync_written_since(started)
         table.store.put(layout.BASE_SYNCED, json.dumps({"started": started}).encode())
     for rid in table.regions():
         _gc_region(table, rid, collectable.get(rid, 0), keep_manifest_versions, result)

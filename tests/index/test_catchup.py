@@ -49,7 +49,6 @@ def test_catch_up_is_where_the_index_last_covered_every_fragment(lagging):
     assert tbl.catch_up_indexes().optimized == []  # nothing lags: no commit
 
 
-
 def test_a_fragment_not_written_by_a_merge_makes_catch_up_unknown(lagging):
     tbl, _ = lagging
     tbl.catch_up_indexes()
