@@ -151,8 +151,8 @@ class SpareFiles:
         _discard(spares)
 
     def _next_directory(self) -> str | None:
-        # Caller holds the lock. The directory with the fewest spares, if any is down to half.
-        # Spares are made in batches: their names share one directory fsync.
+        # Caller holds the lock. The directory with the fewest spares, if any is down to half
+        # (spares are made in batches, so the thread wakes once per batch, not once per put).
         lacking = [
             (len(spares), d)
             for d, spares in self._ready.items()
