@@ -86,6 +86,11 @@ class MissingWalEntryError(CorruptWalEntryError):
     """A WAL position is missing while later positions exist: an entry was lost."""
 
 
+class TornWalEntryWarning(UserWarning):
+    """The last WAL entry of a region is torn by a crash of the machine during its put; it was
+    never acknowledged, so reads leave it out and the next writer moves it aside."""
+
+
 class CorruptManifestError(StorageError):
     """A region manifest or MemWAL index entry cannot be decoded."""
 

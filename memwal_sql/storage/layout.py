@@ -7,6 +7,7 @@ the spec is silent or contradicts itself)::
     _mem_wal/{region_id}/manifest/version_hint.json
     _mem_wal/{region_id}/wal/{bitrev64(position)}.arrow
     _mem_wal/{region_id}/{hex8}_gen_{generation}/
+    _mem_wal/{region_id}/torn_wal/{bitrev64(position)}.{ns}.arrow  (memwal-sql: set aside)
 
 Bit-reversed names spread consecutive numbers over the key space of an object store (no hot
 prefix) while staying parseable.
@@ -77,6 +78,12 @@ def version_hint_path(region_id: str) -> str:
 
 def wal_dir(region_id: str) -> str:
     return f"{region_dir(region_id)}/wal"
+
+
+def torn_wal_entry_path(region_id: str, position: int, moved_ns: int) -> str:
+    """Where a torn WAL entry is kept once moved out of the WAL (outside ``wal/``, so that
+    neither memwal-sql nor Lance reads it as an entry)."""
+    return f"{region_dir(region_id)}/torn_wal/{bitrev64(position)}.{moved_ns}{WAL_SUFFIX}"
 
 
 def wal_entry_path(region_id: str, position: int) -> str:

@@ -1,16 +1,16 @@
 """Temporary files created ahead of time, so that a durable put does not wait for one.
 
-A durable put on local disk writes its data to a temporary file, fsyncs it, renames it into place
-and fsyncs the directory. Creating that file is the one step that does not depend on the data, and
-it is costly: a new inode, and on ext4 without a journal the first fsync of a new file also
-writes its directory, so the put would write the directory twice. So for the directories of hot
-append paths (a writer's WAL), a background thread keeps up to ``per_directory`` temporary files
-created and fsynced, refilled half at a time: a put takes one, writes it, and its two fsyncs are
-left with only the put's own data and its final name. RocksDB recycles WAL files and Kafka
-preallocates segments for the same reason.
+A durable put on local disk writes its data to a temporary file and renames it into place.
+Creating that file is the one step that does not depend on the data, and it is costly: a new
+inode and a directory entry. So for the directories of hot append paths (a writer's WAL), a
+background thread keeps up to ``per_directory`` empty temporary files created, refilled half at
+a time, and a put takes one. RocksDB recycles WAL files and Kafka preallocates segments for the
+same reason.
 
-The thread never fsyncs the directory itself: Linux reports a failed write-back of the directory
-to one fsync only, which must be the put's whose name it holds, not the thread's.
+Spares are never fsynced: a put's own fsync writes the file's new name (or, where it does not,
+the put fsyncs the directory), and a spare that a power loss takes is simply not there. So the
+thread never takes a device flush from the puts; and Linux reports a failed write-back to one
+fsync only, which must be a put's.
 
 Spares are named like the temporary files of any put (``.spare.<hex>.tmp``): listings hide them,
 closing or releasing removes them, and the ones a crash leaves behind are removed like a crashed
@@ -175,7 +175,7 @@ class SpareFiles:
                 missing = self.per_directory - len(self._ready[directory])
             made: list[str] = []
             try:
-                made = _create_synced(directory, missing)
+                made = _create(directory, missing)
             except Exception:  # noqa: BLE001 - a failed batch: puts make their own files
                 pass
             finally:  # whatever happens, no take() or release() waits for this batch forever
@@ -191,18 +191,15 @@ class SpareFiles:
                 _discard(made)  # released or closed meanwhile
 
 
-def _create_synced(directory: str, count: int) -> list[str]:
-    """``count`` new spares in ``directory``, each fsynced; [] if that fails (the directory is
-    gone, or the disk fails: a put then makes its own file, and its own fsyncs report)."""
+def _create(directory: str, count: int) -> list[str]:
+    """``count`` new spares in ``directory``; [] if that fails (the directory is gone, or the
+    disk fails: a put then makes its own file, and reports what fails)."""
     made: list[str] = []
     try:
         for _ in range(count):
             path, fd = create_temp_file(directory, _SPARE_STEM)
             made.append(path)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            os.close(fd)
     except OSError:
         _discard(made)
         return []

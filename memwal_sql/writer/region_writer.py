@@ -15,6 +15,7 @@ import math
 import numbers
 import threading
 import time
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -26,10 +27,12 @@ import pyarrow.compute as pc
 
 from memwal_sql._proto.memwal_pb2 import RegionManifest
 from memwal_sql.errors import (
+    CorruptWalEntryError,
     InvalidInputError,
     MemWalError,
     ObjectExistsError,
     StorageError,
+    TornWalEntryWarning,
     WriterClosedError,
     WriterFencedError,
     WrongRegionError,
@@ -44,7 +47,9 @@ from memwal_sql.writer.wal import (
     WalWriter,
     decode_wal_entry,
     encode_fence_sentinel,
+    is_torn_tail,
     iter_wal,
+    set_aside_torn_entry,
 )
 
 _FLUSH_ATTEMPTS = 3
@@ -122,6 +127,7 @@ class WriterStats:
     rows_written: int = 0
     replayed_entries: int = 0
     replayed_rows: int = 0
+    torn_entries_set_aside: int = 0
     memtable_flushes: int = 0
     flushed_rows: int = 0
     flush_seconds: float = 0.0
@@ -343,26 +349,40 @@ class RegionWriter:
         entries start right after it.
         """
         tail = manifest.replay_after_wal_entry_position
-        for entry in iter_wal(self._store, self.region_id, tail, list_for_gaps=True):
+        replayed = []
+        for entry in iter_wal(self._store, self.region_id, tail, list_for_gaps=True,
+                              warn_torn_tail=False):
             self._replay_entry(entry)
+            replayed.append(layout.wal_entry_path(self.region_id, entry.position))
             tail = entry.position
         if manifest.version == 1:
             return tail  # nobody wrote this region before: there is no one to fence
+        # What is replayed may not be durable yet: the previous writer may have died between
+        # the rename of a put and its fsync, and Lance's writer never fsyncs. Sync it before
+        # appending after it, so that a crash of the machine can only ever tear the last entry.
+        self._store.sync_objects(replayed)
         # Put the sentinel at the first free position. Taking a position means the previous
         # writer's next put there fails; if it got there first, that entry is one of its
         # acknowledged writes: replay it and try the next position.
-        sentinel = encode_fence_sentinel(self.epoch)
         position = tail + 1
         while True:
+            path = layout.wal_entry_path(self.region_id, position)
             try:
-                self._store.put_if_not_exists(layout.wal_entry_path(self.region_id, position), sentinel)
+                self._store.put_if_not_exists(
+                    path, encode_fence_sentinel(self.epoch, position), checksummed=True)
                 break
             except ObjectExistsError:
-                entry = decode_wal_entry(
-                    self._store.get(layout.wal_entry_path(self.region_id, position)), position
-                )
-                self._replay_entry(entry)
-                position += 1
+                pass
+            try:
+                entry = decode_wal_entry(self._store.get(path), position)
+            except CorruptWalEntryError as e:
+                if not is_torn_tail(self._store, self.region_id, position):
+                    raise
+                self._set_aside_torn_entry(position, e)
+                continue
+            self._replay_entry(entry)
+            self._store.sync_objects([path])
+            position += 1
         if position > manifest.wal_entry_position_last_seen:
 
             def see_sentinel(m: RegionManifest) -> bool:
@@ -371,6 +391,14 @@ class RegionWriter:
 
             self._commit(see_sentinel)
         return position
+
+    def _set_aside_torn_entry(self, position: int, damage: CorruptWalEntryError) -> None:
+        to = set_aside_torn_entry(self._store, self.region_id, position)
+        self._stats.torn_entries_set_aside += 1
+        warnings.warn(TornWalEntryWarning(
+            f"region {self.region_id}: the last WAL entry (position {position}) was torn by a "
+            f"crash of the machine during its put ({damage}). It was never acknowledged; moved "
+            f"it to {to} and took its position"), stacklevel=4)
 
     def _replay_entry(self, entry: Any) -> None:
         if entry.writer_epoch > self.epoch:

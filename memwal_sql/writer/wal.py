@@ -7,15 +7,25 @@ sentinel is an entry with an empty schema, no batches and metadata ``fence_senti
 new writer puts it at the tail so that the stale writer's next put collides with it.
 
 memwal-sql adds ``memwal_crc32c`` as the first schema metadata key (sentinels too): the CRC32C
-of the whole entry with those eight hex digits written as zeros. It is checked on the raw bytes
-before anything is parsed, so a changed bit anywhere (a column's name or type, the epoch, a
-value) is a :class:`CorruptWalEntryError` rather than a different row replayed. Lance ignores
-the key; entries without it (Lance's, older ones) are read unchecked.
+of the entry's position (8 bytes, little-endian) followed by the whole entry with those eight hex
+digits written as zeros. It is checked on the raw bytes before anything is parsed, so a changed
+bit anywhere (a column's name or type, the epoch, a value) is a :class:`CorruptWalEntryError`
+rather than a different row replayed; so is a whole entry found at another position than it was
+written for (after a power loss, a file system without a journal can show a file's name over
+blocks of an older, deleted file). Lance ignores the key; entries without it (Lance's) are read
+unchecked, and those of memwal-sql before the position was included are checked without it.
+
+A damaged entry is a :class:`CorruptWalEntryError`, with one exception: the *last* entry of a
+WAL, on local disk, last written before the machine started. Its put was cut short by the
+machine's crash (a put of an entry makes its name and data durable in one flush, see
+:mod:`memwal_sql.storage.store`), so it was never acknowledged: :func:`iter_wal` ends before it
+and a claiming writer moves it aside (:func:`set_aside_torn_entry`).
 
 Example:
     >>> import pyarrow as pa
     >>> b = pa.record_batch({"id": [1], "_tombstone": [False]})
-    >>> e = decode_wal_entry(encode_wal_entry([b], b.schema, writer_epoch=3, generation=1), 7)
+    >>> data = encode_wal_entry([b], b.schema, writer_epoch=3, generation=1, position=7)
+    >>> e = decode_wal_entry(data, 7)
     >>> (e.position, e.writer_epoch, e.generation, e.num_rows)
     (7, 3, 1, 1)
 """
@@ -26,6 +36,7 @@ import re
 import struct
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -34,12 +45,13 @@ import pyarrow as pa
 
 from memwal_sql.errors import (
     CorruptWalEntryError,
-    MissingWalEntryError,
     MemWalError,
+    MissingWalEntryError,
     ObjectExistsError,
     ObjectNotFoundError,
     StorageError,
     SyncFailedError,
+    TornWalEntryWarning,
     WriterFencedError,
 )
 from memwal_sql.storage import ObjectStore, layout
@@ -84,16 +96,19 @@ class WalEntry:
 
 
 def encode_wal_entry(
-    batches: Sequence[pa.RecordBatch], schema: pa.Schema, *, writer_epoch: int, generation: int
+    batches: Sequence[pa.RecordBatch], schema: pa.Schema, *, writer_epoch: int, generation: int,
+    position: int,
 ) -> bytes:
-    """Serialize batches as one WAL entry (an Arrow IPC stream with its checksum)."""
+    """Serialize batches as the WAL entry at ``position`` (an Arrow IPC stream with its
+    checksum)."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema) as w:
         for b in batches:
             w.write_batch(b)
     stream = sink.getvalue()
     body = stream.slice(_schema_message_length(stream))
-    return _checksummed(_header_template(schema, _entry_metadata(writer_epoch, generation)), [body])
+    template = _header_template(schema, _entry_metadata(writer_epoch, generation))
+    return _checksummed(template, [body], position)
 
 
 def _entry_metadata(writer_epoch: int, generation: int) -> dict[bytes, bytes]:
@@ -111,14 +126,20 @@ def _header_template(schema: pa.Schema, metadata: dict[bytes, bytes]) -> tuple[b
     return zeros, at
 
 
-def _checksummed(template: tuple[bytes, int], body: Sequence[pa.Buffer | bytes]) -> bytes:
-    """The entry of schema message ``template`` and the messages ``body`` (in parts, not
-    joined first), its checksum written in."""
+def _checksummed(
+    template: tuple[bytes, int], body: Sequence[pa.Buffer | bytes], position: int
+) -> bytes:
+    """The entry at ``position`` of schema message ``template`` and the messages ``body`` (in
+    parts, not joined first), its checksum written in."""
     header, at = template
-    crc = google_crc32c.value(header)
+    crc = google_crc32c.extend(google_crc32c.value(_position_bytes(position)), header)
     for part in body:
         crc = google_crc32c.extend(crc, part)
     return b"".join([header[:at], b"%08x" % crc, header[at + 8:], *body])
+
+
+def _position_bytes(position: int) -> bytes:
+    return position.to_bytes(8, "little")
 
 
 def _schema_message_length(stream: pa.Buffer) -> int:
@@ -144,11 +165,16 @@ def _check_checksum(data: bytes | memoryview, position: int) -> None:
     body = buf.slice(n)
     for m in _DIGITS_STRING.finditer(header):
         zeroed = header[:m.start(1)] + _ZEROS + header[m.end(1):]
+        at_position = google_crc32c.extend(google_crc32c.value(_position_bytes(position)), zeroed)
+        if b"%08x" % google_crc32c.extend(at_position, body) == m.group(1):
+            return
+        # Entries of memwal-sql before the checksum included the position.
         if b"%08x" % google_crc32c.extend(google_crc32c.value(zeroed), body) == m.group(1):
             return
     raise CorruptWalEntryError(
         f"WAL entry at position {position} fails its checksum: its bytes changed after it was "
-        "written. Restore it from a backup; or move it aside to give up its rows"
+        "written, or it was written for another position. Restore it from a backup; or move it "
+        "aside to give up its rows"
     )
 
 
@@ -166,8 +192,8 @@ class WalEntryEncoder:
     Example:
         >>> b = pa.record_batch({"id": [1], "_tombstone": [False]})
         >>> enc = WalEntryEncoder(b.schema, writer_epoch=2)
-        >>> bytes(enc.encode([b], 1)) == bytes(encode_wal_entry([b], b.schema, writer_epoch=2,
-        ...                                                      generation=1))
+        >>> bytes(enc.encode([b], 1, 5)) == bytes(encode_wal_entry(
+        ...     [b], b.schema, writer_epoch=2, generation=1, position=5))
         True
     """
 
@@ -177,16 +203,16 @@ class WalEntryEncoder:
         self._fast = not any(_has_dictionary(f.type) for f in schema)
         self._template: tuple[int, tuple[bytes, int]] | None = None  # per generation
 
-    def encode(self, batches: Sequence[pa.RecordBatch], generation: int) -> bytes:
+    def encode(self, batches: Sequence[pa.RecordBatch], generation: int, position: int) -> bytes:
+        """The WAL entry at ``position`` holding ``batches`` of MemTable ``generation``."""
         if not self._fast:
-            return encode_wal_entry(
-                batches, self.schema, writer_epoch=self.writer_epoch, generation=generation
-            )
+            return encode_wal_entry(batches, self.schema, writer_epoch=self.writer_epoch,
+                                    generation=generation, position=position)
         if self._template is None or self._template[0] != generation:
             metadata = _entry_metadata(self.writer_epoch, generation)
             self._template = (generation, _header_template(self.schema, metadata))
         body = [*(b.serialize() for b in batches), _END_OF_STREAM]
-        return _checksummed(self._template[1], body)
+        return _checksummed(self._template[1], body, position)
 
 
 def _has_dictionary(t: pa.DataType) -> bool:
@@ -195,10 +221,11 @@ def _has_dictionary(t: pa.DataType) -> bool:
     return any(_has_dictionary(t.field(i).type) for i in range(t.num_fields))
 
 
-def encode_fence_sentinel(writer_epoch: int) -> bytes:
-    """The empty entry a new writer puts at the WAL tail to fence the previous one."""
+def encode_fence_sentinel(writer_epoch: int, position: int) -> bytes:
+    """The empty entry a new writer puts at the WAL tail (``position``) to fence the previous
+    one."""
     metadata = {_SENTINEL: b"true", _EPOCH: str(writer_epoch).encode()}
-    return _checksummed(_header_template(pa.schema([]), metadata), [_END_OF_STREAM])
+    return _checksummed(_header_template(pa.schema([]), metadata), [_END_OF_STREAM], position)
 
 
 def decode_wal_entry(data: bytes | memoryview, position: int) -> WalEntry:
@@ -246,7 +273,7 @@ def read_wal_entry(store: ObjectStore, region_id: str, position: int) -> WalEntr
 
 
 def iter_wal(store: ObjectStore, region_id: str, after: int, *,
-             list_for_gaps: bool = False) -> Iterator[WalEntry]:
+             list_for_gaps: bool = False, warn_torn_tail: bool = True) -> Iterator[WalEntry]:
     """Entries at ``after + 1, after + 2, ...`` until the first missing position (WAL replay).
 
     Writers append at consecutive positions, so an entry after the first missing position means
@@ -254,9 +281,22 @@ def iter_wal(store: ObjectStore, region_id: str, after: int, *,
     short (and a next writer whose sentinel fills the hole and fences itself). Readers check
     the next position only (one request); a claiming writer passes ``list_for_gaps`` to list the
     whole WAL, which GC keeps small except for fence sentinels.
+
+    A torn last entry (:func:`is_torn_tail`) ends the WAL, with a :class:`TornWalEntryWarning`
+    unless ``warn_torn_tail`` is False (a claiming writer sets it aside and warns itself).
     """
     position = after + 1
-    while (entry := read_wal_entry(store, region_id, position)) is not None:
+    torn: CorruptWalEntryError | None = None
+    while True:
+        try:
+            entry = read_wal_entry(store, region_id, position)
+        except CorruptWalEntryError as e:
+            if not is_torn_tail(store, region_id, position):
+                raise
+            torn = e
+            break
+        if entry is None:
+            break
         yield entry
         position += 1
     if list_for_gaps:
@@ -264,12 +304,39 @@ def iter_wal(store: ObjectStore, region_id: str, after: int, *,
     else:
         later = [position + 1] if store.exists(layout.wal_entry_path(region_id, position + 1)) \
             else []
+    if torn is not None:
+        if later:
+            raise torn  # entries after it: not a put cut short, a damaged stored entry
+        if warn_torn_tail:
+            warnings.warn(TornWalEntryWarning(
+                f"region {region_id}: the last WAL entry (position {position}) is torn by a crash "
+                f"of the machine during its put ({torn}); it was never acknowledged and is left "
+                "out. The next writer of the region moves it aside"), stacklevel=2)
+        return
     if later and not store.exists(layout.wal_entry_path(region_id, position)):
         raise MissingWalEntryError(
             f"region {region_id} has no WAL entry at position {position} but has entries up to "
             f"{max(later)}: an entry was lost. Restore it from a backup; or, to give up every "
             f"write from position {position} on, delete the entries after it too"
         )
+
+
+def is_torn_tail(store: ObjectStore, region_id: str, position: int) -> bool:
+    """True if the damaged entry at ``position`` is a put that a crash of the machine cut short:
+    the last entry, on local disk, last written before the machine started. Its writer died with
+    the machine before the put returned, so nobody was told it was stored. Anything else
+    damaged is real corruption of a stored entry.
+    """
+    return not store.exists(layout.wal_entry_path(region_id, position + 1)) and \
+        store.written_before_boot(layout.wal_entry_path(region_id, position))
+
+
+def set_aside_torn_entry(store: ObjectStore, region_id: str, position: int) -> str:
+    """Move the torn entry at ``position`` out of the WAL (kept for inspection under the
+    region's ``torn_wal/``), freeing its position; return where it went."""
+    to = layout.torn_wal_entry_path(region_id, position, time.time_ns())
+    store.move(layout.wal_entry_path(region_id, position), to)
+    return to
 
 
 def wal_positions(store: ObjectStore, region_id: str) -> list[int]:
@@ -415,7 +482,7 @@ class WalWriter:
         generation = group[0][1]
         position = self.next_position
         try:
-            data = self._encoder.encode([g[2] for g in group], generation)
+            data = self._encoder.encode([g[2] for g in group], generation, position)
             t0 = time.perf_counter()
             self._put(position, data)
             elapsed = time.perf_counter() - t0
@@ -439,7 +506,7 @@ class WalWriter:
         path = layout.wal_entry_path(self.region_id, position)
         for attempt in range(_PUT_ATTEMPTS):
             try:
-                self.store.put_if_not_exists(path, data)
+                self.store.put_if_not_exists(path, data, checksummed=True)
                 return
             except ObjectExistsError:
                 # A retried put whose first attempt landed (its reply lost) finds its own bytes.

@@ -176,3 +176,147 @@ def test_a_durable_local_put_syncs_the_file_then_its_new_name(tmp_path, monkeypa
     file_ino, dir_ino = os.stat(dst).st_ino, os.stat(tmp_path / "w").st_ino
     assert (file_ino, False, False) in synced
     assert (dir_ino, True, True) in synced
+
+
+@pytest.mark.parametrize("temp_file", ["spare", "new"])
+def test_a_checksummed_put_renames_then_syncs_the_file_once(tmp_path, monkeypatch, temp_file):
+    # Where the fsync of a newly named file writes the name too, a checksummed put (a WAL entry)
+    # costs one device flush: the complete file is renamed into place, then fsynced; the
+    # directory is not fsynced separately.
+    import stat
+
+    import memwal_sql.storage.store as store_module
+
+    monkeypatch.setattr(store_module, "_file_sync_writes_new_name", lambda d: True)
+    store = ObjectStore(str(tmp_path))
+    if temp_file == "spare":
+        store.keep_spare_files("w")
+        store._spares.wait_idle()
+    else:
+        (tmp_path / "w").mkdir()
+    dst = tmp_path / "w" / "a"
+    synced = []  # (inode, is a directory, the final name existed, its content then)
+    real_fsync = store_module.os.fsync
+
+    def recording_fsync(fd):
+        st = os.fstat(fd)
+        synced.append((st.st_ino, stat.S_ISDIR(st.st_mode), dst.exists(),
+                       dst.read_bytes() if dst.exists() else None))
+        real_fsync(fd)
+
+    monkeypatch.setattr(store_module.os, "fsync", recording_fsync)
+    store.put_if_not_exists("w/a", b"payload", checksummed=True)
+    with pytest.raises(ObjectExistsError):
+        store.put_if_not_exists("w/a", b"other", checksummed=True)
+    monkeypatch.undo()
+    assert synced == [(os.stat(dst).st_ino, False, True, b"payload")]
+    assert dst.read_bytes() == b"payload" and not_spares(store, tmp_path / "w") == ["a"]
+
+
+def test_a_checksummed_put_elsewhere_syncs_the_file_then_the_directory(tmp_path, monkeypatch):
+    import stat
+
+    import memwal_sql.storage.store as store_module
+
+    monkeypatch.setattr(store_module, "_file_sync_writes_new_name", lambda d: False)
+    store = ObjectStore(str(tmp_path))
+    dst = tmp_path / "w" / "a"
+    synced = []
+    real_fsync = store_module.os.fsync
+
+    def recording_fsync(fd):
+        synced.append((stat.S_ISDIR(os.fstat(fd).st_mode), dst.exists()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(store_module.os, "fsync", recording_fsync)
+    store.put_if_not_exists("w/a", b"payload", checksummed=True)
+    monkeypatch.undo()
+    assert synced[-2:] == [(False, False), (True, True)]
+
+
+def test_a_failed_sync_of_a_checksummed_put_leaves_the_object(tmp_path, monkeypatch):
+    # The object already has its name when its fsync fails; removing it could leave a hole in
+    # a WAL that a new writer has replayed and appended to. It was never acknowledged.
+    import errno
+
+    import memwal_sql.storage.store as store_module
+    from memwal_sql.errors import SyncFailedError
+
+    monkeypatch.setattr(store_module, "_file_sync_writes_new_name", lambda d: True)
+    store = ObjectStore(str(tmp_path))
+    store.put_if_not_exists("w/0", b"first", checksummed=True)
+
+    def fails(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(store_module.os, "fsync", fails)
+    with pytest.raises(SyncFailedError, match="Input/output error"):
+        store.put_if_not_exists("w/a", b"payload", checksummed=True)
+    monkeypatch.undo()
+    assert store.get("w/a") == b"payload"
+
+
+def mount_type(path) -> str:
+    """The file-system type of the mount holding ``path``, from /proc/self/mountinfo."""
+    best, kind = "", ""
+    real = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, right = line.split(" - ")
+            point = left.split()[4]
+            if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
+                best, kind = point, right.split()[0]
+    return kind
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/mountinfo"), reason="Linux only")
+def test_only_ext4_xfs_and_btrfs_put_in_one_flush(tmp_path):
+    from memwal_sql.storage.store import _file_sync_writes_new_name
+
+    for path in (tmp_path, "/proc", "/dev/shm" if os.path.isdir("/dev/shm") else "/proc"):
+        assert _file_sync_writes_new_name(str(path)) == (mount_type(path) in {"ext4", "xfs", "btrfs"})
+
+
+def test_sync_objects_fsyncs_each_object_and_its_directory(tmp_path, monkeypatch):
+    import memwal_sql.storage.store as store_module
+
+    store = ObjectStore(str(tmp_path))
+    for name in ("w/1", "w/2", "v/3"):
+        store.put(name, b"x")  # an ordinary put: not synced
+    synced = []
+    real = store_module._fsync_path
+    monkeypatch.setattr(store_module, "_fsync_path", lambda p: (synced.append(p), real(p)))
+    store.sync_objects(["w/1", "v/3"])
+    root = store.uri
+    assert synced[:2] == [f"{root}/w/1", f"{root}/v/3"]
+    assert sorted(synced[2:]) == [f"{root}/v", f"{root}/w"]
+    synced.clear()
+    ObjectStore(f"memory://{tmp_path.name}").sync_objects(["w/1"])
+    assert synced == []
+
+
+def test_written_before_boot(tmp_path):
+    from memwal_sql.storage.store import _boot_time
+
+    store = ObjectStore(str(tmp_path))
+    store.put("old", b"x")
+    store.put("new", b"x")
+    before = _boot_time() - 60
+    assert before > 0
+    os.utime(tmp_path / "old", (before, before))
+    assert store.written_before_boot("old") and not store.written_before_boot("new")
+    memory = ObjectStore(f"memory://{tmp_path.name}")
+    memory.put("old", b"x")
+    assert not memory.written_before_boot("old")  # object stores never tear a put
+
+
+@pytest.mark.parametrize("kind", ["local", "memory"])
+def test_move(tmp_path, kind):
+    store = ObjectStore(str(tmp_path) if kind == "local" else f"memory://mv-{tmp_path.name}")
+    store.put("a/x", b"1")
+    store.put("b/y", b"2")
+    store.move("a/x", "c/x")
+    assert store.get("c/x") == b"1" and not store.exists("a/x")
+    with pytest.raises(ObjectExistsError):
+        store.move("c/x", "b/y")
+    assert store.get("c/x") == b"1" and store.get("b/y") == b"2"

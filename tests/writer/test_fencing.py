@@ -40,7 +40,8 @@ def test_appendix_1_stale_writer_is_fenced_and_no_write_is_lost(table_root):
         t = coercer.upserts(rows(ids, f"e5p{pos}"))
         model.upsert(rows(ids, f"e5p{pos}"))
         tbl.store.put(layout.wal_entry_path(rid, pos),
-                      encode_wal_entry([t], coercer.schema, writer_epoch=5, generation=1))
+                      encode_wal_entry([t], coercer.schema, writer_epoch=5, generation=1,
+                                       position=pos))
 
     a = tbl.writer(region_id=rid)  # steps 1-2: epoch 6, manifest v2
     assert a.epoch == 6 and a.stats()["replayed_rows"] == 3
@@ -91,7 +92,8 @@ def test_replay_refuses_entries_of_a_newer_epoch(tmp_path):
     coercer = RowCoercer(tbl.schema, ["id"])
     pos = w.stats()["next_wal_position"]
     tbl.store.put(layout.wal_entry_path(rid, pos), encode_wal_entry(
-        [coercer.upserts(rows([2], "y"))], coercer.schema, writer_epoch=99, generation=1))
+        [coercer.upserts(rows([2], "y"))], coercer.schema, writer_epoch=99, generation=1,
+        position=pos))
     with pytest.raises(WriterFencedError):
         tbl.writer(region_id=rid)
     assert read_wal_entry(tbl.store, rid, pos).writer_epoch == 99  # nothing was deleted

@@ -397,3 +397,60 @@ def test_small_slices_of_a_batch_count_only_their_rows(table_root):
             w.upsert(parent.slice(i, 1))
         assert w.stats()["memtable_bytes"] < 10 * parent.slice(0, 2_000).nbytes
     assert w.stats()["memtable_flushes"] == 1
+
+
+def test_a_torn_last_wal_entry_is_left_out_by_reads_and_set_aside_by_the_next_writer(tmp_path):
+    # A crash of the machine during a put can leave its entry torn (name and data are made
+    # durable in one flush). That put never returned: reads leave it out, and the next writer
+    # moves it aside, takes its position and goes on.
+    from memwal_sql.errors import TornWalEntryWarning
+    from tests.writer.test_wal import torn
+
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    w = tbl.writer()
+    for i in range(1, 5):
+        w.upsert(rows([i]))
+    rid = w.region_id
+    last = w.stats()["next_wal_position"] - 1
+    w._release_at_exit()  # the machine died during the put of the last entry
+    torn(tbl.store, rid, last)
+    reader = mw.open_table(str(tmp_path))
+    with pytest.warns(TornWalEntryWarning, match=f"position {last}"):
+        assert sorted(reader.to_arrow().column("id").to_pylist()) == [1, 2, 3]
+    with pytest.warns(TornWalEntryWarning, match="moved it to .*torn_wal"):
+        w2 = reader.writer(region_id=rid)
+    assert w2.stats()["torn_entries_set_aside"] == 1 and w2.stats()["replayed_rows"] == 3
+    sentinel = read_wal_entry(tbl.store, rid, last)
+    assert sentinel.is_sentinel and sentinel.writer_epoch == w2.epoch
+    kept = [m.path for m in tbl.store.list(f"{layout.region_dir(rid)}/torn_wal/")]
+    assert len(kept) == 1  # kept for inspection, outside the WAL
+    w2.upsert(rows([4, 5], "again"))
+    w2.close()
+    got = mw.open_table(str(tmp_path)).to_arrow().sort_by("id")
+    assert got.column("id").to_pylist() == [1, 2, 3, 4, 5]
+    assert got.column("v").to_pylist() == ["a1", "a2", "a3", "again4", "again5"]
+
+
+def test_a_claiming_writer_syncs_what_it_replays_before_it_appends(tmp_path, monkeypatch):
+    # The previous writer may have died between the rename and the fsync of its last put (and
+    # Lance's writer never fsyncs): what the new writer replays must be durable before anything
+    # is written after it, or a later power loss could tear an entry in the middle of the WAL.
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    w = tbl.writer()
+    for i in range(1, 4):
+        w.upsert(rows([i]))
+    rid = w.region_id
+    w._release_at_exit()
+    entries = {os.path.realpath(os.path.join(tbl.store.uri, layout.wal_entry_path(rid, p)))
+               for p in wal_positions(tbl.store, rid)}
+    order = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (order.append(
+        os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
+    w2 = mw.open_table(str(tmp_path)).writer(region_id=rid)
+    monkeypatch.undo()
+    sentinel = os.path.realpath(os.path.join(
+        tbl.store.uri, layout.wal_entry_path(rid, w2.stats()["next_wal_position"] - 1)))
+    assert entries <= set(order) and sentinel in order
+    assert max(order.index(e) for e in entries) < order.index(sentinel)
+    w2.close()

@@ -1,3 +1,5 @@
+import os
+
 import pyarrow as pa
 import pytest
 
@@ -26,7 +28,7 @@ def test_wal_schema_relaxes_non_key_columns_and_adds_tombstone():
 def test_entry_is_an_ipc_stream_with_lance_metadata():
     s = wal_schema(BASE, ["id"])
     b = pa.record_batch([pa.array([1, 2]), pa.array(["a", None]), pa.array([False, True])], schema=s)
-    data = encode_wal_entry([b, b], s, writer_epoch=4, generation=2)
+    data = encode_wal_entry([b, b], s, writer_epoch=4, generation=2, position=9)
     reader = pa.ipc.open_stream(pa.BufferReader(data))  # a stream, not the IPC file format
     meta = reader.schema.metadata
     assert {k: meta[k] for k in (b"writer_epoch", b"generation")} == {
@@ -56,13 +58,13 @@ def test_a_changed_bit_anywhere_is_a_typed_error(kind):
     b = pa.record_batch([pa.array(range(20)), pa.array([f"v{i}" for i in range(20)]),
                          pa.array([False] * 19 + [True])], schema=s)
     if kind == "rows":
-        data = bytes(WalEntryEncoder(s, writer_epoch=2).encode([b, b.slice(5)], 1))
+        data = bytes(WalEntryEncoder(s, writer_epoch=2).encode([b, b.slice(5)], 1, 4))
     elif kind == "dictionary rows":
         ds = wal_schema(pa.schema([pa.field("id", pa.int64(), False),
                                    pa.field("v", pa.dictionary(pa.int8(), pa.string()))]), ["id"])
-        data = encode_wal_entry([b.cast(ds)], ds, writer_epoch=2, generation=1)
+        data = encode_wal_entry([b.cast(ds)], ds, writer_epoch=2, generation=1, position=4)
     else:
-        data = encode_fence_sentinel(9)
+        data = encode_fence_sentinel(9, 4)
     original = decode_wal_entry(data, 4)
     unchecked = []
     for i, bad in changed_bits(data):
@@ -106,14 +108,15 @@ def test_encoder_writes_the_same_bytes_as_the_stream_writer(types):
                          pa.array([False, True, False])], schema=s)
     enc = WalEntryEncoder(s, writer_epoch=3)
     for generation, batches in ((1, [b]), (1, [b, b.slice(1)]), (2, [b.slice(2), b])):
-        got = bytes(enc.encode(batches, generation))
-        assert got == bytes(encode_wal_entry(batches, s, writer_epoch=3, generation=generation))
+        got = bytes(enc.encode(batches, generation, 1))
+        assert got == bytes(encode_wal_entry(batches, s, writer_epoch=3, generation=generation,
+                                             position=1))
         e = decode_wal_entry(got, 1)
         assert (e.generation, e.num_rows) == (generation, sum(x.num_rows for x in batches))
 
 
 def test_sentinel_matches_lance_shape():
-    data = encode_fence_sentinel(7)
+    data = encode_fence_sentinel(7, 3)
     reader = pa.ipc.open_stream(pa.BufferReader(data))
     assert len(reader.schema) == 0 and list(reader) == []
     e = decode_wal_entry(data, 3)
@@ -124,7 +127,7 @@ def test_sentinel_matches_lance_shape():
 def test_truncated_entry_is_a_typed_error(cut):
     s = wal_schema(BASE, ["id"])
     b = pa.record_batch([pa.array([1]), pa.array(["a"]), pa.array([False])], schema=s)
-    data = encode_wal_entry([b], s, writer_epoch=1, generation=1)
+    data = encode_wal_entry([b], s, writer_epoch=1, generation=1, position=1)
     with pytest.raises(CorruptWalEntryError):
         decode_wal_entry(data[:cut], 1)
 
@@ -140,7 +143,7 @@ def test_entry_without_epoch_is_rejected():
 def test_iter_wal_stops_at_the_tail(tmp_path):
     store = ObjectStore(str(tmp_path))
     for pos in (1, 2, 3):
-        store.put(layout.wal_entry_path("r", pos), encode_fence_sentinel(pos))
+        store.put(layout.wal_entry_path("r", pos), encode_fence_sentinel(1, pos))
     assert [e.position for e in iter_wal(store, "r", 0)] == [1, 2, 3]
     assert [e.position for e in iter_wal(store, "r", 2)] == [3]
     assert list(iter_wal(store, "r", 3)) == []
@@ -149,8 +152,8 @@ def test_iter_wal_stops_at_the_tail(tmp_path):
 def test_a_lost_entry_before_the_tail_is_an_error_not_a_short_replay(tmp_path):
     store = ObjectStore(str(tmp_path))
     for pos in (1, 2, 3, 5):
-        store.put(layout.wal_entry_path("r", pos), encode_fence_sentinel(pos))
-    store.put(layout.wal_entry_path("r", 8), encode_fence_sentinel(8))
+        store.put(layout.wal_entry_path("r", pos), encode_fence_sentinel(1, pos))
+    store.put(layout.wal_entry_path("r", 8), encode_fence_sentinel(1, 8))
     for list_for_gaps in (False, True):
         seen = []
         with pytest.raises(MissingWalEntryError, match="position 4 but has entries up to"):
@@ -172,8 +175,8 @@ def test_a_retried_put_that_finds_its_own_entry_succeeds(tmp_path):
     real = store.put_if_not_exists
     failures = iter([True])
 
-    def reply_lost(path, data):
-        real(path, data)
+    def reply_lost(path, data, **kwargs):
+        real(path, data, **kwargs)
         if "/wal/" in path and next(failures, False):
             raise StorageError("connection reset after the object was stored")
 
@@ -185,7 +188,8 @@ def test_a_retried_put_that_finds_its_own_entry_succeeds(tmp_path):
     assert sorted(tbl.to_arrow().column("id").to_pylist()) == [1, 2]
 
 
-def test_a_failed_fsync_fails_the_write_and_is_not_retried(tmp_path, monkeypatch):
+@pytest.mark.parametrize("one_flush", [True, False])
+def test_a_failed_fsync_fails_the_write_and_is_not_retried(tmp_path, monkeypatch, one_flush):
     # After an fsync error the kernel may have dropped the data and a second fsync can still
     # succeed, so a retry that finds the entry's bytes must not acknowledge it (fsyncgate).
     import errno
@@ -195,21 +199,95 @@ def test_a_failed_fsync_fails_the_write_and_is_not_retried(tmp_path, monkeypatch
     from memwal_sql.errors import SyncFailedError
     from memwal_sql.storage import store as store_module
 
+    monkeypatch.setattr(store_module, "_file_sync_writes_new_name", lambda d: one_flush)
     tbl = mw.create_table(str(tmp_path), BASE, primary_key="id")
     w = tbl.writer()
     real, calls = os.fsync, []
 
-    def directory_fails(fd):
-        if threading.current_thread() is threading.main_thread():  # not the spare files' thread
+    def wal_entry_fails(fd):
+        if threading.current_thread() is threading.main_thread():
             calls.append(fd)
-        if os.path.isdir(f"/proc/self/fd/{fd}"):
+        if "/wal/" in os.readlink(f"/proc/self/fd/{fd}"):
             raise OSError(errno.EIO, "Input/output error")
         return real(fd)
 
-    monkeypatch.setattr(store_module.os, "fsync", directory_fails)
-    with pytest.raises(SyncFailedError, match="fsync of .*wal failed"):
+    monkeypatch.setattr(store_module.os, "fsync", wal_entry_fails)
+    with pytest.raises(SyncFailedError, match="fsync of .*wal.* failed"):
         w.upsert({"id": [1], "v": ["a"]})
-    assert len(calls) == 2  # the file's fsync and the directory's, never a retry
+    assert len(calls) == 1  # never a retry
     monkeypatch.undo()
     with pytest.raises(SyncFailedError):
         w.upsert({"id": [2], "v": ["b"]})  # the writer stays failed
+
+
+def test_the_checksum_binds_the_entry_to_its_position():
+    # After a power loss a file system without a journal can show a file's name over blocks of
+    # an older file: a whole, valid entry of another position must not replay there.
+    s = wal_schema(BASE, ["id"])
+    b = pa.record_batch([pa.array([1]), pa.array(["a"]), pa.array([False])], schema=s)
+    for data in (bytes(WalEntryEncoder(s, writer_epoch=1).encode([b], 1, 5)),
+                 encode_fence_sentinel(1, 5)):
+        assert decode_wal_entry(data, 5).writer_epoch == 1
+        for other in (4, 6, 5 + (1 << 32)):
+            with pytest.raises(CorruptWalEntryError, match="another position"):
+                decode_wal_entry(data, other)
+
+
+def test_entries_checksummed_without_their_position_still_read():
+    # memwal-sql before the position was in the checksum: CRC32C of the entry alone.
+    import google_crc32c
+
+    s = wal_schema(BASE, ["id"])
+    b = pa.record_batch([pa.array([1]), pa.array(["a"]), pa.array([False])], schema=s)
+    from memwal_sql.writer.wal import _entry_metadata, _header_template
+
+    data = encode_wal_entry([b], s, writer_epoch=1, generation=1, position=3)
+    header, at = _header_template(s, _entry_metadata(1, 1))  # where the digits are
+    zeroed = header + data[len(header):]
+    old = data[:at] + b"%08x" % google_crc32c.value(zeroed) + data[at + 8:]
+    assert old != data
+    assert decode_wal_entry(old, 9).batches == (b,)
+    with pytest.raises(CorruptWalEntryError):
+        decode_wal_entry(old[:-9] + bytes([old[-9] ^ 1]) + old[-8:], 9)
+
+
+def torn(store: ObjectStore, region: str, position: int, *, before_boot: bool = True) -> None:
+    """Replace the entry at ``position`` with the first half of it, as a crash of the machine
+    during its put can leave it; dated before the machine started unless told otherwise."""
+    from memwal_sql.storage.store import _boot_time
+
+    path = layout.wal_entry_path(region, position)
+    data = store.get(path)
+    store.delete(path)
+    store.put(path, data[: len(data) // 2])
+    if before_boot:
+        when = _boot_time() - 60
+        os.utime(os.path.join(store.uri, path), (when, when))
+
+
+def test_iter_wal_ends_before_a_torn_last_entry(tmp_path):
+    from memwal_sql.errors import TornWalEntryWarning
+
+    store = ObjectStore(str(tmp_path))
+    for pos in (1, 2, 3):
+        store.put(layout.wal_entry_path("r", pos), encode_fence_sentinel(1, pos))
+    torn(store, "r", 3)
+    for list_for_gaps in (False, True):
+        with pytest.warns(TornWalEntryWarning, match="position 3\\) is torn"):
+            assert [e.position for e in iter_wal(store, "r", 0, list_for_gaps=list_for_gaps)] \
+                == [1, 2]
+
+
+def test_a_damaged_entry_that_is_not_a_torn_tail_is_an_error(tmp_path):
+    store = ObjectStore(str(tmp_path))
+    for pos in (1, 2, 3, 6):
+        store.put(layout.wal_entry_path("r", pos), encode_fence_sentinel(1, pos))
+    torn(store, "r", 2)  # has a successor: it was acknowledged before position 3 was written
+    with pytest.raises(CorruptWalEntryError):
+        list(iter_wal(store, "r", 0))
+    torn(store, "r", 3, before_boot=False)  # written since the machine started: no crash
+    with pytest.raises(CorruptWalEntryError):
+        list(iter_wal(store, "r", 2))
+    torn(store, "r", 3)  # the last before a gap: a claiming writer sees the entry after it
+    with pytest.raises(CorruptWalEntryError):
+        list(iter_wal(store, "r", 2, list_for_gaps=True))
