@@ -6,8 +6,9 @@ For batch sizes of 100, 1,000 and 10,000 rows, the same batches (70% new keys, 3
 * ``lance durable`` / ``lance non-durable``: Lance 14's native ``ShardWriter.put``;
 * ``lance merge_insert``: a plain Lance ``merge_insert`` commit per batch;
 * ``floor ipc+fsync``: one Arrow IPC stream file per batch, written and fsynced (the least a
-  durable per-batch WAL can do); ``floor ipc+fsync+dirsync`` also fsyncs the directory, which a
-  new file's name needs to survive a power loss (and which memwal-sql does).
+  durable per-batch WAL can do); ``floor ipc+fsync+dirsync`` also fsyncs the directory, which
+  POSIX needs for a new file's name to survive a power loss (on ext4, XFS and btrfs the file's
+  own fsync writes it too, and memwal-sql relies on that there).
 
 memwal durable and the two floors run in lockstep, taking turns of 10 batches, so that the drift
 of the disk's fsync latency hits all three alike; the other configurations run one at a time. Each repeat goes

@@ -5,7 +5,9 @@ Creating that file is the one step that does not depend on the data, and it is c
 inode and a directory entry. So for the directories of hot append paths (a writer's WAL), a
 background thread keeps up to ``per_directory`` empty temporary files created, refilled half at
 a time, and a put takes one. RocksDB recycles WAL files and Kafka preallocates segments for the
-same reason.
+same reason. Batches are large (32 files) because what costs a put is the thread waking up and
+taking the GIL, not the files: measured against the floor in ``bench_write``, 1,000-row durable
+upserts went from 0.64 with batches of 4 to 0.70 with 16 and 0.74 with 32.
 
 Spares are never fsynced: a put's own fsync writes the file's new name (or, where it does not,
 the put fsyncs the directory), and a spare that a power loss takes is simply not there. So the
@@ -76,7 +78,7 @@ class SpareFiles:
     """Up to ``per_directory`` ready temporary files in each kept directory, at most
     ``max_dirs`` directories. Spares hold no file descriptor."""
 
-    def __init__(self, per_directory: int = 8, max_dirs: int = 64) -> None:
+    def __init__(self, per_directory: int = 64, max_dirs: int = 64) -> None:
         self.per_directory = per_directory
         self.max_dirs = max_dirs
         self._cond = threading.Condition()

@@ -28,10 +28,10 @@ import shutil
 import sys
 import time
 import weakref
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import obstore as obs
@@ -466,22 +466,31 @@ class ObjectStore:
         return removed
 
 
-@contextmanager
-def storage_failures(
-    what: str, *, kinds: tuple[type[Exception], ...] = (OSError, BaseError), advice: str = ""
-) -> Iterator[None]:
+class storage_failures:  # noqa: N801 - used as a function, like contextlib's
     """Raise the ``kinds`` of error that storage code raises (by default the object store's
     and the OS's) as :class:`StorageError`; memwal-sql's own errors pass as they are.
+
+    A class rather than a generator: it wraps every put of a WAL entry, where a generator's
+    set-up costs more than the rest of the wrapping.
 
     Example:
         ``with storage_failures(f"merge of {uri}"): ...``
     """
-    try:
-        yield
-    except MemWalError:
-        raise
-    except kinds as e:
-        raise StorageError(f"{what} failed: {e}" + (f". {advice}" if advice else "")) from e
+
+    __slots__ = ("what", "kinds", "advice")
+
+    def __init__(self, what: str, *, kinds: tuple[type[Exception], ...] = (OSError, BaseError),
+                 advice: str = "") -> None:
+        self.what, self.kinds, self.advice = what, kinds, advice
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None or isinstance(exc, MemWalError) or not isinstance(exc, self.kinds):
+            return
+        advice = f". {self.advice}" if self.advice else ""
+        raise StorageError(f"{self.what} failed: {exc}{advice}") from exc
 
 
 def _unlink_if_exists(path: str) -> bool:

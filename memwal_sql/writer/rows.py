@@ -40,7 +40,7 @@ def to_arrow_table(data: Any) -> pa.Table:
         raise
     except (pa.ArrowException, ValueError, TypeError, KeyError) as e:
         raise InvalidInputError(f"cannot convert the {type(data).__name__} to Arrow: {e}") from e
-    names = table.column_names
+    names = table.schema.names  # Table.column_names costs 6 us per call
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise SchemaMismatchError(f"column(s) {dup} appear more than once in the input")
@@ -83,12 +83,14 @@ class RowCoercer:
 
     def upserts(self, data: Any) -> pa.RecordBatch:
         """Rows to insert or replace, with ``_tombstone = false``."""
-        table = to_arrow_table(data)
-        if table.schema.equals(self._exact_input):
+        table = data if isinstance(data, pa.Table) else to_arrow_table(data)
+        if table.schema.equals(self._exact_input):  # unique names: no need to check for any
+            batch = _one_batch(table)
             for i, name in self._required:
-                self._check_not_null(table.column(i), name)
-            return _one_batch(table).append_column(self._tombstone_field, self._live(table.num_rows))
-        names = set(table.column_names)
+                self._check_not_null(batch.column(i), name)
+            return batch.append_column(self._tombstone_field, self._live(batch.num_rows))
+        table = to_arrow_table(table)
+        names = set(table.schema.names)
         self._check_keys(table, names)
         missing = [f.name for f in self.base_schema if f.name not in names]
         extra = sorted(names - {f.name for f in self.base_schema})

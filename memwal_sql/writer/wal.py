@@ -468,11 +468,14 @@ class WalWriter:
         # Caller holds the lock. An entry never spans MemTable generations (Lance 14 relies on
         # it to map WAL positions to generations), so stop at the first generation change.
         gen = self._pending[0][1]
-        n = 0
-        while n < len(self._pending) and self._pending[n][1] == gen:
-            n += 1
-        group, self._pending = self._pending[:n], self._pending[n:]
-        self._pending_bytes -= sum(g[3] for g in group)
+        if self._pending[-1][1] == gen:  # the common case: one generation pending
+            group, self._pending, self._pending_bytes = self._pending, [], 0
+        else:
+            n = 0
+            while self._pending[n][1] == gen:
+                n += 1
+            group, self._pending = self._pending[:n], self._pending[n:]
+            self._pending_bytes -= sum(g[3] for g in group)
         # What stays pending (the next generation's batches) keeps the clock of the oldest
         # batch taken, which is no younger than it: it is written next, never past its interval.
         self._writing = True
