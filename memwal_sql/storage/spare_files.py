@@ -81,7 +81,8 @@ class SpareFiles:
     def __init__(self, per_directory: int = 64, max_dirs: int = 64) -> None:
         self.per_directory = per_directory
         self.max_dirs = max_dirs
-        self._cond = threading.Condition()
+        self._mutex = threading.Lock()  # entered directly: cheaper than the Condition's with
+        self._cond = threading.Condition(self._mutex)
         self._ready: dict[str, list[str]] = {}  # kept directory -> paths of its spares
         self._creating: str | None = None
         self._failed: set[str] = set()  # creation failed; retried after the next take there
@@ -91,7 +92,7 @@ class SpareFiles:
 
     def keep(self, directory: str) -> None:
         """Keep spare files ready in ``directory`` from now on (ignored beyond ``max_dirs``)."""
-        with self._cond:
+        with self._mutex:
             if self._closed or directory in self._ready or len(self._ready) >= self.max_dirs:
                 return
             self._ready[directory] = []
@@ -103,7 +104,7 @@ class SpareFiles:
 
     def release(self, directory: str) -> None:
         """Stop keeping spare files in ``directory`` and remove its spares."""
-        with self._cond:
+        with self._mutex:
             while self._creating == directory:
                 self._cond.wait()
             spares = self._ready.pop(directory, [])
@@ -117,7 +118,7 @@ class SpareFiles:
         When every spare is taken and more are being created, they are waited for: they are
         further along than a new file would be.
         """
-        with self._cond:
+        with self._mutex:
             self._failed.discard(directory)
             while self._creating == directory and not self._ready.get(directory):
                 self._cond.wait()
@@ -134,18 +135,18 @@ class SpareFiles:
     def holds(self, path: str) -> bool:
         """True if ``path`` is one of the spares ready here (not to be removed as a leftover)."""
         directory = path.rpartition("/")[0]
-        with self._cond:
+        with self._mutex:
             return path in self._ready.get(directory, ())
 
     def wait_idle(self) -> None:
         """Block until every kept directory has its spare files (for tests)."""
-        with self._cond:
+        with self._mutex:
             while self._creating is not None or self._next_directory() is not None:
                 self._cond.wait()
 
     def close(self) -> None:
         """Remove every spare file and stop the background thread."""
-        with self._cond:
+        with self._mutex:
             self._closed = True
             spares = [s for ready in self._ready.values() for s in ready]
             self._ready.clear()
@@ -168,7 +169,7 @@ class SpareFiles:
 
     def _run(self) -> None:
         while True:
-            with self._cond:
+            with self._mutex:
                 while not self._closed and (directory := self._next_directory()) is None:
                     self._cond.wait()
                 if self._closed:
@@ -181,7 +182,7 @@ class SpareFiles:
             except Exception:  # noqa: BLE001 - a failed batch: puts make their own files
                 pass
             finally:  # whatever happens, no take() or release() waits for this batch forever
-                with self._cond:
+                with self._mutex:
                     self._creating = None
                     ready = self._ready.get(directory)
                     if made and ready is not None and not self._closed:
@@ -221,7 +222,8 @@ def _after_fork_in_child() -> None:
     # The child has one thread; the parent owns the spare files and the background thread, and
     # the lock may have been held by that thread at the fork.
     for spares in list(_ALL):
-        spares._cond = threading.Condition()
+        spares._mutex = threading.Lock()
+        spares._cond = threading.Condition(spares._mutex)
         spares._ready.clear()
         spares._creating = None
         spares._thread = None

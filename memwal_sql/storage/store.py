@@ -10,9 +10,9 @@ and fsyncs the directory. Readers never see a partial object, and a name never b
 before its data.
 
 A put of checksummed data (WAL entries) costs one device flush instead of two on ext4, XFS and
-btrfs: the file is renamed first, then fsynced, and on these file systems the fsync of a file
-that has just got a name writes that name too (ext4's journal or, without one, its parent sync;
-XFS's log; btrfs's log tree). Readers still never see a partial object, and an acknowledged put
+btrfs: the file's write-back is started, the file renamed, then fsynced, and on these file
+systems the fsync of a file that has just got a name writes that name too (ext4's journal or,
+without one, its parent sync; XFS's log; btrfs's log tree). Readers still never see a partial object, and an acknowledged put
 survives a power loss; but a machine crash *during* the put may leave a torn object under its
 name, which the reader's checksum detects (RocksDB's WAL has the same contract). In directories
 a writer appends to, the temporary files are created ahead of time in the background
@@ -303,6 +303,7 @@ class ObjectStore:
         try:
             try:
                 _write_all(fd, data)
+                _start_writeback(fd)
                 _rename_no_replace(tmp, dst)
             except BaseException as e:
                 _unlink_if_exists(tmp)
@@ -581,7 +582,20 @@ def _raise_unless_gone(e: OSError) -> None:
 
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
+_SYNC_FILE_RANGE_WRITE = 2
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+_sync_file_range = getattr(_libc, "sync_file_range", None)
+if _sync_file_range is not None:
+    _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+
+
+def _start_writeback(fd: int) -> None:
+    """Start writing ``fd``'s dirty pages to the device without waiting (Linux), so that the
+    data is on its way while the put renames the file; the fsync then waits for less. Like
+    RocksDB's ``bytes_per_sync``. A hint only: it reports nothing, and the fsync still does
+    (without a wait flag it does not consume a write-back error)."""
+    if _sync_file_range is not None:
+        _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
 
 
 def _as_bytes(data: bytes | memoryview) -> bytes:

@@ -165,13 +165,17 @@ class RegionWriter:
         self._region_values = region_values
         self._manifests = RegionManifestStore(table.store, region_id)
         self.region_id = self._manifests.region_id
-        self._lock = threading.Condition()
+        # Entered as ``with self._mutex`` (a Condition's own ``with`` is a Python-level call on
+        # every write); ``self._lock`` waits and notifies.
+        self._mutex = threading.RLock()
+        self._lock = threading.Condition(self._mutex)
         self._stats = WriterStats()
         self._closed = False
         self._releasing = False
         self._error: BaseException | None = None
         self._frozen: deque[MemTable] = deque()
         self._frozen_bytes = 0
+        self._bytes_per_row = 0.0  # of the last batch kept (see _append)
 
         field_entries = None
         if table.region_spec is not None and region_values is not None:
@@ -187,6 +191,10 @@ class RegionWriter:
             self._region_values = table.region_spec.values_from_entries(
                 [(e.field_id, e.value) for e in manifest.region_field_entries]
             )
+        spec = table.region_spec
+        # Whether rows can belong elsewhere (not when one unsharded region takes every row).
+        self._region_is_a_subset = spec is not None and self._region_values is not None and \
+            not all(f.transform == "unsharded" for f in spec.fields)
         self._active = MemTable(self._rows.schema, manifest.current_generation)
         self._replay_floor = self._replay_and_fence(manifest)
         for prefix in (layout.wal_dir(self.region_id), layout.manifest_dir(self.region_id)):
@@ -253,7 +261,7 @@ class RegionWriter:
 
     def flush(self) -> None:
         """Freeze the MemTable, flush every frozen MemTable to a generation and wait."""
-        with self._lock:
+        with self._mutex:
             self._check_open()
             self._freeze_locked()
             target = self._frozen[-1].generation if self._frozen else None
@@ -262,14 +270,14 @@ class RegionWriter:
 
     def close(self) -> None:
         """Flush the MemTable to a generation, wait, and release the writer. Idempotent."""
-        with self._lock:
+        with self._mutex:
             if self._closed:
                 return
         try:
             if self._error is None:
                 self.flush()
         finally:
-            with self._lock:
+            with self._mutex:
                 self._closed = True
                 self._lock.notify_all()
             self._flush_thread.join()
@@ -281,7 +289,7 @@ class RegionWriter:
     def _release_at_exit(self) -> None:
         """Store buffered WAL writes and stop the threads, without flushing MemTables: what is
         not in a generation is in the WAL, and the next writer of the region replays it."""
-        with self._lock:
+        with self._mutex:
             if self._closed:
                 return
             self._closed = self._releasing = True
@@ -294,7 +302,7 @@ class RegionWriter:
 
     def stats(self) -> dict[str, Any]:
         """Counters and current sizes, e.g. ``w.stats()["rows_written"]``."""
-        with self._lock:
+        with self._mutex:
             frozen = list(self._frozen)
             out = dict(self._stats.__dict__)
             out.update(
@@ -325,7 +333,7 @@ class RegionWriter:
 
     def memtables(self) -> list[MemTable]:
         """Live MemTables, newest first (the active one, then frozen ones not yet flushed)."""
-        with self._lock:
+        with self._mutex:
             return [self._active, *reversed(self._frozen)]
 
     def __enter__(self) -> RegionWriter:
@@ -418,11 +426,9 @@ class RegionWriter:
     # ---- write path -------------------------------------------------------------------------
 
     def _check_region(self, rows: pa.RecordBatch) -> None:
-        spec = self._table.region_spec
-        if spec is None or self._region_values is None or rows.num_rows == 0:
+        if not self._region_is_a_subset or rows.num_rows == 0:
             return
-        if all(f.transform == "unsharded" for f in spec.fields):
-            return  # every row belongs to the one region
+        spec = self._table.region_spec
         values = spec.region_values(rows)
         if all(
             pc.all(pc.equal(col, pa.scalar(v, col.type))).as_py()
@@ -440,23 +446,29 @@ class RegionWriter:
     def _append(self, batch: pa.RecordBatch, kind: str) -> int:
         """Append to the MemTable and the WAL queue; return the WAL sequence (0: nothing)."""
         if batch.num_rows == 0:
-            with self._lock:
+            with self._mutex:
                 self._check_open()
             return 0
         nbytes = batch.get_total_buffer_size()  # .nbytes walks every buffer: too slow per put
-        if _may_be_a_slice(batch) and nbytes > 2 * batch.nbytes:
+        if nbytes > 2 * self._bytes_per_row * batch.num_rows and nbytes > 2 * batch.nbytes:
             # A small slice of a large batch would pin its parent's buffers in the MemTable
-            # (and count them against the thresholds): keep a copy of just these rows.
+            # (and count them against the thresholds): keep a copy of just these rows. Only a
+            # batch far bigger per row than the last one kept is measured exactly.
             batch = pa.RecordBatch.from_arrays(
                 [pa.concat_arrays([c]) for c in batch.columns], schema=batch.schema)
             nbytes = batch.get_total_buffer_size()
-        with self._lock:
+        self._bytes_per_row = nbytes / batch.num_rows
+        with self._mutex:
             self._check_open()
-            self._backpressure_locked()
+            if self._frozen_bytes > self.config.max_unflushed_bytes:
+                self._backpressure_locked()
             seq = self._wal.append(batch, self._active.generation, nbytes)
             self._active.append(batch, seq, nbytes)
             self._stats.rows_written += batch.num_rows
-            setattr(self._stats, kind, getattr(self._stats, kind) + 1)
+            if kind == "upserts":
+                self._stats.upserts += 1
+            else:
+                self._stats.deletes += 1
             if (
                 self._active.num_rows >= self.config.max_memtable_rows
                 or self._active.nbytes >= self.config.max_memtable_bytes
@@ -506,7 +518,7 @@ class RegionWriter:
     # ---- MemTable flush -----------------------------------------------------------------------
 
     def _wait_flushed(self, generation: int) -> None:
-        with self._lock:
+        with self._mutex:
             while (
                 self._frozen
                 and self._frozen[0].generation <= generation
@@ -519,7 +531,7 @@ class RegionWriter:
 
     def _flush_loop(self) -> None:
         while True:
-            with self._lock:
+            with self._mutex:
                 while not self._frozen and not self._closed:
                     self._lock.wait()
                 if not self._frozen or self._releasing:
@@ -536,11 +548,11 @@ class RegionWriter:
                     )
                     failure.__cause__ = e
                     e = failure
-                with self._lock:
+                with self._mutex:
                     self._error = e
                     self._lock.notify_all()
                 return
-            with self._lock:
+            with self._mutex:
                 self._frozen.popleft()
                 self._frozen_bytes -= memtable.nbytes
                 self._memtables_by_gen.pop(memtable.generation, None)
@@ -581,7 +593,7 @@ class RegionWriter:
             return True
 
         self._commit(apply)
-        with self._lock:
+        with self._mutex:
             self._stats.memtable_flushes += 1
             self._stats.flushed_rows += rows.num_rows
             self._stats.flush_seconds += time.perf_counter() - t0
@@ -590,20 +602,6 @@ class RegionWriter:
     def _commit(self, change: Callable[[RegionManifest], bool]) -> None:
         """Commit ``change`` as the next manifest version, while still the region's owner."""
         commit_change(self._manifests, change, max_epoch=self.epoch)
-
-
-def _may_be_a_slice(batch: pa.RecordBatch) -> bool:
-    """Whether ``batch`` may share larger buffers with the batch it was sliced from. A cheap
-    look at the first column (an offset, or a values/offsets buffer with room for far more
-    rows); the exact check, ``.nbytes``, costs tens of microseconds per batch."""
-    if not batch.num_rows:
-        return False
-    col = batch.column(0)
-    if col.offset:
-        return True
-    buffers = col.buffers()
-    room = buffers[1].size if len(buffers) > 1 and buffers[1] is not None else 0
-    return room > 2 * (len(col) + 1) * 8 + 64  # 8 bytes per row bounds values and offsets
 
 
 def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

@@ -390,7 +390,10 @@ class WalWriter:
         self.max_buffer_bytes = max_buffer_bytes
         self.max_buffer_batches = max_buffer_batches
         self.max_flush_interval = max_flush_interval
-        self._cond = threading.Condition()
+        # Entered as ``with self._mutex``: a Condition's own ``with`` is a Python-level call,
+        # and this lock is taken several times per durable put.
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._pending: list[tuple[int, int, pa.RecordBatch, int]] = []  # seq, gen, batch, bytes
         self._pending_bytes = 0
         self._oldest_pending = 0.0
@@ -411,7 +414,7 @@ class WalWriter:
 
     def append(self, batch: pa.RecordBatch, generation: int, nbytes: int) -> int:
         """Queue ``batch`` (``nbytes`` in memory) for the WAL; return its sequence number."""
-        with self._cond:
+        with self._mutex:
             self._raise_if_failed()
             self._seq += 1
             first = not self._pending
@@ -430,7 +433,7 @@ class WalWriter:
     def wait(self, seq: int) -> None:
         """Block until batch ``seq`` is in a stored WAL entry; raise if the WAL failed first."""
         while True:
-            with self._cond:
+            with self._mutex:
                 while True:
                     if self.flushed_seq >= seq:
                         return
@@ -443,7 +446,7 @@ class WalWriter:
 
     def flush(self) -> None:
         """Write everything appended so far and wait for it."""
-        with self._cond:
+        with self._mutex:
             seq = self._seq
         self.wait(seq)
 
@@ -453,7 +456,7 @@ class WalWriter:
             if self.error is None:
                 self.flush()
         finally:
-            with self._cond:
+            with self._mutex:
                 self._closing = True
                 self._cond.notify_all()
             if self._thread is not None:
@@ -490,12 +493,12 @@ class WalWriter:
             self._put(position, data)
             elapsed = time.perf_counter() - t0
         except BaseException as e:  # noqa: BLE001 - recorded and re-raised to every caller
-            with self._cond:
+            with self._mutex:
                 self.error = e
                 self._writing = False
                 self._cond.notify_all()
             raise
-        with self._cond:
+        with self._mutex:
             self.next_position = position + 1
             self.flushed_seq = group[-1][0]
             self.entries_written += 1
@@ -543,7 +546,7 @@ class WalWriter:
 
     def _background(self) -> None:
         while True:
-            with self._cond:
+            with self._mutex:
                 while True:
                     if self._closing or self.error is not None:
                         return

@@ -204,12 +204,17 @@ def test_a_checksummed_put_renames_then_syncs_the_file_once(tmp_path, monkeypatc
                        dst.read_bytes() if dst.exists() else None))
         real_fsync(fd)
 
+    started = []  # write-back started before the rename, for the whole data
+    real_start = store_module._start_writeback
+    monkeypatch.setattr(store_module, "_start_writeback", lambda fd: (
+        started.append((dst.exists(), os.fstat(fd).st_size)), real_start(fd)))
     monkeypatch.setattr(store_module.os, "fsync", recording_fsync)
     store.put_if_not_exists("w/a", b"payload", checksummed=True)
     with pytest.raises(ObjectExistsError):
         store.put_if_not_exists("w/a", b"other", checksummed=True)
     monkeypatch.undo()
     assert synced == [(os.stat(dst).st_ino, False, True, b"payload")]
+    assert started[0] == (False, len(b"payload"))
     assert dst.read_bytes() == b"payload" and not_spares(store, tmp_path / "w") == ["a"]
 
 
