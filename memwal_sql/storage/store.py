@@ -12,11 +12,11 @@ before its data.
 A put of checksummed data (WAL entries) costs one device flush instead of two on ext4, XFS and
 btrfs: the file's write-back is started, the file renamed, then fsynced, and on these file
 systems the fsync of a file that has just got a name writes that name too (ext4's journal or,
-without one, its parent sync; XFS's log; btrfs's log tree). Readers still never see a partial object, and an acknowledged put
-survives a power loss; but a machine crash *during* the put may leave a torn object under its
-name, which the reader's checksum detects (RocksDB's WAL has the same contract). In directories
-a writer appends to, the temporary files are created ahead of time in the background
-(:meth:`ObjectStore.keep_spare_files`).
+without one, its parent sync; XFS's log; btrfs's log tree). Readers still never see a partial
+object, and an acknowledged put survives a power loss; but a machine crash *during* the put may
+leave a torn object under its name, which the reader's checksum detects (RocksDB's WAL has the
+same contract). In directories a writer appends to, the temporary files are created ahead of
+time in the background (:meth:`ObjectStore.keep_spare_files`).
 """
 
 from __future__ import annotations

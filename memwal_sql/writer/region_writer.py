@@ -175,7 +175,6 @@ class RegionWriter:
         self._error: BaseException | None = None
         self._frozen: deque[MemTable] = deque()
         self._frozen_bytes = 0
-        self._bytes_per_row = 0.0  # of the last batch kept (see _append)
 
         field_entries = None
         if table.region_spec is not None and region_values is not None:
@@ -450,14 +449,12 @@ class RegionWriter:
                 self._check_open()
             return 0
         nbytes = batch.get_total_buffer_size()  # .nbytes walks every buffer: too slow per put
-        if nbytes > 2 * self._bytes_per_row * batch.num_rows and nbytes > 2 * batch.nbytes:
+        if _may_be_a_slice(batch) and nbytes > 2 * batch.nbytes:
             # A small slice of a large batch would pin its parent's buffers in the MemTable
-            # (and count them against the thresholds): keep a copy of just these rows. Only a
-            # batch far bigger per row than the last one kept is measured exactly.
+            # (and count them against the thresholds): keep a copy of just these rows.
             batch = pa.RecordBatch.from_arrays(
                 [pa.concat_arrays([c]) for c in batch.columns], schema=batch.schema)
             nbytes = batch.get_total_buffer_size()
-        self._bytes_per_row = nbytes / batch.num_rows
         with self._mutex:
             self._check_open()
             if self._frozen_bytes > self.config.max_unflushed_bytes:
@@ -602,6 +599,20 @@ class RegionWriter:
     def _commit(self, change: Callable[[RegionManifest], bool]) -> None:
         """Commit ``change`` as the next manifest version, while still the region's owner."""
         commit_change(self._manifests, change, max_epoch=self.epoch)
+
+
+def _may_be_a_slice(batch: pa.RecordBatch) -> bool:
+    """Whether ``batch`` may share larger buffers with the batch it was sliced from. A cheap
+    look at the first column (an offset, or a values/offsets buffer with room for far more
+    rows); the exact check, ``.nbytes``, costs tens of microseconds per batch."""
+    if not batch.num_rows:
+        return False
+    col = batch.column(0)
+    if col.offset:
+        return True
+    buffers = col.buffers()
+    room = buffers[1].size if len(buffers) > 1 and buffers[1] is not None else 0
+    return room > 2 * (len(col) + 1) * 8 + 64  # 8 bytes per row bounds values and offsets
 
 
 def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
