@@ -264,57 +264,46 @@ class ObjectStore:
         if checksummed and self._name_syncs_with_file is None:
             self._make_dirs(directory)
             self._name_syncs_with_file = _file_sync_writes_new_name(directory)
-        publish = self._publish_in_one_flush if checksummed and self._name_syncs_with_file \
-            else self._publish
+        one_flush = checksummed and bool(self._name_syncs_with_file)
         spare = self._spares.take(directory) if self._spares is not None else None
         if spare is not None:
             try:
-                publish(*open_spare(spare), data, dst, path)
+                self._publish(*open_spare(spare), data, dst, path, one_flush)
                 return
             except FileNotFoundError:
                 pass  # the spare or its directory was removed meanwhile: make a new file
         self._make_dirs(directory)
-        publish(*create_temp_file(directory, name), data, dst, path)
-
-    def _publish(self, tmp: str, fd: int, data: bytes | memoryview, dst: str, path: str) -> None:
-        """Write and fsync the temporary file ``tmp`` (open as ``fd``), rename it to ``dst``
-        unless that exists, then fsync the directory: a name never becomes durable before its
-        data."""
-        try:
-            try:
-                _write_all(fd, data)
-                _sync(fd, path)
-            finally:
-                os.close(fd)
-            _rename_no_replace(tmp, dst)
-        except BaseException as e:
-            _unlink_if_exists(tmp)
-            if isinstance(e, FileExistsError):
-                raise ObjectExistsError(f"{path} already exists") from e
-            raise
-        _fsync_path(dst.rpartition("/")[0])  # the new name must survive a power loss
+        self._publish(*create_temp_file(directory, name), data, dst, path, one_flush)
 
     @staticmethod
-    def _publish_in_one_flush(
-        tmp: str, fd: int, data: bytes | memoryview, dst: str, path: str
+    def _publish(
+        tmp: str, fd: int, data: bytes | memoryview, dst: str, path: str, one_flush: bool
     ) -> None:
-        """Write the temporary file ``tmp`` (open as ``fd``), rename it to ``dst`` unless that
-        exists, then fsync it: one flush writes its data, its inode and its new name."""
+        """Write the temporary file ``tmp`` (open as ``fd``) and rename it to ``dst`` unless that
+        exists. Ordered: fsync it before the rename and the directory after, so that a name
+        never becomes durable before its data. ``one_flush``: fsync it after the rename, one
+        flush for its data, its inode and its new name."""
         try:
             try:
                 _write_all(fd, data)
-                _start_writeback(fd)
+                if one_flush:
+                    _start_writeback(fd)
+                else:
+                    _sync(fd, path)
                 _rename_no_replace(tmp, dst)
             except BaseException as e:
                 _unlink_if_exists(tmp)
                 if isinstance(e, FileExistsError):
                     raise ObjectExistsError(f"{path} already exists") from e
                 raise
-            # A failed fsync leaves the object in place: it was never acknowledged, and a new
-            # writer may already have replayed it and appended after it.
-            _sync(fd, path)
+            if one_flush:
+                # A failed fsync leaves the object in place: it was never acknowledged, and a
+                # new writer may already have replayed it and appended after it.
+                _sync(fd, path)
         finally:
             os.close(fd)
+        if not one_flush:
+            _fsync_path(dst.rpartition("/")[0])  # the new name must survive a power loss
 
     def sync_objects(self, paths: list[str]) -> None:
         """Make the objects at ``paths`` durable (on local disk, fsync each, then the
