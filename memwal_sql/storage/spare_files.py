@@ -81,7 +81,10 @@ class SpareFiles:
     def __init__(self, per_directory: int = 64, max_dirs: int = 64) -> None:
         self.per_directory = per_directory
         self.max_dirs = max_dirs
-        self._mutex = threading.Lock()  # entered directly: cheaper than the Condition's with
+        # Entered directly (cheaper than the Condition's with). Re-entrant: a store's finalizer
+        # calls close(), and the garbage collector may run it in this class's own thread while
+        # that thread holds the lock.
+        self._mutex = threading.RLock()
         self._cond = threading.Condition(self._mutex)
         self._ready: dict[str, list[str]] = {}  # kept directory -> paths of its spares
         self._creating: str | None = None
@@ -222,7 +225,7 @@ def _after_fork_in_child() -> None:
     # The child has one thread; the parent owns the spare files and the background thread, and
     # the lock may have been held by that thread at the fork.
     for spares in list(_ALL):
-        spares._mutex = threading.Lock()
+        spares._mutex = threading.RLock()
         spares._cond = threading.Condition(spares._mutex)
         spares._ready.clear()
         spares._creating = None

@@ -205,3 +205,34 @@ def test_spare_limit_per_directory_and_directories(tmp_path):
     spares.close()
     assert spares.take(str(dirs[0])) is None
     assert [os.listdir(d) for d in dirs] == [[], [], []]  # closing removes the spares
+
+
+def test_a_store_collected_in_the_spare_thread_does_not_hang_it(tmp_path):
+    # A store in a reference cycle is freed by whichever thread runs the cycle collector; when
+    # that is the spare-file thread, holding its lock, the store's finalizer closes the spares
+    # on the same thread: the lock must be re-entrant.
+    import gc
+
+    store = ObjectStore(str(tmp_path / "root"))
+    store.cycle = store
+    store.keep_spare_files("w")
+    spares = store._spares
+    spares.wait_idle()
+    directory = os.path.join(store.uri, "w")
+    threshold = gc.get_threshold()
+    gc.disable()
+    try:
+        del store
+        while not spares._lacks(spares._ready[directory]):
+            spares.take(directory)  # the last take wakes the spare thread
+        gc.set_threshold(1)
+        gc.enable()
+        deadline = time.monotonic() + 5
+        while not spares._closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        gc.set_threshold(*threshold)
+        gc.enable()
+    assert spares._closed
+    assert spares._mutex.acquire(timeout=2)
+    spares._mutex.release()
