@@ -327,6 +327,19 @@ def test_slices_of_a_large_batch_count_and_keep_only_their_own_rows(tmp_path):
     assert len(w.stats()["generations"]) == 1
 
 
+def test_slices_after_a_wide_row_are_still_copied(tmp_path):
+    # Whether a batch is a slice is told by its buffers, not by its size per row compared
+    # with earlier batches: after one wide row, small slices of large tables looked normal.
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    with tbl.writer(durable=False) as w:
+        w.upsert(pa.table({"id": [-1], "v": ["w" * 1_000_000], "n": [0.0]}, schema=SCHEMA))
+        before = w.stats()["memtable_bytes"]
+        for k in range(5):
+            result = rows(list(range(k * 50_000, (k + 1) * 50_000)))
+            w.upsert(result.slice(0, 10))
+        assert w.stats()["memtable_bytes"] - before < 5 * 10_000
+
+
 def test_a_writer_released_by_another_thread_wakes_its_waiters(tmp_path, monkeypatch):
     # A table releases a fenced or failed writer; a thread waiting in flush() or in
     # backpressure on it must then get an error, not wait forever for a flush thread that
