@@ -297,13 +297,22 @@ class ObjectStore:
                     raise ObjectExistsError(f"{path} already exists") from e
                 raise
             if one_flush:
-                # A failed fsync leaves the object in place: it was never acknowledged, and a
-                # new writer may already have replayed it and appended after it.
-                _sync(fd, path)
+                try:
+                    _sync(fd, path)
+                except SyncFailedError:
+                    # Linux reports a failed write-back once, to this fsync: a later fsync of
+                    # the object, by anyone, would succeed with its data lost. But it has its
+                    # name, and a new writer may read it: write it again, durable before it
+                    # takes the name, or else remove it.
+                    _rewrite_or_remove(dst, data)
+                    raise
         finally:
             os.close(fd)
         if not one_flush:
-            _fsync_path(dst.rpartition("/")[0])  # the new name must survive a power loss
+            try:
+                _fsync_path(dst.rpartition("/")[0])  # the new name must survive a power loss
+            except OSError as e:  # not a retryable StorageError: a retry would find the name
+                raise SyncFailedError(f"fsync of the directory of {path} failed: {e}") from e
 
     def sync_objects(self, paths: list[str]) -> None:
         """Make the objects at ``paths`` durable (on local disk, fsync each, then the
@@ -326,11 +335,14 @@ class ObjectStore:
     def written_before_boot(self, path: str) -> bool:
         """True if the local file ``path`` was last written before this machine last started:
         the machine crashed or restarted since (always False on object stores, whose puts are
-        never torn)."""
+        never torn); :class:`ObjectNotFoundError` if it does not exist."""
         if self._local_root is None:
             return False
         with storage_failures(f"stat of {path}"):
-            return os.stat(f"{self.uri}/{path}").st_mtime < _boot_time()
+            try:
+                return os.stat(f"{self.uri}/{path}").st_mtime < _boot_time()
+            except FileNotFoundError as e:
+                raise ObjectNotFoundError(f"{self.uri_for(path)} does not exist") from e
 
     def move(self, path: str, to: str) -> None:
         """Rename the object ``path`` to ``to``; :class:`ObjectExistsError` if ``to`` exists."""
@@ -533,6 +545,30 @@ def _boot_time() -> float:
     except OSError:
         pass
     return 0.0
+
+
+def _rewrite_or_remove(dst: str, data: bytes | memoryview) -> None:
+    """Replace the file ``dst`` by a new copy of ``data``, fsynced before it takes the name,
+    then fsync the directory; remove ``dst`` if that fails too (best effort)."""
+    directory, _, name = dst.rpartition("/")
+    try:
+        tmp, fd = create_temp_file(directory, name)
+        try:
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, dst)
+        except BaseException:
+            _unlink_if_exists(tmp)
+            raise
+        _fsync_path(directory)
+    except (OSError, SyncFailedError):
+        try:
+            _unlink_if_exists(dst)
+        except OSError:
+            pass
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:

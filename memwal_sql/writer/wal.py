@@ -283,60 +283,128 @@ def iter_wal(store: ObjectStore, region_id: str, after: int, *,
     whole WAL, which GC keeps small except for fence sentinels.
 
     A torn last entry (:func:`is_torn_tail`) ends the WAL, with a :class:`TornWalEntryWarning`
-    unless ``warn_torn_tail`` is False (a claiming writer sets it aside and warns itself).
+    unless ``warn_torn_tail`` is False (a claiming writer sets it aside and warns itself). A
+    hole whose entry is found whole in ``torn_wal/`` (set aside by a claiming writer that lost
+    a race and died) is filled from there.
     """
     position = after + 1
-    torn: CorruptWalEntryError | None = None
     while True:
         try:
             entry = read_wal_entry(store, region_id, position)
         except CorruptWalEntryError as e:
-            if not is_torn_tail(store, region_id, position):
-                raise
-            torn = e
-            break
+            entry, torn = _read_damaged_again(store, region_id, position, e)
+            if torn is not None:
+                if _later_positions(store, region_id, position, list_for_gaps):
+                    raise torn from None  # entries after it: a damaged stored entry
+                if warn_torn_tail:
+                    warnings.warn(TornWalEntryWarning(
+                        f"region {region_id}: the last WAL entry (position {position}) is torn "
+                        f"by a crash of the machine during its put ({torn}); it was never "
+                        "acknowledged and is left out. The next writer of the region moves it "
+                        "aside"), stacklevel=2)
+                return
         if entry is None:
-            break
+            later = _later_positions(store, region_id, position, list_for_gaps)
+            if not later:
+                return
+            entry = _put_back_set_aside(store, region_id, position)
+            if entry is None:
+                if store.exists(layout.wal_entry_path(region_id, position)):
+                    continue  # put just now: read it
+                raise MissingWalEntryError(
+                    f"region {region_id} has no WAL entry at position {position} but has "
+                    f"entries up to {max(later)}: an entry was lost. Restore it from a backup; "
+                    f"or, to give up every write from position {position} on, delete the "
+                    "entries after it too"
+                )
         yield entry
         position += 1
-    if list_for_gaps:
-        later = [p for p in wal_positions(store, region_id) if p > position]
-    else:
-        later = [position + 1] if store.exists(layout.wal_entry_path(region_id, position + 1)) \
-            else []
-    if torn is not None:
-        if later:
-            raise torn  # entries after it: not a put cut short, a damaged stored entry
-        if warn_torn_tail:
-            warnings.warn(TornWalEntryWarning(
-                f"region {region_id}: the last WAL entry (position {position}) is torn by a crash "
-                f"of the machine during its put ({torn}); it was never acknowledged and is left "
-                "out. The next writer of the region moves it aside"), stacklevel=2)
-        return
-    if later and not store.exists(layout.wal_entry_path(region_id, position)):
-        raise MissingWalEntryError(
-            f"region {region_id} has no WAL entry at position {position} but has entries up to "
-            f"{max(later)}: an entry was lost. Restore it from a backup; or, to give up every "
-            f"write from position {position} on, delete the entries after it too"
-        )
+
+
+def _later_positions(store: ObjectStore, region_id: str, position: int, list_all: bool
+                     ) -> list[int]:
+    """Positions after ``position`` that hold entries: every one (a listing) or the next only
+    (one request)."""
+    if list_all:
+        return [p for p in wal_positions(store, region_id) if p > position]
+    return [position + 1] if store.exists(layout.wal_entry_path(region_id, position + 1)) else []
+
+
+def _read_damaged_again(
+    store: ObjectStore, region_id: str, position: int, damage: CorruptWalEntryError
+) -> tuple[WalEntry | None, CorruptWalEntryError | None]:
+    """After reading a damaged entry at ``position``: (the entry or None, None) if it reads
+    well now or is gone, (None, the damage) if it is a torn tail; else raise the damage.
+
+    A claiming writer may be setting a torn tail aside at this moment, and putting its sentinel
+    there: the position is read once more before its damage is judged.
+    """
+    try:
+        return read_wal_entry(store, region_id, position), None
+    except CorruptWalEntryError as again:
+        if is_torn_tail(store, region_id, position):
+            return None, again
+        raise damage from None
+
+
+def _put_back_set_aside(store: ObjectStore, region_id: str, position: int) -> WalEntry | None:
+    """A whole entry for ``position`` found in the region's ``torn_wal/``, put back into the WAL,
+    or None. Only for a hole before later entries: a claiming writer that set aside another's
+    valid sentinel, and died before putting it back, left it there (the checksum proves which
+    position an entry was written for)."""
+    name = f"/{layout.bitrev64(position)}."
+    for meta in store.list(f"{layout.region_dir(region_id)}/torn_wal/"):
+        if name not in meta.path:
+            continue
+        try:
+            entry = decode_wal_entry(store.get(meta.path), position)
+        except (CorruptWalEntryError, ObjectNotFoundError):
+            continue
+        try:
+            store.move(meta.path, layout.wal_entry_path(region_id, position))
+        except (ObjectExistsError, ObjectNotFoundError):
+            return read_wal_entry(store, region_id, position)  # put back by someone else
+        except StorageError:
+            pass  # a reader that may not write: it still reads the entry
+        return entry
+    return None
 
 
 def is_torn_tail(store: ObjectStore, region_id: str, position: int) -> bool:
     """True if the damaged entry at ``position`` is a put that a crash of the machine cut short:
-    the last entry, on local disk, last written before the machine started. Its writer died with
-    the machine before the put returned, so nobody was told it was stored. Anything else
-    damaged is real corruption of a stored entry.
+    the last entry, on local disk, last written before the machine started (or gone since: set
+    aside). Its writer died with the machine before the put returned, so nobody was told it
+    was stored. Anything else damaged is real corruption of a stored entry.
     """
-    return not store.exists(layout.wal_entry_path(region_id, position + 1)) and \
-        store.written_before_boot(layout.wal_entry_path(region_id, position))
+    if store.exists(layout.wal_entry_path(region_id, position + 1)):
+        return False
+    try:
+        return store.written_before_boot(layout.wal_entry_path(region_id, position))
+    except ObjectNotFoundError:
+        return True
 
 
 def set_aside_torn_entry(store: ObjectStore, region_id: str, position: int) -> str:
     """Move the torn entry at ``position`` out of the WAL (kept for inspection under the
-    region's ``torn_wal/``), freeing its position; return where it went."""
+    region's ``torn_wal/``), freeing its position; return where it went.
+
+    What was moved is checked to be damaged: if another claiming writer replaced the torn
+    entry with its own sentinel after the caller looked, that is put back and the caller is
+    fenced (:class:`WriterFencedError`).
+    """
+    path = layout.wal_entry_path(region_id, position)
     to = layout.torn_wal_entry_path(region_id, position, time.time_ns())
-    store.move(layout.wal_entry_path(region_id, position), to)
-    return to
+    store.move(path, to)
+    try:
+        entry = decode_wal_entry(store.get(to), position)
+    except CorruptWalEntryError:
+        return to
+    store.move(to, path)
+    raise WriterFencedError(
+        f"region {region_id}: while this writer set aside the torn WAL entry at position "
+        f"{position}, a writer of epoch {entry.writer_epoch} put its own there; a newer writer "
+        "claimed the region"
+    )
 
 
 def wal_positions(store: ObjectStore, region_id: str) -> list[int]:

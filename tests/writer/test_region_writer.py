@@ -467,3 +467,103 @@ def test_a_claiming_writer_syncs_what_it_replays_before_it_appends(tmp_path, mon
     assert entries <= set(order) and sentinel in order
     assert max(order.index(e) for e in entries) < order.index(sentinel)
     w2.close()
+
+
+def region_with_torn_tail(tmp_path):
+    """A region whose writer acknowledged ids 1-3, then died with the machine during the put of
+    its last entry (torn). Returns the table, the region id and the torn position."""
+    from tests.writer.test_wal import torn
+
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    w = tbl.writer()
+    for i in range(1, 5):
+        w.upsert(rows([i]))
+    rid, last = w.region_id, w.stats()["next_wal_position"] - 1
+    w._release_at_exit()
+    torn(tbl.store, rid, last)
+    return tbl, rid, last
+
+
+@pytest.mark.parametrize("meanwhile", ["set aside", "sentinel put", "write acknowledged"])
+def test_a_reader_racing_the_recovery_of_a_torn_tail_reads_on(tmp_path, meanwhile):
+    # The reader holds the torn bytes while the next writer sets them aside (and puts its
+    # sentinel, and acknowledges a write): the reader looks again instead of failing.
+    import warnings
+
+    from memwal_sql.writer.wal import set_aside_torn_entry
+
+    tbl, rid, last = region_with_torn_tail(tmp_path)
+    reader = mw.open_table(str(tmp_path))
+    real_get, fired = reader.store.get, []
+
+    def get(path):
+        data = real_get(path)
+        if path == layout.wal_entry_path(rid, last) and not fired:
+            fired.append(path)
+            other = mw.open_table(str(tmp_path))
+            if meanwhile == "set aside":
+                set_aside_torn_entry(other.store, rid, last)
+            else:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    w2 = other.writer(region_id=rid)
+                if meanwhile == "write acknowledged":
+                    w2.upsert(rows([9], "w2"))
+                w2._release_at_exit()
+        return data
+
+    reader.store.get = get
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = sorted(reader.to_arrow().column("id").to_pylist())
+    assert fired and got == [1, 2, 3] + ([9] if meanwhile == "write acknowledged" else [])
+
+
+@pytest.mark.parametrize("slow_dies_after_its_move", [False, True])
+def test_a_claimer_that_sets_aside_another_writers_sentinel_puts_it_back(
+        tmp_path, monkeypatch, slow_dies_after_its_move):
+    # Two writers recover one torn tail at once. The slower one judged the entry torn; by the
+    # time it moves it, the faster one has set it aside, put its own sentinel there and
+    # acknowledged a write. The slower one checks what it moved and puts it back; if it dies
+    # right after the move, readers and the next writer put it back from torn_wal/ (the
+    # checksum says which position an entry was written for).
+    import warnings
+
+    from memwal_sql.errors import WriterFencedError
+    from memwal_sql.storage.store import ObjectStore
+
+    tbl, rid, last = region_with_torn_tail(tmp_path)
+    slow = mw.open_table(str(tmp_path))
+    real_move = ObjectStore.move
+
+    class Died(BaseException):
+        pass
+
+    def move(self, path, to):
+        if self is slow.store and path.endswith(layout.wal_entry_path(rid, last)):
+            fast = mw.open_table(str(tmp_path)).writer(region_id=rid)  # claims meanwhile
+            fast.upsert(rows([42], "acked"))
+            fast._release_at_exit()
+            real_move(self, path, to)
+            if slow_dies_after_its_move:
+                raise Died()
+            return
+        real_move(self, path, to)
+
+    monkeypatch.setattr(ObjectStore, "move", move)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(Died if slow_dies_after_its_move else WriterFencedError):
+            slow.writer(region_id=rid)
+    monkeypatch.undo()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert sorted(mw.open_table(str(tmp_path)).to_arrow().column("id").to_pylist()) == \
+            [1, 2, 3, 42]
+    kept = read_wal_entry(tbl.store, rid, last)  # the faster writer's sentinel, back in place
+    assert kept.is_sentinel and kept.writer_epoch == manifest(tbl, rid).writer_epoch
+    w = mw.open_table(str(tmp_path)).writer(region_id=rid)
+    w.upsert(rows([43]))
+    w.close()
+    assert sorted(mw.open_table(str(tmp_path)).to_arrow().column("id").to_pylist()) == \
+        [1, 2, 3, 42, 43]

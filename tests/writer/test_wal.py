@@ -12,6 +12,7 @@ from memwal_sql.writer.wal import (
     encode_fence_sentinel,
     encode_wal_entry,
     iter_wal,
+    wal_positions,
     wal_schema,
 )
 
@@ -193,8 +194,6 @@ def test_a_failed_fsync_fails_the_write_and_is_not_retried(tmp_path, monkeypatch
     # After an fsync error the kernel may have dropped the data and a second fsync can still
     # succeed, so a retry that finds the entry's bytes must not acknowledge it (fsyncgate).
     import errno
-    import os
-    import threading
 
     from memwal_sql.errors import SyncFailedError
     from memwal_sql.storage import store as store_module
@@ -202,20 +201,21 @@ def test_a_failed_fsync_fails_the_write_and_is_not_retried(tmp_path, monkeypatch
     monkeypatch.setattr(store_module, "_file_sync_writes_new_name", lambda d: one_flush)
     tbl = mw.create_table(str(tmp_path), BASE, primary_key="id")
     w = tbl.writer()
-    real, calls = os.fsync, []
+    real, puts = store_module.ObjectStore._publish, []
 
     def wal_entry_fails(fd):
-        if threading.current_thread() is threading.main_thread():
-            calls.append(fd)
         if "/wal/" in os.readlink(f"/proc/self/fd/{fd}"):
             raise OSError(errno.EIO, "Input/output error")
-        return real(fd)
+        return os.fsync(fd)
 
+    monkeypatch.setattr(store_module.ObjectStore, "_publish",
+                        staticmethod(lambda *a: (puts.append(a[3]), real(*a))[1]))
     monkeypatch.setattr(store_module.os, "fsync", wal_entry_fails)
     with pytest.raises(SyncFailedError, match="fsync of .*wal.* failed"):
         w.upsert({"id": [1], "v": ["a"]})
-    assert len(calls) == 1  # never a retry
+    assert len(puts) == 1  # never a retry
     monkeypatch.undo()
+    assert wal_positions(tbl.store, w.region_id) == []  # every WAL fsync failed: nothing stays
     with pytest.raises(SyncFailedError):
         w.upsert({"id": [2], "v": ["b"]})  # the writer stays failed
 
@@ -291,3 +291,29 @@ def test_a_damaged_entry_that_is_not_a_torn_tail_is_an_error(tmp_path):
     torn(store, "r", 3)  # the last before a gap: a claiming writer sees the entry after it
     with pytest.raises(CorruptWalEntryError):
         list(iter_wal(store, "r", 2, list_for_gaps=True))
+
+
+def test_a_put_whose_directory_cannot_be_synced_is_not_acknowledged(tmp_path, monkeypatch):
+    # Where a put fsyncs the directory after the rename (file systems that do not write a new
+    # name with the file's fsync), failing to open the directory (too many open files) must
+    # fail the write: a retry would find the name and acknowledge a put whose name may be lost.
+    import errno
+
+    from memwal_sql.errors import SyncFailedError
+    from memwal_sql.storage import store as store_module
+
+    monkeypatch.setattr(store_module, "_file_sync_writes_new_name", lambda d: False)
+    tbl = mw.create_table(str(tmp_path), BASE, primary_key="id")
+    w = tbl.writer()
+    real_open, armed = os.open, [True]
+
+    def open_fails_once_for_the_wal_directory(path, flags, *args, **kwargs):
+        if armed[0] and str(path).endswith("/wal") and flags == os.O_RDONLY:
+            armed[0] = False
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(store_module.os, "open", open_fails_once_for_the_wal_directory)
+    with pytest.raises(SyncFailedError, match="Too many open files"):
+        w.upsert({"id": [1], "v": ["a"]})
+    assert not armed[0]
