@@ -400,12 +400,6 @@ class RegionWriter:
         return position
 
     def _set_aside_torn_entry(self, position: int, damage: CorruptWalEntryError) -> None:
-        latest = self._manifests.latest()
-        if latest is not None and latest.writer_epoch > self.epoch:
-            raise WriterFencedError(
-                f"region {self.region_id}: writer epoch {latest.writer_epoch} claimed the region "
-                f"while this one (epoch {self.epoch}) recovered it; it takes over the recovery"
-            )
         to = set_aside_torn_entry(self._store, self.region_id, position)
         self._stats.torn_entries_set_aside += 1
         warnings.warn(TornWalEntryWarning(
