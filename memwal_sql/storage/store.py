@@ -302,9 +302,9 @@ class ObjectStore:
                 except SyncFailedError:
                     # Linux reports a failed write-back once, to this fsync: a later fsync of
                     # the object, by anyone, would succeed with its data lost. But it has its
-                    # name, and a new writer may read it: write it again, durable before it
-                    # takes the name, or else remove it.
-                    _rewrite_or_remove(dst, data)
+                    # name, and a new writer may have read it and appended after it (so it is
+                    # never removed): write it again, durable before it takes the name.
+                    _rewrite_durably(dst, data)
                     raise
         finally:
             os.close(fd)
@@ -345,7 +345,8 @@ class ObjectStore:
                 raise ObjectNotFoundError(f"{self.uri_for(path)} does not exist") from e
 
     def move(self, path: str, to: str) -> None:
-        """Rename the object ``path`` to ``to``; :class:`ObjectExistsError` if ``to`` exists."""
+        """Rename the object ``path`` to ``to``; :class:`ObjectExistsError` if ``to`` exists,
+        :class:`ObjectNotFoundError` if ``path`` does not."""
         with storage_failures(f"move of {path} to {to}"):
             if self._local_root is not None:
                 self._make_dirs(f"{self.uri}/{to}".rpartition("/")[0])
@@ -353,11 +354,13 @@ class ObjectStore:
                     _rename_no_replace(f"{self.uri}/{path}", f"{self.uri}/{to}")
                 except FileExistsError as e:
                     raise ObjectExistsError(f"{to} already exists") from e
+                except FileNotFoundError as e:
+                    raise ObjectNotFoundError(f"{self.uri_for(path)} does not exist") from e
                 if self.durable:
                     _fsync_path(f"{self.uri}/{path}".rpartition("/")[0])
                     _fsync_path(f"{self.uri}/{to}".rpartition("/")[0])
                 return
-            data = bytes(obs.get(self._store, path).bytes())
+        data = self.get(path)
         self.put_if_not_exists(to, data)
         self.delete(path)
 
@@ -547,9 +550,10 @@ def _boot_time() -> float:
     return 0.0
 
 
-def _rewrite_or_remove(dst: str, data: bytes | memoryview) -> None:
+def _rewrite_durably(dst: str, data: bytes | memoryview) -> None:
     """Replace the file ``dst`` by a new copy of ``data``, fsynced before it takes the name,
-    then fsync the directory; remove ``dst`` if that fails too (best effort)."""
+    then fsync the directory. Best effort: if the disk fails that too, ``dst`` stays as it is
+    (the caller reports the first failure)."""
     directory, _, name = dst.rpartition("/")
     try:
         tmp, fd = create_temp_file(directory, name)
@@ -565,10 +569,7 @@ def _rewrite_or_remove(dst: str, data: bytes | memoryview) -> None:
             raise
         _fsync_path(directory)
     except (OSError, SyncFailedError):
-        try:
-            _unlink_if_exists(dst)
-        except OSError:
-            pass
+        pass
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:

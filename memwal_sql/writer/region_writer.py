@@ -27,7 +27,6 @@ import pyarrow.compute as pc
 
 from memwal_sql._proto.memwal_pb2 import RegionManifest
 from memwal_sql.errors import (
-    CorruptWalEntryError,
     InvalidInputError,
     MemWalError,
     ObjectExistsError,
@@ -45,10 +44,9 @@ from memwal_sql.writer.memtable import MemTable, latest_per_key
 from memwal_sql.writer.rows import RowCoercer
 from memwal_sql.writer.wal import (
     WalWriter,
-    decode_wal_entry,
     encode_fence_sentinel,
-    is_torn_tail,
     iter_wal,
+    read_wal_position,
     set_aside_torn_entry,
 )
 
@@ -380,13 +378,9 @@ class RegionWriter:
                 break
             except ObjectExistsError:
                 pass
-            try:
-                entry = decode_wal_entry(self._store.get(path), position)
-            except CorruptWalEntryError as e:
-                if not is_torn_tail(self._store, self.region_id, position):
-                    raise
-                self._set_aside_torn_entry(position, e)
-                continue
+            entry = self._entry_at(position)
+            if entry is None:
+                continue  # none there now: try the put again
             self._replay_entry(entry)
             self._store.sync_objects([path])
             position += 1
@@ -399,13 +393,20 @@ class RegionWriter:
             self._commit(see_sentinel)
         return position
 
-    def _set_aside_torn_entry(self, position: int, damage: CorruptWalEntryError) -> None:
-        to = set_aside_torn_entry(self._store, self.region_id, position)
-        self._stats.torn_entries_set_aside += 1
-        warnings.warn(TornWalEntryWarning(
-            f"region {self.region_id}: the last WAL entry (position {position}) was torn by a "
-            f"crash of the machine during its put ({damage}). It was never acknowledged; moved "
-            f"it to {to} and took its position"), stacklevel=4)
+    def _entry_at(self, position: int) -> Any:
+        """The WAL entry at ``position`` for the claim, or None if there is none now: a torn
+        tail is set aside first (or was, by another claiming writer)."""
+        entry, torn = read_wal_position(self._store, self.region_id, position)
+        if torn is None:
+            return entry
+        to, entry = set_aside_torn_entry(self._store, self.region_id, position)
+        if to is not None:
+            self._stats.torn_entries_set_aside += 1
+            warnings.warn(TornWalEntryWarning(
+                f"region {self.region_id}: the last WAL entry (position {position}) was torn by "
+                f"a crash of the machine during its put ({torn}). It was never acknowledged; "
+                f"moved it to {to} and took its position"), stacklevel=5)
+        return entry
 
     def _replay_entry(self, entry: Any) -> None:
         if entry.writer_epoch > self.epoch:

@@ -287,22 +287,21 @@ def iter_wal(store: ObjectStore, region_id: str, after: int, *,
     hole whose entry is found whole in ``torn_wal/`` (set aside by a claiming writer that lost
     a race and died) is filled from there.
     """
-    position = after + 1
+    position, recheck = after + 1, 3
     while True:
-        try:
-            entry = read_wal_entry(store, region_id, position)
-        except CorruptWalEntryError as e:
-            entry, torn = _read_damaged_again(store, region_id, position, e)
-            if torn is not None:
-                if _later_positions(store, region_id, position, list_for_gaps):
-                    raise torn from None  # entries after it: a damaged stored entry
-                if warn_torn_tail:
-                    warnings.warn(TornWalEntryWarning(
-                        f"region {region_id}: the last WAL entry (position {position}) is torn "
-                        f"by a crash of the machine during its put ({torn}); it was never "
-                        "acknowledged and is left out. The next writer of the region moves it "
-                        "aside"), stacklevel=2)
-                return
+        entry, torn = read_wal_position(store, region_id, position)
+        if torn is not None:
+            if _later_positions(store, region_id, position, list_for_gaps):
+                if (recheck := recheck - 1) > 0:
+                    continue  # a writer may have just recovered it and appended: look again
+                raise torn  # entries after it: a damaged stored entry
+            if warn_torn_tail:
+                warnings.warn(TornWalEntryWarning(
+                    f"region {region_id}: the last WAL entry (position {position}) is torn by "
+                    f"a crash of the machine during its put ({torn}); it was never "
+                    "acknowledged and is left out. The next writer of the region moves it "
+                    "aside"), stacklevel=2)
+            return
         if entry is None:
             later = _later_positions(store, region_id, position, list_for_gaps)
             if not later:
@@ -318,7 +317,44 @@ def iter_wal(store: ObjectStore, region_id: str, after: int, *,
                     "entries after it too"
                 )
         yield entry
-        position += 1
+        position, recheck = position + 1, 3
+
+
+def read_wal_position(
+    store: ObjectStore, region_id: str, position: int
+) -> tuple[WalEntry | None, CorruptWalEntryError | None]:
+    """What the WAL holds at ``position``: ``(entry, None)``, ``(None, None)`` if nothing, or
+    ``(None, damage)`` if a torn tail (:func:`is_torn_tail`); a damaged entry that is not one
+    raises :class:`CorruptWalEntryError`.
+
+    Damage is judged by looking at the position again, so it is only confirmed on bytes that
+    are still there afterwards: a claiming writer may be setting a torn tail aside and putting
+    its sentinel there at this moment.
+    """
+    path = layout.wal_entry_path(region_id, position)
+    try:
+        data = store.get(path)
+    except ObjectNotFoundError:
+        return None, None
+    try:
+        return decode_wal_entry(data, position), None
+    except CorruptWalEntryError as damage:
+        error = damage
+    for _ in range(3):  # the bytes change only while a writer recovers the position
+        torn = is_torn_tail(store, region_id, position)
+        try:
+            again = store.get(path)
+        except ObjectNotFoundError:
+            return None, None  # set aside meanwhile
+        if again == data:
+            if torn:
+                return None, error
+            raise error
+        try:
+            return decode_wal_entry(again, position), None
+        except CorruptWalEntryError as damage:
+            data, error = again, damage
+    raise error
 
 
 def _later_positions(store: ObjectStore, region_id: str, position: int, list_all: bool
@@ -328,23 +364,6 @@ def _later_positions(store: ObjectStore, region_id: str, position: int, list_all
     if list_all:
         return [p for p in wal_positions(store, region_id) if p > position]
     return [position + 1] if store.exists(layout.wal_entry_path(region_id, position + 1)) else []
-
-
-def _read_damaged_again(
-    store: ObjectStore, region_id: str, position: int, damage: CorruptWalEntryError
-) -> tuple[WalEntry | None, CorruptWalEntryError | None]:
-    """After reading a damaged entry at ``position``: (the entry or None, None) if it reads
-    well now or is gone, (None, the damage) if it is a torn tail; else raise the damage.
-
-    A claiming writer may be setting a torn tail aside at this moment, and putting its sentinel
-    there: the position is read once more before its damage is judged.
-    """
-    try:
-        return read_wal_entry(store, region_id, position), None
-    except CorruptWalEntryError as again:
-        if is_torn_tail(store, region_id, position):
-            return None, again
-        raise damage from None
 
 
 def _put_back_set_aside(store: ObjectStore, region_id: str, position: int) -> WalEntry | None:
@@ -384,27 +403,28 @@ def is_torn_tail(store: ObjectStore, region_id: str, position: int) -> bool:
         return True
 
 
-def set_aside_torn_entry(store: ObjectStore, region_id: str, position: int) -> str:
+def set_aside_torn_entry(
+    store: ObjectStore, region_id: str, position: int
+) -> tuple[str | None, WalEntry | None]:
     """Move the torn entry at ``position`` out of the WAL (kept for inspection under the
-    region's ``torn_wal/``), freeing its position; return where it went.
-
-    What was moved is checked to be damaged: if another claiming writer replaced the torn
-    entry with its own sentinel after the caller looked, that is put back and the caller is
-    fenced (:class:`WriterFencedError`).
+    region's ``torn_wal/``), freeing its position. Returns where it went, or, if what was
+    moved turns out whole (another claiming writer put its sentinel there after the caller
+    looked), that entry, put back; ``(None, None)`` if the entry was gone (moved by another).
     """
     path = layout.wal_entry_path(region_id, position)
     to = layout.torn_wal_entry_path(region_id, position, time.time_ns())
-    store.move(path, to)
     try:
+        store.move(path, to)
         entry = decode_wal_entry(store.get(to), position)
+    except ObjectNotFoundError:
+        return None, None
     except CorruptWalEntryError:
-        return to
-    store.move(to, path)
-    raise WriterFencedError(
-        f"region {region_id}: while this writer set aside the torn WAL entry at position "
-        f"{position}, a writer of epoch {entry.writer_epoch} put its own there; a newer writer "
-        "claimed the region"
-    )
+        return to, None
+    try:
+        store.move(to, path)
+    except (ObjectExistsError, ObjectNotFoundError):
+        return None, None  # put back by a reader, or the position taken again: look again
+    return None, entry
 
 
 def wal_positions(store: ObjectStore, region_id: str) -> list[int]:

@@ -567,3 +567,41 @@ def test_a_claimer_that_sets_aside_another_writers_sentinel_puts_it_back(
     w.close()
     assert sorted(mw.open_table(str(tmp_path)).to_arrow().column("id").to_pylist()) == \
         [1, 2, 3, 42, 43]
+
+
+@pytest.mark.parametrize("older_acts", ["sets it aside", "claims and puts its sentinel"])
+def test_the_newest_of_two_writers_recovering_a_torn_tail_opens(tmp_path, monkeypatch, older_acts):
+    # The newer claimer (epoch 3) is about to move the torn entry when the older one (epoch 2)
+    # has set it aside (and put its own sentinel there): the newer one takes the position or
+    # replays the older sentinel; it is not fenced by a writer older than itself.
+    import warnings
+
+    from memwal_sql.manifest import claim_region
+    from memwal_sql.storage.store import ObjectStore
+    from memwal_sql.writer.wal import encode_fence_sentinel, set_aside_torn_entry
+
+    tbl, rid, last = region_with_torn_tail(tmp_path)
+    older = mw.open_table(str(tmp_path))
+    older_epoch = claim_region(RegionManifestStore(older.store, rid), region_spec_id=0).writer_epoch
+    newer = mw.open_table(str(tmp_path))
+    real_move, fired = ObjectStore.move, []
+
+    def move(self, path, to):
+        if self is newer.store and path.endswith(layout.wal_entry_path(rid, last)) and not fired:
+            fired.append(path)
+            set_aside_torn_entry(older.store, rid, last)
+            if older_acts == "claims and puts its sentinel":
+                older.store.put_if_not_exists(layout.wal_entry_path(rid, last),
+                                              encode_fence_sentinel(older_epoch, last),
+                                              checksummed=True)
+        return real_move(self, path, to)
+
+    monkeypatch.setattr(ObjectStore, "move", move)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        w = newer.writer(region_id=rid)
+    monkeypatch.undo()
+    assert fired and w.epoch > older_epoch
+    w.upsert(rows([7]))
+    w.close()
+    assert sorted(mw.open_table(str(tmp_path)).to_arrow().column("id").to_pylist()) == [1, 2, 3, 7]
