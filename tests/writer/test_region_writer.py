@@ -412,21 +412,28 @@ def test_small_slices_of_a_batch_count_only_their_rows(table_root):
     assert w.stats()["memtable_flushes"] == 1
 
 
-def test_a_torn_last_wal_entry_is_left_out_by_reads_and_set_aside_by_the_next_writer(tmp_path):
-    # A crash of the machine during a put can leave its entry torn (name and data are made
-    # durable in one flush). That put never returned: reads leave it out, and the next writer
-    # moves it aside, takes its position and goes on.
-    from memwal_sql.errors import TornWalEntryWarning
+def region_with_torn_tail(tmp_path):
+    """A region whose writer acknowledged ids 1-3, then died with the machine during the put of
+    its last entry (torn). Returns the table, the region id and the torn position."""
     from tests.writer.test_wal import torn
 
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
     w = tbl.writer()
     for i in range(1, 5):
         w.upsert(rows([i]))
-    rid = w.region_id
-    last = w.stats()["next_wal_position"] - 1
-    w._release_at_exit()  # the machine died during the put of the last entry
+    rid, last = w.region_id, w.stats()["next_wal_position"] - 1
+    w._release_at_exit()
     torn(tbl.store, rid, last)
+    return tbl, rid, last
+
+
+def test_a_torn_last_wal_entry_is_left_out_by_reads_and_set_aside_by_the_next_writer(tmp_path):
+    # A crash of the machine during a put can leave its entry torn (name and data are made
+    # durable in one flush). That put never returned: reads leave it out, and the next writer
+    # moves it aside, takes its position and goes on.
+    from memwal_sql.errors import TornWalEntryWarning
+
+    tbl, rid, last = region_with_torn_tail(tmp_path)
     reader = mw.open_table(str(tmp_path))
     with pytest.warns(TornWalEntryWarning, match=f"position {last}"):
         assert sorted(reader.to_arrow().column("id").to_pylist()) == [1, 2, 3]
@@ -467,21 +474,6 @@ def test_a_claiming_writer_syncs_what_it_replays_before_it_appends(tmp_path, mon
     assert entries <= set(order) and sentinel in order
     assert max(order.index(e) for e in entries) < order.index(sentinel)
     w2.close()
-
-
-def region_with_torn_tail(tmp_path):
-    """A region whose writer acknowledged ids 1-3, then died with the machine during the put of
-    its last entry (torn). Returns the table, the region id and the torn position."""
-    from tests.writer.test_wal import torn
-
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
-    w = tbl.writer()
-    for i in range(1, 5):
-        w.upsert(rows([i]))
-    rid, last = w.region_id, w.stats()["next_wal_position"] - 1
-    w._release_at_exit()
-    torn(tbl.store, rid, last)
-    return tbl, rid, last
 
 
 @pytest.mark.parametrize("meanwhile", ["set aside", "sentinel put", "write acknowledged"])
