@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from memwal_sql._proto.memwal_pb2 import RegionManifest
 from memwal_sql.errors import (
+    CorruptWalEntryError,
     InvalidInputError,
     MemWalError,
     ObjectExistsError,
@@ -51,6 +52,7 @@ from memwal_sql.writer.wal import (
 )
 
 _FLUSH_ATTEMPTS = 3
+_EMPTY_LOOKS = 3  # a position taken, yet with nothing to read: another writer recovering it
 _OPEN_WRITERS: weakref.WeakSet[RegionWriter] = weakref.WeakSet()
 
 
@@ -369,7 +371,7 @@ class RegionWriter:
         # Put the sentinel at the first free position. Taking a position means the previous
         # writer's next put there fails; if it got there first, that entry is one of its
         # acknowledged writes: replay it and try the next position.
-        position = tail + 1
+        position, empty_looks = tail + 1, 0
         while True:
             path = layout.wal_entry_path(self.region_id, position)
             try:
@@ -380,10 +382,16 @@ class RegionWriter:
                 pass
             entry = self._entry_at(position)
             if entry is None:
+                empty_looks += 1
+                if empty_looks > _EMPTY_LOOKS:
+                    raise CorruptWalEntryError(
+                        f"region {self.region_id}: WAL position {position} is taken but holds "
+                        f"no entry that can be read ({self._store.uri_for(path)}); remove what "
+                        "is there, then open the writer again")
                 continue  # none there now: try the put again
             self._replay_entry(entry)
             self._store.sync_objects([path])
-            position += 1
+            position, empty_looks = position + 1, 0
         if position > manifest.wal_entry_position_last_seen:
 
             def see_sentinel(m: RegionManifest) -> bool:

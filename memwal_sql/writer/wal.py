@@ -285,7 +285,7 @@ def iter_wal(store: ObjectStore, region_id: str, after: int, *,
     A torn last entry (:func:`is_torn_tail`) ends the WAL, with a :class:`TornWalEntryWarning`
     unless ``warn_torn_tail`` is False (a claiming writer sets it aside and warns itself). A
     hole whose entry is found whole in ``torn_wal/`` (set aside by a claiming writer that lost
-    a race and died) is filled from there.
+    a race) is filled from there, and so is the first free position when a writer claims.
     """
     position, recheck = after + 1, 3
     while True:
@@ -304,11 +304,16 @@ def iter_wal(store: ObjectStore, region_id: str, after: int, *,
             return
         if entry is None:
             later = _later_positions(store, region_id, position, list_for_gaps)
-            if not later:
+            if not later and not list_for_gaps:
                 return
+            # A claiming writer looks in torn_wal/ at the tail too: a sentinel wrongly set
+            # aside there is the one that fences an older writer still appending.
             entry = _put_back_set_aside(store, region_id, position)
             if entry is None:
-                if store.exists(layout.wal_entry_path(region_id, position)):
+                if not later:
+                    return
+                if store.exists(layout.wal_entry_path(region_id, position)) and \
+                        (recheck := recheck - 1) > 0:
                     continue  # put just now: read it
                 raise MissingWalEntryError(
                     f"region {region_id} has no WAL entry at position {position} but has "

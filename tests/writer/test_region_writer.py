@@ -597,3 +597,44 @@ def test_the_newest_of_two_writers_recovering_a_torn_tail_opens(tmp_path, monkey
     w.upsert(rows([7]))
     w.close()
     assert sorted(mw.open_table(str(tmp_path)).to_arrow().column("id").to_pylist()) == [1, 2, 3, 7]
+
+
+def test_a_wal_position_taken_by_something_unreadable_fails_the_claim(tmp_path):
+    # A stray directory (or a dangling link) at the next WAL position: the sentinel's put finds
+    # the position taken but nothing there can be read. The claim gives up with a typed error
+    # instead of trying forever.
+    from memwal_sql.errors import CorruptWalEntryError
+
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    w = tbl.writer()
+    w.upsert(rows([1]))
+    rid, nxt = w.region_id, w.stats()["next_wal_position"]
+    w.close()
+    os.makedirs(os.path.join(tbl.store.uri, layout.wal_entry_path(rid, nxt)))
+    with pytest.raises(CorruptWalEntryError, match=f"position {nxt} is taken"):
+        mw.open_table(str(tmp_path)).writer(region_id=rid)
+
+
+def test_a_sentinel_left_in_torn_wal_still_fences_its_older_writer(tmp_path):
+    # Writer B recovered a torn tail (sentinel at p); a third writer, racing, moved that
+    # sentinel into torn_wal/ and died. The next claimer C must put it back and take p + 1,
+    # so that B's next put collides with C's sentinel (B is fenced, not C).
+    import time as time_module
+    import warnings
+
+    from memwal_sql.errors import WriterFencedError
+
+    tbl, rid, last = region_with_torn_tail(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        b = mw.open_table(str(tmp_path)).writer(region_id=rid)
+    tbl.store.move(layout.wal_entry_path(rid, last),
+                   layout.torn_wal_entry_path(rid, last, time_module.time_ns()))
+    c = mw.open_table(str(tmp_path)).writer(region_id=rid)
+    assert read_wal_entry(tbl.store, rid, last).writer_epoch == b.epoch  # put back
+    with pytest.raises(WriterFencedError):
+        b.upsert(rows([100]))
+    c.upsert(rows([200]))
+    c.close()
+    assert sorted(mw.open_table(str(tmp_path)).to_arrow().column("id").to_pylist()) == \
+        [1, 2, 3, 200]
