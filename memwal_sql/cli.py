@@ -1,4 +1,4 @@
-"""The ``memwal`` command line: create, ingest, inspect, merge, gc, maintain, demo."""
+"""The ``memwal`` command line: create, ingest, inspect, merge, gc, maintain, set-aside, demo."""
 
 from __future__ import annotations
 
@@ -120,6 +120,16 @@ def cmd_maintain(a: argparse.Namespace) -> None:
             time.sleep(a.watch)
 
 
+def cmd_set_aside(a: argparse.Namespace) -> None:
+    from memwal_sql.writer.wal import set_aside_damaged_entry
+
+    tbl = mw.open_table(a.uri)
+    to = set_aside_damaged_entry(tbl.store, a.region_id, a.position)
+    print(f"moved the damaged WAL entry at position {a.position} of region {a.region_id} to "
+          f"{tbl.store.uri_for(to)}; its rows are given up, and the next writer of the region "
+          "takes its position")
+
+
 def cmd_demo(a: argparse.Namespace) -> None:
     from memwal_sql.demo import run_demo
 
@@ -165,6 +175,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                            help="repeat every SECONDS alongside live writers")
             g.add_argument("--iterations", type=int, default=0, help="stop after N passes")
         g.set_defaults(func=func)
+    t = sub.add_parser("set-aside", help="give up a damaged last WAL entry (a "
+                       "CorruptWalEntryError) by moving it to the region's torn_wal/")
+    t.add_argument("uri")
+    t.add_argument("region_id")
+    t.add_argument("position", type=int)
+    t.set_defaults(func=cmd_set_aside)
     d = sub.add_parser("demo", help="stream 1M upserts into 4 regions and check the result")
     d.add_argument("--rows", type=int, default=1_000_000)
     d.add_argument("--regions", type=int, default=4)

@@ -44,7 +44,9 @@ import google_crc32c
 import pyarrow as pa
 
 from memwal_sql.errors import (
+    CommitConflictError,
     CorruptWalEntryError,
+    InvalidInputError,
     MemWalError,
     MissingWalEntryError,
     ObjectExistsError,
@@ -66,6 +68,8 @@ _ZEROS = b"00000000"
 _CHECKSUM_STRING = struct.pack("<I", len(_CHECKSUM)) + _CHECKSUM + b"\0"
 _DIGITS_STRING = re.compile(rb"\x08\x00\x00\x00([0-9a-f]{8})\x00")
 _PUT_ATTEMPTS = 4
+_SET_ASIDE = ("; or, if it is the last entry of its region, give up its rows with "
+              "`memwal set-aside TABLE_URI REGION_ID POSITION`")
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
@@ -173,8 +177,7 @@ def _check_checksum(data: bytes | memoryview, position: int) -> None:
             return
     raise CorruptWalEntryError(
         f"WAL entry at position {position} fails its checksum: its bytes changed after it was "
-        "written, or it was written for another position. Restore it from a backup; or move it "
-        "aside to give up its rows"
+        "written, or it was written for another position. Restore it from a backup" + _SET_ASIDE
     )
 
 
@@ -235,7 +238,7 @@ def decode_wal_entry(data: bytes | memoryview, position: int) -> WalEntry:
         # have lost whole record batches and still parse.
         raise CorruptWalEntryError(
             f"WAL entry at position {position} has no end-of-stream marker: it is truncated; "
-            "restore it from a backup or move it aside to recover"
+            "restore it from a backup" + _SET_ASIDE
         )
     _check_checksum(data, position)
     try:
@@ -244,7 +247,7 @@ def decode_wal_entry(data: bytes | memoryview, position: int) -> WalEntry:
     except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
         raise CorruptWalEntryError(
             f"WAL entry at position {position} is not a complete Arrow IPC stream ({e}); "
-            "it may be truncated: restore it from a backup or move it aside to recover"
+            "it may be truncated: restore it from a backup" + _SET_ASIDE
         ) from e
     meta = reader.schema.metadata or {}
     if _EPOCH not in meta:
@@ -430,6 +433,38 @@ def set_aside_torn_entry(
     except (ObjectExistsError, ObjectNotFoundError):
         return None, None  # put back by a reader, or the position taken again: look again
     return None, entry
+
+
+def set_aside_damaged_entry(store: ObjectStore, region_id: str, position: int) -> str:
+    """Move the damaged *last* WAL entry at ``position`` to the region's ``torn_wal/``, giving
+    up its rows; return where it went. For a damaged tail that is not known to be torn (written
+    since the machine started, or on a volume from another machine), after checking why.
+
+    Refuses an entry that reads well (:class:`InvalidInputError`) and one with entries after it
+    (:class:`CorruptWalEntryError`: setting it aside would make a hole before them).
+    """
+    try:
+        entry = read_wal_entry(store, region_id, position)
+    except CorruptWalEntryError:
+        pass
+    else:
+        if entry is None:
+            raise ObjectNotFoundError(f"region {region_id} has no WAL entry at position {position}")
+        raise InvalidInputError(
+            f"the WAL entry at position {position} of region {region_id} reads well; only a "
+            "damaged entry is set aside")
+    later = [p for p in wal_positions(store, region_id) if p > position]
+    if later:
+        raise CorruptWalEntryError(
+            f"the damaged WAL entry at position {position} of region {region_id} has entries "
+            f"after it (up to {max(later)}): setting it aside would cut them off. Restore it "
+            "from a backup")
+    to, _ = set_aside_torn_entry(store, region_id, position)
+    if to is None:
+        raise CommitConflictError(
+            f"the WAL entry at position {position} of region {region_id} changed while it was "
+            "set aside (a writer is recovering the region); look at it again")
+    return to
 
 
 def wal_positions(store: ObjectStore, region_id: str) -> list[int]:
