@@ -44,6 +44,7 @@ from memwal_sql.writer.generation import write_generation
 from memwal_sql.writer.memtable import MemTable, latest_per_key
 from memwal_sql.writer.rows import RowCoercer
 from memwal_sql.writer.wal import (
+    RECOVERY_LOOKS,
     WalWriter,
     encode_fence_sentinel,
     iter_wal,
@@ -52,7 +53,6 @@ from memwal_sql.writer.wal import (
 )
 
 _FLUSH_ATTEMPTS = 3
-_EMPTY_LOOKS = 3  # a position taken, yet with nothing to read: another writer recovering it
 _OPEN_WRITERS: weakref.WeakSet[RegionWriter] = weakref.WeakSet()
 
 
@@ -383,7 +383,7 @@ class RegionWriter:
             entry = self._entry_at(position)
             if entry is None:
                 empty_looks += 1
-                if empty_looks > _EMPTY_LOOKS:
+                if empty_looks > RECOVERY_LOOKS:  # taken, yet nothing to read: not a recovery
                     raise CorruptWalEntryError(
                         f"region {self.region_id}: WAL position {position} is taken but holds "
                         f"no entry that can be read ({self._store.uri_for(path)}); remove what "

@@ -68,6 +68,9 @@ _ZEROS = b"00000000"
 _CHECKSUM_STRING = struct.pack("<I", len(_CHECKSUM)) + _CHECKSUM + b"\0"
 _DIGITS_STRING = re.compile(rb"\x08\x00\x00\x00([0-9a-f]{8})\x00")
 _PUT_ATTEMPTS = 4
+RECOVERY_LOOKS = 3
+"""How many times a reader or writer looks at a WAL position that changes under it, as it does
+only while another writer recovers a torn tail there, before it reports what it sees."""
 _SET_ASIDE = ("; or, if it is the last entry of its region, give up its rows with "
               "`memwal set-aside TABLE_URI REGION_ID POSITION`")
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
@@ -290,7 +293,7 @@ def iter_wal(store: ObjectStore, region_id: str, after: int, *,
     hole whose entry is found whole in ``torn_wal/`` (set aside by a claiming writer that lost
     a race) is filled from there, and so is the first free position when a writer claims.
     """
-    position, recheck = after + 1, 3
+    position, recheck = after + 1, RECOVERY_LOOKS
     while True:
         entry, torn = read_wal_position(store, region_id, position)
         if torn is not None:
@@ -325,7 +328,7 @@ def iter_wal(store: ObjectStore, region_id: str, after: int, *,
                     "entries after it too"
                 )
         yield entry
-        position, recheck = position + 1, 3
+        position, recheck = position + 1, RECOVERY_LOOKS
 
 
 def read_wal_position(
@@ -348,7 +351,7 @@ def read_wal_position(
         return decode_wal_entry(data, position), None
     except CorruptWalEntryError as damage:
         error = damage
-    for _ in range(3):  # the bytes change only while a writer recovers the position
+    for _ in range(RECOVERY_LOOKS):
         torn = is_torn_tail(store, region_id, position)
         try:
             again = store.get(path)
