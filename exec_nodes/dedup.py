@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode
 from exec_nodes.keyset import KeySet
 from exec_nodes.scan import BaseScanExec, SourceExec
+from planner.predicate import Predicate
 
 
 def newest_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
@@ -88,18 +89,19 @@ class DeduplicateExec(ExecNode):
         base_parts: Sequence[Sequence[int] | None],
         *,
         primary_key: Sequence[str],
-        filter: pc.Expression | None,
+        predicate: Predicate | None,
         output: pa.Schema,
     ) -> None:
         self.newer = list(newer)
         self.base_dataset = base
         self.base_parts = [None if p is None else list(p) for p in base_parts] if base else []
         self.primary_key = list(primary_key)
-        self.filter = filter
+        self.predicate = predicate
         self.output = output
         self._lock = threading.Lock()
         self._winners: pa.Table | None = None
         self._keys: KeySet | None = None
+        self._base_scans = [self._base_scan(p, output) for p in self.base_parts]
 
     @property
     def schema(self) -> pa.Schema:
@@ -107,7 +109,7 @@ class DeduplicateExec(ExecNode):
 
     @property
     def children(self) -> list[ExecNode]:
-        return [*self.newer, *[self._base_scan(p, self.output) for p in self.base_parts]]
+        return [*self.newer, *self._base_scans]
 
     @property
     def num_partitions(self) -> int:
@@ -115,7 +117,7 @@ class DeduplicateExec(ExecNode):
 
     def describe(self) -> str:
         return (f"{self.name}: key={self.primary_key} newer_sources={len(self.newer)} "
-                f"base_parts={len(self.base_parts)} filter={self.filter}")
+                f"base_parts={len(self.base_parts)} predicate={self.predicate}")
 
     def winners(self) -> tuple[pa.Table, KeySet]:
         """The newest version of every key in the newer sources, by key columns only
@@ -164,8 +166,9 @@ class DeduplicateExec(ExecNode):
         columns = list(dict.fromkeys([*wanted, *self.primary_key, TOMBSTONE]))
         # With a filter, only matching rows are read in full (the filter goes into Lance for
         # generations); either way a row is output only if it is its key's newest version.
-        read_columns = None if self.filter is not None else columns
-        for rows in _READERS.map(lambda s: s.read_counted(read_columns, self.filter), self.newer):
+        read_columns = None if self.predicate is not None else columns
+        for rows in _READERS.map(lambda s: s.read_counted(read_columns, self.predicate),
+                                 self.newer):
             if rows.num_rows == 0:
                 continue
             pos = keys.positions(rows.select(self.primary_key))
@@ -180,7 +183,7 @@ class DeduplicateExec(ExecNode):
         assert self.base_dataset is not None
         wanted = [f.name for f in output if f.name not in (GEN, ROWADDR)]
         columns = list(dict.fromkeys([*wanted, *self.primary_key]))
-        return BaseScanExec(self.base_dataset, columns, self.filter, fragment_ids=part)
+        return BaseScanExec(self.base_dataset, columns, self.predicate, fragment_ids=part)
 
     def _base_rows(self, part: Sequence[int] | None, output: pa.Schema) -> Iterator[pa.RecordBatch]:
         _, keys = self.winners()

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode
+from planner.predicate import Predicate, evaluate, lance_filter, matches
 
 
 def source_schema(wal_schema: pa.Schema) -> pa.Schema:
@@ -63,18 +64,19 @@ class SourceExec(ExecNode):
         yield from self.read_counted().to_batches()
 
     def read_counted(self, columns: Sequence[str] | None = None,
-                     filter: pc.Expression | None = None) -> pa.Table:
-        """Read the source (``columns`` plus ``_gen``/``_rowaddr``; rows matching ``filter``),
-        counting the open: tests check what a plan touched."""
+                     predicate: Predicate | None = None) -> pa.Table:
+        """Read the source (``columns`` plus ``_gen``/``_rowaddr``; rows for which
+        ``predicate`` is TRUE; all columns when there is a predicate), counting the open:
+        tests check what a plan touched."""
         with self._lock:
             self.opened += 1
         schema = self._schema
         if columns is not None:
             names = [*columns, GEN, ROWADDR]
             schema = pa.schema([self._schema.field(c) for c in names])
-        return self.read(schema, filter)
+        return self.read(schema, predicate)
 
-    def read(self, schema: pa.Schema, filter: pc.Expression | None) -> pa.Table:
+    def read(self, schema: pa.Schema, predicate: Predicate | None) -> pa.Table:
         raise NotImplementedError
 
 
@@ -89,10 +91,13 @@ class GenerationScanExec(SourceExec):
         self.uri = uri
         self.storage_options = storage_options
 
-    def read(self, schema: pa.Schema, filter: pc.Expression | None) -> pa.Table:
+    def read(self, schema: pa.Schema, predicate: Predicate | None) -> pa.Table:
         ds = lance.dataset(self.uri, storage_options=self.storage_options)
         names = [f.name for f in schema if f.name in ds.schema.names]
-        table = ds.to_table(columns=names, filter=filter, with_row_address=True)
+        pushed, exact = lance_filter(predicate, ds.schema)
+        table = ds.to_table(columns=names, filter=pushed, with_row_address=True)
+        if not exact:
+            table = matches(predicate, table)
         addr = table.column(ROWADDR)
         out = tag(table.drop_columns([ROWADDR]), self.generation, schema)
         cols = [addr.cast(pa.uint64()) if f.name == ROWADDR else out.column(f.name)
@@ -115,13 +120,12 @@ class MemTableScanExec(SourceExec):
         self.batches = list(batches)
         self.origin = origin
 
-    def read(self, schema: pa.Schema, filter: pc.Expression | None) -> pa.Table:
+    def read(self, schema: pa.Schema, predicate: Predicate | None) -> pa.Table:
         if not self.batches:
             return schema.empty_table()
         table = pa.Table.from_batches(self.batches)
         names = [f.name for f in schema if f.name in table.column_names]
-        table = tag(table.select(names), self.generation, schema)
-        return table.filter(filter) if filter is not None else table
+        return matches(predicate, tag(table.select(names), self.generation, schema))
 
     def describe(self) -> str:
         rows = sum(b.num_rows for b in self.batches)
@@ -135,11 +139,12 @@ class BaseScanExec(ExecNode):
     name = "BaseScanExec"
 
     def __init__(self, dataset: lance.LanceDataset, columns: Sequence[str],
-                 filter: pc.Expression | None, *, fragment_ids: Sequence[int] | None = None,
+                 predicate: Predicate | None, *, fragment_ids: Sequence[int] | None = None,
                  batch_size: int | None = None) -> None:
         self.dataset = dataset
         self.columns = list(columns)
-        self.filter = filter
+        self.predicate = predicate
+        self.filter, self.exact = lance_filter(predicate, dataset.schema)
         self.fragment_ids = None if fragment_ids is None else list(fragment_ids)
         self.batch_size = batch_size
         fields = [dataset.schema.field(c) for c in self.columns]
@@ -155,15 +160,20 @@ class BaseScanExec(ExecNode):
             if not self.fragment_ids:
                 return
             fragments = [self.dataset.get_fragment(i) for i in self.fragment_ids]
+        # A filter Lance cannot take is applied here, on every column it may read.
+        columns = self.columns if self.exact else None
         scanner = self.dataset.scanner(
-            columns=self.columns, filter=self.filter, fragments=fragments,
+            columns=columns, filter=self.filter, fragments=fragments,
             with_row_address=True, batch_size=self.batch_size or 8192, scan_in_order=True,
         )
         for batch in scanner.to_batches():
+            if not self.exact and batch.num_rows:
+                batch = batch.filter(pc.fill_null(evaluate(self.predicate, batch), False))
             if batch.num_rows:
                 yield batch.select(self._schema.names)
 
     def describe(self) -> str:
         frags = "all" if self.fragment_ids is None else str(self.fragment_ids)
         return (f"{self.name}: version={self.dataset.version} gen={BASE_GENERATION} "
-                f"fragments={frags} columns={self.columns} filter={self.filter}")
+                f"fragments={frags} columns={self.columns} filter={self.filter}"
+                + ("" if self.exact else f" then {self.predicate}"))

@@ -41,6 +41,10 @@ class WrongRegionError(InvalidInputError):
     """Rows were handed to a region writer whose region does not own them."""
 
 
+class InvalidFilterError(InvalidInputError):
+    """A ``filter=`` string is not one boolean SQL expression over the table's columns."""
+
+
 class InvalidRegionSpecError(InvalidInputError):
     """A region spec is malformed or does not fit the table schema."""
 

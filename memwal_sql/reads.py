@@ -16,7 +16,9 @@ import pyarrow as pa
 
 from exec_nodes.base import GEN, ROWADDR
 from exec_nodes.keyset import KeySet
-from memwal_sql.errors import InvalidInputError, SchemaMismatchError
+from datafusion import col
+
+from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMismatchError
 from memwal_sql.session import (
     MemWalContext,
     MemWalDataset,
@@ -40,32 +42,32 @@ class TableReads:
         self._lock = threading.Lock()
         self.last_lookup_plan: LookupPlan | None = None
 
-    def _sql(self, what: str, filter: str | None, consistency: str,
-             system_columns: bool) -> tuple[MemWalContext, Any, str, MemWalDataset | None]:
-        """Plan ``SELECT what FROM table WHERE filter``: the context, the DataFrame, the table's
-        name in the context, and the dataset this query reads (for its errors)."""
+    def _frame(self, columns: Sequence[str] | None, filter: str | None, consistency: str,
+               system_columns: bool) -> tuple[MemWalContext, Any, str, MemWalDataset | None]:
+        """A DataFrame of the table, filtered and projected: the context, the DataFrame, the
+        table's name in the context, and the dataset this query reads (for its errors).
+
+        The filter is parsed as one SQL expression against the table's columns and applied
+        with ``DataFrame.filter``; it is never spliced into a statement.
+        """
         with self._lock:
             if self._ctx is None:
                 self._ctx = connect()
             name = f"t_{consistency}_{int(system_columns)}"
             self._ctx.register(name, self.table, consistency=consistency,  # type: ignore[arg-type]
                                system_columns=system_columns)
-            sql = f"SELECT {what} FROM {name}" + (f" WHERE {filter}" if filter else "")
-            try:
-                df = self._ctx.sql(sql)
-            except Exception as e:  # noqa: BLE001 - DataFusion's planning errors are untyped
-                raise InvalidInputError(
-                    f"invalid filter {filter!r}: {_datafusion_message(e, name)}"
-                ) from e
+            df = self._ctx.table(name)
+            if filter is not None:
+                df = df.filter(_filter_expression(df, filter, name))
+            if columns is not None:
+                df = df.select(*(col(c) for c in self._names(columns, system_columns)))
             return self._ctx, df, name, self._ctx.memwal_schema.last_datasets.get(name)
 
-    def _columns(self, columns: Sequence[str] | None, system_columns: bool) -> str:
-        if columns is None:
-            return "*"
+    def _names(self, columns: Sequence[str], system_columns: bool) -> list[str]:
         wanted = self._checked(columns, system_columns)
         if system_columns:
             wanted += [c for c in (GEN, ROWADDR) if c not in wanted]
-        return ", ".join(_quote(c) for c in wanted)
+        return wanted
 
     def _checked(self, columns: Sequence[str], system_columns: bool) -> list[str]:
         if isinstance(columns, str):
@@ -81,15 +83,13 @@ class TableReads:
 
     def to_arrow(self, columns: Sequence[str] | None, filter: str | None, consistency: str,
                  system_columns: bool) -> pa.Table:
-        _, df, _, ds = self._sql(self._columns(columns, system_columns), filter, consistency,
-                                 system_columns)
+        _, df, _, ds = self._frame(columns, filter, consistency, system_columns)
         with typed_errors(ds):
             return _plain_strings(df.to_arrow_table())
 
     def scan(self, columns: Sequence[str] | None, filter: str | None, consistency: str,
              system_columns: bool) -> pa.RecordBatchReader:
-        _, df, _, ds = self._sql(self._columns(columns, system_columns), filter, consistency,
-                                 system_columns)
+        _, df, _, ds = self._frame(columns, filter, consistency, system_columns)
         with typed_errors(ds):
             stream = pa.RecordBatchReader.from_stream(df)
 
@@ -100,13 +100,13 @@ class TableReads:
         return pa.RecordBatchReader.from_batches(stream.schema, batches())
 
     def count_rows(self, filter: str | None, consistency: str) -> int:
-        _, df, _, ds = self._sql("count(*) AS n", filter, consistency, False)
+        _, df, _, ds = self._frame(None, filter, consistency, False)
         with typed_errors(ds):
-            return int(df.to_pydict()["n"][0])
+            return int(df.count())
 
     def explain(self, filter: str | None, columns: Sequence[str] | None,
                 consistency: str) -> str:
-        ctx, df, name, ds = self._sql(self._columns(columns, False), filter, consistency, False)
+        ctx, df, name, ds = self._frame(columns, filter, consistency, False)
         with typed_errors(ds):
             df.execution_plan()  # physical planning runs our planner (get_fragments)
         plan = ctx.last_plan(name)
@@ -145,8 +145,46 @@ def _datafusion_message(e: Exception, table_name: str) -> str:
     return text.replace(f"{table_name}.", "").replace(table_name, "the table")
 
 
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+# Expression kinds a filter may not contain: it reads this table's rows one at a time.
+_NOT_IN_FILTERS = {
+    "Exists": "a subquery", "InSubquery": "a subquery", "ScalarSubquery": "a subquery",
+    "AggregateFunction": "an aggregate", "WindowFunction": "a window function",
+    "Placeholder": "a parameter placeholder", "Alias": "an alias", "Wildcard": "a wildcard",
+}
+
+
+def _filter_expression(df: Any, text: str, table_name: str) -> Any:
+    """``text`` as one boolean DataFusion expression over ``df``'s columns, or
+    :class:`InvalidFilterError` saying what it is instead."""
+    if not isinstance(text, str):
+        raise InvalidFilterError(f"a filter is SQL text, not {type(text).__name__}")
+    try:
+        expr = df.parse_sql_expr(text)
+    except Exception as e:  # noqa: BLE001 - DataFusion's parse errors are untyped
+        raise InvalidFilterError(
+            f"invalid filter {text!r}: {_datafusion_message(e, table_name)}; a filter is one "
+            "SQL boolean expression, such as \"score > 0.5 AND name IS NOT NULL\""
+        ) from e
+    _check_filter_parts(expr, text)
+    try:
+        df.filter(expr).schema()
+    except Exception as e:  # noqa: BLE001
+        raise InvalidFilterError(
+            f"invalid filter {text!r}: {_datafusion_message(e, table_name)}") from e
+    return expr
+
+
+def _check_filter_parts(expr: Any, text: str) -> None:
+    kind = _NOT_IN_FILTERS.get(expr.variant_name())
+    if kind is not None:
+        raise InvalidFilterError(f"invalid filter {text!r}: it contains {kind}; a filter is "
+                                 "a boolean expression over the table's own columns")
+    try:
+        operands = expr.rex_call_operands()
+    except Exception:  # noqa: BLE001 - a leaf (column, literal) has no operands
+        return
+    for operand in operands:
+        _check_filter_parts(operand, text)
 
 
 def _plain_strings(table: pa.Table) -> pa.Table:

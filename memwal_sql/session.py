@@ -37,7 +37,7 @@ from memwal_sql.errors import MemWalError
 from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
 from memwal_sql.storage import storage_failures
 from planner.lookup import LookupPlan, lookup_keys, plan_lookup
-from planner.pruning import parse_filter
+from planner.predicate import Predicate, decode_filter, matches
 from planner.scan import ScanPlan, output_schema, plan_scan
 
 if TYPE_CHECKING:
@@ -68,33 +68,33 @@ class _PartitionScanner:
 
 
 class _LookupScanner:
-    def __init__(self, dataset: MemWalDataset, plan: LookupPlan, filter: pc.Expression | None,
+    def __init__(self, dataset: MemWalDataset, plan: LookupPlan, predicate: Predicate | None,
                  schema: pa.Schema) -> None:
         self.dataset = dataset
         self.plan = plan
-        self.filter = filter
+        self.predicate = predicate
         self.projected_schema = schema
 
     def to_batches(self) -> Iterator[pa.RecordBatch]:
         with self.dataset.recording_errors():
-            rows = self.plan.execute()
-            if self.filter is not None and rows.num_rows:
-                rows = rows.filter(self.filter)  # the rest of the (Exact) pushed filter
+            # The whole (Exact) pushed filter again: the key terms are true of every row.
+            rows = matches(self.predicate, self.plan.execute())
             if rows.num_rows:
                 yield from project_to(rows, self.projected_schema).to_batches()
 
 
 class _LookupFragment:
     def __init__(self, dataset: MemWalDataset, plan: LookupPlan,
-                 filter: pc.Expression | None) -> None:
+                 predicate: Predicate | None) -> None:
         self.dataset = dataset
         self.plan = plan
-        self.filter = filter
+        self.predicate = predicate
 
     def scanner(self, schema: Any = None, columns: list[str] | None = None,
                 filter: pc.Expression | None = None, batch_size: int | None = None,
                 **_: Any) -> _LookupScanner:
-        return _LookupScanner(self.dataset, self.plan, self.filter, self.dataset.project(columns))
+        return _LookupScanner(self.dataset, self.plan, self.predicate,
+                              self.dataset.project(columns))
 
 
 class _PartitionFragment:
@@ -165,14 +165,15 @@ class MemWalDataset(pds.Dataset):
         with self.recording_errors():
             return self._fragments(filter)
 
-    def _fragments(self, filter: pc.Expression | None) -> list[Any]:
+    def _fragments(self, filter: pc.Expression | pa.Scalar | None) -> list[Any]:
         table = self._table
-        keys = lookup_keys(parse_filter(filter, table.schema), table.primary_key, table.schema)
+        predicate = decode_filter(filter, self._schema)
+        keys = lookup_keys(predicate, table.primary_key, table.schema)
         if keys is not None:  # WHERE pk = v / pk IN (...): the point-lookup plan
             lookup = plan_lookup(self.snapshot(), table.store, table.region_spec, keys)
             self.last_plan = lookup
-            return [_LookupFragment(self, lookup, filter)]
-        plan = plan_scan(self.snapshot(), table.region_spec, table.schema, filter,
+            return [_LookupFragment(self, lookup, predicate)]
+        plan = plan_scan(self.snapshot(), table.region_spec, table.schema, predicate,
                          system_columns=self._system_columns, partitions=self._partitions)
         self.last_plan = plan
         # Partition 0 (the newer sources) always exists: DataFusion breaks on zero fragments.

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -34,11 +35,13 @@ from memwal_sql.storage import ObjectStore
 from memwal_sql.writer.bloom import pk_hashes
 from memwal_sql.writer.generation import BLOOM_FILTER
 from planner.indexed import IndexedRead, plan_indexed_read
-from planner.predicate import And, Cmp, In, Node
+from planner.predicate import Compare, InList, Or, Predicate, conjuncts
 
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-lookup")
 _PARALLEL_KEYS = 256
-MAX_SQL_LOOKUP_KEYS = 1024  # larger IN lists are scanned (pyarrow hands over at most 20 values)
+# SQL `pk IN (...)` lists up to this many keys run as a point lookup; a longer list is a scan
+# (pruned by region), which reads sequentially what so many random reads would touch anyway.
+MAX_SQL_LOOKUP_KEYS = 65_536
 
 
 @dataclass
@@ -49,7 +52,6 @@ class LookupPlan:
     keys: pa.Table
     regions: list[tuple[str, pa.Table, CoalesceFirstExec]]
     base: BaseLookupExec
-    direct_to_base: pa.Table
     nodes: list[ExecNode] = field(default_factory=list)
     indexed: IndexedRead | None = None
 
@@ -70,14 +72,21 @@ class LookupPlan:
         else:
             results, base_rows = [probe(r) for r in self.regions], None
         found = [rows for rows, _ in results]
-        remaining = [self.direct_to_base, *(rest for _, rest in results)]
-        rest = _distinct(pa.concat_tables([r.select(self.base.primary_key) for r in remaining]))
+        # The base answers only the keys *no* region resolved (found or deleted there): a key
+        # that could not be routed was asked of every region, and one region's answer is
+        # newer than the base's.
+        pk = self.base.primary_key
+        resolved = [r.select(pk) for r in found if r.num_rows]
+        rest = self.keys.select(pk)
+        if resolved:
+            rest = rest.filter(pa.array(~KeySet(_distinct(pa.concat_tables(resolved)))
+                                        .contains(rest)))
         if rest.num_rows:
             if base_rows is None:
                 base_rows = self.base.take_last(rest)[0]
             elif base_rows.num_rows:
                 base_rows = base_rows.filter(pa.array(
-                    KeySet(rest).contains(base_rows.select(self.base.primary_key))))
+                    KeySet(rest).contains(base_rows.select(pk))))
             found.append(base_rows)
         rows = pa.concat_tables(found) if found else self.base.schema.empty_table()
         return live_rows(rows)
@@ -115,20 +124,21 @@ def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | 
     indexed = None if base.uses_key_index() else plan_indexed_read(snapshot, pk[:1])
     if indexed is not None:
         base.fragment_ids = list(indexed.fragment_ids)
-    routable = spec is not None and set(spec.source_columns) <= set(pk) and bool(spec.fields)
+    routable = spec is not None and bool(spec.fields) and set(spec.source_columns) <= set(pk) \
+        and all(f.transform_impl.evaluable_in_callbacks([keys.schema.field(c).type
+                                                          for c in f.source_columns])
+                for f in spec.fields)
     by_values: dict[tuple[Any, ...], pa.Table] = {}
     if routable:
         assert spec is not None
         for values, idx in spec.group_rows(keys).items():
             by_values[tuple(values)] = hashed.take(pa.array(idx))
     regions = []
-    routed = 0
     for region in snapshot.regions:
         if routable and region.region_values is not None:
             region_keys = by_values.get(tuple(region.region_values))
             if region_keys is None:
                 continue
-            routed += region_keys.num_rows
         else:
             region_keys = hashed  # cannot route: this region may hold any key
         children: list[ExecNode] = []
@@ -145,45 +155,50 @@ def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | 
             regions.append((region.region_id, region_keys,
                             CoalesceFirstExec(children, pk, schema,
                                               label=f"region {region.region_id[:8]}")))
-    # Keys whose region has no sources (or no region at all) go straight to the base table.
-    if not regions:
-        direct = keys
-    elif not routable:
-        direct = keys.slice(0, 0)  # every region was given every key
-    else:
-        seen = KeySet(_distinct(pa.concat_tables([k.select(pk) for _, k, _ in regions])))
-        direct = keys.filter(pa.array(~seen.contains(keys)))
-    return LookupPlan(snapshot, keys, regions, base, direct, indexed=indexed)
+    return LookupPlan(snapshot, keys, regions, base, indexed=indexed)
 
 
-def lookup_keys(predicate: Node | None, primary_key: Sequence[str], schema: pa.Schema,
+def _pinned_values(term: Predicate) -> tuple[str, pa.Array] | None:
+    """(column, values) when ``term`` is ``c = v``, ``c IN (...)`` or an OR of those on one
+    column (DataFusion rewrites a short ``IN`` list as such an OR)."""
+    if isinstance(term, Compare) and term.op == "=":
+        return term.column, pa.array([term.value])
+    if isinstance(term, InList):
+        return term.column, term.values
+    if isinstance(term, Or):
+        parts = [_pinned_values(c) for c in term.children]
+        if all(p is not None for p in parts) and len({p[0] for p in parts}) == 1:  # type: ignore[index]
+            return parts[0][0], pa.concat_arrays([p[1] for p in parts])  # type: ignore[index]
+    return None
+
+
+def lookup_keys(predicate: Predicate | None, primary_key: Sequence[str], schema: pa.Schema,
                 max_keys: int = MAX_SQL_LOOKUP_KEYS) -> pa.Table | None:
-    """The key set a filter pins down (``pk = v``, ``pk IN (...)``, conjunctions thereof), or
-    None when the filter is not a point lookup."""
-    pk = list(primary_key)
-    values: dict[str, list[Any]] = {}
+    """The key set a filter pins down, or None when the filter is not a point lookup.
 
-    def visit(node: Node) -> bool:
-        if isinstance(node, And):
-            return visit(node.left) | visit(node.right)
-        if isinstance(node, Cmp) and node.op == "==" and node.column in pk:
-            values.setdefault(node.column, [node.value])
-            return True
-        if isinstance(node, In) and node.column in pk:
-            values.setdefault(node.column, list(node.values))
-            return True
-        return False  # other conjuncts are applied to the looked-up rows
+    A filter pins keys when its top-level AND has ``pk = v`` or ``pk IN (...)`` for every
+    primary-key column (for a composite key, every combination of the listed values); the
+    other terms are applied to the looked-up rows.
 
-    if predicate is None:
+    Example:
+        >>> s = pa.schema([("id", pa.int64())])
+        >>> lookup_keys(InList("id", pa.array([3, 1, 3])), ["id"], s).to_pydict()
+        {'id': [3, 1, 3]}
+    """
+    values: dict[str, pa.Array] = {}
+    for term in conjuncts(predicate):
+        pinned = _pinned_values(term)
+        if pinned is not None and pinned[0] in primary_key:
+            values.setdefault(*pinned)
+    if set(values) != set(primary_key):
         return None
-    visit(predicate)
-    if set(values) != set(pk) or any(v is None for vs in values.values() for v in vs):
+    sizes = [len(values[k]) for k in primary_key]
+    if int(np.prod(sizes, dtype=np.float64)) > max_keys:
         return None
-    if len(pk) == 1:
-        vals = values[pk[0]]
-        if len(vals) > max_keys:
-            return None
-        return pa.table({pk[0]: pa.array(vals, schema.field(pk[0]).type)})
-    if any(len(v) != 1 for v in values.values()):  # composite: one key only
-        return None
-    return pa.table({k: pa.array(values[k], schema.field(k).type) for k in pk})
+    # Every combination: column i repeats each value prod(sizes[i+1:]) times, tiled.
+    columns = {}
+    for i, k in enumerate(primary_key):
+        inner, outer = int(np.prod(sizes[i + 1:])), int(np.prod(sizes[:i]))
+        index = np.tile(np.repeat(np.arange(sizes[i]), inner), outer)
+        columns[k] = values[k].take(pa.array(index, pa.int64())).cast(schema.field(k).type)
+    return pa.table(columns)

@@ -1,113 +1,112 @@
 """Region pruning: which regions can hold rows matching a filter.
 
-A region holds only rows whose region values equal the region's own (recorded in its manifest).
-For each region the filter's predicate tree is evaluated in three-valued style: a comparison on a
-region-spec source column is decided from the region's value where the transform allows it, and
-everything else is "may match". A region is pruned only when the predicate is certainly false for
-every row it can hold.
-
-* ``bucket``: ``col = v`` and ``col IN (...)`` (the bucket of each literal).
-* ``identity``: every comparison, exactly (the region's rows all have that value).
-* ``year`` and ``truncate`` are monotone: ranges too. ``month``/``day``/``hour``: equality.
-* ``multi_bucket``, ``unsharded`` and SQL expressions: no pruning.
+A region holds only rows whose region values equal the region's own (recorded in its
+manifest). The filter, in negation normal form, is *projected* onto the region values: each
+comparison on a region-spec source column becomes, through that field's transform
+(:meth:`~memwal_sql.index.transforms.Transform.project`), a predicate on the region value that
+every matching row's region value satisfies; anything else becomes TRUE. The projection is then
+evaluated against a table of the regions' values, with the same three-valued evaluator the
+rows get, and a region is kept only where it is TRUE. A NULL counts as "no": in negation normal
+form a NULL can never turn into TRUE, and a projected comparison is NULL only for a region
+whose rows all have a NULL region value, which no row that satisfies the comparison has.
 
 Region-spec columns must not change for a key (a key lives in one region), as the spec assumes.
 
 Example:
     >>> import pyarrow as pa, pyarrow.compute as pc
     >>> from memwal_sql.index.region_spec import RegionSpec
-    >>> spec = RegionSpec.identity("country").bind(pa.schema([("country", pa.string())]))
-    >>> pred = parse_filter(pc.field("country") == "nl", pa.schema([("country", pa.string())]))
-    >>> [may_match(pred, spec, (c,), pa.schema([("country", pa.string())])) for c in ("nl", "de")]
-    [True, False]
+    >>> schema = pa.schema([("country", pa.string())])
+    >>> spec = RegionSpec.identity("country").bind(schema)
+    >>> pred = decode_filter(pc.field("country") == "nl", schema)
+    >>> prune_regions(pred, spec, schema, [("r1", ("nl",)), ("r2", ("de",))])
+    (['r1'], ['r2'])
 """
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from memwal_sql.index.region_spec import RegionField, RegionSpec
-from planner.predicate import And, Cmp, In, Node, Not, Or, Unknown, parse_filter
+from memwal_sql.index.region_spec import RegionSpec
+from planner.predicate import (
+    And,
+    ColumnCompare,
+    Compare,
+    Const,
+    InList,
+    IsNull,
+    Not,
+    Opaque,
+    Or,
+    Predicate,
+    decode_filter,
+    evaluate,
+    negation_normal_form,
+)
 
-__all__ = ["may_match", "parse_filter", "prune_regions"]
-
-_COMPARE = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
-            ">": operator.gt, ">=": operator.ge}
-_MONOTONE = {"year", "truncate"}
-_EQUALITY_ONLY = {"bucket", "month", "day", "hour"}
-
-
-def may_match(node: Node | None, spec: RegionSpec, values: Sequence[Any] | None,
-              schema: pa.Schema) -> bool:
-    """False only if no row with region ``values`` under ``spec`` (a table of ``schema``) can
-    satisfy ``node``."""
-    if node is None or values is None:
-        return True
-    if isinstance(node, And):
-        return may_match(node.left, spec, values, schema) and may_match(node.right, spec, values, schema)
-    if isinstance(node, Or):
-        return may_match(node.left, spec, values, schema) or may_match(node.right, spec, values, schema)
-    if isinstance(node, Not):
-        # Only a negated comparison can be decided; invert it.
-        c = node.child
-        if isinstance(c, Cmp):
-            inv = {"==": "!=", "!=": "==", "<": ">=", "<=": ">", ">": "<=", ">=": "<"}[c.op]
-            return may_match(Cmp(c.column, inv, c.value), spec, values, schema)
-        return True
-    if isinstance(node, Cmp):
-        return all(_field_may_match(f, v, node.column, node.op, node.value, schema)
-                   for f, v in zip(spec.fields, values))
-    if isinstance(node, In):
-        return any(all(_field_may_match(f, v, node.column, "==", x, schema)
-                       for f, v in zip(spec.fields, values)) for x in node.values) \
-            if node.values else False
-    assert isinstance(node, Unknown)
-    return True
+__all__ = ["decode_filter", "project_onto_regions", "prune_regions"]
 
 
-def _field_may_match(field: RegionField, region_value: Any, column: str, op: str,
-                     literal: Any, schema: pa.Schema) -> bool:
-    if field.source_columns != (column,) or region_value is None or literal is None:
-        return True
-    t = field.transform
-    if t == "identity":
-        try:
-            return bool(_COMPARE[op](region_value, literal))
-        except TypeError:
-            return True
-    if t not in _MONOTONE and t not in _EQUALITY_ONLY:
-        return True
-    if op == "!=" or (t in _EQUALITY_ONLY and op != "=="):
-        return True
-    literal_value = _transform_literal(field, literal, schema.field(column).type)
-    if literal_value is None:
-        return True
-    if op == "==":
-        return bool(region_value == literal_value)
-    # Monotone non-decreasing transform: rows below a bound have values at most transform(bound).
-    return region_value <= literal_value if op in ("<", "<=") else region_value >= literal_value
+def project_onto_regions(predicate: Predicate, spec: RegionSpec) -> Predicate:
+    """The predicate on region values (columns named by field id) implied by ``predicate``.
+
+    Example:
+        >>> import pyarrow as pa
+        >>> project_onto_regions(Compare("id", "=", pa.scalar(3)), RegionSpec.bucket("id", 8))
+        InList(column='bucket', values=[3], has_null=False)
+    """
+    return _project(negation_normal_form(predicate), spec)
 
 
-def _transform_literal(field: RegionField, value: Any, typ: pa.DataType) -> Any:
-    """The region value a row holding ``value`` would get (None if it cannot be computed)."""
-    try:
-        arr = pa.array([value], type=typ)
-        return RegionSpec((field,)).region_values(
-            pa.table({field.source_columns[0]: arr})).column(0)[0].as_py()
-    except Exception:  # noqa: BLE001 - whatever fails here only means "cannot prune"
-        return None
+def _project(p: Predicate, spec: RegionSpec) -> Predicate:
+    if isinstance(p, (And, Or)):
+        children = tuple(_project(c, spec) for c in p.children)
+        return And(children) if isinstance(p, And) else Or(children)
+    if isinstance(p, Const):
+        return Const(bool(p.value))  # NULL is never TRUE: the same as FALSE here
+    if isinstance(p, (Opaque, ColumnCompare)):
+        return Const(True)
+    atom = p.child if isinstance(p, Not) else p
+    if not isinstance(atom, (Compare, InList, IsNull)):
+        return Const(True)
+    implied = []
+    for f in spec.fields:
+        if f.source_columns == (atom.column,):
+            projected = f.transform_impl.project(f.field_id, p)
+            if projected is not None:
+                implied.append(projected)
+    if not implied:
+        return Const(True)
+    return implied[0] if len(implied) == 1 else And(tuple(implied))
 
 
-def prune_regions(node: Node | None, spec: RegionSpec | None, schema: pa.Schema,
-                  regions: Sequence[tuple[str, Sequence[Any] | None]]) -> tuple[list[str], list[str]]:
-    """Split region ids into (kept, pruned) for predicate ``node``."""
-    if spec is None or node is None:
+def prune_regions(predicate: Predicate | None, spec: RegionSpec | None, schema: pa.Schema,
+                  regions: Sequence[tuple[str, Sequence[Any] | None]]
+                  ) -> tuple[list[str], list[str]]:
+    """Split region ids into (kept, pruned) for ``predicate``; a region whose values are
+    unknown (None) is always kept."""
+    if spec is None or predicate is None or not spec.fields:
         return [r for r, _ in regions], []
-    kept, pruned = [], []
-    for rid, values in regions:
-        (kept if may_match(node, spec, values, schema) else pruned).append(rid)
-    return kept, pruned
+    projected = project_onto_regions(predicate, spec)
+    known = [(rid, values) for rid, values in regions if values is not None]
+    keep: dict[str, bool] = {rid: True for rid, values in regions if values is None}
+    if known:
+        try:
+            types = spec.result_types()
+        except Exception:  # noqa: BLE001 - an unbound spec: cannot prune
+            types = None
+        if types is None:
+            keep.update({rid: True for rid, _ in known})
+        else:
+            columns = {f.field_id: pa.array([v[i] for _, v in known], type=t)
+                       for i, (f, t) in enumerate(zip(spec.fields, types))}
+            mask = pc.fill_null(evaluate(projected, pa.table(columns)), False)
+            for (rid, _), kept in zip(known, np.asarray(mask.to_numpy(zero_copy_only=False))):
+                keep[rid] = bool(kept)
+    kept_ids = [rid for rid, _ in regions if keep[rid]]
+    pruned_ids = [rid for rid, _ in regions if not keep[rid]]
+    return kept_ids, pruned_ids

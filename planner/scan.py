@@ -5,15 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from exec_nodes.base import GEN, ROWADDR
 from exec_nodes.dedup import DeduplicateExec
 from exec_nodes.scan import GenerationScanExec, MemTableScanExec, SourceExec, source_schema
 from memwal_sql.index.region_spec import RegionSpec
 from memwal_sql.snapshot import TableSnapshot
-from planner.predicate import Node
-from planner.pruning import parse_filter, prune_regions
+from planner.predicate import Predicate
+from planner.pruning import prune_regions
 
 
 @dataclass
@@ -21,7 +20,7 @@ class ScanPlan:
     """The plan of one scan: what was pruned and the exec-node tree that runs it."""
 
     snapshot: TableSnapshot
-    predicate: Node | None
+    predicate: Predicate | None
     kept_regions: list[str]
     pruned_regions: list[str]
     root: DeduplicateExec
@@ -63,17 +62,16 @@ def plan_scan(
     snapshot: TableSnapshot,
     spec: RegionSpec | None,
     base_schema: pa.Schema,
-    filter: pc.Expression | None,
+    predicate: Predicate | None,
     *,
     system_columns: bool = False,
     partitions: int = 2,
 ) -> ScanPlan:
-    """Build the scan plan of ``snapshot`` for a (pushed-down) ``filter``.
+    """Build the scan plan of ``snapshot`` for a (pushed-down) ``predicate``.
 
     Example:
-        ``plan = plan_scan(take_snapshot(tbl), tbl.region_spec, tbl.schema, pc.field("id") == 3)``
+        ``plan = plan_scan(take_snapshot(tbl), tbl.region_spec, tbl.schema, pred)``
     """
-    predicate = parse_filter(filter, base_schema)
     kept, pruned = prune_regions(
         predicate, spec, base_schema, [(r.region_id, r.region_values) for r in snapshot.regions]
     )
@@ -94,7 +92,7 @@ def plan_scan(
         snapshot.dataset,
         base_parts(snapshot, partitions),
         primary_key=snapshot.primary_key,
-        filter=filter,
+        predicate=predicate,
         output=output_schema(base_schema, system_columns),
     )
     return ScanPlan(snapshot, predicate, kept, pruned, root, sources)

@@ -213,3 +213,23 @@ def test_base_rows_come_back_in_key_order_across_cached_and_taken_fragments(tmp_
                 assert rows.column("_rowaddr").to_pylist() == [
                     (k // 2000 << 32) + k % 2000 if k < 4000 else (2 << 32) + k - 9000
                     for k in keys]
+
+
+def test_keys_a_region_resolved_never_come_from_the_base_when_not_routable(tmp_path):
+    """A spec on a non-key column cannot route keys, so every region is asked; a key one
+    region updated or deleted must not also be answered by the (older) base table."""
+    tbl = mw.create_table(str(tmp_path), pa.table({
+        "id": pa.array([1, 2, 3], pa.int64()), "tenant": pa.array([0, 1, 2], pa.int32()),
+        "v": ["a", "b", "c"]}), primary_key="id", region_spec=mw.RegionSpec.identity("tenant"))
+    tbl.upsert(pa.table({"id": pa.array([1], pa.int64()), "tenant": pa.array([0], pa.int32()),
+                         "v": ["A"]}))
+    tbl.delete(pa.table({"id": pa.array([2], pa.int64()), "tenant": pa.array([1], pa.int32())}))
+    want = {"id": [1, 3], "tenant": [0, 2], "v": ["A", "c"]}
+    assert tbl.lookup([1, 2, 3]).to_pydict() == want
+    tbl.flush()
+    assert tbl.lookup([1, 2, 3]).to_pydict() == want
+    ctx = mw.connect()
+    ctx.register("t", tbl)
+    assert ctx.sql("SELECT * FROM t WHERE id IN (1, 2, 3) ORDER BY id").to_pydict() == want
+    assert isinstance(ctx.last_plan("t"), LookupPlan)
+    tbl.close()

@@ -270,3 +270,19 @@ def test_a_missing_generation_file_is_a_storage_error_on_every_read_path(tmp_pat
     for read in (reader.to_arrow, reader.count_rows, lambda: reader.lookup([1])):
         with pytest.raises(StorageError, match="missing or damaged"):
             read()
+
+
+@pytest.mark.parametrize("bad", [
+    "id > 0 UNION ALL SELECT 100 AS n", "1=1; DROP TABLE x", "id > 0 LIMIT 1",
+    "id > 0 ORDER BY id", "", "id + 1", "EXISTS (SELECT 1)", "id > (SELECT 1)",
+    "count(*) > 0", "id = $1", "nosuch > 1", "id > 0)",
+])
+def test_a_filter_is_one_boolean_expression_and_nothing_else(tmp_path, bad):
+    tbl = mw.create_table(str(tmp_path), pa.table({"id": pa.array([1, 2, 3], pa.int64())}),
+                          primary_key="id")
+    for read in (lambda: tbl.count_rows(bad), lambda: tbl.to_arrow(filter=bad),
+                 lambda: tbl.scan(filter=bad), lambda: tbl.explain(bad)):
+        with pytest.raises(mw.errors.InvalidFilterError):
+            read()
+    assert tbl.count_rows("id > 1 -- a comment") == 2
+    assert tbl.to_arrow(filter="id IN (1, 3) AND NOT id = 3").to_pydict() == {"id": [1]}

@@ -69,10 +69,16 @@ from memwal_sql.index.murmur3 import (
 )
 from memwal_sql.index.region_values import decode_region_value, encode_region_value
 from memwal_sql.index.transforms import (  # _datafusion_context: kept importable from here
+    Bucket,
+    DatePart,
+    Identity,
+    MultiBucket,
+    SqlExpression,
+    Transform,
+    Truncate,
+    Unsharded,
     _datafusion_context,
-    _date_part,
     _eval_expression,
-    _truncate,
 )
 
 __all__ = [
@@ -113,8 +119,9 @@ MULTI_BUCKET = "multi_bucket"
 
 _DATE_PARTS = (YEAR, MONTH, DAY, HOUR)
 _KNOWN_TRANSFORMS = frozenset({BUCKET, IDENTITY, UNSHARDED, TRUNCATE, MULTI_BUCKET, *_DATE_PARTS})
-# Transforms whose region value is always a non-null int32. Lance returns such columns as
-# `int32 not null`, and they are the only ones that contribute to `num_regions`.
+# Transforms whose region value is an int32: never NULL for bucket and unsharded (Lance
+# returns those as `int32 not null`); NULL for the date parts of a NULL date and for a
+# multi_bucket whose columns are all NULL. These are the ones that contribute to `num_regions`.
 _INT32_TRANSFORMS = frozenset({BUCKET, MULTI_BUCKET, UNSHARDED, *_DATE_PARTS})
 
 # Source columns that Lance cannot resolve from ``source_ids``. This happens when a column was
@@ -248,7 +255,8 @@ class RegionField:
         result_type: str | pa.DataType | None = None,
         field_id: str = TRUNCATE,
     ) -> RegionField:
-        """Seed truncate field: ``left(col, W)`` (strings) or ``col - (col mod W)`` (ints, floor).
+        """Seed truncate field: ``left(col, W)`` (strings) or ``col - (col % W)`` (ints, ``%``
+        truncating toward zero as in DataFusion).
 
         Example:
             >>> RegionField.truncate("name", 3).params
@@ -290,6 +298,31 @@ class RegionField:
         return cls(field_id, tuple(columns), None, sql, _type_name_or_none(result_type), {})
 
     # -- accessors ---------------------------------------------------------------------------
+
+    @property
+    def transform_impl(self) -> Transform:
+        """The transform as an object that applies and projects (see
+        :class:`~memwal_sql.index.transforms.Transform`).
+
+        Example:
+            >>> RegionField.bucket("id", 8).transform_impl
+            Bucket()
+        """
+        t = self.transform
+        if t == BUCKET:
+            return Bucket(self.num_buckets or 1)
+        if t == MULTI_BUCKET:
+            return MultiBucket(self.num_buckets or 1)
+        if t == UNSHARDED:
+            return Unsharded()
+        if t == IDENTITY:
+            return Identity(parse_arrow_type(self.result_type) if self.result_type else None)
+        if t in _DATE_PARTS:
+            return DatePart(t)
+        if t == TRUNCATE:
+            return Truncate(self.width or 1)
+        assert self.expression is not None
+        return SqlExpression(self.expression)
 
     @property
     def params(self) -> dict[str, str]:
@@ -534,13 +567,13 @@ class RegionSpec:
         field_id: str = TRUNCATE,
     ) -> RegionSpec:
         """Seed ``truncate`` spec. Strings: ``left(col, W)`` (W code points). Integers:
-        ``col - (col mod W)`` with *floor* mod, so -7 -> -10 for W=5. The result has the
-        source type.
+        ``col - (col % W)`` with DataFusion's truncating ``%``, so -7 -> -5 for W=5 (the
+        value moves toward zero). The result has the source type.
 
         Example:
             >>> t = pa.table({"x": pa.array([-7, 7, None])})
             >>> RegionSpec.truncate("x", 5).region_values(t)["truncate"].to_pylist()
-            [-10, 5, None]
+            [-5, 5, None]
         """
         field_ = RegionField.truncate(column, width, result_type=result_type, field_id=field_id)
         return cls((field_,), spec_id)
@@ -563,10 +596,11 @@ class RegionSpec:
             for col in columns:                 # in the given order
                 if col is not NULL:             # a NULL column leaves h unchanged (ignored)
                     h = murmur3(normalise(col), seed=h)
-            region = (h & 0x7fffffff) % num_buckets
+            region = abs(h as a signed int32) % num_buckets   # the seed spec's formula
 
-        If every column is NULL, ``h`` stays 0 and the row goes to region 0 (Lance's NULL
-        bucket). To resist type promotion, values are normalised before hashing (see
+        If every column is NULL the region value is NULL (the seed's ``murmur3_multi`` is NULL
+        only then); ``abs`` is taken in 64 bits, so ``i32::MIN`` gives ``2^31 % N``. Lance 14
+        has no multi_bucket, so the seed spec is the authority. To resist type promotion, values are normalised before hashing (see
         ``_hash_multi``):
 
         * all integer widths, signed or unsigned, and bool hash as int64;
@@ -574,9 +608,7 @@ class RegionSpec:
         * date32 and date64 hash as days;
         * timestamps and times hash as nanoseconds in any unit.
 
-        So ``int32 5``, ``int64 5`` and ``5.0`` share a region. With one integer column,
-        ``multi_bucket([c], N)`` equals Lance's ``bucket(c cast to int64, N)``. The same
-        bucket formula as Lance is used (``& 0x7fffffff``, not the seed's ``abs``).
+        So ``int32 5``, ``int64 5`` and ``5.0`` share a region.
 
         Example:
             >>> t = pa.table({"a": pa.array([5], pa.int32()), "b": pa.array([5.0])})
@@ -830,7 +862,8 @@ class RegionSpec:
             if f.transform in _INT32_TRANSFORMS:
                 # Lance returns bucket/unsharded columns as `int32 not null`. The date parts
                 # are int32 but keep NULLs.
-                out.append(pa.field(f.field_id, pa.int32(), nullable=f.transform in _DATE_PARTS))
+                out.append(pa.field(f.field_id, pa.int32(),
+                                    nullable=f.transform in (*_DATE_PARTS, MULTI_BUCKET)))
                 continue
             if f.result_type is not None:
                 t = parse_arrow_type(f.result_type)
@@ -980,25 +1013,10 @@ def _check_types(f: RegionField, types: Sequence[pa.DataType]) -> None:
 def _evaluate_field(f: RegionField, sources: Sequence[pa.Array], n: int) -> pa.Array:
     # Check the data's actual types: they may differ from the schema the spec was bound to.
     _check_types(f, [a.type for a in sources])
-    t = f.transform
-    if t == BUCKET:
-        h = _hash_lance(sources[0], np.zeros(n, np.uint32))
-        return pa.array(_to_bucket(h, f.num_buckets or 1), pa.int32())
-    if t == MULTI_BUCKET:
-        h = np.zeros(n, np.uint32)
-        for a in sources:  # Spark's hash(a, b, ...): each column's hash seeds the next
-            h = _hash_multi(a, h)
-        return pa.array(_to_bucket(h, f.num_buckets or 1), pa.int32())
-    if t == UNSHARDED:
-        return pa.array(np.zeros(n, np.int32), pa.int32())
-    if t == IDENTITY:
-        return _decode_dictionary(sources[0])
-    if t in _DATE_PARTS:
-        return _date_part(sources[0], t)
-    if t == TRUNCATE:
-        return _truncate(sources[0], f.width or 1)
-    assert f.expression is not None
-    return _cast_result(_eval_expression(f.expression, sources, n), f, InvalidRegionSpecError)
+    out = f.transform_impl.apply(sources, n)
+    if f.expression is not None:
+        return _cast_result(out, f, InvalidRegionSpecError)
+    return out
 
 
 def _cast_result(arr: pa.Array, f: RegionField, error: type[Exception]) -> pa.Array:

@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memwal_sql._proto import memwal_pb2
+from memwal_sql.index.transforms import _eval_expression
 from memwal_sql.errors import (
     CorruptManifestError,
     InvalidInputError,
@@ -540,27 +541,33 @@ def test_date_part_rejects_non_temporal():
 @pytest.mark.parametrize("t", [pa.int8(), pa.int16(), pa.int32(), pa.int64(),
                                pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()])
 @pytest.mark.parametrize("width", [1, 3, 10, 100])
-def test_truncate_integers_floor_semantics(rng, t, width):
+def test_truncate_integers_follow_the_spec_formula(rng, t, width):
+    """The seed's `col0 - (col0 % W)` with DataFusion's truncating `%`, checked against
+    DataFusion itself evaluating the spec's SQL text."""
     info = np.iinfo(t.to_pandas_dtype())
-    lo = max(int(info.min) + width, -(10**15))  # keep clear of the int range floor
-    hi = min(int(info.max), 10**15)
-    values: list = [int(x) for x in rng.integers(lo, hi, 200, endpoint=True)]
-    values += [None, 0, int(info.max)] + ([-1, -7, -width, -width - 1] if info.min < 0 else [])
-    values = [v for v in values if v is None or lo <= v <= info.max]
-    out = RegionSpec.truncate("c", width).region_values(pa.table({"c": pa.array(values, t)}))
+    values: list = [int(x) for x in rng.integers(int(info.min), min(int(info.max), 2**63 - 1),
+                                                 200, endpoint=True)]
+    values += [None, 0, int(info.max), int(info.min)] + \
+        ([-1, -7, -width, -width - 1] if info.min < 0 else [])
+    values = [v for v in values if v is None or info.min <= v <= info.max]
+    arr = pa.array(values, t)
+    out = RegionSpec.truncate("c", width).region_values(pa.table({"c": arr}))
     assert out.schema.field("truncate").type == t
-    # Python's % is a floor modulo: v - v % W is the seed transform with floor semantics.
-    assert out.column(0).to_pylist() == [None if v is None else v - v % width for v in values]
+    want = [None if v is None else v - (abs(v) % width) * (1 if v >= 0 else -1) for v in values]
+    assert out.column(0).to_pylist() == want
+    spec_sql = _eval_expression(f"col0 - (col0 % {width})", [arr], len(arr))
+    assert spec_sql.cast(t).to_pylist() == want
 
 
-def test_truncate_integer_examples_and_overflow():
+def test_truncate_integer_examples_from_the_spec():
     t = pa.table({"c": pa.array([-7, -5, -1, 0, 4, 5, 7, None], pa.int32())})
     assert RegionSpec.truncate("c", 5).region_values(t).column(0).to_pylist() == [
-        -10, -5, -5, 0, 0, 5, 5, None]
-    with pytest.raises(InvalidInputError, match="does not fit"):
-        RegionSpec.truncate("c", 3).region_values(pa.table({"c": pa.array([-128], pa.int8())}))
-    with pytest.raises(InvalidInputError, match="does not fit"):
-        RegionSpec.truncate("c", 3).region_values(pa.table({"c": pa.array([-(2**63)], pa.int64())}))
+        -5, -5, 0, 0, 0, 5, 5, None]
+    # Truncation moves toward zero, so the extremes of a type always fit.
+    out = RegionSpec.truncate("c", 3).region_values(pa.table({"c": pa.array([-128, 127], pa.int8())}))
+    assert out.column(0).to_pylist() == [-126, 126]
+    out = RegionSpec.truncate("c", 10).region_values(pa.table({"c": pa.array([-(2**63)], pa.int64())}))
+    assert out.column(0).to_pylist() == [-(2**63) + 8]
     # A NULL slot holding an extreme garbage value must not raise.
     masked = pa.array([-128, 1], pa.int8(), mask=np.array([True, False]))
     out = RegionSpec.truncate("c", 3).region_values(pa.table({"c": masked}))
@@ -608,14 +615,16 @@ def _ref_norm_hash(v, t: pa.DataType, seed: int) -> int:
     return ref_hash_i64(int(v), seed)  # ints and bool
 
 
-def _ref_multi(rows: list[tuple], types: list[pa.DataType], n: int) -> list[int]:
-    out = []
+def _ref_multi(rows: list[tuple], types: list[pa.DataType], n: int) -> list[int | None]:
+    """The seed spec: abs(murmur3_multi(...)) % N; NULL columns skipped, all NULL -> NULL."""
+    out: list[int | None] = []
     for row in rows:
         h = 0
         for v, t in zip(row, types):
             if v is not None:
                 h = _ref_norm_hash(v, t, h)
-        out.append(ref_bucket(h, n))
+        signed = struct.unpack("<i", struct.pack("<I", h & 0xFFFFFFFF))[0]
+        out.append(None if all(v is None for v in row) else abs(signed) % n)
     return out
 
 
@@ -648,17 +657,20 @@ def test_multi_bucket_semantics():
             mb({"a": pa.array([5, 0, 1] if t != pa.bool_() else [1, 0, 1], pa.int64())})), t
     assert mb({"a": pa.array([0.5, -0.0, float("nan")])}) == _ref_multi(
         [(0.5,), (-0.0,), (float("nan"),)], [pa.float64()], 1024)
-    # One integer column == Lance bucket of the value as int64.
-    assert base == RegionSpec.bucket("a", 1024).region_values(
+    # The seed's abs(h) % N, not Lance's bucket (h & 0x7fffffff) % N: they differ for
+    # negative hashes. A NULL value gives a NULL region value.
+    lance_bucket = RegionSpec.bucket("a", 1024).region_values(
         pa.table({"a": pa.array(vals, pa.int64())})).column(0).to_pylist()
-    # date32 == date64; timestamp units agree; NULL columns are ignored; all NULL -> 0.
+    assert base[-1] is None and lance_bucket[-1] == 0
+    assert base[:-1] != lance_bucket[:-1]
+    # date32 == date64; timestamp units agree; NULL columns are ignored; all NULL -> NULL.
     assert mb({"d": pa.array([0, 19000, None], pa.date32())}) == mb(
         {"d": pa.array([0, 19000 * 86_400_000, None], pa.int64()).view(pa.date64())})
     assert mb({"t": pa.array([1, -2], pa.timestamp("s"))}) == mb(
         {"t": pa.array([10**9, -2 * 10**9], pa.timestamp("ns"))})
     a, b = pa.array([7, None, None], pa.int32()), pa.array([None, "x", None])
     assert mb({"a": a, "b": b}) == [
-        mb({"a": pa.array([7], pa.int32())})[0], mb({"b": pa.array(["x"])})[0], 0]
+        mb({"a": pa.array([7], pa.int32())})[0], mb({"b": pa.array(["x"])})[0], None]
     # Column order matters (Spark's hash(a, b) != hash(b, a)).
     x, y = pa.array([1, 2, 3]), pa.array(["p", "q", "r"])
     assert mb({"x": x, "y": y}) != mb({"y": y, "x": x})
