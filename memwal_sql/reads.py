@@ -175,16 +175,20 @@ def _filter_expression(df: Any, text: str, table_name: str) -> Any:
 
 
 def _check_filter_parts(expr: Any, text: str) -> None:
-    kind = _NOT_IN_FILTERS.get(expr.variant_name())
-    if kind is not None:
-        raise InvalidFilterError(f"invalid filter {text!r}: it contains {kind}; a filter is "
-                                 "a boolean expression over the table's own columns")
-    try:
-        operands = expr.rex_call_operands()
-    except Exception:  # noqa: BLE001 - a leaf (column, literal) has no operands
-        return
-    for operand in operands:
-        _check_filter_parts(operand, text)
+    stack = [expr]
+    while stack:  # iterative: a long IN list or OR chain is thousands of nodes deep
+        node = stack.pop()
+        variant = node.variant_name()
+        kind = _NOT_IN_FILTERS.get(variant)
+        if kind is not None:
+            raise InvalidFilterError(f"invalid filter {text!r}: it contains {kind}; a filter "
+                                     "is a boolean expression over the table's own columns")
+        if variant in ("Column", "Literal"):
+            continue
+        try:
+            stack.extend(node.rex_call_operands())
+        except Exception:  # noqa: BLE001 - a leaf has no operands
+            continue
 
 
 def _plain_strings(table: pa.Table) -> pa.Table:

@@ -491,6 +491,10 @@ def _floats(a: pa.Array | pa.Scalar, n: int) -> tuple[np.ndarray, np.ndarray]:
     return nan, np.where(nan, 0.0, v) + 0.0
 
 
+def _float_bits(a: pa.Array) -> np.ndarray:
+    return pc.fill_null(a, 0).to_numpy(zero_copy_only=False).astype(np.float64).view(np.int64)
+
+
 def _compare(left: pa.Array, op: str, right: pa.Array | pa.Scalar) -> pa.Array:
     if pa.types.is_floating(left.type):
         n = len(left)
@@ -513,10 +517,14 @@ def _in_list(column: pa.Array, values: pa.Array, has_null: bool) -> pa.Array:
     if len(values) == 0 and not has_null:
         return pa.array(np.zeros(len(column), dtype=bool))  # x IN (): FALSE, even for NULL
     if pa.types.is_floating(column.type):
+        # DataFusion keeps an IN list of floats in a hash set: NaN matches NaN, and -0.0 and
+        # 0.0 are different values (its `=` says they are equal; a short list it rewrites to
+        # `=` comparisons, which the decoder then sees as such).
         n = len(column)
-        cnan, cv = _floats(column, n)
-        vnan, vv = _floats(values, len(values))
-        found = (cnan & bool(vnan.any())) | (~cnan & np.isin(cv, vv[~vnan]))
+        cnan, _ = _floats(column, n)
+        vnan, _ = _floats(values, len(values))
+        bits = _float_bits(column)
+        found = (cnan & bool(vnan.any())) | (~cnan & np.isin(bits, _float_bits(values)[~vnan]))
         found_arr = pa.array(found & column.is_valid().to_numpy(zero_copy_only=False))
     else:
         found_arr = pc.is_in(column, value_set=values, skip_nulls=True)

@@ -751,6 +751,8 @@ class RegionSpec:
             )
         for f, v in zip(self.fields, values):
             n = f.num_buckets if f.transform != UNSHARDED else 1
+            if v is None and f.transform == MULTI_BUCKET:
+                continue  # every source column NULL
             if n is not None and not (isinstance(v, numbers.Integral) and 0 <= v < n):
                 raise InvalidInputError(
                     f"no row has the region value {v!r} under {f.describe()}: its values are "

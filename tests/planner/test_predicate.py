@@ -105,6 +105,8 @@ def sql(p):
         items = [literal(v, typ) for v in p.values] + (["NULL"] if p.has_null else [])
         if not items:
             return "FALSE"
+        if pa.types.is_floating(typ):  # DataFusion rewrites lists under 4 items as `=`s
+            items += ["CAST(1e300 AS DOUBLE)"] * max(0, 4 - len(items))
         return f"({p.column} IN ({', '.join(items)}))"
     return f"({p.column} {'<>' if p.op == '!=' else p.op} {literal(p.value, typ)})"
 
