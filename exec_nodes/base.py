@@ -10,12 +10,47 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
+
+from memwal_sql.writer.wal import TOMBSTONE
 
 GEN = "_gen"
 ROWADDR = "_rowaddr"
-TOMBSTONE = "_tombstone"
 BASE_GENERATION = -1  # the seed spec's generation of the base table
+
+__all__ = ["BASE_GENERATION", "GEN", "ROWADDR", "TOMBSTONE", "EmptyExec", "ExecNode", "conform"]
+
+
+def conform(table: pa.Table, schema: pa.Schema, generation: int | None = None) -> pa.Table:
+    """``table`` with exactly the columns of ``schema``, cast where the types differ.
+
+    ``_gen`` is filled with ``generation`` when given; a missing ``_rowaddr`` is the row
+    offsets, a missing ``_tombstone`` false, any other missing column NULL. An empty schema
+    keeps the row count (what ``count(*)`` reads).
+
+    Example:
+        >>> s = pa.schema([("id", pa.int64()), (GEN, pa.int64()), (ROWADDR, pa.uint64())])
+        >>> conform(pa.table({"id": [7, 8]}), s, generation=3).to_pylist()[1]
+        {'id': 8, '_gen': 3, '_rowaddr': 1}
+    """
+    n = table.num_rows
+    if len(schema) == 0:
+        return table.select([])
+    cols = []
+    for f in schema:
+        if f.name == GEN and generation is not None:
+            cols.append(pa.array(np.full(n, generation, dtype=np.int64)))
+        elif f.name in table.column_names:
+            col = table.column(f.name)
+            cols.append(col if col.type == f.type else col.cast(f.type))
+        elif f.name == ROWADDR:
+            cols.append(pa.array(np.arange(n, dtype=np.uint64)))
+        elif f.name == TOMBSTONE:
+            cols.append(pa.array(np.zeros(n, dtype=bool)))
+        else:
+            cols.append(pa.nulls(n, f.type))
+    return pa.Table.from_arrays(cols, schema=schema)
 
 
 class ExecNode:

@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode
-from exec_nodes.keyset import KeySet
+from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform
+from exec_nodes.keyset import KeySet, last_per_key
 from exec_nodes.scan import BaseScanExec, SourceExec
 from planner.predicate import Predicate
 
@@ -46,10 +46,8 @@ def newest_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
     # integer whose maximum per key is the newest version (row addresses of newer-than-base
     # sources are offsets below 2^32, generations far below 2^30).
     packed = (gen.astype(np.int64) << 33) | (addr.astype(np.int64) << 1) | dead.astype(np.int64)
-    keys = table.select(list(primary_key)).append_column("__p", pa.array(packed))
-    best = keys.group_by(list(primary_key), use_threads=False).aggregate([("__p", "max")])
-    p = best.column("__p_max").to_numpy()
-    return best.select(list(primary_key)).append_column(GEN, pa.array(p >> 33)) \
+    keys, p = last_per_key(table.select(list(primary_key)), packed)
+    return keys.append_column(GEN, pa.array(p >> 33)) \
         .append_column(ROWADDR, pa.array(((p >> 1) & 0xFFFFFFFF).astype(np.uint64))) \
         .append_column(TOMBSTONE, pa.array((p & 1).astype(bool)))
 
@@ -177,7 +175,7 @@ class DeduplicateExec(ExecNode):
             keep = (hit & (win_gen[safe] == rows.column(GEN).to_numpy())
                     & (win_addr[safe] == rows.column(ROWADDR).to_numpy()) & ~win_dead[safe])
             if keep.any():
-                yield from _project(rows.filter(pa.array(keep)), output, None).to_batches()
+                yield from conform(rows.filter(pa.array(keep)), output).to_batches()
 
     def _base_scan(self, part: Sequence[int] | None, output: pa.Schema) -> BaseScanExec:
         assert self.base_dataset is not None
@@ -193,24 +191,5 @@ class DeduplicateExec(ExecNode):
                 if not keep.all():
                     batch = batch.filter(pa.array(keep))
             if batch.num_rows:
-                yield from _project(pa.Table.from_batches([batch]), output,
-                                    BASE_GENERATION).to_batches()
-
-
-def project_to(table: pa.Table, output: pa.Schema) -> pa.Table:
-    """``table`` (which carries ``_gen``) with exactly the columns of ``output``."""
-    return _project(table, output, None)
-
-
-def _project(table: pa.Table, output: pa.Schema, generation: int | None) -> pa.Table:
-    """``table`` with exactly the columns of ``output`` (``_gen`` filled for base rows)."""
-    if len(output) == 0:  # count(*): batches with rows but no columns
-        return table.select([])
-    cols = []
-    for f in output:
-        if f.name == GEN and generation is not None:
-            cols.append(pa.array(np.full(table.num_rows, generation, dtype=np.int64)))
-        else:
-            col = table.column(f.name)
-            cols.append(col if col.type == f.type else col.cast(f.type))
-    return pa.Table.from_arrays(cols, schema=output)
+                yield from conform(pa.Table.from_batches([batch]), output,
+                                   BASE_GENERATION).to_batches()

@@ -16,8 +16,25 @@ from memwal_sql.writer.bloom import pk_hashes
 from memwal_sql.writer.pk_index import encode_composite_keys
 
 
-def _encoded(keys: pa.Table) -> pa.Array:
+def encode_keys(keys: pa.Table) -> pa.Array:
+    """Key columns as one binary column, order-preserving (a generation's ``_pk_index``
+    stores composite keys this way)."""
     return pa.chunked_array(encode_composite_keys(keys)).combine_chunks().cast(pa.binary())
+
+
+def last_per_key(keys: pa.Table, rank: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+    """Last write wins: the distinct keys of ``keys`` and, for each, the highest ``rank`` of
+    its rows (one hash aggregate, no sort).
+
+    Example:
+        >>> k, r = last_per_key(pa.table({"id": [5, 7, 5]}), np.array([1, 2, 3]))
+        >>> k.column("id").to_pylist(), r.tolist()
+        ([5, 7], [3, 2])
+    """
+    names = keys.column_names
+    t = keys.append_column("__rank", pa.array(rank.astype(np.int64)))
+    best = t.group_by(names, use_threads=False).aggregate([("__rank", "max")])
+    return best.select(names), best.column("__rank_max").to_numpy()
 
 
 class KeySet:
@@ -42,7 +59,7 @@ class KeySet:
             self._order = np.argsort(values, kind="stable")
             self._sorted = values[self._order]
             return
-        encoded = _encoded(keys)
+        encoded = encode_keys(keys)
         hashes = pk_hashes(pa.table({"k": encoded}))
         self._order = np.argsort(hashes, kind="stable")
         self._hashes = hashes[self._order]
@@ -69,7 +86,7 @@ class KeySet:
             out[hit] = self._order[idx[hit]]
             return out
         table = keys if isinstance(keys, pa.Table) else pa.Table.from_batches([keys])
-        encoded = _encoded(table.select(self.columns))
+        encoded = encode_keys(table.select(self.columns))
         hashes = pk_hashes(pa.table({"k": encoded}))
         lo = np.searchsorted(self._hashes, hashes, side="left")
         hi = np.searchsorted(self._hashes, hashes, side="right")

@@ -19,22 +19,47 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.base import BASE_GENERATION, ROWADDR, TOMBSTONE, ExecNode
-from exec_nodes.keyset import KeySet
-from exec_nodes.scan import tag
+from exec_nodes.base import BASE_GENERATION, ROWADDR, TOMBSTONE, ExecNode, conform
+from exec_nodes.keyset import KeySet, encode_keys, last_per_key
 from memwal_sql.errors import ObjectNotFoundError
 from memwal_sql.storage import ObjectStore
 from memwal_sql.writer.bloom import BloomFilter, pk_hashes
 from memwal_sql.writer.pk_index import read_pk_index
 
 HASH = "__memwal_key_hash"  # keys may carry their bloom hashes, computed once per lookup
+
+
+class Probe(NamedTuple):
+    """What probing a source by key gives: the newest row of each key found there
+    (tombstones included) and, per probed key, whether it was found."""
+
+    rows: pa.Table
+    hit: np.ndarray
+
+
+class KeyedExec(ExecNode):
+    """A lookup operator: answers a table of primary keys (:meth:`probe`). The planner binds
+    the keys it is to answer (``keys``), so :meth:`execute` runs it like any other node;
+    a parent that narrows the keys (:class:`CoalesceFirstExec`) probes it directly."""
+
+    keys: pa.Table | None = None
+
+    def probe(self, keys: pa.Table) -> Probe:
+        raise NotImplementedError
+
+    def execute(self) -> Iterator[pa.RecordBatch]:
+        if self.keys is None:
+            raise ValueError(f"{self.name} has no keys bound; probe(keys) it instead")
+        yield from self.probe(self.keys).rows.to_batches()
 
 
 class LookupCache:
@@ -111,7 +136,7 @@ def _whole_fragment(fragment: lance.LanceFragment, names: Sequence[str], generat
     table = fragment.to_table(columns=list(names), with_row_id=True, include_deleted_rows=True)
     if table.num_rows != fragment.metadata.physical_rows:
         return None, 64
-    table = tag(table.select(list(names)), generation, schema).combine_chunks()
+    table = conform(table.select(list(names)), schema, generation).combine_chunks()
     return table, table.nbytes
 
 
@@ -120,16 +145,16 @@ def _key_index(values: pa.Table, ids: np.ndarray) -> tuple[KeySet, np.ndarray]:
     Lance's writer masked with a deletion vector is always the higher id)."""
     if values.num_rows == 0:
         return KeySet(values), ids
-    t = values.append_column("__id", pa.array(ids.astype(np.int64)))
-    best = t.group_by(values.column_names, use_threads=False).aggregate([("__id", "max")])
-    return KeySet(best.select(values.column_names)), best.column("__id_max").to_numpy()
+    keys, newest = last_per_key(values, ids)
+    return KeySet(keys), newest
 
 
-class LookupSource(ExecNode):
+class LookupSource(KeyedExec):
     """One source that can be probed by key; counts probes (tests check what was touched)."""
 
     def __init__(self, region_id: str | None, generation: int, schema: pa.Schema,
-                 primary_key: Sequence[str]) -> None:
+                 primary_key: Sequence[str], keys: pa.Table | None = None) -> None:
+        self.keys = keys
         self.region_id = region_id
         self.generation = generation
         self._schema = schema
@@ -141,26 +166,26 @@ class LookupSource(ExecNode):
     def schema(self) -> pa.Schema:
         return self._schema
 
-    def take_last(self, keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
+    def probe(self, keys: pa.Table) -> Probe:
         """The newest row (tombstones included) of each of ``keys`` present in this source,
         and a mask of the keys that were present."""
         with self._lock:
             self.probes += 1
         if keys.num_rows == 0:
-            return self.schema.empty_table(), np.zeros(0, dtype=bool)
-        return self._take_last(keys)
+            return Probe(self.schema.empty_table(), np.zeros(0, dtype=bool))
+        return self._probe(keys)
 
-    def _take_last(self, keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
+    def _probe(self, keys: pa.Table) -> Probe:
         raise NotImplementedError
 
     def _take_newest(self, keys: pa.Table, keyset: KeySet, newest: np.ndarray,
-                     take: Callable[[np.ndarray], pa.Table]) -> tuple[pa.Table, np.ndarray]:
+                     take: Callable[[np.ndarray], pa.Table]) -> Probe:
         """Probe ``keyset`` and ``take`` the rows ``newest`` names for the keys it holds."""
         pos = keyset.positions(keys)
         hit = pos >= 0
         if not hit.any():
-            return self.schema.empty_table(), hit
-        return take(newest[pos[hit]]), hit
+            return Probe(self.schema.empty_table(), hit)
+        return Probe(take(newest[pos[hit]]), hit)
 
 
 class TakeLastExec(LookupSource):
@@ -171,8 +196,9 @@ class TakeLastExec(LookupSource):
     def __init__(self, region_id: str, generation: int, schema: pa.Schema,
                  primary_key: Sequence[str], *, uri: str | None = None,
                  batches: Sequence[pa.RecordBatch] | None = None,
-                 storage_options: dict[str, str] | None = None, origin: str = "generation") -> None:
-        super().__init__(region_id, generation, schema, primary_key)
+                 storage_options: dict[str, str] | None = None, origin: str = "generation",
+                 keys: pa.Table | None = None) -> None:
+        super().__init__(region_id, generation, schema, primary_key, keys)
         self.uri = uri
         self.batches = list(batches or [])
         self.storage_options = storage_options
@@ -185,12 +211,12 @@ class TakeLastExec(LookupSource):
         return f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} " \
                f"{where} via {how}"
 
-    def _take_last(self, keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
+    def _probe(self, keys: pa.Table) -> Probe:
         if self.uri is not None:
             return self._from_generation(keys)
         return self._from_memtable(keys)
 
-    def _from_generation(self, keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
+    def _from_generation(self, keys: pa.Table) -> Probe:
         assert self.uri is not None
         uri, opts, pk = self.uri, self.storage_options, self.primary_key
 
@@ -205,7 +231,7 @@ class TakeLastExec(LookupSource):
             return (keyset, ids), index.nbytes + ids.nbytes
 
         keyset, ids = CACHE.get("pk_index", uri, load_index)  # type: ignore[misc]
-        probe = keys.select(pk) if len(pk) == 1 else _encoded_keys(keys.select(pk))
+        probe = keys.select(pk) if len(pk) == 1 else pa.table({"__key": encode_keys(keys.select(pk))})
         rows = self._generation_rows()
         if rows is not None:
             return self._take_newest(probe, keyset, ids,
@@ -218,8 +244,8 @@ class TakeLastExec(LookupSource):
         names = [f.name for f in self.schema if f.name in ds.schema.names]  # type: ignore[union-attr]
         # Row addresses of fragment 0 are the offsets the _pk_index stores.
         row_ids = pa.array(offsets.astype(np.uint64))
-        out = tag(ds._take_rows(row_ids, columns=names),  # type: ignore[union-attr]
-                  self.generation, self.schema)
+        out = conform(ds._take_rows(row_ids, columns=names),  # type: ignore[union-attr]
+                      self.schema, self.generation)
         return out.set_column(out.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), row_ids)
 
     def _generation_rows(self) -> pa.Table | None:
@@ -237,13 +263,13 @@ class TakeLastExec(LookupSource):
 
         return CACHE.get("rows", uri, load)  # type: ignore[return-value]
 
-    def _from_memtable(self, keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
+    def _from_memtable(self, keys: pa.Table) -> Probe:
         batches, pk = self.batches, self.primary_key
         if not batches:
-            return self.schema.empty_table(), np.zeros(keys.num_rows, dtype=bool)
+            return Probe(self.schema.empty_table(), np.zeros(keys.num_rows, dtype=bool))
 
         def load() -> tuple[tuple[pa.RecordBatch, int, pa.Table, KeySet, np.ndarray], int]:
-            table = tag(pa.Table.from_batches(batches), self.generation, self.schema)
+            table = conform(pa.Table.from_batches(batches), self.schema, self.generation)
             table = table.combine_chunks()
             keyset, newest = _key_index(table.select(pk), np.arange(table.num_rows))
             return (batches[-1], len(batches), table, keyset, newest), table.nbytes
@@ -272,8 +298,9 @@ class BaseLookupExec(LookupSource):
     name = "BaseLookupExec"
 
     def __init__(self, dataset: lance.LanceDataset, schema: pa.Schema,
-                 primary_key: Sequence[str], fragment_ids: Sequence[int] | None = None) -> None:
-        super().__init__(None, BASE_GENERATION, schema, primary_key)
+                 primary_key: Sequence[str], fragment_ids: Sequence[int] | None = None,
+                 keys: pa.Table | None = None) -> None:
+        super().__init__(None, BASE_GENERATION, schema, primary_key, keys)
         self.dataset = dataset
         self.fragment_ids = None if fragment_ids is None else list(fragment_ids)
         self._rows: int | None = None
@@ -313,7 +340,7 @@ class BaseLookupExec(LookupSource):
         files = [fr.data_files()[0].path for fr in (frags[0], frags[-1])] if frags else []
         return CACHE.get("base_keys", f"{ds.uri}@{ds.version}:{files}", load)  # type: ignore[return-value]
 
-    def _take_last(self, keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
+    def _probe(self, keys: pa.Table) -> Probe:
         names = [f.name for f in self.schema if f.name in self.dataset.schema.names]
         index = self._key_index()
         if index is not None:
@@ -333,8 +360,8 @@ class BaseLookupExec(LookupSource):
             rows = rows.filter(pa.array(KeySet(keys.select(self.primary_key)).contains(
                 rows.select(self.primary_key))))
         found = KeySet(rows.select(self.primary_key)).contains(keys.select(self.primary_key))
-        return self._tagged(rows.drop_columns([ROWADDR]),
-                            rows.column(ROWADDR).cast(pa.uint64())), found
+        return Probe(self._tagged(rows.drop_columns([ROWADDR]),
+                                  rows.column(ROWADDR).cast(pa.uint64())), found)
 
     def _take_addresses(self, addrs: np.ndarray, names: list[str]) -> pa.Table:
         """The rows at ``addrs``, in order: from cached whole fragments where small enough,
@@ -351,8 +378,8 @@ class BaseLookupExec(LookupSource):
             order.append(at)
         if rest:
             at = np.concatenate(rest)
-            parts.append(tag(self.dataset._take_rows(pa.array(addrs[at]), columns=names),
-                             BASE_GENERATION, self.schema))
+            parts.append(conform(self.dataset._take_rows(pa.array(addrs[at]), columns=names),
+                                 self.schema, BASE_GENERATION))
             order.append(at)
         table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         positions = np.concatenate(order)
@@ -369,16 +396,18 @@ class BaseLookupExec(LookupSource):
             fragment, names, BASE_GENERATION, self.schema))
 
     def _tagged(self, rows: pa.Table, addr: pa.Array | pa.ChunkedArray) -> pa.Table:
-        out = tag(rows, BASE_GENERATION, self.schema)
+        out = conform(rows, self.schema, BASE_GENERATION)
         return out.set_column(out.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), addr)
 
 
-class BloomFilterGuardExec(ExecNode):
+class BloomFilterGuardExec(KeyedExec):
     """Lets through only the keys a generation's bloom filter may hold."""
 
     name = "BloomFilterGuardExec"
 
-    def __init__(self, child: TakeLastExec, store: ObjectStore, bloom_path: str) -> None:
+    def __init__(self, child: TakeLastExec, store: ObjectStore, bloom_path: str,
+                 keys: pa.Table | None = None) -> None:
+        self.keys = keys
         self.child = child
         self.store = store
         self.bloom_path = bloom_path
@@ -396,8 +425,8 @@ class BloomFilterGuardExec(ExecNode):
     def describe(self) -> str:
         return f"{self.name}: {self.bloom_path.rsplit('/', 2)[-2]}/bloom_filter.bin"
 
-    def take_last(self, keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
-        """As :meth:`LookupSource.take_last`, asking the child only for keys the filter passes."""
+    def probe(self, keys: pa.Table) -> Probe:
+        """As :meth:`LookupSource.probe`, asking the child only for keys the filter passes."""
         def load() -> tuple[BloomFilter | None, int]:
             try:
                 data = self.store.get(self.bloom_path)
@@ -408,31 +437,32 @@ class BloomFilterGuardExec(ExecNode):
         bloom = CACHE.get("bloom", self.store.uri_for(self.bloom_path), load)
         if bloom is None:
             self.passed += keys.num_rows
-            return self.child.take_last(keys)
+            return self.child.probe(keys)
         hashes = keys.column(HASH).to_numpy() if HASH in keys.column_names else pk_hashes(keys)
         mask = bloom.might_contain(hashes)  # type: ignore[union-attr]
         passed = np.nonzero(mask)[0]
         self.skipped += keys.num_rows - len(passed)
         self.passed += len(passed)
         if len(passed) == 0:
-            return self.schema.empty_table(), mask
-        rows, found = self.child.take_last(keys.take(pa.array(passed)))
+            return Probe(self.schema.empty_table(), mask)
+        rows, found = self.child.probe(keys.take(pa.array(passed)))
         hit = np.zeros(keys.num_rows, dtype=bool)
         hit[passed[found]] = True
-        return rows, hit
+        return Probe(rows, hit)
 
 
-class CoalesceFirstExec(ExecNode):
+class CoalesceFirstExec(KeyedExec):
     """Children newest first; each sees only the keys no newer child resolved."""
 
     name = "CoalesceFirstExec"
 
-    def __init__(self, children: Sequence[ExecNode], primary_key: Sequence[str],
-                 schema: pa.Schema, label: str = "") -> None:
+    def __init__(self, children: Sequence[KeyedExec], primary_key: Sequence[str],
+                 schema: pa.Schema, label: str = "", keys: pa.Table | None = None) -> None:
         self._children = list(children)
         self.primary_key = list(primary_key)
         self._schema = schema
         self.label = label
+        self.keys = keys
 
     @property
     def schema(self) -> pa.Schema:
@@ -443,28 +473,90 @@ class CoalesceFirstExec(ExecNode):
         return self._children
 
     def describe(self) -> str:
-        return f"{self.name}: {self.label} newest first, stop at the first hit".strip()
+        keys = "" if self.keys is None else f" {self.keys.num_rows} key(s),"
+        return f"{self.name}: {self.label}{keys} newest first, stop at the first hit".strip()
 
-    def take_last(self, keys: pa.Table) -> tuple[pa.Table, pa.Table]:
-        """(rows found, tombstones included; keys still unresolved)."""
+    def probe(self, keys: pa.Table) -> Probe:
+        """The rows the newest child holding each key has (tombstones included)."""
         found = []
-        remaining = keys
+        open_rows = np.arange(keys.num_rows)  # the keys no child has resolved yet
         for child in self._children:
-            if remaining.num_rows == 0:
+            if len(open_rows) == 0:
                 break
-            rows, hit = child.take_last(remaining)  # type: ignore[attr-defined]
+            rows, hit = child.probe(keys.take(pa.array(open_rows)))
             if rows.num_rows:
                 found.append(rows)
-                remaining = remaining.filter(pa.array(~hit))
+                open_rows = open_rows[~hit]
+        resolved = np.ones(keys.num_rows, dtype=bool)
+        resolved[open_rows] = False
         table = pa.concat_tables(found) if found else self._schema.empty_table()
-        return table, remaining
+        return Probe(table, resolved)
 
 
-def _encoded_keys(keys: pa.Table) -> pa.Table:
-    from memwal_sql.writer.pk_index import encode_composite_keys
+class PointLookupExec(ExecNode):
+    """The root of a point lookup: each region's :class:`CoalesceFirstExec` on its keys, then
+    the base table for the keys no region resolved; tombstones dropped.
 
-    enc = pa.chunked_array(encode_composite_keys(keys)).combine_chunks().cast(pa.binary())
-    return pa.table({"__key": enc})
+    The base table's random reads dominate a big batch and Lance releases the GIL for them:
+    from ``parallel_keys`` keys on, the base is probed for every key on another thread while
+    this one resolves the regions (mostly in-memory probes), and its rows for keys a region
+    resolved are dropped. For a few keys the thread hand-off costs more than it saves.
+    """
+
+    name = "PointLookupExec"
+
+    def __init__(self, keys: pa.Table, regions: Sequence[CoalesceFirstExec],
+                 base: BaseLookupExec, parallel_keys: int = 256) -> None:
+        self.keys = keys
+        self.regions = list(regions)
+        self.base = base
+        self.parallel_keys = parallel_keys
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.base.schema
+
+    @property
+    def children(self) -> list[ExecNode]:
+        return [*self.regions, self.base]
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.keys.num_rows} key(s), {len(self.regions)} region(s), " \
+               "then the base for keys no region resolved"
+
+    def execute(self) -> Iterator[pa.RecordBatch]:
+        pk = self.base.primary_key
+        early = None
+        if self.keys.num_rows >= self.parallel_keys:
+            early = _POOL.submit(self.base.probe, self.keys)
+        found = [r.to_table() for r in self.regions]
+        # The base answers only the keys *no* region resolved (found or deleted there): a key
+        # that could not be routed was asked of every region, and one region's answer is
+        # newer than the base's.
+        resolved = [r.select(pk) for r in found if r.num_rows]
+        rest = self.keys.select(pk)
+        if resolved:
+            rest = rest.filter(pa.array(~KeySet(distinct_keys(pa.concat_tables(resolved)))
+                                        .contains(rest)))
+        if early is not None:
+            base_rows = early.result().rows
+            if base_rows.num_rows and rest.num_rows < self.keys.num_rows:
+                base_rows = base_rows.filter(pa.array(KeySet(rest).contains(base_rows.select(pk))))
+            found.append(base_rows)
+        elif rest.num_rows:
+            found.append(self.base.probe(rest).rows)
+        rows = pa.concat_tables(found) if found else self.schema.empty_table()
+        yield from live_rows(rows).to_batches()
+
+
+_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-lookup")
+
+
+def distinct_keys(keys: pa.Table) -> pa.Table:
+    """The distinct rows of a table of key columns."""
+    if keys.num_columns == 1:
+        return pa.table({keys.column_names[0]: pc.unique(keys.column(0).combine_chunks())})
+    return keys.group_by(keys.column_names, use_threads=False).aggregate([])
 
 
 def _key_filter(keys: pa.Table, primary_key: Sequence[str]) -> pc.Expression:
@@ -482,6 +574,6 @@ def live_rows(rows: pa.Table) -> pa.Table:
 
 
 __all__ = [
-    "BaseLookupExec", "BloomFilterGuardExec", "CoalesceFirstExec", "LookupSource",
-    "TakeLastExec", "live_rows",
+    "BaseLookupExec", "BloomFilterGuardExec", "CoalesceFirstExec", "KeyedExec", "LookupSource",
+    "PointLookupExec", "Probe", "TakeLastExec", "distinct_keys", "live_rows",
 ]

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode
+from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, ExecNode, conform
 from planner.predicate import Predicate, evaluate, lance_filter, matches
 
 
@@ -25,25 +25,6 @@ def source_schema(wal_schema: pa.Schema) -> pa.Schema:
     """Schema of a newer-than-base source: the WAL schema plus ``_gen`` and ``_rowaddr``."""
     return pa.schema([*wal_schema, pa.field(GEN, pa.int64(), False),
                       pa.field(ROWADDR, pa.uint64(), False)])
-
-
-def tag(table: pa.Table, generation: int, schema: pa.Schema, first_rowaddr: int = 0) -> pa.Table:
-    """Conform ``table`` to ``schema`` and add ``_gen``/``_rowaddr`` columns (row offsets)."""
-    n = table.num_rows
-    cols = []
-    for f in schema:
-        if f.name == GEN:
-            cols.append(pa.array(np.full(n, generation, dtype=np.int64)))
-        elif f.name == ROWADDR:
-            cols.append(pa.array(np.arange(first_rowaddr, first_rowaddr + n, dtype=np.uint64)))
-        elif f.name in table.column_names:
-            col = table.column(f.name)
-            cols.append(col if col.type == f.type else col.cast(f.type))
-        elif f.name == TOMBSTONE:
-            cols.append(pa.array(np.zeros(n, dtype=bool)))
-        else:
-            cols.append(pa.nulls(n, f.type))
-    return pa.Table.from_arrays(cols, schema=schema)
 
 
 class SourceExec(ExecNode):
@@ -98,11 +79,7 @@ class GenerationScanExec(SourceExec):
         table = ds.to_table(columns=names, filter=pushed, with_row_address=True)
         if not exact:
             table = matches(predicate, table)
-        addr = table.column(ROWADDR)
-        out = tag(table.drop_columns([ROWADDR]), self.generation, schema)
-        cols = [addr.cast(pa.uint64()) if f.name == ROWADDR else out.column(f.name)
-                for f in schema]
-        return pa.Table.from_arrays(cols, schema=schema)
+        return conform(table, schema, self.generation)  # Lance's row addresses kept
 
     def describe(self) -> str:
         return f"{self.name}: region={self.region_id[:8]} gen={self.generation} " \
@@ -125,7 +102,7 @@ class MemTableScanExec(SourceExec):
             return schema.empty_table()
         table = pa.Table.from_batches(self.batches)
         names = [f.name for f in schema if f.name in table.column_names]
-        return matches(predicate, tag(table.select(names), self.generation, schema))
+        return matches(predicate, conform(table.select(names), schema, self.generation))
 
     def describe(self) -> str:
         rows = sum(b.num_rows for b in self.batches)
@@ -170,7 +147,9 @@ class BaseScanExec(ExecNode):
             if not self.exact and batch.num_rows:
                 batch = batch.filter(pc.fill_null(evaluate(self.predicate, batch), False))
             if batch.num_rows:
-                yield batch.select(self._schema.names)
+                # Lance marks _rowaddr nullable; the node's schema says what it is (not null).
+                yield pa.RecordBatch.from_arrays(batch.select(self._schema.names).columns,
+                                                 schema=self._schema)
 
     def describe(self) -> str:
         frags = "all" if self.fragment_ids is None else str(self.fragment_ids)

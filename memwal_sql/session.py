@@ -32,7 +32,7 @@ import pyarrow.dataset as pds
 from datafusion import SessionConfig, SessionContext, Table
 from datafusion import catalog as dfc
 
-from exec_nodes.dedup import project_to
+from exec_nodes.base import conform
 from memwal_sql.errors import MemWalError
 from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
 from memwal_sql.storage import storage_failures
@@ -80,7 +80,7 @@ class _LookupScanner:
             # The whole (Exact) pushed filter again: the key terms are true of every row.
             rows = matches(self.predicate, self.plan.execute())
             if rows.num_rows:
-                yield from project_to(rows, self.projected_schema).to_batches()
+                yield from conform(rows, self.projected_schema).to_batches()
 
 
 class _LookupFragment:

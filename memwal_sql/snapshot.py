@@ -42,6 +42,7 @@ from memwal_sql.writer.region_writer import conform_batch
 from memwal_sql.writer.wal import iter_wal, wal_positions
 
 if TYPE_CHECKING:
+    from memwal_sql.index.region_spec import RegionSpec
     from memwal_sql.table import MemWalTable
 
 Consistency = Literal["strong", "eventual"]
@@ -156,9 +157,7 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
             unflushed.append(MemRows(manifest.current_generation, tail, "wal"))
         values = None
         if spec is not None:
-            values = spec.values_from_entries(
-                [(e.field_id, e.value) for e in manifest.region_field_entries]
-            )
+            values = _region_values(spec, rid, manifest)
         # A region snapshot may list generations collected since: none for the indexed read.
         merged_refs = () if snapshotted is not None else \
             tuple(g for g in refs if g.generation <= floor)
@@ -212,3 +211,15 @@ def _wal_tail(table: MemWalTable, region_id: str, after: int) -> tuple[pa.Record
         out.extend(conform_batch(b, table.wal_schema) for b in entry.batches)
     return tuple(out)
 
+
+def _region_values(spec: RegionSpec, region_id: str, manifest: RegionManifest
+                   ) -> tuple[Any, ...] | None:
+    """The region's values under ``spec`` (NULL where the manifest names no value), or None
+    for a region the spec does not govern (a manual region may hold any rows)."""
+    from memwal_sql.table import region_id_for
+
+    values = spec.values_from_entries(
+        [(e.field_id, e.value) for e in manifest.region_field_entries], missing_as_null=True)
+    if values is None or region_id_for(spec, values) != region_id:
+        return None
+    return values

@@ -10,23 +10,21 @@ probed. A tombstone in a newer source resolves a key as absent.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from exec_nodes.base import ExecNode
-from exec_nodes.keyset import KeySet
 from exec_nodes.lookup import (
     HASH,
     BaseLookupExec,
     BloomFilterGuardExec,
     CoalesceFirstExec,
+    KeyedExec,
+    PointLookupExec,
     TakeLastExec,
-    live_rows,
+    distinct_keys,
 )
 from exec_nodes.scan import source_schema
 from memwal_sql.index.region_spec import RegionSpec
@@ -37,8 +35,6 @@ from memwal_sql.writer.generation import BLOOM_FILTER
 from planner.indexed import IndexedRead, plan_indexed_read
 from planner.predicate import Compare, InList, Or, Predicate, conjuncts
 
-_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-lookup")
-_PARALLEL_KEYS = 256
 # SQL `pk IN (...)` lists up to this many keys run as a point lookup; a longer list is a scan
 # (pruned by region), which reads sequentially what so many random reads would touch anyway.
 MAX_SQL_LOOKUP_KEYS = 65_536
@@ -46,74 +42,37 @@ MAX_SQL_LOOKUP_KEYS = 65_536
 
 @dataclass
 class LookupPlan:
-    """Per-region newest-first probes, then the base table."""
+    """A point lookup: the snapshot it reads and the node tree (:class:`PointLookupExec`)."""
 
     snapshot: TableSnapshot
-    keys: pa.Table
-    regions: list[tuple[str, pa.Table, CoalesceFirstExec]]
-    base: BaseLookupExec
-    nodes: list[ExecNode] = field(default_factory=list)
+    root: PointLookupExec
     indexed: IndexedRead | None = None
+
+    @property
+    def keys(self) -> pa.Table:
+        return self.root.keys
+
+    @property
+    def base(self) -> BaseLookupExec:
+        return self.root.base
 
     def execute(self) -> pa.Table:
         """The newest live row of every requested key that exists (tombstones dropped)."""
-        def probe(region: tuple[str, pa.Table, CoalesceFirstExec]) -> tuple[pa.Table, pa.Table]:
-            return region[2].take_last(region[1])
-
-        # The base table's random reads dominate a big batch and Lance releases the GIL for
-        # them: the base is probed for every key on another thread while this one resolves
-        # the regions (mostly in-memory probes, faster here than on competing threads); its
-        # rows for keys a region resolved are then dropped. For a few keys the thread hand-off
-        # costs more than it saves.
-        if self.keys.num_rows >= _PARALLEL_KEYS:
-            base = _POOL.submit(self.base.take_last, self.keys)
-            results = [probe(r) for r in self.regions]
-            base_rows = base.result()[0]
-        else:
-            results, base_rows = [probe(r) for r in self.regions], None
-        found = [rows for rows, _ in results]
-        # The base answers only the keys *no* region resolved (found or deleted there): a key
-        # that could not be routed was asked of every region, and one region's answer is
-        # newer than the base's.
-        pk = self.base.primary_key
-        resolved = [r.select(pk) for r in found if r.num_rows]
-        rest = self.keys.select(pk)
-        if resolved:
-            rest = rest.filter(pa.array(~KeySet(_distinct(pa.concat_tables(resolved)))
-                                        .contains(rest)))
-        if rest.num_rows:
-            if base_rows is None:
-                base_rows = self.base.take_last(rest)[0]
-            elif base_rows.num_rows:
-                base_rows = base_rows.filter(pa.array(
-                    KeySet(rest).contains(base_rows.select(pk))))
-            found.append(base_rows)
-        rows = pa.concat_tables(found) if found else self.base.schema.empty_table()
-        return live_rows(rows)
+        return self.root.to_table()
 
     def explain(self) -> str:
-        lines = [f"MemWAL point lookup: {self.keys.num_rows} key(s), base version "
-                 f"{self.snapshot.base_version}, consistency={self.snapshot.consistency}"]
+        lines = [f"MemWAL point lookup: base version {self.snapshot.base_version}, "
+                 f"consistency={self.snapshot.consistency}"]
         if self.indexed is not None:
             lines.append(self.indexed.describe())
-        for rid, keys, node in self.regions:
-            lines.append(f"region {rid[:8]}: {keys.num_rows} key(s)")
-            lines.append(node.explain(1))
-        lines.append(self.base.explain(0) + "  (keys no region resolved)")
-        return "\n".join(lines)
-
-
-def _distinct(keys: pa.Table) -> pa.Table:
-    if keys.num_columns == 1:
-        return pa.table({keys.column_names[0]: pc.unique(keys.column(0).combine_chunks())})
-    return keys.group_by(keys.column_names, use_threads=False).aggregate([])
+        return "\n".join([*lines, self.root.explain()])
 
 
 def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | None,
                 keys: pa.Table) -> LookupPlan:
     """Build the lookup plan of ``keys`` (a table of the primary-key columns)."""
     pk = list(snapshot.primary_key)
-    keys = _distinct(keys.select(pk))
+    keys = distinct_keys(keys.select(pk))
     # Hash each key once for every bloom filter it meets.
     hashed = keys.append_column(HASH, pa.array(pk_hashes(keys)))
     schema = source_schema(snapshot.wal_schema)
@@ -141,7 +100,7 @@ def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | 
                 continue
         else:
             region_keys = hashed  # cannot route: this region may hold any key
-        children: list[ExecNode] = []
+        children: list[KeyedExec] = []
         for mem in region.unflushed:
             children.append(TakeLastExec(region.region_id, mem.generation, schema, pk,
                                          batches=mem.batches, origin=mem.origin))
@@ -152,10 +111,9 @@ def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | 
             rel = gen.uri[len(store.uri) + 1:] if gen.uri.startswith(store.uri) else gen.uri
             children.append(BloomFilterGuardExec(take, store, f"{rel}/{BLOOM_FILTER}"))
         if children:
-            regions.append((region.region_id, region_keys,
-                            CoalesceFirstExec(children, pk, schema,
-                                              label=f"region {region.region_id[:8]}")))
-    return LookupPlan(snapshot, keys, regions, base, indexed=indexed)
+            regions.append(CoalesceFirstExec(children, pk, schema, keys=region_keys,
+                                             label=f"region {region.region_id[:8]}"))
+    return LookupPlan(snapshot, PointLookupExec(keys, regions, base), indexed=indexed)
 
 
 def _pinned_values(term: Predicate) -> tuple[str, pa.Array] | None:

@@ -583,6 +583,17 @@ def _arrow(p: Predicate) -> pc.Expression:
     return ~_arrow(child)
 
 
+def _has_float_in_list(p: Predicate, schema: pa.Schema) -> bool:
+    """Lance compares a float IN list with `=` (-0.0 matches 0.0); DataFusion's SQL uses a
+    hash set (it does not), so such a filter is evaluated after reading."""
+    if isinstance(p, (And, Or)):
+        return any(_has_float_in_list(c, schema) for c in p.children)
+    if isinstance(p, Not):
+        return _has_float_in_list(p.child, schema)
+    return isinstance(p, InList) and p.column in schema.names and \
+        pa.types.is_floating(schema.field(p.column).type)
+
+
 def _has_opaque(p: Predicate) -> bool:
     if isinstance(p, (And, Or)):
         return any(_has_opaque(c) for c in p.children)
@@ -607,11 +618,12 @@ def lance_filter(p: Predicate | None, schema: pa.Schema) -> tuple[pc.Expression 
     """(the filter to push into a Lance scan of ``schema``, whether it is exact).
 
     Lance turns the filter into Substrait itself; a filter pyarrow cannot express there (a
-    timestamp[ns] literal) is not pushed, and the caller evaluates ``p`` on what it reads.
+    timestamp[ns] literal), or one Lance would evaluate differently (an IN list of floats), is
+    not pushed, and the caller evaluates ``p`` on what it reads.
     """
     if p is None:
         return None, True
-    if _has_opaque(p):
+    if _has_opaque(p) or _has_float_in_list(p, schema):
         return None, False
     expr = to_arrow_filter(p)
     try:

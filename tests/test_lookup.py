@@ -109,7 +109,7 @@ def test_composite_keys(tmp_path):
 
 def _nodes(plan):
     out = []
-    for _, _, coalesce in plan.regions:
+    for coalesce in plan.root.regions:
         out.extend(coalesce.children)
     return out
 

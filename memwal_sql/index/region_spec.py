@@ -764,9 +764,11 @@ class RegionSpec:
             if v is not None
         ]
 
-    def values_from_entries(self, entries: Sequence[tuple[str, bytes]]) -> tuple[Any, ...] | None:
+    def values_from_entries(self, entries: Sequence[tuple[str, bytes]], *,
+                            missing_as_null: bool = False) -> tuple[Any, ...] | None:
         """Invert :meth:`field_entries`; None when the entries do not name every field
-        (a manual region, or a NULL region value).
+        (a manual region, or a NULL region value), or, with ``missing_as_null``, a field
+        that is not named is NULL (the caller checks the region id to tell a manual region).
 
         Example:
             >>> s = RegionSpec.bucket("id", 4)
@@ -774,10 +776,15 @@ class RegionSpec:
             (3,)
         """
         by_id = dict(entries)
-        if set(by_id) != {f.field_id for f in self.fields} or len(by_id) != len(self.fields):
+        ids = {f.field_id for f in self.fields}
+        if not set(by_id) <= ids or len(ids) != len(self.fields) or \
+                (set(by_id) != ids and not missing_as_null):
             return None
+        if any(f.field_id not in by_id and f.transform in (BUCKET, UNSHARDED)
+               for f in self.fields):
+            return None  # never NULL: a region without that value is not the spec's
         return tuple(
-            decode_region_value(by_id[f.field_id], t)
+            decode_region_value(by_id[f.field_id], t) if f.field_id in by_id else None
             for f, t in zip(self.fields, self.result_types())
         )
 

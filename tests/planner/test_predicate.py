@@ -130,6 +130,9 @@ def datafusion_eval(p, table):
     ctx = datafusion.SessionContext()
     ctx.register_record_batches("t", [table.to_batches()])
     ctx.sql("SET datafusion.execution.target_partitions = 1").collect()
+    # DataFusion's simplifier folds `p AND NOT p` to FALSE even where p is NULL (upstream);
+    # the oracle is SQL's own three-valued logic, so it evaluates the expression as written.
+    ctx.remove_optimizer_rule("simplify_expressions")
     return ctx.sql(f"SELECT {sql(p)} AS m FROM t").to_arrow_table().column("m").to_pylist()
 
 
@@ -156,7 +159,9 @@ def test_decoding_keeps_every_value(tree, data):
 def test_the_lance_filter_passes_exactly_the_true_rows(tree, data):
     table = pa.Table.from_pylist(data, schema=SCHEMA)
     expr, exact = lance_filter(tree, SCHEMA)
-    assert exact
+    assert exact == ("InList(column='f'" not in repr(tree))  # float IN lists: read, then checked
+    if not exact:
+        return
     want = [m is True for m in evaluate(tree, table).to_pylist()]
     import pyarrow.dataset as pds
     got = pds.dataset(table).to_table(columns={"m": expr}).column("m").to_pylist()

@@ -1,0 +1,199 @@
+"""Every exec node on tiny hand-built inputs: the one operator contract (schema, children,
+``execute()`` yielding batches of ``schema``, ``explain()``), and what each node does."""
+
+from __future__ import annotations
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, EmptyExec, ExecNode, conform
+from exec_nodes.dedup import DeduplicateExec, newest_per_key
+from exec_nodes.keyset import KeySet, last_per_key
+from exec_nodes.lookup import (
+    BaseLookupExec,
+    BloomFilterGuardExec,
+    CoalesceFirstExec,
+    PointLookupExec,
+    TakeLastExec,
+)
+from exec_nodes.scan import BaseScanExec, GenerationScanExec, MemTableScanExec, source_schema
+from memwal_sql.storage import ObjectStore
+from memwal_sql.writer.generation import BLOOM_FILTER, write_generation
+from planner.predicate import Compare, InList, Not
+
+BASE = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string()),
+                  pa.field("f", pa.float64())])
+WAL = pa.schema([*BASE, pa.field(TOMBSTONE, pa.bool_())])
+SOURCE = source_schema(WAL)
+
+
+def wal_rows(ids, v, dead=None, f=None):
+    n = len(ids)
+    return pa.table({"id": pa.array(ids, pa.int64()), "v": [v] * n,
+                     "f": f if f is not None else [float(i) for i in ids],
+                     TOMBSTONE: dead if dead is not None else [False] * n}, schema=WAL)
+
+
+def check_contract(node: ExecNode, want_rows: int | None = None) -> pa.Table:
+    """What every node promises: batches of exactly its schema, and a tree it can explain."""
+    batches = list(node.execute())
+    assert all(b.schema.equals(node.schema) for b in batches), node.name
+    lines = node.explain().splitlines()
+    assert lines[0].lstrip().startswith(node.name)
+    assert len(lines) >= 1 + len(node.children)
+    table = pa.Table.from_batches(batches, schema=node.schema)
+    if want_rows is not None:
+        assert table.num_rows == want_rows
+    return table
+
+
+@pytest.fixture
+def base(tmp_path):
+    table = pa.table({"id": pa.array([1, 2, 3, 4], pa.int64()), "v": ["b1", "b2", "b3", None],
+                      "f": [1.0, -0.0, float("nan"), None]}, schema=BASE)
+    return lance.write_dataset(table, str(tmp_path / "base"))
+
+
+@pytest.fixture
+def generation(tmp_path):
+    store = ObjectStore(str(tmp_path / "table"))
+    rows = conform(wal_rows([2, 3, 5], "g1", dead=[False, True, False]), WAL)
+    entry = write_generation(store, "r", 1, rows, ["id"], data_storage_version="stable",
+                             in_memory_bytes=rows.nbytes)
+    return store, store.uri_for(f"_mem_wal/r/{entry.path}"), f"_mem_wal/r/{entry.path}"
+
+
+def test_conform_casts_fills_and_keeps_the_row_count():
+    t = pa.table({"id": pa.array([1, 2], pa.int32()), GEN: pa.array([9, 9], pa.int64())})
+    out = conform(t, SOURCE, generation=4)
+    assert out.schema.equals(SOURCE)
+    assert out.column(GEN).to_pylist() == [4, 4] and out.column(ROWADDR).to_pylist() == [0, 1]
+    assert out.column(TOMBSTONE).to_pylist() == [False, False]
+    assert out.column("v").null_count == 2
+    assert conform(t, SOURCE).column(GEN).to_pylist() == [9, 9]  # kept when not given
+    assert conform(t, pa.schema([])).num_rows == 2
+
+
+def test_empty_exec():
+    check_contract(EmptyExec(BASE), want_rows=0)
+
+
+def test_keyset_and_last_per_key():
+    s = KeySet(pa.table({"a": ["x", "y"], "b": [1, 2]}))
+    assert s.positions(pa.table({"a": ["y", "x", "x"], "b": [2, 2, 1]})).tolist() == [1, -1, 0]
+    keys, best = last_per_key(pa.table({"id": [5, 7, 5]}), np.array([10, 3, 20]))
+    assert dict(zip(keys.column("id").to_pylist(), best.tolist())) == {5: 20, 7: 3}
+
+
+def test_memtable_scan_reads_tagged_rows_and_applies_sql_semantics():
+    rows = wal_rows([1, 2, 3, 4], "m", f=[1.0, 2.0, None, -0.0])
+    node = MemTableScanExec("r", 7, rows.to_batches(), SOURCE)
+    out = check_contract(node, want_rows=4)
+    assert out.column(GEN).to_pylist() == [7] * 4 and out.column(ROWADDR).to_pylist() == [0, 1, 2, 3]
+    # NOT IN is NULL for a NULL value; -0.0 and 0.0 are apart in an IN list.
+    got = node.read_counted(None, Not(InList("f", pa.array([2.0, 0.0, 8.0, 7.0]))))
+    assert got.column("id").to_pylist() == [1, 4] and node.opened == 2
+
+
+def test_generation_scan_reads_its_lance_dataset(generation):
+    _, uri, _ = generation
+    node = GenerationScanExec("r", 1, uri, SOURCE)
+    out = check_contract(node, want_rows=3)
+    assert out.column(GEN).to_pylist() == [1, 1, 1]
+    assert out.column(TOMBSTONE).to_pylist() == [False, True, False]
+    hit = node.read_counted(["id"], Compare("id", ">", pa.scalar(2)))
+    assert hit.column("id").to_pylist() == [3, 5]
+
+
+def test_base_scan_pushes_exact_filters_and_checks_the_rest_itself(base):
+    exact = BaseScanExec(base, ["id"], Compare("v", "=", pa.scalar("b2")))
+    assert exact.exact and check_contract(exact).column("id").to_pylist() == [2]
+    # Lance would match -0.0 to 0.0 in an IN list; DataFusion's SQL does not.
+    checked = BaseScanExec(base, ["id"], InList("f", pa.array([0.0, 5.0, 6.0, 7.0])))
+    assert not checked.exact and check_contract(checked, want_rows=0).num_rows == 0
+    assert "then InList" in checked.describe()
+
+
+def test_newest_per_key_picks_the_highest_generation_then_row_address():
+    t = pa.table({"id": [1, 1, 2, 2], GEN: [1, 2, 3, 3],
+                  ROWADDR: pa.array([5, 0, 1, 2], pa.uint64()),
+                  TOMBSTONE: [False, True, False, False]})
+    out = newest_per_key(t, ["id"]).sort_by("id").to_pylist()
+    assert [(r[GEN], r[ROWADDR], r[TOMBSTONE]) for r in out] == [(2, 0, True), (3, 2, False)]
+
+
+def test_deduplicate_merges_base_and_newer_sources(base, generation):
+    _, uri, _ = generation
+    newer = [MemTableScanExec("r", 2, [wal_rows([1, 5], "m2", f=[0.5, 9.0]).to_batches()[0]],
+                              SOURCE),
+             GenerationScanExec("r", 1, uri, SOURCE)]
+    out_schema = pa.schema([*BASE, pa.field(GEN, pa.int64(), False)])
+    node = DeduplicateExec(newer, base, [None], primary_key=["id"], predicate=None,
+                           output=out_schema)
+    rows = check_contract(node).sort_by("id").to_pylist()
+    # 1: memtable; 2: generation; 3: deleted in the generation; 4: base; 5: memtable.
+    assert [(r["id"], r["v"], r[GEN]) for r in rows] == [
+        (1, "m2", 2), (2, "g1", 1), (4, None, BASE_GENERATION), (5, "m2", 2)]
+    assert len(node.children) == 3  # two newer sources and one base part, built once
+    assert node.children[2] is node.children[2]
+    # A filter sees only each key's newest version: base row 1 (v='b1') never comes back.
+    filtered = DeduplicateExec(newer, base, [None], primary_key=["id"], output=out_schema,
+                               predicate=Compare("v", "=", pa.scalar("b1")))
+    assert check_contract(filtered, want_rows=0).num_rows == 0
+
+
+def test_take_last_of_a_memtable_returns_the_newest_duplicate():
+    batches = [wal_rows([1, 2], "old").to_batches()[0], wal_rows([1], "new").to_batches()[0]]
+    node = TakeLastExec("r", 3, SOURCE, ["id"], batches=batches,
+                        keys=pa.table({"id": pa.array([1, 9], pa.int64())}))
+    rows = check_contract(node, want_rows=1).to_pylist()
+    assert rows[0]["v"] == "new" and rows[0][ROWADDR] == 2
+    probe = node.probe(pa.table({"id": pa.array([9, 2, 1], pa.int64())}))
+    assert probe.hit.tolist() == [False, True, True]
+
+
+def test_take_last_of_a_generation_uses_its_pk_index(generation):
+    _, uri, _ = generation
+    node = TakeLastExec("r", 1, SOURCE, ["id"], uri=uri,
+                        keys=pa.table({"id": pa.array([3, 4, 5], pa.int64())}))
+    rows = check_contract(node, want_rows=2).sort_by("id").to_pylist()
+    assert [(r["id"], r[TOMBSTONE]) for r in rows] == [(3, True), (5, False)]
+
+
+def test_bloom_filter_guard_passes_only_keys_the_filter_may_hold(generation):
+    store, uri, path = generation
+    child = TakeLastExec("r", 1, SOURCE, ["id"], uri=uri)
+    keys = pa.table({"id": pa.array([2, *range(1000, 1100)], pa.int64())})
+    guard = BloomFilterGuardExec(child, store, f"{path}/{BLOOM_FILTER}", keys=keys)
+    rows = check_contract(guard, want_rows=1)
+    assert rows.column("id").to_pylist() == [2]
+    assert guard.passed >= 1 and guard.skipped > 90 and child.probes == 1
+
+
+def test_coalesce_first_stops_at_the_newest_hit_and_a_tombstone_resolves():
+    newest = TakeLastExec("r", 2, SOURCE, ["id"],
+                          batches=wal_rows([1, 2], "n", dead=[False, True]).to_batches())
+    older = TakeLastExec("r", 1, SOURCE, ["id"], batches=wal_rows([1, 2, 3], "o").to_batches())
+    keys = pa.table({"id": pa.array([3, 1, 2, 4], pa.int64())})
+    node = CoalesceFirstExec([newest, older], ["id"], SOURCE, keys=keys)
+    rows = check_contract(node, want_rows=3).sort_by("id").to_pylist()
+    assert [(r["id"], r["v"], r[TOMBSTONE]) for r in rows] == [
+        (1, "n", False), (2, "n", True), (3, "o", False)]
+    assert node.probe(keys).hit.tolist() == [True, True, True, False]
+
+
+def test_point_lookup_asks_the_base_only_for_what_no_region_resolved(base):
+    region = CoalesceFirstExec(
+        [TakeLastExec("r", 1, SOURCE, ["id"],
+                      batches=wal_rows([1, 2], "m", dead=[False, True]).to_batches())],
+        ["id"], SOURCE, keys=pa.table({"id": pa.array([1, 2, 3, 9], pa.int64())}))
+    base_node = BaseLookupExec(base, SOURCE, ["id"])
+    keys = pa.table({"id": pa.array([1, 2, 3, 9], pa.int64())})
+    for parallel in (1, 1000):  # the base probed beside the regions, or after them
+        node = PointLookupExec(keys, [region], base_node, parallel_keys=parallel)
+        rows = check_contract(node).sort_by("id").to_pylist()
+        assert [(r["id"], r["v"]) for r in rows] == [(1, "m"), (3, "b3")]
+    assert base_node.probes == 2
