@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_sql.writer.bloom import pk_hashes
+from memwal_sql.writer.memtable import last_per_key  # noqa: F401 - exec nodes use it from here
 from memwal_sql.writer.pk_index import encode_composite_keys
 
 
@@ -20,21 +21,6 @@ def encode_keys(keys: pa.Table) -> pa.Array:
     """Key columns as one binary column, order-preserving (a generation's ``_pk_index``
     stores composite keys this way)."""
     return pa.chunked_array(encode_composite_keys(keys)).combine_chunks().cast(pa.binary())
-
-
-def last_per_key(keys: pa.Table, rank: np.ndarray) -> tuple[pa.Table, np.ndarray]:
-    """Last write wins: the distinct keys of ``keys`` and, for each, the highest ``rank`` of
-    its rows (one hash aggregate, no sort).
-
-    Example:
-        >>> k, r = last_per_key(pa.table({"id": [5, 7, 5]}), np.array([1, 2, 3]))
-        >>> k.column("id").to_pylist(), r.tolist()
-        ([5, 7], [3, 2])
-    """
-    names = keys.column_names
-    t = keys.append_column("__rank", pa.array(rank.astype(np.int64)))
-    best = t.group_by(names, use_threads=False).aggregate([("__rank", "max")])
-    return best.select(names), best.column("__rank_max").to_numpy()
 
 
 class KeySet:

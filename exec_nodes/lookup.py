@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 
 from exec_nodes.base import BASE_GENERATION, ROWADDR, TOMBSTONE, ExecNode, conform
 from exec_nodes.keyset import KeySet, encode_keys, last_per_key
+from memwal_sql.compat.lance import take_rows
 from memwal_sql.errors import ObjectNotFoundError
 from memwal_sql.storage import ObjectStore
 from memwal_sql.writer.bloom import BloomFilter, pk_hashes
@@ -244,7 +245,7 @@ class TakeLastExec(LookupSource):
         names = [f.name for f in self.schema if f.name in ds.schema.names]  # type: ignore[union-attr]
         # Row addresses of fragment 0 are the offsets the _pk_index stores.
         row_ids = pa.array(offsets.astype(np.uint64))
-        out = conform(ds._take_rows(row_ids, columns=names),  # type: ignore[union-attr]
+        out = conform(take_rows(ds, row_ids, names),  # type: ignore[arg-type]
                       self.schema, self.generation)
         return out.set_column(out.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), row_ids)
 
@@ -378,7 +379,7 @@ class BaseLookupExec(LookupSource):
             order.append(at)
         if rest:
             at = np.concatenate(rest)
-            parts.append(conform(self.dataset._take_rows(pa.array(addrs[at]), columns=names),
+            parts.append(conform(take_rows(self.dataset, pa.array(addrs[at]), names),
                                  self.schema, BASE_GENERATION))
             order.append(at)
         table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]

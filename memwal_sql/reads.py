@@ -18,6 +18,7 @@ from exec_nodes.base import GEN, ROWADDR
 from exec_nodes.keyset import KeySet
 from datafusion import col
 
+from memwal_sql.compat.datafusion import plain_strings
 from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMismatchError
 from memwal_sql.session import (
     MemWalContext,
@@ -85,7 +86,7 @@ class TableReads:
                  system_columns: bool) -> pa.Table:
         _, df, _, ds = self._frame(columns, filter, consistency, system_columns)
         with typed_errors(ds):
-            return _plain_strings(df.to_arrow_table())
+            return plain_strings(df.to_arrow_table())
 
     def scan(self, columns: Sequence[str] | None, filter: str | None, consistency: str,
              system_columns: bool) -> pa.RecordBatchReader:
@@ -189,16 +190,3 @@ def _check_filter_parts(expr: Any, text: str) -> None:
             stack.extend(node.rex_call_operands())
         except Exception:  # noqa: BLE001 - a leaf has no operands
             continue
-
-
-def _plain_strings(table: pa.Table) -> pa.Table:
-    """Cast DataFusion's view types back to plain string/binary (Spark and pandas want those)."""
-    fields = []
-    changed = False
-    for f in table.schema:
-        if pa.types.is_string_view(f.type):
-            f, changed = f.with_type(pa.string()), True
-        elif pa.types.is_binary_view(f.type):
-            f, changed = f.with_type(pa.binary()), True
-        fields.append(f)
-    return table.cast(pa.schema(fields, metadata=table.schema.metadata)) if changed else table

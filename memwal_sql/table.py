@@ -38,7 +38,8 @@ from memwal_sql.errors import (
     UnknownRegionError,
     WriterFencedError,
 )
-from memwal_sql.index.base_manifest import read_mem_wal_details
+from memwal_sql.compat.lance import is_not_found
+from memwal_sql.compat.lance_manifest import read_mem_wal_details
 from memwal_sql.index.region_snapshots import load_region_snapshots
 from memwal_sql.index.details import (
     create_mem_wal_index,
@@ -735,8 +736,6 @@ def _try_dataset(uri: str, storage_options: dict[str, str] | None) -> lance.Lanc
     try:
         return lance.dataset(uri, storage_options=storage_options)
     except (ValueError, OSError, FileNotFoundError) as e:
-        if "not found" in str(e).lower() or "does not exist" in str(e).lower() or isinstance(
-            e, FileNotFoundError
-        ):
+        if is_not_found(e):
             return None
         raise StorageError(f"cannot open a table at {uri}: {e}") from e

@@ -45,6 +45,13 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from substrait.algebra_pb2 import Expression as SubstraitExpression
 from substrait.extended_expression_pb2 import ExtendedExpression
 
+from memwal_sql.compat.arrow import (
+    DEPRECATED_TIME,
+    DEPRECATED_TIMESTAMP,
+    DEPRECATED_TIMESTAMP_TZ,
+    substrait_schema,
+)
+
 __all__ = [
     "And", "ColumnCompare", "Compare", "Const", "InList", "IsNull", "Not", "Opaque", "Or",
     "Predicate", "decode_filter", "evaluate", "negation_normal_form", "to_arrow_filter",
@@ -155,17 +162,6 @@ class Opaque(Predicate):
 
 class _Undecodable(Exception):
     pass
-
-
-_UNSUPPORTED_IN_SUBSTRAIT = (pa.types.is_fixed_size_list, pa.types.is_duration)
-
-
-def substrait_schema(schema: pa.Schema) -> pa.Schema:
-    """``schema`` with the types pyarrow cannot put in Substrait (fixed-size lists such as
-    vectors, durations) replaced by ``null``: a filter never compares them with a literal, and
-    one that does falls back to :class:`Opaque`."""
-    return pa.schema([f.with_type(pa.null()) if any(p(f.type) for p in _UNSUPPORTED_IN_SUBSTRAIT)
-                      else f for f in schema])
 
 
 def decode_filter(expr: pc.Expression | pa.Scalar | bool | None,
@@ -329,9 +325,6 @@ class _Days:
     days: int
 
 
-# Literal fields older Substrait versions had and pyarrow 26 still writes (the substrait
-# package's classes no longer name them): microsecond timestamps and times.
-_DEPRECATED_TIMESTAMP, _DEPRECATED_TIME, _DEPRECATED_TIMESTAMP_TZ = 14, 17, 27
 _WRAPPERS = {f"type.googleapis.com/{w.DESCRIPTOR.full_name}": w for w in (
     wrappers_pb2.Int32Value, wrappers_pb2.Int64Value, wrappers_pb2.UInt32Value,
     wrappers_pb2.UInt64Value, wrappers_pb2.StringValue, wrappers_pb2.BytesValue,
@@ -342,9 +335,9 @@ def _literal_value(lit: Any) -> Any:
     kind = lit.WhichOneof("literal_type")
     if kind is None:
         for f in UnknownFieldSet(lit):
-            if f.field_number in (_DEPRECATED_TIMESTAMP, _DEPRECATED_TIMESTAMP_TZ):
+            if f.field_number in (DEPRECATED_TIMESTAMP, DEPRECATED_TIMESTAMP_TZ):
                 return _Micros(_signed64(f.data))
-            if f.field_number == _DEPRECATED_TIME:
+            if f.field_number == DEPRECATED_TIME:
                 return _TimeMicros(_signed64(f.data))
         raise _Undecodable
     if kind == "null":

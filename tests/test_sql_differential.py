@@ -262,7 +262,7 @@ def in_list(draw: Any) -> str:
     items = draw(st.lists(literals(col), min_size=1, max_size=30))
     rendered = [lit(v, TYPES[col]) for v in items]
     # A NULL only in lists of 4+ items: DataFusion rewrites a shorter list as `=`s joined by
-    # OR, and then cannot push `NULL OR ...` to any pyarrow dataset (see the xfail below).
+    # OR, and then cannot push `NULL OR ...` to any pyarrow dataset (see tests/compat).
     if len(rendered) >= 3 and draw(st.integers(0, 3)) == 0:
         rendered.insert(draw(st.integers(0, len(rendered))), "NULL")
     neg = draw(st.sampled_from(["", "NOT "]))
@@ -305,7 +305,7 @@ def column_vs_column(draw: Any) -> str:
 @st.composite
 def constant_folded(draw: Any) -> str:
     """Predicates the optimizer folds to a constant (or nearly)."""
-    kind = draw(st.sampled_from([0, 2, 3]))  # no NULL literals: see the xfail below
+    kind = draw(st.sampled_from([0, 2, 3]))  # no NULL literals: see tests/compat
     if kind == 0:
         col = draw(st.sampled_from(["id", "i32", "i64", "s", "grp", "d"]))
         a, b = draw(st.lists(literals(col), min_size=2, max_size=2, unique_by=repr))
@@ -476,16 +476,3 @@ def test_filter_api_matches_plain_datafusion(built: Built, p: str) -> None:
         raise AssertionError(f"[{built.spec_name}] count_rows raised {type(e).__name__}: {e}\n"
                              f"filter: {p}") from e
     assert n == want.num_rows, f"[{built.spec_name}] count_rows({p!r}) = {n}, want {want.num_rows}"
-
-
-@pytest.mark.xfail(strict=True, raises=Exception,
-                   reason="datafusion-python 55 turns a NULL literal under AND/OR into a "
-                          "pyarrow BooleanScalar and fails combining it with an Expression, for "
-                          "every pyarrow dataset (upstream); strict, so a fixed upstream shows")
-def test_upstream_null_literal_under_and_cannot_be_pushed():
-    import pyarrow.dataset as pds
-    from datafusion import SessionContext
-
-    ctx = SessionContext()
-    ctx.register_dataset("p", pds.dataset(pa.table({"id": [1, 2, 3, 4]})))
-    ctx.sql("SELECT * FROM p WHERE NULL AND id > 3").to_pydict()

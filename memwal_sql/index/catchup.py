@@ -37,7 +37,7 @@ from typing import Any
 import lance
 
 from memwal_sql.errors import MemWalError
-from memwal_sql.index.base_manifest import read_mem_wal_details
+from memwal_sql.compat.lance_manifest import read_mem_wal_details
 from memwal_sql.index.details import INDEX_NAME, region_generations
 from memwal_sql.storage import ObjectStore
 

@@ -84,7 +84,7 @@ def update_mem_wal_details(
     Example:
         ``update_mem_wal_details(tbl.uri, tbl.store, lambda d: d.maintained_indexes.append("i"))``
     """
-    from memwal_sql.index.base_manifest import read_mem_wal_details
+    from memwal_sql.compat.lance_manifest import read_mem_wal_details
 
     restore: dict[bytes, int] = {}
     for _ in range(attempts):

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance.mem_wal import CompactedSsTable
 
+from memwal_sql.compat.lance import is_commit_conflict
 from memwal_sql.errors import CommitConflictError, InvalidInputError
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import layout
@@ -32,7 +33,6 @@ from memwal_sql.writer.wal import TOMBSTONE
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
 
-_STALE = "Stale SSTable compaction"
 _ATTEMPTS = 8
 
 
@@ -93,7 +93,7 @@ def merge_region(table: MemWalTable, region_id: str, *, max_generations: int | N
             builder.mark_sstables_as_compacted(
                 [CompactedSsTable(region_id, pending[-1].generation)]).execute(live)
         except OSError as e:
-            if _STALE not in str(e) and "conflict" not in str(e).lower():
+            if not is_commit_conflict(e):
                 raise
             result.conflicts += 1
             attempts += 1

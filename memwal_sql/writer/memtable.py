@@ -23,17 +23,30 @@ import pyarrow as pa
 _ROW = "__memwal_row"
 
 
+def last_per_key(keys: pa.Table, rank: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+    """Last write wins: the distinct keys of ``keys`` and, for each, the highest ``rank`` of
+    its rows (one hash aggregate, no sort).
+
+    Example:
+        >>> k, r = last_per_key(pa.table({"id": [5, 7, 5]}), np.array([1, 2, 3]))
+        >>> k.column("id").to_pylist(), r.tolist()
+        ([5, 7], [3, 2])
+    """
+    names = keys.column_names
+    t = keys.append_column(_ROW, pa.array(np.asarray(rank, dtype=np.int64)))
+    best = t.group_by(names, use_threads=False).aggregate([(_ROW, "max")])
+    return best.select(names), best.column(f"{_ROW}_max").to_numpy()
+
+
 def latest_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
     """Keep the last row of every key, in insertion order (tombstones are kept: they are rows)."""
     n = table.num_rows
     if n <= 1:
         return table
-    keys = table.select(list(primary_key)).append_column(_ROW, pa.array(np.arange(n, dtype=np.int64)))
-    last = keys.group_by(list(primary_key), use_threads=False).aggregate([(_ROW, "max")])
-    if last.num_rows == n:
+    keys, last = last_per_key(table.select(list(primary_key)), np.arange(n, dtype=np.int64))
+    if keys.num_rows == n:
         return table
-    keep = np.sort(last.column(f"{_ROW}_max").to_numpy())
-    return table.take(pa.array(keep))
+    return table.take(pa.array(np.sort(last)))
 
 
 class MemTable:
