@@ -104,6 +104,34 @@ def test_datafusion_results_may_hold_view_types(tmp_path):
     assert plain_strings(out).schema.field("s").type == pa.string()
 
 
+def test_datafusion_pushes_no_in_list_of_four_or_more_dates():
+    """Such a filter stays above the scan (correct, but it cannot prune regions); three
+    dates are rewritten as `=`s joined by OR and pushed."""
+    seen = []
+
+    class Recording(pds.Dataset):
+        def __init__(self) -> None:
+            self._ds = pds.dataset(pa.table({"d": pa.array([0, 1], pa.date32())}))
+
+        @property
+        def schema(self):  # type: ignore[override]
+            return self._ds.schema
+
+        def scanner(self, columns=None, filter=None, **_):  # type: ignore[override]
+            return self._ds.scanner(columns=columns)
+
+        def get_fragments(self, filter=None):  # type: ignore[override]
+            seen.append(filter)
+            return list(self._ds.get_fragments())
+
+    ctx = SessionContext()
+    ctx.register_dataset("p", Recording())
+    dates = ["DATE '1970-01-01'", "DATE '1970-01-02'", "DATE '1970-01-03'", "DATE '1970-01-04'"]
+    ctx.sql(f"SELECT * FROM p WHERE d IN ({', '.join(dates)})").collect()
+    ctx.sql(f"SELECT * FROM p WHERE d IN ({', '.join(dates[:3])})").collect()
+    assert seen[0] is None and seen[-1] is not None
+
+
 @pytest.mark.xfail(strict=True, raises=Exception,
                    reason="datafusion-python 55 turns a NULL literal under AND into a pyarrow "
                           "BooleanScalar and fails combining it with an Expression, for every "
