@@ -5,7 +5,10 @@ MemTables). Measured in one run, on the same files:
 
 * single-key lookups of present keys (spread over base, generations and MemTables) and of absent
   keys: p50 and p99 latency;
-* batches of 1,000 keys: keys/s, after one warm-up batch, best and median of three passes.
+* batches of 1,000 keys: keys/s, after one warm-up batch, best and median of three passes;
+* SQL ``WHERE id IN (1,000 literals)`` (a point-lookup plan) against the same query written as
+  ``id + 0 IN (...)``, which DataFusion cannot push and so runs as a scan: median of runs
+  taken in turn, with the rows compared.
 
 Lance's planner reads base + flushed generations (it cannot see our live MemTables); memwal-sql
 reads those plus the MemTables. Prints a table with ratios (> 1: memwal-sql faster) and writes
@@ -48,6 +51,30 @@ def latencies(fn, keys) -> np.ndarray:
     return np.array(out) * 1e3
 
 
+def sql_in_lookup_vs_scan(tbl, keys: np.ndarray, runs: int) -> dict:
+    """Median ms of ``id IN (keys)`` (point lookup) and ``id + 0 IN (keys)`` (scan), in turn."""
+    import memwal_sql as mw
+    from planner.lookup import LookupPlan
+
+    ctx = mw.connect()
+    ctx.register("t", tbl)
+    listed = ", ".join(str(int(k)) for k in keys)
+    queries = {"lookup": f"SELECT * FROM t WHERE id IN ({listed})",
+               "scan": f"SELECT * FROM t WHERE id + 0 IN ({listed})"}
+    outs = {name: ctx.sql(q).to_arrow_table() for name, q in queries.items()}  # warm-up
+    ctx.sql(queries["lookup"]).collect()
+    assert isinstance(ctx.last_plan("t"), LookupPlan)
+    assert outs["lookup"].sort_by("id").equals(outs["scan"].sort_by("id"))
+    times: dict[str, list[float]] = {name: [] for name in queries}
+    for _ in range(runs):
+        for name, q in queries.items():
+            t0 = time.perf_counter()
+            ctx.sql(q).to_arrow_table()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return {"lookup_ms": float(np.median(times["lookup"])),
+            "scan_ms": float(np.median(times["scan"])), "rows": outs["lookup"].num_rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--base-rows", type=int, default=500_000)
@@ -55,6 +82,7 @@ def main() -> None:
     ap.add_argument("--memtable-rows", type=int, default=40_000)
     ap.add_argument("--single", type=int, default=200, help="single-key lookups per kind")
     ap.add_argument("--batches", type=int, default=10, help="1,000-key batches")
+    ap.add_argument("--sql-runs", type=int, default=7, help="runs of each SQL IN query")
     ap.add_argument("--out", default="benchmarks/results/bench_lookup.json")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="memwal-bench-lookup-")
@@ -92,6 +120,8 @@ def main() -> None:
             passes.append(1000 * args.batches / (time.perf_counter() - t0))
         ours_kps, ours_median_kps = max(passes), float(np.median(passes))
 
+        sql_in = sql_in_lookup_vs_scan(tbl, batch_keys[0], args.sql_runs)
+
         planner = lance_planner(tbl)
 
         def theirs(k: int) -> int:
@@ -123,6 +153,9 @@ def main() -> None:
         print(f"batched 1,000 keys: memwal {ours_kps:,.0f} keys/s (median of 3 passes "
               f"{ours_median_kps:,.0f}), lance (one plan per key) {lance_kps:,.0f} keys/s, "
               f"ratio {ours_kps / lance_kps:.1f}")
+        print(f"SQL id IN (1,000 keys): lookup plan {sql_in['lookup_ms']:.1f} ms, the same as a "
+              f"scan (id + 0 IN) {sql_in['scan_ms']:.1f} ms, ratio "
+              f"{sql_in['scan_ms'] / sql_in['lookup_ms']:.1f} ({sql_in['rows']} rows each)")
         print("\nexplained: tbl.explain_lookup([present[0]])\n" + tbl.explain_lookup([present[0]]))
         tbl.close()
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
@@ -132,7 +165,8 @@ def main() -> None:
                        "single": rows, "batched_keys_per_s": {"memwal": ours_kps,
                                                               "memwal_median": ours_median_kps,
                                                               "memwal_first_lookup_ms": cold_ms,
-                                                              "lance": lance_kps}}, f, indent=2)
+                                                              "lance": lance_kps},
+                       "sql_in_1000": sql_in}, f, indent=2)
         print(f"\nwrote {args.out}")
     finally:
         shutil.rmtree(work, ignore_errors=True)

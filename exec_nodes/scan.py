@@ -13,12 +13,12 @@ import threading
 from collections.abc import Iterator, Sequence
 
 import lance
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, ExecNode, conform
-from planner.predicate import Predicate, evaluate, lance_filter, matches
+from planner.predicate import Predicate, evaluate, matches
+from planner.substrait import lance_filter
 
 
 def source_schema(wal_schema: pa.Schema) -> pa.Schema:

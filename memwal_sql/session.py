@@ -37,7 +37,8 @@ from memwal_sql.errors import MemWalError
 from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
 from memwal_sql.storage import storage_failures
 from planner.lookup import LookupPlan, lookup_keys, plan_lookup
-from planner.predicate import Predicate, decode_filter, matches
+from planner.predicate import Predicate, matches
+from planner.substrait import decode_filter
 from planner.scan import ScanPlan, output_schema, plan_scan
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ class _LookupScanner:
 
     def to_batches(self) -> Iterator[pa.RecordBatch]:
         with self.dataset.recording_errors():
-            # The whole (Exact) pushed filter again: the key terms are true of every row.
+            # The rest of the (Exact) pushed filter: the key terms hold for every row found.
             rows = matches(self.predicate, self.plan.execute())
             if rows.num_rows:
                 yield from conform(rows, self.projected_schema).to_batches()
@@ -168,11 +169,12 @@ class MemWalDataset(pds.Dataset):
     def _fragments(self, filter: pc.Expression | pa.Scalar | None) -> list[Any]:
         table = self._table
         predicate = decode_filter(filter, self._schema)
-        keys = lookup_keys(predicate, table.primary_key, table.schema)
-        if keys is not None:  # WHERE pk = v / pk IN (...): the point-lookup plan
+        pinned = lookup_keys(predicate, table.primary_key, table.schema)
+        if pinned is not None:  # WHERE pk = v / pk IN (...): the point-lookup plan
+            keys, rest = pinned
             lookup = plan_lookup(self.snapshot(), table.store, table.region_spec, keys)
             self.last_plan = lookup
-            return [_LookupFragment(self, lookup, predicate)]
+            return [_LookupFragment(self, lookup, rest)]
         plan = plan_scan(self.snapshot(), table.region_spec, table.schema, predicate,
                          system_columns=self._system_columns, partitions=self._partitions)
         self.last_plan = plan

@@ -21,6 +21,7 @@ from exec_nodes.lookup import (
     BaseLookupExec,
     BloomFilterGuardExec,
     CoalesceFirstExec,
+    GenerationIndexExec,
     KeyedExec,
     PointLookupExec,
     TakeLastExec,
@@ -33,11 +34,14 @@ from memwal_sql.storage import ObjectStore
 from memwal_sql.writer.bloom import pk_hashes
 from memwal_sql.writer.generation import BLOOM_FILTER
 from planner.indexed import IndexedRead, plan_indexed_read
-from planner.predicate import Compare, InList, Or, Predicate, conjuncts
+from planner.predicate import And, Compare, InList, Or, Predicate, conjuncts
 
 # SQL `pk IN (...)` lists up to this many keys run as a point lookup; a longer list is a scan
 # (pruned by region), which reads sequentially what so many random reads would touch anyway.
 MAX_SQL_LOOKUP_KEYS = 65_536
+# From this many keys per region, a region's generations are probed through one merged key
+# index (GenerationIndexExec) rather than one by one behind their bloom filters.
+MERGED_INDEX_KEYS = 64
 
 
 @dataclass
@@ -73,8 +77,10 @@ def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | 
     """Build the lookup plan of ``keys`` (a table of the primary-key columns)."""
     pk = list(snapshot.primary_key)
     keys = distinct_keys(keys.select(pk))
-    # Hash each key once for every bloom filter it meets.
-    hashed = keys.append_column(HASH, pa.array(pk_hashes(keys)))
+    # Hash each key once for every bloom filter it meets (many keys meet none: a region
+    # probes its generations through one merged index from MERGED_INDEX_KEYS keys on).
+    hashed = keys if keys.num_rows >= MERGED_INDEX_KEYS else \
+        keys.append_column(HASH, pa.array(pk_hashes(keys)))
     schema = source_schema(snapshot.wal_schema)
     opts = dict(snapshot.storage_options or {}) or None
     base = BaseLookupExec(snapshot.dataset, schema, pk)
@@ -105,11 +111,16 @@ def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | 
             children.append(TakeLastExec(region.region_id, mem.generation, schema, pk,
                                          batches=mem.batches, origin=mem.origin))
         gap = indexed.gap.get(region.region_id, ()) if indexed else ()
-        for gen in sorted([*region.generations, *gap], key=lambda g: -g.generation):
-            take = TakeLastExec(region.region_id, gen.generation, schema, pk, uri=gen.uri,
-                                storage_options=opts)
-            rel = gen.uri[len(store.uri) + 1:] if gen.uri.startswith(store.uri) else gen.uri
-            children.append(BloomFilterGuardExec(take, store, f"{rel}/{BLOOM_FILTER}"))
+        gens = [TakeLastExec(region.region_id, gen.generation, schema, pk, uri=gen.uri,
+                             storage_options=opts)
+                for gen in sorted([*region.generations, *gap], key=lambda g: -g.generation)]
+        if len(gens) > 1 and region_keys.num_rows >= MERGED_INDEX_KEYS:
+            children.append(GenerationIndexExec(gens, pk, schema))
+        else:  # a few keys: a bloom test per generation rules most of them out cheaper
+            for take in gens:
+                rel = take.uri[len(store.uri) + 1:] if take.uri.startswith(store.uri) \
+                    else take.uri  # type: ignore[union-attr]
+                children.append(BloomFilterGuardExec(take, store, f"{rel}/{BLOOM_FILTER}"))
         if children:
             regions.append(CoalesceFirstExec(children, pk, schema, keys=region_keys,
                                              label=f"region {region.region_id[:8]}"))
@@ -131,8 +142,9 @@ def _pinned_values(term: Predicate) -> tuple[str, pa.Array] | None:
 
 
 def lookup_keys(predicate: Predicate | None, primary_key: Sequence[str], schema: pa.Schema,
-                max_keys: int = MAX_SQL_LOOKUP_KEYS) -> pa.Table | None:
-    """The key set a filter pins down, or None when the filter is not a point lookup.
+                max_keys: int = MAX_SQL_LOOKUP_KEYS) -> tuple[pa.Table, Predicate | None] | None:
+    """The key set a filter pins down and the rest of the filter (None when the keys are all
+    of it), or None when the filter is not a point lookup.
 
     A filter pins keys when its top-level AND has ``pk = v`` or ``pk IN (...)`` for every
     primary-key column (for a composite key, every combination of the listed values); the
@@ -140,14 +152,18 @@ def lookup_keys(predicate: Predicate | None, primary_key: Sequence[str], schema:
 
     Example:
         >>> s = pa.schema([("id", pa.int64())])
-        >>> lookup_keys(InList("id", pa.array([3, 1, 3])), ["id"], s).to_pydict()
-        {'id': [3, 1, 3]}
+        >>> keys, rest = lookup_keys(InList("id", pa.array([3, 1, 3])), ["id"], s)
+        >>> keys.to_pydict(), rest
+        ({'id': [3, 1, 3]}, None)
     """
     values: dict[str, pa.Array] = {}
+    rest: list[Predicate] = []
     for term in conjuncts(predicate):
         pinned = _pinned_values(term)
-        if pinned is not None and pinned[0] in primary_key:
-            values.setdefault(*pinned)
+        if pinned is not None and pinned[0] in primary_key and pinned[0] not in values:
+            values[pinned[0]] = pinned[1]
+        else:
+            rest.append(term)
     if set(values) != set(primary_key):
         return None
     sizes = [len(values[k]) for k in primary_key]
@@ -159,4 +175,5 @@ def lookup_keys(predicate: Predicate | None, primary_key: Sequence[str], schema:
         inner, outer = int(np.prod(sizes[i + 1:])), int(np.prod(sizes[:i]))
         index = np.tile(np.repeat(np.arange(sizes[i]), inner), outer)
         columns[k] = values[k].take(pa.array(index, pa.int64())).cast(schema.field(k).type)
-    return pa.table(columns)
+    residual = None if not rest else rest[0] if len(rest) == 1 else And(tuple(rest))
+    return pa.table(columns), residual

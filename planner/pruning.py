@@ -43,10 +43,10 @@ from planner.predicate import (
     Opaque,
     Or,
     Predicate,
-    decode_filter,
     evaluate,
     negation_normal_form,
 )
+from planner.substrait import decode_filter
 
 __all__ = ["decode_filter", "project_onto_regions", "prune_regions"]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import lance
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, EmptyExec, ExecNode, conform
@@ -16,6 +15,7 @@ from exec_nodes.lookup import (
     BaseLookupExec,
     BloomFilterGuardExec,
     CoalesceFirstExec,
+    GenerationIndexExec,
     PointLookupExec,
     TakeLastExec,
 )
@@ -197,3 +197,24 @@ def test_point_lookup_asks_the_base_only_for_what_no_region_resolved(base):
         rows = check_contract(node).sort_by("id").to_pylist()
         assert [(r["id"], r["v"]) for r in rows] == [(1, "m"), (3, "b3")]
     assert base_node.probes == 2
+
+
+def test_generation_index_answers_as_the_generations_one_by_one(tmp_path):
+    store = ObjectStore(str(tmp_path / "table"))
+    takes = []
+    for gen, (ids, dead) in ((1, ([1, 2, 3, 4], [False] * 4)), (2, ([2, 3], [False, True])),
+                             (3, ([4, 9], [False, False]))):
+        rows = conform(wal_rows(ids, f"g{gen}", dead=dead), WAL)
+        entry = write_generation(store, "r", gen, rows, ["id"], data_storage_version="stable",
+                                 in_memory_bytes=rows.nbytes)
+        takes.append(TakeLastExec("r", gen, SOURCE, ["id"],
+                                  uri=store.uri_for(f"_mem_wal/r/{entry.path}")))
+    newest_first = takes[::-1]
+    keys = pa.table({"id": pa.array([9, 4, 3, 2, 1, 7], pa.int64())})
+    node = GenerationIndexExec(newest_first, ["id"], SOURCE, keys=keys)
+    merged = check_contract(node).sort_by("id")
+    one_by_one = CoalesceFirstExec(newest_first, ["id"], SOURCE, keys=keys).to_table().sort_by("id")
+    assert merged.equals(one_by_one)
+    assert [(r["id"], r[GEN], r[TOMBSTONE]) for r in merged.to_pylist()] == [
+        (1, 1, False), (2, 2, False), (3, 2, True), (4, 3, False), (9, 3, False)]
+    assert node.probe(keys).hit.tolist() == [True] * 5 + [False]

@@ -21,12 +21,11 @@ from planner.predicate import (
     Not,
     Opaque,
     Or,
-    decode_filter,
     evaluate,
-    lance_filter,
     negation_normal_form,
     to_arrow_filter,
 )
+from planner.substrait import decode_filter, lance_filter
 
 SCHEMA = pa.schema([("i", pa.int64()), ("j", pa.int32()), ("s", pa.string()),
                     ("f", pa.float64()), ("d", pa.date32()), ("b", pa.bool_()),
