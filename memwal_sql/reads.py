@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from exec_nodes.base import GEN, ROWADDR
-from exec_nodes.keyset import KeySet
 from datafusion import col
 
+from exec_nodes.base import GEN, ROWADDR
+from exec_nodes.keyset import KeySet
 from memwal_sql.compat.datafusion import plain_strings
 from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMismatchError
 from memwal_sql.session import (
@@ -59,7 +59,7 @@ class TableReads:
                                system_columns=system_columns)
             df = self._ctx.table(name)
             if filter is not None:
-                df = df.filter(_filter_expression(df, filter, name))
+                df = _filtered(df, filter, name)
             if columns is not None:
                 df = df.select(*(col(c) for c in self._names(columns, system_columns)))
             return self._ctx, df, name, self._ctx.memwal_schema.last_datasets.get(name)
@@ -154,9 +154,9 @@ _NOT_IN_FILTERS = {
 }
 
 
-def _filter_expression(df: Any, text: str, table_name: str) -> Any:
-    """``text`` as one boolean DataFusion expression over ``df``'s columns, or
-    :class:`InvalidFilterError` saying what it is instead."""
+def _filtered(df: Any, text: str, table_name: str) -> Any:
+    """``df`` filtered by ``text`` parsed as one boolean DataFusion expression over its
+    columns, or :class:`InvalidFilterError` saying what the text is instead."""
     if not isinstance(text, str):
         raise InvalidFilterError(f"a filter is SQL text, not {type(text).__name__}")
     try:
@@ -168,11 +168,10 @@ def _filter_expression(df: Any, text: str, table_name: str) -> Any:
         ) from e
     _check_filter_parts(expr, text)
     try:
-        df.filter(expr).schema()
+        return df.filter(expr)  # DataFusion checks the type (boolean) here
     except Exception as e:  # noqa: BLE001
         raise InvalidFilterError(
             f"invalid filter {text!r}: {_datafusion_message(e, table_name)}") from e
-    return expr
 
 
 def _check_filter_parts(expr: Any, text: str) -> None:

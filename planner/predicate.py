@@ -35,10 +35,9 @@ import pyarrow.dataset as pds
 __all__ = [
     "And", "ColumnCompare", "Compare", "Const", "InList", "IsNull", "Not", "Opaque", "Or",
     "Predicate", "evaluate", "matches", "negation_normal_form", "to_arrow_filter",
-    "conjuncts", "columns_of", "has_opaque", "has_float_in_list",
+    "conjuncts", "has_opaque", "has_float_in_list",
 ]
 
-OPS = ("=", "!=", "<", "<=", ">", ">=")
 FLIP = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 NEGATE = {"=": "!=", "!=": "=", "<": ">=", "<=": ">", ">": "<=", ">=": "<"}
 
@@ -174,21 +173,6 @@ def conjuncts(p: Predicate | None) -> list[Predicate]:
     if isinstance(p, And):
         return [c for child in p.children for c in conjuncts(child)]
     return [p]
-
-
-def columns_of(p: Predicate) -> set[str]:
-    """Every column ``p`` reads."""
-    if isinstance(p, (And, Or)):
-        return set().union(*(columns_of(c) for c in p.children))
-    if isinstance(p, Not):
-        return columns_of(p.child)
-    if isinstance(p, (Compare, InList, IsNull)):
-        return {p.column}
-    if isinstance(p, ColumnCompare):
-        return {p.left, p.right}
-    if isinstance(p, Opaque):
-        return set(p.columns)
-    return set()
 
 
 # ------------------------------------------------------------------------------------------
@@ -344,6 +328,8 @@ def _arrow(p: Predicate) -> pc.Expression:
     if isinstance(child, InList):
         if child.has_null:
             return pc.scalar(False)  # x NOT IN (..., NULL) is never TRUE
+        if len(child.values) == 0:
+            return pc.scalar(True)  # x IN () is FALSE, even for NULL
         return pc.field(child.column).is_valid() & ~_is_in(child)
     return ~_arrow(child)
 

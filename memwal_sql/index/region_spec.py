@@ -61,14 +61,10 @@ from memwal_sql.index.arrow_types import (
 from memwal_sql.index.murmur3 import (
     MAX_NUM_BUCKETS,
     _check_num_buckets,
-    _decode_dictionary,
-    _hash_lance,
-    _hash_multi,
-    _to_bucket,
     murmur3_bucket,
 )
 from memwal_sql.index.region_values import decode_region_value, encode_region_value
-from memwal_sql.index.transforms import (  # _datafusion_context: kept importable from here
+from memwal_sql.index.transforms import (
     Bucket,
     DatePart,
     Identity,
@@ -77,7 +73,6 @@ from memwal_sql.index.transforms import (  # _datafusion_context: kept importabl
     Transform,
     Truncate,
     Unsharded,
-    _datafusion_context,
     _eval_expression,
 )
 

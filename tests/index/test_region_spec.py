@@ -884,12 +884,12 @@ def test_group_rows_many_groups(rng):
 
 
 def test_datafusion_registrations_do_not_leak():
-    from memwal_sql.index import region_spec as rs
+    from memwal_sql.index.transforms import _datafusion_context
 
     spec = RegionSpec.expression("col0 * 2", ["a"], "int64")
     for _ in range(3):
         spec.region_values(pa.table({"a": [1, 2]}))
-    ctx = rs._datafusion_context()
+    ctx = _datafusion_context()
     assert not [n for n in ctx.catalog().schema().names() if n.startswith("region_input_")]
 
 

@@ -55,10 +55,10 @@ def rows(ids: range, version: int) -> pa.Table:
     }, schema=SCHEMA)
 
 
-@pytest.fixture(scope="module", params=sorted(SPECS))
-def table_and_model(request, tmp_path_factory):
-    tbl = mw.create_table(str(tmp_path_factory.mktemp(request.param)), rows(range(N), 0),
-                          primary_key="id", region_spec=SPECS[request.param])
+def build(path: str, spec: mw.RegionSpec) -> tuple[mw.MemWalTable, pa.Table]:
+    """A table of ``spec`` spread over the base, two generations per region, MemTables and
+    deletes, and its latest rows (from a model of the writes, not from the table)."""
+    tbl = mw.create_table(path, rows(range(N), 0), primary_key="id", region_spec=spec)
     model = {r["id"]: r for r in rows(range(N), 0).to_pylist()}
     for version, ids in ((1, range(0, N, 3)), (2, range(1, N, 5))):
         tbl.upsert(rows(ids, version))
@@ -66,7 +66,16 @@ def table_and_model(request, tmp_path_factory):
         tbl.flush()
     tbl.upsert(rows(range(2, N, 7), 3))
     model.update({r["id"]: r for r in rows(range(2, N, 7), 3).to_pylist()})
-    yield tbl, pa.Table.from_pylist(list(model.values()), schema=SCHEMA)
+    tbl.delete(rows(range(4, N, 9), 0).select(list(dict.fromkeys(["id", *spec.source_columns]))))
+    for i in range(4, N, 9):
+        model.pop(i)
+    return tbl, pa.Table.from_pylist(list(model.values()), schema=SCHEMA)
+
+
+@pytest.fixture(scope="module", params=sorted(SPECS))
+def table_and_model(request, tmp_path_factory):
+    tbl, latest = build(str(tmp_path_factory.mktemp(request.param)), SPECS[request.param])
+    yield tbl, latest
     tbl.close()
 
 

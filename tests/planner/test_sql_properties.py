@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import memwal_sql as mw
 from memwal_sql.table import region_id_for
-from tests.planner.test_sql_by_transform import N, SCHEMA, SPECS, rows
+from tests.planner.test_sql_by_transform import N, SCHEMA, SPECS, build
 
 pytestmark = pytest.mark.slow
 
@@ -69,21 +69,9 @@ predicates = st.recursive(atom(), lambda kids: st.one_of(
 def tables(tmp_path_factory):
     out = {}
     for name, spec in SPECS.items():
-        tbl = mw.create_table(str(tmp_path_factory.mktemp(name)), rows(range(N), 0),
-                              primary_key="id", region_spec=spec)
-        model = {r["id"]: r for r in rows(range(N), 0).to_pylist()}
-        for version, ids in ((1, range(0, N, 3)), (2, range(1, N, 5))):
-            tbl.upsert(rows(ids, version))
-            model.update({r["id"]: r for r in rows(ids, version).to_pylist()})
-            tbl.flush()
-        tbl.upsert(rows(range(2, N, 7), 3))
-        model.update({r["id"]: r for r in rows(range(2, N, 7), 3).to_pylist()})
-        tbl.delete(rows(range(4, N, 9), 0).select(list(dict.fromkeys(["id", *spec.source_columns]))))
-        for i in range(4, N, 9):
-            model.pop(i)
+        tbl, latest = build(str(tmp_path_factory.mktemp(name)), spec)
         plain = datafusion.SessionContext()
-        plain.register_record_batches("t", [pa.Table.from_pylist(
-            list(model.values()), schema=SCHEMA).to_batches()])
+        plain.register_record_batches("t", [latest.to_batches()])
         ctx = mw.connect()
         ctx.register("t", tbl)
         out[name] = (tbl, ctx, plain)
