@@ -161,15 +161,20 @@ class _Decoder:
         return Const(None) if value is None else Compare(column, op, value)
 
     def _in_list(self, s: Any) -> Predicate:
-        if s.value.WhichOneof("rex_type") != "selection" or \
-                any(o.WhichOneof("rex_type") != "literal" for o in s.options):
+        if s.value.WhichOneof("rex_type") != "selection":
             raise _Undecodable
         column = self._column(s.value.selection)
         typ = self.schema.field(column).type
-        fast = _plain_literals(s.options, typ)
-        if fast is not None:  # one array for the whole list, not a scalar per value
-            return InList(column, fast)
-        values = [self._literal(o.literal, typ) for o in s.options]
+        literals = [o.literal for o in s.options if o.WhichOneof("rex_type") == "literal"]
+        if len(literals) != len(s.options):
+            raise _Undecodable
+        # A deprecated literal kind (read from unknown fields) has no name here: kind None.
+        kinds = {lit.WhichOneof("literal_type") for lit in literals}
+        if len(kinds) == 1:  # one array for the whole list, not a scalar per value
+            fast = _plain_literals(literals, kinds.pop(), typ)
+            if fast is not None:
+                return InList(column, fast)
+        values = [self._literal(lit, typ) for lit in literals]
         present = [v for v in values if v is not None]
         array = pa.array([v.as_py() for v in present], type=typ) if present else \
             pa.array([], type=typ)
@@ -208,21 +213,16 @@ class _Decoder:
 _PLAIN_KINDS = {"i8", "i16", "i32", "i64", "string", "binary"}
 
 
-def _plain_literals(options: Any, typ: pa.DataType) -> pa.Array | None:
-    """The values of an IN list whose literals are all of one plain kind (integers,
+def _plain_literals(literals: list[Any], kind: str, typ: pa.DataType) -> pa.Array | None:
+    """The values of an IN list whose literals are all of one plain ``kind`` (integers,
     strings, binaries; no NULL), cast to ``typ`` as a whole; None otherwise."""
-    if not options or not (pa.types.is_integer(typ) or pa.types.is_string(typ)
-                           or pa.types.is_large_string(typ) or pa.types.is_binary(typ)
-                           or pa.types.is_large_binary(typ) or pa.types.is_string_view(typ)):
-        return None
-    kind = options[0].literal.WhichOneof("literal_type")
-    if kind not in _PLAIN_KINDS:
+    if kind not in _PLAIN_KINDS or not (
+            pa.types.is_integer(typ) or pa.types.is_string(typ) or pa.types.is_large_string(typ)
+            or pa.types.is_binary(typ) or pa.types.is_large_binary(typ)
+            or pa.types.is_string_view(typ)):
         return None
     try:
-        values = [getattr(o.literal, kind) for o in options]
-        if any(o.literal.WhichOneof("literal_type") != kind for o in options):
-            return None
-        return pa.array(values).cast(typ)  # safe: a value that does not fit raises
+        return pa.array([getattr(lit, kind) for lit in literals]).cast(typ)  # safe: overflow raises
     except (pa.ArrowException, ValueError, OverflowError):
         return None
 
