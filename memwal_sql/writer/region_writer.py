@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from memwal_sql._proto.memwal_pb2 import RegionManifest
 from memwal_sql.errors import (
+    CommitConflictError,
     CorruptWalEntryError,
     InvalidInputError,
     MemWalError,
@@ -48,11 +49,16 @@ from memwal_sql.writer.wal import (
     WalWriter,
     encode_fence_sentinel,
     iter_wal,
+    missing_wal_entry,
+    put_back_set_aside,
     read_wal_position,
     set_aside_torn_entry,
+    wal_positions,
 )
 
 _FLUSH_ATTEMPTS = 3
+# Races a claim may lose for a WAL position before it gives up; each leaps twice as far ahead.
+MAX_SENTINEL_RACES = 16
 _OPEN_WRITERS: weakref.WeakSet[RegionWriter] = weakref.WeakSet()
 
 
@@ -350,56 +356,103 @@ class RegionWriter:
     # ---- claim and replay -------------------------------------------------------------------
 
     def _replay_and_fence(self, manifest: RegionManifest) -> int:
-        """Replay the WAL tail into the MemTable and fence the previous writer.
+        """Fence the previous writer, then replay the WAL tail into the MemTable.
 
-        Returns the highest WAL position this writer has seen (replayed or sentinel); its own
-        entries start right after it.
+        The fence comes first, so a claim takes bounded time however fast the previous writer
+        appends: its sentinel goes at the first free WAL position, and the replay then reads
+        a WAL that can no longer grow before it. Returns the sentinel's position (the
+        highest this writer has seen); its own entries start right after it.
         """
         tail = manifest.replay_after_wal_entry_position
-        replayed = []
-        for entry in iter_wal(self._store, self.region_id, tail, list_for_gaps=True,
-                              warn_torn_tail=False):
-            self._replay_entry(entry)
-            replayed.append(layout.wal_entry_path(self.region_id, entry.position))
-            tail = entry.position
         if manifest.version == 1:
-            return tail  # nobody wrote this region before: there is no one to fence
-        # What is replayed may not be durable yet: the previous writer may have died between
-        # the rename of a put and its fsync, and Lance's writer never fsyncs. Sync it before
-        # appending after it, so that a crash of the machine can only ever tear the last entry.
-        self._store.sync_objects(replayed)
-        # Put the sentinel at the first free position. Taking a position means the previous
-        # writer's next put there fails; if it got there first, that entry is one of its
-        # acknowledged writes: replay it and try the next position.
-        position, empty_looks = tail + 1, 0
-        while True:
-            path = layout.wal_entry_path(self.region_id, position)
-            try:
-                self._store.put_if_not_exists(
-                    path, encode_fence_sentinel(self.epoch, position), checksummed=True)
+            # Nobody wrote this region before: nobody to fence, and nothing but set-aside
+            # leftovers of a failed claim to replay.
+            return self._replay(tail, None)
+        sentinel = self._place_sentinel(tail)
+        self._replay(tail, sentinel)
+        if sentinel > manifest.wal_entry_position_last_seen:
+
+            def see_sentinel(m: RegionManifest) -> bool:
+                m.wal_entry_position_last_seen = max(m.wal_entry_position_last_seen, sentinel)
+                return True
+
+            self._commit(see_sentinel)
+        return sentinel
+
+    def _place_sentinel(self, tail: int) -> int:
+        """Put this writer's fence sentinel at the first free WAL position after ``tail``;
+        return that position."""
+        listed = [p for p in wal_positions(self._store, self.region_id) if p > tail]
+        position = max(listed, default=tail) + 1
+        if listed and self._entry_at(position - 1) is None:
+            position -= 1  # a torn last entry, set aside: its position is free again
+            listed.pop()
+        # A whole entry set aside by a claim that lost a race (a sentinel that fences an older
+        # writer still appending) goes back to its position first. A hole with none is a lost
+        # entry: the claim fails before it writes anything.
+        for hole in sorted(set(range(tail + 1, position)) - set(listed)):
+            if put_back_set_aside(self._store, self.region_id, hole) is None and \
+                    not self._store.exists(layout.wal_entry_path(self.region_id, hole)):
+                raise missing_wal_entry(self.region_id, hole, position - 1)
+        while put_back_set_aside(self._store, self.region_id, position) is not None:
+            listed.append(position)
+            position += 1
+        # What precedes the sentinel may not be durable yet: the previous writer may have died
+        # between the rename of a put and its fsync, and Lance's writer never fsyncs. Sync it
+        # first, so that a crash of the machine can only ever tear the last entry.
+        self._store.sync_objects([layout.wal_entry_path(self.region_id, p) for p in listed])
+        skipped: list[int] = []
+        empty_looks, stride = 0, 1
+        for _ in range(MAX_SENTINEL_RACES):
+            if self._put_sentinel(position):
                 break
-            except ObjectExistsError:
-                pass
-            entry = self._entry_at(position)
-            if entry is None:
+            path = layout.wal_entry_path(self.region_id, position)
+            if not self._store.exists(path):
                 empty_looks += 1
-                if empty_looks > RECOVERY_LOOKS:  # taken, yet nothing to read: not a recovery
+                if empty_looks > RECOVERY_LOOKS:  # taken, yet no object: not a race
                     raise CorruptWalEntryError(
                         f"region {self.region_id}: WAL position {position} is taken but holds "
                         f"no entry that can be read ({self._store.uri_for(path)}); remove what "
                         "is there, then open the writer again")
-                continue  # none there now: try the put again
-            self._replay_entry(entry)
+                continue
+            # The previous writer put one more entry there (acknowledged, so replayed below),
+            # or a newer writer its sentinel (the replay then fences this one). A writer
+            # appending flat out wins every race for the next position: leap ahead, further
+            # each time, and fill the positions leapt over afterwards.
             self._store.sync_objects([path])
-            position, empty_looks = position + 1, 0
-        if position > manifest.wal_entry_position_last_seen:
-
-            def see_sentinel(m: RegionManifest) -> bool:
-                m.wal_entry_position_last_seen = max(m.wal_entry_position_last_seen, position)
-                return True
-
-            self._commit(see_sentinel)
+            skipped.extend(range(position + 1, position + stride))
+            position, empty_looks, stride = position + stride, 0, stride * 2
+        else:
+            raise CommitConflictError(
+                f"region {self.region_id}: lost {MAX_SENTINEL_RACES} races for a free WAL "
+                "position to the previous writer; open the writer again")
+        # The previous writer can no longer pass the sentinel, but may stop short of it: a
+        # sentinel in each position it has not reached leaves no hole, and fences it there.
+        for p in skipped:
+            if not self._put_sentinel(p):
+                self._store.sync_objects([layout.wal_entry_path(self.region_id, p)])
         return position
+
+    def _put_sentinel(self, position: int) -> bool:
+        """Put a fence sentinel at ``position``; False if the position is taken."""
+        try:
+            self._store.put_if_not_exists(layout.wal_entry_path(self.region_id, position),
+                                          encode_fence_sentinel(self.epoch, position),
+                                          checksummed=True)
+            return True
+        except ObjectExistsError:
+            return False
+
+    def _replay(self, tail: int, sentinel: int | None) -> int:
+        """Replay the WAL entries after ``tail`` (up to ``sentinel``, or all there are);
+        return the last position replayed."""
+        for entry in iter_wal(self._store, self.region_id, tail, list_for_gaps=True,
+                              warn_torn_tail=False):
+            if entry.position == sentinel:
+                break
+            self._replay_entry(entry)
+            tail = entry.position
+        return tail
 
     def _entry_at(self, position: int) -> Any:
         """The WAL entry at ``position`` for the claim, or None if there is none now: a torn

@@ -314,21 +314,24 @@ def iter_wal(store: ObjectStore, region_id: str, after: int, *,
                 return
             # A claiming writer looks in torn_wal/ at the tail too: a sentinel wrongly set
             # aside there is the one that fences an older writer still appending.
-            entry = _put_back_set_aside(store, region_id, position)
+            entry = put_back_set_aside(store, region_id, position)
             if entry is None:
                 if not later:
                     return
                 if store.exists(layout.wal_entry_path(region_id, position)) and \
                         (recheck := recheck - 1) > 0:
                     continue  # put just now: read it
-                raise MissingWalEntryError(
-                    f"region {region_id} has no WAL entry at position {position} but has "
-                    f"entries up to {max(later)}: an entry was lost. Restore it from a backup; "
-                    f"or, to give up every write from position {position} on, delete the "
-                    "entries after it too"
-                )
+                raise missing_wal_entry(region_id, position, max(later))
         yield entry
         position, recheck = position + 1, RECOVERY_LOOKS
+
+
+def missing_wal_entry(region_id: str, position: int, last: int) -> MissingWalEntryError:
+    """The error for a hole at ``position`` in a WAL that has entries up to ``last``."""
+    return MissingWalEntryError(
+        f"region {region_id} has no WAL entry at position {position} but has entries up to "
+        f"{last}: an entry was lost. Restore it from a backup; or, to give up every write from "
+        f"position {position} on, delete the entries after it too")
 
 
 def read_wal_position(
@@ -377,7 +380,7 @@ def _later_positions(store: ObjectStore, region_id: str, position: int, list_all
     return [position + 1] if store.exists(layout.wal_entry_path(region_id, position + 1)) else []
 
 
-def _put_back_set_aside(store: ObjectStore, region_id: str, position: int) -> WalEntry | None:
+def put_back_set_aside(store: ObjectStore, region_id: str, position: int) -> WalEntry | None:
     """A whole entry for ``position`` found in the region's ``torn_wal/``, put back into the WAL,
     or None. Only for a hole before later entries: a claiming writer that set aside another's
     valid sentinel, and died before putting it back, left it there (the checksum proves which
