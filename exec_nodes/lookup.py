@@ -34,7 +34,11 @@ from memwal_sql.compat.lance import take_rows
 from memwal_sql.errors import ObjectNotFoundError
 from memwal_sql.storage import ObjectStore
 from memwal_sql.writer.bloom import BloomFilter, pk_hashes
-from memwal_sql.writer.pk_index import read_pk_index
+from memwal_sql.writer.generation import (
+    open_generation,
+    read_generation_pk_index,
+    verify_bloom_filter,
+)
 
 HASH = "__memwal_key_hash"  # keys may carry their bloom hashes, computed once per lookup
 
@@ -222,7 +226,7 @@ class TakeLastExec(LookupSource):
         uri, opts, pk = self.uri, self.storage_options, self.primary_key
 
         def load_index() -> tuple[tuple[KeySet, np.ndarray], int]:
-            index = read_pk_index(uri, opts)
+            index = read_generation_pk_index(uri, opts)
             keyset, ids = _key_index(_stored_keys(index, pk), index.column("ids").to_numpy())
             return (keyset, ids), index.nbytes + ids.nbytes
 
@@ -238,7 +242,7 @@ class TakeLastExec(LookupSource):
 
     def _take_from_generation(self, offsets: np.ndarray) -> pa.Table:
         uri, opts = self.uri, self.storage_options
-        ds = CACHE.get("dataset", uri, lambda: (lance.dataset(uri, storage_options=opts), 4096))
+        ds = CACHE.get("dataset", uri, lambda: (open_generation(uri, opts), 4096))
         names = [f.name for f in self.schema if f.name in ds.schema.names]  # type: ignore[union-attr]
         # Row addresses of fragment 0 are the offsets the _pk_index stores.
         row_ids = pa.array(offsets.astype(np.uint64))
@@ -252,7 +256,7 @@ class TakeLastExec(LookupSource):
         uri, opts = self.uri, self.storage_options
 
         def load() -> tuple[pa.Table | None, int]:
-            ds = lance.dataset(uri, storage_options=opts)
+            ds = open_generation(uri, opts)
             frags = ds.get_fragments()
             if len(frags) != 1:
                 return None, 64
@@ -336,7 +340,7 @@ class GenerationIndexExec(KeyedExec):
         def load() -> tuple[tuple[KeySet, np.ndarray, np.ndarray], int]:
             parts, ranks = [], []
             for i, g in enumerate(gens):
-                index = read_pk_index(g.uri, g.storage_options)  # type: ignore[arg-type]
+                index = read_generation_pk_index(g.uri, g.storage_options)  # type: ignore[arg-type]
                 parts.append(_stored_keys(index, pk))
                 ids = index.column("ids").to_numpy().astype(np.int64)
                 ranks.append(((len(gens) - i) << 32) | ids)  # newer generation ranks higher
@@ -509,6 +513,7 @@ class BloomFilterGuardExec(KeyedExec):
                 data = self.store.get(self.bloom_path)
             except ObjectNotFoundError:
                 return None, 64  # no filter: every key passes
+            verify_bloom_filter(self.child.uri, self.child.storage_options)  # type: ignore[arg-type]
             return BloomFilter.from_bytes(data), len(data)
 
         bloom = CACHE.get("bloom", self.store.uri_for(self.bloom_path), load)

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, ExecNode, conform
+from memwal_sql.writer.generation import open_generation
 from planner.predicate import Predicate, evaluate, matches
 from planner.substrait import lance_filter
 
@@ -73,7 +74,7 @@ class GenerationScanExec(SourceExec):
         self.storage_options = storage_options
 
     def read(self, schema: pa.Schema, predicate: Predicate | None) -> pa.Table:
-        ds = lance.dataset(self.uri, storage_options=self.storage_options)
+        ds = open_generation(self.uri, self.storage_options)
         names = [f.name for f in schema if f.name in ds.schema.names]
         pushed, exact = lance_filter(predicate, ds.schema)
         table = ds.to_table(columns=names, filter=pushed, with_row_address=True)

@@ -1,4 +1,5 @@
-"""The ``memwal`` command line: create, ingest, inspect, merge, gc, maintain, set-aside, demo."""
+"""The ``memwal`` command line: create, ingest, inspect, merge, gc, maintain, verify, set-aside,
+demo."""
 
 from __future__ import annotations
 
@@ -65,6 +66,9 @@ def cmd_inspect(a: argparse.Namespace) -> None:
     print(f"{'region':<38}{'epoch':>6}{'gens':>6}{'merged':>7}{'unmerged':>9}{'rows':>10}"
           f"{'lag s':>8}{'WAL':>6}{'storage':>10}  index catch-up")
     for r in regions:
+        if r.problem is not None:
+            print(f"{r.region_id:<38}DAMAGED: {r.problem}")
+            continue
         catchup = ", ".join(f"{k}@{'?' if v is None else v}"
                             for k, v in r.index_catchup.items()) or "-"
         print(f"{r.region_id:<38}{r.writer_epoch:>6}{len(r.flushed_generations):>6}"
@@ -118,6 +122,18 @@ def cmd_maintain(a: argparse.Namespace) -> None:
             if a.watch is None or (a.iterations and runs >= a.iterations):
                 break
             time.sleep(a.watch)
+
+
+def cmd_verify(a: argparse.Namespace) -> None:
+    tbl = mw.open_table(a.uri)
+    with tqdm(desc="verifying", unit=" objects", disable=a.json) as bar:
+        report = tbl.verify(progress=bar.update)
+    if a.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(report.summary())
+    if not report.ok:
+        raise SystemExit(1)
 
 
 def cmd_set_aside(a: argparse.Namespace) -> None:
@@ -175,6 +191,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                            help="repeat every SECONDS alongside live writers")
             g.add_argument("--iterations", type=int, default=0, help="stop after N passes")
         g.set_defaults(func=func)
+    v = sub.add_parser("verify", help="check every manifest, WAL entry and generation file "
+                       "for damage (exit status 1 if any)")
+    v.add_argument("uri")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=cmd_verify)
     t = sub.add_parser("set-aside", help="give up a damaged last WAL entry (a "
                        "CorruptWalEntryError) by moving it to the region's torn_wal/")
     t.add_argument("uri")

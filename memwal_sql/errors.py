@@ -96,7 +96,12 @@ class TornWalEntryWarning(UserWarning):
 
 
 class CorruptManifestError(StorageError):
-    """A region manifest or MemWAL index entry cannot be decoded."""
+    """A region manifest or MemWAL index entry cannot be decoded, or manifests were lost."""
+
+
+class CorruptGenerationError(StorageError):
+    """A flushed generation's file is missing or does not match the checksum recorded when
+    it was flushed; nothing was read from it or merged."""
 
 
 class TableNotFoundError(MemWalError, FileNotFoundError):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
-from datafusion import SessionConfig, SessionContext, Table
+from datafusion import DataFrame, SessionConfig, SessionContext, Table
 from datafusion import catalog as dfc
 
 from exec_nodes.base import conform
@@ -190,6 +191,7 @@ class MemWalSchema(dfc.SchemaProvider):
         self._tables: dict[str, Any] = {}
         self._lock = threading.Lock()
         self.last_datasets: dict[str, MemWalDataset] = {}
+        self.datasets: weakref.WeakSet[MemWalDataset] = weakref.WeakSet()
 
     def add(self, name: str, table: MemWalTable, **options: Any) -> None:
         with self._lock:
@@ -214,6 +216,7 @@ class MemWalSchema(dfc.SchemaProvider):
         table, options = entry
         dataset = MemWalDataset(table, **options)
         self.last_datasets[name] = dataset
+        self.datasets.add(dataset)
         return Table(dataset)
 
     def register_table(self, name: str, table: Any) -> None:
@@ -273,6 +276,19 @@ class MemWalContext(SessionContext):
         self.memwal_schema.add(name, table, consistency=consistency,
                                system_columns=system_columns)
 
+    def sql(self, query: str, *args: Any, **kwargs: Any) -> DataFrame:
+        """Like :meth:`SessionContext.sql`; a memwal-sql error while the query (or a
+        DataFrame derived from it) runs is raised as itself, not as DataFusion's plain
+        ``Exception``."""
+        df = super().sql(query, *args, **kwargs)
+        df.df = _Typed(df.df, self.memwal_schema)
+        return df
+
+    def table(self, name: str) -> DataFrame:
+        df = super().table(name)
+        df.df = _Typed(df.df, self.memwal_schema)
+        return df
+
     def last_plan(self, name: str) -> ScanPlan | LookupPlan | None:
         """The scan plan of the last query that read MemWAL table ``name``."""
         ds = self.memwal_schema.last_datasets.get(name)
@@ -299,6 +315,79 @@ def typed_errors(dataset: MemWalDataset | None) -> Iterator[None]:
         if dataset is not None and dataset.error is not None:
             raise dataset.error from e
         raise
+
+
+class _Typed:
+    """DataFusion's internal DataFrame or batch stream, with each call's failure re-raised as
+    the memwal-sql error behind it (DataFusion keeps only its text). What the calls return
+    (derived DataFrames, streams) is wrapped too."""
+
+    __slots__ = ("_inner", "_schema")
+
+    def __init__(self, inner: Any, schema: MemWalSchema) -> None:
+        self._inner = inner
+        self._schema = schema
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            args = tuple(a._inner if isinstance(a, _Typed) else a for a in args)
+            kwargs = {k: v._inner if isinstance(v, _Typed) else v for k, v in kwargs.items()}
+            with self._typed():
+                return self._wrap(attr(*args, **kwargs))
+
+        return call
+
+    def _wrap(self, out: Any) -> Any:
+        kind = type(out).__name__
+        if kind in ("DataFrame", "RecordBatchStream"):  # datafusion's internal classes
+            return _Typed(out, self._schema)
+        if isinstance(out, list) and out and type(out[0]).__name__ == "RecordBatchStream":
+            return [_Typed(s, self._schema) for s in out]
+        return out
+
+    @contextmanager
+    def _typed(self) -> Iterator[None]:
+        try:
+            yield
+        except MemWalError:
+            raise
+        except Exception as e:
+            text = str(e)
+            for dataset in list(self._schema.datasets):
+                error = dataset.error
+                if error is not None and type(error).__name__ in text:
+                    raise error from e
+            raise
+
+    def __iter__(self) -> _Typed:
+        return self
+
+    def __next__(self) -> Any:
+        with self._typed():
+            return next(self._inner)
+
+    def __aiter__(self) -> _Typed:
+        return self
+
+    async def __anext__(self) -> Any:
+        with self._typed():
+            return await self._inner.__anext__()
+
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        with self._typed():
+            return self._inner.__arrow_c_stream__(requested_schema)
+
+    def __repr__(self) -> str:
+        with self._typed():
+            return repr(self._inner)
+
+    def _repr_html_(self) -> str:
+        with self._typed():
+            return str(self._inner._repr_html_())
 
 
 def connect(config: SessionConfig | None = None) -> MemWalContext:

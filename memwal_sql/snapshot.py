@@ -36,7 +36,7 @@ from memwal_sql.errors import (
     InvalidInputError,
     MissingWalEntryError,
 )
-from memwal_sql.manifest import RegionManifestStore
+from memwal_sql.manifest import RegionManifestStore, check_not_behind_index
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.writer.region_writer import conform_batch
 from memwal_sql.writer.wal import iter_wal, wal_positions
@@ -117,7 +117,8 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
         rids = [str(uuid.UUID(bytes=m.region_id.uuid)) for m in snapshotted]
         manifests: list[RegionManifest | None] = list(snapshotted)
     else:
-        rids = table.regions()
+        # A region the MemWAL index has merged from is one whose manifests must exist.
+        rids = sorted(set(table.regions()) | set(merged))
         # Each manifest read is a few small object reads: issue them side by side.
         known = table.known_manifests
         manifests = list(_POOL.map(
@@ -126,6 +127,8 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
             if manifest is not None:
                 known[rid] = manifest
     for rid, manifest in zip(rids, manifests):
+        if snapshotted is None:
+            check_not_behind_index(rid, manifest, merged.get(rid, 0))
         if manifest is None:
             # A claim commits the manifest before any WAL put: a WAL without one is damage.
             if snapshotted is None and wal_positions(table.store, rid):

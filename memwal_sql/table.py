@@ -106,6 +106,7 @@ class MemWalTable:
             primary_key=self.primary_key,
             region_spec=region_spec,
             data_storage_version=dataset.data_storage_version,
+            merged_generations=self.merged_generations,
         )
         self._writers: dict[str, RegionWriter] = {}
         self._writers_lock = threading.Lock()
@@ -191,7 +192,8 @@ class MemWalTable:
                 raise InvalidInputError(f"region_id {region_id!r} is not a UUID") from e
             # Without a region spec, regions are manual (as Lance's shard ids): any id may be
             # claimed. With one, a region exists once a writer of its values claimed it.
-            if spec is not None and rid not in self.regions():
+            if spec is not None and rid not in self.regions() and \
+                    rid not in self.merged_generations():  # a lost region: the claim says so
                 raise UnknownRegionError(
                     f"no region {rid} in {self.uri}; known regions: {self.regions()[:5]}"
                 )
@@ -423,6 +425,19 @@ class MemWalTable:
         with storage_failures(f"maintain of {self.uri}"):
             return maintain_table(self, base_versions_older_than=base_versions_older_than,
                                   keep_manifest_versions=keep_manifest_versions)
+
+    def verify(self, progress: Any = None) -> Any:
+        """Scrub every region manifest version, WAL entry and generation file for damage;
+        returns a :class:`~memwal_sql.maintenance.VerifyReport` (damage is reported, not
+        raised). ``progress(n)`` is called as objects are checked.
+
+        Example:
+            ``report = tbl.verify(); assert report.ok, report.summary()``
+        """
+        from memwal_sql.maintenance import verify_table
+
+        with storage_failures(f"verify of {self.uri}"):
+            return verify_table(self, progress)
 
     # ---- routed writes -----------------------------------------------------------------------
 

@@ -268,7 +268,7 @@ def test_a_missing_generation_file_is_a_storage_error_on_every_read_path(tmp_pat
         f.unlink()
     reader = mw.open_table(str(tmp_path))
     for read in (reader.to_arrow, reader.count_rows, lambda: reader.lookup([1])):
-        with pytest.raises(StorageError, match="missing or damaged"):
+        with pytest.raises(StorageError, match="is damaged: it is missing"):
             read()
 
 

@@ -1,14 +1,15 @@
 """Background maintenance: merging generations into the base table, index catch-up, region
-snapshots, garbage collection."""
+snapshots, garbage collection, and a scrub for damage."""
 
 from memwal_sql.maintenance.gc import GcResult, gc_table
 from memwal_sql.maintenance.indexes import CatchupResult, catch_up_indexes
 from memwal_sql.maintenance.merger import MergeResult, merge_region, merge_table
 from memwal_sql.maintenance.run import MaintenanceResult, maintain_table
 from memwal_sql.maintenance.snapshots import SnapshotResult, build_region_snapshots
+from memwal_sql.maintenance.verify import Problem, VerifyReport, verify_table
 
 __all__ = [
-    "CatchupResult", "GcResult", "MaintenanceResult", "MergeResult", "SnapshotResult",
-    "build_region_snapshots", "catch_up_indexes", "gc_table", "maintain_table", "merge_region",
-    "merge_table",
+    "CatchupResult", "GcResult", "MaintenanceResult", "MergeResult", "Problem",
+    "SnapshotResult", "VerifyReport", "build_region_snapshots", "catch_up_indexes", "gc_table",
+    "maintain_table", "merge_region", "merge_table", "verify_table",
 ]

@@ -18,15 +18,15 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 from lance.mem_wal import CompactedSsTable
 
 from memwal_sql.compat.lance import is_commit_conflict
 from memwal_sql.errors import CommitConflictError, InvalidInputError
-from memwal_sql.manifest import RegionManifestStore
+from memwal_sql.manifest import RegionManifestStore, check_not_behind_index
 from memwal_sql.storage import layout
+from memwal_sql.writer.generation import open_generation
 from memwal_sql.writer.memtable import latest_per_key
 from memwal_sql.writer.wal import TOMBSTONE
 
@@ -64,6 +64,7 @@ def merge_region(table: MemWalTable, region_id: str, *, max_generations: int | N
         ds = table.dataset()
         floor = table.merged_generations(ds).get(region_id, 0)
         manifest = manifests.latest()
+        check_not_behind_index(region_id, manifest, floor)
         pending = sorted(
             (g for g in (manifest.flushed_generations if manifest else []) if g.generation > floor),
             key=lambda g: g.generation,
@@ -78,8 +79,8 @@ def merge_region(table: MemWalTable, region_id: str, *, max_generations: int | N
         tables = []
         for gen in pending:
             uri = table.store.uri_for(f"{layout.region_dir(region_id)}/{gen.path}")
-            tables.append(lance.dataset(uri, storage_options=table.storage_options or None)
-                          .to_table())
+            # Verified first: damage must fail the merge, never be copied into the base table.
+            tables.append(open_generation(uri, table.storage_options or None).to_table())
         rows = latest_per_key(pa.concat_tables(tables, promote_options="default"), pk)
         dead = rows.filter(rows.column(TOMBSTONE)) if TOMBSTONE in rows.column_names else None
         live = rows.filter(pc.invert(rows.column(TOMBSTONE))) if dead is not None else rows
@@ -154,7 +155,8 @@ def merge_table(table: MemWalTable, *, max_generations_per_region: int | None = 
         ``tbl.merge().merged``
     """
     result = MergeResult()
-    for rid in table.regions():
+    # A region the index has merged from but whose directory is gone fails the pass loudly.
+    for rid in sorted(set(table.regions()) | set(table.merged_generations())):
         merge_region(table, rid, max_generations=max_generations_per_region, result=result)
     return result
 

@@ -14,7 +14,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from memwal_sql.errors import CorruptManifestError
 from memwal_sql.index.catchup import index_coverage
+from memwal_sql.manifest import RegionManifestStore, check_not_behind_index
 from memwal_sql.storage import layout
 
 if TYPE_CHECKING:
@@ -39,6 +41,7 @@ class RegionStatus:
     # index name -> newest generation of the region it covers (None: unknown)
     index_catchup: dict[str, int | None] = field(default_factory=dict)
     storage_bytes: dict[str, int] = field(default_factory=dict)  # wal, generations, manifests
+    problem: str | None = None  # lost or damaged state that refuses reads and writes
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,8 +64,16 @@ def region_status(table: MemWalTable) -> list[RegionStatus]:
     catchup = index_catchup(table)
     now = time.time()
     out = []
-    for rid, m in table.region_manifests():
+    for rid in sorted(set(table.regions()) | set(merged)):
         done = merged.get(rid, 0)
+        try:
+            m = RegionManifestStore(table.store, rid).latest()
+            check_not_behind_index(rid, m, done)
+        except CorruptManifestError as e:
+            out.append(_damaged(rid, done, str(e)))
+            continue
+        if m is None:
+            continue
         unmerged = [g for g in m.flushed_generations if g.generation > done]
         prefix = f"{layout.region_dir(rid)}/"
         storage = {"wal": 0, "generations": 0, "manifests": 0, "other": 0}
@@ -99,3 +110,11 @@ def region_status(table: MemWalTable) -> list[RegionStatus]:
             storage_bytes=storage,
         ))
     return out
+
+
+def _damaged(region_id: str, merged_generation: int, problem: str) -> RegionStatus:
+    return RegionStatus(
+        region_id=region_id, manifest_version=0, writer_epoch=0, current_generation=0,
+        flushed_generations=[], merged_generation=merged_generation, unmerged_generations=0,
+        unmerged_rows=0, merge_lag_seconds=0.0, replay_after_wal_entry_position=0,
+        wal_entries=0, problem=problem)

@@ -37,7 +37,8 @@ from memwal_sql.errors import (
 from memwal_sql.storage import ObjectStore, layout
 
 __all__ = [
-    "RegionManifest", "RegionManifestStore", "claim_region", "commit_change", "region_uuid_bytes",
+    "RegionManifest", "RegionManifestStore", "check_not_behind_index", "claim_region",
+    "commit_change", "region_uuid_bytes",
 ]
 
 SEALED = 1
@@ -83,7 +84,15 @@ class RegionManifestStore:
             start = versions[-1] if versions else 0
         elif start > 0 and not self.store.exists(layout.manifest_path(self.region_id, start)):
             versions = self.list_versions()
-            start = versions[-1] if versions else 0
+            if not versions or versions[-1] < start:
+                # The hint is written after its version: a hint ahead of every version means
+                # the newest versions were lost, and the one left would be read as current.
+                raise CorruptManifestError(
+                    f"region {self.region_id}: version_hint.json names manifest v{start}, but "
+                    f"the newest manifest stored is "
+                    f"{f'v{versions[-1]}' if versions else 'none'}: manifest versions were "
+                    f"lost. Restore _mem_wal/{self.region_id}/manifest/ from a backup")
+            start = versions[-1]
         v = start
         while self.store.exists(layout.manifest_path(self.region_id, v + 1)):
             v += 1
@@ -150,20 +159,46 @@ class RegionManifestStore:
             return None
 
 
+def check_not_behind_index(region_id: str, manifest: RegionManifest | None,
+                           merged_generation: int) -> None:
+    """Raise :class:`CorruptManifestError` if the MemWAL index has merged generations of the
+    region that ``manifest`` (None: no manifest at all) does not know of."""
+    if merged_generation <= 0:
+        return
+    if manifest is None:
+        raise CorruptManifestError(
+            f"region {region_id} is in the MemWAL index (merged up to generation "
+            f"{merged_generation}) but its manifests are gone: its directory was removed or "
+            f"lost. Restore _mem_wal/{region_id}/ from a backup; the region refuses writers "
+            "until then, so that no new write reuses a merged generation number")
+    if manifest.current_generation <= merged_generation:
+        raise CorruptManifestError(
+            f"region {region_id}: manifest v{manifest.version} is at generation "
+            f"{manifest.current_generation}, but the MemWAL index has merged generation "
+            f"{merged_generation}: newer manifest versions were lost. Restore "
+            f"_mem_wal/{region_id}/manifest/ from a backup")
+
+
 def claim_region(
     manifests: RegionManifestStore,
     *,
     region_spec_id: int,
     field_entries: list[tuple[str, bytes]] | None = None,
+    merged_generation: int = 0,
 ) -> RegionManifest:
     """Claim a region for a new writer: commit the next version with the next writer epoch.
 
     A region without a manifest starts at version 1, epoch 1, generation 1 (as Lance 14 does).
     Otherwise every field is copied and ``writer_epoch`` goes up by one, which fences the previous
     writer at its next manifest commit. A lost race is retried on the new latest version.
+
+    ``merged_generation`` is the region's merge progress in the MemWAL index: a region whose
+    manifest is missing or older than that lost state, and a writer on it would reuse
+    generation numbers that every reader skips as merged (:class:`CorruptManifestError`).
     """
     for _ in range(_CLAIM_ATTEMPTS):
         prev = manifests.latest()
+        check_not_behind_index(manifests.region_id, prev, merged_generation)
         m = RegionManifest()
         if prev is None:
             m.version = 1

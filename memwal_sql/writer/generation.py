@@ -15,9 +15,11 @@ import lance
 import pyarrow as pa
 
 from memwal_sql._proto.memwal_pb2 import FlushedGeneration
+from memwal_sql.errors import CorruptGenerationError
 from memwal_sql.storage import ObjectStore, layout
+from memwal_sql.storage.checksums import record_checksums, verify_generation_once
 from memwal_sql.writer.bloom import bloom_filter_bytes, pk_hashes
-from memwal_sql.writer.pk_index import write_pk_index
+from memwal_sql.writer.pk_index import PK_INDEX_DIR, PK_INDEX_FILES, read_pk_index, write_pk_index
 
 BLOOM_FILTER = "bloom_filter.bin"
 
@@ -49,6 +51,7 @@ def write_generation(
     keys = rows.select(list(primary_key))
     write_pk_index(uri, keys, store.storage_options or None)
     store.put(f"{path}/{BLOOM_FILTER}", bloom_filter_bytes(pk_hashes(keys)))
+    record_checksums(store, path)
     # Lance writes without fsync; the manifest commit that follows lets GC delete the WAL
     # entries these rows came from, so the files must be on disk first.
     store.sync_tree(path)
@@ -59,3 +62,40 @@ def write_generation(
         physical_rows=rows.num_rows,
         primary_key_bytes=keys.nbytes,
     )
+
+
+def open_generation(uri: str, storage_options: dict[str, str] | None = None
+                    ) -> lance.LanceDataset:
+    """The generation at ``uri`` as a Lance dataset, its files verified against the checksums
+    recorded at flush (once per process): :class:`CorruptGenerationError` if one is damaged."""
+    verify_generation_once(uri, storage_options)
+    try:
+        return lance.dataset(uri, storage_options=storage_options or None)
+    except BaseException as e:
+        raise _unreadable(uri, e) from e
+
+
+def read_generation_pk_index(uri: str, storage_options: dict[str, str] | None = None
+                             ) -> pa.Table:
+    """The generation's ``_pk_index`` as ``(values, ids)``, verified first (see
+    :func:`open_generation`)."""
+    verify_generation_once(uri, storage_options, tuple(f"{PK_INDEX_DIR}/{f}" for f in PK_INDEX_FILES))
+    try:
+        return read_pk_index(uri, storage_options)
+    except BaseException as e:
+        raise _unreadable(f"{uri}/{PK_INDEX_DIR}", e) from e
+
+
+def verify_bloom_filter(uri: str, storage_options: dict[str, str] | None = None) -> None:
+    """Verify the generation's ``bloom_filter.bin`` (see :func:`open_generation`)."""
+    verify_generation_once(uri, storage_options, (BLOOM_FILTER,))
+
+
+def _unreadable(what: str, e: BaseException) -> BaseException:
+    """A Rust panic of Lance's reader (a ``BaseException``) on a damaged file that no checksum
+    recorded: a typed error like the rest. Anything else is raised as it is."""
+    if type(e).__name__ != "PanicException":
+        return e
+    return CorruptGenerationError(
+        f"Lance could not read {what} (it panicked: {e}); a file of the generation is "
+        "damaged. Restore the generation directory from a backup")

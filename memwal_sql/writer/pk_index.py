@@ -32,6 +32,7 @@ from memwal_sql.writer.bloom import is_supported_pk_type
 
 __all__ = [
     "PK_INDEX_DIR",
+    "PK_INDEX_FILES",
     "PK_INDEX_PAGE_SIZE",
     "encode_composite_keys",
     "pk_index_schemas",
@@ -45,6 +46,8 @@ PK_INDEX_DIR = "_pk_index"
 PK_INDEX_PAGE_SIZE = 8192
 _PAGE_DATA = "page_data.lance"
 _PAGE_LOOKUP = "page_lookup.lance"
+#: The files of the sidecar.
+PK_INDEX_FILES = (_PAGE_DATA, _PAGE_LOOKUP)
 # Lance writes BTree index files as file version 2.0 (on-disk 0.3), not the dataset's 2.x.
 _FILE_VERSION = "2.0"
 

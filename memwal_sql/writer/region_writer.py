@@ -18,7 +18,7 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -122,6 +122,8 @@ class TableLayout:
     primary_key: tuple[str, ...]
     region_spec: RegionSpec | None
     data_storage_version: str
+    merged_generations: Callable[[], Mapping[str, int]] = dict
+    """The newest generation of each region merged into the base table (the MemWAL index)."""
 
 
 @dataclass
@@ -189,6 +191,7 @@ class RegionWriter:
             self._manifests,
             region_spec_id=table.region_spec.spec_id if table.region_spec else 0,
             field_entries=field_entries,
+            merged_generation=table.merged_generations().get(self.region_id, 0),
         )
         self.epoch = manifest.writer_epoch
         if region_values is None and table.region_spec is not None:

@@ -1,0 +1,131 @@
+"""Checksums of a flushed generation's files, recorded at flush and verified before use.
+
+Lance data files carry no checksum, so a flipped bit reads as a wrong value, and a damaged
+``_pk_index`` can panic Lance's reader. At flush the writer records the size and CRC32C of
+every file of the generation in ``_memwal_checksums.json`` at the generation's root, a name
+Lance 14 does not read. Readers verify a generation's files once per process before they read
+it (the small ``_pk_index`` and ``bloom_filter.bin`` included), and the merger before it copies
+rows into the base table, so damage is a :class:`CorruptGenerationError` naming the file.
+
+A generation without the record (written by Lance's own writer) cannot be verified; it is
+read as it is.
+
+Example:
+    >>> from memwal_sql.storage import ObjectStore
+    >>> store = ObjectStore("memory://checksums-doc")
+    >>> store.put("gen/data/a.lance", b"rows")
+    >>> record_checksums(store, "gen")
+    >>> verify_generation(store, "gen")
+    True
+    >>> store.put("gen/data/a.lance", b"rowz")
+    >>> verify_generation(store, "gen")
+    Traceback (most recent call last):
+    memwal_sql.errors.CorruptGenerationError: ...
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+
+import google_crc32c
+
+from memwal_sql.errors import CorruptGenerationError, ObjectNotFoundError
+from memwal_sql.storage import layout
+from memwal_sql.storage.store import ObjectStore
+
+CHECKSUMS = "_memwal_checksums.json"
+_VERIFIED_MAX = 4096
+
+_verified: OrderedDict[str, bool] = OrderedDict()
+_verified_lock = threading.Lock()
+_stores: dict[tuple[str, tuple[tuple[str, str], ...]], ObjectStore] = {}
+
+
+def record_checksums(store: ObjectStore, directory: str) -> None:
+    """Record the size and CRC32C of every file under ``directory`` (read back as stored)."""
+    files = {}
+    for meta in store.list(f"{directory}/"):
+        name = meta.path[len(directory) + 1:]
+        if name == CHECKSUMS:
+            continue
+        data = store.get(meta.path)
+        files[name] = {"size": len(data), "crc32c": google_crc32c.value(data)}
+    body = {"format": 1, "algorithm": "crc32c", "files": files}
+    store.put(f"{directory}/{CHECKSUMS}", json.dumps(body, sort_keys=True).encode())
+
+
+def recorded_checksums(store: ObjectStore, directory: str) -> dict[str, tuple[int, int]] | None:
+    """``{file: (size, crc32c)}`` as recorded at flush; None if nothing was recorded."""
+    try:
+        raw = store.get(f"{directory}/{CHECKSUMS}")
+    except ObjectNotFoundError:
+        return None
+    try:
+        files = json.loads(raw)["files"]
+        return {name: (int(f["size"]), int(f["crc32c"])) for name, f in files.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise _damaged(store, directory, CHECKSUMS, f"it is not a checksum record ({e})") from e
+
+
+def verify_generation(store: ObjectStore, directory: str,
+                      names: list[str] | None = None) -> bool:
+    """Check the files of the generation at ``directory`` (or only ``names``) against their
+    record: :class:`CorruptGenerationError` for a missing, truncated or changed one. Returns
+    False for a generation without a record (nothing to check against)."""
+    record = recorded_checksums(store, directory)
+    if record is None:
+        return False
+    for name in names if names is not None else sorted(record):
+        if name not in record:
+            continue
+        size, crc = record[name]
+        try:
+            data = store.get(f"{directory}/{name}")
+        except ObjectNotFoundError as e:
+            raise _damaged(store, directory, name, "it is missing") from e
+        if len(data) != size:
+            raise _damaged(store, directory, name, f"it has {len(data)} bytes, not {size}")
+        if google_crc32c.value(data) != crc:
+            raise _damaged(store, directory, name, "its CRC32C does not match")
+    return True
+
+
+def verify_generation_once(uri: str, storage_options: Mapping[str, str] | None,
+                           names: tuple[str, ...] | None = None) -> None:
+    """:func:`verify_generation` for the generation at ``uri``, at most once per process
+    for each set of files (generations never change once flushed)."""
+    key = f"{uri}\n{names}"
+    with _verified_lock:
+        if key in _verified:
+            _verified.move_to_end(key)
+            return
+    store, directory = _generation_store(uri, storage_options)
+    verify_generation(store, directory, list(names) if names is not None else None)
+    with _verified_lock:
+        _verified[key] = True
+        while len(_verified) > _VERIFIED_MAX:
+            _verified.popitem(last=False)
+
+
+def _generation_store(uri: str, storage_options: Mapping[str, str] | None
+                      ) -> tuple[ObjectStore, str]:
+    """The table's store (rooted above ``_mem_wal/``) and the generation's path in it."""
+    root, sep, rest = uri.rpartition(f"/{layout.MEM_WAL_DIR}/")
+    if not sep:
+        raise ValueError(f"{uri} is not a generation directory under {layout.MEM_WAL_DIR}/")
+    key = (root, tuple(sorted((storage_options or {}).items())))
+    with _verified_lock:
+        store = _stores.get(key)
+        if store is None:
+            store = _stores[key] = ObjectStore(root, storage_options, durable=False)
+    return store, f"{layout.MEM_WAL_DIR}/{rest}"
+
+
+def _damaged(store: ObjectStore, directory: str, name: str, what: str) -> CorruptGenerationError:
+    return CorruptGenerationError(
+        f"generation file {store.uri_for(f'{directory}/{name}')} is damaged: {what}. Nothing "
+        "was read from it. Restore the generation directory from a backup, or run "
+        "`memwal verify` to list every damaged file")

@@ -1,0 +1,204 @@
+"""Lost or damaged state is a typed error for every reader, writer and merge, never wrong or
+missing rows (issue: reliability hardening)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import memwal_sql as mw
+from memwal_sql.errors import CorruptManifestError
+from memwal_sql.maintenance.status import region_status
+from memwal_sql.storage import layout
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string())])
+
+
+def rows(ids, tag="v"):
+    return pa.table({"id": ids, "v": [f"{tag}{i}" for i in ids]}, schema=SCHEMA)
+
+
+def merged_table(root: Path) -> tuple[str, str]:
+    """A table whose region the MemWAL index knows (generation 1 merged), with an unmerged
+    generation 2 and a WAL tail. Returns (uri, region id)."""
+    uri = str(root)
+    tbl = mw.create_table(uri, SCHEMA, primary_key="id")
+    with tbl.writer() as w:
+        w.upsert(rows([1, 2, 3]))
+        w.flush()
+        rid = w.region_id
+    tbl.merge()
+    with tbl.writer() as w:
+        w.upsert(rows([3, 4], "new"))
+        w.flush()
+        w.upsert(rows([5]))
+    tbl.close()
+    return uri, rid
+
+
+def every_access(uri: str, rid: str):
+    """Each way of reading, writing and merging the table, by name."""
+    def sql():
+        ctx = mw.connect()
+        ctx.register("t", mw.open_table(uri))
+        return ctx.sql("SELECT count(*) FROM t").to_arrow_table()
+
+    return {
+        "to_arrow": lambda: mw.open_table(uri).to_arrow(),
+        "count_rows": lambda: mw.open_table(uri).count_rows(),
+        "filtered": lambda: mw.open_table(uri).to_arrow(filter="id = 3"),
+        "lookup": lambda: mw.open_table(uri).lookup([3]),
+        "sql": sql,
+        "writer": lambda: mw.open_table(uri).writer(region_id=rid),
+        "merge": lambda: mw.open_table(uri).merge(),
+    }
+
+
+def verify_finds(uri: str, kind: str, error: str) -> None:
+    """``memwal verify`` (the CLI, exit status 1) and ``tbl.verify()`` report the damage."""
+    from memwal_sql.cli import main
+
+    report = mw.open_table(uri).verify()
+    assert not report.ok
+    assert any(p.kind == kind and p.error == error for p in report.problems), report.summary()
+    with pytest.raises(SystemExit) as exit_:
+        main(["verify", uri])
+    assert exit_.value.code == 1
+
+
+def test_verify_finds_nothing_wrong_with_a_healthy_table(tmp_path, capsys):
+    from memwal_sql.cli import main
+
+    uri, _ = merged_table(tmp_path)
+    report = mw.open_table(uri).verify()
+    assert report.ok and report.generations >= 2 and report.unverifiable_generations == 0
+    assert report.wal_entries > 0 and report.manifest_versions > 0
+    main(["verify", uri])
+    assert "no damage found" in capsys.readouterr().out
+
+
+def test_a_removed_region_directory_fails_reads_writes_and_merges(tmp_path):
+    uri, rid = merged_table(tmp_path)
+    region_dir = tmp_path / layout.region_dir(rid)
+    shutil.rmtree(region_dir)
+    for name, access in every_access(uri, rid).items():
+        with pytest.raises(CorruptManifestError, match="manifests are gone"):
+            access()
+        assert not region_dir.exists(), f"{name} wrote into the lost region"
+    [status] = region_status(mw.open_table(uri))
+    assert status.region_id == rid and "manifests are gone" in status.problem
+    verify_finds(uri, "manifest", "CorruptManifestError")
+
+
+def test_a_removed_newest_manifest_version_fails_reads_writes_and_merges(tmp_path):
+    uri, rid = merged_table(tmp_path)
+    store = mw.open_table(uri).store
+    newest = max(int(layout.parse_bitrev64(m.path)) for m in
+                 store.list(layout.manifest_dir(rid) + "/") if m.path.endswith(".binpb"))
+    store.delete(layout.manifest_path(rid, newest))
+    before = sorted(m.path for m in store.list(layout.region_dir(rid) + "/"))
+    for name, access in every_access(uri, rid).items():
+        with pytest.raises(CorruptManifestError, match="manifest"):
+            access()
+    assert sorted(m.path for m in store.list(layout.region_dir(rid) + "/")) == before
+    [status] = region_status(mw.open_table(uri))
+    assert "lost" in status.problem
+    verify_finds(uri, "manifest", "CorruptManifestError")
+
+
+def test_a_manifest_behind_the_index_refuses_a_writer(tmp_path):
+    # The hint is gone too, so only the MemWAL index can tell: the manifest left is at a
+    # generation the index has merged.
+    uri, rid = merged_table(tmp_path)
+    store = mw.open_table(uri).store
+    versions = sorted(int(layout.parse_bitrev64(m.path)) for m in
+                      store.list(layout.manifest_dir(rid) + "/") if m.path.endswith(".binpb"))
+    from memwal_sql.manifest import RegionManifestStore
+    manifests = RegionManifestStore(store, rid)
+    merged = mw.open_table(uri).merged_generations()[rid]
+    keep = max(v for v in versions if manifests.read(v).current_generation <= merged)
+    for v in versions:
+        if v > keep:
+            store.delete(layout.manifest_path(rid, v))
+    store.delete(layout.version_hint_path(rid))
+    for name in ("to_arrow", "writer", "merge"):
+        with pytest.raises(CorruptManifestError, match="newer manifest versions were lost"):
+            every_access(uri, rid)[name]()
+    verify_finds(uri, "manifest", "CorruptManifestError")
+
+
+def unmerged_generation_dir(uri: str, rid: str) -> Path:
+    tbl = mw.open_table(uri)
+    [(_, manifest)] = [(r, m) for r, m in tbl.region_manifests() if r == rid]
+    merged = tbl.merged_generations()[rid]
+    gen = min((g for g in manifest.flushed_generations if g.generation > merged),
+              key=lambda g: g.generation)  # the one holding ids 3 and 4
+    return Path(uri) / layout.region_dir(rid) / gen.path
+
+
+def flip_bit(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def data_file(gen_dir: Path) -> Path:
+    [f] = list((gen_dir / "data").glob("*.lance"))
+    return f
+
+
+DAMAGE = {
+    "removed data file": lambda g: data_file(g).unlink(),
+    "zero-byte _pk_index": lambda g: (g / "_pk_index" / "page_data.lance").write_bytes(b""),
+    "flipped bit in data": lambda g: flip_bit(data_file(g), 40),
+    "flipped bit in bloom filter": lambda g: flip_bit(g / "bloom_filter.bin", 7),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_generation_file_fails_reads_lookups_and_merges(tmp_path, damage):
+    from memwal_sql.errors import CorruptGenerationError
+
+    uri, rid = merged_table(tmp_path)
+    base_before = mw.open_table(uri).dataset().to_table().sort_by("id")
+    DAMAGE[damage](unmerged_generation_dir(uri, rid))
+    accesses = every_access(uri, rid)
+    accesses["lookup many"] = lambda: mw.open_table(uri).lookup(list(range(200)))
+    for name, access in accesses.items():
+        if name == "writer":
+            continue  # a writer reads no generation; it may go on writing
+        with pytest.raises(CorruptGenerationError, match="damaged"):
+            access()
+    assert mw.open_table(uri).dataset().to_table().sort_by("id").equals(base_before)
+    verify_finds(uri, "generation", "CorruptGenerationError")
+
+
+def test_a_zero_byte_pk_index_without_checksums_is_a_typed_error_not_a_panic(tmp_path):
+    # As in a generation Lance's own writer flushed: no checksum record to check against.
+    from memwal_sql.errors import CorruptGenerationError
+    from memwal_sql.storage.checksums import CHECKSUMS
+
+    uri, rid = merged_table(tmp_path)
+    gen_dir = unmerged_generation_dir(uri, rid)
+    (gen_dir / CHECKSUMS).unlink()
+    (gen_dir / "_pk_index" / "page_data.lance").write_bytes(b"")
+    with pytest.raises(CorruptGenerationError, match="panicked"):
+        mw.open_table(uri).lookup(list(range(200)))
+
+
+def test_verify_finds_a_damaged_and_a_missing_wal_entry(tmp_path):
+    uri, rid = merged_table(tmp_path)
+    tbl = mw.open_table(uri)
+    with tbl.writer(region_id=rid) as w:
+        for i in range(3):
+            w.upsert(rows([100 + i]))
+        first = w.stats()["next_wal_position"] - 3
+        w._release_at_exit()  # the rows stay in the WAL only
+    wal = tmp_path / layout.wal_dir(rid)
+    flip_bit(wal / Path(layout.wal_entry_path(rid, first)).name, 60)
+    verify_finds(uri, "wal", "CorruptWalEntryError")
+    (wal / Path(layout.wal_entry_path(rid, first + 1)).name).unlink()
+    verify_finds(uri, "wal", "MissingWalEntryError")
