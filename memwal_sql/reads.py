@@ -8,6 +8,7 @@ deduplication, the rest by DataFusion). Lookups run the point-lookup plan direct
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -55,8 +56,10 @@ class TableReads:
             if self._ctx is None:
                 self._ctx = connect()
             name = f"t_{consistency}_{int(system_columns)}"
-            self._ctx.register(name, self.table, consistency=consistency,  # type: ignore[arg-type]
-                               system_columns=system_columns)
+            # Weakly: the context lives in Rust, where the garbage collector cannot see a
+            # cycle back to the table, and would keep every table (and its threads) alive.
+            self._ctx.register(name, weakref.proxy(self.table),  # type: ignore[arg-type]
+                               consistency=consistency, system_columns=system_columns)
             df = self._ctx.table(name)
             if filter is not None:
                 df = _filtered(df, filter, name)
@@ -92,13 +95,16 @@ class TableReads:
              system_columns: bool) -> pa.RecordBatchReader:
         _, df, _, ds = self._frame(columns, filter, consistency, system_columns)
         with typed_errors(ds):
-            stream = pa.RecordBatchReader.from_stream(df)
+            # A DataFusion stream, not the Arrow C stream: the session closes the streams it
+            # handed out before the interpreter exits (see memwal_sql.session._ExitGuard).
+            stream = df.execute_stream()
 
         def batches() -> Iterator[pa.RecordBatch]:
             with typed_errors(ds):
-                yield from stream
+                for batch in stream:
+                    yield batch.to_pyarrow()
 
-        return pa.RecordBatchReader.from_batches(stream.schema, batches())
+        return pa.RecordBatchReader.from_batches(df.schema(), batches())
 
     def count_rows(self, filter: str | None, consistency: str) -> int:
         _, df, _, ds = self._frame(None, filter, consistency, False)

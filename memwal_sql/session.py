@@ -20,8 +20,11 @@ Example:
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -66,7 +69,8 @@ class _PartitionScanner:
 
     def to_batches(self) -> Iterator[pa.RecordBatch]:
         with self.dataset.recording_errors():
-            yield from self.plan.root.execute_partition(self.index, self.projected_schema)
+            yield from _EXIT.steps(
+                self.plan.root.execute_partition(self.index, self.projected_schema))
 
 
 class _LookupScanner:
@@ -79,10 +83,13 @@ class _LookupScanner:
 
     def to_batches(self) -> Iterator[pa.RecordBatch]:
         with self.dataset.recording_errors():
-            # The rest of the (Exact) pushed filter: the key terms hold for every row found.
-            rows = matches(self.predicate, self.plan.execute())
-            if rows.num_rows:
-                yield from conform(rows, self.projected_schema).to_batches()
+            yield from _EXIT.steps(self._batches())
+
+    def _batches(self) -> Iterator[pa.RecordBatch]:
+        # The rest of the (Exact) pushed filter: the key terms hold for every row found.
+        rows = matches(self.predicate, self.plan.execute())
+        if rows.num_rows:
+            yield from conform(rows, self.projected_schema).to_batches()
 
 
 class _LookupFragment:
@@ -317,12 +324,57 @@ def typed_errors(dataset: MemWalDataset | None) -> Iterator[None]:
         raise
 
 
+class _ExitGuard:
+    """Keeps DataFusion's threads out of Python while the interpreter shuts down.
+
+    A stream left partly read (``execute_stream()`` then exit) has DataFusion threads still
+    pulling batches from Python generators. One that reaches for the GIL once the interpreter
+    is finalizing is ended by a forced unwind through Rust frames, which aborts the process
+    ("FATAL: exception not rethrown", exit 134): upstream behaviour of datafusion-python with
+    any Python-backed dataset. At exit, before finalization, the open streams are dropped
+    (which cancels their tasks) and the threads are given time to leave Python.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._busy = 0  # generator steps running on DataFusion's threads
+        self.streams: weakref.WeakSet[_Typed] = weakref.WeakSet()
+
+    def steps(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """``batches``, with each step counted while it runs."""
+        it = iter(batches)
+        while True:
+            with self._lock:
+                self._busy += 1
+            try:
+                batch = next(it, None)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+            if batch is None:
+                return
+            yield batch
+
+    def close_streams(self, timeout: float = 10.0) -> None:
+        for stream in list(self.streams):
+            stream._inner = None  # the only reference: the Rust stream is dropped
+        gc.collect()
+        deadline = time.monotonic() + timeout
+        while self._busy and time.monotonic() < deadline:
+            time.sleep(0.01)  # releases the GIL: the steps run to their end
+        time.sleep(0.05)  # and their threads get back into Rust, where cancellation stops them
+
+
+_EXIT = _ExitGuard()
+atexit.register(_EXIT.close_streams)
+
+
 class _Typed:
     """DataFusion's internal DataFrame or batch stream, with each call's failure re-raised as
     the memwal-sql error behind it (DataFusion keeps only its text). What the calls return
     (derived DataFrames, streams) is wrapped too."""
 
-    __slots__ = ("_inner", "_schema")
+    __slots__ = ("_inner", "_schema", "__weakref__")
 
     def __init__(self, inner: Any, schema: MemWalSchema) -> None:
         self._inner = inner
@@ -343,11 +395,18 @@ class _Typed:
 
     def _wrap(self, out: Any) -> Any:
         kind = type(out).__name__
-        if kind in ("DataFrame", "RecordBatchStream"):  # datafusion's internal classes
+        if kind == "DataFrame":  # datafusion's internal class
             return _Typed(out, self._schema)
+        if kind == "RecordBatchStream":
+            return self._stream(out)
         if isinstance(out, list) and out and type(out[0]).__name__ == "RecordBatchStream":
-            return [_Typed(s, self._schema) for s in out]
+            return [self._stream(s) for s in out]
         return out
+
+    def _stream(self, stream: Any) -> _Typed:
+        typed = _Typed(stream, self._schema)
+        _EXIT.streams.add(typed)
+        return typed
 
     @contextmanager
     def _typed(self) -> Iterator[None]:

@@ -17,7 +17,7 @@ import uuid
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
@@ -106,10 +106,14 @@ class MemWalTable:
             primary_key=self.primary_key,
             region_spec=region_spec,
             data_storage_version=dataset.data_storage_version,
-            merged_generations=self.merged_generations,
+            # Weakly, so the table and its writers' layout make no reference cycle.
+            merged_generations=_weak_call(self.merged_generations, dict),
         )
-        self._writers: dict[str, RegionWriter] = {}
+        self._writers: dict[str, RegionWriter] = {}  # routed writes' own writers
         self._writers_lock = threading.Lock()
+        # A table dropped without close() releases the writers it opened for routed writes
+        # (their writes are in the WAL); a writer handed to the caller stays the caller's.
+        weakref.finalize(self, _release_in_background, self._writers)
         # Every writer this object opened, by region, so this process's reads see its MemTables.
         self._live: weakref.WeakValueDictionary[str, RegionWriter] = weakref.WeakValueDictionary()
         self._reads_impl: Any = None
@@ -490,7 +494,8 @@ class MemWalTable:
             # dropped, so the next write claims its region anew.
             with self._writers_lock:
                 dead = [w for w in self._writers.values() if not w.is_open]
-                self._writers = {k: w for k, w in self._writers.items() if w.is_open}
+                for k in [k for k, w in self._writers.items() if not w.is_open]:
+                    del self._writers[k]
             for w in dead:
                 w._release_at_exit()
             if len(prepared) == 1:
@@ -518,7 +523,7 @@ class MemWalTable:
         """Flush and close every writer this table opened. A writer fenced by another one is
         left as it is: its acknowledged writes are safe in the WAL for the new writer."""
         with self._writers_lock:
-            self._writers = {}
+            self._writers.clear()
             if self._pool is not None:
                 self._pool.shutdown()
                 self._pool = None
@@ -530,6 +535,7 @@ class MemWalTable:
                 pass
             except Exception as e:  # noqa: BLE001 - close the others, then report
                 errors.append(e)
+        self.store.close()
         if errors:
             raise errors[0]
 
@@ -754,3 +760,23 @@ def _try_dataset(uri: str, storage_options: dict[str, str] | None) -> lance.Lanc
         if is_not_found(e):
             return None
         raise StorageError(f"cannot open a table at {uri}: {e}") from e
+
+
+def _weak_call(method: Callable[[], Any], default: Callable[[], Any]) -> Callable[[], Any]:
+    """``method()`` while its object lives, else ``default()``."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> Any:
+        bound = ref()
+        return bound() if bound is not None else default()
+
+    return call
+
+
+def _release_in_background(writers: dict[str, RegionWriter]) -> None:
+    """Release ``writers`` on another thread: a finalizer may run on a writer's own thread,
+    which the release joins."""
+    if writers:
+        found = list(writers.values())
+        threading.Thread(target=lambda: [w._release_at_exit() for w in found],
+                         name="memwal-release", daemon=True).start()

@@ -353,3 +353,52 @@ def test_create_table_fsyncs_what_lance_wrote_and_its_own_name(tmp_path, monkeyp
     assert any("_versions" in p for p in written) and any("_indices" in p for p in written)
     assert written <= synced and {os.path.dirname(p) for p in written} <= synced
     assert {str(tmp_path / "new"), str(tmp_path)} <= synced  # the names of the root and parents
+
+
+def test_open_read_close_cycles_leave_threads_and_files_where_they_were(tmp_path):
+    # Global pools (readers, snapshots, lookups) grow to a fixed size; nothing is per table.
+    import gc
+    import threading
+    import time
+
+    schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string())])
+    uri = str(tmp_path)
+    with mw.create_table(uri, schema, primary_key="id") as t:
+        t.upsert({"id": [1, 2], "v": ["a", "b"]})
+        t.flush()
+
+    def closed_cycle():
+        tbl = mw.open_table(uri)
+        tbl.to_arrow(), tbl.count_rows(), tbl.lookup([1])
+        tbl.upsert({"id": [3], "v": ["c"]})
+        tbl.close()
+
+    def dropped_cycle():  # never closed: dropping it must release it all the same
+        tbl = mw.open_table(uri)
+        tbl.to_arrow()
+        tbl.upsert({"id": [4], "v": ["d"]})
+
+    def own_threads():
+        return sorted(t.name for t in threading.enumerate()
+                      if not t.name.startswith(("memwal-read", "memwal-snapshot",
+                                                "memwal-lookup")))
+
+    def fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    def settled(threads, files):
+        deadline = time.monotonic() + 10
+        while (own_threads() != threads or fds() != files) and time.monotonic() < deadline:
+            gc.collect()
+            time.sleep(0.05)
+        return own_threads(), fds()
+
+    closed_cycle(), dropped_cycle()
+    before = None  # threads other tests left running stay: wait until nothing changes
+    while before != (before := (own_threads(), fds())):
+        gc.collect()
+        time.sleep(0.3)
+    threads, files = before
+    for i in range(100):
+        closed_cycle() if i % 2 else dropped_cycle()
+    assert settled(threads, files) == (threads, files)

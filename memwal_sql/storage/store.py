@@ -188,6 +188,12 @@ class ObjectStore:
                 self._make_dirs(directory)
             self._spares.keep(directory)
 
+    def close(self) -> None:
+        """Stop preparing spare files (and remove them); the store still works without."""
+        spares, self._spares = self._spares, None
+        if spares is not None:
+            spares.close()
+
     def release_spare_files(self, prefix: str) -> None:
         """Remove the files :meth:`keep_spare_files` prepared in ``prefix``."""
         if self._spares is not None:
