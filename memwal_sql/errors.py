@@ -69,6 +69,10 @@ class StorageError(MemWalError):
     """The object store failed or holds something it should not."""
 
 
+class AuthenticationError(StorageError):
+    """The object store refused the credentials; the message says which call."""
+
+
 class SyncFailedError(StorageError):
     """An fsync failed: the file system may have dropped written data, so the put is not
     retried (a retried fsync can succeed without the data being on disk)."""

@@ -28,6 +28,7 @@ import pyarrow as pa
 from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails, RegionManifest
 from memwal_sql._proto.memwal_pb2 import RegionSpec as RegionSpecProto
 from memwal_sql.errors import (
+    AuthenticationError,
     InvalidInputError,
     MemWalError,
     PrimaryKeyError,
@@ -49,6 +50,7 @@ from memwal_sql.index.details import (
 from memwal_sql.index.region_spec import RegionSpec
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import ObjectStore, layout, storage_failures
+from memwal_sql.storage.store import is_access_denied, with_default_timeouts
 from memwal_sql.writer.bloom import is_supported_pk_type
 from memwal_sql.writer.region_writer import RegionWriter, TableLayout, WriterConfig
 from memwal_sql.writer.rows import RowCoercer, to_arrow_table
@@ -647,7 +649,7 @@ def create_table(
     """
     keys = _normalise_pk(primary_key)
     spec = region_spec if region_spec is not None else RegionSpec.unsharded()
-    opts = dict(storage_options or {}) or None
+    opts = with_default_timeouts(uri, storage_options) or None
     existing = _try_dataset(uri, opts)
     if data_or_schema is None:
         if existing is None:
@@ -705,7 +707,7 @@ def open_table(
     Example:
         ``tbl = mw.open_table("s3://bucket/events", storage_options={...})``
     """
-    opts = dict(storage_options or {}) or None
+    opts = with_default_timeouts(uri, storage_options) or None
     ds = _try_dataset(uri, opts)
     if ds is None:
         raise TableNotFoundError(f"no Lance table at {uri}")
@@ -754,9 +756,17 @@ def _try_dataset(uri: str, storage_options: dict[str, str] | None) -> lance.Lanc
             f"unsupported uri scheme {scheme!r} in {uri!r}; a table lives at a local path, "
             "file:// or s3://"
         )
+    if scheme == "s3":
+        # One request of our own first: a wrong key or an endpoint that never answers is a
+        # typed error now, not after Lance's many requests, or a "table not found".
+        with storage_failures(f"reaching {uri}"):
+            ObjectStore(uri, storage_options, durable=False).exists("_versions/")
     try:
         return lance.dataset(uri, storage_options=storage_options)
     except (ValueError, OSError, FileNotFoundError) as e:
+        if is_access_denied(e):
+            raise AuthenticationError(f"the object store refused access to {uri} ({e}); check "
+                                      "the credentials in storage_options") from e
         if is_not_found(e):
             return None
         raise StorageError(f"cannot open a table at {uri}: {e}") from e

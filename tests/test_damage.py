@@ -202,3 +202,31 @@ def test_verify_finds_a_damaged_and_a_missing_wal_entry(tmp_path):
     verify_finds(uri, "wal", "CorruptWalEntryError")
     (wal / Path(layout.wal_entry_path(rid, first + 1)).name).unlink()
     verify_finds(uri, "wal", "MissingWalEntryError")
+
+
+def test_a_removed_generation_directory_fails_merges_and_reads(tmp_path):
+    from memwal_sql.errors import CorruptGenerationError
+
+    uri, rid = merged_table(tmp_path)
+    shutil.rmtree(unmerged_generation_dir(uri, rid))
+    for name in ("merge", "to_arrow", "lookup"):
+        with pytest.raises(CorruptGenerationError, match="missing"):
+            every_access(uri, rid)[name]()
+    verify_finds(uri, "generation", "CorruptGenerationError")
+
+
+@pytest.mark.parametrize("key_type", [pa.int64(), pa.uint64(), pa.int32()])
+def test_out_of_range_keys_are_typed_errors_and_write_nothing(tmp_path, key_type):
+    from memwal_sql.errors import SchemaMismatchError
+
+    schema = pa.schema([pa.field("id", key_type, False), pa.field("v", pa.string())])
+    tbl = mw.create_table(str(tmp_path), schema, primary_key="id")
+    tbl.upsert({"id": [1], "v": ["a"]})
+    too_big = 2**64 if key_type != pa.int32() else 2**40
+    for call in (lambda: tbl.upsert({"id": [too_big], "v": ["b"]}),
+                 lambda: tbl.writer().upsert({"id": [too_big], "v": ["b"]}),
+                 lambda: tbl.delete([too_big]), lambda: tbl.lookup([too_big])):
+        with pytest.raises(SchemaMismatchError):
+            call()
+    assert tbl.to_arrow().to_pydict() == {"id": [1], "v": ["a"]}
+    tbl.close()

@@ -35,5 +35,6 @@ def is_not_found(error: BaseException) -> bool:
 
 
 def is_commit_conflict(error: BaseException) -> bool:
-    """Whether a pylance commit failed because another writer committed first."""
+    """Whether a pylance commit failed because another writer committed first ("Retryable
+    commit conflict", a stale compaction, or another lost race)."""
     return STALE_COMPACTION in str(error) or "conflict" in str(error).lower()

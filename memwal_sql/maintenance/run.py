@@ -10,9 +10,15 @@ Example:
 
 from __future__ import annotations
 
+import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
+
+from memwal_sql.compat.lance import is_commit_conflict
+from memwal_sql.errors import CommitConflictError, MemWalError
 
 from memwal_sql.maintenance.gc import GcResult, gc_table
 from memwal_sql.maintenance.indexes import CatchupResult, catch_up_indexes
@@ -21,6 +27,9 @@ from memwal_sql.maintenance.snapshots import SnapshotResult, build_region_snapsh
 
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
+
+T = TypeVar("T")
+ATTEMPTS = 6
 
 
 @dataclass
@@ -40,9 +49,28 @@ def maintain_table(table: MemWalTable, *, base_versions_older_than: timedelta | 
     Example:
         ``maintain_table(tbl, base_versions_older_than=timedelta(hours=1)).gc.objects``
     """
-    merge = merge_table(table)
-    indexes = catch_up_indexes(table)
-    snapshots = build_region_snapshots(table)
-    gc = gc_table(table, keep_manifest_versions=keep_manifest_versions,
-                  base_versions_older_than=base_versions_older_than)
+    merge = _retrying(lambda: merge_table(table))
+    indexes = _retrying(lambda: catch_up_indexes(table))
+    snapshots = _retrying(lambda: build_region_snapshots(table))
+    gc = _retrying(lambda: gc_table(table, keep_manifest_versions=keep_manifest_versions,
+                                    base_versions_older_than=base_versions_older_than))
     return MaintenanceResult(merge, indexes, snapshots, gc)
+
+
+def _retrying(job: Callable[[], T], attempts: int = ATTEMPTS) -> T:
+    """``job()``, run again (after a growing, jittered pause) when its commit loses a race to
+    another maintenance run: each job starts from the table's latest state, so a rerun is
+    safe. :class:`CommitConflictError` once ``attempts`` runs have all lost."""
+    for attempt in range(attempts):
+        try:
+            return job()
+        except Exception as e:  # noqa: BLE001 - only lost races are retried
+            if not (isinstance(e, CommitConflictError) or
+                    (not isinstance(e, MemWalError) and is_commit_conflict(e))):
+                raise
+            if attempt == attempts - 1:
+                raise CommitConflictError(
+                    f"maintenance lost {attempts} commit races in a row to other maintenance "
+                    f"runs ({e}); run it again later, or run one maintainer at a time") from e
+            time.sleep(0.05 * 2**attempt * (0.5 + random.random()))
+    raise AssertionError("unreachable")

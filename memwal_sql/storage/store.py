@@ -29,16 +29,26 @@ import sys
 import time
 import weakref
 from collections.abc import Mapping
+from datetime import timedelta
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import obstore as obs
-from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
+from obstore.exceptions import (
+    AlreadyExistsError,
+    BaseError,
+    PermissionDeniedError,
+    PreconditionError,
+    UnauthenticatedError,
+)
 from obstore.store import LocalStore, MemoryStore, S3Store
 
+from memwal_sql.compat.lance import is_commit_conflict
 from memwal_sql.errors import (
+    AuthenticationError,
+    CommitConflictError,
     MemWalError,
     ObjectExistsError,
     ObjectNotFoundError,
@@ -67,6 +77,40 @@ _CLIENT_KEYS = {
     "proxy_url",
 }
 _MEMORY_STORES: dict[str, MemoryStore] = {}
+# Lance's names for its object-store retries (obstore takes them as a retry config).
+_LANCE_RETRY_KEYS = {"client_max_retries", "client_retry_timeout"}
+#: Timeouts and retries of every object-store request, unless ``storage_options`` set them:
+#: object_store's own defaults retry an endpoint that never answers for minutes, so that a
+#: hung endpoint is a typed error within about 20 s instead (a request that takes longer
+#: than ``timeout`` needs a larger value).
+DEFAULT_TIMEOUTS = {"connect_timeout": "5s", "timeout": "10s", "client_max_retries": "2",
+                    "client_retry_timeout": "15"}
+
+
+def is_access_denied(error: BaseException) -> bool:
+    """Whether an object store refused the credentials (S3's error codes, as Lance and
+    obstore pass them on in their text)."""
+    text = str(error)
+    return any(code in text for code in _ACCESS_DENIED)
+
+
+_ACCESS_DENIED = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403 Forbidden")
+
+
+def with_default_timeouts(uri: str, storage_options: Mapping[str, str] | None
+                          ) -> dict[str, str]:
+    """``storage_options`` with :data:`DEFAULT_TIMEOUTS` filled in for an object store (as
+    obstore and Lance both read them); unchanged for local paths.
+
+    Example:
+        >>> with_default_timeouts("s3://b/t", {"timeout": "60s"})["timeout"]
+        '60s'
+    """
+    options = dict(storage_options or {})
+    if urlparse(uri).scheme in ("s3", "s3a", "gs", "az", "abfss"):
+        for key, value in DEFAULT_TIMEOUTS.items():
+            options.setdefault(key, value)
+    return options
 
 
 @dataclass(frozen=True)
@@ -119,17 +163,21 @@ class ObjectStore:
             self._store = _MEMORY_STORES.setdefault(self.uri, MemoryStore())
         elif parsed.scheme == "s3":
             self.uri = uri.rstrip("/")
-            config = {k: v for k, v in self.storage_options.items() if k not in _CLIENT_KEYS}
-            client = {
-                k.removeprefix("aws_"): v
-                for k, v in self.storage_options.items()
-                if k in _CLIENT_KEYS
-            }
+            options = with_default_timeouts(uri, self.storage_options)
+            config = {k: v for k, v in options.items()
+                      if k not in _CLIENT_KEYS and k not in _LANCE_RETRY_KEYS}
+            client = {k.removeprefix("aws_"): v for k, v in options.items() if k in _CLIENT_KEYS}
             self._store = S3Store(
                 parsed.netloc,
                 prefix=parsed.path.strip("/") or None,
                 config=config,
                 client_options=client,
+                retry_config={
+                    "max_retries": int(options["client_max_retries"]),
+                    "retry_timeout": timedelta(seconds=float(options["client_retry_timeout"])),
+                    "backoff": {"init_backoff": timedelta(milliseconds=100),
+                                "max_backoff": timedelta(seconds=2), "base": 2.0},
+                },
             )
         else:
             raise StorageError(f"unsupported uri scheme {parsed.scheme!r} in {uri!r}; "
@@ -500,6 +548,15 @@ class storage_failures:  # noqa: N801 - used as a function, like contextlib's
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is None or isinstance(exc, MemWalError) or not isinstance(exc, self.kinds):
             return
+        if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)) or \
+                is_access_denied(exc):
+            raise AuthenticationError(
+                f"{self.what} was refused by the object store ({exc}); check the credentials "
+                "in storage_options (aws_access_key_id, aws_secret_access_key) and what they "
+                "may access") from exc
+        if is_commit_conflict(exc):
+            raise CommitConflictError(
+                f"{self.what} lost a race to another commit ({exc}); run it again") from exc
         advice = f". {self.advice}" if self.advice else ""
         raise StorageError(f"{self.what} failed: {exc}{advice}") from exc
 

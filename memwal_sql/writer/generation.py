@@ -15,7 +15,7 @@ import lance
 import pyarrow as pa
 
 from memwal_sql._proto.memwal_pb2 import FlushedGeneration
-from memwal_sql.errors import CorruptGenerationError
+from memwal_sql.errors import CorruptGenerationError, StorageError
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.storage.checksums import record_checksums, verify_generation_once
 from memwal_sql.writer.bloom import bloom_filter_bytes, pk_hashes
@@ -71,6 +71,10 @@ def open_generation(uri: str, storage_options: dict[str, str] | None = None
     verify_generation_once(uri, storage_options)
     try:
         return lance.dataset(uri, storage_options=storage_options or None)
+    except (OSError, ValueError) as e:  # a manifest names it: it must be there
+        raise CorruptGenerationError(
+            f"generation {uri} cannot be opened ({e}): it is missing or damaged. Restore the "
+            "generation directory from a backup") from e
     except BaseException as e:
         raise _unreadable(uri, e) from e
 
@@ -82,6 +86,10 @@ def read_generation_pk_index(uri: str, storage_options: dict[str, str] | None = 
     verify_generation_once(uri, storage_options, tuple(f"{PK_INDEX_DIR}/{f}" for f in PK_INDEX_FILES))
     try:
         return read_pk_index(uri, storage_options)
+    except StorageError as e:
+        raise CorruptGenerationError(
+            f"{e}: the generation's key index is missing or damaged. Restore the generation "
+            "directory from a backup") from e
     except BaseException as e:
         raise _unreadable(f"{uri}/{PK_INDEX_DIR}", e) from e
 

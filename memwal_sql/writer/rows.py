@@ -38,6 +38,10 @@ def to_arrow_table(data: Any) -> pa.Table:
         table = _convert(data)
     except InvalidInputError:
         raise
+    except OverflowError as e:
+        raise SchemaMismatchError(
+            f"a value of the {type(data).__name__} is out of range of every 64-bit integer "
+            f"type ({e}); the call did nothing") from e
     except (pa.ArrowException, ValueError, TypeError, KeyError) as e:
         raise InvalidInputError(f"cannot convert the {type(data).__name__} to Arrow: {e}") from e
     names = table.schema.names  # Table.column_names costs 6 us per call
@@ -136,7 +140,7 @@ class RowCoercer:
                 raise PrimaryKeyError(
                     f"the primary key is composite {self.primary_key}: pass a table of key columns"
                 )
-            return pa.table({self.primary_key[0]: keys})
+            return to_arrow_table({self.primary_key[0]: keys})
         return to_arrow_table(keys)
 
     def deletes_for_regions(self, keys: Any, spec: RegionSpec | None

@@ -1,7 +1,9 @@
 import os
 import threading
 import time
+import uuid
 
+import pyarrow as pa
 import pytest
 
 from memwal_sql.errors import ObjectExistsError, ObjectNotFoundError, StorageError
@@ -337,3 +339,65 @@ def test_move(tmp_path, kind):
     assert store.get("c/x") == b"1" and store.get("b/y") == b"2"
     with pytest.raises(ObjectNotFoundError):
         store.move("a/x", "d/x")
+
+
+@pytest.fixture
+def silent_endpoint():
+    """An S3 endpoint that accepts connections and never answers."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held = []
+
+    def accept():
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield {"aws_access_key_id": "k", "aws_secret_access_key": "s", "aws_region": "us-east-1",
+           "aws_endpoint": f"http://127.0.0.1:{server.getsockname()[1]}", "allow_http": "true"}
+    server.close()
+    for c in held:
+        c.close()
+
+
+@pytest.mark.slow
+def test_an_endpoint_that_never_answers_is_a_typed_error_within_30_seconds(silent_endpoint):
+    import time
+
+    import memwal_sql as mw
+    from memwal_sql.errors import StorageError
+
+    for call in (lambda: mw.open_table("s3://bucket/t", silent_endpoint),
+                 lambda: ObjectStore("s3://bucket/t", silent_endpoint).get("x")):
+        t0 = time.monotonic()
+        with pytest.raises(StorageError):
+            call()
+        assert time.monotonic() - t0 < 30
+
+
+def test_default_timeouts_fill_in_what_storage_options_leave_out():
+    from memwal_sql.storage.store import DEFAULT_TIMEOUTS, with_default_timeouts
+
+    assert with_default_timeouts("/local/path", None) == {}
+    opts = with_default_timeouts("s3://b/t", {"timeout": "120s", "aws_region": "x"})
+    assert opts == {**DEFAULT_TIMEOUTS, "timeout": "120s", "aws_region": "x"}
+
+
+@pytest.mark.s3
+def test_unknown_credentials_are_an_authentication_error(s3_server):
+    import memwal_sql as mw
+    from memwal_sql.errors import AuthenticationError
+
+    uri = f"s3://memwal/{uuid.uuid4().hex}/t"
+    mw.create_table(uri, pa.schema([pa.field("id", pa.int64(), False)]), primary_key="id",
+                    storage_options=s3_server)
+    for wrong in ({"aws_access_key_id": "nobody"}, {"aws_secret_access_key": "wrong"}):
+        with pytest.raises(AuthenticationError, match="credentials"):
+            mw.open_table(uri, {**s3_server, **wrong})
