@@ -338,11 +338,13 @@ class _ExitGuard:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._busy = 0  # generator steps running on DataFusion's threads
+        self._used = False  # no scan ran: nothing to wait for at exit
         self.streams: weakref.WeakSet[_Typed] = weakref.WeakSet()
 
     def steps(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """``batches``, with each step counted while it runs."""
         it = iter(batches)
+        self._used = True
         while True:
             with self._lock:
                 self._busy += 1
@@ -356,6 +358,8 @@ class _ExitGuard:
             yield batch
 
     def close_streams(self, timeout: float = 10.0) -> None:
+        if not self._used:
+            return
         for stream in list(self.streams):
             stream._inner = None  # the only reference: the Rust stream is dropped
         gc.collect()
