@@ -13,9 +13,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	scripts/ensure-java
 	$(VENV)/bin/memwal demo
 
 test: $(STAMP)
+	scripts/ensure-java
 	$(PY) -m pytest -q -ra
 
 test-fast: $(STAMP)

@@ -8,7 +8,9 @@ can describe itself, so ``table.explain()`` shows the tree DataFusion's EXPLAIN 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -57,6 +59,23 @@ class ExecNode:
     """A physical operator: ``execute()`` yields record batches of ``schema``."""
 
     name = "ExecNode"
+    #: Attributes holding a lock (made anew when a node is unpickled) and results computed
+    #: during execution (not shipped): a plan built on one process runs on another (Spark).
+    _locks: tuple[str, ...] = ()
+    _computed: tuple[str, ...] = ()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in self._locks:
+            state.pop(name, None)
+        for name in self._computed:
+            state[name] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        for name in self._locks:
+            setattr(self, name, threading.Lock())
 
     @property
     def schema(self) -> pa.Schema:

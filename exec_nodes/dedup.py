@@ -79,6 +79,8 @@ class DeduplicateExec(ExecNode):
     """
 
     name = "DeduplicateExec"
+    _locks = ("_lock",)
+    _computed = ("_winners", "_keys")
 
     def __init__(
         self,

@@ -31,6 +31,8 @@ def source_schema(wal_schema: pa.Schema) -> pa.Schema:
 class SourceExec(ExecNode):
     """A newer-than-base source of one region; counts how often it was opened."""
 
+    _locks = ("_lock",)
+
     def __init__(self, region_id: str, generation: int, schema: pa.Schema) -> None:
         self.region_id = region_id
         self.generation = generation

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
 
 def to_arrow_table(data: Any) -> pa.Table:
-    """Accept a pa.Table, RecordBatch, RecordBatchReader, pandas DataFrame or dict of columns."""
+    """Accept a pa.Table, RecordBatch, RecordBatchReader, pandas or Spark DataFrame, or a dict of
+    columns."""
     try:
         table = _convert(data)
     except InvalidInputError:
@@ -62,9 +63,11 @@ def _convert(data: Any) -> pa.Table:
         return pa.table(data)
     if hasattr(data, "__arrow_c_stream__") or type(data).__module__.startswith("pandas"):
         return pa.table(data)
+    if type(data).__module__.startswith("pyspark") and hasattr(data, "toArrow"):
+        return data.toArrow()  # a Spark DataFrame, collected to this process
     raise InvalidInputError(
         f"cannot write a {type(data).__name__}; pass a pyarrow Table, RecordBatch, "
-        "RecordBatchReader, pandas DataFrame or a dict of columns"
+        "RecordBatchReader, pandas or Spark DataFrame, or a dict of columns"
     )
 
 

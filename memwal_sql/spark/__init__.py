@@ -1,0 +1,132 @@
+"""Spark: MemWAL tables as a PySpark source and sink, and query results handed to Spark.
+
+Example:
+    ``import memwal_sql.spark as mws; mws.register(spark)``
+    ``mws.write(df, uri)``  # each region written by exactly one task
+    ``spark.read.format("memwal").load(uri).where("id < 10")``
+    ``mws.to_spark(spark, ctx.sql("SELECT ...")).show()``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from typing import Any
+
+import mmh3
+import numpy as np
+import pyarrow as pa
+
+from memwal_sql.errors import InvalidInputError
+from memwal_sql.spark.arrow import as_arrow_table, spark_compatible
+from memwal_sql.spark.source import MemWalDataSource, WriteSummary
+
+__all__ = ["MemWalDataSource", "WriteSummary", "register", "to_spark", "write"]
+
+_REGION = "__memwal_region"
+_PART = "__memwal_part"
+
+
+def register(spark: Any) -> None:
+    """Make ``format("memwal")`` available to ``spark``'s readers and writers.
+
+    Example:
+        ``register(spark); spark.read.format("memwal").load("/data/events")``
+    """
+    spark.dataSource.register(MemWalDataSource)
+
+
+def to_spark(spark: Any, result: Any) -> Any:
+    """A Spark DataFrame of a query result (pyarrow Table, RecordBatch(Reader), DataFusion
+    DataFrame), with the types Spark rejects cast to ones it reads (see
+    :mod:`memwal_sql.spark.arrow`).
+
+    Example:
+        ``to_spark(spark, ctx.sql("SELECT tenant, count(*) FROM t GROUP BY 1"))``
+    """
+    table = as_arrow_table(result)
+    return spark.createDataFrame(table.cast(spark_compatible(table.schema)))
+
+
+def write(df: Any, uri: str, *, operation: str = "upsert",
+          storage_options: dict[str, str] | None = None) -> WriteSummary:
+    """Write a Spark DataFrame into the table at ``uri`` with one task per region.
+
+    Each row's region is computed in Arrow exactly as the table's writer routes it (Spark's
+    own ``hash()`` is another murmur3), the rows are repartitioned so that every region is
+    written by one task, and each task returns once its rows are durable. Returns what was
+    written (the tasks' reports, gathered by the job's commit).
+
+    Example:
+        ``write(spark.read.parquet("events/"), "/data/events")``
+    """
+    import memwal_sql as mw
+
+    if operation not in ("upsert", "delete"):
+        raise InvalidInputError(f"operation must be 'upsert' or 'delete', not {operation!r}")
+    options = dict(storage_options or {})
+    table = mw.open_table(uri, options or None)
+    spec = table.region_spec
+    routable = spec is not None and (operation == "upsert" or
+                                     set(spec.source_columns) <= set(table.primary_key))
+    out = df
+    if routable:
+        tagged = df.mapInArrow(_tagger(uri, options), _with_column(df.schema, _REGION))
+        regions = sorted(r[_REGION] for r in tagged.select(_REGION).distinct().collect())
+        if regions:
+            part = {r: _partition_value(i, len(regions)) for i, r in enumerate(regions)}
+            from pyspark.sql import functions as F
+
+            mapping = F.create_map(*[x for r, v in part.items() for x in (F.lit(r), F.lit(v))])
+            out = (tagged.withColumn(_PART, mapping[F.col(_REGION)])
+                   .repartition(len(regions), _PART).drop(_REGION, _PART))
+    with tempfile.TemporaryDirectory() as d:
+        summary_path = os.path.join(d, "summary.json")
+        writer = out.write.format("memwal").mode("append").option("operation", operation) \
+            .option("summary_path", summary_path)
+        for k, v in options.items():
+            writer = writer.option(k, v)
+        writer.save(uri)
+        with open(summary_path) as f:
+            done = json.load(f)
+    return WriteSummary(rows=done["rows"], regions=tuple(done["regions"]), tasks=done["tasks"],
+                        regions_per_task=tuple(done["regions_per_task"]))
+
+
+def _tagger(uri: str, options: dict[str, str]) -> Any:
+    """A mapInArrow function adding each row's region id (computed on the executors)."""
+
+    def tag(batches: Any) -> Any:
+        import memwal_sql as mw
+        from memwal_sql.table import region_id_for
+
+        table = mw.open_table(uri, options or None)
+        spec = table.region_spec
+        for batch in batches:
+            groups = spec.group_rows(table._rows.upserts(batch))
+            which = np.empty(batch.num_rows, dtype=np.int32)
+            for k, idx in enumerate(groups.values()):
+                which[idx] = k
+            ids = pa.array([region_id_for(spec, values) for values in groups], pa.string())
+            yield batch.append_column(_REGION, ids.take(pa.array(which)))
+
+    return tag
+
+
+def _with_column(schema: Any, name: str) -> Any:
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    return StructType([*schema.fields, StructField(name, StringType(), False)])
+
+
+def _partition_value(index: int, partitions: int) -> int:
+    """The smallest non-negative int that Spark's hash partitioning (``repartition(n, col)``:
+    ``pmod(murmur3_x86_32(value, seed 42), n)``) sends to partition ``index``."""
+    v = 0
+    while True:
+        h = mmh3.hash(struct.pack("<i", v), seed=42, signed=True)
+        if h % partitions == index:  # Python's % is pmod for a positive divisor
+            return v
+        v += 1

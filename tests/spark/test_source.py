@@ -1,0 +1,134 @@
+"""The memwal Spark data source and sink, against a model of the latest rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import memwal_sql as mw
+import memwal_sql.spark as mws
+from tests.lsm import lance_latest_rows
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("tenant", pa.string()),
+                    pa.field("v", pa.float64())])
+
+
+def rows(ids, tag: float = 0.0) -> pa.Table:
+    ids = np.asarray(ids, dtype=np.int64)
+    return pa.table({"id": ids, "tenant": [f"t{i % 3}" for i in ids], "v": ids * 1.5 + tag},
+                    schema=SCHEMA)
+
+
+def sorted_rows(t: pa.Table) -> pa.Table:
+    return t.select(SCHEMA.names).cast(SCHEMA).sort_by("id")
+
+
+@pytest.fixture
+def table(tmp_path):
+    uri = str(tmp_path / "t")
+    tbl = mw.create_table(uri, rows(range(0, 300)), primary_key="id",
+                          region_spec=mw.RegionSpec.bucket("id", 4))
+    tbl.upsert(rows(range(250, 400), 1.0))
+    tbl.flush()
+    tbl.delete(list(range(0, 40)))
+    tbl.upsert(rows(range(390, 420), 2.0))
+    tbl.close()
+    return uri
+
+
+def test_a_read_equals_to_arrow_with_and_without_pushed_filters(spark, table):
+    tbl = mw.open_table(table)
+    got = spark.read.format("memwal").load(table).toArrow()
+    assert sorted_rows(got).equals(sorted_rows(tbl.to_arrow()))
+    for where, expr in (("id < 100 AND tenant = 't1'", "id < 100 AND tenant = 't1'"),
+                        ("id IN (5, 50, 260, 415, 999)", "id IN (5, 50, 260, 415, 999)"),
+                        ("v IS NULL OR id = 3", "v IS NULL OR id = 3"),
+                        ("NOT (id >= 100)", "NOT (id >= 100)")):
+        got = spark.read.format("memwal").load(table).where(where).toArrow()
+        assert sorted_rows(got).equals(sorted_rows(tbl.to_arrow(filter=expr))), where
+
+
+def test_pushed_key_filters_prune_regions(table):
+    # Spark plans a Python data source in a worker process: the reader is driven here the
+    # way Spark drives it, and the plan its partitions carry is inspected.
+    import pickle
+
+    from pyspark.sql.datasource import EqualTo, StringStartsWith
+
+    from memwal_sql.spark.source import MemWalReader
+
+    def regions_read(filters):
+        reader = MemWalReader({"path": table})
+        left = list(reader.pushFilters(filters))
+        root = pickle.loads(reader.partitions()[0].value[0])
+        return left, {s.region_id for s in root.newer}
+
+    left, regions = regions_read([])
+    assert left == [] and len(regions) == 4
+    unsupported = StringStartsWith(("tenant",), "t1")
+    left, regions = regions_read([EqualTo(("id",), 260), unsupported])
+    assert left == [unsupported] and len(regions) == 1
+
+
+def test_batch_upsert_and_delete_match_the_model(spark, table):
+    model = {r["id"]: r for r in mw.open_table(table).to_arrow().to_pylist()}
+    new = rows(range(100, 500, 3), 7.0)
+    spark.createDataFrame(new).write.format("memwal").mode("append").save(table)
+    model.update({r["id"]: r for r in new.to_pylist()})
+    gone = pa.table({"id": pa.array(range(100, 200), pa.int64())})
+    spark.createDataFrame(gone).write.format("memwal").mode("append") \
+        .option("operation", "delete").save(table)
+    for k in range(100, 200):
+        model.pop(k, None)
+    expect = pa.Table.from_pylist(sorted(model.values(), key=lambda r: r["id"]), schema=SCHEMA)
+    assert sorted_rows(mw.open_table(table).to_arrow()).equals(expect)
+    assert sorted_rows(lance_latest_rows(table, ["id"])).equals(expect)  # Lance 14 reads it
+
+
+def test_overwrite_is_a_typed_error(spark, table):
+    with pytest.raises(Exception, match="overwrite"):
+        spark.createDataFrame(rows([1])).write.format("memwal").mode("overwrite").save(table)
+
+
+def test_random_partitionings_lose_and_duplicate_nothing(spark, table):
+    # Several tasks per region: they claim regions from each other while they write.
+    model = {r["id"]: r for r in mw.open_table(table).to_arrow().to_pylist()}
+    new = rows(np.random.default_rng(3).permutation(np.arange(0, 2000)), 9.0)
+    model.update({r["id"]: r for r in new.to_pylist()})
+    spark.createDataFrame(new).repartition(6).write.format("memwal").mode("append").save(table)
+    expect = pa.Table.from_pylist(sorted(model.values(), key=lambda r: r["id"]), schema=SCHEMA)
+    assert sorted_rows(mw.open_table(table).to_arrow()).equals(expect)
+
+
+def test_write_sends_each_region_to_exactly_one_task(spark, table):
+    new = rows(range(1000, 3000), 4.0)
+    summary = mws.write(spark.createDataFrame(new).repartition(5), table)
+    assert summary is not None and summary.rows == new.num_rows
+    written = [n for n in summary.regions_per_task if n]
+    assert written == [1] * len(summary.regions) and len(summary.regions) == 4
+    got = mw.open_table(table).to_arrow(filter="id >= 1000")
+    assert sorted_rows(got).equals(sorted_rows(new))
+
+
+def test_a_sql_result_reaches_spark_with_the_same_rows_and_types(spark, table):
+    ctx = mw.connect()
+    ctx.register("t", mw.open_table(table))
+    result = ctx.sql("SELECT tenant, count(*) AS n, arrow_cast(max(id), 'UInt64') AS top "
+                     "FROM t GROUP BY tenant")
+    expected = result.to_arrow_table()
+    got = mws.to_spark(spark, result).toArrow().sort_by("tenant")
+    expected = expected.sort_by("tenant")
+    assert got.column("tenant").to_pylist() == expected.column("tenant").to_pylist()
+    assert got.column("n").to_pylist() == expected.column("n").to_pylist()
+    assert got.column("top").to_pylist() == expected.column("top").to_pylist()
+
+
+def test_a_table_takes_a_spark_dataframe(spark, table):
+    tbl = mw.open_table(table)
+    new = rows(range(5000, 5010), 3.0)
+    tbl.upsert(spark.createDataFrame(new))
+    assert sorted_rows(tbl.to_arrow(filter="id >= 5000")).equals(sorted_rows(new))
+    tbl.close()
