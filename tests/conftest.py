@@ -115,7 +115,7 @@ def failing_first_flush(monkeypatch: Any) -> list[str]:
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: Any) -> Iterator[Any]:
-    """One local Spark session (``local[2]``) for the test run, with the memwal source.
+    """One local Spark session (``local[2,3]``) for the test run, with the memwal source.
 
     Workers run this interpreter (PYSPARK_PYTHON) and everything binds to loopback; Java
     comes from ``scripts/ensure-java`` (run by ``make test``).
@@ -131,7 +131,8 @@ def spark(tmp_path_factory: Any) -> Iterator[Any]:
 
     import memwal_sql.spark as mws
 
-    session = (SparkSession.builder.master("local[2]").appName("memwal-tests")
+    # local[2, 3]: two cores, and a failed task is tried up to three times, as on a cluster.
+    session = (SparkSession.builder.master("local[2,3]").appName("memwal-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2")

@@ -25,23 +25,28 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
+    DataSourceStreamArrowWriter,
     InputPartition,
     WriterCommitMessage,
 )
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
-from memwal_sql.errors import InvalidInputError, WriterFencedError
+from memwal_sql.errors import InvalidInputError, ObjectExistsError, WriterFencedError
 from memwal_sql.spark.arrow import spark_compatible, to_spark_batch
 from memwal_sql.spark.filters import spark_predicate
+from memwal_sql.storage import layout
 from planner.predicate import And, Predicate
 
-_OPTIONS = {"path", "consistency", "partitions", "operation", "version", "summary_path"}
+_OPTIONS = {"path", "consistency", "partitions", "operation", "version", "summary_path",
+            "operation_column", "checkpointLocation", "checkpointlocation"}
 _FENCED_RETRIES = 30
 _log = logging.getLogger(__name__)
 
@@ -72,6 +77,12 @@ class MemWalDataSource(DataSource):
 
     def reader(self, schema: StructType) -> MemWalReader:
         return MemWalReader(dict(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> MemWalStreamWriter:  # noqa: N802
+        if overwrite:
+            raise InvalidInputError("outputMode('complete') is not supported: a MemWAL table "
+                                    "takes upserts and deletes; use outputMode('append')")
+        return MemWalStreamWriter(dict(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> MemWalWriter:
         if overwrite:
@@ -125,10 +136,13 @@ class MemWalReader(DataSourceReader):
 
 @dataclass
 class MemWalCommit(WriterCommitMessage):
-    """What one task wrote."""
+    """What one task wrote (for a stream: of which query; ``skipped``: the micro-batch was
+    applied before, so nothing was written)."""
 
     rows: int
     regions: tuple[str, ...]
+    query_id: str = ""
+    skipped: bool = False
 
 
 @dataclass
@@ -196,3 +210,103 @@ def _write_batch(table: Any, batch: pa.RecordBatch, operation: str) -> set[str]:
             # one of them write its batch before the other claims the region back.
             time.sleep(random.uniform(0, min(2.0, 0.02 * 2**attempt)))
     return set()
+
+
+class MemWalStreamWriter(DataSourceStreamArrowWriter):
+    """Micro-batches of upserts, or of changes with an ``operation_column`` (``upsert`` /
+    ``delete``), applied exactly once.
+
+    When every task of micro-batch ``n`` has stored its rows, the commit records ``n`` under
+    ``_mem_wal/_spark_sinks/{query id}/``. A task of a micro-batch already recorded writes
+    nothing: Spark re-runs a batch whose own commit it lost, and an older value must not come
+    back over a newer batch. A batch that fails before its record is written again in full on
+    replay; its rows are the same (Spark replays the same offsets), so writing them twice
+    leaves what writing them once does.
+    """
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+        self.operation_column = options.get("operation_column")
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> MemWalCommit:
+        query_id, batch_id = stream_batch()
+        table = _open(self.options)
+        try:
+            if batch_applied(table.store, query_id, batch_id):
+                for _ in iterator:
+                    pass
+                return MemWalCommit(0, (), query_id, skipped=True)
+            rows, regions = 0, set()
+            for batch in iterator:
+                for operation, part in _operations(batch, self.operation_column):
+                    regions |= _write_batch(table, part, operation)
+                rows += batch.num_rows
+        finally:
+            table.close()
+        return MemWalCommit(rows, tuple(sorted(regions)), query_id)
+
+    def commit(self, messages: list[MemWalCommit | None], batchId: int) -> None:  # noqa: N803
+        queries = {m.query_id for m in messages if m is not None and m.query_id}
+        if not queries:
+            return  # no task ran (an empty micro-batch)
+        table = _open(self.options)
+        for query_id in queries:
+            record_batch(table.store, query_id, batchId)
+
+    def abort(self, messages: list[MemWalCommit | None], batchId: int) -> None:  # noqa: N803
+        pass  # what the tasks stored is written again when Spark retries the batch
+
+
+def stream_batch() -> tuple[str, int]:
+    """The streaming query id and micro-batch id of the task running (Spark sets both as
+    local properties of every micro-batch job)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    query_id = ctx.getLocalProperty("sql.streaming.queryId") if ctx else None
+    batch_id = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
+    if not query_id or batch_id is None:
+        raise InvalidInputError("the memwal stream writer runs only inside a Spark streaming "
+                                "query (no query or batch id in the task)")
+    return query_id, int(batch_id)
+
+
+def _batch_path(query_id: str, batch_id: int) -> str:
+    return f"{layout.MEM_WAL_DIR}/_spark_sinks/{query_id}/{batch_id:020d}.json"
+
+
+def batch_applied(store: Any, query_id: str, batch_id: int) -> bool:
+    """Whether micro-batch ``batch_id`` of ``query_id`` was applied."""
+    return bool(store.exists(_batch_path(query_id, batch_id)))
+
+
+def record_batch(store: Any, query_id: str, batch_id: int) -> None:
+    """Record micro-batch ``batch_id`` of ``query_id`` as applied (once)."""
+    try:
+        store.put_if_not_exists(_batch_path(query_id, batch_id),
+                                json.dumps({"batch_id": batch_id}).encode())
+    except ObjectExistsError:
+        pass
+
+
+def _operations(batch: pa.RecordBatch, column: str | None
+                ) -> Iterator[tuple[str, pa.RecordBatch]]:
+    """``batch`` as runs of one operation each, in row order (a key changed twice in one
+    batch ends as its last change says); the operation column itself is dropped."""
+    if column is None:
+        yield "upsert", batch
+        return
+    if column not in batch.schema.names:
+        raise InvalidInputError(f"no operation column {column!r} in the stream's columns "
+                                f"{batch.schema.names}")
+    ops = batch.column(column)
+    bad = pc.invert(pc.is_in(ops, pa.array(["upsert", "delete"])))
+    if pc.any(pc.fill_null(bad, True)).as_py():
+        raise InvalidInputError(f"operation column {column!r} holds a value other than "
+                                "'upsert' or 'delete'")
+    rows = batch.drop_columns([column])
+    is_delete = pc.equal(ops, "delete").to_numpy(zero_copy_only=False)
+    starts = np.flatnonzero(np.diff(is_delete.astype(np.int8), prepend=-1))
+    ends = np.append(starts[1:], len(is_delete))
+    for start, end in zip(starts, ends):
+        yield ("delete" if is_delete[start] else "upsert"), rows.slice(start, end - start)

@@ -12,6 +12,7 @@ from tests.lsm import lance_latest_rows
 
 pytestmark = pytest.mark.spark
 
+SCHEMA_DDL = "id bigint, tenant string, v double"
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("tenant", pa.string()),
                     pa.field("v", pa.float64())])
 
@@ -132,3 +133,121 @@ def test_a_table_takes_a_spark_dataframe(spark, table):
     tbl.upsert(spark.createDataFrame(new))
     assert sorted_rows(tbl.to_arrow(filter="id >= 5000")).equals(sorted_rows(new))
     tbl.close()
+
+
+def test_streaming_applies_every_micro_batch_exactly_once(spark, table, tmp_path):
+    import os
+
+    import pyarrow.parquet as pq
+
+    src, checkpoint = tmp_path / "src", tmp_path / "checkpoint"
+    src.mkdir()
+    model = {r["id"]: r for r in mw.open_table(table).to_arrow().to_pylist()}
+    for i, (ids, tag) in enumerate([(range(0, 50), 10.0), (range(25, 75), 20.0),
+                                    (range(0, 30), 30.0)]):
+        batch = rows(ids, tag)
+        pq.write_table(batch, src / f"part-{i:03d}.parquet")
+        model.update({r["id"]: r for r in batch.to_pylist()})
+
+    def run():
+        query = (spark.readStream.schema(spark.createDataFrame(rows([1])).schema)
+                 .option("maxFilesPerTrigger", 1).parquet(str(src))
+                 .writeStream.format("memwal").option("checkpointLocation", str(checkpoint))
+                 .trigger(availableNow=True).start(table))
+        query.awaitTermination(300)
+        assert query.exception() is None
+
+    run()
+    expect = pa.Table.from_pylist(sorted(model.values(), key=lambda r: r["id"]), schema=SCHEMA)
+    assert sorted_rows(mw.open_table(table).to_arrow()).equals(expect)
+
+    # A newer write after the last micro-batch, then Spark loses that batch's commit and
+    # replays it on restart: the sink recognises the batch and leaves the newer value.
+    tbl = mw.open_table(table)
+    tbl.upsert(rows([5], 99.0))
+    tbl.close()
+    model[5] = rows([5], 99.0).to_pylist()[0]
+    last = max(int(n) for n in os.listdir(checkpoint / "commits") if n.isdigit())
+    assert last == 2
+    for name in (str(last), f".{last}.crc"):
+        if (checkpoint / "commits" / name).exists():
+            (checkpoint / "commits" / name).unlink()
+    run()
+    expect = pa.Table.from_pylist(sorted(model.values(), key=lambda r: r["id"]), schema=SCHEMA)
+    assert sorted_rows(mw.open_table(table).to_arrow()).equals(expect)
+
+
+def test_an_applied_batch_delivered_again_after_a_later_one_changes_nothing(table, monkeypatch):
+    from memwal_sql.spark import source
+
+    writer = source.MemWalStreamWriter({"path": table, "operation_column": "op"})
+
+    def deliver(batch_id, batch):
+        monkeypatch.setattr(source, "stream_batch", lambda: ("query-1", batch_id))
+        message = writer.write(iter(batch.to_batches()))
+        writer.commit([message], batch_id)
+        return message
+
+    def changes(ids, tag, op):
+        t = rows(ids, tag)
+        return t.append_column("op", pa.array([op] * t.num_rows))
+
+    assert not deliver(7, changes([1, 2, 3], 1.0, "upsert")).skipped
+    assert not deliver(8, pa.concat_tables([changes([1], 2.0, "upsert"),
+                                            changes([2], 0.0, "delete")])).skipped
+    before = sorted_rows(mw.open_table(table).to_arrow())
+    again = deliver(7, changes([1, 2, 3], 1.0, "upsert"))
+    assert again.skipped and again.rows == 0
+    after = sorted_rows(mw.open_table(table).to_arrow())
+    assert after.equals(before)
+    got = {r["id"]: r["v"] for r in after.to_pylist() if r["id"] in (1, 2, 3)}
+    assert got == {1: 1 * 1.5 + 2.0, 3: 3 * 1.5 + 1.0}  # 2 deleted by batch 8
+
+
+def test_a_task_killed_mid_write_and_retried_leaves_the_model(spark, table):
+    # The first attempt of a task dies (its Python worker exits) after part of its rows were
+    # stored; Spark runs it again, and the table ends as if it had run once.
+    model = {r["id"]: r for r in mw.open_table(table).to_arrow().to_pylist()}
+    new = rows(range(600, 1600), 5.0)
+    model.update({r["id"]: r for r in new.to_pylist()})
+
+    def dying(batches):
+        import os
+        import time
+
+        from pyspark import TaskContext
+
+        first_attempt = TaskContext.get().attemptNumber() == 0
+        for i, batch in enumerate(batches):
+            for part in pa.Table.from_batches([batch]).to_batches(max_chunksize=50):
+                yield part
+                if first_attempt and i == 0:
+                    time.sleep(0.05)
+            if first_attempt:
+                time.sleep(1.0)  # the sink stores what it was given so far
+                os._exit(1)
+
+    df = spark.createDataFrame(new).repartition(2).mapInArrow(dying, SCHEMA_DDL)
+    df.write.format("memwal").mode("append").save(table)
+    expect = pa.Table.from_pylist(sorted(model.values(), key=lambda r: r["id"]), schema=SCHEMA)
+    assert sorted_rows(mw.open_table(table).to_arrow()).equals(expect)
+
+
+@pytest.mark.s3
+def test_an_s3_table_with_storage_options_as_source_options(spark, s3_server):
+    import uuid
+
+    uri = f"s3://memwal/{uuid.uuid4().hex}/t"
+    mw.create_table(uri, rows(range(10)), primary_key="id",
+                    region_spec=mw.RegionSpec.bucket("id", 2), storage_options=s3_server)
+    new = rows(range(5, 20), 1.0)
+    writer = spark.createDataFrame(new).write.format("memwal").mode("append")
+    reader = spark.read.format("memwal")
+    for k, v in s3_server.items():
+        writer, reader = writer.option(k, v), reader.option(k, v)
+    writer.save(uri)
+    expect = pa.concat_tables([rows(range(5)), new])
+    assert sorted_rows(reader.load(uri).toArrow()).equals(sorted_rows(expect))
+    summary = mws.write(spark.createDataFrame(rows(range(20, 30))), uri, storage_options=s3_server)
+    assert summary.rows == 10
+    assert mw.open_table(uri, s3_server).count_rows() == 30
