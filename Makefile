@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	scripts/ensure-java
 	$(VENV)/bin/memwal demo
+	$(VENV)/bin/memwal demo --spark
 
 test: $(STAMP)
 	scripts/ensure-java
@@ -29,6 +30,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_read.py
 	$(PY) benchmarks/bench_lookup.py
 	$(PY) benchmarks/bench_maintenance.py
+	$(PY) benchmarks/bench_spark.py
 
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=memwal_sql/_proto proto/memwal.proto

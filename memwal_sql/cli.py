@@ -147,8 +147,12 @@ def cmd_set_aside(a: argparse.Namespace) -> None:
 
 
 def cmd_demo(a: argparse.Namespace) -> None:
-    from memwal_sql.demo import run_demo
+    from memwal_sql.demo import run_demo, run_spark_demo
 
+    if a.spark:
+        if not run_spark_demo(rows=min(a.rows, 200_000), regions=a.regions, uri=a.uri):
+            raise SystemExit("spark demo check FAILED")
+        return
     result = run_demo(rows=a.rows, regions=a.regions, uri=a.uri, durable=not a.no_durable)
     if not result.matches:
         raise SystemExit("demo check FAILED: stored rows differ from what was written")
@@ -207,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     d.add_argument("--regions", type=int, default=4)
     d.add_argument("--uri", help="where to write the table (default: a temporary directory)")
     d.add_argument("--no-durable", action="store_true")
+    d.add_argument("--spark", action="store_true",
+                   help="instead: ingest through Spark, read back with format('memwal'), query")
     d.set_defaults(func=cmd_demo)
     a = p.parse_args(argv)
     try:

@@ -73,8 +73,11 @@ def write(df: Any, uri: str, *, operation: str = "upsert",
                                      set(spec.source_columns) <= set(table.primary_key))
     out = df
     if routable:
+        assert spec is not None
         tagged = df.mapInArrow(_tagger(uri, options), _with_column(df.schema, _REGION))
-        regions = sorted(r[_REGION] for r in tagged.select(_REGION).distinct().collect())
+        regions = _every_region(spec)
+        if regions is None:  # values that only the data tells: one pass to find them
+            regions = sorted(r[_REGION] for r in tagged.select(_REGION).distinct().collect())
         if regions:
             part = {r: _partition_value(i, len(regions)) for i, r in enumerate(regions)}
             from pyspark.sql import functions as F
@@ -113,6 +116,23 @@ def _tagger(uri: str, options: dict[str, str]) -> Any:
             yield batch.append_column(_REGION, ids.take(pa.array(which)))
 
     return tag
+
+
+def _every_region(spec: Any) -> list[str] | None:
+    """Every region id a spec of bucket and unsharded fields can route to; None for others."""
+    from itertools import product
+
+    from memwal_sql.table import region_id_for
+
+    ranges = []
+    for f in spec.fields:
+        if f.transform == "bucket":
+            ranges.append(range(int(f.params["num_buckets"])))
+        elif f.transform == "unsharded":
+            ranges.append(range(1))
+        else:
+            return None
+    return sorted(region_id_for(spec, values) for values in product(*ranges))
 
 
 def _with_column(schema: Any, name: str) -> Any:

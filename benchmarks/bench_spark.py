@@ -1,0 +1,164 @@
+"""Spark benchmark: ingest and read through the memwal data source, against the anchors.
+
+In one run, on ``local[2]`` and the same rows (a bucketed table of 4 regions):
+
+* ingest rows/s through ``memwal_sql.spark.write`` (one task per region, durable writes, each
+  task's MemTables flushed), against the in-process writer (``tbl.upsert`` of the same rows,
+  flushed), and against Spark writing into a plain Lance table with ``merge_insert`` per Arrow
+  batch (the usual alternative; a lost commit race is retried);
+* read rows/s through ``spark.read.format("memwal")`` (rows reach Spark: ``count`` of every
+  column), against ``tbl.to_arrow()``.
+
+Each measurement is the best of ``--runs`` after one warm-up (Spark's first jobs start its
+Python workers). Prints a table of ratios and writes JSON (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+
+import lance
+import numpy as np
+import pyarrow as pa
+
+import memwal_sql as mw
+import memwal_sql.spark as mws
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("user", pa.string()),
+                    pa.field("amount", pa.float64()), pa.field("version", pa.int64())])
+
+
+def rows(n: int) -> pa.Table:
+    ids = np.random.default_rng(1).permutation(n).astype(np.int64)
+    return pa.table({"id": ids, "user": pa.array([f"user{u}" for u in ids % 997]),
+                     "amount": ids * 0.25, "version": np.ones(n, dtype=np.int64)},
+                    schema=SCHEMA)
+
+
+def new_table(work: str) -> str:
+    uri = tempfile.mkdtemp(dir=work) + "/t"
+    mw.create_table(uri, SCHEMA, primary_key="id",
+                    region_spec=mw.RegionSpec.bucket("id", 4)).close()
+    return uri
+
+
+def merge_insert_partitions(uri: str):
+    """A mapInArrow function: each Arrow batch merge-inserted into the Lance table at ``uri``."""
+
+    def write(batches):
+        import lance as lance_
+
+        for batch in batches:
+            for attempt in range(20):
+                try:
+                    ds = lance_.dataset(uri)
+                    ds.merge_insert("id").when_matched_update_all() \
+                        .when_not_matched_insert_all().execute(pa.Table.from_batches([batch]))
+                    break
+                except OSError:  # another task committed first: retry on the new version
+                    if attempt == 19:
+                        raise
+                    time.sleep(0.01 * (attempt + 1))
+            yield pa.RecordBatch.from_pydict({"n": [batch.num_rows]})
+
+    return write
+
+
+def best(fn, runs: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--out", default="benchmarks/results/bench_spark.json")
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore", "PySpark does not yet fully support pandas")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").appName("bench-spark")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.driver.memory", "4g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    mws.register(spark)
+    work = tempfile.mkdtemp(prefix="memwal-bench-spark-")
+    try:
+        data = rows(args.rows)
+        df = spark.createDataFrame(data).repartition(8).cache()
+        df.count()
+
+        def spark_ingest() -> None:
+            mws.write(df, new_table(work))
+
+        def in_process() -> None:
+            with mw.open_table(new_table(work)) as tbl:
+                for batch in data.to_batches(max_chunksize=10_000):
+                    tbl.upsert(batch)
+
+        # merge_insert per batch is slow: timed on a tenth of the rows, and scaled.
+        small = spark.createDataFrame(data.slice(0, args.rows // 10)).repartition(8).cache()
+        small.count()
+
+        def merge_insert() -> None:
+            uri = tempfile.mkdtemp(dir=work) + "/plain"
+            lance.write_dataset(SCHEMA.empty_table(), uri)
+            small.mapInArrow(merge_insert_partitions(uri), "n long").collect()
+
+        read_uri = new_table(work)
+        mws.write(df, read_uri)
+
+        def spark_read() -> None:
+            spark.read.format("memwal").load(read_uri).selectExpr(
+                "count(id)", "count(user)", "count(amount)", "count(version)").collect()
+
+        def arrow_read() -> None:
+            mw.open_table(read_uri).to_arrow()
+
+        seconds = {"spark_write": best(spark_ingest, args.runs),
+                   "in_process_write": best(in_process, args.runs),
+                   "spark_read": best(spark_read, args.runs),
+                   "to_arrow_read": best(arrow_read, args.runs)}
+        seconds["spark_merge_insert"] = best(merge_insert, 1) * 10
+        rps = {k: args.rows / v for k, v in seconds.items()}
+        ratios = {"spark_write_vs_in_process": rps["spark_write"] / rps["in_process_write"],
+                  "spark_write_vs_merge_insert": rps["spark_write"] / rps["spark_merge_insert"],
+                  "spark_read_vs_to_arrow": rps["spark_read"] / rps["to_arrow_read"]}
+        print(f"\n{args.rows:,} rows, local[2], bucket(id, 4)")
+        print(f"{'path':<24}{'rows/s':>14}")
+        for k, v in rps.items():
+            print(f"{k:<24}{v:>14,.0f}")
+        print()
+        for k, v in ratios.items():
+            print(f"{k:<32}{v:>8.2f}x")
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                                   "lance": lance.__version__},
+                       "rows": args.rows, "rows_per_s": rps, "ratios": ratios}, f, indent=2)
+        print(f"\nwrote {args.out}")
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
