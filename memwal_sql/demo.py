@@ -177,7 +177,6 @@ def run_spark_demo(rows: int = 200_000, regions: int = 4, uri: str | None = None
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.driver.host", "127.0.0.1")
              .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.sql.python.filterPushdown.enabled", "true")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     try:

@@ -141,7 +141,6 @@ def spark(tmp_path_factory: Any) -> Iterator[Any]:
                .config("spark.driver.host", "127.0.0.1")
                .config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("warehouse")))
-               .config("spark.sql.python.filterPushdown.enabled", "true")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
                .getOrCreate())

@@ -30,11 +30,13 @@ _PART = "__memwal_part"
 
 
 def register(spark: Any) -> None:
-    """Make ``format("memwal")`` available to ``spark``'s readers and writers.
+    """Make ``format("memwal")`` available to ``spark``'s readers and writers (and turn on
+    Spark's filter pushdown into Python data sources, which memwal reads need).
 
     Example:
         ``register(spark); spark.read.format("memwal").load("/data/events")``
     """
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(MemWalDataSource)
 
 
