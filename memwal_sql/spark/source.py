@@ -192,7 +192,9 @@ class MemWalWriter(DataSourceArrowWriter):
 
 
 def _write_batch(table: Any, batch: pa.RecordBatch, operation: str) -> set[str]:
-    """Write ``batch``; return the regions the table has writers of. A writer fenced by
+    """Write ``batch`` durably; return the regions the table has writers of. (Durably: a
+    non-durable writer learns it was fenced only after its later writes, whose WAL entries
+    were then never stored, and a task could not tell which of its batches to write again.) A writer fenced by
     another task's claim is dropped by the table, and the batch is written again through a
     new claim (the fenced writer's acknowledged writes are in the WAL, and writing a batch
     twice leaves the same rows)."""
