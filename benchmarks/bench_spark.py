@@ -1,6 +1,8 @@
 """Spark benchmark: ingest and read through the memwal data source, against the anchors.
 
-In one run, on ``local[2]`` and the same rows (a bucketed table of 4 regions):
+In one run, on ``local[2]`` and the same rows, upserted into a table that already holds
+``--base-rows`` rows (a bucketed table of 4 regions; the upserts update a tenth of the base and
+insert the rest):
 
 * ingest rows/s through ``memwal_sql.spark.write`` (one task per region, durable writes, each
   task's MemTables flushed), against the in-process writer (``tbl.upsert`` of the same rows,
@@ -36,16 +38,16 @@ SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("user", pa.strin
                     pa.field("amount", pa.float64()), pa.field("version", pa.int64())])
 
 
-def rows(n: int) -> pa.Table:
-    ids = np.random.default_rng(1).permutation(n).astype(np.int64)
+def rows(n: int, first: int = 0, seed: int = 1) -> pa.Table:
+    ids = np.random.default_rng(seed).permutation(n).astype(np.int64) + first
     return pa.table({"id": ids, "user": pa.array([f"user{u}" for u in ids % 997]),
                      "amount": ids * 0.25, "version": np.ones(n, dtype=np.int64)},
                     schema=SCHEMA)
 
 
-def new_table(work: str) -> str:
+def new_table(work: str, base: pa.Table) -> str:
     uri = tempfile.mkdtemp(dir=work) + "/t"
-    mw.create_table(uri, SCHEMA, primary_key="id",
+    mw.create_table(uri, base, primary_key="id",
                     region_spec=mw.RegionSpec.bucket("id", 4)).close()
     return uri
 
@@ -86,6 +88,7 @@ def best(fn, runs: int, *, warm_up: bool = True) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--base-rows", type=int, default=2_000_000)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results/bench_spark.json")
     args = ap.parse_args()
@@ -103,24 +106,25 @@ def main() -> None:
     mws.register(spark)
     work = tempfile.mkdtemp(prefix="memwal-bench-spark-")
     try:
-        data = rows(args.rows)
+        base = rows(args.base_rows, seed=2)
+        data = rows(args.rows, first=args.base_rows - args.rows // 10)
         df = spark.createDataFrame(data).repartition(8).cache()
         df.count()
 
         def spark_ingest() -> None:
-            mws.write(df, new_table(work))
+            mws.write(df, new_table(work, base))
 
         def in_process() -> None:
-            with mw.open_table(new_table(work)) as tbl:
+            with mw.open_table(new_table(work, base)) as tbl:
                 for batch in data.to_batches(max_chunksize=10_000):
                     tbl.upsert(batch)
 
         def merge_insert() -> None:
             uri = tempfile.mkdtemp(dir=work) + "/plain"
-            lance.write_dataset(SCHEMA.empty_table(), uri)
+            lance.write_dataset(base, uri)
             df.mapInArrow(merge_insert_partitions(uri), "n long").collect()
 
-        read_uri = new_table(work)
+        read_uri = new_table(work, base)
         mws.write(df, read_uri)
 
         def spark_read() -> None:
@@ -136,11 +140,13 @@ def main() -> None:
                    "to_arrow_read": best(arrow_read, args.runs)}
         # Slow, and slower as the table grows: one run, the Python workers already warm.
         seconds["spark_merge_insert"] = best(merge_insert, 1, warm_up=False)
-        rps = {k: args.rows / v for k, v in seconds.items()}
+        table_rows = mw.open_table(read_uri).count_rows()  # what each read returns
+        rps = {k: (table_rows if k.endswith("_read") else args.rows) / v
+               for k, v in seconds.items()}
         ratios = {"spark_write_vs_in_process": rps["spark_write"] / rps["in_process_write"],
                   "spark_write_vs_merge_insert": rps["spark_write"] / rps["spark_merge_insert"],
                   "spark_read_vs_to_arrow": rps["spark_read"] / rps["to_arrow_read"]}
-        print(f"\n{args.rows:,} rows, local[2], bucket(id, 4)")
+        print(f"\n{args.rows:,} rows upserted into {args.base_rows:,}, local[2], bucket(id, 4)")
         print(f"{'path':<24}{'rows/s':>14}")
         for k, v in rps.items():
             print(f"{k:<24}{v:>14,.0f}")
@@ -151,7 +157,7 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                    "lance": lance.__version__},
-                       "rows": args.rows, "rows_per_s": rps, "ratios": ratios}, f, indent=2)
+                       "rows": args.rows, "base_rows": args.base_rows, "rows_per_s": rps, "ratios": ratios}, f, indent=2)
         print(f"\nwrote {args.out}")
     finally:
         spark.stop()

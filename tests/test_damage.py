@@ -12,6 +12,7 @@ import pytest
 import memwal_sql as mw
 from memwal_sql.errors import CorruptManifestError
 from memwal_sql.maintenance.status import region_status
+from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import layout
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string())])
@@ -96,9 +97,7 @@ def test_a_removed_region_directory_fails_reads_writes_and_merges(tmp_path):
 def test_a_removed_newest_manifest_version_fails_reads_writes_and_merges(tmp_path):
     uri, rid = merged_table(tmp_path)
     store = mw.open_table(uri).store
-    newest = max(int(layout.parse_bitrev64(m.path)) for m in
-                 store.list(layout.manifest_dir(rid) + "/") if m.path.endswith(".binpb"))
-    store.delete(layout.manifest_path(rid, newest))
+    store.delete(layout.manifest_path(rid, RegionManifestStore(store, rid).list_versions()[-1]))
     before = sorted(m.path for m in store.list(layout.region_dir(rid) + "/"))
     for name, access in every_access(uri, rid).items():
         with pytest.raises(CorruptManifestError, match="manifest"):
@@ -114,10 +113,8 @@ def test_a_manifest_behind_the_index_refuses_a_writer(tmp_path):
     # generation the index has merged.
     uri, rid = merged_table(tmp_path)
     store = mw.open_table(uri).store
-    versions = sorted(int(layout.parse_bitrev64(m.path)) for m in
-                      store.list(layout.manifest_dir(rid) + "/") if m.path.endswith(".binpb"))
-    from memwal_sql.manifest import RegionManifestStore
     manifests = RegionManifestStore(store, rid)
+    versions = manifests.list_versions()
     merged = mw.open_table(uri).merged_generations()[rid]
     keep = max(v for v in versions if manifests.read(v).current_generation <= merged)
     for v in versions:
