@@ -58,3 +58,22 @@ def test_a_partly_read_stream_never_aborts_the_interpreter_at_exit(big_table):
         pytest.skip("this datafusion no longer aborts at exit with a stream in flight")
     codes = [run(big_table, hows[i % 3], "guarded") for i in range(20)]
     assert codes == [0] * 20
+
+
+def test_dataframes_of_a_session_keep_working_as_datafusion_dataframes(tmp_path):
+    from datafusion import col
+
+    tbl = mw.create_table(str(tmp_path), pa.table({"id": pa.array([1, 2, 3], pa.int64()),
+                                                   "v": ["a", "b", "c"]}), primary_key="id")
+    ctx = mw.connect()
+    ctx.register("t", tbl)
+    left = ctx.sql("SELECT id AS k, v FROM t")
+    right = ctx.table("t").select(col("id"), col("v").alias("w"))
+    joined = left.join(right, left_on="k", right_on="id").select(col("k"), col("v"), col("w"))
+    assert joined.sort(col("k")).to_pydict() == \
+        {"k": [1, 2, 3], "v": ["a", "b", "c"], "w": ["a", "b", "c"]}
+    ctx.register_view("view", joined.filter(col("k") > 1))
+    assert ctx.sql("SELECT count(*) AS n FROM view").to_pydict() == {"n": [2]}
+    assert "k" in repr(left) and left.union(ctx.sql("SELECT id, v FROM t")).count() == 6
+    batches = list(ctx.sql("SELECT * FROM t").execute_stream())
+    assert sum(b.to_pyarrow().num_rows for b in batches) == 3
