@@ -25,6 +25,11 @@ class CommitConflictError(RetryableError):
     """Another writer committed the same manifest version or WAL position first."""
 
 
+class GenerationCollectedError(RetryableError):
+    """A read's snapshot named a generation that was merged and garbage-collected since;
+    a new read (a new snapshot) reads its rows from the base table."""
+
+
 class InvalidInputError(MemWalError, ValueError):
     """The data handed to a writer or table is not acceptable; nothing was written."""
 

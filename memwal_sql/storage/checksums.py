@@ -102,7 +102,7 @@ def verify_generation_once(uri: str, storage_options: Mapping[str, str] | None,
         if key in _verified:
             _verified.move_to_end(key)
             return
-    store, directory = _generation_store(uri, storage_options)
+    store, directory = generation_store(uri, storage_options)
     verify_generation(store, directory, list(names) if names is not None else None)
     with _verified_lock:
         _verified[key] = True
@@ -110,8 +110,8 @@ def verify_generation_once(uri: str, storage_options: Mapping[str, str] | None,
             _verified.popitem(last=False)
 
 
-def _generation_store(uri: str, storage_options: Mapping[str, str] | None
-                      ) -> tuple[ObjectStore, str]:
+def generation_store(uri: str, storage_options: Mapping[str, str] | None
+                     ) -> tuple[ObjectStore, str]:
     """The table's store (rooted above ``_mem_wal/``) and the generation's path in it."""
     root, sep, rest = uri.rpartition(f"/{layout.MEM_WAL_DIR}/")
     if not sep:

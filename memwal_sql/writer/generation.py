@@ -15,9 +15,19 @@ import lance
 import pyarrow as pa
 
 from memwal_sql._proto.memwal_pb2 import FlushedGeneration
-from memwal_sql.errors import CorruptGenerationError, StorageError
+from memwal_sql.errors import (
+    CorruptGenerationError,
+    GenerationCollectedError,
+    MemWalError,
+    StorageError,
+)
+from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import ObjectStore, layout
-from memwal_sql.storage.checksums import record_checksums, verify_generation_once
+from memwal_sql.storage.checksums import (
+    generation_store,
+    record_checksums,
+    verify_generation_once,
+)
 from memwal_sql.writer.bloom import bloom_filter_bytes, pk_hashes
 from memwal_sql.writer.pk_index import PK_INDEX_DIR, PK_INDEX_FILES, read_pk_index, write_pk_index
 
@@ -68,26 +78,50 @@ def open_generation(uri: str, storage_options: dict[str, str] | None = None
                     ) -> lance.LanceDataset:
     """The generation at ``uri`` as a Lance dataset, its files verified against the checksums
     recorded at flush (once per process): :class:`CorruptGenerationError` if one is damaged."""
-    verify_generation_once(uri, storage_options)
     try:
+        verify_generation_once(uri, storage_options)
         return lance.dataset(uri, storage_options=storage_options or None)
+    except CorruptGenerationError as e:
+        raise _collected(uri, storage_options) or e
     except (OSError, ValueError) as e:  # a manifest names it: it must be there
-        raise CorruptGenerationError(
+        raise _collected(uri, storage_options) or CorruptGenerationError(
             f"generation {uri} cannot be opened ({e}): it is missing or damaged. Restore the "
             "generation directory from a backup") from e
     except BaseException as e:
         raise _unreadable(uri, e) from e
 
 
+def _collected(uri: str, storage_options: dict[str, str] | None
+               ) -> GenerationCollectedError | None:
+    """:class:`GenerationCollectedError` for a generation GC collected after it was merged
+    (GC drops a generation from the region manifest before it deletes its files); None if
+    the manifest still names it: then a missing file is damage."""
+    store, directory = generation_store(uri, storage_options)
+    _, region_id, name = directory.rsplit("/", 2)
+    try:
+        manifest = RegionManifestStore(store, region_id).latest()
+    except MemWalError:
+        return None
+    if manifest is None or any(g.path == name for g in manifest.flushed_generations):
+        return None
+    return GenerationCollectedError(
+        f"generation {uri} was merged into the base table and collected after this read's "
+        "snapshot was taken; read again")
+
+
 def read_generation_pk_index(uri: str, storage_options: dict[str, str] | None = None
                              ) -> pa.Table:
     """The generation's ``_pk_index`` as ``(values, ids)``, verified first (see
     :func:`open_generation`)."""
-    verify_generation_once(uri, storage_options, tuple(f"{PK_INDEX_DIR}/{f}" for f in PK_INDEX_FILES))
+    try:
+        verify_generation_once(uri, storage_options,
+                               tuple(f"{PK_INDEX_DIR}/{f}" for f in PK_INDEX_FILES))
+    except CorruptGenerationError as e:
+        raise _collected(uri, storage_options) or e
     try:
         return read_pk_index(uri, storage_options)
     except StorageError as e:
-        raise CorruptGenerationError(
+        raise _collected(uri, storage_options) or CorruptGenerationError(
             f"{e}: the generation's key index is missing or damaged. Restore the generation "
             "directory from a backup") from e
     except BaseException as e:

@@ -187,3 +187,25 @@ def test_a_merge_committed_while_gc_runs_is_synced_before_gc_acts_on_it(tmp_path
     assert result.generations == {w.region_id: [1]}  # on the word of the merge's version
     committed = {p for p in files_under(tmp_path) - before if "_mem_wal" not in p}
     assert any("/data/" in p for p in committed) and committed <= at_first_delete[0]
+
+
+def test_a_read_of_a_generation_gc_collected_after_its_snapshot_is_retryable(tmp_path):
+    # Not damage: the snapshot is older than the GC pass. A new read sees the merged rows.
+    from exec_nodes.lookup import CACHE
+    from memwal_sql.errors import GenerationCollectedError, RetryableError
+    from memwal_sql.snapshot import take_snapshot
+    from planner.scan import plan_scan
+
+    tbl = mw.create_table(str(tmp_path), pa.schema([pa.field("id", pa.int64(), False),
+                                                    pa.field("v", pa.string())]),
+                          primary_key="id")
+    tbl.upsert({"id": [1, 2], "v": ["a", "b"]})
+    tbl.flush()
+    plan = plan_scan(take_snapshot(tbl), tbl.region_spec, tbl.schema, None)
+    assert tbl.maintain(base_versions_older_than=timedelta(0)).gc.generations
+    CACHE.clear()
+    with pytest.raises(GenerationCollectedError, match="read again") as e:
+        plan.root.to_table()
+    assert isinstance(e.value, RetryableError)
+    assert sorted(tbl.to_arrow().column("id").to_pylist()) == [1, 2]
+    tbl.close()
