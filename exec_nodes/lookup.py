@@ -565,7 +565,8 @@ class CoalesceFirstExec(KeyedExec):
         for child in self._children:
             if len(open_rows) == 0:
                 break
-            rows, hit = child.probe(keys.take(pa.array(open_rows)))
+            asked = keys if len(open_rows) == keys.num_rows else keys.take(pa.array(open_rows))
+            rows, hit = child.probe(asked)
             if rows.num_rows:
                 found.append(rows)
                 open_rows = open_rows[~hit]
