@@ -28,8 +28,9 @@ from memwal_sql.session import (
     read_failures,
     typed_errors,
 )
-from memwal_sql.snapshot import take_snapshot
+from memwal_sql.snapshot import TableSnapshot, take_snapshot
 from planner.lookup import LookupPlan, plan_lookup
+from planner.predicate import Predicate
 
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
@@ -119,6 +120,18 @@ class TableReads:
         plan = ctx.last_plan(name)
         assert plan is not None
         return plan.explain()
+
+    def pushed_filter(self, filter: str, consistency: str
+                      ) -> tuple[Predicate | None, TableSnapshot, bool]:
+        """``filter`` parsed (:class:`InvalidFilterError` if it is not one boolean expression)
+        and pushed as DataFusion pushes it into a scan: the predicate tree, the snapshot the
+        planning pinned, and whether DataFusion kept a part of it to itself (a function
+        pyarrow cannot express) that the caller must still apply."""
+        _, df, _, ds = self._frame(None, filter, consistency, False)
+        with typed_errors(ds):
+            plan = df.execution_plan()  # physical planning pushes the filter into the dataset
+        assert ds is not None
+        return ds.last_predicate, ds.snapshot(), "FilterExec" in plan.display_indent()
 
     def _lookup_plan(self, keys: Any, consistency: str) -> tuple[LookupPlan, pa.Table]:
         t = self.table

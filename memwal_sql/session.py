@@ -137,6 +137,8 @@ class MemWalDataset(pds.Dataset):
         self._snapshot: TableSnapshot | None = None
         self._lock = threading.Lock()
         self.last_plan: ScanPlan | LookupPlan | None = None
+        #: The filter DataFusion pushed into the last plan, decoded (None: no filter).
+        self.last_predicate: Predicate | None = None
         #: The first memwal-sql error a query of this dataset raised; DataFusion hands it back
         #: as a plain Exception, so the table API re-raises this one (see :func:`typed_errors`).
         self.error: MemWalError | None = None
@@ -177,6 +179,7 @@ class MemWalDataset(pds.Dataset):
     def _fragments(self, filter: pc.Expression | pa.Scalar | None) -> list[Any]:
         table = self._table
         predicate = decode_filter(filter, self._schema)
+        self.last_predicate = predicate
         pinned = lookup_keys(predicate, table.primary_key, table.schema)
         if pinned is not None:  # WHERE pk = v / pk IN (...): the point-lookup plan
             keys, rest = pinned

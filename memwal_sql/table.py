@@ -119,6 +119,7 @@ class MemWalTable:
         # Every writer this object opened, by region, so this process's reads see its MemTables.
         self._live: weakref.WeakValueDictionary[str, RegionWriter] = weakref.WeakValueDictionary()
         self._reads_impl: Any = None
+        self._search_impl: Any = None
         self._details_cache: tuple[int, MemWalIndexDetails] | None = None
         self._snapshots_cache: tuple[tuple[int, int], list[RegionManifest] | None] | None = None
         # The newest manifest seen per region: a snapshot re-reads one only if a newer exists.
@@ -359,6 +360,80 @@ class MemWalTable:
             ``print(tbl.explain_lookup([1, 2]))``
         """
         return self._reads.explain_lookup(keys, consistency)
+
+    # ---- search (implemented in memwal_sql.search) ----------------------------------------------
+
+    @property
+    def _search(self) -> Any:
+        if self._search_impl is None:
+            from memwal_sql.search import TableSearch
+
+            self._search_impl = TableSearch(self)
+        return self._search_impl
+
+    def create_index(self, column: str, index_type: str, *, name: str | None = None,
+                     replace: bool = True, **params: Any) -> Any:
+        """Create an index on the base table and maintain it: ``IVF_PQ``, ``IVF_FLAT``,
+        ``IVF_HNSW_SQ`` (vectors; ``params`` as Lance's ``create_index`` takes them) or
+        ``INVERTED``, ``BTREE`` (scalar; as ``create_scalar_index``). The index is recorded in
+        the MemWAL index's ``maintained_indexes``. Returns its
+        :class:`~memwal_sql.search.IndexInfo`.
+
+        Example:
+            ``tbl.create_index("vec", "IVF_PQ", num_partitions=16, num_sub_vectors=8)``
+        """
+        from memwal_sql.search import create_index
+
+        return create_index(self, column, index_type, name=name, replace=replace, **params)
+
+    def list_indexes(self) -> list[Any]:
+        """The base table's indexes: type, columns, whether writers maintain them, and how
+        far each has caught up with the merged generations
+        (:class:`~memwal_sql.search.IndexInfo`).
+
+        Example:
+            ``[(i.name, i.caught_up) for i in tbl.list_indexes()]``
+        """
+        from memwal_sql.search import list_indexes
+
+        return list_indexes(self)
+
+    def vector_search(
+        self,
+        query: Any,
+        column: str | None = None,
+        k: int = 10,
+        filter: str | None = None,
+        *,
+        nprobes: int | None = None,
+        refine_factor: int | None = None,
+        metric: str | None = None,
+        consistency: str = "strong",
+    ) -> pa.Table:
+        """The ``k`` rows nearest to ``query`` among the latest rows (fresh writes included,
+        stale versions and deleted keys never), as the table's columns plus ``_distance``,
+        nearest first.
+
+        ``filter`` (SQL) applies to each row's latest version. ``metric`` is the index's
+        (else ``l2``); ``nprobes`` and ``refine_factor`` tune the base table's ANN index
+        (a quantized index is refined over ``10 * k`` candidates by default).
+
+        Example:
+            ``tbl.vector_search([0.1, 0.2, 0.3], k=5, filter="category = 'a'")``
+        """
+        return self._search.vector_search(query, column, k, filter, nprobes, refine_factor,
+                                          metric, consistency)
+
+    def explain_search(self, query: Any, column: str | None = None, k: int = 10,
+                       filter: str | None = None, **options: Any) -> str:
+        """Run a vector search and show its plan: the sources searched, the regions pruned,
+        and how many candidates FilterStaleExec dropped as stale or deleted.
+
+        Example:
+            ``print(tbl.explain_search([0.1, 0.2, 0.3], k=5))``
+        """
+        self.vector_search(query, column, k, filter, **options)
+        return self._search.last_plan.explain()
 
     # ---- maintenance --------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ probed. A tombstone in a newer source resolves a key as absent.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ from exec_nodes.lookup import (
 )
 from exec_nodes.scan import source_schema
 from memwal_sql.index.region_spec import RegionSpec
-from memwal_sql.snapshot import TableSnapshot
+from memwal_sql.snapshot import GenerationRef, TableSnapshot
 from memwal_sql.storage import ObjectStore
 from memwal_sql.writer.bloom import pk_hashes
 from memwal_sql.writer.generation import BLOOM_FILTER
@@ -81,14 +82,31 @@ def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | 
     # probes its generations through one merged index from MERGED_INDEX_KEYS keys on).
     hashed = keys if keys.num_rows >= MERGED_INDEX_KEYS else \
         keys.append_column(HASH, pa.array(pk_hashes(keys)))
-    schema = source_schema(snapshot.wal_schema)
-    opts = dict(snapshot.storage_options or {}) or None
-    base = BaseLookupExec(snapshot.dataset, schema, pk)
+    base = BaseLookupExec(snapshot.dataset, source_schema(snapshot.wal_schema), pk)
     # Probed through its btree, the base table stays on the index while it catches up: the
     # generations of the gap are probed like newer ones and the base only where it is indexed.
     indexed = None if base.uses_key_index() else plan_indexed_read(snapshot, pk[:1])
     if indexed is not None:
         base.fragment_ids = list(indexed.fragment_ids)
+    regions = region_lookups(snapshot, store, spec, hashed,
+                             indexed.gap if indexed is not None else None)
+    return LookupPlan(snapshot, PointLookupExec(keys, regions, base), indexed=indexed)
+
+
+def region_lookups(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | None,
+                   keys: pa.Table, gap: Mapping[str, Sequence[GenerationRef]] | None = None
+                   ) -> list[CoalesceFirstExec]:
+    """Per region, the node that finds the newest version (tombstones included) of each of
+    ``keys`` the region holds: its MemTables, then its generations newest first (and the
+    ``gap`` generations of an indexed read), each key routed to its region when the spec
+    allows, else asked of every region.
+
+    Example:
+        ``[r.to_table() for r in region_lookups(snap, tbl.store, tbl.region_spec, keys)]``
+    """
+    pk = list(snapshot.primary_key)
+    schema = source_schema(snapshot.wal_schema)
+    opts = dict(snapshot.storage_options or {}) or None
     routable = spec is not None and bool(spec.fields) and set(spec.source_columns) <= set(pk) \
         and all(f.transform_impl.evaluable_in_callbacks([keys.schema.field(c).type
                                                           for c in f.source_columns])
@@ -96,8 +114,8 @@ def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | 
     by_values: dict[tuple[Any, ...], pa.Table] = {}
     if routable:
         assert spec is not None
-        for values, idx in spec.group_rows(keys).items():
-            by_values[tuple(values)] = hashed.take(pa.array(idx))
+        for values, idx in spec.group_rows(keys.select(pk)).items():
+            by_values[tuple(values)] = keys.take(pa.array(idx))
     regions = []
     for region in snapshot.regions:
         if routable and region.region_values is not None:
@@ -105,15 +123,15 @@ def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | 
             if region_keys is None:
                 continue
         else:
-            region_keys = hashed  # cannot route: this region may hold any key
+            region_keys = keys  # cannot route: this region may hold any key
         children: list[KeyedExec] = []
         for mem in region.unflushed:
             children.append(TakeLastExec(region.region_id, mem.generation, schema, pk,
                                          batches=mem.batches, origin=mem.origin))
-        gap = indexed.gap.get(region.region_id, ()) if indexed else ()
+        extra = gap.get(region.region_id, ()) if gap else ()
         gens = [TakeLastExec(region.region_id, gen.generation, schema, pk, uri=gen.uri,
                              storage_options=opts)
-                for gen in sorted([*region.generations, *gap], key=lambda g: -g.generation)]
+                for gen in sorted([*region.generations, *extra], key=lambda g: -g.generation)]
         if len(gens) > 1 and region_keys.num_rows >= MERGED_INDEX_KEYS:
             children.append(GenerationIndexExec(gens, pk, schema))
         else:  # a few keys: a bloom test per generation rules most of them out cheaper
@@ -124,7 +142,7 @@ def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | 
         if children:
             regions.append(CoalesceFirstExec(children, pk, schema, keys=region_keys,
                                              label=f"region {region.region_id[:8]}"))
-    return LookupPlan(snapshot, PointLookupExec(keys, regions, base), indexed=indexed)
+    return regions
 
 
 def _pinned_values(term: Predicate) -> tuple[str, pa.Array] | None:

@@ -1,0 +1,256 @@
+"""KNN leaves of a vector search: the nearest rows of *one* source, by a vector column.
+
+Each source of a snapshot (the base table, a flushed generation, a MemTable or WAL tail) answers
+``top(n)``: its ``n`` nearest rows matching the search's filter, every column of the source plus
+``_gen``, ``_rowaddr`` and ``_distance``, nearest first. A source does not know whether a row is
+its key's latest version: :class:`~exec_nodes.stale.FilterStaleExec` decides that, and asks a
+source for more rows (a larger ``n``) when stale ones took the places of valid ones.
+
+Distances are Lance's: ``l2`` is the squared Euclidean distance, ``cosine`` is ``1 - cos``,
+``dot`` is ``1 - a·b``; the newer sources compute them exactly in numpy (a MemTable or a
+generation is small), the base table through Lance (its ANN index, refined, or a flat search).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from exec_nodes.base import BASE_GENERATION, ROWADDR, TOMBSTONE, ExecNode, conform
+from exec_nodes.lookup import CACHE, _whole_fragment
+from memwal_sql.writer.generation import open_generation
+from planner.predicate import Predicate, matches
+from planner.substrait import lance_filter
+
+DISTANCE = "_distance"
+METRICS = ("l2", "cosine", "dot")
+
+
+def with_distance(schema: pa.Schema) -> pa.Schema:
+    """``schema`` plus ``_distance`` (float32, as Lance returns it)."""
+    return schema.append(pa.field(DISTANCE, pa.float32()))
+
+
+def vectors_of(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed-size-list column as an ``(n, dim)`` float32 matrix and a mask of its non-null
+    rows (a null vector, e.g. a tombstone's, is never a neighbour)."""
+    col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    n, dim = len(col), col.type.list_size
+    valid = np.ones(n, dtype=bool) if col.null_count == 0 else \
+        col.is_valid().to_numpy(zero_copy_only=False)
+    flat = col.flatten() if col.offset or col.null_count else col.values
+    values = flat.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    if col.null_count:  # flatten() skips null slots: put the rows back in place
+        matrix = np.zeros((n, dim), dtype=np.float32)
+        matrix[valid] = values.reshape(-1, dim)
+        return matrix, valid
+    return values.reshape(n, dim), valid
+
+
+def distances(matrix: np.ndarray, query: np.ndarray, metric: str) -> np.ndarray:
+    """Lance's distance of every row of ``matrix`` to ``query`` (float32).
+
+    Example:
+        >>> distances(np.array([[3.0, 4.0]], np.float32), np.zeros(2, np.float32), "l2").tolist()
+        [25.0]
+    """
+    if metric == "l2":
+        diff = matrix - query
+        return np.einsum("ij,ij->i", diff, diff).astype(np.float32)
+    if metric == "dot":
+        return (1.0 - matrix @ query).astype(np.float32)
+    if metric == "cosine":
+        norms = np.linalg.norm(matrix, axis=1) * np.linalg.norm(query)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (1.0 - (matrix @ query) / norms).astype(np.float32)
+    raise ValueError(f"unknown metric {metric!r}")
+
+
+class KnnSource(ExecNode):
+    """One source's nearest rows. ``top(n)`` is computed once per ``n`` and kept, so asking
+    again for the same or fewer rows costs nothing."""
+
+    _locks = ("_lock",)
+    _computed = ("_top",)
+
+    def __init__(self, region_id: str | None, generation: int, schema: pa.Schema, column: str,
+                 query: np.ndarray, metric: str, predicate: Predicate | None, k: int) -> None:
+        self.region_id = region_id
+        self.generation = generation
+        self._schema = with_distance(schema)
+        self.column = column
+        self.query = query
+        self.metric = metric
+        self.predicate = predicate
+        self.k = k
+        self._top: tuple[int, pa.Table] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    def top(self, n: int) -> pa.Table:
+        """The ``n`` nearest rows matching the predicate, nearest first (fewer if the source
+        has fewer)."""
+        with self._lock:
+            if self._top is None or self._top[0] < n and self._top[1].num_rows == self._top[0]:
+                self._top = (n, self._nearest(n))
+            return self._top[1].slice(0, n)
+
+    def fetched(self) -> int:
+        """How many rows the last ``top`` call asked for (0 before any)."""
+        return 0 if self._top is None else self._top[0]
+
+    def execute(self) -> Iterator[pa.RecordBatch]:
+        yield from self.top(self.k).to_batches()
+
+    def _nearest(self, n: int) -> pa.Table:
+        raise NotImplementedError
+
+    def _exact(self, rows: pa.Table, n: int) -> pa.Table:
+        """The ``n`` nearest of ``rows`` (live, matching rows only), computed in numpy."""
+        rows = matches(self.predicate, rows)
+        if TOMBSTONE in rows.column_names and rows.num_rows:
+            rows = rows.filter(pc.invert(rows.column(TOMBSTONE)))
+        matrix, valid = vectors_of(rows.column(self.column))
+        dist = distances(matrix, self.query, self.metric)
+        dist[~valid | np.isnan(dist)] = np.inf
+        n = min(n, int(np.count_nonzero(np.isfinite(dist))))
+        if n == 0:
+            return self.schema.empty_table()
+        best = np.argpartition(dist, n - 1)[:n] if n < len(dist) else np.arange(len(dist))
+        best = best[np.lexsort((best, dist[best]))]
+        out = conform(rows.take(pa.array(best)), self.schema.remove(len(self.schema) - 1))
+        return out.append_column(self.schema.field(DISTANCE), pa.array(dist[best], pa.float32()))
+
+
+class MemTableKnnExec(KnnSource):
+    """Exact KNN over a MemTable's (or WAL tail's) rows, as captured by the snapshot."""
+
+    name = "MemTableKnnExec"
+
+    def __init__(self, region_id: str, generation: int, batches: Sequence[pa.RecordBatch],
+                 schema: pa.Schema, column: str, query: np.ndarray, metric: str,
+                 predicate: Predicate | None, k: int, origin: str = "memtable") -> None:
+        super().__init__(region_id, generation, schema, column, query, metric, predicate, k)
+        self.batches = list(batches)
+        self.origin = origin
+
+    def describe(self) -> str:
+        rows = sum(b.num_rows for b in self.batches)
+        return f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} " \
+               f"{self.origin} rows={rows} exact k={self.k}"
+
+    def _nearest(self, n: int) -> pa.Table:
+        if not self.batches:
+            return self.schema.empty_table()
+        source = self.schema.remove(len(self.schema) - 1)
+        rows = conform(pa.Table.from_batches(self.batches), source, self.generation)
+        return self._exact(rows, n)
+
+
+class GenerationKnnExec(KnnSource):
+    """Exact KNN over a flushed generation: in numpy over its rows when the lookup cache
+    keeps them (a generation is MemTable-sized), else a flat search through Lance.
+
+    Rows a generation's deletion vector hides (older duplicates of a key in the same flush)
+    may be candidates here; they are never their key's newest version, so
+    :class:`~exec_nodes.stale.FilterStaleExec` drops them.
+    """
+
+    name = "GenerationKnnExec"
+
+    def __init__(self, region_id: str, generation: int, uri: str, schema: pa.Schema,
+                 column: str, query: np.ndarray, metric: str, predicate: Predicate | None,
+                 k: int, storage_options: dict[str, str] | None = None) -> None:
+        super().__init__(region_id, generation, schema, column, query, metric, predicate, k)
+        self.uri = uri
+        self.storage_options = storage_options
+
+    def describe(self) -> str:
+        return f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} " \
+               f"{self.uri.rsplit('/', 1)[-1]} exact k={self.k}"
+
+    def _nearest(self, n: int) -> pa.Table:
+        rows = self._rows()
+        if rows is not None:
+            return self._exact(rows, n)
+        ds = open_generation(self.uri, self.storage_options)
+        return _lance_nearest(ds, self, n, {"use_index": False}, self.generation)
+
+    def _rows(self) -> pa.Table | None:
+        uri, opts, source = self.uri, self.storage_options, self.schema.remove(len(self.schema) - 1)
+
+        def load() -> tuple[pa.Table | None, int]:
+            ds = open_generation(uri, opts)
+            frags = ds.get_fragments()
+            if len(frags) != 1:
+                return None, 64
+            names = [f.name for f in source if f.name in ds.schema.names]
+            return _whole_fragment(frags[0], names, self.generation, source)
+
+        # The same entry point lookups use: a generation read whole serves both.
+        return CACHE.get("rows", uri, load)  # type: ignore[return-value]
+
+
+class BaseKnnExec(KnnSource):
+    """KNN over the base table at the snapshot's version through Lance: its vector index when
+    there is one (``nprobes`` partitions, candidates re-ranked by exact distance with
+    ``refine_factor``), and a flat search of the rows the index does not cover yet."""
+
+    name = "BaseKnnExec"
+
+    def __init__(self, dataset: lance.LanceDataset, schema: pa.Schema, column: str,
+                 query: np.ndarray, metric: str, predicate: Predicate | None, k: int, *,
+                 index: str | None, nprobes: int | None, refine_factor: int | None) -> None:
+        super().__init__(None, BASE_GENERATION, schema, column, query, metric, predicate, k)
+        self.dataset = dataset
+        self.index = index
+        self.nprobes = nprobes
+        self.refine_factor = refine_factor
+
+    def describe(self) -> str:
+        how = f"index {self.index} nprobes={self.nprobes} refine_factor={self.refine_factor}" \
+            if self.index else "flat (no vector index)"
+        return f"{self.name}: version={self.dataset.version} k={self.k} {how}"
+
+    def _nearest(self, n: int) -> pa.Table:
+        options: dict[str, object] = {}
+        if self.index:
+            if self.nprobes:
+                options["nprobes"] = self.nprobes
+            if self.refine_factor:
+                options["refine_factor"] = self.refine_factor
+        return _lance_nearest(self.dataset, self, n, options, BASE_GENERATION)
+
+
+def _lance_nearest(ds: lance.LanceDataset, node: KnnSource, n: int,
+                   options: dict[str, object], generation: int) -> pa.Table:
+    """``n`` nearest rows of a Lance dataset, the filter applied before the search."""
+    source = node.schema.remove(len(node.schema) - 1)
+    names = [f.name for f in source if f.name in ds.schema.names and f.name != ROWADDR]
+    pushed, exact = lance_filter(node.predicate, ds.schema)
+    if TOMBSTONE in ds.schema.names:  # a generation's tombstones are never neighbours
+        live = ~pc.field(TOMBSTONE)
+        pushed = live if pushed is None else pushed & live
+    nearest = {"column": node.column, "q": node.query, "k": n, "metric": node.metric, **options}
+    if node.predicate is not None and not exact:
+        # Lance cannot take this filter: search all rows, then filter (exact, but slower).
+        nearest["k"] = ds.count_rows()
+    table = ds.scanner(columns=names, nearest=nearest, filter=pushed, prefilter=True,
+                       with_row_address=True).to_table()
+    if not exact:
+        table = matches(node.predicate, table).slice(0, n)
+    dist = table.column(DISTANCE)
+    out = conform(table, source, generation)
+    return out.append_column(node.schema.field(DISTANCE), dist.cast(pa.float32()))
+
+
+__all__ = ["BaseKnnExec", "DISTANCE", "GenerationKnnExec", "KnnSource", "METRICS",
+           "MemTableKnnExec", "distances", "vectors_of", "with_distance"]

@@ -1,0 +1,200 @@
+"""FilterStaleExec and TopKExec: the LSM-merging step and the global ranking of a search.
+
+A search asks every source of a snapshot (base table, flushed generations, MemTables) for its
+best rows. A row is in the answer only if it is its key's *latest* version: a newer source may
+hold a newer version of the key (which did not rank, or does not match the filter any more) or
+a tombstone. :class:`FilterStaleExec` finds, for the candidates' keys, where each key's latest
+version lives, through the point-lookup nodes of every region (the spec's bloom filters as the
+fast path, each hit confirmed in that generation's ``_pk_index``, so a false positive never drops
+a valid row), and keeps a candidate only if it *is* that version.
+
+Dropping stale candidates can leave a source's share of the top ``k`` short. So the sources are
+asked again for more (four times as many) while some source lost candidates and its last
+candidate still ranks within the current ``k`` best: the answer is then exactly the top ``k``
+of the latest rows that each source can find.
+
+The newest version of a key follows the scan's rule (``DeduplicateExec``): highest ``_gen``, then
+highest ``_rowaddr``; the base table (``_gen`` -1) is oldest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode
+from exec_nodes.keyset import KeySet, last_per_key
+from exec_nodes.knn import KnnSource
+from exec_nodes.lookup import CoalesceFirstExec, distinct_keys
+
+SOURCE = "__memwal_source"  # which child a candidate came from
+_MORE = 4  # a source asked again is asked for this many times as many rows
+
+
+class FilterStaleExec(ExecNode):
+    """Candidates of every source, with the rows that are not their key's latest version
+    (or that a newer tombstone deleted) dropped.
+
+    ``newer_sources(keys)`` gives, per region, the lookup node of those keys (see
+    :func:`planner.lookup.region_lookups`); ``post_filter`` (optional) drops candidates a
+    filter the sources could not apply rejects. ``score`` names the ranking column and
+    ``descending`` its order; ``k`` is how many results the parent keeps.
+    """
+
+    name = "FilterStaleExec"
+
+    def __init__(self, children: Sequence[KnnSource], primary_key: Sequence[str],
+                 newer_sources: Callable[[pa.Table], list[CoalesceFirstExec]], k: int, *,
+                 score: str, descending: bool = False,
+                 post_filter: Callable[[pa.Table], pa.Table] | None = None) -> None:
+        self._children = list(children)
+        self.primary_key = list(primary_key)
+        self.newer_sources = newer_sources
+        self.k = k
+        self.score = score
+        self.descending = descending
+        self.post_filter = post_filter
+        self.dropped_stale = 0  # candidates a newer version of their key made stale
+        self.dropped_deleted = 0  # candidates whose key a newer tombstone deleted
+        self.rounds = 0
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._children[0].schema if self._children else pa.schema([])
+
+    @property
+    def children(self) -> list[ExecNode]:
+        return list(self._children)
+
+    def describe(self) -> str:
+        return (f"{self.name}: key={self.primary_key} latest version only, {self.rounds} "
+                f"round(s); dropped {self.dropped_stale} stale, {self.dropped_deleted} deleted")
+
+    def execute(self) -> Iterator[pa.RecordBatch]:
+        yield from self.valid().to_batches()
+
+    def valid(self) -> pa.Table:
+        """Every valid candidate found (at least the best ``k`` of them), unsorted."""
+        fetch = [self.k] * len(self._children)
+        while True:
+            self.rounds += 1
+            parts = []
+            for i, (child, n) in enumerate(zip(self._children, fetch)):
+                rows = child.top(n)
+                parts.append(rows.append_column(SOURCE, pa.array(np.full(rows.num_rows, i))))
+            candidates = pa.concat_tables(parts) if parts else \
+                self.schema.empty_table().append_column(SOURCE, pa.array([], pa.int64()))
+            candidates = candidates.append_column(
+                "__row", pa.array(np.arange(candidates.num_rows)))
+            keep = self._latest(candidates)
+            if self.post_filter is not None and keep.any():
+                survivors = self.post_filter(candidates.filter(pa.array(keep)))
+                keep[:] = False
+                keep[survivors.column("__row").to_numpy()] = True
+            kept = candidates.filter(pa.array(keep))
+            more = self._more(candidates, keep, kept, fetch)
+            if not more:
+                self.dropped_stale, self.dropped_deleted = self._drops
+                return kept.drop_columns([SOURCE, "__row"])
+            fetch = more
+
+    def _more(self, candidates: pa.Table, keep: np.ndarray, kept: pa.Table,
+              fetch: list[int]) -> list[int] | None:
+        """The next fetch sizes, or None when the ``k`` best valid candidates are final."""
+        scores = kept.column(self.score).to_numpy()
+        if len(scores) >= self.k:
+            part = np.partition(-scores if self.descending else scores, self.k - 1)
+            kth = part[self.k - 1]
+        else:
+            kth = np.inf
+        source = candidates.column(SOURCE).to_numpy()
+        all_scores = candidates.column(self.score).to_numpy()
+        out, grew = list(fetch), False
+        for i, child in enumerate(self._children):
+            mine = source == i
+            returned = int(mine.sum())
+            if returned < fetch[i] or keep[mine].all():
+                continue  # exhausted, or nothing of it was dropped
+            last = all_scores[mine].min() if self.descending else all_scores[mine].max()
+            if (-last if self.descending else last) <= kth:
+                out[i], grew = fetch[i] * _MORE, True
+        return out if grew else None
+
+    def _latest(self, candidates: pa.Table) -> np.ndarray:
+        """Which candidates are their key's latest live version (counting what is not)."""
+        n = candidates.num_rows
+        self._drops = (0, 0)
+        if n == 0:
+            return np.zeros(0, dtype=bool)
+        keys = distinct_keys(candidates.select(self.primary_key))
+        found = [node.probe(node.keys).rows for node in self.newer_sources(keys)
+                 if node.keys is not None]
+        found = [f for f in found if f.num_rows]
+        gen = candidates.column(GEN).to_numpy()
+        is_base = gen == BASE_GENERATION
+        if not found:  # no newer source holds any of these keys: only base rows are latest
+            self._drops = (int((~is_base).sum()), 0)
+            return is_base
+        rows = pa.concat_tables([f.select([*self.primary_key, GEN, ROWADDR, TOMBSTONE])
+                                 for f in found])
+        # One rank per version, newest highest (generation, then row address), and whether
+        # it is a tombstone in the lowest bit: the scan's packing (DeduplicateExec).
+        rank = _rank(rows.column(GEN), rows.column(ROWADDR)) | \
+            rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(np.int64)
+        latest_keys, newest = last_per_key(rows.select(self.primary_key), rank)
+        pos = KeySet(latest_keys).positions(candidates.select(self.primary_key))
+        in_newer = pos >= 0
+        newest_of = newest[np.where(in_newer, pos, 0)]
+        deleted = in_newer & (newest_of & 1).astype(bool)
+        is_newest = in_newer & ((newest_of | 1) == (_rank(candidates.column(GEN),
+                                                          candidates.column(ROWADDR)) | 1))
+        keep = np.where(in_newer, is_newest & ~is_base, is_base) & ~deleted
+        self._drops = (int((~keep & ~deleted).sum()), int(deleted.sum()))
+        return keep
+
+
+def _rank(gen: pa.ChunkedArray, addr: pa.ChunkedArray) -> np.ndarray:
+    return (gen.to_numpy().astype(np.int64) << 33) | \
+        (addr.to_numpy().astype(np.int64) << 1)
+
+
+class TopKExec(ExecNode):
+    """The ``k`` best rows of its child by ``score`` (ascending, or descending)."""
+
+    name = "TopKExec"
+
+    def __init__(self, child: FilterStaleExec, k: int, score: str, descending: bool = False,
+                 columns: Sequence[str] | None = None) -> None:
+        self.child = child
+        self.k = k
+        self.score = score
+        self.descending = descending
+        self.columns = None if columns is None else list(columns)
+
+    @property
+    def schema(self) -> pa.Schema:
+        s = self.child.schema
+        names = self.columns or [n for n in s.names if n not in (GEN, ROWADDR)]
+        return pa.schema([s.field(n) for n in names])
+
+    @property
+    def children(self) -> list[ExecNode]:
+        return [self.child]
+
+    def describe(self) -> str:
+        order = "descending" if self.descending else "ascending"
+        return f"{self.name}: k={self.k} by {self.score} {order}"
+
+    def execute(self) -> Iterator[pa.RecordBatch]:
+        rows = self.child.valid()
+        order = "descending" if self.descending else "ascending"
+        # Ties broken by key, so equal scores come back in one order whatever the sources.
+        keys = [(self.score, order), *[(k, "ascending") for k in self.child.primary_key]]
+        idx = pc.sort_indices(rows, sort_keys=keys)[: self.k]
+        yield from rows.take(idx).select(self.schema.names).to_batches()
+
+
+__all__ = ["FilterStaleExec", "SOURCE", "TopKExec"]

@@ -1,0 +1,190 @@
+"""Search on a MemWalTable: indexes on the base table, and vector search over live data.
+
+``tbl.create_index`` builds the index on the base table with Lance and records it in the MemWAL
+index's ``maintained_indexes``, so writers know to maintain it; ``tbl.vector_search`` reads one
+snapshot, searches every source and keeps each key's latest version (:mod:`planner.search`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+from datafusion import SessionContext
+
+from exec_nodes.knn import METRICS
+from memwal_sql.compat.datafusion import plain_strings
+from memwal_sql.errors import InvalidInputError, SchemaMismatchError
+from memwal_sql.index.catchup import index_coverage
+from memwal_sql.index.details import INDEX_NAME, update_mem_wal_details
+from memwal_sql.snapshot import TableSnapshot, take_snapshot
+from memwal_sql.storage import storage_failures
+from planner.predicate import Predicate
+from planner.search import SearchPlan, plan_vector_search
+
+if TYPE_CHECKING:
+    from memwal_sql.table import MemWalTable
+
+VECTOR_INDEX_TYPES = ("IVF_PQ", "IVF_FLAT", "IVF_HNSW_SQ", "IVF_HNSW_PQ", "IVF_SQ")
+SCALAR_INDEX_TYPES = ("INVERTED", "BTREE", "BITMAP", "LABEL_LIST", "FTS")
+
+
+@dataclass(frozen=True)
+class IndexInfo:
+    """One index of the base table, as :meth:`MemWalTable.list_indexes` reports it.
+
+    ``maintained``: recorded in the MemWAL index (writers maintain it); ``caught_up``: the
+    index covers every row merged so far; ``lag_generations``: per region, how many merged
+    generations it does not cover yet (None: unknown, the rows are read without the index).
+    """
+
+    name: str
+    index_type: str
+    columns: tuple[str, ...]
+    maintained: bool
+    caught_up: bool
+    lag_generations: dict[str, int] | None
+
+
+def create_index(table: MemWalTable, column: str, index_type: str, *, name: str | None = None,
+                 replace: bool = True, **params: Any) -> IndexInfo:
+    """Create ``index_type`` on ``column`` of the base table and maintain it (see
+    :meth:`MemWalTable.create_index`)."""
+    kind = index_type.upper()
+    if column not in table.schema.names:
+        raise SchemaMismatchError(f"no column {column!r} in the table; its columns are "
+                                  f"{table.schema.names}")
+    if kind not in VECTOR_INDEX_TYPES + SCALAR_INDEX_TYPES:
+        raise InvalidInputError(f"unknown index type {index_type!r}: one of "
+                                f"{', '.join(VECTOR_INDEX_TYPES + SCALAR_INDEX_TYPES)}")
+    ds = table.dataset()
+    index_name = name or f"{column}_idx"
+    with storage_failures(f"create index {index_name} on {table.uri}"):
+        if kind in VECTOR_INDEX_TYPES:
+            if not pa.types.is_fixed_size_list(table.schema.field(column).type):
+                raise SchemaMismatchError(f"a {kind} index needs a fixed-size-list vector "
+                                          f"column; {column!r} is "
+                                          f"{table.schema.field(column).type}")
+            ds.create_index(column, kind, name=index_name, replace=replace, **params)
+        else:
+            ds.create_scalar_index(column, "INVERTED" if kind == "FTS" else kind,
+                                   name=index_name, replace=replace, **params)
+
+        def maintain(details: Any) -> None:
+            if index_name not in details.maintained_indexes:
+                details.maintained_indexes.append(index_name)
+
+        update_mem_wal_details(table.uri, table.store, maintain, table.storage_options or None)
+    return next(i for i in list_indexes(table) if i.name == index_name)
+
+
+def list_indexes(table: MemWalTable) -> list[IndexInfo]:
+    """The base table's indexes with their catch-up state (see
+    :meth:`MemWalTable.list_indexes`)."""
+    ds = table.dataset()
+    details = table.mem_wal_details(ds)
+    maintained = set(details.maintained_indexes)
+    merged = table.merged_generations(ds)
+    coverage = {c.name: c for c in index_coverage(table.store, ds)}
+    out = []
+    for d in ds.describe_indices():
+        if d.name == INDEX_NAME:
+            continue
+        stats = ds.index_statistics(d.name)
+        stats = json.loads(stats) if isinstance(stats, str) else stats
+        cov = coverage.get(d.name)
+        lag = None
+        if cov is not None and cov.caught_up is not None:
+            lag = {rid: max(0, gen - cov.caught_up.get(rid, 0)) for rid, gen in merged.items()}
+        out.append(IndexInfo(
+            name=d.name, index_type=str(stats.get("index_type", "")),
+            columns=tuple(d.field_names),
+            maintained=details.maintain_all_indexes or d.name in maintained,
+            caught_up=bool(cov is not None and cov.complete),
+            lag_generations=lag))
+    return out
+
+
+def vector_column(table: MemWalTable, column: str | None) -> str:
+    """``column`` checked, or the table's only vector column."""
+    vectors = [f.name for f in table.schema if pa.types.is_fixed_size_list(f.type)
+               and pa.types.is_floating(f.type.value_type)]
+    if column is None:
+        if len(vectors) != 1:
+            raise InvalidInputError(
+                "name the vector column (column=...): the table has "
+                + (f"several: {vectors}" if vectors else "none (a fixed_size_list of floats)"))
+        return vectors[0]
+    if column not in vectors:
+        raise SchemaMismatchError(f"{column!r} is not a vector column of the table; its vector "
+                                  f"columns are {vectors}")
+    return column
+
+
+def query_vector(query: Any, dim: int) -> np.ndarray:
+    """The query as a float32 vector of ``dim`` values."""
+    try:
+        q = np.asarray(query.to_numpy(zero_copy_only=False) if hasattr(query, "to_numpy")
+                       else query, dtype=np.float32).reshape(-1)
+    except (TypeError, ValueError) as e:
+        raise InvalidInputError(f"the query must be a vector of {dim} numbers: {e}") from e
+    if q.shape != (dim,):
+        raise InvalidInputError(f"the query has {q.size} values; the column's vectors have {dim}")
+    if not np.isfinite(q).all():
+        raise InvalidInputError("the query vector has NaN or infinite values")
+    return q
+
+
+class TableSearch:
+    """Searches of one table (see the MemWalTable methods of the same names)."""
+
+    def __init__(self, table: MemWalTable) -> None:
+        self.table = table
+        self.last_plan: SearchPlan | None = None
+
+    def _filtered_snapshot(self, filter: str | None, consistency: str
+                           ) -> tuple[TableSnapshot, Predicate | None, Any]:
+        """The snapshot to search, the filter as a predicate tree, and a post-filter for the
+        part of the filter DataFusion could not hand to the sources (None when none)."""
+        if filter is None:
+            return take_snapshot(self.table, consistency), None, None  # type: ignore[arg-type]
+        reads = self.table._reads
+        predicate, snapshot, residual = reads.pushed_filter(filter, consistency)
+        post = None
+        if residual:
+            def post(rows: pa.Table, text: str = filter) -> pa.Table:
+                ctx = SessionContext()
+                df = ctx.from_arrow(rows)
+                return plain_strings(df.filter(df.parse_sql_expr(text)).to_arrow_table())
+        return snapshot, predicate, post
+
+    def plan_vector_search(self, query: Any, column: str | None, k: int, filter: str | None,
+                           nprobes: int | None, refine_factor: int | None, metric: str | None,
+                           consistency: str) -> SearchPlan:
+        t = self.table
+        col = vector_column(t, column)
+        if not isinstance(k, int) or k < 1:
+            raise InvalidInputError(f"k must be a positive integer, not {k!r}")
+        if metric is not None and metric.lower() not in METRICS:
+            raise InvalidInputError(f"unknown metric {metric!r}: one of {', '.join(METRICS)}")
+        for name, v in (("nprobes", nprobes), ("refine_factor", refine_factor)):
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise InvalidInputError(f"{name} must be a positive integer, not {v!r}")
+        q = query_vector(query, t.schema.field(col).type.list_size)
+        snapshot, predicate, post = self._filtered_snapshot(filter, consistency)
+        return plan_vector_search(
+            snapshot, t.store, t.region_spec, t.schema, column=col, query=q, k=k,
+            metric=metric.lower() if metric else None, predicate=predicate, nprobes=nprobes,
+            refine_factor=refine_factor, post_filter=post)
+
+    def vector_search(self, *args: Any) -> pa.Table:
+        plan = self.plan_vector_search(*args)
+        self.last_plan = plan
+        with storage_failures(f"vector search of {self.table.uri}"):
+            return plan.execute()
+
+
+__all__ = ["IndexInfo", "TableSearch", "create_index", "list_indexes"]

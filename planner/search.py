@@ -1,0 +1,146 @@
+"""Plan a vector search over a snapshot (spec, "Vector Search Queries").
+
+One KNN node per source: the base table through Lance (its vector index, refined), each flushed
+generation and each MemTable exactly; :class:`~exec_nodes.stale.FilterStaleExec` over them keeps
+only each key's latest version, checked against *every* region (a region the filter prunes may
+still hold a newer version of a base row's key, one that no longer matches); a global
+:class:`~exec_nodes.stale.TopKExec` ranks what is left. The filter goes into every source, so it
+applies to each row's latest version: an older version that matched is stale either way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import lance
+import numpy as np
+import pyarrow as pa
+
+from exec_nodes.knn import (
+    DISTANCE,
+    BaseKnnExec,
+    GenerationKnnExec,
+    KnnSource,
+    MemTableKnnExec,
+)
+from exec_nodes.lookup import CACHE
+from exec_nodes.scan import source_schema
+from exec_nodes.stale import FilterStaleExec, TopKExec
+from memwal_sql.index.region_spec import RegionSpec
+from memwal_sql.snapshot import TableSnapshot
+from memwal_sql.storage import ObjectStore
+from planner.lookup import region_lookups
+from planner.predicate import Predicate
+from planner.pruning import prune_regions
+
+#: A PQ- or SQ-quantized index ranks by approximate distances: its candidates are re-ranked by
+#: exact distance over this many times ``k`` rows unless the caller says otherwise.
+DEFAULT_REFINE_FACTOR = 10
+
+
+@dataclass(frozen=True)
+class VectorIndex:
+    """A vector index on the base table: its name, type and metric."""
+
+    name: str
+    index_type: str
+    metric: str
+
+
+@dataclass
+class SearchPlan:
+    """A search: the snapshot it reads, what was pruned, and the node tree."""
+
+    snapshot: TableSnapshot
+    kept_regions: list[str]
+    pruned_regions: list[str]
+    root: TopKExec
+    stale: FilterStaleExec
+
+    def execute(self) -> pa.Table:
+        return self.root.to_table()
+
+    def explain(self) -> str:
+        snap = self.snapshot
+        head = [f"MemWAL search: base version {snap.base_version}, "
+                f"consistency={snap.consistency}",
+                f"regions: {len(self.kept_regions)} searched, {len(self.pruned_regions)} pruned "
+                "(every region is still asked for newer versions of the candidates)"]
+        return "\n".join([*head, self.root.explain()])
+
+
+def vector_index(dataset: lance.LanceDataset, column: str) -> VectorIndex | None:
+    """The base table's vector index on ``column`` (None if it has none).
+
+    Example:
+        ``vector_index(tbl.dataset(), "vec")  # VectorIndex("vec_idx", "IVF_PQ", "l2")``
+    """
+    for d in dataset.describe_indices():
+        if d.field_names == [column] and "Vector" in d.type_url:
+            def load() -> tuple[VectorIndex, int]:
+                stats = dataset.index_statistics(d.name)
+                stats = json.loads(stats) if isinstance(stats, str) else stats
+                first = (stats.get("indices") or [{}])[0]
+                return VectorIndex(d.name, str(stats.get("index_type", "")),
+                                   str(first.get("metric_type", "l2")).lower()), 256
+
+            key = f"{dataset.uri}@{dataset.version}#{d.name}"
+            return CACHE.get("vector_index", key, load)  # type: ignore[return-value]
+    return None
+
+
+def plan_vector_search(
+    snapshot: TableSnapshot,
+    store: ObjectStore,
+    spec: RegionSpec | None,
+    base_schema: pa.Schema,
+    *,
+    column: str,
+    query: np.ndarray,
+    k: int,
+    metric: str | None,
+    predicate: Predicate | None,
+    nprobes: int | None,
+    refine_factor: int | None,
+    post_filter: Callable[[pa.Table], pa.Table] | None = None,
+) -> SearchPlan:
+    """Build the vector-search plan of ``snapshot``.
+
+    Example:
+        ``plan_vector_search(take_snapshot(tbl), tbl.store, tbl.region_spec, tbl.schema,
+        column="vec", query=q, k=10, metric=None, predicate=None, nprobes=None,
+        refine_factor=None).execute()``
+    """
+    index = vector_index(snapshot.dataset, column)
+    metric = metric or (index.metric if index else "l2")
+    if index is not None and index.metric != metric:
+        index = None  # the index ranks by another metric: search the base exactly instead
+    if refine_factor is None and index is not None and index.index_type != "IVF_FLAT":
+        refine_factor = DEFAULT_REFINE_FACTOR
+    kept, pruned = prune_regions(predicate, spec, base_schema,
+                                 [(r.region_id, r.region_values) for r in snapshot.regions])
+    keep = set(kept)
+    schema = source_schema(snapshot.wal_schema)
+    opts = dict(snapshot.storage_options or {}) or None
+    sources: list[KnnSource] = [BaseKnnExec(
+        snapshot.dataset, schema, column, query, metric, predicate, k,
+        index=index.name if index else None, nprobes=nprobes, refine_factor=refine_factor)]
+    for region in snapshot.regions:
+        if region.region_id not in keep:
+            continue
+        for mem in region.unflushed:
+            sources.append(MemTableKnnExec(region.region_id, mem.generation, mem.batches, schema,
+                                           column, query, metric, predicate, k, mem.origin))
+        for gen in sorted(region.generations, key=lambda g: -g.generation):
+            sources.append(GenerationKnnExec(region.region_id, gen.generation, gen.uri, schema,
+                                             column, query, metric, predicate, k, opts))
+
+    def newer_sources(keys: pa.Table) -> list:
+        return region_lookups(snapshot, store, spec, keys)
+
+    stale = FilterStaleExec(sources, snapshot.primary_key, newer_sources, k, score=DISTANCE,
+                            post_filter=post_filter)
+    root = TopKExec(stale, k, DISTANCE, columns=[*base_schema.names, DISTANCE])
+    return SearchPlan(snapshot, kept, pruned, root, stale)

@@ -1,0 +1,81 @@
+"""The search nodes on tiny hand-built inputs: KNN leaves, FilterStaleExec, TopKExec."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from exec_nodes.base import BASE_GENERATION, TOMBSTONE
+from exec_nodes.knn import DISTANCE, KnnSource, MemTableKnnExec, distances
+from exec_nodes.lookup import CoalesceFirstExec, TakeLastExec
+from exec_nodes.scan import source_schema
+from exec_nodes.stale import FilterStaleExec, TopKExec
+from tests.exec_nodes.test_nodes import check_contract
+
+WAL = pa.schema([pa.field("id", pa.int64(), False), pa.field("vec", pa.list_(pa.float32(), 2)),
+                 pa.field(TOMBSTONE, pa.bool_())])
+SOURCE = source_schema(WAL)
+Q = np.zeros(2, np.float32)
+
+
+def rows(ids, xs, dead=None):
+    vecs = pa.FixedSizeListArray.from_arrays(
+        pa.array([v for x in xs for v in (x, 0.0)], pa.float32()), 2)
+    return pa.table({"id": pa.array(ids, pa.int64()), "vec": vecs,
+                     TOMBSTONE: dead or [False] * len(ids)}, schema=WAL)
+
+
+class FixedBase(KnnSource):
+    """A base table as a list of rows (a stand-in for Lance's ANN): exact, counted."""
+
+    name = "FixedBase"
+
+    def __init__(self, table: pa.Table) -> None:
+        super().__init__(None, BASE_GENERATION, SOURCE, "vec", Q, "l2", None, 2)
+        self.table = table
+        self.asked: list[int] = []
+
+    def _nearest(self, n: int) -> pa.Table:
+        self.asked.append(n)
+        from exec_nodes.base import conform
+        return self._exact(conform(self.table, SOURCE, BASE_GENERATION), n)
+
+
+def memtable_lookup(batches):
+    take = TakeLastExec("r1", 5, SOURCE, ["id"], batches=batches, origin="memtable")
+    return lambda keys: [CoalesceFirstExec([take], ["id"], SOURCE, keys=keys)]
+
+
+def test_knn_leaf_is_exact_and_skips_tombstones():
+    mem = MemTableKnnExec("r1", 5, [rows([1, 2, 3], [3.0, 1.0, 2.0], [False, True, False]
+                                        ).to_batches()[0]], SOURCE, "vec", Q, "l2", None, k=5)
+    out = check_contract(mem, 2)
+    assert out.column("id").to_pylist() == [3, 1]
+    assert out.column(DISTANCE).to_pylist() == [4.0, 9.0]
+    assert distances(np.array([[1.0, 0.0]], np.float32), np.array([0.0, 1.0], np.float32),
+                     "cosine").tolist() == [1.0]
+
+
+def test_filter_stale_keeps_latest_versions_only_and_asks_for_more():
+    # Base: keys 1..6 at distance 1..6. MemTable (newer): key 1 moved far away (distance 100),
+    # key 2 deleted, key 7 written twice (the second version is the newer).
+    base = FixedBase(rows([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]))
+    batch = rows([1, 2, 7, 7], [10.0, 0.0, 0.5, 2.5], [False, True, False, False]).to_batches()[0]
+    mem = MemTableKnnExec("r1", 5, [batch], SOURCE, "vec", Q, "l2", None, k=2)
+    stale = FilterStaleExec([base, mem], ["id"], memtable_lookup([batch]), 2,
+                            score=DISTANCE)
+    top = TopKExec(stale, 2, DISTANCE, columns=["id", DISTANCE])
+    out = check_contract(top, 2)
+    # Not 1 (stale), not 2 (deleted), not 7 at 0.5 (superseded in the same MemTable).
+    assert out.column("id").to_pylist() == [7, 3]
+    assert out.column(DISTANCE).to_pylist() == [6.25, 9.0]
+    assert stale.rounds >= 2 and base.asked[0] == 2 and base.asked[-1] > 2
+    assert stale.dropped_deleted >= 1 and stale.dropped_stale >= 2
+    assert "dropped" in top.explain()
+
+
+def test_filter_stale_without_newer_versions_keeps_base_rows():
+    base = FixedBase(rows([1, 2, 3], [3, 2, 1]))
+    stale = FilterStaleExec([base], ["id"], lambda keys: [], 2, score=DISTANCE)
+    out = TopKExec(stale, 2, DISTANCE).to_table()
+    assert out.column("id").to_pylist() == [3, 2] and stale.rounds == 1

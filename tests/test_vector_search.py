@@ -1,0 +1,217 @@
+"""Vector search over live data, checked against a brute-force model of the latest rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import memwal_sql as mw
+from exec_nodes.knn import distances, vectors_of
+from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMismatchError
+from tests.lsm import Model, apply_op, op_sequences
+
+DIM = 8
+SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("tag", pa.string()),
+                    pa.field("n", pa.int64()),
+                    pa.field("vec", pa.list_(pa.float32(), DIM))])
+
+
+def vec_batch(keys: list[int], seed: int) -> pa.Table:
+    """Rows whose vectors depend on (key, seed): an update moves a key's vector."""
+    vecs = np.stack([np.random.default_rng(k * 1000 + seed).normal(size=DIM)
+                     for k in keys]).astype(np.float32) if keys else np.zeros((0, DIM), np.float32)
+    return pa.table({"k": pa.array(keys, pa.int64()), "tag": [f"t{(k + seed) % 3}" for k in keys],
+                     "n": pa.array([k * 10 + seed for k in keys], pa.int64()),
+                     "vec": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), DIM)},
+                    schema=SCHEMA)
+
+
+def brute_force(model: Model, query: np.ndarray, k: int, metric: str = "l2",
+                keep: object = None) -> list[int]:
+    latest = model.table(SCHEMA)
+    if keep is not None:
+        latest = latest.filter(pa.array([keep(r) for r in latest.to_pylist()], pa.bool_()))
+    if latest.num_rows == 0:
+        return []
+    m, _ = vectors_of(latest.column("vec"))
+    d = distances(m, query, metric)
+    order = np.lexsort((latest.column("k").to_numpy(), d))[:k]
+    return latest.column("k").to_numpy()[order].tolist()
+
+
+def check(tbl: mw.MemWalTable, model: Model, query: np.ndarray, k: int, **kw: object) -> None:
+    got = tbl.vector_search(query, k=k, **kw)
+    latest = {r["k"]: r for r in model.table(SCHEMA).to_pylist()}
+    for row in got.drop_columns(["_distance"]).to_pylist():  # every row is a latest version
+        assert row == latest[row["k"]], f"stale or deleted row returned: {row}"
+    d = got.column("_distance").to_numpy()
+    assert (np.diff(d) >= 0).all()
+    keep = None
+    if kw.get("filter") == "tag = 't1'":
+        def keep(r: dict) -> bool:
+            return r["tag"] == "t1"
+    assert got.column("k").to_pylist() == brute_force(model, query, k, keep=keep)
+
+
+@pytest.fixture
+def base_rows() -> pa.Table:
+    return vec_batch(list(range(0, 300)), 0)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=op_sequences(400, 60, ["flush", "merge", "catchup"]), qseed=st.integers(0, 50),
+       k=st.sampled_from([1, 5, 20]))
+def test_search_equals_brute_force_after_every_step(tmp_path_factory: pytest.TempPathFactory,
+                                                    base_rows: pa.Table, ops: list, qseed: int,
+                                                    k: int) -> None:
+    """Exact search (an IVF_FLAT index probed everywhere, or flat): after every step the top k
+    are the brute-force top k of the latest rows; no stale or deleted row ever comes back."""
+    uri = str(tmp_path_factory.mktemp("vs"))
+    tbl = mw.create_table(uri, base_rows, primary_key="k", region_spec=mw.RegionSpec.bucket("k", 2),
+                          writer_config=mw.WriterConfig(durable=False, max_memtable_rows=40))
+    tbl.create_index("vec", "IVF_FLAT", num_partitions=2)
+    model = Model(["k"])
+    model.upsert(base_rows)
+    query = np.random.default_rng(qseed).normal(size=DIM).astype(np.float32)
+    for op, keys, seed in ops:
+        tbl = apply_op(tbl, model, op, keys, seed, uri, vec_batch)
+        check(tbl, model, query, k, nprobes=2)
+        check(tbl, model, query, k, nprobes=2, filter="tag = 't1'")
+    tbl.close()
+
+
+def test_fresh_write_found_at_once_and_deleted_never(tmp_path, base_rows) -> None:
+    tbl = mw.create_table(str(tmp_path), base_rows, primary_key="k",
+                          region_spec=mw.RegionSpec.bucket("k", 2))
+    tbl.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=2)
+    query = np.full(DIM, 7.0, np.float32)
+    fresh = vec_batch([5000], 1).set_column(3, "vec", pa.FixedSizeListArray.from_arrays(
+        pa.array(query), DIM))
+    tbl.upsert(fresh)  # durable: acknowledged means searchable
+    assert tbl.vector_search(query, k=1).column("k").to_pylist() == [5000]
+    tbl.flush()
+    assert tbl.vector_search(query, k=1).column("k").to_pylist() == [5000]
+    tbl.delete([5000])
+    assert 5000 not in tbl.vector_search(query, k=50).column("k").to_pylist()
+    # A base row moved far away by an update is not found where it used to be.
+    near = tbl.vector_search(np.zeros(DIM, np.float32), k=1).column("k")[0].as_py()
+    moved = vec_batch([near], 2).set_column(3, "vec", pa.FixedSizeListArray.from_arrays(
+        pa.array(np.full(DIM, -50.0, np.float32)), DIM))
+    tbl.upsert(moved)
+    got = tbl.vector_search(np.zeros(DIM, np.float32), k=10)
+    assert near not in got.column("k").to_pylist()
+    assert len(got) == 10  # the stale candidate's place was filled from further down
+    tbl.close()
+
+
+def test_filter_applies_to_latest_version(tmp_path, base_rows) -> None:
+    tbl = mw.create_table(str(tmp_path), base_rows, primary_key="k",
+                          region_spec=mw.RegionSpec.bucket("k", 2))
+    query = np.random.default_rng(3).normal(size=DIM).astype(np.float32)
+    best = tbl.vector_search(query, k=1, filter="tag = 't0'").to_pylist()[0]
+    # Its newer version no longer matches: the older, matching base row must not come back.
+    newer = vec_batch([best["k"]], 1)  # tag t{(k+1)%3} differs
+    tbl.upsert(newer)
+    got = tbl.vector_search(query, k=5, filter="tag = 't0'")
+    assert best["k"] not in got.column("k").to_pylist()
+    assert set(got.column("tag").to_pylist()) == {"t0"}
+    # A part of the filter DataFusion keeps to itself (lower()) is applied too.
+    got2 = tbl.vector_search(query, k=5, filter="tag = 't0' AND lower(tag) = 't0'")
+    assert got2.column("k").to_pylist() == got.column("k").to_pylist()
+    tbl.close()
+
+
+def test_region_pruned_sources_still_make_base_rows_stale(tmp_path) -> None:
+    """A filter on the region column prunes regions from the search, but a base row whose
+    key has a newer version in a pruned region must still be dropped."""
+    rows = vec_batch(list(range(40)), 0)
+    tbl = mw.create_table(str(tmp_path), rows, primary_key="k",
+                          region_spec=mw.RegionSpec.identity("tag"))
+    query = np.random.default_rng(1).normal(size=DIM).astype(np.float32)
+    best = tbl.vector_search(query, k=1, filter="tag = 't0'").to_pylist()[0]
+    tbl.upsert(vec_batch([best["k"]], 1))  # now t1: lives in another region
+    plan_rows = tbl.vector_search(query, k=3, filter="tag = 't0'")
+    assert best["k"] not in plan_rows.column("k").to_pylist()
+    text = tbl.explain_search(query, k=3, filter="tag = 't0'")
+    assert "pruned" in text and "FilterStaleExec" in text
+    tbl.close()
+
+
+def test_metrics_match_lance(tmp_path, base_rows) -> None:
+    tbl = mw.create_table(str(tmp_path), base_rows, primary_key="k")
+    tbl.upsert(vec_batch(list(range(290, 320)), 4))
+    model = Model(["k"])
+    model.upsert(base_rows)
+    model.upsert(vec_batch(list(range(290, 320)), 4))
+    query = np.random.default_rng(9).normal(size=DIM).astype(np.float32)
+    for metric in ("l2", "cosine", "dot"):
+        got = tbl.vector_search(query, k=7, metric=metric)
+        assert got.column("k").to_pylist() == brute_force(model, query, 7, metric)
+    tbl.close()
+
+
+def test_bad_input_is_typed(tmp_path, base_rows) -> None:
+    tbl = mw.create_table(str(tmp_path), base_rows, primary_key="k")
+    q = np.zeros(DIM, np.float32)
+    with pytest.raises(InvalidInputError, match="values"):
+        tbl.vector_search([1.0, 2.0])
+    with pytest.raises(InvalidInputError, match="k must"):
+        tbl.vector_search(q, k=0)
+    with pytest.raises(InvalidInputError, match="metric"):
+        tbl.vector_search(q, metric="manhattan")
+    with pytest.raises(SchemaMismatchError):
+        tbl.vector_search(q, column="tag")
+    with pytest.raises(InvalidFilterError):
+        tbl.vector_search(q, filter="n > 0 UNION ALL SELECT 1")
+    with pytest.raises(SchemaMismatchError):
+        tbl.create_index("nope", "IVF_PQ")
+    with pytest.raises(InvalidInputError, match="index type"):
+        tbl.create_index("vec", "KD_TREE")
+    tbl.close()
+
+
+def test_create_index_is_maintained_and_listed(tmp_path, base_rows) -> None:
+    import lance
+
+    tbl = mw.create_table(str(tmp_path), base_rows, primary_key="k",
+                          region_spec=mw.RegionSpec.bucket("k", 2))
+    info = tbl.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=2)
+    assert (info.name, info.index_type, info.maintained) == ("vec_idx", "IVF_PQ", True)
+    # Lance reads the record as its own.
+    details = lance.dataset(str(tmp_path)).mem_wal_index_details()
+    assert "vec_idx" in details["maintained_indexes"]
+    tbl.upsert(vec_batch([1, 2, 500], 3))
+    tbl.flush()
+    tbl.merge()
+    listed = {i.name: i for i in tbl.list_indexes()}
+    assert not listed["vec_idx"].caught_up
+    assert sum((listed["vec_idx"].lag_generations or {}).values()) >= 1
+    tbl.catch_up_indexes()
+    assert {i.name: i for i in tbl.list_indexes()}["vec_idx"].caught_up
+    tbl.close()
+
+
+def test_bloom_false_positives_never_drop_valid_rows(tmp_path, base_rows, monkeypatch) -> None:
+    """Every bloom filter answering "maybe" for every key: each hit is confirmed in the
+    generation's key index, so the answer does not change."""
+    from memwal_sql.writer.bloom import BloomFilter
+
+    tbl = mw.create_table(str(tmp_path), base_rows, primary_key="k",
+                          region_spec=mw.RegionSpec.bucket("k", 2))
+    model = Model(["k"])
+    model.upsert(base_rows)
+    for i in range(3):
+        batch = vec_batch(list(range(i * 50, i * 50 + 40)), i + 1)
+        tbl.upsert(batch)
+        model.upsert(batch)
+        tbl.flush()
+    query = np.random.default_rng(5).normal(size=DIM).astype(np.float32)
+    want = tbl.vector_search(query, k=10).column("k").to_pylist()
+    monkeypatch.setattr(BloomFilter, "might_contain",
+                        lambda self, hashes: np.ones(len(hashes), dtype=bool))
+    assert tbl.vector_search(query, k=10).column("k").to_pylist() == want == \
+        brute_force(model, query, 10)
+    tbl.close()
