@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from exec_nodes.base import BASE_GENERATION, ROWADDR, TOMBSTONE, ExecNode, conform
 from exec_nodes.lookup import CACHE, _whole_fragment
 from memwal_sql.writer.generation import open_generation
-from planner.predicate import Predicate, matches
+from planner.predicate import Predicate, evaluate, matches
 from planner.substrait import lance_filter
 
 DISTANCE = "_distance"
@@ -113,14 +113,14 @@ class KnnSource(ExecNode):
     def _nearest(self, n: int) -> pa.Table:
         raise NotImplementedError
 
-    def _exact(self, rows: pa.Table, n: int) -> pa.Table:
-        """The ``n`` nearest of ``rows`` (live, matching rows only), computed in numpy."""
-        rows = matches(self.predicate, rows)
-        if TOMBSTONE in rows.column_names and rows.num_rows:
-            rows = rows.filter(pc.invert(rows.column(TOMBSTONE)))
-        matrix, valid = vectors_of(rows.column(self.column))
+    def _exact(self, rows: pa.Table, matrix: np.ndarray, live: np.ndarray, n: int) -> pa.Table:
+        """The ``n`` nearest of ``rows`` (``matrix`` their vectors, ``live`` the rows that may
+        be neighbours), matching the predicate, computed in numpy."""
+        if self.predicate is not None:
+            live = live & evaluate(self.predicate, rows).fill_null(False).to_numpy(
+                zero_copy_only=False)
         dist = distances(matrix, self.query, self.metric)
-        dist[~valid | np.isnan(dist)] = np.inf
+        dist[~live | np.isnan(dist)] = np.inf
         n = min(n, int(np.count_nonzero(np.isfinite(dist))))
         if n == 0:
             return self.schema.empty_table()
@@ -128,6 +128,14 @@ class KnnSource(ExecNode):
         best = best[np.lexsort((best, dist[best]))]
         out = conform(rows.take(pa.array(best)), self.schema.remove(len(self.schema) - 1))
         return out.append_column(self.schema.field(DISTANCE), pa.array(dist[best], pa.float32()))
+
+    def _vectors(self, rows: pa.Table) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+        """``rows``, their vectors as a matrix, and which rows may be neighbours (a vector
+        that is not null, on a row that is not a tombstone): what the cache keeps."""
+        matrix, live = vectors_of(rows.column(self.column))
+        if TOMBSTONE in rows.column_names and rows.num_rows:
+            live &= ~rows.column(TOMBSTONE).to_numpy().astype(bool)
+        return rows, matrix, live
 
 
 class MemTableKnnExec(KnnSource):
@@ -148,11 +156,23 @@ class MemTableKnnExec(KnnSource):
                f"{self.origin} rows={rows} exact k={self.k}"
 
     def _nearest(self, n: int) -> pa.Table:
-        if not self.batches:
+        batches = self.batches
+        if not batches:
             return self.schema.empty_table()
         source = self.schema.remove(len(self.schema) - 1)
-        rows = conform(pa.Table.from_batches(self.batches), source, self.generation)
-        return self._exact(rows, n)
+
+        def load() -> tuple[tuple[object, ...], int]:
+            rows = conform(pa.Table.from_batches(batches), source, self.generation)
+            vectors = self._vectors(rows.combine_chunks())
+            return (batches[-1], len(batches), *vectors), rows.nbytes + vectors[1].nbytes
+
+        def current(entry: object) -> bool:
+            # A MemTable only grows: the same last batch object and count mean the same rows.
+            return entry[0] is batches[-1] and entry[1] == len(batches)  # type: ignore[index]
+
+        key = f"{self.region_id}/{self.generation}/{self.origin}#{self.column}"
+        _, _, rows, matrix, live = CACHE.get("memtable_vectors", key, load, current)  # type: ignore[misc]
+        return self._exact(rows, matrix, live, n)
 
 
 class GenerationKnnExec(KnnSource):
@@ -178,16 +198,16 @@ class GenerationKnnExec(KnnSource):
                f"{self.uri.rsplit('/', 1)[-1]} exact k={self.k}"
 
     def _nearest(self, n: int) -> pa.Table:
-        rows = self._rows()
-        if rows is not None:
-            return self._exact(rows, n)
+        cached = self._cached_vectors()
+        if cached is not None:
+            return self._exact(*cached, n)
         ds = open_generation(self.uri, self.storage_options)
         return _lance_nearest(ds, self, n, {"use_index": False}, self.generation)
 
-    def _rows(self) -> pa.Table | None:
+    def _cached_vectors(self) -> tuple[pa.Table, np.ndarray, np.ndarray] | None:
         uri, opts, source = self.uri, self.storage_options, self.schema.remove(len(self.schema) - 1)
 
-        def load() -> tuple[pa.Table | None, int]:
+        def rows() -> tuple[pa.Table | None, int]:
             ds = open_generation(uri, opts)
             frags = ds.get_fragments()
             if len(frags) != 1:
@@ -195,8 +215,15 @@ class GenerationKnnExec(KnnSource):
             names = [f.name for f in source if f.name in ds.schema.names]
             return _whole_fragment(frags[0], names, self.generation, source)
 
-        # The same entry point lookups use: a generation read whole serves both.
-        return CACHE.get("rows", uri, load)  # type: ignore[return-value]
+        def load() -> tuple[tuple[pa.Table, np.ndarray, np.ndarray] | None, int]:
+            # The rows are the entry lookups use: a generation read whole serves both.
+            table = CACHE.get("rows", uri, rows)
+            if table is None:
+                return None, 64
+            vectors = self._vectors(table)  # type: ignore[arg-type]
+            return vectors, vectors[1].nbytes + vectors[2].nbytes
+
+        return CACHE.get("vectors", f"{uri}#{self.column}", load)  # type: ignore[return-value]
 
 
 class BaseKnnExec(KnnSource):

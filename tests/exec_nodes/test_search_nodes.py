@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from exec_nodes.base import BASE_GENERATION, TOMBSTONE
+from exec_nodes.base import BASE_GENERATION, TOMBSTONE, conform
 from exec_nodes.knn import DISTANCE, KnnSource, MemTableKnnExec, distances
 from exec_nodes.lookup import CoalesceFirstExec, TakeLastExec
 from exec_nodes.scan import source_schema
@@ -37,8 +37,7 @@ class FixedBase(KnnSource):
 
     def _nearest(self, n: int) -> pa.Table:
         self.asked.append(n)
-        from exec_nodes.base import conform
-        return self._exact(conform(self.table, SOURCE, BASE_GENERATION), n)
+        return self._exact(*self._vectors(conform(self.table, SOURCE, BASE_GENERATION)), n)
 
 
 def memtable_lookup(batches):
