@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_read.py
 	$(PY) benchmarks/bench_lookup.py
 	$(PY) benchmarks/bench_maintenance.py
+	$(PY) benchmarks/bench_search.py
 	$(PY) benchmarks/bench_spark.py
 
 proto: $(STAMP)

@@ -20,6 +20,7 @@ highest ``_rowaddr``; the base table (``_gen`` -1) is oldest.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -166,8 +167,10 @@ class TopKExec(ExecNode):
 
     name = "TopKExec"
 
-    def __init__(self, child: FilterStaleExec, k: int, score: str, descending: bool = False,
-                 columns: Sequence[str] | None = None) -> None:
+    def __init__(self, child: FilterStaleExec | Any, k: int, score: str,
+                 descending: bool = False, columns: Sequence[str] | None = None) -> None:
+        # ``child`` answers ``valid()`` (its latest-version candidates) and ``primary_key``:
+        # FilterStaleExec, or GlobalBM25Exec for full-text search.
         self.child = child
         self.k = k
         self.score = score

@@ -1,4 +1,4 @@
-"""Search on a MemWalTable: indexes on the base table, and vector search over live data.
+"""Search on a MemWalTable: indexes on the base table, vector and full-text search over live data.
 
 ``tbl.create_index`` builds the index on the base table with Lance and records it in the MemWAL
 index's ``maintained_indexes``, so writers know to maintain it; ``tbl.vector_search`` reads one
@@ -17,13 +17,13 @@ from datafusion import SessionContext
 
 from exec_nodes.knn import METRICS
 from memwal_sql.compat.datafusion import plain_strings
-from memwal_sql.errors import InvalidInputError, SchemaMismatchError
+from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMismatchError
 from memwal_sql.index.catchup import index_coverage
 from memwal_sql.index.details import INDEX_NAME, update_mem_wal_details
 from memwal_sql.snapshot import TableSnapshot, take_snapshot
 from memwal_sql.storage import storage_failures
 from planner.predicate import Predicate
-from planner.search import SearchPlan, plan_vector_search
+from planner.search import SearchPlan, plan_fts, plan_vector_search
 
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
@@ -124,6 +124,26 @@ def vector_column(table: MemWalTable, column: str | None) -> str:
     return column
 
 
+def text_column(table: MemWalTable, column: str | None) -> str:
+    """``column`` checked, or the table's only column with an inverted index (else its only
+    string column)."""
+    strings = [f.name for f in table.schema if pa.types.is_string(f.type)
+               or pa.types.is_large_string(f.type) or pa.types.is_string_view(f.type)]
+    if column is None:
+        ds = table.dataset()
+        indexed = [d.field_names[0] for d in ds.describe_indices()
+                   if "Inverted" in d.type_url and len(d.field_names) == 1]
+        candidates = indexed or strings
+        if len(candidates) != 1:
+            raise InvalidInputError("name the text column (column=...): the table has "
+                                    + (f"several: {candidates}" if candidates else "none"))
+        return candidates[0]
+    if column not in strings:
+        raise SchemaMismatchError(f"{column!r} is not a text column of the table; its text "
+                                  f"columns are {strings}")
+    return column
+
+
 def query_vector(query: Any, dim: int) -> np.ndarray:
     """The query as a float32 vector of ``dim`` values."""
     try:
@@ -179,6 +199,29 @@ class TableSearch:
             snapshot, t.store, t.region_spec, t.schema, column=col, query=q, k=k,
             metric=metric.lower() if metric else None, predicate=predicate, nprobes=nprobes,
             refine_factor=refine_factor, post_filter=post)
+
+    def plan_fts(self, query: str, column: str | None, k: int, filter: str | None,
+                 consistency: str) -> SearchPlan:
+        t = self.table
+        col = text_column(t, column)
+        if not isinstance(query, str):
+            raise InvalidInputError(f"a full-text query is text, not {type(query).__name__}")
+        if not isinstance(k, int) or k < 1:
+            raise InvalidInputError(f"k must be a positive integer, not {k!r}")
+        snapshot, predicate, post = self._filtered_snapshot(filter, consistency)
+        if post is not None:
+            raise InvalidFilterError(
+                f"invalid filter {filter!r} for a full-text search: it uses a function the "
+                "search cannot apply to its candidates; use plain comparisons, IN, IS NULL, "
+                "AND/OR/NOT")
+        return plan_fts(snapshot, t.region_spec, t.schema, column=col, query=query, k=k,
+                        predicate=predicate)
+
+    def fts(self, *args: Any) -> pa.Table:
+        plan = self.plan_fts(*args)
+        self.last_plan = plan
+        with storage_failures(f"full-text search of {self.table.uri}"):
+            return plan.execute()
 
     def vector_search(self, *args: Any) -> pa.Table:
         plan = self.plan_vector_search(*args)

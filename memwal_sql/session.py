@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
-from datafusion import DataFrame, SessionConfig, SessionContext, Table
+from datafusion import DataFrame, SessionConfig, SessionContext, Table, udtf
 from datafusion import catalog as dfc
 
 from exec_nodes.base import conform
-from memwal_sql.errors import MemWalError
+from memwal_sql.errors import InvalidInputError, MemWalError
 from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
 from memwal_sql.storage import storage_failures
 from planner.lookup import LookupPlan, lookup_keys, plan_lookup
@@ -193,6 +193,87 @@ class MemWalDataset(pds.Dataset):
         return [_PartitionFragment(self, plan, i) for i in range(plan.root.num_partitions)]
 
 
+class _RowsFragment:
+    """A fragment of rows already computed (a search's result)."""
+
+    def __init__(self, rows: pa.Table) -> None:
+        self.rows = rows
+
+    def scanner(self, schema: Any = None, columns: list[str] | None = None,
+                **_: Any) -> Any:
+        rows = self.rows if columns is None else self.rows.select(columns)
+        return _RowsScanner(rows)
+
+
+class _RowsScanner:
+    def __init__(self, rows: pa.Table) -> None:
+        self.rows = rows
+        self.projected_schema = rows.schema
+
+    def to_batches(self) -> Iterator[pa.RecordBatch]:
+        yield from self.rows.to_batches()
+
+
+class SearchDataset(pds.Dataset):
+    """What SQL's ``vector_search('table', 'column', [...], k)`` and
+    ``fts('table', 'column', 'query', k)`` read: the search's ``k`` rows. A ``WHERE`` on it is
+    pushed here and becomes the search's filter (on each row's latest version, before
+    ranking); terms on the score (``_distance``, ``_score``) apply to the ``k`` rows found."""
+
+    def __init__(self, table: MemWalTable, kind: str, column: str | None, query: Any, k: int,
+                 consistency: Consistency) -> None:
+        self._table = table
+        self._kind = kind
+        self._column = column
+        self._query = query
+        self._k = k
+        self._consistency = consistency
+        self._score = "_distance" if kind == "vector_search" else "_score"
+        self._schema = table.schema.append(pa.field(self._score, pa.float32()))
+        self.last_plan: Any = None
+
+    @property
+    def schema(self) -> pa.Schema:  # type: ignore[override]
+        return self._schema
+
+    def scanner(self, columns: list[str] | None = None, filter: Any = None,  # type: ignore[override]
+                **_: Any) -> _Projection:
+        return _Projection(self._schema if columns is None else
+                           pa.schema([self._schema.field(c) for c in columns]))
+
+    def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:  # type: ignore[override]
+        from memwal_sql.search import query_vector, text_column, vector_column
+        from planner.predicate import conjuncts, referenced_columns
+        from planner.search import plan_fts, plan_vector_search
+
+        table, score = self._table, self._score
+        predicate = decode_filter(filter, self._schema)
+        on_rows = [t for t in conjuncts(predicate) if score not in referenced_columns(t)]
+        on_score = [t for t in conjuncts(predicate) if score in referenced_columns(t)]
+        with read_failures(f"{self._kind} of {table.uri}"):
+            snapshot = take_snapshot(table, self._consistency)
+            if self._kind == "vector_search":
+                column = vector_column(table, self._column)
+                plan = plan_vector_search(
+                    snapshot, table.store, table.region_spec, table.schema, column=column,
+                    query=query_vector(self._query, table.schema.field(column).type.list_size),
+                    k=self._k, metric=None, predicate=_all_of(on_rows), nprobes=None,
+                    refine_factor=None)
+            else:
+                plan = plan_fts(snapshot, table.region_spec, table.schema,
+                                column=text_column(table, self._column), query=self._query,
+                                k=self._k, predicate=_all_of(on_rows))
+            self.last_plan = plan
+            rows = matches(_all_of(on_score), plan.execute())
+        return [_RowsFragment(rows)]
+
+
+def _all_of(terms: list[Predicate]) -> Predicate | None:
+    from planner.predicate import And
+
+    return None if not terms else terms[0] if len(terms) == 1 else And(tuple(terms))
+
+
 class MemWalSchema(dfc.SchemaProvider):
     """The session's default schema: MemWAL tables (fresh per query) and ordinary tables."""
 
@@ -269,6 +350,9 @@ class MemWalContext(SessionContext):
         super().__init__(config)
         self.memwal_schema = MemWalSchema()
         self.register_catalog_provider(CATALOG, _Catalog(self.memwal_schema))
+        for kind in ("vector_search", "fts"):
+            self.register_udtf(udtf(_search_function(weakref.ref(self.memwal_schema), kind),
+                                    kind))
 
     def register(self, name: str, table: MemWalTable | str, *,
                  consistency: Consistency = "strong", system_columns: bool = False,
@@ -303,6 +387,35 @@ class MemWalContext(SessionContext):
         """The scan plan of the last query that read MemWAL table ``name``."""
         ds = self.memwal_schema.last_datasets.get(name)
         return ds.last_plan if ds is not None else None
+
+
+def _search_function(schema: weakref.ref[MemWalSchema], kind: str) -> Any:
+    """SQL ``vector_search('table', 'column', [q1, q2, ...], k)`` or
+    ``fts('table', 'column', 'query text', k)`` over a registered MemWAL table (the column may
+    be NULL: the table's only vector column, or its indexed text column)."""
+    usage = ("vector_search('table', 'column', [0.1, 0.2, ...], k)" if kind == "vector_search"
+             else "fts('table', 'column', 'query text', k)")
+
+    def search(*args: Any) -> Table:
+        values = []
+        for a in args:
+            try:
+                values.append(a.python_value().as_py())
+            except Exception as e:  # noqa: BLE001 - not a literal
+                raise InvalidInputError(f"{kind} takes literals: {usage}") from e
+        if len(values) != 4 or not isinstance(values[0], str) or \
+                not isinstance(values[3], int):
+            raise InvalidInputError(f"usage: {usage}")
+        name, column, query, k = values
+        provider = schema()
+        entry = provider._memwal.get(name) if provider is not None else None
+        if entry is None:
+            raise InvalidInputError(f"{kind}: no MemWAL table {name!r} is registered")
+        table, options = entry
+        return Table(SearchDataset(table, kind, column, query, k,
+                                   options.get("consistency", "strong")))
+
+    return search
 
 
 def read_failures(what: str) -> AbstractContextManager[None]:

@@ -424,15 +424,39 @@ class MemWalTable:
         return self._search.vector_search(query, column, k, filter, nprobes, refine_factor,
                                           metric, consistency)
 
+    def fts(
+        self,
+        query: str,
+        column: str | None = None,
+        k: int = 10,
+        filter: str | None = None,
+        *,
+        consistency: str = "strong",
+    ) -> pa.Table:
+        """The ``k`` latest rows that best match ``query`` by BM25, as the table's columns plus
+        ``_score``, best first. Scores are computed over the latest corpus (superseded and
+        deleted rows left out), so they equal what Lance's full-text search gives on the fully
+        merged table; the text is tokenized as the base table's inverted index on ``column``
+        says. ``filter`` (SQL) applies to each row's latest version.
+
+        Example:
+            ``tbl.fts("quick brown fox", k=5, filter="lang = 'en'")``
+        """
+        return self._search.fts(query, column, k, filter, consistency)
+
     def explain_search(self, query: Any, column: str | None = None, k: int = 10,
                        filter: str | None = None, **options: Any) -> str:
-        """Run a vector search and show its plan: the sources searched, the regions pruned,
-        and how many candidates FilterStaleExec dropped as stale or deleted.
+        """Run a search and show its plan: the sources searched, the regions pruned, and what
+        was left out as stale or deleted (a text ``query`` runs :meth:`fts`, a vector
+        :meth:`vector_search`).
 
         Example:
             ``print(tbl.explain_search([0.1, 0.2, 0.3], k=5))``
         """
-        self.vector_search(query, column, k, filter, **options)
+        if isinstance(query, str):
+            self.fts(query, column, k, filter, **options)
+        else:
+            self.vector_search(query, column, k, filter, **options)
         return self._search.last_plan.explain()
 
     # ---- maintenance --------------------------------------------------------------------------

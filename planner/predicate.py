@@ -166,6 +166,26 @@ def negation_normal_form(p: Predicate, negate: bool = False) -> Predicate:
     return Not(p)
 
 
+def referenced_columns(p: Predicate) -> set[str]:
+    """The columns ``p`` reads.
+
+    Example:
+        >>> sorted(referenced_columns(And((IsNull("a"), Not(ColumnCompare("b", "<", "c"))))))
+        ['a', 'b', 'c']
+    """
+    if isinstance(p, (Compare, InList, IsNull)):
+        return {p.column}
+    if isinstance(p, ColumnCompare):
+        return {p.left, p.right}
+    if isinstance(p, (And, Or)):
+        return set().union(*(referenced_columns(c) for c in p.children))
+    if isinstance(p, Not):
+        return referenced_columns(p.child)
+    if isinstance(p, Opaque):
+        return set(p.columns)
+    return set()
+
+
 def conjuncts(p: Predicate | None) -> list[Predicate]:
     """The top-level AND terms of ``p``."""
     if p is None:

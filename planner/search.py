@@ -1,4 +1,4 @@
-"""Plan a vector search over a snapshot (spec, "Vector Search Queries").
+"""Plan searches over a snapshot (spec, "Vector Search Queries", "Full-Text Search Queries").
 
 One KNN node per source: the base table through Lance (its vector index, refined), each flushed
 generation and each MemTable exactly; :class:`~exec_nodes.stale.FilterStaleExec` over them keeps
@@ -6,6 +6,9 @@ only each key's latest version, checked against *every* region (a region the fil
 still hold a newer version of a base row's key, one that no longer matches); a global
 :class:`~exec_nodes.stale.TopKExec` ranks what is left. The filter goes into every source, so it
 applies to each row's latest version: an older version that matched is stale either way.
+
+A full-text search has an FTS leaf per source under :class:`~exec_nodes.fts.GlobalBM25Exec`,
+which scores with BM25 statistics of the latest corpus (see :mod:`exec_nodes.fts`).
 """
 
 from __future__ import annotations
@@ -26,10 +29,19 @@ from exec_nodes.knn import (
     KnnSource,
     MemTableKnnExec,
 )
+from exec_nodes.fts import (
+    SCORE,
+    BaseFtsExec,
+    FtsSource,
+    GenerationFtsExec,
+    GlobalBM25Exec,
+    MemTableFtsExec,
+)
 from exec_nodes.lookup import CACHE
 from exec_nodes.scan import source_schema
 from exec_nodes.stale import FilterStaleExec, TopKExec
 from memwal_sql.index.region_spec import RegionSpec
+from memwal_sql.index.tokenizer import Tokenizer
 from memwal_sql.snapshot import TableSnapshot
 from memwal_sql.storage import ObjectStore
 from planner.lookup import region_lookups
@@ -65,7 +77,6 @@ class SearchPlan:
     kept_regions: list[str]
     pruned_regions: list[str]
     root: TopKExec
-    stale: FilterStaleExec
 
     def execute(self) -> pa.Table:
         return self.root.to_table()
@@ -154,4 +165,52 @@ def plan_vector_search(
     stale = FilterStaleExec(sources, snapshot.primary_key, newer_sources, k, score=DISTANCE,
                             post_filter=post_filter)
     root = TopKExec(stale, k, DISTANCE, columns=[*base_schema.names, DISTANCE])
-    return SearchPlan(snapshot, kept, pruned, root, stale)
+    return SearchPlan(snapshot, kept, pruned, root)
+
+
+def text_index(dataset: lance.LanceDataset, column: str) -> tuple[str, dict] | None:
+    """The base table's inverted index on ``column``: its name and tokenizer parameters."""
+    for d in dataset.describe_indices():
+        if d.field_names == [column] and "Inverted" in d.type_url:
+            def load() -> tuple[tuple[str, dict], int]:
+                stats = dataset.index_statistics(d.name)
+                stats = json.loads(stats) if isinstance(stats, str) else stats
+                params = (stats.get("indices") or [{}])[0].get("params") or {}
+                return (d.name, dict(params)), 1024
+
+            key = f"{dataset.uri}@{dataset.version}#{d.name}"
+            return CACHE.get("text_index", key, load)  # type: ignore[return-value]
+    return None
+
+
+def plan_fts(snapshot: TableSnapshot, spec: RegionSpec | None, base_schema: pa.Schema, *,
+             column: str, query: str, k: int, predicate: Predicate | None) -> SearchPlan:
+    """Build the full-text search plan of ``snapshot``: an FTS leaf per source, every region's
+    sources counted in the statistics, the filter's regions searched.
+
+    Example:
+        ``plan_fts(take_snapshot(tbl), tbl.region_spec, tbl.schema, column="text",
+        query="red fox", k=10, predicate=None).execute()``
+    """
+    index = text_index(snapshot.dataset, column)
+    tokenizer = Tokenizer(index[1] if index else None)
+    kept, pruned = prune_regions(predicate, spec, base_schema,
+                                 [(r.region_id, r.region_values) for r in snapshot.regions])
+    keep = set(kept)
+    schema = source_schema(snapshot.wal_schema)
+    opts = dict(snapshot.storage_options or {}) or None
+    pk = list(snapshot.primary_key)
+    sources: list[FtsSource] = [BaseFtsExec(snapshot.dataset, schema, column, tokenizer, pk)]
+    searched = [True]
+    for region in snapshot.regions:
+        for mem in region.unflushed:
+            sources.append(MemTableFtsExec(region.region_id, mem.generation, mem.batches, schema,
+                                           column, tokenizer, pk, mem.origin))
+            searched.append(region.region_id in keep)
+        for gen in sorted(region.generations, key=lambda g: -g.generation):
+            sources.append(GenerationFtsExec(region.region_id, gen.generation, gen.uri, schema,
+                                             column, tokenizer, pk, opts))
+            searched.append(region.region_id in keep)
+    bm25 = GlobalBM25Exec(sources, pk, tokenizer.terms(query), k, predicate, searched)
+    root = TopKExec(bm25, k, SCORE, descending=True, columns=[*base_schema.names, SCORE])
+    return SearchPlan(snapshot, kept, pruned, root)

@@ -215,3 +215,26 @@ def test_bloom_false_positives_never_drop_valid_rows(tmp_path, base_rows, monkey
     assert tbl.vector_search(query, k=10).column("k").to_pylist() == want == \
         brute_force(model, query, 10)
     tbl.close()
+
+
+def test_sql_table_function_joins_with_the_table(tmp_path, base_rows) -> None:
+    tbl = mw.create_table(str(tmp_path), base_rows, primary_key="k",
+                          region_spec=mw.RegionSpec.bucket("k", 2))
+    tbl.upsert(vec_batch([1, 2, 3], 5))
+    query = np.random.default_rng(2).normal(size=DIM).astype(np.float32)
+    ctx = mw.connect()
+    ctx.register("items", tbl)
+    listed = ", ".join(str(float(x)) for x in query)
+    want = tbl.vector_search(query, k=5, filter="tag = 't2'")
+    got = ctx.sql(f"SELECT s.k, s._distance, i.n FROM vector_search('items', 'vec', [{listed}], 5) s "
+                  "JOIN items i ON i.k = s.k WHERE s.tag = 't2' ORDER BY s._distance").to_arrow_table()
+    assert got.column("k").to_pylist() == want.column("k").to_pylist()
+    assert got.column("n").to_pylist() == want.column("n").to_pylist()
+    near = ctx.sql(f"SELECT k FROM vector_search('items', NULL, [{listed}], 5) "
+                   f"WHERE _distance <= {float(want.column('_distance')[1].as_py())} "
+                   "ORDER BY _distance").to_arrow_table()
+    assert near.column("k").to_pylist() == tbl.vector_search(query, k=5).column("k").to_pylist()[
+        :near.num_rows] and near.num_rows >= 1
+    with pytest.raises(Exception, match="no MemWAL table"):
+        ctx.sql(f"SELECT * FROM vector_search('nope', 'vec', [{listed}], 5)").to_arrow_table()
+    tbl.close()

@@ -1,0 +1,414 @@
+"""Full-text search over live data: one FTS leaf per source and GlobalBM25Exec over them.
+
+BM25 scores depend on the corpus: the number of documents N, their average length, and per
+term the number of documents holding it. Over an LSM tree the corpus is the *latest* row of
+every key: an updated document counts once, with its new text, and a deleted one not at all.
+Each source's statistics are therefore computed on its latest rows only, and summed; a
+document's score then uses those global statistics, so every score is the BM25 score the same
+document would have in the fully merged table (Lance's scorer, ``memwal_sql.compat.lance_fts``).
+
+* An FTS leaf holds its source's terms, tokenized with Lance's tokenizer (the base index's
+  parameters), cached per immutable piece: a base fragment's data files, a generation, a MemTable
+  batch list. The base table is tokenized once per data file, not searched through its index:
+  BM25 over the latest corpus needs the statistics of exactly the rows that are not superseded.
+* :class:`GlobalBM25Exec` finds the newest version of every key among the newer-than-base
+  sources (highest ``_gen``, then ``_rowaddr``, the scan's rule), marks each source's rows that
+  are their key's latest live version, gathers the statistics over those rows, scores the
+  documents holding a query term, and returns the best, the filter applied to each candidate
+  (its latest version) until ``k`` pass.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform
+from exec_nodes.dedup import newest_per_key
+from exec_nodes.keyset import KeySet
+from exec_nodes.lookup import CACHE, _whole_fragment
+from memwal_sql.compat.lance import take_rows
+from memwal_sql.compat.lance_fts import BM25_B, BM25_K1
+from memwal_sql.index.tokenizer import Tokenizer, Tokens  # noqa: F401
+from memwal_sql.writer.generation import open_generation
+from planner.predicate import Predicate, evaluate
+
+SCORE = "_score"
+
+
+@dataclass
+class Piece:
+    """Rows of one source (or one base fragment) as the search sees them: their keys, row
+    addresses, terms, and which rows may count (not deleted, not tombstones)."""
+
+    keys: pa.Table
+    addresses: np.ndarray  # _rowaddr of each row
+    tokens: Tokens
+    present: np.ndarray  # rows that exist at the snapshot (base deletions and tombstones out)
+
+
+class FtsSource(ExecNode):
+    """One source's documents. ``pieces()`` gives its rows as :class:`Piece` s; ``rows(i)``
+    gives full rows of piece ``i`` at some row indices."""
+
+    def __init__(self, region_id: str | None, generation: int, schema: pa.Schema, column: str,
+                 tokenizer: Tokenizer, primary_key: Sequence[str]) -> None:
+        self.region_id = region_id
+        self.generation = generation
+        self._schema = schema
+        self.column = column
+        self.tokenizer = tokenizer
+        self.primary_key = list(primary_key)
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    def execute(self) -> Iterator[pa.RecordBatch]:
+        for i, piece in enumerate(self.pieces()):
+            idx = np.nonzero(piece.present)[0]
+            yield from self.rows(i, idx).to_batches()
+
+    def pieces(self) -> list[Piece]:
+        raise NotImplementedError
+
+    def rows(self, piece: int, index: np.ndarray) -> pa.Table:
+        raise NotImplementedError
+
+    def _piece(self, rows: pa.Table, addresses: np.ndarray) -> Piece:
+        tokens = self.tokenizer.tokenize(rows.column(self.column))
+        present = np.ones(rows.num_rows, dtype=bool)
+        if TOMBSTONE in rows.column_names and rows.num_rows:
+            present &= ~rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
+        return Piece(rows.select(self.primary_key), addresses, tokens, present)
+
+
+class MemTableFtsExec(FtsSource):
+    """A MemTable's (or WAL tail's) documents as the snapshot captured them."""
+
+    name = "MemTableFtsExec"
+
+    def __init__(self, region_id: str, generation: int, batches: Sequence[pa.RecordBatch],
+                 schema: pa.Schema, column: str, tokenizer: Tokenizer,
+                 primary_key: Sequence[str], origin: str = "memtable") -> None:
+        super().__init__(region_id, generation, schema, column, tokenizer, primary_key)
+        self.batches = list(batches)
+        self.origin = origin
+
+    def describe(self) -> str:
+        return f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} " \
+               f"{self.origin} rows={sum(b.num_rows for b in self.batches)}"
+
+    def _table(self) -> pa.Table:
+        return conform(pa.Table.from_batches(self.batches, schema=self.batches[0].schema),
+                       self._schema, self.generation).combine_chunks()
+
+    def pieces(self) -> list[Piece]:
+        batches = self.batches
+        if not batches:
+            return []
+
+        def load() -> tuple[tuple[object, int, pa.Table, Piece], int]:
+            table = self._table()
+            piece = self._piece(table, table.column(ROWADDR).to_numpy().astype(np.int64))
+            return (batches[-1], len(batches), table, piece), table.nbytes * 2
+
+        def current(entry: object) -> bool:
+            return entry[0] is batches[-1] and entry[1] == len(batches)  # type: ignore[index]
+
+        key = f"{self.region_id}/{self.generation}/{self.origin}#{self.column}"
+        entry = CACHE.get("memtable_fts", key, load, current)
+        self._rows_table = entry[2]  # type: ignore[index]
+        return [entry[3]]  # type: ignore[index]
+
+    def rows(self, piece: int, index: np.ndarray) -> pa.Table:
+        if getattr(self, "_rows_table", None) is None:
+            self.pieces()
+        return self._rows_table.take(pa.array(index))
+
+
+class GenerationFtsExec(FtsSource):
+    """A flushed generation's documents (every physical row: a duplicate its deletion vector
+    hides is never its key's newest version, so it never counts)."""
+
+    name = "GenerationFtsExec"
+
+    def __init__(self, region_id: str, generation: int, uri: str, schema: pa.Schema,
+                 column: str, tokenizer: Tokenizer, primary_key: Sequence[str],
+                 storage_options: dict[str, str] | None = None) -> None:
+        super().__init__(region_id, generation, schema, column, tokenizer, primary_key)
+        self.uri = uri
+        self.storage_options = storage_options
+
+    def describe(self) -> str:
+        return f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} " \
+               f"{self.uri.rsplit('/', 1)[-1]}"
+
+    def _table(self) -> pa.Table:
+        uri, opts, schema = self.uri, self.storage_options, self._schema
+
+        def load() -> tuple[pa.Table | None, int]:
+            ds = open_generation(uri, opts)
+            frags = ds.get_fragments()
+            names = [f.name for f in schema if f.name in ds.schema.names]
+            if len(frags) == 1:
+                return _whole_fragment(frags[0], names, self.generation, schema)
+            return None, 64
+
+        table = CACHE.get("rows", uri, load)
+        if table is None:  # too big to keep whole: read it for this query
+            ds = open_generation(uri, opts)
+            names = [f.name for f in schema if f.name in ds.schema.names]
+            rows = ds.to_table(columns=names, with_row_address=True)
+            table = conform(rows, schema, self.generation)
+        return table  # type: ignore[return-value]
+
+    def pieces(self) -> list[Piece]:
+        def load() -> tuple[Piece, int]:
+            table = self._table()
+            piece = self._piece(table, table.column(ROWADDR).to_numpy().astype(np.int64))
+            return piece, piece.tokens.docs.nbytes * 3 + piece.keys.nbytes
+
+        return [CACHE.get("fts", f"{self.uri}#{self.column}", load)]  # type: ignore[list-item]
+
+    def rows(self, piece: int, index: np.ndarray) -> pa.Table:
+        table = self._table()
+        return table.take(pa.array(index))
+
+
+class BaseFtsExec(FtsSource):
+    """The base table's documents at the snapshot's version, fragment by fragment: the terms
+    of a fragment's data files are kept (they never change), its deletions read per version."""
+
+    name = "BaseFtsExec"
+
+    def __init__(self, dataset: lance.LanceDataset, schema: pa.Schema, column: str,
+                 tokenizer: Tokenizer, primary_key: Sequence[str]) -> None:
+        super().__init__(None, BASE_GENERATION, schema, column, tokenizer, primary_key)
+        self.dataset = dataset
+        self._fragments = dataset.get_fragments()
+        self._pieces: list[Piece] | None = None
+        self._lock = threading.Lock()
+
+    _locks = ("_lock",)
+    _computed = ("_pieces",)
+
+    def describe(self) -> str:
+        return f"{self.name}: version={self.dataset.version} " \
+               f"fragments={len(self._fragments)} column={self.column}"
+
+    def pieces(self) -> list[Piece]:
+        with self._lock:
+            if self._pieces is None:
+                self._pieces = [self._fragment_piece(f) for f in self._fragments]
+            return self._pieces
+
+    def _fragment_piece(self, fragment: lance.LanceFragment) -> Piece:
+        files = ",".join(f.path for f in fragment.data_files())
+        fid = fragment.fragment_id
+        columns = list(dict.fromkeys([*self.primary_key, self.column]))
+
+        def load_terms() -> tuple[Piece, int]:
+            rows = fragment.to_table(columns=columns, with_row_id=True,
+                                     include_deleted_rows=True)
+            assert rows.num_rows == fragment.metadata.physical_rows, "rows out of place"
+            addresses = (np.int64(fid) << 32) | np.arange(rows.num_rows, dtype=np.int64)
+            piece = self._piece(rows.select(columns), addresses)
+            return piece, piece.tokens.docs.nbytes * 3 + piece.keys.nbytes
+
+        piece: Piece = CACHE.get("fts", f"{self.dataset.uri}#{files}#{self.column}",
+                                 load_terms)  # type: ignore[assignment]
+        deletion = fragment.metadata.deletion_file
+        if deletion is None:
+            return piece
+
+        def load_live() -> tuple[np.ndarray, int]:
+            live = fragment.to_table(columns=[self.primary_key[0]], with_row_address=True)
+            present = np.zeros(len(piece.present), dtype=bool)
+            present[live.column(ROWADDR).to_numpy().astype(np.int64) & 0xFFFFFFFF] = True
+            return present, present.nbytes
+
+        present = CACHE.get("fts_live", f"{self.dataset.uri}#{files}#{deletion}", load_live)
+        return Piece(piece.keys, piece.addresses, piece.tokens, present)  # type: ignore[arg-type]
+
+    def rows(self, piece: int, index: np.ndarray) -> pa.Table:
+        addresses = self.pieces()[piece].addresses[index]
+        names = [f.name for f in self._schema if f.name in self.dataset.schema.names]
+        out = conform(take_rows(self.dataset, pa.array(addresses.astype(np.uint64)), names),
+                      self._schema, BASE_GENERATION)
+        return out.set_column(out.schema.get_field_index(ROWADDR), self._schema.field(ROWADDR),
+                              pa.array(addresses.astype(np.uint64)))
+
+
+@dataclass
+class CorpusStats:
+    """BM25 statistics of the latest corpus (what :class:`GlobalBM25Exec` gathered)."""
+
+    documents: int = 0  # latest documents with at least one term (Lance's N)
+    tokens: int = 0
+    document_frequency: dict[str, int] | None = None
+    superseded: int = 0  # rows of older versions left out
+    deleted: int = 0  # rows whose key a newer tombstone deleted, left out
+
+    @property
+    def average_length(self) -> float:
+        return self.tokens / self.documents if self.documents else 0.0
+
+
+class GlobalBM25Exec(ExecNode):
+    """The ``k`` best latest documents for ``terms`` by BM25 over the latest corpus (see the
+    module docstring); ``predicate`` filters the candidates, ``searched`` names the children
+    whose rows may be returned (the others, pruned by the filter, still count in the
+    statistics)."""
+
+    name = "GlobalBM25Exec"
+
+    def __init__(self, children: Sequence[FtsSource], primary_key: Sequence[str],
+                 terms: Sequence[str], k: int, predicate: Predicate | None,
+                 searched: Sequence[bool] | None = None) -> None:
+        self._children = list(children)
+        self.primary_key = list(primary_key)
+        self.terms = list(terms)
+        self.k = k
+        self.predicate = predicate
+        self.searched = list(searched) if searched is not None else [True] * len(children)
+        self.stats = CorpusStats()
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._children[0].schema.append(pa.field(SCORE, pa.float32()))
+
+    @property
+    def children(self) -> list[ExecNode]:
+        return list(self._children)
+
+    def describe(self) -> str:
+        s = self.stats
+        return (f"{self.name}: terms={self.terms} k={self.k} over the latest corpus: "
+                f"{s.documents} documents, average length {s.average_length:.2f}, left out "
+                f"{s.superseded} superseded and {s.deleted} deleted")
+
+    def execute(self) -> Iterator[pa.RecordBatch]:
+        yield from self.valid().to_batches()
+
+    def valid(self) -> pa.Table:
+        """The best ``k`` (or fewer) latest documents matching the filter, with ``_score``."""
+        pieces = [(c, i, p) for c in self._children for i, p in enumerate(c.pieces())]
+        live = self._latest(pieces)
+        stats = CorpusStats(document_frequency={t: 0 for t in self.terms})
+        postings = []
+        for (child, i, piece), ok in zip(pieces, live):
+            lengths = piece.tokens.lengths
+            stats.documents += int(np.count_nonzero(ok & (lengths > 0)))
+            stats.tokens += int(lengths[ok].sum())
+            vocab = piece.tokens.term_index
+            per_term = []
+            for t in dict.fromkeys(self.terms):
+                tid = vocab.get(t)
+                docs = piece.tokens.docs[piece.tokens.term_ids == tid] if tid is not None \
+                    else np.zeros(0, dtype=np.int64)
+                docs = docs[ok[docs]]
+                ids, tf = np.unique(docs, return_counts=True)
+                stats.document_frequency[t] += len(ids)  # type: ignore[index]
+                per_term.append((t, ids, tf))
+            postings.append((child, i, piece, per_term))
+        stats.superseded, stats.deleted = self._left_out
+        self.stats = stats
+        return self._best(postings, stats)
+
+    def _latest(self, pieces: list[tuple[FtsSource, int, Piece]]) -> list[np.ndarray]:
+        """Per piece, which rows are their key's latest live version."""
+        newer = [(c, p) for c, _, p in pieces if c.generation != BASE_GENERATION]
+        self._left_out = (0, 0)
+        if not newer:
+            return [p.present for _, _, p in pieces]
+        versions = pa.concat_tables([
+            p.keys.append_column(GEN, pa.array(np.full(p.keys.num_rows, c.generation)))
+            .append_column(ROWADDR, pa.array(p.addresses.astype(np.uint64)))
+            .append_column(TOMBSTONE, pa.array(~p.present)) for c, p in newer])
+        winners = newest_per_key(versions, self.primary_key)
+        keyset = KeySet(winners.select(self.primary_key))
+        win_gen = winners.column(GEN).to_numpy()
+        win_addr = winners.column(ROWADDR).to_numpy().astype(np.int64)
+        win_dead = winners.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
+        out, superseded, deleted = [], 0, 0
+        for child, _, piece in pieces:
+            pos = keyset.positions(piece.keys)
+            hit = pos >= 0
+            at = np.where(hit, pos, 0)
+            if child.generation == BASE_GENERATION:
+                ok = piece.present & ~hit
+            else:
+                ok = piece.present & hit & (win_gen[at] == child.generation) & \
+                    (win_addr[at] == piece.addresses) & ~win_dead[at]
+            gone = piece.present & ~ok
+            deleted += int(np.count_nonzero(gone & hit & win_dead[at]))
+            superseded += int(np.count_nonzero(gone & ~(hit & win_dead[at])))
+            out.append(ok)
+        self._left_out = (superseded, deleted)
+        return out
+
+    def _best(self, postings: list, stats: CorpusStats) -> pa.Table:
+        n_docs = stats.documents
+        avgdl = stats.average_length
+        scored = []  # (score, piece number, row)
+        for number, (child, i, piece, per_term) in enumerate(postings):
+            if not self.searched[self._children.index(child)]:
+                continue
+            score = np.zeros(len(piece.present), dtype=np.float64)
+            touched = np.zeros(len(piece.present), dtype=bool)
+            norm = BM25_K1 * (1 - BM25_B + BM25_B * piece.tokens.lengths / max(avgdl, 1e-12))
+            # A term listed twice in the query counts twice, as in Lance.
+            counts = {t: self.terms.count(t) for t in self.terms}
+            for t, ids, tf in per_term:
+                if len(ids) == 0:
+                    continue
+                df = stats.document_frequency[t]  # type: ignore[index]
+                idf = np.log(1 + (n_docs - df + 0.5) / (df + 0.5))
+                score[ids] += counts[t] * idf * tf * (BM25_K1 + 1) / (tf + norm[ids])
+                touched[ids] = True
+            rows = np.nonzero(touched)[0]
+            scored.append((score[rows], np.full(len(rows), number), rows))
+        if not scored:
+            return self.schema.empty_table()
+        scores = np.concatenate([s for s, _, _ in scored])
+        numbers = np.concatenate([n for _, n, _ in scored])
+        rows = np.concatenate([r for _, _, r in scored])
+        order = np.argsort(-scores, kind="stable")
+        picked: list[pa.Table] = []
+        have, start, step = 0, 0, max(self.k, 16)
+        while have < self.k and start < len(order):  # the filter on candidates, best first
+            chunk = order[start:start + step]
+            start += step
+            step *= 4
+            table = self._rows(postings, numbers[chunk], rows[chunk], scores[chunk])
+            if self.predicate is not None:
+                table = table.filter(pc.fill_null(evaluate(self.predicate, table), False))
+            picked.append(table)
+            have += table.num_rows
+        out = pa.concat_tables(picked) if picked else self.schema.empty_table()
+        return out.slice(0, self.k)
+
+    def _rows(self, postings: list, numbers: np.ndarray, rows: np.ndarray,
+              scores: np.ndarray) -> pa.Table:
+        parts, order = [], []
+        for number in np.unique(numbers):
+            at = np.nonzero(numbers == number)[0]
+            child, i = postings[number][0], postings[number][1]
+            parts.append(child.rows(i, rows[at]))
+            order.append(at)
+        table = pa.concat_tables(parts)
+        positions = np.concatenate(order)
+        table = table.take(pa.array(np.argsort(positions, kind="stable")))
+        return table.append_column(pa.field(SCORE, pa.float32()),
+                                   pa.array(scores.astype(np.float32)))
+
+
+__all__ = ["BaseFtsExec", "CorpusStats", "FtsSource", "GenerationFtsExec", "GlobalBM25Exec",
+           "MemTableFtsExec", "SCORE"]

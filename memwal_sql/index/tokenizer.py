@@ -1,0 +1,156 @@
+"""Lance's full-text tokenizer, re-implemented over Arrow columns.
+
+A full-text search over live data scores MemTable and generation rows the way Lance's inverted
+index scores base rows, so they must be split into the same terms. Lance 14 builds its tokenizer
+from the index parameters in this order (``InvertedIndexParams::build``): a base tokenizer
+(``simple``: runs of letters and digits; ``whitespace``; ``raw``: the whole text), tokens of
+``max_token_length`` bytes or more removed, lower case, Snowball stemming, stop words (compared
+with the *stemmed* token), ASCII folding. The splitting and casing run in Arrow kernels over the
+whole column; stemming, stop words and folding run once per distinct token.
+
+Example:
+    >>> t = Tokenizer()
+    >>> t.terms("The runners were running quickly, naïvely!")
+    ['runner', 'run', 'quick', 'naiv']
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal_sql.compat.lance_fts import ENGLISH_STOP_STEMS
+from memwal_sql.errors import InvalidInputError
+
+# Folding beyond what Unicode decomposition gives (Lucene's ASCIIFoldingFilter, the letters
+# that have no combining-mark decomposition).
+_FOLD = str.maketrans({"ß": "ss", "æ": "ae", "Æ": "AE", "œ": "oe", "Œ": "OE", "ø": "o",
+                       "Ø": "O", "đ": "d", "Đ": "D", "ł": "l", "Ł": "L", "þ": "th", "Þ": "TH",
+                       "ð": "d", "Ð": "D", "ı": "i", "ĸ": "q", "ŀ": "l", "ŉ": "n"})
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """The terms of a column of documents: token ``i`` is term ``term_ids[i]`` (an index into
+    ``vocabulary``) of document ``docs[i]``; ``lengths`` counts each document's tokens."""
+
+    docs: np.ndarray
+    term_ids: np.ndarray
+    vocabulary: list[str]
+    lengths: np.ndarray
+
+    @cached_property
+    def term_index(self) -> dict[str, int]:
+        """Term -> its index in ``vocabulary``."""
+        return {t: i for i, t in enumerate(self.vocabulary)}
+
+
+class Tokenizer:
+    """Lance's tokenizer for the given index parameters (Lance's defaults when none).
+
+    ``params`` is what ``index_statistics`` reports under ``params``: ``base_tokenizer``,
+    ``language``, ``max_token_length``, ``lower_case``, ``stem``, ``remove_stop_words``,
+    ``ascii_folding``.
+    """
+
+    def __init__(self, params: Mapping[str, Any] | None = None) -> None:
+        p = dict(params or {})
+        self.base = p.get("base_tokenizer", "simple")
+        self.language = p.get("language", "English")
+        self.max_token_length = p.get("max_token_length", 40)
+        self.lower_case = p.get("lower_case", True)
+        self.stem = p.get("stem", True)
+        self.remove_stop_words = p.get("remove_stop_words", True)
+        self.ascii_folding = p.get("ascii_folding", True)
+        if self.base not in ("simple", "whitespace", "raw"):
+            raise InvalidInputError(f"full-text search over live data supports the simple, "
+                                    f"whitespace and raw tokenizers, not {self.base!r}")
+        if (self.stem or self.remove_stop_words) and self.language != "English":
+            raise InvalidInputError(f"full-text search over live data stems and removes stop "
+                                    f"words for English only, not {self.language!r}")
+        if p.get("custom_stop_words"):
+            raise InvalidInputError("custom stop words are not supported yet")
+        self._stemmer: Any = None
+        self._final: dict[str, str | None] = {}
+
+    def tokenize(self, texts: pa.Array | pa.ChunkedArray) -> Tokens:
+        """The terms of every document of ``texts`` (a NULL document has none)."""
+        if isinstance(texts, pa.ChunkedArray):
+            texts = texts.combine_chunks() if texts.num_chunks else pa.array([], pa.string())
+        n = len(texts)
+        texts = texts.cast(pa.large_string()) if pa.types.is_string_view(texts.type) else texts
+        texts = pc.fill_null(texts, "")
+        if self.base == "simple":
+            parts = pc.split_pattern_regex(texts, r"[^\p{L}\p{N}]+")
+        elif self.base == "whitespace":
+            parts = pc.utf8_split_whitespace(texts)
+        else:
+            parts = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32)), texts)
+        flat = pc.list_flatten(parts)
+        docs = pc.list_parent_indices(parts)
+        keep = pc.not_equal(flat, "")
+        if self.max_token_length is not None:  # Lance keeps tokens shorter than the limit
+            keep = pc.and_(keep, pc.less(pc.binary_length(flat), self.max_token_length))
+        flat, docs = flat.filter(keep), docs.filter(keep)
+        if self.lower_case:
+            flat = pc.utf8_lower(flat)
+        encoded = pc.dictionary_encode(flat)
+        raw_ids = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        vocabulary: list[str] = []
+        index: dict[str, int] = {}
+        mapping = np.empty(len(encoded.dictionary), dtype=np.int64)
+        for i, token in enumerate(self._finals(encoded.dictionary.to_pylist())):
+            if token is None:
+                mapping[i] = -1
+            else:
+                mapping[i] = index.setdefault(token, len(index))
+                if mapping[i] == len(vocabulary):
+                    vocabulary.append(token)
+        term_ids = mapping[raw_ids] if len(raw_ids) else raw_ids
+        live = term_ids >= 0
+        doc_ids = docs.to_numpy(zero_copy_only=False).astype(np.int64)[live]
+        return Tokens(doc_ids, term_ids[live], vocabulary,
+                      np.bincount(doc_ids, minlength=n).astype(np.int64))
+
+    def terms(self, text: str) -> list[str]:
+        """The terms of one text, in order (what a query becomes)."""
+        tokens = self.tokenize(pa.array([text]))
+        return [tokens.vocabulary[i] for i in tokens.term_ids]
+
+    def _finals(self, tokens: list[str]) -> list[str | None]:
+        """Each distinct token after stemming, stop words and folding (None: removed)."""
+        new = [t for t in tokens if t not in self._final]
+        if new:
+            stems = self._stems(new)
+            for token, stem in zip(new, stems):
+                final: str | None = stem
+                if self.remove_stop_words and stem in ENGLISH_STOP_STEMS:
+                    final = None
+                elif self.ascii_folding and not stem.isascii():
+                    final = _fold(stem)
+                self._final[token] = final
+        return [self._final[t] for t in tokens]
+
+    def _stems(self, tokens: list[str]) -> list[str]:
+        if not self.stem:
+            return tokens
+        if self._stemmer is None:
+            import Stemmer  # PyStemmer: the Snowball English (Porter2) stemmer Lance uses
+
+            self._stemmer = Stemmer.Stemmer("english")
+        return self._stemmer.stemWords(tokens)
+
+
+def _fold(token: str) -> str:
+    decomposed = unicodedata.normalize("NFKD", token.translate(_FOLD))
+    return "".join(c for c in decomposed if not unicodedata.combining(c))
+
+
+__all__ = ["Tokenizer", "Tokens"]
