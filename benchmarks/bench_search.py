@@ -16,7 +16,10 @@ Measured over ``--queries`` random queries, k = 10:
 * plain Lance ANN with ``refine_factor=5`` on a fully merged copy of the latest rows, same index
   parameters.
 
-Prints a table and writes JSON (``--out``).
+Full text: the ten `QUERIES` over English sentences, memwal-sql `tbl.fts` (BM25 over the latest
+corpus) against Lance FTS on the merged copy: p50/p99 latency, and whether ids and scores agree.
+
+Prints tables and writes JSON (``--out``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import tempfile
 import time
@@ -42,10 +46,26 @@ DIM = 32
 INDEX = {"num_partitions": 64, "num_sub_vectors": 16}
 
 
+def sentences() -> list[str]:
+    import pydoc_data.topics as topics  # English prose that ships with Python
+
+    text = " ".join(topics.topics.values())
+    return [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if 20 < len(s.strip()) < 400]
+
+
+SENTENCES = sentences()
+QUERIES = ["function return value", "class attribute", "exception raised", "loop iterator",
+           "string format", "the method is called", "module import", "default argument",
+           "keyword only parameters", "integer division"]
+
+
 def rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
     vecs = rng.normal(size=(len(ids), DIM)).astype(np.float32)
+    pick = rng.integers(0, len(SENTENCES), (len(ids), 2))
+    text = [f"{SENTENCES[a]} {SENTENCES[b]}" for a, b in pick]
     return pa.table({"id": ids.astype(np.int64), "tenant": (ids % 4).astype(np.int32),
-                     "vec": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), DIM)})
+                     "vec": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), DIM),
+                     "text": text})
 
 
 def build(uri: str, base_rows: int, upserts: int, memtable_rows: int) -> mw.MemWalTable:
@@ -55,6 +75,7 @@ def build(uri: str, base_rows: int, upserts: int, memtable_rows: int) -> mw.MemW
                           writer_config=mw.WriterConfig(durable=False,
                                                         max_memtable_rows=memtable_rows))
     tbl.create_index("vec", "IVF_PQ", **INDEX)
+    tbl.create_index("text", "INVERTED")
     next_id, done = base_rows, 0
     while done < upserts:
         n = min(10_000, upserts - done)
@@ -122,8 +143,9 @@ def main() -> None:
             lance_lsm(q)
         lsm_t, lsm_found = timed(lance_lsm, queries)
 
-        merged = lance.write_dataset(latest, f"{work}/merged")
+        merged = lance.write_dataset(tbl.to_arrow(), f"{work}/merged")
         merged.create_index("vec", "IVF_PQ", **INDEX)
+        merged.create_scalar_index("text", "INVERTED")
 
         def plain(q: np.ndarray) -> pa.Table:
             return merged.to_table(columns=["id"], nearest={"column": "vec", "q": q, "k": k,
@@ -151,12 +173,41 @@ def main() -> None:
             print(f"{r['system']:<36}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}{r['recall']:>11.3f}"
                   f"{r['p50_ms'] / results[0]['p50_ms']:>12.2f}")
         print("\n" + tbl.explain_search(queries[0], k=k))
+
+        for q in QUERIES[:3]:  # warm: tokenizes each source once, as a long-running reader would
+            tbl.fts(q, k=k)
+            merged.to_table(full_text_query=q, limit=k)
+        fts_t, _ = timed(lambda q: tbl.fts(q, k=k, column="text"), QUERIES * 5)
+        lance_fts_t, _ = timed(lambda q: merged.to_table(full_text_query=q, limit=k,
+                                                         columns=["id"]), QUERIES * 5)
+        agree, worst = 0, 0.0
+        for q in QUERIES:
+            ours, theirs = tbl.fts(q, k=k), merged.to_table(full_text_query=q, limit=k)
+            a, b = ours.column("_score").to_numpy(), theirs.column("_score").to_numpy()
+            agree += int(len(a) == len(b) and set(ours.column("id").to_pylist())
+                         == set(theirs.column("id").to_pylist()))
+            if len(a) == len(b):
+                worst = max(worst, float(np.max(np.abs(a - b) / b)))
+        fts = [{"system": "memwal-sql fts", "p50_ms": float(np.median(fts_t)),
+                "p99_ms": float(np.percentile(fts_t, 99))},
+               {"system": "Lance FTS, merged copy", "p50_ms": float(np.median(lance_fts_t)),
+                "p99_ms": float(np.percentile(lance_fts_t, 99))}]
+        print(f"\n{'full-text search':<36}{'p50 ms':>9}{'p99 ms':>9}")
+        for r in fts:
+            print(f"{r['system']:<36}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}")
+        print(f"top-{k} ids equal (as sets; ties are ordered by key here, by row address in "
+              f"Lance) for {agree}/{len(QUERIES)} queries; worst relative score error {worst:.2e}")
+        print("\n" + tbl.explain_search(QUERIES[0], k=k))
         tbl.close()
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
             json.dump({"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                    "lance": lance.__version__},
-                       "layout": vars(args), "index": INDEX, "vector": results}, f, indent=2)
+                       "layout": vars(args), "index": INDEX, "vector": results,
+                       "fts": fts, "fts_score_agreement": {"queries": len(QUERIES),
+                                                           "same_ids": agree,
+                                                           "worst_relative_error": worst}},
+                      f, indent=2)
         print(f"\nwrote {args.out}")
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -51,6 +51,17 @@ class Piece:
     addresses: np.ndarray  # _rowaddr of each row
     tokens: Tokens
     present: np.ndarray  # rows that exist at the snapshot (base deletions and tombstones out)
+    _keys: tuple[KeySet, np.ndarray] | None = None
+
+    def row_of(self, keys: pa.Table) -> np.ndarray:
+        """For each of ``keys``, the present row holding it, or -1 (the KeySet of the present
+        rows is built once per piece: a piece's rows never change)."""
+        if self._keys is None:
+            rows = np.nonzero(self.present)[0]
+            self._keys = (KeySet(self.keys.take(pa.array(rows))), rows)
+        keyset, rows = self._keys
+        pos = keyset.positions(keys)
+        return np.where(pos >= 0, rows[np.maximum(pos, 0)], -1)
 
 
 class FtsSource(ExecNode):
@@ -228,14 +239,15 @@ class BaseFtsExec(FtsSource):
         if deletion is None:
             return piece
 
-        def load_live() -> tuple[np.ndarray, int]:
+        def load_live() -> tuple[Piece, int]:
             live = fragment.to_table(columns=[self.primary_key[0]], with_row_address=True)
             present = np.zeros(len(piece.present), dtype=bool)
             present[live.column(ROWADDR).to_numpy().astype(np.int64) & 0xFFFFFFFF] = True
-            return present, present.nbytes
+            return Piece(piece.keys, piece.addresses, piece.tokens, present), present.nbytes * 9
 
-        present = CACHE.get("fts_live", f"{self.dataset.uri}#{files}#{deletion}", load_live)
-        return Piece(piece.keys, piece.addresses, piece.tokens, present)  # type: ignore[arg-type]
+        # One piece per version of the fragment's deletions, sharing the terms.
+        return CACHE.get("fts_live", f"{self.dataset.uri}#{files}#{deletion}",  # type: ignore[return-value]
+                         load_live)
 
     def rows(self, piece: int, index: np.ndarray) -> pa.Table:
         addresses = self.pieces()[piece].addresses[index]
@@ -307,14 +319,10 @@ class GlobalBM25Exec(ExecNode):
             lengths = piece.tokens.lengths
             stats.documents += int(np.count_nonzero(ok & (lengths > 0)))
             stats.tokens += int(lengths[ok].sum())
-            vocab = piece.tokens.term_index
             per_term = []
             for t in dict.fromkeys(self.terms):
-                tid = vocab.get(t)
-                docs = piece.tokens.docs[piece.tokens.term_ids == tid] if tid is not None \
-                    else np.zeros(0, dtype=np.int64)
-                docs = docs[ok[docs]]
-                ids, tf = np.unique(docs, return_counts=True)
+                docs = piece.tokens.documents_of(t)
+                ids, tf = _runs(docs[ok[docs]])
                 stats.document_frequency[t] += len(ids)  # type: ignore[index]
                 per_term.append((t, ids, tf))
             postings.append((child, i, piece, per_term))
@@ -323,7 +331,21 @@ class GlobalBM25Exec(ExecNode):
         return self._best(postings, stats)
 
     def _latest(self, pieces: list[tuple[FtsSource, int, Piece]]) -> list[np.ndarray]:
-        """Per piece, which rows are their key's latest live version."""
+        """Per piece, which rows are their key's latest live version; the same pieces (no
+        write since the last search) give the same answer, kept."""
+        key = tuple(id(p) for _, _, p in pieces)
+        with _LATEST_LOCK:
+            hit = _LATEST.get(key)
+        if hit is not None:
+            self._left_out = hit[2]
+            return hit[1]
+        out = self._compute_latest(pieces)
+        with _LATEST_LOCK:
+            _LATEST.clear()  # one entry: the pieces it holds keep their ids unique
+            _LATEST[key] = ([p for _, _, p in pieces], out, self._left_out)
+        return out
+
+    def _compute_latest(self, pieces: list[tuple[FtsSource, int, Piece]]) -> list[np.ndarray]:
         newer = [(c, p) for c, _, p in pieces if c.generation != BASE_GENERATION]
         self._left_out = (0, 0)
         if not newer:
@@ -339,14 +361,24 @@ class GlobalBM25Exec(ExecNode):
         win_dead = winners.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
         out, superseded, deleted = [], 0, 0
         for child, _, piece in pieces:
+            if child.generation == BASE_GENERATION:
+                # Probe the base rows with the (few) newer keys, not the other way round.
+                where = piece.row_of(winners.select(self.primary_key))
+                found = where >= 0
+                hit = np.zeros(len(piece.present), dtype=bool)
+                hit[where[found]] = True
+                dead = np.zeros(len(piece.present), dtype=bool)
+                dead[where[found & win_dead]] = True
+                ok = piece.present & ~hit
+                deleted += int(np.count_nonzero(piece.present & dead))
+                superseded += int(np.count_nonzero(piece.present & hit & ~dead))
+                out.append(ok)
+                continue
             pos = keyset.positions(piece.keys)
             hit = pos >= 0
             at = np.where(hit, pos, 0)
-            if child.generation == BASE_GENERATION:
-                ok = piece.present & ~hit
-            else:
-                ok = piece.present & hit & (win_gen[at] == child.generation) & \
-                    (win_addr[at] == piece.addresses) & ~win_dead[at]
+            ok = piece.present & hit & (win_gen[at] == child.generation) & \
+                (win_addr[at] == piece.addresses) & ~win_dead[at]
             gone = piece.present & ~ok
             deleted += int(np.count_nonzero(gone & hit & win_dead[at]))
             superseded += int(np.count_nonzero(gone & ~(hit & win_dead[at])))
@@ -380,10 +412,12 @@ class GlobalBM25Exec(ExecNode):
         scores = np.concatenate([s for s, _, _ in scored])
         numbers = np.concatenate([n for _, n, _ in scored])
         rows = np.concatenate([r for _, _, r in scored])
-        order = np.argsort(-scores, kind="stable")
         picked: list[pa.Table] = []
         have, start, step = 0, 0, max(self.k, 16)
-        while have < self.k and start < len(order):  # the filter on candidates, best first
+        order = np.zeros(0, dtype=np.int64)
+        while have < self.k and start < len(scores):  # the filter on candidates, best first
+            if start + step > len(order):  # rank only as far as needed
+                order = _best_first(scores, min(len(scores), (start + step) * 4))
             chunk = order[start:start + step]
             start += step
             step *= 4
@@ -408,6 +442,26 @@ class GlobalBM25Exec(ExecNode):
         table = table.take(pa.array(np.argsort(positions, kind="stable")))
         return table.append_column(pa.field(SCORE, pa.float32()),
                                    pa.array(scores.astype(np.float32)))
+
+
+_LATEST: dict[tuple[int, ...], tuple[list[Piece], list[np.ndarray], tuple[int, int]]] = {}
+_LATEST_LOCK = threading.Lock()
+
+
+def _runs(sorted_docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of a sorted array and how often each occurs (np.unique without
+    its sort)."""
+    if len(sorted_docs) == 0:
+        return sorted_docs, sorted_docs
+    starts = np.flatnonzero(np.diff(sorted_docs)) + 1
+    starts = np.concatenate([[0], starts])
+    return sorted_docs[starts], np.diff(np.concatenate([starts, [len(sorted_docs)]]))
+
+
+def _best_first(scores: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the ``n`` highest scores, highest first (ties in index order)."""
+    top = np.argpartition(-scores, n - 1)[:n] if n < len(scores) else np.arange(len(scores))
+    return top[np.lexsort((top, -scores[top]))]
 
 
 __all__ = ["BaseFtsExec", "CorpusStats", "FtsSource", "GenerationFtsExec", "GlobalBM25Exec",

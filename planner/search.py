@@ -183,6 +183,13 @@ def text_index(dataset: lance.LanceDataset, column: str) -> tuple[str, dict] | N
     return None
 
 
+def tokenizer_for(params: dict) -> Tokenizer:
+    """One tokenizer per parameter set in the process: it keeps what it learnt (each distinct
+    token's final term, recent queries' terms)."""
+    key = json.dumps(params, sort_keys=True, default=str)
+    return CACHE.get("tokenizer", key, lambda: (Tokenizer(params), 1 << 16))  # type: ignore[return-value]
+
+
 def plan_fts(snapshot: TableSnapshot, spec: RegionSpec | None, base_schema: pa.Schema, *,
              column: str, query: str, k: int, predicate: Predicate | None) -> SearchPlan:
     """Build the full-text search plan of ``snapshot``: an FTS leaf per source, every region's
@@ -193,7 +200,7 @@ def plan_fts(snapshot: TableSnapshot, spec: RegionSpec | None, base_schema: pa.S
         query="red fox", k=10, predicate=None).execute()``
     """
     index = text_index(snapshot.dataset, column)
-    tokenizer = Tokenizer(index[1] if index else None)
+    tokenizer = tokenizer_for(index[1] if index else {})
     kept, pruned = prune_regions(predicate, spec, base_schema,
                                  [(r.region_id, r.region_values) for r in snapshot.regions])
     keep = set(kept)

@@ -51,6 +51,22 @@ class Tokens:
         """Term -> its index in ``vocabulary``."""
         return {t: i for i, t in enumerate(self.vocabulary)}
 
+    @cached_property
+    def _postings(self) -> tuple[np.ndarray, np.ndarray]:
+        order = np.argsort(self.term_ids, kind="stable")
+        bounds = np.zeros(len(self.vocabulary) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(self.term_ids, minlength=len(self.vocabulary)), out=bounds[1:])
+        return self.docs[order], bounds
+
+    def documents_of(self, term: str) -> np.ndarray:
+        """The document of every occurrence of ``term`` (a document once per occurrence),
+        in document order: one slice of a term-sorted copy, built on first use."""
+        tid = self.term_index.get(term)
+        if tid is None:
+            return np.zeros(0, dtype=np.int64)
+        docs, bounds = self._postings
+        return docs[bounds[tid]:bounds[tid + 1]]
+
 
 class Tokenizer:
     """Lance's tokenizer for the given index parameters (Lance's defaults when none).
@@ -79,6 +95,7 @@ class Tokenizer:
             raise InvalidInputError("custom stop words are not supported yet")
         self._stemmer: Any = None
         self._final: dict[str, str | None] = {}
+        self._queries: dict[str, list[str]] = {}
 
     def tokenize(self, texts: pa.Array | pa.ChunkedArray) -> Tokens:
         """The terms of every document of ``texts`` (a NULL document has none)."""
@@ -120,9 +137,15 @@ class Tokenizer:
                       np.bincount(doc_ids, minlength=n).astype(np.int64))
 
     def terms(self, text: str) -> list[str]:
-        """The terms of one text, in order (what a query becomes)."""
-        tokens = self.tokenize(pa.array([text]))
-        return [tokens.vocabulary[i] for i in tokens.term_ids]
+        """The terms of one text, in order (what a query becomes); recent texts are kept."""
+        terms = self._queries.get(text)
+        if terms is None:
+            tokens = self.tokenize(pa.array([text], pa.string()))
+            terms = [tokens.vocabulary[i] for i in tokens.term_ids]
+            if len(self._queries) >= 1024:
+                self._queries.clear()
+            self._queries[text] = terms
+        return list(terms)
 
     def _finals(self, tokens: list[str]) -> list[str | None]:
         """Each distinct token after stemming, stop words and folding (None: removed)."""
