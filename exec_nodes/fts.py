@@ -33,6 +33,7 @@ from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, 
 from exec_nodes.dedup import newest_per_key
 from exec_nodes.keyset import KeySet
 from exec_nodes.lookup import CACHE, _whole_fragment
+from exec_nodes.memindex import text_index
 from memwal_sql.compat.lance import take_rows
 from memwal_sql.compat.lance_fts import BM25_B, BM25_K1
 from memwal_sql.index.tokenizer import Tokenizer, Tokens  # noqa: F401
@@ -116,27 +117,17 @@ class MemTableFtsExec(FtsSource):
         return f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} " \
                f"{self.origin} rows={sum(b.num_rows for b in self.batches)}"
 
-    def _table(self) -> pa.Table:
-        return conform(pa.Table.from_batches(self.batches, schema=self.batches[0].schema),
-                       self._schema, self.generation).combine_chunks()
-
     def pieces(self) -> list[Piece]:
-        batches = self.batches
-        if not batches:
+        if not self.batches:
             return []
-
-        def load() -> tuple[tuple[object, int, pa.Table, Piece], int]:
-            table = self._table()
-            piece = self._piece(table, table.column(ROWADDR).to_numpy().astype(np.int64))
-            return (batches[-1], len(batches), table, piece), table.nbytes * 2
-
-        def current(entry: object) -> bool:
-            return entry[0] is batches[-1] and entry[1] == len(batches)  # type: ignore[index]
-
-        key = f"{self.region_id}/{self.generation}/{self.origin}#{self.column}"
-        entry = CACHE.get("memtable_fts", key, load, current)
-        self._rows_table = entry[2]  # type: ignore[index]
-        return [entry[3]]  # type: ignore[index]
+        index = text_index(self.region_id or "", self.generation, self.origin, self.column,
+                           self._schema, self.tokenizer)
+        rows, tokens = index.update(self.batches)
+        self._rows_table = rows
+        present = ~rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool) \
+            if TOMBSTONE in rows.column_names else np.ones(rows.num_rows, dtype=bool)
+        addresses = rows.column(ROWADDR).to_numpy().astype(np.int64)
+        return [Piece(rows.select(self.primary_key), addresses, tokens, present)]  # type: ignore[arg-type]
 
     def rows(self, piece: int, index: np.ndarray) -> pa.Table:
         if getattr(self, "_rows_table", None) is None:

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from exec_nodes.base import BASE_GENERATION, ROWADDR, TOMBSTONE, ExecNode, conform
 from exec_nodes.lookup import CACHE, _whole_fragment
+from exec_nodes.memindex import vector_index
 from memwal_sql.writer.generation import open_generation
 from planner.predicate import Predicate, evaluate, matches
 from planner.substrait import lance_filter
@@ -156,23 +157,11 @@ class MemTableKnnExec(KnnSource):
                f"{self.origin} rows={rows} exact k={self.k}"
 
     def _nearest(self, n: int) -> pa.Table:
-        batches = self.batches
-        if not batches:
+        if not self.batches:
             return self.schema.empty_table()
-        source = self.schema.remove(len(self.schema) - 1)
-
-        def load() -> tuple[tuple[object, ...], int]:
-            rows = conform(pa.Table.from_batches(batches), source, self.generation)
-            vectors = self._vectors(rows.combine_chunks())
-            return (batches[-1], len(batches), *vectors), rows.nbytes + vectors[1].nbytes
-
-        def current(entry: object) -> bool:
-            # A MemTable only grows: the same last batch object and count mean the same rows.
-            return entry[0] is batches[-1] and entry[1] == len(batches)  # type: ignore[index]
-
-        key = f"{self.region_id}/{self.generation}/{self.origin}#{self.column}"
-        _, _, rows, matrix, live = CACHE.get("memtable_vectors", key, load, current)  # type: ignore[misc]
-        return self._exact(rows, matrix, live, n)
+        index = vector_index(self.region_id or "", self.generation, self.origin, self.column,
+                             self.schema.remove(len(self.schema) - 1))
+        return self._exact(*index.update(self.batches), n)
 
 
 class GenerationKnnExec(KnnSource):

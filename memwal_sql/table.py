@@ -110,6 +110,7 @@ class MemWalTable:
             data_storage_version=dataset.data_storage_version,
             # Weakly, so the table and its writers' layout make no reference cycle.
             merged_generations=_weak_call(self.merged_generations, dict),
+            maintained_indexes=_weak_call(self.maintained_indexes, tuple),
         )
         self._writers: dict[str, RegionWriter] = {}  # routed writes' own writers
         self._writers_lock = threading.Lock()
@@ -120,6 +121,7 @@ class MemWalTable:
         self._live: weakref.WeakValueDictionary[str, RegionWriter] = weakref.WeakValueDictionary()
         self._reads_impl: Any = None
         self._search_impl: Any = None
+        self._maintained_cache: tuple[int, list[Any]] | None = None
         self._details_cache: tuple[int, MemWalIndexDetails] | None = None
         self._snapshots_cache: tuple[tuple[int, int], list[RegionManifest] | None] | None = None
         # The newest manifest seen per region: a snapshot re-reads one only if a newer exists.
@@ -249,6 +251,20 @@ class MemWalTable:
     def merged_generations(self, dataset: lance.LanceDataset | None = None) -> dict[str, int]:
         """The newest generation of each region already merged into the base table."""
         return region_generations(self.mem_wal_details(dataset).merged_generations)
+
+    def maintained_indexes(self, dataset: lance.LanceDataset | None = None) -> list[Any]:
+        """The base-table indexes writers maintain (each flushed generation builds them),
+        as :class:`~memwal_sql.index.maintained.MaintainedIndex` es; read once per base
+        version."""
+        from memwal_sql.index.maintained import maintained_indexes
+
+        ds = dataset or self.dataset()
+        cached = self._maintained_cache
+        if cached is None or cached[0] != ds.version:
+            cached = (ds.version, maintained_indexes(ds, self.mem_wal_details(ds),
+                                                     self.storage_options or None))
+            self._maintained_cache = cached
+        return cached[1]
 
     def region_snapshots(self, dataset: lance.LanceDataset | None = None
                          ) -> list[RegionManifest] | None:

@@ -158,3 +158,32 @@ def test_sql_fts_function_joins_with_the_table(tmp_path, base_rows) -> None:
     assert got.column("k").to_pylist() == want.column("k").to_pylist()
     assert set(got.column("g").to_pylist()) == {1}
     tbl.close()
+
+
+def test_indexed_writes_index_the_memtable_before_returning(tmp_path, base_rows,
+                                                            monkeypatch) -> None:
+    """With ``indexed_writes``, a write returns with the MemTable's inverted index already
+    holding it: a search afterwards tokenizes nothing (and still finds the new row)."""
+    from memwal_sql.index.tokenizer import Tokenizer
+
+    tbl = mw.create_table(str(tmp_path), base_rows, primary_key="k",
+                          region_spec=mw.RegionSpec.bucket("k", 2),
+                          writer_config=mw.WriterConfig(indexed_writes=True))
+    tbl.create_index("body", "INVERTED")
+    tbl.upsert(text_batch([1000], 1))
+    tbl.fts("zebra quagga", k=3)  # tokenizes the base and the MemTable, once
+    fresh = pa.table({"k": [2000], "body": ["a zebra and a quagga"], "g": [0]}, schema=SCHEMA)
+    tbl.upsert(fresh)
+
+    def no_tokenizing(self, texts):
+        raise AssertionError("the search had to tokenize rows an indexed write should have")
+
+    monkeypatch.setattr(Tokenizer, "tokenize", no_tokenizing)
+    assert tbl.fts("zebra quagga", k=3).column("k").to_pylist() == [2000]
+    monkeypatch.undo()
+    tbl.close()
+
+
+def test_writer_config_rejects_a_non_boolean_indexed_writes() -> None:
+    with pytest.raises(InvalidInputError, match="indexed_writes"):
+        mw.WriterConfig(indexed_writes="yes")

@@ -238,3 +238,49 @@ def test_sql_table_function_joins_with_the_table(tmp_path, base_rows) -> None:
     with pytest.raises(Exception, match="no MemWAL table"):
         ctx.sql(f"SELECT * FROM vector_search('nope', 'vec', [{listed}], 5)").to_arrow_table()
     tbl.close()
+
+
+def test_generations_carry_the_maintained_indexes_and_lance_reads_them(tmp_path) -> None:
+    """A flushed generation builds each maintained index under its base name: the vector
+    index with the base index's centroids and PQ codebook, the inverted index with its
+    tokenizer. Lance 14's own LSM readers read the generations, and agree with us."""
+    import lance
+    from lance.mem_wal import LsmScanner, LsmVectorSearchPlanner
+
+    from memwal_sql.compat.lance import ivf_pq_model
+    from memwal_sql.interop import lance_shard_snapshots
+
+    rows = vec_batch(list(range(600)), 0)
+    tbl = mw.create_table(str(tmp_path), rows, primary_key="k",
+                          region_spec=mw.RegionSpec.bucket("k", 2))
+    tbl.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=4)
+    tbl.create_index("tag", "INVERTED", with_position=False)
+    tbl.upsert(vec_batch(list(range(500, 700)), 1))
+    tbl.delete([1, 2, 3])
+    tbl.flush()
+    base = tbl.dataset().index_statistics("vec_idx")["indices"][0]
+    gens = [g for r in take_regions(tbl) for g in r.generations]
+    assert gens
+    for g in gens:
+        ds = lance.dataset(g.uri)
+        names = {d.name for d in ds.describe_indices()}
+        assert {"vec_idx", "tag_idx"} <= names, names
+        gen_index = ds.index_statistics("vec_idx")["indices"][0]
+        assert gen_index["centroids"] == base["centroids"]
+        assert np.array_equal(ivf_pq_model(gen_index["uri"])[0], ivf_pq_model(base["uri"])[0])
+    snapshots = lance_shard_snapshots(tbl)
+    theirs = LsmScanner.from_snapshots(tbl.dataset(), snapshots).to_table()
+    ours = tbl.to_arrow()
+    assert sorted(theirs.column("k").to_pylist()) == sorted(ours.column("k").to_pylist())
+    query = np.random.default_rng(4).normal(size=DIM).astype(np.float32)
+    planner = LsmVectorSearchPlanner(tbl.dataset(), snapshots, "vec", pk_columns=["k"])
+    lance_top = planner.plan_search(pa.array(query), k=5, nprobes=4,
+                                    refine_base_table=True).to_table()
+    assert set(lance_top.column("k").to_pylist()) <= set(ours.column("k").to_pylist())
+    tbl.close()
+
+
+def take_regions(tbl: mw.MemWalTable):
+    from memwal_sql.snapshot import take_snapshot
+
+    return take_snapshot(tbl).regions

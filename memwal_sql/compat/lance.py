@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import lance
+import numpy as np
 import pyarrow as pa
 
 # Lance's merge_insert with `mark_sstables_as_compacted` refuses a stale MemWAL commit with
@@ -38,3 +39,48 @@ def is_commit_conflict(error: BaseException) -> bool:
     """Whether a pylance commit failed because another writer committed first ("Retryable
     commit conflict", a stale compaction, or another lost race)."""
     return STALE_COMPACTION in str(error) or "conflict" in str(error).lower()
+
+
+def ivf_pq_model(index_uri: str, storage_options: dict[str, str] | None = None
+                 ) -> tuple[np.ndarray, int]:
+    """The PQ codebook of an IVF_PQ index, as ``create_index(pq_codebook=...)`` takes it
+    (``num_sub_vectors x 2^nbits x dim / num_sub_vectors``), and ``nbits``.
+
+    pylance reports an index's IVF centroids (``index_statistics``) but not its PQ codebook.
+    Lance 14 keeps it in the index directory's ``auxiliary.idx``: the schema metadata
+    ``storage_metadata`` names the global buffer (``codebook_position``), which holds a
+    ``Tensor`` message (1: data type, 2: packed shape, 3: float32 values, sub-vector by
+    sub-vector).
+    """
+    import json
+
+    from google.protobuf.internal.decoder import _DecodeVarint
+    from lance.file import LanceFileReader
+
+    reader = LanceFileReader(f"{index_uri.rsplit('/', 1)[0]}/auxiliary.idx",
+                             storage_options=storage_options)
+    meta = json.loads(json.loads(reader.metadata().schema.metadata[b"storage_metadata"])[0])
+    message = bytes(reader.read_global_buffer(int(meta["codebook_position"])))
+    fields: dict[int, bytes | int] = {}
+    pos = 0
+    while pos < len(message):
+        key, pos = _DecodeVarint(message, pos)
+        if key & 7 == 0:
+            fields[key >> 3], pos = _DecodeVarint(message, pos)
+        elif key & 7 == 2:
+            size, pos = _DecodeVarint(message, pos)
+            fields[key >> 3], pos = message[pos:pos + size], pos + size
+        else:
+            raise ValueError(f"unexpected wire type in a Lance tensor: {key & 7}")
+    shape, pos, dims = fields[2], 0, []
+    assert isinstance(shape, bytes)
+    while pos < len(shape):
+        d, pos = _DecodeVarint(shape, pos)
+        dims.append(d)
+    data = np.frombuffer(fields[3], dtype=np.float32)  # type: ignore[arg-type]
+    m, dim, nbits = int(meta["num_sub_vectors"]), int(meta["dimension"]), int(meta["nbits"])
+    if dims != [1 << nbits, dim] or data.size != (1 << nbits) * dim:
+        raise ValueError(f"unexpected PQ codebook layout: shape {dims}, {data.size} values")
+    # The stored shape reads [2^nbits, dim], but the values run sub-vector by sub-vector:
+    # the layout create_index takes (checked by a round trip in tests/compat).
+    return data.reshape(m, 1 << nbits, dim // m).copy(), nbits

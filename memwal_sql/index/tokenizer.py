@@ -45,6 +45,9 @@ class Tokens:
     term_ids: np.ndarray
     vocabulary: list[str]
     lengths: np.ndarray
+    sort_postings: bool = True
+    """Find a term's documents in a term-sorted copy (built once: for tokens that live long)
+    rather than by scanning every token (for tokens rebuilt often, as a MemTable's are)."""
 
     @cached_property
     def term_index(self) -> dict[str, int]:
@@ -64,6 +67,8 @@ class Tokens:
         tid = self.term_index.get(term)
         if tid is None:
             return np.zeros(0, dtype=np.int64)
+        if not self.sort_postings:
+            return self.docs[self.term_ids == tid]
         docs, bounds = self._postings
         return docs[bounds[tid]:bounds[tid + 1]]
 
@@ -96,6 +101,12 @@ class Tokenizer:
         self._stemmer: Any = None
         self._final: dict[str, str | None] = {}
         self._queries: dict[str, list[str]] = {}
+
+    @property
+    def signature(self) -> str:
+        """What decides the terms: two tokenizers of one signature split texts alike."""
+        return (f"{self.base}|{self.language}|{self.max_token_length}|{self.lower_case}|"
+                f"{self.stem}|{self.remove_stop_words}|{self.ascii_folding}")
 
     def tokenize(self, texts: pa.Array | pa.ChunkedArray) -> Tokens:
         """The terms of every document of ``texts`` (a NULL document has none)."""
@@ -176,4 +187,52 @@ def _fold(token: str) -> str:
     return "".join(c for c in decomposed if not unicodedata.combining(c))
 
 
-__all__ = ["Tokenizer", "Tokens"]
+class GrowingTokens:
+    """The terms of a growing list of documents (a MemTable's), extended as it grows: only
+    new documents are tokenized; their terms join one vocabulary.
+
+    Example:
+        >>> g = GrowingTokens(Tokenizer())
+        >>> g.extend(pa.array(["red fox"])); g.extend(pa.array(["red hen"]))
+        >>> g.tokens().documents_of("red").tolist()
+        [0, 1]
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.vocabulary: list[str] = []
+        self._index: dict[str, int] = {}
+        self._docs: list[np.ndarray] = []
+        self._term_ids: list[np.ndarray] = []
+        self._lengths: list[np.ndarray] = []
+        self.documents = 0
+        self._cached: Tokens | None = None
+
+    def extend(self, texts: pa.Array | pa.ChunkedArray) -> None:
+        """Add the documents of ``texts`` after the ones already held."""
+        if len(texts) == 0:
+            return
+        new = self.tokenizer.tokenize(texts)
+        index = self._index
+        mapping = np.fromiter((index.setdefault(t, len(index)) for t in new.vocabulary),
+                              dtype=np.int64, count=len(new.vocabulary))
+        self.vocabulary.extend(list(index)[len(self.vocabulary):])
+        self._docs.append(new.docs + self.documents)
+        self._term_ids.append(mapping[new.term_ids] if len(new.term_ids) else new.term_ids)
+        self._lengths.append(new.lengths)
+        self.documents += len(new.lengths)
+        self._cached = None
+
+    def tokens(self) -> Tokens:
+        """Everything so far as :class:`Tokens` (no sorted postings: rebuilt as it grows)."""
+        if self._cached is None:
+            def joined(parts: list[np.ndarray]) -> np.ndarray:
+                return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+            self._cached = Tokens(joined(self._docs), joined(self._term_ids),
+                                  list(self.vocabulary), joined(self._lengths),
+                                  sort_postings=False)
+        return self._cached
+
+
+__all__ = ["GrowingTokens", "Tokenizer", "Tokens"]

@@ -9,12 +9,14 @@ disk every file is fsynced before that commit.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import lance
 import pyarrow as pa
 
 from memwal_sql._proto.memwal_pb2 import FlushedGeneration
+from memwal_sql.index.maintained import MaintainedIndex
 from memwal_sql.errors import (
     CorruptGenerationError,
     GenerationCollectedError,
@@ -32,6 +34,7 @@ from memwal_sql.writer.bloom import bloom_filter_bytes, pk_hashes
 from memwal_sql.writer.pk_index import PK_INDEX_DIR, PK_INDEX_FILES, read_pk_index, write_pk_index
 
 BLOOM_FILTER = "bloom_filter.bin"
+_log = logging.getLogger(__name__)
 
 
 def write_generation(
@@ -43,10 +46,14 @@ def write_generation(
     *,
     data_storage_version: str,
     in_memory_bytes: int,
+    indexes: Sequence[MaintainedIndex] = (),
 ) -> FlushedGeneration:
     """Write deduplicated ``rows`` as generation ``generation``; return its manifest entry.
 
-    Every call writes a fresh directory, so a retried flush never meets a failed one's files.
+    ``indexes`` (the table's maintained indexes) are built on the generation under their base
+    names; one that cannot be built (say, a vector index over a generation of deletes only)
+    is left out, and readers search that generation without it. Every call writes a fresh
+    directory, so a retried flush never meets a failed one's files.
     """
     name = layout.new_generation_dir_name(generation)
     path = f"{layout.region_dir(region_id)}/{name}"
@@ -58,6 +65,14 @@ def write_generation(
         data_storage_version=data_storage_version,
         storage_options=store.storage_options or None,
     )
+    if indexes:
+        dataset = lance.dataset(uri, storage_options=store.storage_options or None)
+        for index in indexes:
+            try:
+                index.build(dataset)
+            except (OSError, ValueError, RuntimeError) as e:
+                _log.warning("generation %s: index %s not built (%s); the generation is "
+                             "searched without it", path, index.name, e)
     keys = rows.select(list(primary_key))
     write_pk_index(uri, keys, store.storage_options or None)
     store.put(f"{path}/{BLOOM_FILTER}", bloom_filter_bytes(pk_hashes(keys)))

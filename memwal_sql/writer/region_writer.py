@@ -18,7 +18,7 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -41,6 +41,7 @@ from memwal_sql.errors import (
 from memwal_sql.index.region_spec import RegionSpec
 from memwal_sql.manifest import RegionManifestStore, claim_region, commit_change
 from memwal_sql.storage import ObjectStore, layout
+from memwal_sql.index.maintained import MaintainedIndex
 from memwal_sql.writer.generation import write_generation
 from memwal_sql.writer.memtable import MemTable, latest_per_key
 from memwal_sql.writer.rows import RowCoercer
@@ -89,12 +90,18 @@ class WriterConfig:
     max_memtable_bytes: int = 256 << 20
     max_unflushed_bytes: int = 1 << 30
     """Writes block (backpressure) while frozen MemTables hold more than this."""
+    indexed_writes: bool = False
+    """Bring the MemTable's in-memory indexes (the table's maintained vector and inverted
+    indexes) up to date before a write returns (the spec's indexed write); otherwise the
+    first search after a write does it."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.durable, bool):
-            raise InvalidInputError(f"durable must be True or False, not {self.durable!r}")
+        for name in ("durable", "indexed_writes"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidInputError(
+                    f"{name} must be True or False, not {getattr(self, name)!r}")
         for f in fields(self):
-            if f.name == "durable":
+            if f.name in ("durable", "indexed_writes"):
                 continue
             v = getattr(self, f.name)
             # A zero flush interval means "put at once"; the thresholds need at least one.
@@ -124,6 +131,8 @@ class TableLayout:
     data_storage_version: str
     merged_generations: Callable[[], Mapping[str, int]] = dict
     """The newest generation of each region merged into the base table (the MemWAL index)."""
+    maintained_indexes: Callable[[], Sequence[MaintainedIndex]] = tuple
+    """The indexes each flushed generation builds (the MemWAL index's maintained indexes)."""
 
 
 @dataclass
@@ -524,6 +533,7 @@ class RegionWriter:
             self._check_open()
             if self._frozen_bytes > self.config.max_unflushed_bytes:
                 self._backpressure_locked()
+            memtable = self._active
             seq = self._wal.append(batch, self._active.generation, nbytes)
             self._active.append(batch, seq, nbytes)
             self._stats.rows_written += batch.num_rows
@@ -536,7 +546,24 @@ class RegionWriter:
                 or self._active.nbytes >= self.config.max_memtable_bytes
             ):
                 self._freeze_locked()
+        if self.config.indexed_writes:
+            self._refresh_indexes(memtable)
         return seq
+
+    def _refresh_indexes(self, memtable: MemTable) -> None:
+        """Extend the MemTable's in-memory indexes with its new batches (indexed writes)."""
+        from exec_nodes.memindex import text_index, vector_index
+        from exec_nodes.scan import source_schema
+        from planner.search import tokenizer_for
+
+        schema, batches = source_schema(memtable.schema), memtable.batches()
+        for index in self._table.maintained_indexes():
+            if index.vector:
+                vector_index(self.region_id, memtable.generation, "memtable", index.column,
+                             schema).update(batches)
+            elif index.index_type == "INVERTED":
+                text_index(self.region_id, memtable.generation, "memtable", index.column, schema,
+                           tokenizer_for(index.params)).update(batches)
 
     def _backpressure_locked(self) -> None:
         t0 = None
@@ -637,6 +664,7 @@ class RegionWriter:
                     self._table.primary_key,
                     data_storage_version=self._table.data_storage_version,
                     in_memory_bytes=memtable.nbytes,
+                    indexes=self._table.maintained_indexes(),
                 )
                 break
             except (OSError, MemWalError) as e:  # a retry writes a fresh directory

@@ -140,3 +140,51 @@ def test_datafusion_cannot_push_a_null_literal_under_and():
     ctx = SessionContext()
     ctx.register_dataset("p", pds.dataset(pa.table({"id": [1, 2, 3, 4]})))
     ctx.sql("SELECT * FROM p WHERE NULL AND id > 3").to_pydict()
+
+
+def test_ivf_pq_codebook_round_trips_through_create_index(tmp_path):
+    """An index built on another dataset with the centroids pylance reports and the codebook
+    read from the index files has exactly that codebook (generation indexes rely on it)."""
+    import numpy as np
+
+    from memwal_sql.compat.lance import ivf_pq_model
+
+    rng = np.random.default_rng(0)
+    v = rng.normal(size=(1000, 16)).astype(np.float32)
+    t = pa.table({"id": np.arange(1000),
+                  "vec": pa.FixedSizeListArray.from_arrays(pa.array(v.ravel()), 16)})
+    ds = lance.write_dataset(t, str(tmp_path / "a"))
+    ds.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=8)
+    first = ds.index_statistics("vec_idx")["indices"][0]
+    codebook, nbits = ivf_pq_model(first["uri"])
+    assert codebook.shape == (8, 1 << nbits, 2)
+    other = lance.write_dataset(t.slice(0, 300), str(tmp_path / "b"))
+    other.create_index("vec", "IVF_PQ", num_partitions=len(first["centroids"]), num_sub_vectors=8,
+                       ivf_centroids=np.array(first["centroids"], np.float32),
+                       pq_codebook=codebook)
+    again = other.index_statistics("vec_idx")["indices"][0]
+    assert np.array_equal(ivf_pq_model(again["uri"])[0], codebook)
+    assert again["centroids"] == first["centroids"]
+
+
+def test_lance_stop_words_are_what_the_tokenizer_removes(tmp_path):
+    """Every word of the stop lists Lance's could come from is removed by Lance exactly when
+    our tokenizer removes it (the stop-word set is measured, not published)."""
+    from memwal_sql.index.tokenizer import Tokenizer
+
+    words = sorted(set("""i me my myself we our ours ourselves you your yours yourself yourselves
+    he him his himself she her hers herself it its itself they them their theirs themselves what
+    which who whom this that these those am is are was were be been being have has had having do
+    does did doing would should could ought a an the and but if or because as until while of at
+    by for with about against between into through during before after above below to from up
+    down in out on off over under again further then once here there when where why how all any
+    both each few more most other some such no nor not only own same so than too very will just
+    can don now s t re ll ve d m o y ain aren couldn didn doesn hadn hasn haven isn ma mightn
+    mustn needn shan shouldn wasn weren won wouldn also yet us""".split()))
+    ds = lance.write_dataset(pa.table({"i": list(range(len(words))),
+                                       "t": [f"zz {w}" for w in words]}), str(tmp_path))
+    ds.create_scalar_index("t", "INVERTED")
+    tok = Tokenizer()
+    differ = [w for w in words
+              if (ds.to_table(full_text_query=w, columns=["i"]).num_rows > 0) != bool(tok.terms(w))]
+    assert differ == []

@@ -1,0 +1,145 @@
+"""In-memory indexes of a MemTable (spec, "MemTable indexing"), extended as it grows.
+
+A MemTable only ever gains batches, so its search structures are extended with the new batches
+rather than rebuilt: a vector index (the rows' vectors as one matrix, searched exactly, which
+at MemTable size is as fast as an approximate index and never wrong) and an inverted index (the
+terms of the new documents, tokenized as the base index says, joining one vocabulary). Searches
+bring them up to the batches their snapshot captured; a writer with ``indexed_writes`` brings
+them up to date before it acknowledges a write, so the write is searchable through its
+indexes at once (the spec's indexed write).
+
+They live in the process's :data:`~exec_nodes.lookup.CACHE`, keyed by region, generation,
+origin (MemTable or WAL tail) and column.
+
+Example:
+    ``rows, piece = text_index("r", 3, "memtable", "body", schema, ["id"], tok).update(batches)``
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from exec_nodes.base import ROWADDR, TOMBSTONE, conform
+from exec_nodes.lookup import CACHE
+from memwal_sql.index.tokenizer import GrowingTokens, Tokenizer
+
+
+class _Growing:
+    """Rows of a MemTable in the source schema, extended batch by batch."""
+
+    def __init__(self, schema: pa.Schema, generation: int) -> None:
+        self.schema = schema
+        self.generation = generation
+        self.lock = threading.Lock()
+        self._batches: list[pa.RecordBatch] = []
+        self._parts: list[pa.Table] = []
+        self._rows: pa.Table | None = None
+        self.num_rows = 0
+
+    def _new_rows(self, batches: Sequence[pa.RecordBatch]) -> pa.Table | None:
+        """The rows of the batches not seen yet (None when nothing is new); starts over
+        when ``batches`` is not an extension of what was seen."""
+        n = len(self._batches)
+        if n > len(batches) or (n and batches[n - 1] is not self._batches[n - 1]):
+            self._reset()
+            n = 0
+        new = list(batches[n:])
+        if not new:
+            return None
+        table = pa.Table.from_batches(new, schema=new[0].schema)
+        offsets = np.arange(self.num_rows, self.num_rows + table.num_rows, dtype=np.uint64)
+        table = conform(table.drop_columns([c for c in (ROWADDR,) if c in table.column_names]),
+                        self.schema, self.generation)
+        table = table.set_column(table.schema.get_field_index(ROWADDR),
+                                 self.schema.field(ROWADDR), pa.array(offsets))
+        self._batches.extend(new)
+        self._parts.append(table)
+        self._rows = None
+        self.num_rows += table.num_rows
+        return table
+
+    def rows(self) -> pa.Table:
+        if self._rows is None:
+            self._rows = pa.concat_tables(self._parts).combine_chunks() if self._parts else \
+                self.schema.empty_table()
+        return self._rows
+
+    def _reset(self) -> None:
+        self._batches, self._parts, self._rows, self.num_rows = [], [], None, 0
+
+
+class VectorIndex(_Growing):
+    """A MemTable's vectors as one matrix, and which rows may be neighbours."""
+
+    def __init__(self, schema: pa.Schema, generation: int, column: str) -> None:
+        super().__init__(schema, generation)
+        self.column = column
+        self._matrices: list[np.ndarray] = []
+        self._live: list[np.ndarray] = []
+
+    def _reset(self) -> None:
+        super()._reset()
+        self._matrices, self._live = [], []
+
+    def update(self, batches: Sequence[pa.RecordBatch]
+               ) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+        """(rows, vectors, live) of ``batches``, extended with what is new."""
+        from exec_nodes.knn import vectors_of
+
+        with self.lock:
+            new = self._new_rows(batches)
+            if new is not None:
+                matrix, live = vectors_of(new.column(self.column))
+                if TOMBSTONE in new.column_names:
+                    live &= ~new.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
+                self._matrices = [np.concatenate([*self._matrices, matrix])]
+                self._live = [np.concatenate([*self._live, live])]
+            if not self._matrices:
+                return self.rows(), np.zeros((0, 0), np.float32), np.zeros(0, dtype=bool)
+            return self.rows(), self._matrices[0], self._live[0]
+
+
+class TextIndex(_Growing):
+    """A MemTable's documents and their terms (see :class:`GrowingTokens`)."""
+
+    def __init__(self, schema: pa.Schema, generation: int, column: str,
+                 tokenizer: Tokenizer) -> None:
+        super().__init__(schema, generation)
+        self.column = column
+        self.tokenizer = tokenizer
+        self._terms = GrowingTokens(tokenizer)
+
+    def _reset(self) -> None:
+        super()._reset()
+        self._terms = GrowingTokens(self.tokenizer)
+
+    def update(self, batches: Sequence[pa.RecordBatch]) -> tuple[pa.Table, object]:
+        """(rows, terms as :class:`Tokens`) of ``batches``, extended with what is new."""
+        with self.lock:
+            new = self._new_rows(batches)
+            if new is not None:
+                self._terms.extend(new.column(self.column))
+            return self.rows(), self._terms.tokens()
+
+
+def vector_index(region_id: str, generation: int, origin: str, column: str,
+                 schema: pa.Schema) -> VectorIndex:
+    """The MemTable's in-memory vector index on ``column`` (made on first use)."""
+    key = f"{region_id}/{generation}/{origin}#{column}"
+    return CACHE.get("memtable_vectors", key,  # type: ignore[return-value]
+                     lambda: (VectorIndex(schema, generation, column), 1 << 20))
+
+
+def text_index(region_id: str, generation: int, origin: str, column: str, schema: pa.Schema,
+               tokenizer: Tokenizer) -> TextIndex:
+    """The MemTable's in-memory inverted index on ``column`` for ``tokenizer``."""
+    key = f"{region_id}/{generation}/{origin}#{column}#{tokenizer.signature}"
+    return CACHE.get("memtable_text", key,  # type: ignore[return-value]
+                     lambda: (TextIndex(schema, generation, column, tokenizer), 1 << 20))
+
+
+__all__ = ["TextIndex", "VectorIndex", "text_index", "vector_index"]
