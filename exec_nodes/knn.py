@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.base import BASE_GENERATION, ROWADDR, TOMBSTONE, ExecNode, conform
+from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform
 from exec_nodes.lookup import CACHE, _whole_fragment
+from memwal_sql.compat.lance import take_rows
 from exec_nodes.memindex import vector_index
 from memwal_sql.writer.generation import open_generation
 from planner.predicate import Predicate, evaluate, matches
@@ -80,10 +82,16 @@ class KnnSource(ExecNode):
     _computed = ("_top",)
 
     def __init__(self, region_id: str | None, generation: int, schema: pa.Schema, column: str,
-                 query: np.ndarray, metric: str, predicate: Predicate | None, k: int) -> None:
+                 query: np.ndarray, metric: str, predicate: Predicate | None, k: int,
+                 primary_key: Sequence[str]) -> None:
         self.region_id = region_id
         self.generation = generation
-        self._schema = with_distance(schema)
+        self.source_schema = schema
+        self.primary_key = list(primary_key)
+        # Candidates are light: which row (key, _gen, _rowaddr) and how near; the k that win
+        # are read in full afterwards (:meth:`rows`), never every candidate's vector and text.
+        self._schema = with_distance(pa.schema(
+            [schema.field(c) for c in (*self.primary_key, GEN, ROWADDR)]))
         self.column = column
         self.query = query
         self.metric = metric
@@ -114,6 +122,10 @@ class KnnSource(ExecNode):
     def _nearest(self, n: int) -> pa.Table:
         raise NotImplementedError
 
+    def rows(self, addresses: np.ndarray) -> pa.Table:
+        """The source's full rows (its source schema) at ``addresses``, in that order."""
+        raise NotImplementedError
+
     def _exact(self, rows: pa.Table, matrix: np.ndarray, live: np.ndarray, n: int) -> pa.Table:
         """The ``n`` nearest of ``rows`` (``matrix`` their vectors, ``live`` the rows that may
         be neighbours), matching the predicate, computed in numpy."""
@@ -127,7 +139,7 @@ class KnnSource(ExecNode):
             return self.schema.empty_table()
         best = np.argpartition(dist, n - 1)[:n] if n < len(dist) else np.arange(len(dist))
         best = best[np.lexsort((best, dist[best]))]
-        out = conform(rows.take(pa.array(best)), self.schema.remove(len(self.schema) - 1))
+        out = rows.select(self.schema.names[:-1]).take(pa.array(best))
         return out.append_column(self.schema.field(DISTANCE), pa.array(dist[best], pa.float32()))
 
     def _vectors(self, rows: pa.Table) -> tuple[pa.Table, np.ndarray, np.ndarray]:
@@ -146,8 +158,10 @@ class MemTableKnnExec(KnnSource):
 
     def __init__(self, region_id: str, generation: int, batches: Sequence[pa.RecordBatch],
                  schema: pa.Schema, column: str, query: np.ndarray, metric: str,
-                 predicate: Predicate | None, k: int, origin: str = "memtable") -> None:
-        super().__init__(region_id, generation, schema, column, query, metric, predicate, k)
+                 predicate: Predicate | None, k: int, primary_key: Sequence[str],
+                 origin: str = "memtable") -> None:
+        super().__init__(region_id, generation, schema, column, query, metric, predicate, k,
+                         primary_key)
         self.batches = list(batches)
         self.origin = origin
 
@@ -159,9 +173,14 @@ class MemTableKnnExec(KnnSource):
     def _nearest(self, n: int) -> pa.Table:
         if not self.batches:
             return self.schema.empty_table()
-        index = vector_index(self.region_id or "", self.generation, self.origin, self.column,
-                             self.schema.remove(len(self.schema) - 1))
-        return self._exact(*index.update(self.batches), n)
+        return self._exact(*self._index().update(self.batches), n)
+
+    def _index(self) -> Any:
+        return vector_index(self.region_id or "", self.generation, self.origin, self.column,
+                            self.source_schema)
+
+    def rows(self, addresses: np.ndarray) -> pa.Table:
+        return self._index().update(self.batches)[0].take(pa.array(addresses))
 
 
 class GenerationKnnExec(KnnSource):
@@ -177,8 +196,10 @@ class GenerationKnnExec(KnnSource):
 
     def __init__(self, region_id: str, generation: int, uri: str, schema: pa.Schema,
                  column: str, query: np.ndarray, metric: str, predicate: Predicate | None,
-                 k: int, storage_options: dict[str, str] | None = None) -> None:
-        super().__init__(region_id, generation, schema, column, query, metric, predicate, k)
+                 k: int, primary_key: Sequence[str],
+                 storage_options: dict[str, str] | None = None) -> None:
+        super().__init__(region_id, generation, schema, column, query, metric, predicate, k,
+                         primary_key)
         self.uri = uri
         self.storage_options = storage_options
 
@@ -193,8 +214,15 @@ class GenerationKnnExec(KnnSource):
         ds = open_generation(self.uri, self.storage_options)
         return _lance_nearest(ds, self, n, {"use_index": False}, self.generation)
 
+    def rows(self, addresses: np.ndarray) -> pa.Table:
+        cached = self._cached_vectors()
+        if cached is not None:
+            return cached[0].take(pa.array(addresses))
+        ds = open_generation(self.uri, self.storage_options)
+        return _take(ds, addresses, self.source_schema, self.generation)
+
     def _cached_vectors(self) -> tuple[pa.Table, np.ndarray, np.ndarray] | None:
-        uri, opts, source = self.uri, self.storage_options, self.schema.remove(len(self.schema) - 1)
+        uri, opts, source = self.uri, self.storage_options, self.source_schema
 
         def rows() -> tuple[pa.Table | None, int]:
             ds = open_generation(uri, opts)
@@ -223,9 +251,11 @@ class BaseKnnExec(KnnSource):
     name = "BaseKnnExec"
 
     def __init__(self, dataset: lance.LanceDataset, schema: pa.Schema, column: str,
-                 query: np.ndarray, metric: str, predicate: Predicate | None, k: int, *,
-                 index: str | None, nprobes: int | None, refine_factor: int | None) -> None:
-        super().__init__(None, BASE_GENERATION, schema, column, query, metric, predicate, k)
+                 query: np.ndarray, metric: str, predicate: Predicate | None, k: int,
+                 primary_key: Sequence[str], *, index: str | None, nprobes: int | None,
+                 refine_factor: int | None) -> None:
+        super().__init__(None, BASE_GENERATION, schema, column, query, metric, predicate, k,
+                         primary_key)
         self.dataset = dataset
         self.index = index
         self.nprobes = nprobes
@@ -245,12 +275,24 @@ class BaseKnnExec(KnnSource):
                 options["refine_factor"] = self.refine_factor
         return _lance_nearest(self.dataset, self, n, options, BASE_GENERATION)
 
+    def rows(self, addresses: np.ndarray) -> pa.Table:
+        return _take(self.dataset, addresses, self.source_schema, BASE_GENERATION)
+
+
+def _take(ds: lance.LanceDataset, addresses: np.ndarray, schema: pa.Schema,
+          generation: int) -> pa.Table:
+    names = [f.name for f in schema if f.name in ds.schema.names]
+    row_ids = pa.array(np.asarray(addresses).astype(np.uint64))
+    out = conform(take_rows(ds, row_ids, names), schema, generation)
+    return out.set_column(out.schema.get_field_index(ROWADDR), schema.field(ROWADDR), row_ids)
+
 
 def _lance_nearest(ds: lance.LanceDataset, node: KnnSource, n: int,
                    options: dict[str, object], generation: int) -> pa.Table:
     """``n`` nearest rows of a Lance dataset, the filter applied before the search."""
-    source = node.schema.remove(len(node.schema) - 1)
-    names = [f.name for f in source if f.name in ds.schema.names and f.name != ROWADDR]
+    light = node.schema.remove(len(node.schema) - 1)
+    # Only the key comes back (and the row address): no vector or text of any candidate.
+    names = list(node.primary_key)
     pushed, exact = lance_filter(node.predicate, ds.schema)
     if TOMBSTONE in ds.schema.names:  # a generation's tombstones are never neighbours
         live = ~pc.field(TOMBSTONE)
@@ -259,12 +301,13 @@ def _lance_nearest(ds: lance.LanceDataset, node: KnnSource, n: int,
     if node.predicate is not None and not exact:
         # Lance cannot take this filter: search all rows, then filter (exact, but slower).
         nearest["k"] = ds.count_rows()
+        names = [f.name for f in node.source_schema if f.name in ds.schema.names]
     table = ds.scanner(columns=names, nearest=nearest, filter=pushed, prefilter=True,
                        with_row_address=True).to_table()
     if not exact:
         table = matches(node.predicate, table).slice(0, n)
     dist = table.column(DISTANCE)
-    out = conform(table, source, generation)
+    out = conform(table, light, generation)
     return out.append_column(node.schema.field(DISTANCE), dist.cast(pa.float32()))
 
 

@@ -79,7 +79,11 @@ class FilterStaleExec(ExecNode):
 
     def valid(self) -> pa.Table:
         """Every valid candidate found (at least the best ``k`` of them), unsorted."""
-        fetch = [self.k] * len(self._children)
+        # The base table's best rows are the likeliest to be stale (every newer source may
+        # hold a newer version of them): ask it for twice as many up front, which saves a
+        # second round for most searches.
+        fetch = [2 * self.k if c.generation == BASE_GENERATION and len(self._children) > 1
+                 else self.k for c in self._children]
         while True:
             self.rounds += 1
             parts = []
@@ -92,15 +96,35 @@ class FilterStaleExec(ExecNode):
                 "__row", pa.array(np.arange(candidates.num_rows)))
             keep = self._latest(candidates)
             if self.post_filter is not None and keep.any():
-                survivors = self.post_filter(candidates.filter(pa.array(keep)))
+                kept_rows = candidates.filter(pa.array(keep))
+                survivors = self.post_filter(self.rows_of(kept_rows).append_column(
+                    "__row", kept_rows.column("__row")))
                 keep[:] = False
                 keep[survivors.column("__row").to_numpy()] = True
             kept = candidates.filter(pa.array(keep))
             more = self._more(candidates, keep, kept, fetch)
             if not more:
                 self.dropped_stale, self.dropped_deleted = self._drops
-                return kept.drop_columns([SOURCE, "__row"])
+                return kept.drop_columns(["__row"])
             fetch = more
+
+    def rows_of(self, candidates: pa.Table) -> pa.Table:
+        """The full rows of ``candidates`` (as :meth:`valid` gives them), in their order,
+        with their score: each source reads its own."""
+        sources = candidates.column(SOURCE).to_numpy()
+        addresses = candidates.column(ROWADDR).to_numpy()
+        parts, order = [], []
+        for i in np.unique(sources):
+            at = np.nonzero(sources == i)[0]
+            parts.append(self._children[i].rows(addresses[at]))
+            order.append(at)
+        if not parts:
+            return self._children[0].source_schema.empty_table().append_column(
+                candidates.schema.field(self.score), candidates.column(self.score))
+        table = pa.concat_tables(parts)
+        table = table.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
+        return table.append_column(candidates.schema.field(self.score),
+                                   candidates.column(self.score))
 
     def _more(self, candidates: pa.Table, keep: np.ndarray, kept: pa.Table,
               fetch: list[int]) -> list[int] | None:
@@ -180,7 +204,9 @@ class TopKExec(ExecNode):
     @property
     def schema(self) -> pa.Schema:
         s = self.child.schema
-        names = self.columns or [n for n in s.names if n not in (GEN, ROWADDR)]
+        if isinstance(self.child, FilterStaleExec) and self.child.children:
+            s = self.child._children[0].source_schema.append(s.field(self.score))
+        names = self.columns or [n for n in s.names if n not in (GEN, ROWADDR, SOURCE)]
         return pa.schema([s.field(n) for n in names])
 
     @property
@@ -196,8 +222,10 @@ class TopKExec(ExecNode):
         order = "descending" if self.descending else "ascending"
         # Ties broken by key, so equal scores come back in one order whatever the sources.
         keys = [(self.score, order), *[(k, "ascending") for k in self.child.primary_key]]
-        idx = pc.sort_indices(rows, sort_keys=keys)[: self.k]
-        yield from rows.take(idx).select(self.schema.names).to_batches()
+        best = rows.take(pc.sort_indices(rows, sort_keys=keys)[: self.k])
+        if isinstance(self.child, FilterStaleExec):  # light candidates: read the winners
+            best = self.child.rows_of(best)
+        yield from best.select(self.schema.names).to_batches()
 
 
 __all__ = ["FilterStaleExec", "SOURCE", "TopKExec"]

@@ -146,18 +146,19 @@ def plan_vector_search(
     keep = set(kept)
     schema = source_schema(snapshot.wal_schema)
     opts = dict(snapshot.storage_options or {}) or None
+    pk = list(snapshot.primary_key)
     sources: list[KnnSource] = [BaseKnnExec(
-        snapshot.dataset, schema, column, query, metric, predicate, k,
+        snapshot.dataset, schema, column, query, metric, predicate, k, pk,
         index=index.name if index else None, nprobes=nprobes, refine_factor=refine_factor)]
     for region in snapshot.regions:
         if region.region_id not in keep:
             continue
         for mem in region.unflushed:
             sources.append(MemTableKnnExec(region.region_id, mem.generation, mem.batches, schema,
-                                           column, query, metric, predicate, k, mem.origin))
+                                           column, query, metric, predicate, k, pk, mem.origin))
         for gen in sorted(region.generations, key=lambda g: -g.generation):
             sources.append(GenerationKnnExec(region.region_id, gen.generation, gen.uri, schema,
-                                             column, query, metric, predicate, k, opts))
+                                             column, query, metric, predicate, k, pk, opts))
 
     def newer_sources(keys: pa.Table) -> list:
         return region_lookups(snapshot, store, spec, keys)

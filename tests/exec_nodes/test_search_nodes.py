@@ -31,13 +31,19 @@ class FixedBase(KnnSource):
     name = "FixedBase"
 
     def __init__(self, table: pa.Table) -> None:
-        super().__init__(None, BASE_GENERATION, SOURCE, "vec", Q, "l2", None, 2)
+        super().__init__(None, BASE_GENERATION, SOURCE, "vec", Q, "l2", None, 2, ["id"])
         self.table = table
         self.asked: list[int] = []
 
     def _nearest(self, n: int) -> pa.Table:
         self.asked.append(n)
-        return self._exact(*self._vectors(conform(self.table, SOURCE, BASE_GENERATION)), n)
+        return self._exact(*self._vectors(self._rows()), n)
+
+    def _rows(self) -> pa.Table:
+        return conform(self.table, SOURCE, BASE_GENERATION)
+
+    def rows(self, addresses):
+        return self._rows().take(pa.array(addresses))
 
 
 def memtable_lookup(batches):
@@ -47,9 +53,10 @@ def memtable_lookup(batches):
 
 def test_knn_leaf_is_exact_and_skips_tombstones():
     mem = MemTableKnnExec("r1", 5, [rows([1, 2, 3], [3.0, 1.0, 2.0], [False, True, False]
-                                        ).to_batches()[0]], SOURCE, "vec", Q, "l2", None, k=5)
+                                        ).to_batches()[0]], SOURCE, "vec", Q, "l2", None, k=5, primary_key=["id"])
     out = check_contract(mem, 2)
     assert out.column("id").to_pylist() == [3, 1]
+    assert mem.rows(out.column("_rowaddr").to_numpy()).column("id").to_pylist() == [3, 1]
     assert out.column(DISTANCE).to_pylist() == [4.0, 9.0]
     assert distances(np.array([[1.0, 0.0]], np.float32), np.array([0.0, 1.0], np.float32),
                      "cosine").tolist() == [1.0]
@@ -60,7 +67,8 @@ def test_filter_stale_keeps_latest_versions_only_and_asks_for_more():
     # key 2 deleted, key 7 written twice (the second version is the newer).
     base = FixedBase(rows([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]))
     batch = rows([1, 2, 7, 7], [10.0, 0.0, 0.5, 2.5], [False, True, False, False]).to_batches()[0]
-    mem = MemTableKnnExec("r1", 5, [batch], SOURCE, "vec", Q, "l2", None, k=2)
+    mem = MemTableKnnExec("r1", 5, [batch], SOURCE, "vec", Q, "l2", None, k=2,
+                          primary_key=["id"])
     stale = FilterStaleExec([base, mem], ["id"], memtable_lookup([batch]), 2,
                             score=DISTANCE)
     top = TopKExec(stale, 2, DISTANCE, columns=["id", DISTANCE])
@@ -68,7 +76,8 @@ def test_filter_stale_keeps_latest_versions_only_and_asks_for_more():
     # Not 1 (stale), not 2 (deleted), not 7 at 0.5 (superseded in the same MemTable).
     assert out.column("id").to_pylist() == [7, 3]
     assert out.column(DISTANCE).to_pylist() == [6.25, 9.0]
-    assert stale.rounds >= 2 and base.asked[0] == 2 and base.asked[-1] > 2
+    # The base is asked for 2k first (its rows are the likeliest to be stale), then more.
+    assert stale.rounds >= 2 and base.asked[0] == 4 and base.asked[-1] > 4
     assert stale.dropped_deleted >= 1 and stale.dropped_stale >= 2
     assert "dropped" in top.explain()
 
