@@ -33,36 +33,14 @@ from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, 
 from exec_nodes.dedup import newest_per_key
 from exec_nodes.keyset import KeySet
 from exec_nodes.lookup import CACHE, _whole_fragment
-from exec_nodes.memindex import text_index
+from exec_nodes.memindex import Piece, text_index
 from memwal_sql.compat.lance import take_rows
 from memwal_sql.compat.lance_fts import BM25_B, BM25_K1
-from memwal_sql.index.tokenizer import Tokenizer, Tokens  # noqa: F401
+from memwal_sql.index.tokenizer import Tokenizer
 from memwal_sql.writer.generation import open_generation
 from planner.predicate import Predicate, evaluate
 
 SCORE = "_score"
-
-
-@dataclass
-class Piece:
-    """Rows of one source (or one base fragment) as the search sees them: their keys, row
-    addresses, terms, and which rows may count (not deleted, not tombstones)."""
-
-    keys: pa.Table
-    addresses: np.ndarray  # _rowaddr of each row
-    tokens: Tokens
-    present: np.ndarray  # rows that exist at the snapshot (base deletions and tombstones out)
-    _keys: tuple[KeySet, np.ndarray] | None = None
-
-    def row_of(self, keys: pa.Table) -> np.ndarray:
-        """For each of ``keys``, the present row holding it, or -1 (the KeySet of the present
-        rows is built once per piece: a piece's rows never change)."""
-        if self._keys is None:
-            rows = np.nonzero(self.present)[0]
-            self._keys = (KeySet(self.keys.take(pa.array(rows))), rows)
-        keyset, rows = self._keys
-        pos = keyset.positions(keys)
-        return np.where(pos >= 0, rows[np.maximum(pos, 0)], -1)
 
 
 class FtsSource(ExecNode):
@@ -122,12 +100,8 @@ class MemTableFtsExec(FtsSource):
             return []
         index = text_index(self.region_id or "", self.generation, self.origin, self.column,
                            self._schema, self.tokenizer)
-        rows, tokens = index.update(self.batches)
-        self._rows_table = rows
-        present = ~rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool) \
-            if TOMBSTONE in rows.column_names else np.ones(rows.num_rows, dtype=bool)
-        addresses = rows.column(ROWADDR).to_numpy().astype(np.int64)
-        return [Piece(rows.select(self.primary_key), addresses, tokens, present)]  # type: ignore[arg-type]
+        self._rows_table, piece = index.update(self.batches, self.primary_key)
+        return [piece]
 
     def rows(self, piece: int, index: np.ndarray) -> pa.Table:
         if getattr(self, "_rows_table", None) is None:

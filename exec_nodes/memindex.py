@@ -19,13 +19,37 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from exec_nodes.base import ROWADDR, TOMBSTONE, conform
+from exec_nodes.keyset import KeySet
 from exec_nodes.lookup import CACHE
-from memwal_sql.index.tokenizer import GrowingTokens, Tokenizer
+from memwal_sql.index.tokenizer import GrowingTokens, Tokenizer, Tokens
+
+
+@dataclass
+class Piece:
+    """Rows of one source (or one base fragment) as a full-text search sees them: their keys,
+    row addresses, terms, and which rows may count (not deleted, not tombstones)."""
+
+    keys: pa.Table
+    addresses: np.ndarray  # _rowaddr of each row
+    tokens: Tokens
+    present: np.ndarray  # rows that exist at the snapshot (base deletions and tombstones out)
+    _keys: tuple[KeySet, np.ndarray] | None = None
+
+    def row_of(self, keys: pa.Table) -> np.ndarray:
+        """For each of ``keys``, the present row holding it, or -1 (the KeySet of the present
+        rows is built once per piece: a piece's rows never change)."""
+        if self._keys is None:
+            rows = np.nonzero(self.present)[0]
+            self._keys = (KeySet(self.keys.take(pa.array(rows))), rows)
+        keyset, rows = self._keys
+        pos = keyset.positions(keys)
+        return np.where(pos >= 0, rows[np.maximum(pos, 0)], -1)
 
 
 class _Growing:
@@ -112,18 +136,29 @@ class TextIndex(_Growing):
         self.column = column
         self.tokenizer = tokenizer
         self._terms = GrowingTokens(tokenizer)
+        self._piece: Piece | None = None
 
     def _reset(self) -> None:
         super()._reset()
         self._terms = GrowingTokens(self.tokenizer)
 
-    def update(self, batches: Sequence[pa.RecordBatch]) -> tuple[pa.Table, object]:
-        """(rows, terms as :class:`Tokens`) of ``batches``, extended with what is new."""
+    def update(self, batches: Sequence[pa.RecordBatch], primary_key: Sequence[str]
+               ) -> tuple[pa.Table, Piece]:
+        """(rows, :class:`Piece`) of ``batches``, extended with what is new; the same piece
+        object while nothing is (a search keeps what it derived from it)."""
         with self.lock:
             new = self._new_rows(batches)
             if new is not None:
                 self._terms.extend(new.column(self.column))
-            return self.rows(), self._terms.tokens()
+                self._piece = None
+            rows = self.rows()
+            if self._piece is None:
+                present = ~rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool) \
+                    if TOMBSTONE in rows.column_names else np.ones(rows.num_rows, dtype=bool)
+                self._piece = Piece(rows.select(list(primary_key)),
+                                    rows.column(ROWADDR).to_numpy().astype(np.int64),
+                                    self._terms.tokens(), present)
+            return rows, self._piece
 
 
 def vector_index(region_id: str, generation: int, origin: str, column: str,
@@ -142,4 +177,4 @@ def text_index(region_id: str, generation: int, origin: str, column: str, schema
                      lambda: (TextIndex(schema, generation, column, tokenizer), 1 << 20))
 
 
-__all__ = ["TextIndex", "VectorIndex", "text_index", "vector_index"]
+__all__ = ["Piece", "TextIndex", "VectorIndex", "text_index", "vector_index"]

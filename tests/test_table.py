@@ -388,7 +388,7 @@ def test_open_read_close_cycles_leave_threads_and_files_where_they_were(tmp_path
 
     def settled(threads, files):
         deadline = time.monotonic() + 10
-        while (own_threads() != threads or fds() != files) and time.monotonic() < deadline:
+        while (own_threads() != threads or fds() > files) and time.monotonic() < deadline:
             gc.collect()
             time.sleep(0.05)
         return own_threads(), fds()
@@ -401,4 +401,6 @@ def test_open_read_close_cycles_leave_threads_and_files_where_they_were(tmp_path
     threads, files = before
     for i in range(100):
         closed_cycle() if i % 2 else dropped_cycle()
-    assert settled(threads, files) == (threads, files)
+    # A leak grows the counts; a file an earlier test left open may close meanwhile.
+    after_threads, after_files = settled(threads, files)
+    assert after_threads == threads and after_files <= files, (after_threads, after_files)

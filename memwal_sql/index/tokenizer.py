@@ -36,6 +36,9 @@ _FOLD = str.maketrans({"ß": "ss", "æ": "ae", "Æ": "AE", "œ": "oe", "Œ": "OE
                        "ð": "d", "Ð": "D", "ı": "i", "ĸ": "q", "ŀ": "l", "ŉ": "n"})
 
 
+_MAX_KNOWN_TOKENS = 1 << 20  # distinct tokens whose final term a tokenizer remembers
+
+
 @dataclass(frozen=True)
 class Tokens:
     """The terms of a column of documents: token ``i`` is term ``term_ids[i]`` (an index into
@@ -161,6 +164,8 @@ class Tokenizer:
     def _finals(self, tokens: list[str]) -> list[str | None]:
         """Each distinct token after stemming, stop words and folding (None: removed)."""
         new = [t for t in tokens if t not in self._final]
+        if len(self._final) + len(new) > _MAX_KNOWN_TOKENS:
+            self._final.clear()  # a long-lived tokenizer must not grow without bound
         if new:
             stems = self._stems(new)
             for token, stem in zip(new, stems):

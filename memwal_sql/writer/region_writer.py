@@ -563,7 +563,7 @@ class RegionWriter:
                              schema).update(batches)
             elif index.index_type == "INVERTED":
                 text_index(self.region_id, memtable.generation, "memtable", index.column, schema,
-                           tokenizer_for(index.params)).update(batches)
+                           tokenizer_for(index.params)).update(batches, self._table.primary_key)
 
     def _backpressure_locked(self) -> None:
         t0 = None
