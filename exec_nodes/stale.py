@@ -20,6 +20,7 @@ highest ``_rowaddr``; the base table (``_gen`` -1) is oldest.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ from exec_nodes.knn import KnnSource
 from exec_nodes.lookup import CoalesceFirstExec, distinct_keys
 
 SOURCE = "__memwal_source"  # which child a candidate came from
+_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memwal-search")
 _MORE = 4  # a source asked again is asked for this many times as many rows
 
 
@@ -86,10 +88,19 @@ class FilterStaleExec(ExecNode):
                  else self.k for c in self._children]
         while True:
             self.rounds += 1
+            # The base table's search runs in Lance, which releases the GIL: start it first
+            # and search the newer sources (numpy, in this thread) meanwhile.
+            tops: list[Any] = [_POOL.submit(c.top, n) if c.generation == BASE_GENERATION
+                               else None for c, n in zip(self._children, fetch)]
             parts = []
             for i, (child, n) in enumerate(zip(self._children, fetch)):
-                rows = child.top(n)
-                parts.append(rows.append_column(SOURCE, pa.array(np.full(rows.num_rows, i))))
+                rows = child.top(n) if tops[i] is None else None
+                parts.append(rows)
+            for i, future in enumerate(tops):
+                if future is not None:
+                    parts[i] = future.result()
+            parts = [rows.append_column(SOURCE, pa.array(np.full(rows.num_rows, i)))
+                     for i, rows in enumerate(parts)]
             candidates = pa.concat_tables(parts) if parts else \
                 self.schema.empty_table().append_column(SOURCE, pa.array([], pa.int64()))
             candidates = candidates.append_column(

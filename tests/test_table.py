@@ -381,7 +381,7 @@ def test_open_read_close_cycles_leave_threads_and_files_where_they_were(tmp_path
     def own_threads():
         return sorted(t.name for t in threading.enumerate()
                       if not t.name.startswith(("memwal-read", "memwal-snapshot",
-                                                "memwal-lookup")))
+                                                "memwal-lookup", "memwal-search")))
 
     def fds():
         return len(os.listdir("/proc/self/fd"))

@@ -284,3 +284,29 @@ def take_regions(tbl: mw.MemWalTable):
     from memwal_sql.snapshot import take_snapshot
 
     return take_snapshot(tbl).regions
+
+
+@pytest.mark.parametrize("index_type,params", [
+    ("IVF_FLAT", {"num_partitions": 2}),
+    ("IVF_HNSW_SQ", {"num_partitions": 2}),
+    ("IVF_PQ", {"num_partitions": 2, "num_sub_vectors": 2, "metric": "cosine"}),
+])
+def test_every_vector_index_type_is_built_on_generations(tmp_path, index_type, params) -> None:
+    import lance
+
+    tbl = mw.create_table(str(tmp_path), vec_batch(list(range(400)), 0), primary_key="k")
+    tbl.create_index("vec", index_type, **params)
+    tbl.upsert(vec_batch(list(range(350, 450)), 1))
+    tbl.flush()
+    for region in take_regions(tbl):
+        for g in region.generations:
+            got = lance.dataset(g.uri).describe_indices()
+            assert [d.name for d in got if "Vector" in d.type_url] == ["vec_idx"], index_type
+    query = np.random.default_rng(8).normal(size=DIM).astype(np.float32)
+    model = Model(["k"])
+    model.upsert(vec_batch(list(range(400)), 0))
+    model.upsert(vec_batch(list(range(350, 450)), 1))
+    metric = params.get("metric", "l2")
+    got = tbl.vector_search(query, k=5, nprobes=2, refine_factor=50).column("k").to_pylist()
+    assert got == brute_force(model, query, 5, metric)
+    tbl.close()
