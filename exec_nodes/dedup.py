@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform
 from exec_nodes.keyset import KeySet, last_per_key
+from exec_nodes.lookup import BaseLookupExec
 from exec_nodes.scan import BaseScanExec, SourceExec
 from planner.predicate import Predicate
 
@@ -80,7 +81,7 @@ class DeduplicateExec(ExecNode):
 
     name = "DeduplicateExec"
     _locks = ("_lock",)
-    _computed = ("_winners", "_keys")
+    _computed = ("_winners", "_keys", "_masked")
 
     def __init__(
         self,
@@ -101,6 +102,7 @@ class DeduplicateExec(ExecNode):
         self._lock = threading.Lock()
         self._winners: pa.Table | None = None
         self._keys: KeySet | None = None
+        self._masked: np.ndarray | bool | None = None
         self._base_scans = [self._base_scan(p, output) for p in self.base_parts]
 
     @property
@@ -179,16 +181,45 @@ class DeduplicateExec(ExecNode):
             if keep.any():
                 yield from conform(rows.filter(pa.array(keep)), output).to_batches()
 
-    def _base_scan(self, part: Sequence[int] | None, output: pa.Schema) -> BaseScanExec:
+    def _base_scan(self, part: Sequence[int] | None, output: pa.Schema,
+                   with_keys: bool = True) -> BaseScanExec:
         assert self.base_dataset is not None
         wanted = [f.name for f in output if f.name not in (GEN, ROWADDR)]
-        columns = list(dict.fromkeys([*wanted, *self.primary_key]))
+        columns = list(dict.fromkeys([*wanted, *(self.primary_key if with_keys else [])]))
         return BaseScanExec(self.base_dataset, columns, self.predicate, fragment_ids=part)
 
+    def superseded(self) -> np.ndarray | None:
+        """The base table's deletion mask for this snapshot: the sorted row addresses of base
+        rows whose key has a newer version (or a tombstone) in a newer source, found through
+        the base's cached key index; None when the base is too big to keep one (then each
+        base batch's keys are probed instead)."""
+        winners, _ = self.winners()
+        with self._lock:
+            if self._masked is None:
+                if winners.num_rows == 0:
+                    self._masked = np.zeros(0, dtype=np.uint64)
+                else:
+                    assert self.base_dataset is not None
+                    lookup = BaseLookupExec(self.base_dataset, self.base_dataset.schema,
+                                            self.primary_key)
+                    masked = lookup.addresses_of(winners.select(self.primary_key))
+                    self._masked = masked if masked is not None else False
+            return None if self._masked is False else self._masked  # type: ignore[return-value]
+
     def _base_rows(self, part: Sequence[int] | None, output: pa.Schema) -> Iterator[pa.RecordBatch]:
-        _, keys = self.winners()
-        for batch in self._base_scan(part, output).execute():
-            if len(keys):
+        masked = self.superseded()
+        # With the mask, a base row is kept or dropped by its row address alone: the key
+        # columns are read only if the query wants them.
+        keys = None if masked is not None else self.winners()[1]
+        for batch in self._base_scan(part, output, with_keys=masked is None).execute():
+            if masked is not None:
+                if len(masked):
+                    addr = batch.column(ROWADDR).to_numpy()
+                    at = np.searchsorted(masked, addr)
+                    hit = (at < len(masked)) & (masked[np.minimum(at, len(masked) - 1)] == addr)
+                    if hit.any():
+                        batch = batch.filter(pa.array(~hit))
+            elif keys is not None and len(keys):
                 keep = ~keys.contains(batch.select(self.primary_key))
                 if not keep.all():
                     batch = batch.filter(pa.array(keep))

@@ -405,6 +405,20 @@ class BaseLookupExec(LookupSource):
             self._rows = self.dataset.count_rows()
         return self._rows * _KEY_INDEX_ROW_BYTES <= CACHE.max_bytes // 4
 
+    def addresses_of(self, keys: pa.Table) -> np.ndarray | None:
+        """The sorted row addresses of the base rows holding ``keys`` (keys it does not hold
+        are left out), from the cached key index; None when the base is too big to keep one.
+
+        Example:
+            ``BaseLookupExec(ds, schema, ["id"]).addresses_of(pa.table({"id": [3, 7]}))``
+        """
+        index = self._key_index()
+        if index is None:
+            return None
+        keyset, addrs = index
+        pos = keyset.positions(keys.select(self.primary_key))
+        return np.sort(addrs[pos[pos >= 0]].astype(np.uint64))
+
     def _key_index(self) -> tuple[KeySet, np.ndarray] | None:
         if not self._fits_cache():
             return None

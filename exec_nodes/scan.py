@@ -17,9 +17,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, ExecNode, conform
+from exec_nodes.lookup import CACHE
 from memwal_sql.writer.generation import open_generation
 from planner.predicate import Predicate, evaluate, matches
 from planner.substrait import lance_filter
+
+
+_FEW_COLUMNS = 6  # up to this many columns of a generation are kept (key columns, tombstone)
 
 
 def source_schema(wal_schema: pa.Schema) -> pa.Schema:
@@ -76,6 +80,8 @@ class GenerationScanExec(SourceExec):
         self.storage_options = storage_options
 
     def read(self, schema: pa.Schema, predicate: Predicate | None) -> pa.Table:
+        if predicate is None and len(schema) <= _FEW_COLUMNS:
+            return self._few_columns(schema)
         ds = open_generation(self.uri, self.storage_options)
         names = [f.name for f in schema if f.name in ds.schema.names]
         pushed, exact = lance_filter(predicate, ds.schema)
@@ -83,6 +89,20 @@ class GenerationScanExec(SourceExec):
         if not exact:
             table = matches(predicate, table)
         return conform(table, schema, self.generation)  # Lance's row addresses kept
+
+    def _few_columns(self, schema: pa.Schema) -> pa.Table:
+        """A few whole columns (what deduplication reads: the keys and ``_tombstone`` of every
+        row), read once per process: a generation never changes."""
+        uri, opts = self.uri, self.storage_options
+
+        def load() -> tuple[pa.Table, int]:
+            ds = open_generation(uri, opts)
+            names = [f.name for f in schema if f.name in ds.schema.names]
+            table = conform(ds.to_table(columns=names, with_row_address=True), schema,
+                            self.generation).combine_chunks()
+            return table, table.nbytes
+
+        return CACHE.get("columns", f"{uri}#{','.join(schema.names)}", load)  # type: ignore[return-value]
 
     def describe(self) -> str:
         return f"{self.name}: region={self.region_id[:8]} gen={self.generation} " \
