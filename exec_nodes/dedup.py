@@ -23,8 +23,8 @@ import pyarrow.compute as pc
 
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform
 from exec_nodes.keyset import KeySet, last_per_key
-from exec_nodes.lookup import BaseLookupExec
-from exec_nodes.scan import BaseScanExec, SourceExec
+from exec_nodes.lookup import CACHE, BaseLookupExec
+from exec_nodes.scan import BaseScanExec, GenerationScanExec, SourceExec
 from planner.predicate import Predicate
 
 
@@ -71,6 +71,68 @@ def _newest_by_sort(table: pa.Table, primary_key: Sequence[str], dead: np.ndarra
 _READERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-read")
 
 
+class Versions:
+    """The newest version of each key among some sources: the key columns, and per key its
+    ``_gen``, ``_rowaddr`` and whether it is a tombstone (see :func:`newest_per_key`)."""
+
+    def __init__(self, newest: pa.Table, primary_key: Sequence[str]) -> None:
+        self.keys = newest.select(list(primary_key))
+        self.gen = newest.column(GEN).to_numpy().astype(np.int64)
+        self.addr = newest.column(ROWADDR).to_numpy().astype(np.int64)
+        self.dead = newest.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
+        self._keyset = KeySet(self.keys)
+
+    @classmethod
+    def of(cls, tables: Sequence[pa.Table], primary_key: Sequence[str],
+           key_fields: Sequence[pa.Field]) -> Versions:
+        """The newest versions among the rows of ``tables`` (key columns, ``_gen``,
+        ``_rowaddr``, ``_tombstone``)."""
+        tables = [t for t in tables if t.num_rows]
+        if tables:
+            return cls(newest_per_key(pa.concat_tables(tables), primary_key), primary_key)
+        empty = pa.table({f.name: pa.array([], f.type) for f in key_fields})
+        empty = empty.append_column(GEN, pa.array([], pa.int64())) \
+            .append_column(ROWADDR, pa.array([], pa.uint64())) \
+            .append_column(TOMBSTONE, pa.array([], pa.bool_()))
+        return cls(empty, primary_key)
+
+    def __len__(self) -> int:
+        return len(self.gen)
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + 3 * self.gen.nbytes
+
+    @property
+    def rank(self) -> np.ndarray:
+        """Newer versions rank higher (the scan's rule)."""
+        return (self.gen << 32) | self.addr
+
+    def positions(self, keys: pa.Table) -> np.ndarray:
+        """For each of ``keys``, its entry here, or -1."""
+        return self._keyset.positions(keys)
+
+    def take(self, mask: np.ndarray) -> Versions:
+        """The entries where ``mask`` is true."""
+        out = Versions.__new__(Versions)
+        out.keys = self.keys.filter(pa.array(mask))
+        out.gen, out.addr, out.dead = self.gen[mask], self.addr[mask], self.dead[mask]
+        out._keyset = KeySet(out.keys)
+        return out
+
+    def is_version(self, rows: pa.Table, primary_key: Sequence[str],
+                   replaced: np.ndarray | None = None) -> np.ndarray:
+        """Which of ``rows`` (with ``_gen`` and ``_rowaddr``) are their key's version here,
+        live, and not ``replaced`` (entries a newer source's version replaces)."""
+        pos = self.positions(rows.select(list(primary_key)))
+        hit = pos >= 0
+        at = np.where(hit, pos, 0)
+        keep = (hit & (self.gen[at] == rows.column(GEN).to_numpy())
+                & (self.addr[at] == rows.column(ROWADDR).to_numpy().astype(np.int64))
+                & ~self.dead[at])
+        return keep if replaced is None else keep & ~replaced[at]
+
+
 class DeduplicateExec(ExecNode):
     """Newest version per key across the base table and newer sources; tombstones remove keys.
 
@@ -81,7 +143,7 @@ class DeduplicateExec(ExecNode):
 
     name = "DeduplicateExec"
     _locks = ("_lock",)
-    _computed = ("_winners", "_keys", "_masked")
+    _computed = ("_split", "_masked")
 
     def __init__(
         self,
@@ -100,9 +162,8 @@ class DeduplicateExec(ExecNode):
         self.predicate = predicate
         self.output = output
         self._lock = threading.Lock()
-        self._winners: pa.Table | None = None
-        self._keys: KeySet | None = None
-        self._masked: np.ndarray | bool | None = None
+        self._split: tuple[Versions, Versions, np.ndarray] | None = None
+        self._masked: list[np.ndarray] | bool | None = None
         self._base_scans = [self._base_scan(p, output) for p in self.base_parts]
 
     @property
@@ -121,23 +182,37 @@ class DeduplicateExec(ExecNode):
         return (f"{self.name}: key={self.primary_key} newer_sources={len(self.newer)} "
                 f"base_parts={len(self.base_parts)} predicate={self.predicate}")
 
-    def winners(self) -> tuple[pa.Table, KeySet]:
-        """The newest version of every key in the newer sources, by key columns only
-        (``_gen``, ``_rowaddr``, ``_tombstone`` say which row it is), and an index of them."""
+    def versions(self) -> tuple[Versions, Versions, np.ndarray]:
+        """The newest version of every key among the newer sources, in two parts: among the
+        flushed generations (kept per set of generations: they never change, so a new query
+        reuses it until a flush or merge changes the set) and among the MemTables and WAL
+        tails (this query's; they are small); and which generation winners a MemTable
+        version replaces (the scan's rule: highest ``_gen``, then ``_rowaddr``)."""
         with self._lock:
-            if self._keys is None:
+            if self._split is None:
+                gens = [s for s in self.newer if isinstance(s, GenerationScanExec)]
+                mems = [s for s in self.newer if not isinstance(s, GenerationScanExec)]
                 cols = [*self.primary_key, TOMBSTONE]
-                # Lance releases the GIL: read the sources side by side.
-                tables = [t for t in _READERS.map(lambda s: s.read_counted(cols), self.newer)
-                          if t.num_rows]
-                if tables:
-                    self._winners = newest_per_key(pa.concat_tables(tables), self.primary_key)
-                else:
-                    self._winners = pa.table({k: pa.array([], f.type) for k, f in
-                                              ((f.name, f) for f in self._key_fields())})
-                self._keys = KeySet(self._winners.select(self.primary_key))
-            assert self._winners is not None
-            return self._winners, self._keys
+
+                def load() -> tuple[Versions, int]:
+                    # Lance releases the GIL: read the generations side by side.
+                    got = Versions.of(list(_READERS.map(lambda g: g.read_counted(cols), gens)),
+                                      self.primary_key, self._key_fields())
+                    return got, got.nbytes
+
+                key = "\n".join(sorted(g.uri for g in gens))
+                in_gens: Versions = CACHE.get("newest_versions", key, load)  # type: ignore[assignment]
+                in_mems = Versions.of([m.read_counted(cols) for m in mems], self.primary_key,
+                                      self._key_fields())
+                pos = in_gens.positions(in_mems.keys)
+                hit = pos >= 0
+                mem_wins = ~hit
+                if hit.any():
+                    mem_wins |= in_mems.rank > in_gens.rank[np.where(hit, pos, 0)]
+                replaced = np.zeros(len(in_gens), dtype=bool)
+                replaced[pos[hit & mem_wins]] = True
+                self._split = (in_gens, in_mems.take(mem_wins), replaced)
+            return self._split
 
     def _key_fields(self) -> list[pa.Field]:
         schema = self.newer[0].schema if self.newer else None
@@ -158,26 +233,24 @@ class DeduplicateExec(ExecNode):
             yield from self._base_rows(self.base_parts[i - 1], output)
 
     def _newer_rows(self, output: pa.Schema) -> Iterator[pa.RecordBatch]:
-        winners, keys = self.winners()
-        if winners.num_rows == 0:
+        in_gens, in_mems, replaced = self.versions()
+        if len(in_gens) == 0 and len(in_mems) == 0:
             return
-        win_gen = winners.column(GEN).to_numpy()
-        win_addr = winners.column(ROWADDR).to_numpy()
-        win_dead = winners.column(TOMBSTONE).to_numpy(zero_copy_only=False)
         wanted = [f.name for f in output if f.name not in (GEN, ROWADDR)]
         columns = list(dict.fromkeys([*wanted, *self.primary_key, TOMBSTONE]))
         # With a filter, only matching rows are read in full (the filter goes into Lance for
         # generations); either way a row is output only if it is its key's newest version.
         read_columns = None if self.predicate is not None else columns
-        for rows in _READERS.map(lambda s: s.read_counted(read_columns, self.predicate),
-                                 self.newer):
+        # In turn, not on the reader threads: a source is mostly read from memory (the lookup
+        # cache keeps small generations whole), where handing it to a thread costs more.
+        for source in self.newer:
+            rows = source.read_counted(read_columns, self.predicate)
             if rows.num_rows == 0:
                 continue
-            pos = keys.positions(rows.select(self.primary_key))
-            hit = pos >= 0
-            safe = np.where(hit, pos, 0)
-            keep = (hit & (win_gen[safe] == rows.column(GEN).to_numpy())
-                    & (win_addr[safe] == rows.column(ROWADDR).to_numpy()) & ~win_dead[safe])
+            if isinstance(source, GenerationScanExec):
+                keep = in_gens.is_version(rows, self.primary_key, replaced)
+            else:
+                keep = in_mems.is_version(rows, self.primary_key)
             if keep.any():
                 yield from conform(rows.filter(pa.array(keep)), output).to_batches()
 
@@ -188,41 +261,55 @@ class DeduplicateExec(ExecNode):
         columns = list(dict.fromkeys([*wanted, *(self.primary_key if with_keys else [])]))
         return BaseScanExec(self.base_dataset, columns, self.predicate, fragment_ids=part)
 
-    def superseded(self) -> np.ndarray | None:
-        """The base table's deletion mask for this snapshot: the sorted row addresses of base
-        rows whose key has a newer version (or a tombstone) in a newer source, found through
-        the base's cached key index; None when the base is too big to keep one (then each
-        base batch's keys are probed instead)."""
-        winners, _ = self.winners()
+    def superseded(self) -> list[np.ndarray] | None:
+        """The base table's deletion mask for this snapshot, as sorted arrays of row
+        addresses: base rows whose key has a version (or a tombstone) in a newer source. The
+        generations' part is kept per (set of generations, base version); the MemTables' part
+        is this query's. Found through the base's cached key index; None when the base is too
+        big to keep one (then each base batch's keys are probed instead)."""
+        in_gens, in_mems, _ = self.versions()
         with self._lock:
             if self._masked is None:
-                if winners.num_rows == 0:
-                    self._masked = np.zeros(0, dtype=np.uint64)
+                assert self.base_dataset is not None
+                ds = self.base_dataset
+                lookup = BaseLookupExec(ds, ds.schema, self.primary_key)
+
+                def load() -> tuple[np.ndarray | None, int]:
+                    got = lookup.addresses_of(in_gens.keys) if len(in_gens) else \
+                        np.zeros(0, dtype=np.uint64)
+                    return got, 64 if got is None else got.nbytes
+
+                gens = "\n".join(sorted(s.uri for s in self.newer
+                                        if isinstance(s, GenerationScanExec)))
+                from_gens = CACHE.get("base_mask", f"{ds.uri}@{ds.version}\n{gens}", load)
+                from_mems = lookup.addresses_of(in_mems.keys) if len(in_mems) else \
+                    np.zeros(0, dtype=np.uint64)
+                if from_gens is None or from_mems is None:
+                    self._masked = False
                 else:
-                    assert self.base_dataset is not None
-                    lookup = BaseLookupExec(self.base_dataset, self.base_dataset.schema,
-                                            self.primary_key)
-                    masked = lookup.addresses_of(winners.select(self.primary_key))
-                    self._masked = masked if masked is not None else False
+                    self._masked = [m for m in (from_gens, from_mems) if len(m)]  # type: ignore[assignment]
             return None if self._masked is False else self._masked  # type: ignore[return-value]
 
     def _base_rows(self, part: Sequence[int] | None, output: pa.Schema) -> Iterator[pa.RecordBatch]:
-        masked = self.superseded()
+        masks = self.superseded()
         # With the mask, a base row is kept or dropped by its row address alone: the key
         # columns are read only if the query wants them.
-        keys = None if masked is not None else self.winners()[1]
-        for batch in self._base_scan(part, output, with_keys=masked is None).execute():
-            if masked is not None:
-                if len(masked):
-                    addr = batch.column(ROWADDR).to_numpy()
-                    at = np.searchsorted(masked, addr)
-                    hit = (at < len(masked)) & (masked[np.minimum(at, len(masked) - 1)] == addr)
-                    if hit.any():
-                        batch = batch.filter(pa.array(~hit))
-            elif keys is not None and len(keys):
-                keep = ~keys.contains(batch.select(self.primary_key))
-                if not keep.all():
-                    batch = batch.filter(pa.array(keep))
+        in_gens, in_mems, _ = self.versions() if masks is None else (None, None, None)
+        for batch in self._base_scan(part, output, with_keys=masks is None).execute():
+            if masks is not None:
+                addr = batch.column(ROWADDR).to_numpy()
+                hit = np.zeros(len(addr), dtype=bool)
+                for mask in masks:
+                    at = np.minimum(np.searchsorted(mask, addr), len(mask) - 1)
+                    hit |= mask[at] == addr
+                if hit.any():
+                    batch = batch.filter(pa.array(~hit))
+            else:
+                assert in_gens is not None and in_mems is not None
+                keys = batch.select(self.primary_key)
+                newer = (in_gens.positions(keys) >= 0) | (in_mems.positions(keys) >= 0)
+                if newer.any():
+                    batch = batch.filter(pa.array(~newer))
             if batch.num_rows:
                 yield from conform(pa.Table.from_batches([batch]), output,
                                    BASE_GENERATION).to_batches()

@@ -98,7 +98,7 @@ class MemTableFtsExec(FtsSource):
     def pieces(self) -> list[Piece]:
         if not self.batches:
             return []
-        index = text_index(self.region_id or "", self.generation, self.origin, self.column,
+        index = text_index(self.batches, self.generation, self.origin, self.column,
                            self._schema, self.tokenizer)
         self._rows_table, piece = index.update(self.batches, self.primary_key)
         return [piece]

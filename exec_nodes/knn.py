@@ -176,7 +176,7 @@ class MemTableKnnExec(KnnSource):
         return self._exact(*self._index().update(self.batches), n)
 
     def _index(self) -> Any:
-        return vector_index(self.region_id or "", self.generation, self.origin, self.column,
+        return vector_index(self.batches, self.generation, self.origin, self.column,
                             self.source_schema)
 
     def rows(self, addresses: np.ndarray) -> pa.Table:

@@ -112,6 +112,12 @@ class LookupCache:
         return value
 
 
+    def discard(self, key_prefix: str) -> None:
+        """Drop the entries (of every kind) whose key starts with ``key_prefix``."""
+        with self._lock:
+            for key in [k for k in self._entries if k[1].startswith(key_prefix)]:
+                self.nbytes -= self._entries.pop(key)[1]
+
     def clear(self) -> None:
         """Drop every entry."""
         with self._lock:

@@ -8,18 +8,19 @@ bring them up to the batches their snapshot captured; a writer with ``indexed_wr
 them up to date before it acknowledges a write, so the write is searchable through its
 indexes at once (the spec's indexed write).
 
-They live in the process's :data:`~exec_nodes.lookup.CACHE`, keyed by region, generation,
-origin (MemTable or WAL tail) and column.
+They live in the process's :data:`~exec_nodes.lookup.CACHE`, keyed by the MemTable (its
+first batch) and column.
 
 Example:
-    ``rows, piece = text_index("r", 3, "memtable", "body", schema, ["id"], tok).update(batches)``
+    ``rows, piece = text_index(batches, 3, "memtable", "body", schema, tok).update(batches, pk)``
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -86,6 +87,11 @@ class _Growing:
         self.num_rows += table.num_rows
         return table
 
+    def holds(self, batches: Sequence[pa.RecordBatch]) -> bool:
+        """Whether these are (a prefix or an extension of) the batches seen so far."""
+        n = min(len(self._batches), len(batches))
+        return n == 0 or batches[0] is self._batches[0]
+
     def rows(self) -> pa.Table:
         if self._rows is None:
             self._rows = pa.concat_tables(self._parts).combine_chunks() if self._parts else \
@@ -94,6 +100,16 @@ class _Growing:
 
     def _reset(self) -> None:
         self._batches, self._parts, self._rows, self.num_rows = [], [], None, 0
+
+
+class RowsIndex(_Growing):
+    """A MemTable's rows in the source schema (what a scan reads of it), extended as it
+    grows."""
+
+    def update(self, batches: Sequence[pa.RecordBatch]) -> pa.Table:
+        with self.lock:
+            self._new_rows(batches)
+            return self.rows()
 
 
 class VectorIndex(_Growing):
@@ -161,20 +177,44 @@ class TextIndex(_Growing):
             return rows, self._piece
 
 
-def vector_index(region_id: str, generation: int, origin: str, column: str,
+def _cached(kind: str, batches: Sequence[pa.RecordBatch], origin: str, key: str,
+            make: Callable[[], _Growing]) -> Any:
+    """The index ``make`` builds for one MemTable, kept while the MemTable lives: keyed by its
+    first batch (and ``key``), which it holds, so the key is never another MemTable's. A WAL
+    tail is read anew by every snapshot: its index is not kept."""
+    if origin != "memtable" or not batches:
+        return make()
+    return CACHE.get(kind, f"{id(batches[0])}#{key}", lambda: (make(), 1 << 20),
+                     lambda index: index.holds(batches))  # type: ignore[attr-defined]
+
+
+def forget(batches: Sequence[pa.RecordBatch]) -> None:
+    """Drop a MemTable's in-memory indexes (it was flushed: its generation serves reads now),
+    so they do not hold its rows until the cache evicts them."""
+    if batches:
+        CACHE.discard(f"{id(batches[0])}#")
+
+
+def rows_index(batches: Sequence[pa.RecordBatch], generation: int, origin: str,
+               schema: pa.Schema) -> RowsIndex:
+    """The MemTable's rows, kept in the source schema."""
+    return _cached("memtable_rows", batches, origin, "",
+                   lambda: RowsIndex(schema, generation))
+
+
+def vector_index(batches: Sequence[pa.RecordBatch], generation: int, origin: str, column: str,
                  schema: pa.Schema) -> VectorIndex:
-    """The MemTable's in-memory vector index on ``column`` (made on first use)."""
-    key = f"{region_id}/{generation}/{origin}#{column}"
-    return CACHE.get("memtable_vectors", key,  # type: ignore[return-value]
-                     lambda: (VectorIndex(schema, generation, column), 1 << 20))
+    """The MemTable's in-memory vector index on ``column``."""
+    return _cached("memtable_vectors", batches, origin, column,
+                   lambda: VectorIndex(schema, generation, column))
 
 
-def text_index(region_id: str, generation: int, origin: str, column: str, schema: pa.Schema,
-               tokenizer: Tokenizer) -> TextIndex:
+def text_index(batches: Sequence[pa.RecordBatch], generation: int, origin: str, column: str,
+               schema: pa.Schema, tokenizer: Tokenizer) -> TextIndex:
     """The MemTable's in-memory inverted index on ``column`` for ``tokenizer``."""
-    key = f"{region_id}/{generation}/{origin}#{column}#{tokenizer.signature}"
-    return CACHE.get("memtable_text", key,  # type: ignore[return-value]
-                     lambda: (TextIndex(schema, generation, column, tokenizer), 1 << 20))
+    return _cached("memtable_text", batches, origin, f"{column}#{tokenizer.signature}",
+                   lambda: TextIndex(schema, generation, column, tokenizer))
 
 
-__all__ = ["Piece", "TextIndex", "VectorIndex", "text_index", "vector_index"]
+__all__ = ["Piece", "RowsIndex", "forget", "TextIndex", "VectorIndex", "rows_index", "text_index",
+           "vector_index"]

@@ -82,6 +82,11 @@ class GenerationScanExec(SourceExec):
     def read(self, schema: pa.Schema, predicate: Predicate | None) -> pa.Table:
         if predicate is None and len(schema) <= _FEW_COLUMNS:
             return self._few_columns(schema)
+        whole = self._whole()
+        if whole is not None:
+            # Every physical row, the deletion vector's too: an older duplicate is never its
+            # key's newest version, so deduplication drops it like any stale row.
+            return matches(predicate, whole).select(schema.names)
         ds = open_generation(self.uri, self.storage_options)
         names = [f.name for f in schema if f.name in ds.schema.names]
         pushed, exact = lance_filter(predicate, ds.schema)
@@ -89,6 +94,23 @@ class GenerationScanExec(SourceExec):
         if not exact:
             table = matches(predicate, table)
         return conform(table, schema, self.generation)  # Lance's row addresses kept
+
+    def _whole(self) -> pa.Table | None:
+        """The generation's rows in the source schema, kept in the lookup cache when small
+        (the same entry point lookups and searches use); None for a big one."""
+        from exec_nodes.lookup import _whole_fragment
+
+        uri, opts, schema = self.uri, self.storage_options, self._schema
+
+        def load() -> tuple[pa.Table | None, int]:
+            ds = open_generation(uri, opts)
+            frags = ds.get_fragments()
+            if len(frags) != 1:
+                return None, 64
+            names = [f.name for f in schema if f.name in ds.schema.names]
+            return _whole_fragment(frags[0], names, self.generation, schema)
+
+        return CACHE.get("rows", uri, load)  # type: ignore[return-value]
 
     def _few_columns(self, schema: pa.Schema) -> pa.Table:
         """A few whole columns (what deduplication reads: the keys and ``_tombstone`` of every
@@ -123,9 +145,13 @@ class MemTableScanExec(SourceExec):
     def read(self, schema: pa.Schema, predicate: Predicate | None) -> pa.Table:
         if not self.batches:
             return schema.empty_table()
-        table = pa.Table.from_batches(self.batches)
-        names = [f.name for f in schema if f.name in table.column_names]
-        return matches(predicate, conform(table.select(names), schema, self.generation))
+        from exec_nodes.memindex import rows_index
+
+        # The MemTable's rows in the source schema, extended as it grows (not rebuilt per
+        # query); row i of the MemTable has _rowaddr i, as its key index has.
+        rows = rows_index(self.batches, self.generation, self.origin,
+                          self._schema).update(self.batches)
+        return matches(predicate, rows).select(schema.names)
 
     def describe(self) -> str:
         rows = sum(b.num_rows for b in self.batches)

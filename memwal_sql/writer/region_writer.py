@@ -153,6 +153,15 @@ class WriterStats:
     generations: list[int] = field(default_factory=list)
 
 
+def _forget_indexes(memtable: MemTable) -> None:
+    """Drop a flushed MemTable's in-memory search structures (only if reads built any)."""
+    import sys
+
+    memindex = sys.modules.get("exec_nodes.memindex")
+    if memindex is not None:
+        memindex.forget(memtable.batches())
+
+
 class RegionWriter:
     """The writer of one region; use it as a context manager.
 
@@ -559,10 +568,10 @@ class RegionWriter:
         schema, batches = source_schema(memtable.schema), memtable.batches()
         for index in self._table.maintained_indexes():
             if index.vector:
-                vector_index(self.region_id, memtable.generation, "memtable", index.column,
+                vector_index(batches, memtable.generation, "memtable", index.column,
                              schema).update(batches)
             elif index.index_type == "INVERTED":
-                text_index(self.region_id, memtable.generation, "memtable", index.column, schema,
+                text_index(batches, memtable.generation, "memtable", index.column, schema,
                            tokenizer_for(index.params)).update(batches, self._table.primary_key)
 
     def _backpressure_locked(self) -> None:
@@ -646,6 +655,7 @@ class RegionWriter:
                 self._frozen_bytes -= memtable.nbytes
                 self._memtables_by_gen.pop(memtable.generation, None)
                 self._lock.notify_all()
+            _forget_indexes(memtable)
 
     def _flush_memtable(self, memtable: MemTable) -> None:
         t0 = time.perf_counter()
