@@ -25,7 +25,7 @@ from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, 
 from exec_nodes.keyset import KeySet, last_per_key
 from exec_nodes.lookup import CACHE, BaseLookupExec
 from exec_nodes.scan import BaseScanExec, GenerationScanExec, SourceExec
-from planner.predicate import Predicate
+from planner.predicate import Predicate, matches
 
 
 def newest_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
@@ -241,13 +241,25 @@ class DeduplicateExec(ExecNode):
         # With a filter, only matching rows are read in full (the filter goes into Lance for
         # generations); either way a row is output only if it is its key's newest version.
         read_columns = None if self.predicate is not None else columns
-        # In turn, not on the reader threads: a source is mostly read from memory (the lookup
-        # cache keeps small generations whole), where handing it to a thread costs more.
-        for source in self.newer:
-            rows = source.read_counted(read_columns, self.predicate)
+        # The generations held whole in memory are read as one table: one filter and one
+        # probe for all of them (their rows carry their own _gen), not one per generation.
+        whole = [(g, g.whole_rows()) for g in self.newer if isinstance(g, GenerationScanExec)]
+        held = [(g, rows) for g, rows in whole if rows is not None]
+        parts: list[tuple[bool, pa.Table]] = []
+        if held:
+            for g, _ in held:
+                g.count_open()
+            table = pa.concat_tables([rows for _, rows in held])
+            names = [*read_columns, GEN, ROWADDR] if read_columns else table.column_names
+            parts.append((True, matches(self.predicate, table).select(names)))
+        rest = [s for s in self.newer if not any(s is g for g, _ in held)]
+        for source in rest:
+            parts.append((isinstance(source, GenerationScanExec),
+                          source.read_counted(read_columns, self.predicate)))
+        for from_generations, rows in parts:
             if rows.num_rows == 0:
                 continue
-            if isinstance(source, GenerationScanExec):
+            if from_generations:
                 keep = in_gens.is_version(rows, self.primary_key, replaced)
             else:
                 keep = in_mems.is_version(rows, self.primary_key)

@@ -56,8 +56,7 @@ class SourceExec(ExecNode):
         """Read the source (``columns`` plus ``_gen``/``_rowaddr``; rows for which
         ``predicate`` is TRUE; all columns when there is a predicate), counting the open:
         tests check what a plan touched."""
-        with self._lock:
-            self.opened += 1
+        self.count_open()
         schema = self._schema
         if columns is not None:
             names = [*columns, GEN, ROWADDR]
@@ -66,6 +65,11 @@ class SourceExec(ExecNode):
 
     def read(self, schema: pa.Schema, predicate: Predicate | None) -> pa.Table:
         raise NotImplementedError
+
+    def count_open(self) -> None:
+        """Count one read of the source (what :meth:`read_counted` counts)."""
+        with self._lock:
+            self.opened += 1
 
 
 class GenerationScanExec(SourceExec):
@@ -82,7 +86,7 @@ class GenerationScanExec(SourceExec):
     def read(self, schema: pa.Schema, predicate: Predicate | None) -> pa.Table:
         if predicate is None and len(schema) <= _FEW_COLUMNS:
             return self._few_columns(schema)
-        whole = self._whole()
+        whole = self.whole_rows()
         if whole is not None:
             # Every physical row, the deletion vector's too: an older duplicate is never its
             # key's newest version, so deduplication drops it like any stale row.
@@ -95,7 +99,7 @@ class GenerationScanExec(SourceExec):
             table = matches(predicate, table)
         return conform(table, schema, self.generation)  # Lance's row addresses kept
 
-    def _whole(self) -> pa.Table | None:
+    def whole_rows(self) -> pa.Table | None:
         """The generation's rows in the source schema, kept in the lookup cache when small
         (the same entry point lookups and searches use); None for a big one."""
         from exec_nodes.lookup import _whole_fragment
