@@ -23,6 +23,46 @@ def encode_keys(keys: pa.Table) -> pa.Array:
     return pa.chunked_array(encode_composite_keys(keys)).combine_chunks().cast(pa.binary())
 
 
+def _packing(keys: pa.Table) -> list[tuple[int, int]] | None:
+    """For a composite key of integer columns whose values span at most 62 bits in all, each
+    column's (offset, bit shift): the key packs into one int64 (a probe is then one search,
+    as for a one-column key). None when the key does not pack."""
+    if keys.num_columns < 2 or keys.num_rows == 0 or \
+            not all(pa.types.is_integer(c.type) for c in keys.columns):
+        return None
+    spans = []
+    for c in keys.columns:
+        if c.null_count:
+            return None
+        lo, hi = pc.min_max(c).values()
+        spans.append((int(lo.as_py()), int(hi.as_py())))
+    shifts, total = [], 0
+    for lo, hi in reversed(spans):
+        shifts.append(total)
+        total += max(1, (hi - lo).bit_length())
+    if total > 62 or any(lo < -(1 << 62) or hi >= 1 << 62 for lo, hi in spans):
+        return None
+    return [(lo, shift) for (lo, _), shift in zip(spans, reversed(shifts))]
+
+
+def _pack(keys: pa.Table, packing: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """The packed keys, and which rows lie inside the packed ranges (the others are in no
+    set packed this way)."""
+    packed = np.zeros(keys.num_rows, dtype=np.int64)
+    inside = np.ones(keys.num_rows, dtype=bool)
+    widths = [s for _, s in packing] + [62]
+    for i, (c, (lo, shift)) in enumerate(zip(keys.columns, packing)):
+        values = c.to_numpy().astype(np.int64) if c.null_count == 0 else \
+            c.fill_null(lo).to_numpy().astype(np.int64)
+        rel = values - lo
+        span = 1 << (widths[i - 1] - shift) if i else 1 << (62 - shift)
+        inside &= (rel >= 0) & (rel < span)
+        if c.null_count:
+            inside &= c.is_valid().to_numpy(zero_copy_only=False)
+        packed |= np.where(inside, rel, 0) << shift
+    return packed, inside
+
+
 class KeySet:
     """An immutable set of distinct primary keys that also tells where each key sits.
 
@@ -39,11 +79,14 @@ class KeySet:
         self._size = keys.num_rows
         col = keys.column(0) if keys.num_columns == 1 else None
         self._integer = col is not None and pa.types.is_integer(col.type)
-        if self._integer:
-            assert col is not None
-            values = col.to_numpy()
+        self._packing = None if self._integer else _packing(keys)
+        if self._integer or self._packing is not None:
+            assert col is not None or self._packing is not None
+            values = col.to_numpy() if self._packing is None else \
+                _pack(keys, self._packing)[0]
             self._order = np.argsort(values, kind="stable")
             self._sorted = values[self._order]
+            self._integer = True
             return
         encoded = encode_keys(keys)
         hashes = pk_hashes(pa.table({"k": encoded}))
@@ -65,10 +108,15 @@ class KeySet:
         if n == 0 or self._size == 0:
             return out
         if self._integer:
-            probe = keys.column(0).to_numpy()
+            if self._packing is None:
+                probe, inside = keys.column(0).to_numpy(), None
+            else:
+                probe, inside = _pack(keys.select(self.columns), self._packing)
             idx = np.searchsorted(self._sorted, probe)
             idx[idx == len(self._sorted)] = 0
             hit = self._sorted[idx] == probe
+            if inside is not None:
+                hit &= inside
             out[hit] = self._order[idx[hit]]
             return out
         table = keys if isinstance(keys, pa.Table) else pa.Table.from_batches([keys])
