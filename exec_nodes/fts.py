@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform
 from exec_nodes.dedup import newest_per_key
 from exec_nodes.keyset import KeySet
-from exec_nodes.lookup import CACHE, _whole_fragment
+from exec_nodes.lookup import CACHE, generation_rows
 from exec_nodes.memindex import Piece, text_index
 from memwal_sql.compat.lance import take_rows
 from memwal_sql.compat.lance_fts import BM25_B, BM25_K1
@@ -127,23 +127,13 @@ class GenerationFtsExec(FtsSource):
                f"{self.uri.rsplit('/', 1)[-1]}"
 
     def _table(self) -> pa.Table:
-        uri, opts, schema = self.uri, self.storage_options, self._schema
-
-        def load() -> tuple[pa.Table | None, int]:
-            ds = open_generation(uri, opts)
-            frags = ds.get_fragments()
-            names = [f.name for f in schema if f.name in ds.schema.names]
-            if len(frags) == 1:
-                return _whole_fragment(frags[0], names, self.generation, schema)
-            return None, 64
-
-        table = CACHE.get("rows", uri, load)
+        table = generation_rows(self.uri, self.storage_options, self.generation, self._schema)
         if table is None:  # too big to keep whole: read it for this query
-            ds = open_generation(uri, opts)
-            names = [f.name for f in schema if f.name in ds.schema.names]
+            ds = open_generation(self.uri, self.storage_options)
+            names = [f.name for f in self._schema if f.name in ds.schema.names]
             rows = ds.to_table(columns=names, with_row_address=True)
-            table = conform(rows, schema, self.generation)
-        return table  # type: ignore[return-value]
+            table = conform(rows, self._schema, self.generation)
+        return table
 
     def pieces(self) -> list[Piece]:
         def load() -> tuple[Piece, int]:

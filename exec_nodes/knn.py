@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform
-from exec_nodes.lookup import CACHE, _whole_fragment
+from exec_nodes.lookup import CACHE, generation_rows
 from memwal_sql.compat.lance import take_rows
 from exec_nodes.memindex import vector_index
 from memwal_sql.writer.generation import open_generation
@@ -222,25 +222,16 @@ class GenerationKnnExec(KnnSource):
         return _take(ds, addresses, self.source_schema, self.generation)
 
     def _cached_vectors(self) -> tuple[pa.Table, np.ndarray, np.ndarray] | None:
-        uri, opts, source = self.uri, self.storage_options, self.source_schema
-
-        def rows() -> tuple[pa.Table | None, int]:
-            ds = open_generation(uri, opts)
-            frags = ds.get_fragments()
-            if len(frags) != 1:
-                return None, 64
-            names = [f.name for f in source if f.name in ds.schema.names]
-            return _whole_fragment(frags[0], names, self.generation, source)
-
         def load() -> tuple[tuple[pa.Table, np.ndarray, np.ndarray] | None, int]:
             # The rows are the entry lookups use: a generation read whole serves both.
-            table = CACHE.get("rows", uri, rows)
+            table = generation_rows(self.uri, self.storage_options, self.generation,
+                                    self.source_schema)
             if table is None:
                 return None, 64
             vectors = self._vectors(table)  # type: ignore[arg-type]
             return vectors, vectors[1].nbytes + vectors[2].nbytes
 
-        return CACHE.get("vectors", f"{uri}#{self.column}", load)  # type: ignore[return-value]
+        return CACHE.get("vectors", f"{self.uri}#{self.column}", load)  # type: ignore[return-value]
 
 
 class BaseKnnExec(KnnSource):

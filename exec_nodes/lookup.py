@@ -151,6 +151,26 @@ def _whole_fragment(fragment: lance.LanceFragment, names: Sequence[str], generat
     return table, table.nbytes
 
 
+def generation_rows(uri: str, storage_options: dict[str, str] | None, generation: int,
+                    schema: pa.Schema) -> pa.Table | None:
+    """A small generation's rows (every physical row, row ``i`` at offset ``i``, in the
+    source ``schema``), read once and kept; None for a generation too big to keep (see
+    :func:`_whole_fragment`). Lookups, scans and searches share the entry.
+
+    Example:
+        ``generation_rows(gen.uri, None, gen.generation, source_schema(tbl.wal_schema))``
+    """
+    def load() -> tuple[pa.Table | None, int]:
+        ds = open_generation(uri, storage_options)
+        frags = ds.get_fragments()
+        if len(frags) != 1:
+            return None, 64
+        names = [f.name for f in schema if f.name in ds.schema.names]
+        return _whole_fragment(frags[0], names, generation, schema)
+
+    return CACHE.get("rows", uri, load)  # type: ignore[return-value]
+
+
 def _key_index(values: pa.Table, ids: np.ndarray) -> tuple[KeySet, np.ndarray]:
     """KeySet over distinct keys and, per key, the highest row id (a later duplicate that
     Lance's writer masked with a deletion vector is always the higher id)."""
@@ -257,19 +277,8 @@ class TakeLastExec(LookupSource):
         return out.set_column(out.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), row_ids)
 
     def _generation_rows(self) -> pa.Table | None:
-        """A small generation's rows (source schema, row ``i`` at offset ``i``), read once;
-        None for a generation too big to keep (see :func:`_whole_fragment`)."""
-        uri, opts = self.uri, self.storage_options
-
-        def load() -> tuple[pa.Table | None, int]:
-            ds = open_generation(uri, opts)
-            frags = ds.get_fragments()
-            if len(frags) != 1:
-                return None, 64
-            names = [f.name for f in self.schema if f.name in ds.schema.names]
-            return _whole_fragment(frags[0], names, self.generation, self.schema)
-
-        return CACHE.get("rows", uri, load)  # type: ignore[return-value]
+        assert self.uri is not None
+        return generation_rows(self.uri, self.storage_options, self.generation, self.schema)
 
     def _from_memtable(self, keys: pa.Table) -> Probe:
         batches, pk = self.batches, self.primary_key

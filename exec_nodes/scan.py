@@ -101,20 +101,10 @@ class GenerationScanExec(SourceExec):
 
     def whole_rows(self) -> pa.Table | None:
         """The generation's rows in the source schema, kept in the lookup cache when small
-        (the same entry point lookups and searches use); None for a big one."""
-        from exec_nodes.lookup import _whole_fragment
+        (the entry lookups and searches use too); None for a big one."""
+        from exec_nodes.lookup import generation_rows
 
-        uri, opts, schema = self.uri, self.storage_options, self._schema
-
-        def load() -> tuple[pa.Table | None, int]:
-            ds = open_generation(uri, opts)
-            frags = ds.get_fragments()
-            if len(frags) != 1:
-                return None, 64
-            names = [f.name for f in schema if f.name in ds.schema.names]
-            return _whole_fragment(frags[0], names, self.generation, schema)
-
-        return CACHE.get("rows", uri, load)  # type: ignore[return-value]
+        return generation_rows(self.uri, self.storage_options, self.generation, self._schema)
 
     def _few_columns(self, schema: pa.Schema) -> pa.Table:
         """A few whole columns (what deduplication reads: the keys and ``_tombstone`` of every
