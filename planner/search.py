@@ -90,6 +90,17 @@ class SearchPlan:
         return "\n".join([*head, self.root.explain()])
 
 
+def _layout(snapshot: TableSnapshot, spec: RegionSpec | None, base_schema: pa.Schema,
+            predicate: Predicate | None
+            ) -> tuple[list[str], list[str], pa.Schema, dict[str, str] | None, list[str]]:
+    """What both searches start from: the regions kept and pruned by the filter, the newer
+    sources' schema, the storage options and the primary key."""
+    kept, pruned = prune_regions(predicate, spec, base_schema,
+                                 [(r.region_id, r.region_values) for r in snapshot.regions])
+    return (kept, pruned, source_schema(snapshot.wal_schema),
+            dict(snapshot.storage_options or {}) or None, list(snapshot.primary_key))
+
+
 def vector_index(dataset: lance.LanceDataset, column: str) -> VectorIndex | None:
     """The base table's vector index on ``column`` (None if it has none).
 
@@ -141,12 +152,8 @@ def plan_vector_search(
         refine_factor = DEFAULT_REFINE_FACTOR
     if nprobes is None and index is not None:
         nprobes = index.default_nprobes()
-    kept, pruned = prune_regions(predicate, spec, base_schema,
-                                 [(r.region_id, r.region_values) for r in snapshot.regions])
+    kept, pruned, schema, opts, pk = _layout(snapshot, spec, base_schema, predicate)
     keep = set(kept)
-    schema = source_schema(snapshot.wal_schema)
-    opts = dict(snapshot.storage_options or {}) or None
-    pk = list(snapshot.primary_key)
     sources: list[KnnSource] = [BaseKnnExec(
         snapshot.dataset, schema, column, query, metric, predicate, k, pk,
         index=index.name if index else None, nprobes=nprobes, refine_factor=refine_factor)]
@@ -202,12 +209,8 @@ def plan_fts(snapshot: TableSnapshot, spec: RegionSpec | None, base_schema: pa.S
     """
     index = text_index(snapshot.dataset, column)
     tokenizer = tokenizer_for(index[1] if index else {})
-    kept, pruned = prune_regions(predicate, spec, base_schema,
-                                 [(r.region_id, r.region_values) for r in snapshot.regions])
+    kept, pruned, schema, opts, pk = _layout(snapshot, spec, base_schema, predicate)
     keep = set(kept)
-    schema = source_schema(snapshot.wal_schema)
-    opts = dict(snapshot.storage_options or {}) or None
-    pk = list(snapshot.primary_key)
     sources: list[FtsSource] = [BaseFtsExec(snapshot.dataset, schema, column, tokenizer, pk)]
     searched = [True]
     for region in snapshot.regions:
