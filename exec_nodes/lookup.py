@@ -112,6 +112,11 @@ class LookupCache:
         return value
 
 
+    def contains(self, kind: str, uri: str) -> bool:
+        """Whether ``(kind, uri)`` is cached (it may be evicted the next moment)."""
+        with self._lock:
+            return (kind, uri) in self._entries
+
     def discard(self, key_prefix: str) -> None:
         """Drop the entries (of every kind) whose key starts with ``key_prefix``."""
         with self._lock:
@@ -364,8 +369,17 @@ class GenerationIndexExec(KeyedExec):
             offsets = best & 0xFFFFFFFF
             return (KeySet(keys), which, offsets), keys.nbytes + 3 * best.nbytes
 
-        key = "\n".join(g.uri or "" for g in gens)
-        return CACHE.get("generation_index", key, load)  # type: ignore[return-value]
+        return CACHE.get("generation_index", self._cache_key(gens), load)  # type: ignore[return-value]
+
+    @staticmethod
+    def _cache_key(generations: Sequence[TakeLastExec]) -> str:
+        return "\n".join(g.uri or "" for g in generations)
+
+    @classmethod
+    def is_cached(cls, generations: Sequence[TakeLastExec]) -> bool:
+        """Whether the merged key index of these generations is in the cache already (then
+        probing it beats a bloom test per generation even for one key)."""
+        return CACHE.contains("generation_index", cls._cache_key(generations))
 
     def probe(self, keys: pa.Table) -> Probe:
         self.probes += 1

@@ -132,7 +132,8 @@ def region_lookups(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec
         gens = [TakeLastExec(region.region_id, gen.generation, schema, pk, uri=gen.uri,
                              storage_options=opts)
                 for gen in sorted([*region.generations, *extra], key=lambda g: -g.generation)]
-        if len(gens) > 1 and region_keys.num_rows >= MERGED_INDEX_KEYS:
+        if len(gens) > 1 and (region_keys.num_rows >= MERGED_INDEX_KEYS
+                              or GenerationIndexExec.is_cached(gens)):
             children.append(GenerationIndexExec(gens, pk, schema))
         else:  # a few keys: a bloom test per generation rules most of them out cheaper
             for take in gens:
