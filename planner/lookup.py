@@ -78,17 +78,13 @@ def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | 
     """Build the lookup plan of ``keys`` (a table of the primary-key columns)."""
     pk = list(snapshot.primary_key)
     keys = distinct_keys(keys.select(pk))
-    # Hash each key once for every bloom filter it meets (many keys meet none: a region
-    # probes its generations through one merged index from MERGED_INDEX_KEYS keys on).
-    hashed = keys if keys.num_rows >= MERGED_INDEX_KEYS else \
-        keys.append_column(HASH, pa.array(pk_hashes(keys)))
     base = BaseLookupExec(snapshot.dataset, source_schema(snapshot.wal_schema), pk)
     # Probed through its btree, the base table stays on the index while it catches up: the
     # generations of the gap are probed like newer ones and the base only where it is indexed.
     indexed = None if base.uses_key_index() else plan_indexed_read(snapshot, pk[:1])
     if indexed is not None:
         base.fragment_ids = list(indexed.fragment_ids)
-    regions = region_lookups(snapshot, store, spec, hashed,
+    regions = region_lookups(snapshot, store, spec, keys,
                              indexed.gap if indexed is not None else None)
     return LookupPlan(snapshot, PointLookupExec(keys, regions, base), indexed=indexed)
 
@@ -136,6 +132,14 @@ def region_lookups(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec
                               or GenerationIndexExec.is_cached(gens)):
             children.append(GenerationIndexExec(gens, pk, schema))
         else:  # a few keys: a bloom test per generation rules most of them out cheaper
+            if HASH not in region_keys.column_names:
+                # Hash each key once for every bloom filter it meets (the keys that no
+                # routing narrowed are shared by the regions: hashed once for all).
+                hashed = region_keys.append_column(HASH, pa.array(pk_hashes(
+                    region_keys.select(pk))))
+                if region_keys is keys:
+                    keys = hashed
+                region_keys = hashed
             for take in gens:
                 rel = take.uri[len(store.uri) + 1:] if take.uri.startswith(store.uri) \
                     else take.uri  # type: ignore[union-attr]
