@@ -90,15 +90,11 @@ class FilterStaleExec(ExecNode):
             self.rounds += 1
             # The base table's search runs in Lance, which releases the GIL: start it first
             # and search the newer sources (numpy, in this thread) meanwhile.
-            tops: list[Any] = [_POOL.submit(c.top, n) if c.generation == BASE_GENERATION
-                               else None for c, n in zip(self._children, fetch)]
-            parts = []
-            for i, (child, n) in enumerate(zip(self._children, fetch)):
-                rows = child.top(n) if tops[i] is None else None
-                parts.append(rows)
-            for i, future in enumerate(tops):
-                if future is not None:
-                    parts[i] = future.result()
+            pairs = list(enumerate(zip(self._children, fetch)))
+            in_lance = {i: _POOL.submit(c.top, n) for i, (c, n) in pairs
+                        if c.generation == BASE_GENERATION}
+            here = {i: c.top(n) for i, (c, n) in pairs if i not in in_lance}
+            parts = [in_lance[i].result() if i in in_lance else here[i] for i, _ in pairs]
             parts = [rows.append_column(SOURCE, pa.array(np.full(rows.num_rows, i)))
                      for i, rows in enumerate(parts)]
             candidates = pa.concat_tables(parts) if parts else \
