@@ -31,7 +31,6 @@ from planner.predicate import Predicate, evaluate, matches
 from planner.substrait import lance_filter
 
 DISTANCE = "_distance"
-POSITION = "__memwal_position"  # a candidate's row in its source's cached rows (exact sources)
 METRICS = ("l2", "cosine", "dot")
 
 
@@ -92,8 +91,7 @@ class KnnSource(ExecNode):
         # Candidates are light: which row (key, _gen, _rowaddr) and how near; the k that win
         # are read in full afterwards (:meth:`rows`), never every candidate's vector and text.
         self._schema = with_distance(pa.schema(
-            [*(schema.field(c) for c in (*self.primary_key, GEN, ROWADDR)),
-             pa.field(POSITION, pa.int64())]))
+            [schema.field(c) for c in (*self.primary_key, GEN, ROWADDR)]))
         self.column = column
         self.query = query
         self.metric = metric
@@ -124,9 +122,8 @@ class KnnSource(ExecNode):
     def _nearest(self, n: int) -> pa.Table:
         raise NotImplementedError
 
-    def rows(self, candidates: pa.Table) -> pa.Table:
-        """The source's full rows (its source schema) of ``candidates`` (as :meth:`top` gave
-        them), in that order."""
+    def rows(self, addresses: np.ndarray) -> pa.Table:
+        """The source's full rows (its source schema) at ``addresses``, in that order."""
         raise NotImplementedError
 
     def _exact(self, rows: pa.Table, matrix: np.ndarray, live: np.ndarray, n: int) -> pa.Table:
@@ -142,8 +139,7 @@ class KnnSource(ExecNode):
             return self.schema.empty_table()
         best = np.argpartition(dist, n - 1)[:n] if n < len(dist) else np.arange(len(dist))
         best = best[np.lexsort((best, dist[best]))]
-        out = rows.select(self.schema.names[:-2]).take(pa.array(best))
-        out = out.append_column(self.schema.field(POSITION), pa.array(best, pa.int64()))
+        out = rows.select(self.schema.names[:-1]).take(pa.array(best))
         return out.append_column(self.schema.field(DISTANCE), pa.array(dist[best], pa.float32()))
 
     def _vectors(self, rows: pa.Table) -> tuple[pa.Table, np.ndarray, np.ndarray]:
@@ -183,8 +179,8 @@ class MemTableKnnExec(KnnSource):
         return vector_index(self.batches, self.generation, self.origin, self.column,
                             self.source_schema)
 
-    def rows(self, candidates: pa.Table) -> pa.Table:
-        return self._index().update(self.batches)[0].take(candidates.column(POSITION))
+    def rows(self, addresses: np.ndarray) -> pa.Table:
+        return self._index().update(self.batches)[0].take(pa.array(addresses))
 
 
 class GenerationKnnExec(KnnSource):
@@ -212,23 +208,20 @@ class GenerationKnnExec(KnnSource):
                f"{self.uri.rsplit('/', 1)[-1]} exact k={self.k}"
 
     def _nearest(self, n: int) -> pa.Table:
-        cached = self.cached_vectors()
+        cached = self._cached_vectors()
         if cached is not None:
             return self._exact(*cached, n)
         ds = open_generation(self.uri, self.storage_options)
         return _lance_nearest(ds, self, n, {"use_index": False}, self.generation)
 
-    def rows(self, candidates: pa.Table) -> pa.Table:
-        cached = self.cached_vectors()
+    def rows(self, addresses: np.ndarray) -> pa.Table:
+        cached = self._cached_vectors()
         if cached is not None:
-            return cached[0].take(candidates.column(POSITION))
+            return cached[0].take(pa.array(addresses))
         ds = open_generation(self.uri, self.storage_options)
-        return _take(ds, candidates.column(ROWADDR).to_numpy(), self.source_schema,
-                     self.generation)
+        return _take(ds, addresses, self.source_schema, self.generation)
 
-    def cached_vectors(self) -> tuple[pa.Table, np.ndarray, np.ndarray] | None:
-        """The generation's rows, vectors and live rows, kept in the lookup cache (None for a
-        generation too big to keep: it is searched through Lance)."""
+    def _cached_vectors(self) -> tuple[pa.Table, np.ndarray, np.ndarray] | None:
         def load() -> tuple[tuple[pa.Table, np.ndarray, np.ndarray] | None, int]:
             # The rows are the entry lookups use: a generation read whole serves both.
             table = generation_rows(self.uri, self.storage_options, self.generation,
@@ -239,46 +232,6 @@ class GenerationKnnExec(KnnSource):
             return vectors, vectors[1].nbytes + vectors[2].nbytes
 
         return CACHE.get("vectors", f"{self.uri}#{self.column}", load)  # type: ignore[return-value]
-
-
-class GenerationsKnnExec(KnnSource):
-    """Exact KNN over several flushed generations at once: their cached rows and vectors side
-    by side (kept per set of generations, which never change), one distance computation for
-    all of them, where one node per generation pays Python's overhead per generation."""
-
-    name = "GenerationsKnnExec"
-
-    def __init__(self, parts: Sequence[GenerationKnnExec]) -> None:
-        first = parts[0]
-        super().__init__(None, max(p.generation for p in parts), first.source_schema,
-                         first.column, first.query, first.metric, first.predicate, first.k,
-                         first.primary_key)
-        self.parts = list(parts)
-
-    @property
-    def children(self) -> list[ExecNode]:
-        return list(self.parts)
-
-    def describe(self) -> str:
-        return f"{self.name}: {len(self.parts)} generations side by side, exact k={self.k}"
-
-    def _nearest(self, n: int) -> pa.Table:
-        return self._exact(*self._together(), n)
-
-    def rows(self, candidates: pa.Table) -> pa.Table:
-        return self._together()[0].take(candidates.column(POSITION))
-
-    def _together(self) -> tuple[pa.Table, np.ndarray, np.ndarray]:
-        def load() -> tuple[tuple[pa.Table, np.ndarray, np.ndarray], int]:
-            each = [p.cached_vectors() for p in self.parts]
-            assert all(e is not None for e in each), "only generations held in memory"
-            rows = pa.concat_tables([e[0] for e in each])  # type: ignore[index]
-            matrix = np.vstack([e[1] for e in each])  # type: ignore[index]
-            live = np.concatenate([e[2] for e in each])  # type: ignore[index]
-            return (rows, matrix, live), matrix.nbytes + live.nbytes
-
-        key = "\n".join(sorted(p.uri for p in self.parts)) + f"#{self.column}"
-        return CACHE.get("vectors_together", key, load)  # type: ignore[return-value]
 
 
 class BaseKnnExec(KnnSource):
@@ -313,9 +266,8 @@ class BaseKnnExec(KnnSource):
                 options["refine_factor"] = self.refine_factor
         return _lance_nearest(self.dataset, self, n, options, BASE_GENERATION)
 
-    def rows(self, candidates: pa.Table) -> pa.Table:
-        return _take(self.dataset, candidates.column(ROWADDR).to_numpy(), self.source_schema,
-                     BASE_GENERATION)
+    def rows(self, addresses: np.ndarray) -> pa.Table:
+        return _take(self.dataset, addresses, self.source_schema, BASE_GENERATION)
 
 
 def _take(ds: lance.LanceDataset, addresses: np.ndarray, schema: pa.Schema,
@@ -329,7 +281,7 @@ def _take(ds: lance.LanceDataset, addresses: np.ndarray, schema: pa.Schema,
 def _lance_nearest(ds: lance.LanceDataset, node: KnnSource, n: int,
                    options: dict[str, object], generation: int) -> pa.Table:
     """``n`` nearest rows of a Lance dataset, the filter applied before the search."""
-    light = node.schema.remove(len(node.schema) - 1)  # the position stays NULL: not cached
+    light = node.schema.remove(len(node.schema) - 1)
     # Only the key comes back (and the row address): no vector or text of any candidate.
     names = list(node.primary_key)
     pushed, exact = lance_filter(node.predicate, ds.schema)
@@ -350,6 +302,5 @@ def _lance_nearest(ds: lance.LanceDataset, node: KnnSource, n: int,
     return out.append_column(node.schema.field(DISTANCE), dist.cast(pa.float32()))
 
 
-__all__ = ["BaseKnnExec", "DISTANCE", "GenerationKnnExec", "GenerationsKnnExec", "KnnSource",
-           "METRICS", "POSITION",
+__all__ = ["BaseKnnExec", "DISTANCE", "GenerationKnnExec", "KnnSource", "METRICS",
            "MemTableKnnExec", "distances", "vectors_of", "with_distance"]

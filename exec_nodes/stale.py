@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode
 from exec_nodes.keyset import KeySet, last_per_key
-from exec_nodes.knn import POSITION, KnnSource
+from exec_nodes.knn import KnnSource
 from exec_nodes.lookup import CoalesceFirstExec, distinct_keys
 
 SOURCE = "__memwal_source"  # which child a candidate came from
@@ -119,10 +119,11 @@ class FilterStaleExec(ExecNode):
         """The full rows of ``candidates`` (as :meth:`valid` gives them), in their order,
         with their score: each source reads its own."""
         sources = candidates.column(SOURCE).to_numpy()
+        addresses = candidates.column(ROWADDR).to_numpy()
         parts, order = [], []
         for i in np.unique(sources):
             at = np.nonzero(sources == i)[0]
-            parts.append(self._children[i].rows(candidates.take(pa.array(at))))
+            parts.append(self._children[i].rows(addresses[at]))
             order.append(at)
         if not parts:
             return self._children[0].source_schema.empty_table().append_column(
@@ -212,7 +213,7 @@ class TopKExec(ExecNode):
         s = self.child.schema
         if isinstance(self.child, FilterStaleExec) and self.child.children:
             s = self.child._children[0].source_schema.append(s.field(self.score))
-        names = self.columns or [n for n in s.names if n not in (GEN, ROWADDR, SOURCE, POSITION)]
+        names = self.columns or [n for n in s.names if n not in (GEN, ROWADDR, SOURCE)]
         return pa.schema([s.field(n) for n in names])
 
     @property

@@ -26,7 +26,6 @@ from exec_nodes.knn import (
     DISTANCE,
     BaseKnnExec,
     GenerationKnnExec,
-    GenerationsKnnExec,
     KnnSource,
     MemTableKnnExec,
 )
@@ -158,7 +157,6 @@ def plan_vector_search(
     sources: list[KnnSource] = [BaseKnnExec(
         snapshot.dataset, schema, column, query, metric, predicate, k, pk,
         index=index.name if index else None, nprobes=nprobes, refine_factor=refine_factor)]
-    generations: list[GenerationKnnExec] = []
     for region in snapshot.regions:
         if region.region_id not in keep:
             continue
@@ -166,15 +164,8 @@ def plan_vector_search(
             sources.append(MemTableKnnExec(region.region_id, mem.generation, mem.batches, schema,
                                            column, query, metric, predicate, k, pk, mem.origin))
         for gen in sorted(region.generations, key=lambda g: -g.generation):
-            generations.append(GenerationKnnExec(region.region_id, gen.generation, gen.uri,
-                                                 schema, column, query, metric, predicate, k,
-                                                 pk, opts))
-    # The generations held in memory are searched side by side, in one node.
-    held = [g for g in generations if g.cached_vectors() is not None]
-    if len(held) > 1:
-        sources.append(GenerationsKnnExec(held))
-        generations = [g for g in generations if g not in held]
-    sources.extend(generations)
+            sources.append(GenerationKnnExec(region.region_id, gen.generation, gen.uri, schema,
+                                             column, query, metric, predicate, k, pk, opts))
 
     def newer_sources(keys: pa.Table) -> list:
         return region_lookups(snapshot, store, spec, keys)

@@ -42,8 +42,8 @@ class FixedBase(KnnSource):
     def _rows(self) -> pa.Table:
         return conform(self.table, SOURCE, BASE_GENERATION)
 
-    def rows(self, candidates):
-        return self._rows().take(candidates.column("__memwal_position"))
+    def rows(self, addresses):
+        return self._rows().take(pa.array(addresses))
 
 
 def memtable_lookup(batches):
@@ -56,7 +56,7 @@ def test_knn_leaf_is_exact_and_skips_tombstones():
                                         ).to_batches()[0]], SOURCE, "vec", Q, "l2", None, k=5, primary_key=["id"])
     out = check_contract(mem, 2)
     assert out.column("id").to_pylist() == [3, 1]
-    assert mem.rows(out).column("id").to_pylist() == [3, 1]
+    assert mem.rows(out.column("_rowaddr").to_numpy()).column("id").to_pylist() == [3, 1]
     assert out.column(DISTANCE).to_pylist() == [4.0, 9.0]
     assert distances(np.array([[1.0, 0.0]], np.float32), np.array([0.0, 1.0], np.float32),
                      "cosine").tolist() == [1.0]
