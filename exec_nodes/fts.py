@@ -30,8 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform
-from exec_nodes.dedup import newest_per_key
-from exec_nodes.keyset import KeySet
+from exec_nodes.dedup import Versions
 from exec_nodes.lookup import CACHE, generation_rows
 from exec_nodes.memindex import Piece, text_index
 from memwal_sql.compat.lance import take_rows
@@ -266,6 +265,7 @@ class GlobalBM25Exec(ExecNode):
 
     def valid(self) -> pa.Table:
         """The best ``k`` (or fewer) latest documents matching the filter, with ``_score``."""
+        searched = {id(c) for c, ok in zip(self._children, self.searched) if ok}
         pieces = [(c, i, p) for c in self._children for i, p in enumerate(c.pieces())]
         live = self._latest(pieces)
         stats = CorpusStats(document_frequency={t: 0 for t in self.terms})
@@ -280,7 +280,7 @@ class GlobalBM25Exec(ExecNode):
                 ids, tf = _runs(docs[ok[docs]])
                 stats.document_frequency[t] += len(ids)  # type: ignore[index]
                 per_term.append((t, ids, tf))
-            postings.append((child, i, piece, per_term))
+            postings.append((child, i, piece, per_term, id(child) in searched))
         stats.superseded, stats.deleted = self._left_out
         self.stats = stats
         return self._best(postings, stats)
@@ -305,20 +305,18 @@ class GlobalBM25Exec(ExecNode):
         self._left_out = (0, 0)
         if not newer:
             return [p.present for _, _, p in pieces]
-        versions = pa.concat_tables([
+        # The newest version of every key among the newer sources, the scan's way.
+        newest = Versions.of([
             p.keys.append_column(GEN, pa.array(np.full(p.keys.num_rows, c.generation)))
             .append_column(ROWADDR, pa.array(p.addresses.astype(np.uint64)))
-            .append_column(TOMBSTONE, pa.array(~p.present)) for c, p in newer])
-        winners = newest_per_key(versions, self.primary_key)
-        keyset = KeySet(winners.select(self.primary_key))
-        win_gen = winners.column(GEN).to_numpy()
-        win_addr = winners.column(ROWADDR).to_numpy().astype(np.int64)
-        win_dead = winners.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
+            .append_column(TOMBSTONE, pa.array(~p.present)) for c, p in newer],
+            self.primary_key, list(newer[0][1].keys.schema))
+        win_gen, win_addr, win_dead = newest.gen, newest.addr, newest.dead
         out, superseded, deleted = [], 0, 0
         for child, _, piece in pieces:
             if child.generation == BASE_GENERATION:
                 # Probe the base rows with the (few) newer keys, not the other way round.
-                where = piece.row_of(winners.select(self.primary_key))
+                where = piece.row_of(newest.keys)
                 found = where >= 0
                 hit = np.zeros(len(piece.present), dtype=bool)
                 hit[where[found]] = True
@@ -329,7 +327,7 @@ class GlobalBM25Exec(ExecNode):
                 superseded += int(np.count_nonzero(piece.present & hit & ~dead))
                 out.append(ok)
                 continue
-            pos = keyset.positions(piece.keys)
+            pos = newest.positions(piece.keys)
             hit = pos >= 0
             at = np.where(hit, pos, 0)
             ok = piece.present & hit & (win_gen[at] == child.generation) & \
@@ -345,14 +343,14 @@ class GlobalBM25Exec(ExecNode):
         n_docs = stats.documents
         avgdl = stats.average_length
         scored = []  # (score, piece number, row)
-        for number, (child, i, piece, per_term) in enumerate(postings):
-            if not self.searched[self._children.index(child)]:
+        # A term listed twice in the query counts twice, as in Lance.
+        counts = {t: self.terms.count(t) for t in self.terms}
+        for number, (child, i, piece, per_term, searched) in enumerate(postings):
+            if not searched:
                 continue
             score = np.zeros(len(piece.present), dtype=np.float64)
             touched = np.zeros(len(piece.present), dtype=bool)
             norm = BM25_K1 * (1 - BM25_B + BM25_B * piece.tokens.lengths / max(avgdl, 1e-12))
-            # A term listed twice in the query counts twice, as in Lance.
-            counts = {t: self.terms.count(t) for t in self.terms}
             for t, ids, tf in per_term:
                 if len(ids) == 0:
                     continue

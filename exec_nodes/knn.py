@@ -55,6 +55,15 @@ def vectors_of(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarr
     return values.reshape(n, dim), valid
 
 
+def neighbours(rows: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """The vectors of ``rows`` as a matrix, and which rows may be neighbours: a vector that is
+    not null, on a row that is not a tombstone."""
+    matrix, live = vectors_of(rows.column(column))
+    if TOMBSTONE in rows.column_names and rows.num_rows:
+        live &= ~rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
+    return matrix, live
+
+
 def distances(matrix: np.ndarray, query: np.ndarray, metric: str) -> np.ndarray:
     """Lance's distance of every row of ``matrix`` to ``query`` (float32).
 
@@ -143,12 +152,9 @@ class KnnSource(ExecNode):
         return out.append_column(self.schema.field(DISTANCE), pa.array(dist[best], pa.float32()))
 
     def _vectors(self, rows: pa.Table) -> tuple[pa.Table, np.ndarray, np.ndarray]:
-        """``rows``, their vectors as a matrix, and which rows may be neighbours (a vector
-        that is not null, on a row that is not a tombstone): what the cache keeps."""
-        matrix, live = vectors_of(rows.column(self.column))
-        if TOMBSTONE in rows.column_names and rows.num_rows:
-            live &= ~rows.column(TOMBSTONE).to_numpy().astype(bool)
-        return rows, matrix, live
+        """``rows`` with their vectors and live mask (:func:`neighbours`): what the cache
+        keeps."""
+        return (rows, *neighbours(rows, self.column))
 
 
 class MemTableKnnExec(KnnSource):

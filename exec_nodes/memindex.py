@@ -113,34 +113,51 @@ class RowsIndex(_Growing):
 
 
 class VectorIndex(_Growing):
-    """A MemTable's vectors as one matrix, and which rows may be neighbours."""
+    """A MemTable's vectors as one matrix, and which rows may be neighbours. The matrix grows
+    by doubling its capacity, so extending it by a batch costs that batch, not a copy of the
+    whole MemTable (an indexed write extends it on every write)."""
 
     def __init__(self, schema: pa.Schema, generation: int, column: str) -> None:
         super().__init__(schema, generation)
         self.column = column
-        self._matrices: list[np.ndarray] = []
-        self._live: list[np.ndarray] = []
+        self._reset_vectors()
 
     def _reset(self) -> None:
         super()._reset()
-        self._matrices, self._live = [], []
+        self._reset_vectors()
+
+    def _reset_vectors(self) -> None:
+        self._matrix: np.ndarray | None = None
+        self._live = np.zeros(0, dtype=bool)
+        self._count = 0
 
     def update(self, batches: Sequence[pa.RecordBatch]
                ) -> tuple[pa.Table, np.ndarray, np.ndarray]:
         """(rows, vectors, live) of ``batches``, extended with what is new."""
-        from exec_nodes.knn import vectors_of
+        from exec_nodes.knn import neighbours
 
         with self.lock:
             new = self._new_rows(batches)
             if new is not None:
-                matrix, live = vectors_of(new.column(self.column))
-                if TOMBSTONE in new.column_names:
-                    live &= ~new.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
-                self._matrices = [np.concatenate([*self._matrices, matrix])]
-                self._live = [np.concatenate([*self._live, live])]
-            if not self._matrices:
+                matrix, live = neighbours(new, self.column)
+                self._append(matrix, live)
+            if self._matrix is None:
                 return self.rows(), np.zeros((0, 0), np.float32), np.zeros(0, dtype=bool)
-            return self.rows(), self._matrices[0], self._live[0]
+            n = self._count
+            return self.rows(), self._matrix[:n], self._live[:n]
+
+    def _append(self, matrix: np.ndarray, live: np.ndarray) -> None:
+        n, m = self._count, len(matrix)
+        if self._matrix is None or n + m > len(self._matrix):
+            capacity = max(2 * (n + m), 1024)
+            grown = np.empty((capacity, matrix.shape[1]), dtype=np.float32)
+            grown_live = np.zeros(capacity, dtype=bool)
+            if self._matrix is not None:
+                grown[:n], grown_live[:n] = self._matrix[:n], self._live[:n]
+            self._matrix, self._live = grown, grown_live
+        self._matrix[n:n + m] = matrix
+        self._live[n:n + m] = live
+        self._count = n + m
 
 
 class TextIndex(_Growing):

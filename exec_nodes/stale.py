@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode
-from exec_nodes.keyset import KeySet, last_per_key
+from exec_nodes.dedup import Versions
 from exec_nodes.knn import KnnSource
 from exec_nodes.lookup import CoalesceFirstExec, distinct_keys
 
@@ -170,27 +170,18 @@ class FilterStaleExec(ExecNode):
         if not found:  # no newer source holds any of these keys: only base rows are latest
             self._drops = (int((~is_base).sum()), 0)
             return is_base
-        rows = pa.concat_tables([f.select([*self.primary_key, GEN, ROWADDR, TOMBSTONE])
-                                 for f in found])
-        # One rank per version, newest highest (generation, then row address), and whether
-        # it is a tombstone in the lowest bit: the scan's packing (DeduplicateExec).
-        rank = _rank(rows.column(GEN), rows.column(ROWADDR)) | \
-            rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(np.int64)
-        latest_keys, newest = last_per_key(rows.select(self.primary_key), rank)
-        pos = KeySet(latest_keys).positions(candidates.select(self.primary_key))
+        # The newest version of each candidate key among the newer sources, the scan's way.
+        newest = Versions.of([f.select([*self.primary_key, GEN, ROWADDR, TOMBSTONE])
+                              for f in found], self.primary_key, [])
+        pos = newest.positions(candidates.select(self.primary_key))
         in_newer = pos >= 0
-        newest_of = newest[np.where(in_newer, pos, 0)]
-        deleted = in_newer & (newest_of & 1).astype(bool)
-        is_newest = in_newer & ((newest_of | 1) == (_rank(candidates.column(GEN),
-                                                          candidates.column(ROWADDR)) | 1))
+        at = np.where(in_newer, pos, 0)
+        deleted = in_newer & newest.dead[at]
+        is_newest = in_newer & (newest.gen[at] == gen) & (
+            newest.addr[at] == candidates.column(ROWADDR).to_numpy().astype(np.int64))
         keep = np.where(in_newer, is_newest & ~is_base, is_base) & ~deleted
         self._drops = (int((~keep & ~deleted).sum()), int(deleted.sum()))
         return keep
-
-
-def _rank(gen: pa.ChunkedArray, addr: pa.ChunkedArray) -> np.ndarray:
-    return (gen.to_numpy().astype(np.int64) << 33) | \
-        (addr.to_numpy().astype(np.int64) << 1)
 
 
 class TopKExec(ExecNode):

@@ -165,12 +165,14 @@ class TableSearch:
         self.table = table
         self.last_plan: SearchPlan | None = None
 
-    def _filtered_snapshot(self, filter: str | None, consistency: str
+    def _filtered_snapshot(self, filter: str | None, consistency: str,
+                           pushed: Predicate | None = None
                            ) -> tuple[TableSnapshot, Predicate | None, Any]:
         """The snapshot to search, the filter as a predicate tree, and a post-filter for the
-        part of the filter DataFusion could not hand to the sources (None when none)."""
+        part of the filter DataFusion could not hand to the sources (None when none).
+        ``pushed`` is a filter already decoded (what SQL pushes into a table function)."""
         if filter is None:
-            return take_snapshot(self.table, consistency), None, None  # type: ignore[arg-type]
+            return take_snapshot(self.table, consistency), pushed, None  # type: ignore[arg-type]
         reads = self.table._reads
         predicate, snapshot, residual = reads.pushed_filter(filter, consistency)
         post = None
@@ -183,7 +185,7 @@ class TableSearch:
 
     def plan_vector_search(self, query: Any, column: str | None, k: int, filter: str | None,
                            nprobes: int | None, refine_factor: int | None, metric: str | None,
-                           consistency: str) -> SearchPlan:
+                           consistency: str, pushed: Predicate | None = None) -> SearchPlan:
         t = self.table
         col = vector_column(t, column)
         if not isinstance(k, int) or k < 1:
@@ -194,21 +196,21 @@ class TableSearch:
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise InvalidInputError(f"{name} must be a positive integer, not {v!r}")
         q = query_vector(query, t.schema.field(col).type.list_size)
-        snapshot, predicate, post = self._filtered_snapshot(filter, consistency)
+        snapshot, predicate, post = self._filtered_snapshot(filter, consistency, pushed)
         return plan_vector_search(
             snapshot, t.store, t.region_spec, t.schema, column=col, query=q, k=k,
             metric=metric.lower() if metric else None, predicate=predicate, nprobes=nprobes,
             refine_factor=refine_factor, post_filter=post)
 
     def plan_fts(self, query: str, column: str | None, k: int, filter: str | None,
-                 consistency: str) -> SearchPlan:
+                 consistency: str, pushed: Predicate | None = None) -> SearchPlan:
         t = self.table
         col = text_column(t, column)
         if not isinstance(query, str):
             raise InvalidInputError(f"a full-text query is text, not {type(query).__name__}")
         if not isinstance(k, int) or k < 1:
             raise InvalidInputError(f"k must be a positive integer, not {k!r}")
-        snapshot, predicate, post = self._filtered_snapshot(filter, consistency)
+        snapshot, predicate, post = self._filtered_snapshot(filter, consistency, pushed)
         if post is not None:
             raise InvalidFilterError(
                 f"invalid filter {filter!r} for a full-text search: it uses a function the "

@@ -242,27 +242,22 @@ class SearchDataset(pds.Dataset):
                            pa.schema([self._schema.field(c) for c in columns]))
 
     def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:  # type: ignore[override]
-        from memwal_sql.search import query_vector, text_column, vector_column
         from planner.predicate import conjuncts, referenced_columns
-        from planner.search import plan_fts, plan_vector_search
 
         table, score = self._table, self._score
         predicate = decode_filter(filter, self._schema)
         on_rows = [t for t in conjuncts(predicate) if score not in referenced_columns(t)]
         on_score = [t for t in conjuncts(predicate) if score in referenced_columns(t)]
         with read_failures(f"{self._kind} of {table.uri}"):
-            snapshot = take_snapshot(table, self._consistency)
+            # The table's own search API plans it (same checks), with the pushed filter.
+            search = table._search  # type: ignore[attr-defined]
             if self._kind == "vector_search":
-                column = vector_column(table, self._column)
-                plan = plan_vector_search(
-                    snapshot, table.store, table.region_spec, table.schema, column=column,
-                    query=query_vector(self._query, table.schema.field(column).type.list_size),
-                    k=self._k, metric=None, predicate=_all_of(on_rows), nprobes=None,
-                    refine_factor=None)
+                plan = search.plan_vector_search(self._query, self._column, self._k, None, None,
+                                                  None, None, self._consistency,
+                                                  pushed=_all_of(on_rows))
             else:
-                plan = plan_fts(snapshot, table.region_spec, table.schema,
-                                column=text_column(table, self._column), query=self._query,
-                                k=self._k, predicate=_all_of(on_rows))
+                plan = search.plan_fts(self._query, self._column, self._k, None,
+                                       self._consistency, pushed=_all_of(on_rows))
             self.last_plan = plan
             rows = matches(_all_of(on_score), plan.execute())
         return [_RowsFragment(rows)]
