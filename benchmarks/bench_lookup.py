@@ -32,10 +32,10 @@ import pyarrow as pa
 from lance.mem_wal import LsmPointLookupPlanner
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_read import build  # noqa: E402
+from bench_read import build
 
-from exec_nodes.lookup import CACHE  # noqa: E402
-from memwal_sql.interop import lance_shard_snapshots  # noqa: E402
+from exec_nodes.lookup import CACHE
+from memwal_sql.interop import lance_shard_snapshots
 
 
 def lance_planner(tbl) -> LsmPointLookupPlanner:
@@ -59,8 +59,10 @@ def sql_in_lookup_vs_scan(tbl, keys: np.ndarray, runs: int) -> dict:
     ctx = mw.connect()
     ctx.register("t", tbl)
     listed = ", ".join(str(int(k)) for k in keys)
-    queries = {"lookup": f"SELECT * FROM t WHERE id IN ({listed})",
-               "scan": f"SELECT * FROM t WHERE id + 0 IN ({listed})"}
+    queries = {
+        "lookup": f"SELECT * FROM t WHERE id IN ({listed})",
+        "scan": f"SELECT * FROM t WHERE id + 0 IN ({listed})",
+    }
     outs = {name: ctx.sql(q).to_arrow_table() for name, q in queries.items()}  # warm-up
     ctx.sql(queries["lookup"]).collect()
     assert isinstance(ctx.last_plan("t"), LookupPlan)
@@ -71,8 +73,11 @@ def sql_in_lookup_vs_scan(tbl, keys: np.ndarray, runs: int) -> dict:
             t0 = time.perf_counter()
             ctx.sql(q).to_arrow_table()
             times[name].append((time.perf_counter() - t0) * 1e3)
-    return {"lookup_ms": float(np.median(times["lookup"])),
-            "scan_ms": float(np.median(times["scan"])), "rows": outs["lookup"].num_rows}
+    return {
+        "lookup_ms": float(np.median(times["lookup"])),
+        "scan_ms": float(np.median(times["scan"])),
+        "rows": outs["lookup"].num_rows,
+    }
 
 
 def main() -> None:
@@ -94,7 +99,8 @@ def main() -> None:
         rng = np.random.default_rng(7)
         present = rng.integers(0, max_id, args.single * 4).astype(np.int64)
         present = [int(k) for k in present if tbl.lookup([int(k)], columns=["id"]).num_rows][
-            : args.single]
+            : args.single
+        ]
         absent = [int(k) for k in rng.integers(10 * max_id, 20 * max_id, args.single)]
         batch_keys = [rng.integers(0, max_id, 1000).astype(np.int64) for _ in range(args.batches)]
 
@@ -109,8 +115,9 @@ def main() -> None:
         cold_ms = (time.perf_counter() - t0) * 1e3
         for k in present[:20] + absent[:20]:  # warm caches
             ours(k)
-        ours_lat = {kind: latencies(ours, ks) for kind, ks in (("present", present),
-                                                               ("absent", absent))}
+        ours_lat = {
+            kind: latencies(ours, ks) for kind, ks in (("present", present), ("absent", absent))
+        }
         tbl.lookup(pa.array(rng.integers(0, max_id, 1000).astype(np.int64)))
         passes = []
         for _ in range(3):  # this machine is noisy: best and median of three passes
@@ -132,10 +139,15 @@ def main() -> None:
         rows = []
         for kind, ks in (("present", present), ("absent", absent)):
             a, b = ours_lat[kind], latencies(theirs, ks)
-            rows.append({"kind": kind, "memwal_p50_ms": float(np.median(a)),
-                         "memwal_p99_ms": float(np.percentile(a, 99)),
-                         "lance_p50_ms": float(np.median(b)),
-                         "lance_p99_ms": float(np.percentile(b, 99))})
+            rows.append(
+                {
+                    "kind": kind,
+                    "memwal_p50_ms": float(np.median(a)),
+                    "memwal_p99_ms": float(np.percentile(a, 99)),
+                    "lance_p50_ms": float(np.median(b)),
+                    "lance_p99_ms": float(np.percentile(b, 99)),
+                }
+            )
         t0 = time.perf_counter()
         n_lance = max(1, args.batches // 5)
         for ks in batch_keys[:n_lance]:  # Lance's planner takes one key per plan
@@ -143,30 +155,50 @@ def main() -> None:
                 planner.plan_lookup(pa.array([k], pa.int64())).to_table()
         lance_kps = 1000 * n_lance / (time.perf_counter() - t0)
 
-        print(f"\n{'single key':<12}{'memwal p50':>12}{'memwal p99':>12}{'lance p50':>12}"
-              f"{'lance p99':>12}{'p50 ratio':>11}")
+        print(
+            f"\n{'single key':<12}{'memwal p50':>12}{'memwal p99':>12}{'lance p50':>12}"
+            f"{'lance p99':>12}{'p50 ratio':>11}"
+        )
         for r in rows:
-            print(f"{r['kind']:<12}{r['memwal_p50_ms']:>10.2f}ms{r['memwal_p99_ms']:>10.2f}ms"
-                  f"{r['lance_p50_ms']:>10.2f}ms{r['lance_p99_ms']:>10.2f}ms"
-                  f"{r['lance_p50_ms'] / r['memwal_p50_ms']:>11.1f}")
+            print(
+                f"{r['kind']:<12}{r['memwal_p50_ms']:>10.2f}ms{r['memwal_p99_ms']:>10.2f}ms"
+                f"{r['lance_p50_ms']:>10.2f}ms{r['lance_p99_ms']:>10.2f}ms"
+                f"{r['lance_p50_ms'] / r['memwal_p50_ms']:>11.1f}"
+            )
         print(f"\nfirst lookup (cold lookup cache): memwal {cold_ms:.0f} ms")
-        print(f"batched 1,000 keys: memwal {ours_kps:,.0f} keys/s (median of 3 passes "
-              f"{ours_median_kps:,.0f}), lance (one plan per key) {lance_kps:,.0f} keys/s, "
-              f"ratio {ours_kps / lance_kps:.1f}")
-        print(f"SQL id IN (1,000 keys): lookup plan {sql_in['lookup_ms']:.1f} ms, the same as a "
-              f"scan (id + 0 IN) {sql_in['scan_ms']:.1f} ms, ratio "
-              f"{sql_in['scan_ms'] / sql_in['lookup_ms']:.1f} ({sql_in['rows']} rows each)")
+        print(
+            f"batched 1,000 keys: memwal {ours_kps:,.0f} keys/s (median of 3 passes "
+            f"{ours_median_kps:,.0f}), lance (one plan per key) {lance_kps:,.0f} keys/s, "
+            f"ratio {ours_kps / lance_kps:.1f}"
+        )
+        print(
+            f"SQL id IN (1,000 keys): lookup plan {sql_in['lookup_ms']:.1f} ms, the same as a "
+            f"scan (id + 0 IN) {sql_in['scan_ms']:.1f} ms, ratio "
+            f"{sql_in['scan_ms'] / sql_in['lookup_ms']:.1f} ({sql_in['rows']} rows each)"
+        )
         print("\nexplained: tbl.explain_lookup([present[0]])\n" + tbl.explain_lookup([present[0]]))
         tbl.close()
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump({"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                   "lance": lance.__version__},
-                       "single": rows, "batched_keys_per_s": {"memwal": ours_kps,
-                                                              "memwal_median": ours_median_kps,
-                                                              "memwal_first_lookup_ms": cold_ms,
-                                                              "lance": lance_kps},
-                       "sql_in_1000": sql_in}, f, indent=2)
+            json.dump(
+                {
+                    "machine": {
+                        "cpus": os.cpu_count(),
+                        "platform": platform.platform(),
+                        "lance": lance.__version__,
+                    },
+                    "single": rows,
+                    "batched_keys_per_s": {
+                        "memwal": ours_kps,
+                        "memwal_median": ours_median_kps,
+                        "memwal_first_lookup_ms": cold_ms,
+                        "lance": lance_kps,
+                    },
+                    "sql_in_1000": sql_in,
+                },
+                f,
+                indent=2,
+            )
         print(f"\nwrote {args.out}")
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -30,11 +30,11 @@ import lance
 import pyarrow.compute as pc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_read import SCHEMA, build  # noqa: E402
+from bench_read import SCHEMA, build
 
-from exec_nodes.lookup import CACHE  # noqa: E402
-from memwal_sql.manifest import RegionManifestStore  # noqa: E402
-from memwal_sql.storage import layout  # noqa: E402
+from exec_nodes.lookup import CACHE
+from memwal_sql.manifest import RegionManifestStore
+from memwal_sql.storage import layout
 
 
 def timed(fn, repeats: int = 3) -> float:
@@ -73,8 +73,9 @@ def main() -> None:
         live_batches = []
         for uri in gens:
             t = lance.dataset(uri).to_table()
-            live_batches.append(t.filter(pc.invert(t.column("_tombstone"))).select(SCHEMA.names)
-                                .cast(SCHEMA))
+            live_batches.append(
+                t.filter(pc.invert(t.column("_tombstone"))).select(SCHEMA.names).cast(SCHEMA)
+            )
         merged_rows = sum(lance.dataset(u).count_rows() for u in gens)
         key = int(live_batches[-1].column("id")[0].as_py())
         many = list(range(0, 2 * args.base_rows, max(1, 2 * args.base_rows // 1000)))
@@ -96,8 +97,13 @@ def main() -> None:
         lance.write_dataset(lance.dataset(tbl.uri).to_table(columns=SCHEMA.names), plain_uri)
         t0 = time.perf_counter()
         for b in live_batches:
-            (lance.dataset(plain_uri).merge_insert("id").when_matched_update_all()
-             .when_not_matched_insert_all().execute(b))
+            (
+                lance.dataset(plain_uri)
+                .merge_insert("id")
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .execute(b)
+            )
         plain_s = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -111,8 +117,10 @@ def main() -> None:
         gc = tbl.gc(base_versions_older_than=timedelta(0))
         after = {name: timed(fn) for name, fn in reads.items()}
 
-        print(f"\n{len(gens)} generations, {merged_rows:,} generation rows "
-              f"({result.rows_deleted:,} tombstones)")
+        print(
+            f"\n{len(gens)} generations, {merged_rows:,} generation rows "
+            f"({result.rows_deleted:,} tombstones)"
+        )
         print(f"{'merge':<28}{'seconds':>10}{'rows/s':>14}")
         print(f"{'memwal merge (atomic)':<28}{merge_s:>10.2f}{merged_rows / merge_s:>14,.0f}")
         print(f"{'plain lance merge_insert':<28}{plain_s:>10.2f}{merged_rows / plain_s:>14,.0f}")
@@ -121,16 +129,31 @@ def main() -> None:
         print(f"gc deleted {gc.objects} objects")
         print(f"\n{'read':<22}{'before ms':>12}{'index lags':>12}{'after ms':>12}{'speed-up':>10}")
         for name in reads:
-            print(f"{name:<22}{before[name] * 1e3:>12.1f}{lagging[name] * 1e3:>12.1f}"
-                  f"{after[name] * 1e3:>12.1f}{before[name] / after[name]:>10.2f}")
+            print(
+                f"{name:<22}{before[name] * 1e3:>12.1f}{lagging[name] * 1e3:>12.1f}"
+                f"{after[name] * 1e3:>12.1f}{before[name] / after[name]:>10.2f}"
+            )
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump({"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                   "lance": lance.__version__},
-                       "generations": len(gens), "rows": merged_rows,
-                       "merge_s": merge_s, "plain_merge_insert_s": plain_s,
-                       "index_catch_up_s": index_s, "read_before_s": before,
-                       "read_index_lagging_s": lagging, "read_after_s": after}, f, indent=2)
+            json.dump(
+                {
+                    "machine": {
+                        "cpus": os.cpu_count(),
+                        "platform": platform.platform(),
+                        "lance": lance.__version__,
+                    },
+                    "generations": len(gens),
+                    "rows": merged_rows,
+                    "merge_s": merge_s,
+                    "plain_merge_insert_s": plain_s,
+                    "index_catch_up_s": index_s,
+                    "read_before_s": before,
+                    "read_index_lagging_s": lagging,
+                    "read_after_s": after,
+                },
+                f,
+                indent=2,
+            )
         print(f"\nwrote {args.out}")
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -58,33 +58,55 @@ def build(uri: str, base_rows: int, upserts: int) -> None:
     import memwal_sql as mw
 
     rng = np.random.default_rng(1)
-    schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("tenant", pa.int32(), False),
-                        pa.field("name", pa.string()), pa.field("score", pa.float64()),
-                        pa.field("ts", pa.int64())])
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64(), False),
+            pa.field("tenant", pa.int32(), False),
+            pa.field("name", pa.string()),
+            pa.field("score", pa.float64()),
+            pa.field("ts", pa.int64()),
+        ]
+    )
 
     def rows(ids: np.ndarray, version: int) -> pa.Table:
-        return pa.table({"id": ids, "tenant": (ids % 4).astype(np.int32),
-                         "name": pa.array(np.char.add("name-", (ids % 5000).astype(str))),
-                         "score": rng.random(len(ids)),
-                         "ts": np.full(len(ids), version, dtype=np.int64)}, schema=schema)
+        return pa.table(
+            {
+                "id": ids,
+                "tenant": (ids % 4).astype(np.int32),
+                "name": pa.array(np.char.add("name-", (ids % 5000).astype(str))),
+                "score": rng.random(len(ids)),
+                "ts": np.full(len(ids), version, dtype=np.int64),
+            },
+            schema=schema,
+        )
 
     def batches():  # the base is written as a stream: it never sits in memory whole
         for start in range(0, base_rows, 1_000_000):
-            yield from rows(np.arange(start, min(base_rows, start + 1_000_000),
-                                      dtype=np.int64), 0).to_batches()
+            yield from rows(
+                np.arange(start, min(base_rows, start + 1_000_000), dtype=np.int64), 0
+            ).to_batches()
 
-    lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), uri,
-                        max_rows_per_file=2_000_000)
-    tbl = mw.create_table(uri, None, primary_key="id",  # MemWAL on the Lance table just written
-                          region_spec=mw.RegionSpec.identity("tenant"),
-                          writer_config=mw.WriterConfig(durable=False,
-                                                        max_memtable_rows=200_000))
+    lance.write_dataset(
+        pa.RecordBatchReader.from_batches(schema, batches()), uri, max_rows_per_file=2_000_000
+    )
+    tbl = mw.create_table(
+        uri,
+        None,
+        primary_key="id",  # MemWAL on the Lance table just written
+        region_spec=mw.RegionSpec.identity("tenant"),
+        writer_config=mw.WriterConfig(durable=False, max_memtable_rows=200_000),
+    )
     done, version = 0, 1
     while done < upserts:
         n = min(100_000, upserts - done)
-        ids = np.unique(np.concatenate([rng.integers(0, base_rows, n // 3),
-                                        np.arange(base_rows + done, base_rows + done + n
-                                                  - n // 3)])).astype(np.int64)
+        ids = np.unique(
+            np.concatenate(
+                [
+                    rng.integers(0, base_rows, n // 3),
+                    np.arange(base_rows + done, base_rows + done + n - n // 3),
+                ]
+            )
+        ).astype(np.int64)
         tbl.upsert(rows(ids, version))
         done += n
         version += 1
@@ -101,25 +123,44 @@ def main() -> None:
     try:
         t0 = time.perf_counter()
         build(f"{work}/t", args.base_rows, args.upserts)
-        print(f"built {args.base_rows:,} base rows + {args.upserts:,} upserts in "
-              f"{time.perf_counter() - t0:.0f} s")
+        print(
+            f"built {args.base_rows:,} base rows + {args.upserts:,} upserts in "
+            f"{time.perf_counter() - t0:.0f} s"
+        )
         results = []
         for kind in ("scan", "sql"):
-            out = subprocess.run([sys.executable, "-c", SCAN, f"{work}/t", kind], check=True,
-                                 capture_output=True, text=True).stdout.strip().splitlines()[-1]
+            out = (
+                subprocess.run(
+                    [sys.executable, "-c", SCAN, f"{work}/t", kind],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
+                .stdout.strip()
+                .splitlines()[-1]
+            )
             r = json.loads(out)
             r["kind"] = kind
             results.append(r)
         print(f"\n{'read':<28}{'rows':>13}{'rows/s':>14}{'RSS before':>12}{'peak RSS':>11}")
         for r in results:
-            print(f"{'tbl.scan() streamed' if r['kind'] == 'scan' else 'SQL GROUP BY':<28}"
-                  f"{r['rows']:>13,}{r['rows'] / r['seconds']:>14,.0f}"
-                  f"{r['rss_before_kib'] / 1024:>10.0f}MB{r['peak_rss_kib'] / 1024:>9.0f}MB")
+            print(
+                f"{'tbl.scan() streamed' if r['kind'] == 'scan' else 'SQL GROUP BY':<28}"
+                f"{r['rows']:>13,}{r['rows'] / r['seconds']:>14,.0f}"
+                f"{r['rss_before_kib'] / 1024:>10.0f}MB{r['peak_rss_kib'] / 1024:>9.0f}MB"
+            )
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump({"machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-                       "base_rows": args.base_rows, "upserts": args.upserts,
-                       "results": results}, f, indent=2)
+            json.dump(
+                {
+                    "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                    "base_rows": args.base_rows,
+                    "upserts": args.upserts,
+                    "results": results,
+                },
+                f,
+                indent=2,
+            )
         print(f"\nwrote {args.out}")
     finally:
         shutil.rmtree(work, ignore_errors=True)

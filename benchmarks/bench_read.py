@@ -34,37 +34,48 @@ import memwal_sql as mw
 from memwal_sql.interop import lance_scanner
 from memwal_sql.manifest import RegionManifestStore
 
-SCHEMA = pa.schema([
-    pa.field("id", pa.int64(), False),
-    pa.field("tenant", pa.int32(), False),
-    pa.field("name", pa.string()),
-    pa.field("score", pa.float64()),
-    pa.field("ts", pa.int64()),
-])
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), False),
+        pa.field("tenant", pa.int32(), False),
+        pa.field("name", pa.string()),
+        pa.field("score", pa.float64()),
+        pa.field("ts", pa.int64()),
+    ]
+)
 
 
 def rows_for(ids: np.ndarray, version: int, rng: np.random.Generator) -> pa.Table:
-    return pa.table({
-        "id": ids,
-        "tenant": (ids % 4).astype(np.int32),
-        "name": pa.array([f"name-{i % 5000}" for i in ids]),
-        "score": rng.random(len(ids)),
-        "ts": np.full(len(ids), version, dtype=np.int64),
-    }, schema=SCHEMA)
+    return pa.table(
+        {
+            "id": ids,
+            "tenant": (ids % 4).astype(np.int32),
+            "name": pa.array([f"name-{i % 5000}" for i in ids]),
+            "score": rng.random(len(ids)),
+            "ts": np.full(len(ids), version, dtype=np.int64),
+        },
+        schema=SCHEMA,
+    )
 
 
 def build(uri: str, base_rows: int, upserts: int, memtable_rows: int) -> mw.MemWalTable:
     rng = np.random.default_rng(1)
-    tbl = mw.create_table(uri, rows_for(np.arange(base_rows, dtype=np.int64), 0, rng),
-                          primary_key="id", region_spec=mw.RegionSpec.identity("tenant"),
-                          writer_config=mw.WriterConfig(durable=False,
-                                                        max_memtable_rows=memtable_rows))
+    tbl = mw.create_table(
+        uri,
+        rows_for(np.arange(base_rows, dtype=np.int64), 0, rng),
+        primary_key="id",
+        region_spec=mw.RegionSpec.identity("tenant"),
+        writer_config=mw.WriterConfig(durable=False, max_memtable_rows=memtable_rows),
+    )
     next_id, version, done = base_rows, 0, 0
     while done < upserts:
         n = min(20_000, upserts - done)
         n_upd = int(n * 0.3)
-        ids = np.unique(np.concatenate([np.arange(next_id, next_id + n - n_upd),
-                                        rng.integers(0, next_id, n_upd)])).astype(np.int64)
+        ids = np.unique(
+            np.concatenate(
+                [np.arange(next_id, next_id + n - n_upd), rng.integers(0, next_id, n_upd)]
+            )
+        ).astype(np.int64)
         next_id += n - n_upd
         version += 1
         tbl.upsert(rows_for(ids, version, rng))
@@ -99,52 +110,98 @@ def main() -> None:
         # Make the WAL tail durable so both readers see a settled layout; keep the MemTables live.
         for w in tbl.live_writers().values():
             w._wal.flush()
-        gens = sum(len(RegionManifestStore(tbl.store, r).latest().flushed_generations)
-                   for r in tbl.regions())
+        gens = sum(
+            len(RegionManifestStore(tbl.store, r).latest().flushed_generations)
+            for r in tbl.regions()
+        )
         live_rows = sum(m.num_rows for w in tbl.live_writers().values() for m in w.memtables())
-        print(f"layout: {args.base_rows:,} base rows + {args.upserts:,} upserts in {build_s:.1f} s; "
-              f"{len(tbl.regions())} regions, {gens} flushed generations, {live_rows:,} rows in "
-              "live MemTables")
+        print(
+            f"layout: {args.base_rows:,} base rows + {args.upserts:,} upserts in {build_s:.1f} s; "
+            f"{len(tbl.regions())} regions, {gens} flushed generations, {live_rows:,} rows in "
+            "live MemTables"
+        )
         ctx = mw.connect()
         ctx.register("t", tbl)
         queries: list[tuple[str, Callable[[], int], Callable[[], int]]] = [
-            ("full scan", lambda: tbl.to_arrow().num_rows,
-             lambda: lance_scanner(tbl).to_table().num_rows),
-            ("filtered scan score > 0.99", lambda: tbl.to_arrow(filter="score > 0.99").num_rows,
-             lambda: lance_scanner(tbl).filter("score > 0.99").to_table().num_rows),
-            ("region-pruned tenant = 2", lambda: tbl.to_arrow(filter="tenant = 2").num_rows,
-             lambda: lance_scanner(tbl).filter("tenant = 2").to_table().num_rows),
-            ("SQL aggregate by tenant",
-             lambda: ctx.sql("SELECT tenant, count(*) AS n, avg(score) AS s FROM t "
-                             "GROUP BY tenant").to_arrow_table().num_rows,
-             lambda: lance_scanner(tbl).to_table().group_by("tenant").aggregate(
-                 [("id", "count"), ("score", "mean")]).num_rows),
+            (
+                "full scan",
+                lambda: tbl.to_arrow().num_rows,
+                lambda: lance_scanner(tbl).to_table().num_rows,
+            ),
+            (
+                "filtered scan score > 0.99",
+                lambda: tbl.to_arrow(filter="score > 0.99").num_rows,
+                lambda: lance_scanner(tbl).filter("score > 0.99").to_table().num_rows,
+            ),
+            (
+                "region-pruned tenant = 2",
+                lambda: tbl.to_arrow(filter="tenant = 2").num_rows,
+                lambda: lance_scanner(tbl).filter("tenant = 2").to_table().num_rows,
+            ),
+            (
+                "SQL aggregate by tenant",
+                lambda: (
+                    ctx.sql("SELECT tenant, count(*) AS n, avg(score) AS s FROM t GROUP BY tenant")
+                    .to_arrow_table()
+                    .num_rows
+                ),
+                lambda: (
+                    lance_scanner(tbl)
+                    .to_table()
+                    .group_by("tenant")
+                    .aggregate([("id", "count"), ("score", "mean")])
+                    .num_rows
+                ),
+            ),
         ]
         results = []
-        print(f"\n{'query':<30}{'memwal rows/s':>16}{'lance rows/s':>16}{'ratio':>8}"
-              f"{'memwal ms':>11}{'lance ms':>10}")
+        print(
+            f"\n{'query':<30}{'memwal rows/s':>16}{'lance rows/s':>16}{'ratio':>8}"
+            f"{'memwal ms':>11}{'lance ms':>10}"
+        )
         for name, ours, theirs in queries:
             ours_s, ours_n = best(ours, args.repeats)
             theirs_s, theirs_n = best(theirs, args.repeats)
             # Throughput is over the rows the query had to merge: the whole table for scans.
             scanned = tbl.count_rows()
-            r = {"query": name, "memwal_s": ours_s, "lance_s": theirs_s,
-                 "memwal_rows": ours_n, "lance_rows": theirs_n,
-                 "memwal_rows_per_s": scanned / ours_s, "lance_rows_per_s": scanned / theirs_s,
-                 "ratio": theirs_s / ours_s}
+            r = {
+                "query": name,
+                "memwal_s": ours_s,
+                "lance_s": theirs_s,
+                "memwal_rows": ours_n,
+                "lance_rows": theirs_n,
+                "memwal_rows_per_s": scanned / ours_s,
+                "lance_rows_per_s": scanned / theirs_s,
+                "ratio": theirs_s / ours_s,
+            }
             results.append(r)
-            print(f"{name:<30}{r['memwal_rows_per_s']:>16,.0f}{r['lance_rows_per_s']:>16,.0f}"
-                  f"{r['ratio']:>8.2f}{ours_s * 1e3:>11.1f}{theirs_s * 1e3:>10.1f}")
+            print(
+                f"{name:<30}{r['memwal_rows_per_s']:>16,.0f}{r['lance_rows_per_s']:>16,.0f}"
+                f"{r['ratio']:>8.2f}{ours_s * 1e3:>11.1f}{theirs_s * 1e3:>10.1f}"
+            )
         plan = tbl.explain("tenant = 2")
         print("\nexplained: tbl.explain('tenant = 2')\n" + plan)
         tbl.close()
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump({"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                   "lance": lance.__version__},
-                       "layout": {"base_rows": args.base_rows, "upserts": args.upserts,
-                                  "generations": gens, "live_memtable_rows": live_rows},
-                       "results": results}, f, indent=2)
+            json.dump(
+                {
+                    "machine": {
+                        "cpus": os.cpu_count(),
+                        "platform": platform.platform(),
+                        "lance": lance.__version__,
+                    },
+                    "layout": {
+                        "base_rows": args.base_rows,
+                        "upserts": args.upserts,
+                        "generations": gens,
+                        "live_memtable_rows": live_rows,
+                    },
+                    "results": results,
+                },
+                f,
+                indent=2,
+            )
         print(f"\nwrote {args.out}")
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -54,33 +54,53 @@ def sentences() -> list[str]:
 
 
 SENTENCES = sentences()
-QUERIES = ["function return value", "class attribute", "exception raised", "loop iterator",
-           "string format", "the method is called", "module import", "default argument",
-           "keyword only parameters", "integer division"]
+QUERIES = [
+    "function return value",
+    "class attribute",
+    "exception raised",
+    "loop iterator",
+    "string format",
+    "the method is called",
+    "module import",
+    "default argument",
+    "keyword only parameters",
+    "integer division",
+]
 
 
 def rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
     vecs = rng.normal(size=(len(ids), DIM)).astype(np.float32)
     pick = rng.integers(0, len(SENTENCES), (len(ids), 2))
     text = [f"{SENTENCES[a]} {SENTENCES[b]}" for a, b in pick]
-    return pa.table({"id": ids.astype(np.int64), "tenant": (ids % 4).astype(np.int32),
-                     "vec": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), DIM),
-                     "text": text})
+    return pa.table(
+        {
+            "id": ids.astype(np.int64),
+            "tenant": (ids % 4).astype(np.int32),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), DIM),
+            "text": text,
+        }
+    )
 
 
 def build(uri: str, base_rows: int, upserts: int, memtable_rows: int) -> mw.MemWalTable:
     rng = np.random.default_rng(1)
-    tbl = mw.create_table(uri, rows(np.arange(base_rows), rng), primary_key="id",
-                          region_spec=mw.RegionSpec.identity("tenant"),
-                          writer_config=mw.WriterConfig(durable=False,
-                                                        max_memtable_rows=memtable_rows))
+    tbl = mw.create_table(
+        uri,
+        rows(np.arange(base_rows), rng),
+        primary_key="id",
+        region_spec=mw.RegionSpec.identity("tenant"),
+        writer_config=mw.WriterConfig(durable=False, max_memtable_rows=memtable_rows),
+    )
     tbl.create_index("vec", "IVF_PQ", **INDEX)
     tbl.create_index("text", "INVERTED")
     next_id, done = base_rows, 0
     while done < upserts:
         n = min(10_000, upserts - done)
-        ids = np.unique(np.concatenate([np.arange(next_id, next_id + n - n // 3),
-                                        rng.integers(0, next_id, n // 3)]))
+        ids = np.unique(
+            np.concatenate(
+                [np.arange(next_id, next_id + n - n // 3), rng.integers(0, next_id, n // 3)]
+            )
+        )
         next_id += n - n // 3
         tbl.upsert(rows(ids, rng))
         dels = np.unique(rng.integers(0, next_id, n // 100)).astype(np.int64)
@@ -133,8 +153,9 @@ def main() -> None:
             tbl.vector_search(q, k=k)  # warm caches
         ours_t, ours_found = timed(lambda q: tbl.vector_search(q, k=k), queries)
 
-        planner = LsmVectorSearchPlanner(tbl.dataset(), lance_shard_snapshots(tbl), "vec",
-                                         pk_columns=["id"])
+        planner = LsmVectorSearchPlanner(
+            tbl.dataset(), lance_shard_snapshots(tbl), "vec", pk_columns=["id"]
+        )
 
         def lance_lsm(q: np.ndarray) -> pa.Table:
             return planner.plan_search(pa.array(q), k=k, columns=["id"]).to_table()
@@ -148,8 +169,9 @@ def main() -> None:
         merged.create_scalar_index("text", "INVERTED")
 
         def plain(q: np.ndarray) -> pa.Table:
-            return merged.to_table(columns=["id"], nearest={"column": "vec", "q": q, "k": k,
-                                                            "refine_factor": 5})
+            return merged.to_table(
+                columns=["id"], nearest={"column": "vec", "q": q, "k": k, "refine_factor": 5}
+            )
 
         for q in queries[:3]:
             plain(q)
@@ -159,55 +181,95 @@ def main() -> None:
             return float(np.mean([len(f & w) / k for f, w in zip(found, ref)]))
 
         results = [
-            {"system": "memwal-sql vector_search", "p50_ms": float(np.median(ours_t)),
-             "p99_ms": float(np.percentile(ours_t, 99)), "recall": recall(ours_found, want)},
-            {"system": "Lance LsmVectorSearchPlanner", "p50_ms": float(np.median(lsm_t)),
-             "p99_ms": float(np.percentile(lsm_t, 99)),
-             "recall": recall(lsm_found, want_flushed)},
-            {"system": "Lance ANN, merged copy, refine 5", "p50_ms": float(np.median(plain_t)),
-             "p99_ms": float(np.percentile(plain_t, 99)), "recall": recall(plain_found, want)},
+            {
+                "system": "memwal-sql vector_search",
+                "p50_ms": float(np.median(ours_t)),
+                "p99_ms": float(np.percentile(ours_t, 99)),
+                "recall": recall(ours_found, want),
+            },
+            {
+                "system": "Lance LsmVectorSearchPlanner",
+                "p50_ms": float(np.median(lsm_t)),
+                "p99_ms": float(np.percentile(lsm_t, 99)),
+                "recall": recall(lsm_found, want_flushed),
+            },
+            {
+                "system": "Lance ANN, merged copy, refine 5",
+                "p50_ms": float(np.median(plain_t)),
+                "p99_ms": float(np.percentile(plain_t, 99)),
+                "recall": recall(plain_found, want),
+            },
         ]
-        print(f"\n{'system':<36}{'p50 ms':>9}{'p99 ms':>9}{'recall@' + str(k):>11}"
-              f"{'p50 / ours':>12}")
+        print(
+            f"\n{'system':<36}{'p50 ms':>9}{'p99 ms':>9}{'recall@' + str(k):>11}{'p50 / ours':>12}"
+        )
         for r in results:
-            print(f"{r['system']:<36}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}{r['recall']:>11.3f}"
-                  f"{r['p50_ms'] / results[0]['p50_ms']:>12.2f}")
+            print(
+                f"{r['system']:<36}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}{r['recall']:>11.3f}"
+                f"{r['p50_ms'] / results[0]['p50_ms']:>12.2f}"
+            )
         print("\n" + tbl.explain_search(queries[0], k=k))
 
         for q in QUERIES[:3]:  # warm: tokenizes each source once, as a long-running reader would
             tbl.fts(q, k=k)
             merged.to_table(full_text_query=q, limit=k)
         fts_t, _ = timed(lambda q: tbl.fts(q, k=k, column="text"), QUERIES * 5)
-        lance_fts_t, _ = timed(lambda q: merged.to_table(full_text_query=q, limit=k,
-                                                         columns=["id"]), QUERIES * 5)
+        lance_fts_t, _ = timed(
+            lambda q: merged.to_table(full_text_query=q, limit=k, columns=["id"]), QUERIES * 5
+        )
         agree, worst = 0, 0.0
         for q in QUERIES:
             ours, theirs = tbl.fts(q, k=k), merged.to_table(full_text_query=q, limit=k)
             a, b = ours.column("_score").to_numpy(), theirs.column("_score").to_numpy()
-            agree += int(len(a) == len(b) and set(ours.column("id").to_pylist())
-                         == set(theirs.column("id").to_pylist()))
+            agree += int(
+                len(a) == len(b)
+                and set(ours.column("id").to_pylist()) == set(theirs.column("id").to_pylist())
+            )
             if len(a) == len(b):
                 worst = max(worst, float(np.max(np.abs(a - b) / b)))
-        fts = [{"system": "memwal-sql fts", "p50_ms": float(np.median(fts_t)),
-                "p99_ms": float(np.percentile(fts_t, 99))},
-               {"system": "Lance FTS, merged copy", "p50_ms": float(np.median(lance_fts_t)),
-                "p99_ms": float(np.percentile(lance_fts_t, 99))}]
+        fts = [
+            {
+                "system": "memwal-sql fts",
+                "p50_ms": float(np.median(fts_t)),
+                "p99_ms": float(np.percentile(fts_t, 99)),
+            },
+            {
+                "system": "Lance FTS, merged copy",
+                "p50_ms": float(np.median(lance_fts_t)),
+                "p99_ms": float(np.percentile(lance_fts_t, 99)),
+            },
+        ]
         print(f"\n{'full-text search':<36}{'p50 ms':>9}{'p99 ms':>9}")
         for r in fts:
             print(f"{r['system']:<36}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}")
-        print(f"top-{k} ids equal (as sets; ties are ordered by key here, by row address in "
-              f"Lance) for {agree}/{len(QUERIES)} queries; worst relative score error {worst:.2e}")
+        print(
+            f"top-{k} ids equal (as sets; ties are ordered by key here, by row address in "
+            f"Lance) for {agree}/{len(QUERIES)} queries; worst relative score error {worst:.2e}"
+        )
         print("\n" + tbl.explain_search(QUERIES[0], k=k))
         tbl.close()
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump({"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                   "lance": lance.__version__},
-                       "layout": vars(args), "index": INDEX, "vector": results,
-                       "fts": fts, "fts_score_agreement": {"queries": len(QUERIES),
-                                                           "same_ids": agree,
-                                                           "worst_relative_error": worst}},
-                      f, indent=2)
+            json.dump(
+                {
+                    "machine": {
+                        "cpus": os.cpu_count(),
+                        "platform": platform.platform(),
+                        "lance": lance.__version__,
+                    },
+                    "layout": vars(args),
+                    "index": INDEX,
+                    "vector": results,
+                    "fts": fts,
+                    "fts_score_agreement": {
+                        "queries": len(QUERIES),
+                        "same_ids": agree,
+                        "worst_relative_error": worst,
+                    },
+                },
+                f,
+                indent=2,
+            )
         print(f"\nwrote {args.out}")
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -34,21 +34,32 @@ import pyarrow as pa
 import memwal_sql as mw
 import memwal_sql.spark as mws
 
-SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("user", pa.string()),
-                    pa.field("amount", pa.float64()), pa.field("version", pa.int64())])
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), False),
+        pa.field("user", pa.string()),
+        pa.field("amount", pa.float64()),
+        pa.field("version", pa.int64()),
+    ]
+)
 
 
 def rows(n: int, first: int = 0, seed: int = 1) -> pa.Table:
     ids = np.random.default_rng(seed).permutation(n).astype(np.int64) + first
-    return pa.table({"id": ids, "user": pa.array([f"user{u}" for u in ids % 997]),
-                     "amount": ids * 0.25, "version": np.ones(n, dtype=np.int64)},
-                    schema=SCHEMA)
+    return pa.table(
+        {
+            "id": ids,
+            "user": pa.array([f"user{u}" for u in ids % 997]),
+            "amount": ids * 0.25,
+            "version": np.ones(n, dtype=np.int64),
+        },
+        schema=SCHEMA,
+    )
 
 
 def new_table(work: str, base: pa.Table) -> str:
     uri = tempfile.mkdtemp(dir=work) + "/t"
-    mw.create_table(uri, base, primary_key="id",
-                    region_spec=mw.RegionSpec.bucket("id", 4)).close()
+    mw.create_table(uri, base, primary_key="id", region_spec=mw.RegionSpec.bucket("id", 4)).close()
     return uri
 
 
@@ -62,8 +73,11 @@ def merge_insert_partitions(uri: str):
             for attempt in range(20):
                 try:
                     ds = lance_.dataset(uri)
-                    ds.merge_insert("id").when_matched_update_all() \
-                        .when_not_matched_insert_all().execute(pa.Table.from_batches([batch]))
+                    ds.merge_insert(
+                        "id"
+                    ).when_matched_update_all().when_not_matched_insert_all().execute(
+                        pa.Table.from_batches([batch])
+                    )
                     break
                 except OSError:  # another task committed first: retry on the new version
                     if attempt == 19:
@@ -97,11 +111,15 @@ def main() -> None:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master("local[2]").appName("bench-spark")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.driver.memory", "4g").getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("bench-spark")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.memory", "4g")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     mws.register(spark)
     work = tempfile.mkdtemp(prefix="memwal-bench-spark-")
@@ -129,23 +147,29 @@ def main() -> None:
 
         def spark_read() -> None:
             spark.read.format("memwal").load(read_uri).selectExpr(
-                "count(id)", "count(user)", "count(amount)", "count(version)").collect()
+                "count(id)", "count(user)", "count(amount)", "count(version)"
+            ).collect()
 
         def arrow_read() -> None:
             mw.open_table(read_uri).to_arrow()
 
-        seconds = {"spark_write": best(spark_ingest, args.runs),
-                   "in_process_write": best(in_process, args.runs),
-                   "spark_read": best(spark_read, args.runs),
-                   "to_arrow_read": best(arrow_read, args.runs)}
+        seconds = {
+            "spark_write": best(spark_ingest, args.runs),
+            "in_process_write": best(in_process, args.runs),
+            "spark_read": best(spark_read, args.runs),
+            "to_arrow_read": best(arrow_read, args.runs),
+        }
         # Slow, and slower as the table grows: one run, the Python workers already warm.
         seconds["spark_merge_insert"] = best(merge_insert, 1, warm_up=False)
         table_rows = mw.open_table(read_uri).count_rows()  # what each read returns
-        rps = {k: (table_rows if k.endswith("_read") else args.rows) / v
-               for k, v in seconds.items()}
-        ratios = {"spark_write_vs_in_process": rps["spark_write"] / rps["in_process_write"],
-                  "spark_write_vs_merge_insert": rps["spark_write"] / rps["spark_merge_insert"],
-                  "spark_read_vs_to_arrow": rps["spark_read"] / rps["to_arrow_read"]}
+        rps = {
+            k: (table_rows if k.endswith("_read") else args.rows) / v for k, v in seconds.items()
+        }
+        ratios = {
+            "spark_write_vs_in_process": rps["spark_write"] / rps["in_process_write"],
+            "spark_write_vs_merge_insert": rps["spark_write"] / rps["spark_merge_insert"],
+            "spark_read_vs_to_arrow": rps["spark_read"] / rps["to_arrow_read"],
+        }
         print(f"\n{args.rows:,} rows upserted into {args.base_rows:,}, local[2], bucket(id, 4)")
         print(f"{'path':<24}{'rows/s':>14}")
         for k, v in rps.items():
@@ -155,9 +179,21 @@ def main() -> None:
             print(f"{k:<32}{v:>8.2f}x")
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump({"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                   "lance": lance.__version__},
-                       "rows": args.rows, "base_rows": args.base_rows, "rows_per_s": rps, "ratios": ratios}, f, indent=2)
+            json.dump(
+                {
+                    "machine": {
+                        "cpus": os.cpu_count(),
+                        "platform": platform.platform(),
+                        "lance": lance.__version__,
+                    },
+                    "rows": args.rows,
+                    "base_rows": args.base_rows,
+                    "rows_per_s": rps,
+                    "ratios": ratios,
+                },
+                f,
+                indent=2,
+            )
         print(f"\nwrote {args.out}")
     finally:
         spark.stop()

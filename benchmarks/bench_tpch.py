@@ -28,9 +28,9 @@ import numpy as np
 from datafusion import SessionContext
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import tpch  # noqa: E402
+import tpch
 
-import memwal_sql as mw  # noqa: E402
+import memwal_sql as mw
 
 
 def median_ms(runs: int):
@@ -41,6 +41,7 @@ def median_ms(runs: int):
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
         return float(np.median(times))
+
     return timer
 
 
@@ -95,28 +96,56 @@ def main() -> None:
             for n in sorted(ours):
                 same = tpch.same_rows(ours[n][0], theirs[n][0])
                 all_ok &= same
-                rows.append({"query": n, "memwal_ms": ours[n][1], "parquet_ms": theirs[n][1],
-                             "ratio": ours[n][1] / theirs[n][1], "same": same})
+                rows.append(
+                    {
+                        "query": n,
+                        "memwal_ms": ours[n][1],
+                        "parquet_ms": theirs[n][1],
+                        "ratio": ours[n][1] / theirs[n][1],
+                        "same": same,
+                    }
+                )
             total_ours = sum(r["memwal_ms"] for r in rows)
             total_theirs = sum(r["parquet_ms"] for r in rows)
-            stages[stage] = {"queries": rows, "memwal_ms": total_ours,
-                             "parquet_ms": total_theirs, "ratio": total_ours / total_theirs}
-            print(f"\nstage {stage}: {'query':>5}{'memwal ms':>11}{'parquet ms':>12}{'ratio':>8}"
-                  f"{'same':>6}")
+            stages[stage] = {
+                "queries": rows,
+                "memwal_ms": total_ours,
+                "parquet_ms": total_theirs,
+                "ratio": total_ours / total_theirs,
+            }
+            print(
+                f"\nstage {stage}: {'query':>5}{'memwal ms':>11}{'parquet ms':>12}{'ratio':>8}"
+                f"{'same':>6}"
+            )
             for r in rows:
-                print(f"{'':>13}{r['query']:>5}{r['memwal_ms']:>11.1f}{r['parquet_ms']:>12.1f}"
-                      f"{r['ratio']:>8.2f}{'yes' if r['same'] else 'NO':>6}")
-            print(f"{'':>13}total{total_ours:>11.1f}{total_theirs:>12.1f}"
-                  f"{total_ours / total_theirs:>8.2f}  (worst query "
-                  f"{max(r['ratio'] for r in rows):.2f}x)")
+                print(
+                    f"{'':>13}{r['query']:>5}{r['memwal_ms']:>11.1f}{r['parquet_ms']:>12.1f}"
+                    f"{r['ratio']:>8.2f}{'yes' if r['same'] else 'NO':>6}"
+                )
+            print(
+                f"{'':>13}total{total_ours:>11.1f}{total_theirs:>12.1f}"
+                f"{total_ours / total_theirs:>8.2f}  (worst query "
+                f"{max(r['ratio'] for r in rows):.2f}x)"
+            )
         for t in tables.values():
             t.close()
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump({"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                   "lance": lance.__version__},
-                       "scale": args.scale, "rounds": args.rounds, "stages": stages,
-                       "all_results_equal": all_ok}, f, indent=2)
+            json.dump(
+                {
+                    "machine": {
+                        "cpus": os.cpu_count(),
+                        "platform": platform.platform(),
+                        "lance": lance.__version__,
+                    },
+                    "scale": args.scale,
+                    "rounds": args.rounds,
+                    "stages": stages,
+                    "all_results_equal": all_ok,
+                },
+                f,
+                indent=2,
+            )
         print(f"\nall results equal: {all_ok}; wrote {args.out}")
         if not all_ok:
             sys.exit(1)

@@ -106,22 +106,43 @@ def main() -> None:
                 floor = float(np.mean(lat["floor"]))
                 for name, v in lat.items():
                     ms = np.array(v) * 1e3
-                    results.append({
-                        "regime": regime, "entry": label, "bytes": size, "config": name,
-                        "mean_ms": float(ms.mean()), "p50_ms": float(np.median(ms)),
-                        "p99_ms": float(np.percentile(ms, 99)), "floor_over_this": floor / ms.mean() * 1e3,
-                    })
+                    results.append(
+                        {
+                            "regime": regime,
+                            "entry": label,
+                            "bytes": size,
+                            "config": name,
+                            "mean_ms": float(ms.mean()),
+                            "p50_ms": float(np.median(ms)),
+                            "p99_ms": float(np.percentile(ms, 99)),
+                            "floor_over_this": floor / ms.mean() * 1e3,
+                        }
+                    )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(f"{'regime':<16}{'entry':<13}{'config':<26}{'mean ms':>9}{'p50 ms':>9}{'p99 ms':>9}"
-          f"{'floor/this':>12}")
+    print(
+        f"{'regime':<16}{'entry':<13}{'config':<26}{'mean ms':>9}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'floor/this':>12}"
+    )
     for r in results:
-        print(f"{r['regime']:<16}{r['entry']:<13}{r['config']:<26}{r['mean_ms']:>9.3f}"
-              f"{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}{r['floor_over_this']:>12.2f}")
+        print(
+            f"{r['regime']:<16}{r['entry']:<13}{r['config']:<26}{r['mean_ms']:>9.3f}"
+            f"{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}{r['floor_over_this']:>12.2f}"
+        )
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                               "python": platform.python_version()}, "results": results}, f, indent=2)
+        json.dump(
+            {
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "platform": platform.platform(),
+                    "python": platform.python_version(),
+                },
+                "results": results,
+            },
+            f,
+            indent=2,
+        )
     print(f"\nwrote {args.out}")
 
 

@@ -40,12 +40,14 @@ import pyarrow as pa
 
 import memwal_sql as mw
 
-SCHEMA = pa.schema([
-    pa.field("id", pa.int64(), False, metadata={"lance-schema:unenforced-primary-key": "true"}),
-    pa.field("name", pa.string()),
-    pa.field("score", pa.float64()),
-    pa.field("ts", pa.int64()),
-])
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), False, metadata={"lance-schema:unenforced-primary-key": "true"}),
+        pa.field("name", pa.string()),
+        pa.field("score", pa.float64()),
+        pa.field("ts", pa.int64()),
+    ]
+)
 
 
 def make_batches(batch_rows: int, count: int, seed: int = 0) -> list[pa.Table]:
@@ -55,15 +57,21 @@ def make_batches(batch_rows: int, count: int, seed: int = 0) -> list[pa.Table]:
         n_upd = int(batch_rows * 0.3) if next_id else 0
         # Keys are unique within a batch: merge_insert refuses ambiguous batches.
         updates = rng.choice(next_id, size=min(n_upd, next_id), replace=False) if next_id else []
-        ids = np.concatenate([np.arange(next_id, next_id + batch_rows - n_upd),
-                              updates]).astype(np.int64)
+        ids = np.concatenate([np.arange(next_id, next_id + batch_rows - n_upd), updates]).astype(
+            np.int64
+        )
         next_id += batch_rows - n_upd
-        out.append(pa.table({
-            "id": ids,
-            "name": pa.array([f"name-{i % 1000}" for i in ids]),
-            "score": rng.random(len(ids)),
-            "ts": np.full(len(ids), b, dtype=np.int64),
-        }, schema=SCHEMA))
+        out.append(
+            pa.table(
+                {
+                    "id": ids,
+                    "name": pa.array([f"name-{i % 1000}" for i in ids]),
+                    "score": rng.random(len(ids)),
+                    "ts": np.full(len(ids), b, dtype=np.int64),
+                },
+                schema=SCHEMA,
+            )
+        )
     return out
 
 
@@ -93,8 +101,13 @@ def open_merge_insert(root: str, _: bool) -> Session:
     lance.write_dataset(SCHEMA.empty_table(), uri)
 
     def put(b: pa.Table) -> None:
-        (lance.dataset(uri).merge_insert("id").when_matched_update_all()
-         .when_not_matched_insert_all().execute(b))
+        (
+            lance.dataset(uri)
+            .merge_insert("id")
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .execute(b)
+        )
 
     return Session(put)
 
@@ -154,7 +167,7 @@ def run_sessions(
     order = list(names)
     for start in range(0, len(batches), turn):
         for n in order:
-            for b in batches[start:start + turn]:
+            for b in batches[start : start + turn]:
                 t0 = time.perf_counter()
                 sessions[n].put(b)
                 lat[n].append(time.perf_counter() - t0)
@@ -181,7 +194,11 @@ def measure(batch_rows: int, args: argparse.Namespace, workdir: str) -> list[dic
     # the repeats are pooled (a longer run), not the best picked.
     for _ in range(args.repeats):
         for group in groups:
-            n = count if group != ["lance merge_insert"] else min(count, 100 if not args.quick else 20)
+            n = (
+                count
+                if group != ["lance merge_insert"]
+                else min(count, 100 if not args.quick else 20)
+            )
             for name, r in run_sessions(group, batches[:n], workdir).items():
                 p = pooled.setdefault(name, {"lat": [], "close_s": 0.0, "rows": 0, "n": n})
                 p["lat"] += r["lat"]
@@ -192,12 +209,19 @@ def measure(batch_rows: int, args: argparse.Namespace, workdir: str) -> list[dic
         r = pooled[name]
         put_s = float(np.sum(r["lat"]))
         lat_ms = np.array(r["lat"]) * 1e3
-        results.append({
-            "config": name, "batch_rows": batch_rows, "batches": r["n"], "repeats": args.repeats,
-            "rows": r["rows"], "put_rows_per_s": r["rows"] / put_s,
-            "total_rows_per_s": r["rows"] / (put_s + r["close_s"]),
-            "p50_ms": float(np.percentile(lat_ms, 50)), "p99_ms": float(np.percentile(lat_ms, 99)),
-        })
+        results.append(
+            {
+                "config": name,
+                "batch_rows": batch_rows,
+                "batches": r["n"],
+                "repeats": args.repeats,
+                "rows": r["rows"],
+                "put_rows_per_s": r["rows"] / put_s,
+                "total_rows_per_s": r["rows"] / (put_s + r["close_s"]),
+                "p50_ms": float(np.percentile(lat_ms, 50)),
+                "p99_ms": float(np.percentile(lat_ms, 99)),
+            }
+        )
         print(f"  {batch_rows:>6} {name:<26} {r['rows'] / put_s:>12,.0f} rows/s", flush=True)
     return results
 
@@ -223,29 +247,51 @@ def main() -> None:
         return next(r for r in results if r["config"] == cfg and r["batch_rows"] == br)
 
     ratios = {}
-    print(f"\n{'batch':>6} {'config':<26}{'put rows/s':>13}{'incl. close':>13}{'p50 ms':>9}{'p99 ms':>9}")
+    print(
+        f"\n{'batch':>6} {'config':<26}{'put rows/s':>13}{'incl. close':>13}{'p50 ms':>9}{'p99 ms':>9}"
+    )
     for r in results:
-        print(f"{r['batch_rows']:>6} {r['config']:<26}{r['put_rows_per_s']:>13,.0f}"
-              f"{r['total_rows_per_s']:>13,.0f}{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}")
+        print(
+            f"{r['batch_rows']:>6} {r['config']:<26}{r['put_rows_per_s']:>13,.0f}"
+            f"{r['total_rows_per_s']:>13,.0f}{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}"
+        )
     print("\nratios (same run; > 1 means memwal-sql is faster)")
     for br in (100, 1_000, 10_000):
         md, mn = get("memwal durable", br), get("memwal non-durable", br)
         ratios[br] = {
-            "nondurable_vs_lance_nondurable_put": mn["put_rows_per_s"] / get("lance non-durable", br)["put_rows_per_s"],
-            "nondurable_vs_lance_nondurable_total": mn["total_rows_per_s"] / get("lance non-durable", br)["total_rows_per_s"],
-            "durable_vs_lance_durable": md["put_rows_per_s"] / get("lance durable", br)["put_rows_per_s"],
-            "durable_vs_floor_fsync": md["put_rows_per_s"] / get("floor ipc+fsync", br)["put_rows_per_s"],
-            "durable_vs_floor_fsync_dirsync": md["put_rows_per_s"] / get("floor ipc+fsync+dirsync", br)["put_rows_per_s"],
-            "durable_vs_merge_insert": md["put_rows_per_s"] / get("lance merge_insert", br)["put_rows_per_s"],
-            "nondurable_vs_merge_insert": mn["put_rows_per_s"] / get("lance merge_insert", br)["put_rows_per_s"],
+            "nondurable_vs_lance_nondurable_put": mn["put_rows_per_s"]
+            / get("lance non-durable", br)["put_rows_per_s"],
+            "nondurable_vs_lance_nondurable_total": mn["total_rows_per_s"]
+            / get("lance non-durable", br)["total_rows_per_s"],
+            "durable_vs_lance_durable": md["put_rows_per_s"]
+            / get("lance durable", br)["put_rows_per_s"],
+            "durable_vs_floor_fsync": md["put_rows_per_s"]
+            / get("floor ipc+fsync", br)["put_rows_per_s"],
+            "durable_vs_floor_fsync_dirsync": md["put_rows_per_s"]
+            / get("floor ipc+fsync+dirsync", br)["put_rows_per_s"],
+            "durable_vs_merge_insert": md["put_rows_per_s"]
+            / get("lance merge_insert", br)["put_rows_per_s"],
+            "nondurable_vs_merge_insert": mn["put_rows_per_s"]
+            / get("lance merge_insert", br)["put_rows_per_s"],
         }
         for k, v in ratios[br].items():
             print(f"{br:>6} {k:<42}{v:>8.2f}")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                               "python": platform.python_version(), "lance": lance.__version__},
-                   "results": results, "ratios": ratios}, f, indent=2)
+        json.dump(
+            {
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "platform": platform.platform(),
+                    "python": platform.python_version(),
+                    "lance": lance.__version__,
+                },
+                "results": results,
+                "ratios": ratios,
+            },
+            f,
+            indent=2,
+        )
     print(f"\nwrote {args.out}")
 
 

@@ -28,9 +28,14 @@ import memwal_sql as mw
 
 QUERY_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tpch_queries")
 KEYS = {
-    "region": ["r_regionkey"], "nation": ["n_nationkey"], "supplier": ["s_suppkey"],
-    "customer": ["c_custkey"], "part": ["p_partkey"], "partsupp": ["ps_partkey", "ps_suppkey"],
-    "orders": ["o_orderkey"], "lineitem": ["l_orderkey", "l_linenumber"],
+    "region": ["r_regionkey"],
+    "nation": ["n_nationkey"],
+    "supplier": ["s_suppkey"],
+    "customer": ["c_custkey"],
+    "part": ["p_partkey"],
+    "partsupp": ["ps_partkey", "ps_suppkey"],
+    "orders": ["o_orderkey"],
+    "lineitem": ["l_orderkey", "l_linenumber"],
 }
 BUCKETED = {"orders": "o_orderkey", "lineitem": "l_orderkey"}
 
@@ -38,15 +43,20 @@ BUCKETED = {"orders": "o_orderkey", "lineitem": "l_orderkey"}
 def generate(directory: str, scale: float) -> None:
     """The eight tables as ``{directory}/{table}.parquet`` (``tpchgen-cli``)."""
     cli = os.path.join(os.path.dirname(sys.executable), "tpchgen-cli")
-    subprocess.run([cli, "parquet", "-s", str(scale), f"--output-dir={directory}"], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [cli, "parquet", "-s", str(scale), f"--output-dir={directory}"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def read(directory: str, table: str) -> pa.Table:
     """A generated table, with plain strings (tpchgen writes string_view) and no field ids."""
     t = pq.read_table(f"{directory}/{table}.parquet")
-    fields = [pa.field(f.name, pa.string() if pa.types.is_string_view(f.type) else f.type,
-                       f.nullable) for f in t.schema]
+    fields = [
+        pa.field(f.name, pa.string() if pa.types.is_string_view(f.type) else f.type, f.nullable)
+        for f in t.schema
+    ]
     return t.cast(pa.schema(fields))
 
 
@@ -69,13 +79,16 @@ class Latest:
         cols = KEYS[name]
         if len(cols) == 1:
             return rows.column(cols[0]).combine_chunks()
-        return pc.add(pc.multiply(rows.column(cols[0]).cast(pa.int64()), 1 << 20),
-                      rows.column(cols[1]).cast(pa.int64())).combine_chunks()
+        return pc.add(
+            pc.multiply(rows.column(cols[0]).cast(pa.int64()), 1 << 20),
+            rows.column(cols[1]).cast(pa.int64()),
+        ).combine_chunks()
 
     def upsert(self, name: str, rows: pa.Table) -> None:
         self.delete(name, rows)
-        self.tables[name] = pa.concat_tables([self.tables[name], rows.cast(
-            self.tables[name].schema)])
+        self.tables[name] = pa.concat_tables(
+            [self.tables[name], rows.cast(self.tables[name].schema)]
+        )
 
     def delete(self, name: str, keys: pa.Table) -> None:
         t = self.tables[name]
@@ -95,14 +108,24 @@ def build(work: str, data: str, max_memtable_rows: int) -> tuple[dict[str, mw.Me
         rows = read(data, name)
         spec = mw.RegionSpec.bucket(BUCKETED[name], 4) if name in BUCKETED else None
         tables[name] = mw.create_table(
-            f"{work}/{name}", rows, primary_key=keys, region_spec=spec,
-            writer_config=mw.WriterConfig(durable=False, max_memtable_rows=max_memtable_rows))
+            f"{work}/{name}",
+            rows,
+            primary_key=keys,
+            region_spec=spec,
+            writer_config=mw.WriterConfig(durable=False, max_memtable_rows=max_memtable_rows),
+        )
         model[name] = rows
     return tables, Latest(model)
 
 
-def change_round(tables: dict[str, mw.MemWalTable], latest: Latest, rng: np.random.Generator,
-                 round_no: int, deleted: dict[str, list[pa.Table]], share: float = 0.02) -> None:
+def change_round(
+    tables: dict[str, mw.MemWalTable],
+    latest: Latest,
+    rng: np.random.Generator,
+    round_no: int,
+    deleted: dict[str, list[pa.Table]],
+    share: float = 0.02,
+) -> None:
     """One round of changes to orders and lineitem, applied to the tables and the model:
     ``share`` of the orders get a new price, priority and comment (and their lines a new
     quantity, discount and ship date, which moves them in and out of the queries' ranges), a
@@ -113,34 +136,52 @@ def change_round(tables: dict[str, mw.MemWalTable], latest: Latest, rng: np.rand
     picked = np.unique(rng.choice(n, max(1, int(n * share)), replace=False))
     keys = orders.column("o_orderkey").take(pa.array(picked))
     upd = orders.take(pa.array(picked))
-    price = pc.add(upd.column("o_totalprice"), pa.scalar(Decimal("1.25"), upd.schema.field(
-        "o_totalprice").type))
+    price = pc.add(
+        upd.column("o_totalprice"),
+        pa.scalar(Decimal("1.25"), upd.schema.field("o_totalprice").type),
+    )
     upd = upd.set_column(upd.schema.get_field_index("o_totalprice"), "o_totalprice", price)
-    upd = upd.set_column(upd.schema.get_field_index("o_comment"), "o_comment",
-                         pa.array([f"changed in round {round_no}"] * upd.num_rows))
+    upd = upd.set_column(
+        upd.schema.get_field_index("o_comment"),
+        "o_comment",
+        pa.array([f"changed in round {round_no}"] * upd.num_rows),
+    )
     prio = np.array(["1-URGENT", "2-HIGH", "3-MEDIUM", "4-NOT SPECIFIED", "5-LOW"])
-    upd = upd.set_column(upd.schema.get_field_index("o_orderpriority"), "o_orderpriority",
-                         pa.array(prio[rng.integers(0, 5, upd.num_rows)]))
+    upd = upd.set_column(
+        upd.schema.get_field_index("o_orderpriority"),
+        "o_orderpriority",
+        pa.array(prio[rng.integers(0, 5, upd.num_rows)]),
+    )
     their_lines = lines.filter(pc.is_in(lines.column("l_orderkey"), value_set=keys))
     qty_type = lines.schema.field("l_quantity").type
-    new_qty = pa.array([Decimal(int(q)) for q in rng.integers(1, 51, their_lines.num_rows)],
-                       qty_type)
-    disc = pa.array([Decimal(int(d)) / 100 for d in rng.integers(0, 11, their_lines.num_rows)],
-                    lines.schema.field("l_discount").type)
-    ship = pc.add(their_lines.column("l_shipdate").cast(pa.int32()),
-                  pa.array(rng.integers(-40, 40, their_lines.num_rows).astype(np.int32)))
+    new_qty = pa.array(
+        [Decimal(int(q)) for q in rng.integers(1, 51, their_lines.num_rows)], qty_type
+    )
+    disc = pa.array(
+        [Decimal(int(d)) / 100 for d in rng.integers(0, 11, their_lines.num_rows)],
+        lines.schema.field("l_discount").type,
+    )
+    ship = pc.add(
+        their_lines.column("l_shipdate").cast(pa.int32()),
+        pa.array(rng.integers(-40, 40, their_lines.num_rows).astype(np.int32)),
+    )
     line_upd = their_lines
-    for col, values in (("l_quantity", new_qty), ("l_discount", disc),
-                        ("l_shipdate", ship.cast(pa.date32()))):
+    for col, values in (
+        ("l_quantity", new_qty),
+        ("l_discount", disc),
+        ("l_shipdate", ship.cast(pa.date32())),
+    ):
         line_upd = line_upd.set_column(line_upd.schema.get_field_index(col), col, values)
     for name, rows in (("orders", upd), ("lineitem", line_upd)):
         tables[name].upsert(rows)
         latest.upsert(name, rows)
     gone = keys.take(pa.array(rng.choice(len(keys), max(1, len(keys) // 4), replace=False)))
-    gone_orders = latest.tables["orders"].filter(pc.is_in(
-        latest.tables["orders"].column("o_orderkey"), value_set=gone))
-    gone_lines = latest.tables["lineitem"].filter(pc.is_in(
-        latest.tables["lineitem"].column("l_orderkey"), value_set=gone))
+    gone_orders = latest.tables["orders"].filter(
+        pc.is_in(latest.tables["orders"].column("o_orderkey"), value_set=gone)
+    )
+    gone_lines = latest.tables["lineitem"].filter(
+        pc.is_in(latest.tables["lineitem"].column("l_orderkey"), value_set=gone)
+    )
     tables["orders"].delete(gone_orders.select(KEYS["orders"]))
     tables["lineitem"].delete(gone_lines.select(KEYS["lineitem"]))
     latest.delete("orders", gone_orders)
@@ -155,15 +196,20 @@ def change_round(tables: dict[str, mw.MemWalTable], latest: Latest, rng: np.rand
     deleted["lineitem"] = [gone_lines]
 
 
-def run_queries(ctx: object, only: list[int] | None = None,
-                timer: Callable[[Callable[[], pa.Table]], float] | None = None
-                ) -> dict[int, tuple[pa.Table, float]]:
+def run_queries(
+    ctx: object,
+    only: list[int] | None = None,
+    timer: Callable[[Callable[[], pa.Table]], float] | None = None,
+) -> dict[int, tuple[pa.Table, float]]:
     """Each query's result (and, with ``timer``, its time in ms) in session ``ctx``."""
     out = {}
     for n, text in queries().items():
         if only and n not in only:
             continue
-        run = (lambda t=text: _run(ctx, t))
+
+        def run(t=text):
+            return _run(ctx, t)
+
         result = run()
         out[n] = (result, timer(run) if timer else 0.0)
     return out

@@ -13,8 +13,8 @@ newer version.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import lance
 import numpy as np
@@ -39,8 +39,11 @@ def newest_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
     """
     gen = table.column(GEN).to_numpy()
     addr = table.column(ROWADDR).to_numpy()
-    dead = (table.column(TOMBSTONE).to_numpy(zero_copy_only=False) if TOMBSTONE in
-            table.column_names else np.zeros(table.num_rows, dtype=bool))
+    dead = (
+        table.column(TOMBSTONE).to_numpy(zero_copy_only=False)
+        if TOMBSTONE in table.column_names
+        else np.zeros(table.num_rows, dtype=bool)
+    )
     if table.num_rows and (gen.min() < 0 or gen.max() >= 1 << 30 or addr.max() >= 1 << 32):
         return _newest_by_sort(table, primary_key, dead)
     # One hash aggregate instead of a multi-column sort: pack (gen, rowaddr, tombstone) into one
@@ -48,15 +51,23 @@ def newest_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
     # sources are offsets below 2^32, generations far below 2^30).
     packed = (gen.astype(np.int64) << 33) | (addr.astype(np.int64) << 1) | dead.astype(np.int64)
     keys, p = last_per_key(table.select(list(primary_key)), packed)
-    return keys.append_column(GEN, pa.array(p >> 33)) \
-        .append_column(ROWADDR, pa.array(((p >> 1) & 0xFFFFFFFF).astype(np.uint64))) \
+    return (
+        keys.append_column(GEN, pa.array(p >> 33))
+        .append_column(ROWADDR, pa.array(((p >> 1) & 0xFFFFFFFF).astype(np.uint64)))
         .append_column(TOMBSTONE, pa.array((p & 1).astype(bool)))
+    )
 
 
 def _newest_by_sort(table: pa.Table, primary_key: Sequence[str], dead: np.ndarray) -> pa.Table:
     t = table.select([*primary_key, GEN, ROWADDR]).append_column(TOMBSTONE, pa.array(dead))
-    order = pc.sort_indices(t, sort_keys=[*[(k, "ascending") for k in primary_key],
-                                          (GEN, "descending"), (ROWADDR, "descending")])
+    order = pc.sort_indices(
+        t,
+        sort_keys=[
+            *[(k, "ascending") for k in primary_key],
+            (GEN, "descending"),
+            (ROWADDR, "descending"),
+        ],
+    )
     s = t.take(order)
     first = np.ones(s.num_rows, dtype=bool)
     if s.num_rows > 1:
@@ -83,17 +94,20 @@ class Versions:
         self._keyset = KeySet(self.keys)
 
     @classmethod
-    def of(cls, tables: Sequence[pa.Table], primary_key: Sequence[str],
-           key_fields: Sequence[pa.Field]) -> Versions:
+    def of(
+        cls, tables: Sequence[pa.Table], primary_key: Sequence[str], key_fields: Sequence[pa.Field]
+    ) -> Versions:
         """The newest versions among the rows of ``tables`` (key columns, ``_gen``,
         ``_rowaddr``, ``_tombstone``)."""
         tables = [t for t in tables if t.num_rows]
         if tables:
             return cls(newest_per_key(pa.concat_tables(tables), primary_key), primary_key)
         empty = pa.table({f.name: pa.array([], f.type) for f in key_fields})
-        empty = empty.append_column(GEN, pa.array([], pa.int64())) \
-            .append_column(ROWADDR, pa.array([], pa.uint64())) \
+        empty = (
+            empty.append_column(GEN, pa.array([], pa.int64()))
+            .append_column(ROWADDR, pa.array([], pa.uint64()))
             .append_column(TOMBSTONE, pa.array([], pa.bool_()))
+        )
         return cls(empty, primary_key)
 
     def __len__(self) -> int:
@@ -120,16 +134,20 @@ class Versions:
         out._keyset = KeySet(out.keys)
         return out
 
-    def is_version(self, rows: pa.Table, primary_key: Sequence[str],
-                   replaced: np.ndarray | None = None) -> np.ndarray:
+    def is_version(
+        self, rows: pa.Table, primary_key: Sequence[str], replaced: np.ndarray | None = None
+    ) -> np.ndarray:
         """Which of ``rows`` (with ``_gen`` and ``_rowaddr``) are their key's version here,
         live, and not ``replaced`` (entries a newer source's version replaces)."""
         pos = self.positions(rows.select(list(primary_key)))
         hit = pos >= 0
         at = np.where(hit, pos, 0)
-        keep = (hit & (self.gen[at] == rows.column(GEN).to_numpy())
-                & (self.addr[at] == rows.column(ROWADDR).to_numpy().astype(np.int64))
-                & ~self.dead[at])
+        keep = (
+            hit
+            & (self.gen[at] == rows.column(GEN).to_numpy())
+            & (self.addr[at] == rows.column(ROWADDR).to_numpy().astype(np.int64))
+            & ~self.dead[at]
+        )
         return keep if replaced is None else keep & ~replaced[at]
 
 
@@ -179,8 +197,10 @@ class DeduplicateExec(ExecNode):
         return 1 + len(self.base_parts)
 
     def describe(self) -> str:
-        return (f"{self.name}: key={self.primary_key} newer_sources={len(self.newer)} "
-                f"base_parts={len(self.base_parts)} predicate={self.predicate}")
+        return (
+            f"{self.name}: key={self.primary_key} newer_sources={len(self.newer)} "
+            f"base_parts={len(self.base_parts)} predicate={self.predicate}"
+        )
 
     def versions(self) -> tuple[Versions, Versions, np.ndarray]:
         """The newest version of every key among the newer sources, in two parts: among the
@@ -196,14 +216,18 @@ class DeduplicateExec(ExecNode):
 
                 def load() -> tuple[Versions, int]:
                     # Lance releases the GIL: read the generations side by side.
-                    got = Versions.of(list(_READERS.map(lambda g: g.read_counted(cols), gens)),
-                                      self.primary_key, self._key_fields())
+                    got = Versions.of(
+                        list(_READERS.map(lambda g: g.read_counted(cols), gens)),
+                        self.primary_key,
+                        self._key_fields(),
+                    )
                     return got, got.nbytes
 
                 key = "\n".join(sorted(g.uri for g in gens))
                 in_gens: Versions = CACHE.get("newest_versions", key, load)  # type: ignore[assignment]
-                in_mems = Versions.of([m.read_counted(cols) for m in mems], self.primary_key,
-                                      self._key_fields())
+                in_mems = Versions.of(
+                    [m.read_counted(cols) for m in mems], self.primary_key, self._key_fields()
+                )
                 pos = in_gens.positions(in_mems.keys)
                 hit = pos >= 0
                 mem_wins = ~hit
@@ -224,7 +248,9 @@ class DeduplicateExec(ExecNode):
         for i in range(self.num_partitions):
             yield from self.execute_partition(i)
 
-    def execute_partition(self, i: int, output: pa.Schema | None = None) -> Iterator[pa.RecordBatch]:
+    def execute_partition(
+        self, i: int, output: pa.Schema | None = None
+    ) -> Iterator[pa.RecordBatch]:
         """Batches of partition ``i`` with the columns of ``output`` (default: the node's)."""
         output = output if output is not None else self.output
         if i == 0:
@@ -254,8 +280,12 @@ class DeduplicateExec(ExecNode):
             parts.append((True, matches(self.predicate, table).select(names)))
         rest = [s for s in self.newer if not any(s is g for g, _ in held)]
         for source in rest:
-            parts.append((isinstance(source, GenerationScanExec),
-                          source.read_counted(read_columns, self.predicate)))
+            parts.append(
+                (
+                    isinstance(source, GenerationScanExec),
+                    source.read_counted(read_columns, self.predicate),
+                )
+            )
         for from_generations, rows in parts:
             if rows.num_rows == 0:
                 continue
@@ -266,8 +296,9 @@ class DeduplicateExec(ExecNode):
             if keep.any():
                 yield from conform(rows.filter(pa.array(keep)), output).to_batches()
 
-    def _base_scan(self, part: Sequence[int] | None, output: pa.Schema,
-                   with_keys: bool = True) -> BaseScanExec:
+    def _base_scan(
+        self, part: Sequence[int] | None, output: pa.Schema, with_keys: bool = True
+    ) -> BaseScanExec:
         assert self.base_dataset is not None
         wanted = [f.name for f in output if f.name not in (GEN, ROWADDR)]
         columns = list(dict.fromkeys([*wanted, *(self.primary_key if with_keys else [])]))
@@ -287,15 +318,22 @@ class DeduplicateExec(ExecNode):
                 lookup = BaseLookupExec(ds, ds.schema, self.primary_key)
 
                 def load() -> tuple[np.ndarray | None, int]:
-                    got = lookup.addresses_of(in_gens.keys) if len(in_gens) else \
-                        np.zeros(0, dtype=np.uint64)
+                    got = (
+                        lookup.addresses_of(in_gens.keys)
+                        if len(in_gens)
+                        else np.zeros(0, dtype=np.uint64)
+                    )
                     return got, 64 if got is None else got.nbytes
 
-                gens = "\n".join(sorted(s.uri for s in self.newer
-                                        if isinstance(s, GenerationScanExec)))
+                gens = "\n".join(
+                    sorted(s.uri for s in self.newer if isinstance(s, GenerationScanExec))
+                )
                 from_gens = CACHE.get("base_mask", f"{ds.uri}@{ds.version}\n{gens}", load)
-                from_mems = lookup.addresses_of(in_mems.keys) if len(in_mems) else \
-                    np.zeros(0, dtype=np.uint64)
+                from_mems = (
+                    lookup.addresses_of(in_mems.keys)
+                    if len(in_mems)
+                    else np.zeros(0, dtype=np.uint64)
+                )
                 if from_gens is None or from_mems is None:
                     self._masked = False
                 else:
@@ -323,5 +361,6 @@ class DeduplicateExec(ExecNode):
                 if newer.any():
                     batch = batch.filter(pa.array(~newer))
             if batch.num_rows:
-                yield from conform(pa.Table.from_batches([batch]), output,
-                                   BASE_GENERATION).to_batches()
+                yield from conform(
+                    pa.Table.from_batches([batch]), output, BASE_GENERATION
+                ).to_batches()

@@ -46,8 +46,15 @@ class FtsSource(ExecNode):
     """One source's documents. ``pieces()`` gives its rows as :class:`Piece` s; ``rows(i)``
     gives full rows of piece ``i`` at some row indices."""
 
-    def __init__(self, region_id: str | None, generation: int, schema: pa.Schema, column: str,
-                 tokenizer: Tokenizer, primary_key: Sequence[str]) -> None:
+    def __init__(
+        self,
+        region_id: str | None,
+        generation: int,
+        schema: pa.Schema,
+        column: str,
+        tokenizer: Tokenizer,
+        primary_key: Sequence[str],
+    ) -> None:
         self.region_id = region_id
         self.generation = generation
         self._schema = schema
@@ -83,22 +90,33 @@ class MemTableFtsExec(FtsSource):
 
     name = "MemTableFtsExec"
 
-    def __init__(self, region_id: str, generation: int, batches: Sequence[pa.RecordBatch],
-                 schema: pa.Schema, column: str, tokenizer: Tokenizer,
-                 primary_key: Sequence[str], origin: str = "memtable") -> None:
+    def __init__(
+        self,
+        region_id: str,
+        generation: int,
+        batches: Sequence[pa.RecordBatch],
+        schema: pa.Schema,
+        column: str,
+        tokenizer: Tokenizer,
+        primary_key: Sequence[str],
+        origin: str = "memtable",
+    ) -> None:
         super().__init__(region_id, generation, schema, column, tokenizer, primary_key)
         self.batches = list(batches)
         self.origin = origin
 
     def describe(self) -> str:
-        return f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} " \
-               f"{self.origin} rows={sum(b.num_rows for b in self.batches)}"
+        return (
+            f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} "
+            f"{self.origin} rows={sum(b.num_rows for b in self.batches)}"
+        )
 
     def pieces(self) -> list[Piece]:
         if not self.batches:
             return []
-        index = text_index(self.batches, self.generation, self.origin, self.column,
-                           self._schema, self.tokenizer)
+        index = text_index(
+            self.batches, self.generation, self.origin, self.column, self._schema, self.tokenizer
+        )
         self._rows_table, piece = index.update(self.batches, self.primary_key)
         return [piece]
 
@@ -114,16 +132,26 @@ class GenerationFtsExec(FtsSource):
 
     name = "GenerationFtsExec"
 
-    def __init__(self, region_id: str, generation: int, uri: str, schema: pa.Schema,
-                 column: str, tokenizer: Tokenizer, primary_key: Sequence[str],
-                 storage_options: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        region_id: str,
+        generation: int,
+        uri: str,
+        schema: pa.Schema,
+        column: str,
+        tokenizer: Tokenizer,
+        primary_key: Sequence[str],
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(region_id, generation, schema, column, tokenizer, primary_key)
         self.uri = uri
         self.storage_options = storage_options
 
     def describe(self) -> str:
-        return f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} " \
-               f"{self.uri.rsplit('/', 1)[-1]}"
+        return (
+            f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} "
+            f"{self.uri.rsplit('/', 1)[-1]}"
+        )
 
     def _table(self) -> pa.Table:
         table = generation_rows(self.uri, self.storage_options, self.generation, self._schema)
@@ -153,8 +181,14 @@ class BaseFtsExec(FtsSource):
 
     name = "BaseFtsExec"
 
-    def __init__(self, dataset: lance.LanceDataset, schema: pa.Schema, column: str,
-                 tokenizer: Tokenizer, primary_key: Sequence[str]) -> None:
+    def __init__(
+        self,
+        dataset: lance.LanceDataset,
+        schema: pa.Schema,
+        column: str,
+        tokenizer: Tokenizer,
+        primary_key: Sequence[str],
+    ) -> None:
         super().__init__(None, BASE_GENERATION, schema, column, tokenizer, primary_key)
         self.dataset = dataset
         self._fragments = dataset.get_fragments()
@@ -165,8 +199,10 @@ class BaseFtsExec(FtsSource):
     _computed = ("_pieces",)
 
     def describe(self) -> str:
-        return f"{self.name}: version={self.dataset.version} " \
-               f"fragments={len(self._fragments)} column={self.column}"
+        return (
+            f"{self.name}: version={self.dataset.version} "
+            f"fragments={len(self._fragments)} column={self.column}"
+        )
 
     def pieces(self) -> list[Piece]:
         with self._lock:
@@ -180,15 +216,13 @@ class BaseFtsExec(FtsSource):
         columns = list(dict.fromkeys([*self.primary_key, self.column]))
 
         def load_terms() -> tuple[Piece, int]:
-            rows = fragment.to_table(columns=columns, with_row_id=True,
-                                     include_deleted_rows=True)
+            rows = fragment.to_table(columns=columns, with_row_id=True, include_deleted_rows=True)
             assert rows.num_rows == fragment.metadata.physical_rows, "rows out of place"
             addresses = (np.int64(fid) << 32) | np.arange(rows.num_rows, dtype=np.int64)
             piece = self._piece(rows.select(columns), addresses)
             return piece, piece.tokens.docs.nbytes * 3 + piece.keys.nbytes
 
-        piece: Piece = CACHE.get("fts", f"{self.dataset.uri}#{files}#{self.column}",
-                                 load_terms)  # type: ignore[assignment]
+        piece: Piece = CACHE.get("fts", f"{self.dataset.uri}#{files}#{self.column}", load_terms)  # type: ignore[assignment]
         deletion = fragment.metadata.deletion_file
         if deletion is None:
             return piece
@@ -200,16 +234,25 @@ class BaseFtsExec(FtsSource):
             return Piece(piece.keys, piece.addresses, piece.tokens, present), present.nbytes * 9
 
         # One piece per version of the fragment's deletions, sharing the terms.
-        return CACHE.get("fts_live", f"{self.dataset.uri}#{files}#{deletion}",  # type: ignore[return-value]
-                         load_live)
+        return CACHE.get(
+            "fts_live",
+            f"{self.dataset.uri}#{files}#{deletion}",  # type: ignore[return-value]
+            load_live,
+        )
 
     def rows(self, piece: int, index: np.ndarray) -> pa.Table:
         addresses = self.pieces()[piece].addresses[index]
         names = [f.name for f in self._schema if f.name in self.dataset.schema.names]
-        out = conform(take_rows(self.dataset, pa.array(addresses.astype(np.uint64)), names),
-                      self._schema, BASE_GENERATION)
-        return out.set_column(out.schema.get_field_index(ROWADDR), self._schema.field(ROWADDR),
-                              pa.array(addresses.astype(np.uint64)))
+        out = conform(
+            take_rows(self.dataset, pa.array(addresses.astype(np.uint64)), names),
+            self._schema,
+            BASE_GENERATION,
+        )
+        return out.set_column(
+            out.schema.get_field_index(ROWADDR),
+            self._schema.field(ROWADDR),
+            pa.array(addresses.astype(np.uint64)),
+        )
 
 
 @dataclass
@@ -235,9 +278,15 @@ class GlobalBM25Exec(ExecNode):
 
     name = "GlobalBM25Exec"
 
-    def __init__(self, children: Sequence[FtsSource], primary_key: Sequence[str],
-                 terms: Sequence[str], k: int, predicate: Predicate | None,
-                 searched: Sequence[bool] | None = None) -> None:
+    def __init__(
+        self,
+        children: Sequence[FtsSource],
+        primary_key: Sequence[str],
+        terms: Sequence[str],
+        k: int,
+        predicate: Predicate | None,
+        searched: Sequence[bool] | None = None,
+    ) -> None:
         self._children = list(children)
         self.primary_key = list(primary_key)
         self.terms = list(terms)
@@ -256,9 +305,11 @@ class GlobalBM25Exec(ExecNode):
 
     def describe(self) -> str:
         s = self.stats
-        return (f"{self.name}: terms={self.terms} k={self.k} over the latest corpus: "
-                f"{s.documents} documents, average length {s.average_length:.2f}, left out "
-                f"{s.superseded} superseded and {s.deleted} deleted")
+        return (
+            f"{self.name}: terms={self.terms} k={self.k} over the latest corpus: "
+            f"{s.documents} documents, average length {s.average_length:.2f}, left out "
+            f"{s.superseded} superseded and {s.deleted} deleted"
+        )
 
     def execute(self) -> Iterator[pa.RecordBatch]:
         yield from self.valid().to_batches()
@@ -268,7 +319,7 @@ class GlobalBM25Exec(ExecNode):
         searched = {id(c) for c, ok in zip(self._children, self.searched) if ok}
         pieces = [(c, i, p) for c in self._children for i, p in enumerate(c.pieces())]
         live = self._latest(pieces)
-        stats = CorpusStats(document_frequency={t: 0 for t in self.terms})
+        stats = CorpusStats(document_frequency=dict.fromkeys(self.terms, 0))
         postings = []
         for (child, i, piece), ok in zip(pieces, live):
             lengths = piece.tokens.lengths
@@ -306,11 +357,16 @@ class GlobalBM25Exec(ExecNode):
         if not newer:
             return [p.present for _, _, p in pieces]
         # The newest version of every key among the newer sources, the scan's way.
-        newest = Versions.of([
-            p.keys.append_column(GEN, pa.array(np.full(p.keys.num_rows, c.generation)))
-            .append_column(ROWADDR, pa.array(p.addresses.astype(np.uint64)))
-            .append_column(TOMBSTONE, pa.array(~p.present)) for c, p in newer],
-            self.primary_key, list(newer[0][1].keys.schema))
+        newest = Versions.of(
+            [
+                p.keys.append_column(GEN, pa.array(np.full(p.keys.num_rows, c.generation)))
+                .append_column(ROWADDR, pa.array(p.addresses.astype(np.uint64)))
+                .append_column(TOMBSTONE, pa.array(~p.present))
+                for c, p in newer
+            ],
+            self.primary_key,
+            list(newer[0][1].keys.schema),
+        )
         win_gen, win_addr, win_dead = newest.gen, newest.addr, newest.dead
         out, superseded, deleted = [], 0, 0
         for child, _, piece in pieces:
@@ -330,8 +386,13 @@ class GlobalBM25Exec(ExecNode):
             pos = newest.positions(piece.keys)
             hit = pos >= 0
             at = np.where(hit, pos, 0)
-            ok = piece.present & hit & (win_gen[at] == child.generation) & \
-                (win_addr[at] == piece.addresses) & ~win_dead[at]
+            ok = (
+                piece.present
+                & hit
+                & (win_gen[at] == child.generation)
+                & (win_addr[at] == piece.addresses)
+                & ~win_dead[at]
+            )
             gone = piece.present & ~ok
             deleted += int(np.count_nonzero(gone & hit & win_dead[at]))
             superseded += int(np.count_nonzero(gone & ~(hit & win_dead[at])))
@@ -345,7 +406,7 @@ class GlobalBM25Exec(ExecNode):
         scored = []  # (score, piece number, row)
         # A term listed twice in the query counts twice, as in Lance.
         counts = {t: self.terms.count(t) for t in self.terms}
-        for number, (child, i, piece, per_term, searched) in enumerate(postings):
+        for number, (_child, _i, piece, per_term, searched) in enumerate(postings):
             if not searched:
                 continue
             score = np.zeros(len(piece.present), dtype=np.float64)
@@ -371,7 +432,7 @@ class GlobalBM25Exec(ExecNode):
         while have < self.k and start < len(scores):  # the filter on candidates, best first
             if start + step > len(order):  # rank only as far as needed
                 order = _best_first(scores, min(len(scores), (start + step) * 4))
-            chunk = order[start:start + step]
+            chunk = order[start : start + step]
             start += step
             step *= 4
             table = self._rows(postings, numbers[chunk], rows[chunk], scores[chunk])
@@ -382,8 +443,9 @@ class GlobalBM25Exec(ExecNode):
         out = pa.concat_tables(picked) if picked else self.schema.empty_table()
         return out.slice(0, self.k)
 
-    def _rows(self, postings: list, numbers: np.ndarray, rows: np.ndarray,
-              scores: np.ndarray) -> pa.Table:
+    def _rows(
+        self, postings: list, numbers: np.ndarray, rows: np.ndarray, scores: np.ndarray
+    ) -> pa.Table:
         parts, order = [], []
         for number in np.unique(numbers):
             at = np.nonzero(numbers == number)[0]
@@ -393,8 +455,9 @@ class GlobalBM25Exec(ExecNode):
         table = pa.concat_tables(parts)
         positions = np.concatenate(order)
         table = table.take(pa.array(np.argsort(positions, kind="stable")))
-        return table.append_column(pa.field(SCORE, pa.float32()),
-                                   pa.array(scores.astype(np.float32)))
+        return table.append_column(
+            pa.field(SCORE, pa.float32()), pa.array(scores.astype(np.float32))
+        )
 
 
 _LATEST: dict[tuple[int, ...], tuple[list[Piece], list[np.ndarray], tuple[int, int]]] = {}
@@ -417,5 +480,12 @@ def _best_first(scores: np.ndarray, n: int) -> np.ndarray:
     return top[np.lexsort((top, -scores[top]))]
 
 
-__all__ = ["BaseFtsExec", "CorpusStats", "FtsSource", "GenerationFtsExec", "GlobalBM25Exec",
-           "MemTableFtsExec", "SCORE"]
+__all__ = [
+    "SCORE",
+    "BaseFtsExec",
+    "CorpusStats",
+    "FtsSource",
+    "GenerationFtsExec",
+    "GlobalBM25Exec",
+    "MemTableFtsExec",
+]

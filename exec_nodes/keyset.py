@@ -27,8 +27,11 @@ def _packing(keys: pa.Table) -> list[tuple[int, int]] | None:
     """For a composite key of integer columns whose values span at most 62 bits in all, each
     column's (offset, bit shift): the key packs into one int64 (a probe is then one search,
     as for a one-column key). None when the key does not pack."""
-    if keys.num_columns < 2 or keys.num_rows == 0 or \
-            not all(pa.types.is_integer(c.type) for c in keys.columns):
+    if (
+        keys.num_columns < 2
+        or keys.num_rows == 0
+        or not all(pa.types.is_integer(c.type) for c in keys.columns)
+    ):
         return None
     spans = []
     for c in keys.columns:
@@ -52,8 +55,11 @@ def _pack(keys: pa.Table, packing: list[tuple[int, int]]) -> tuple[np.ndarray, n
     inside = np.ones(keys.num_rows, dtype=bool)
     widths = [s for _, s in packing] + [62]
     for i, (c, (lo, shift)) in enumerate(zip(keys.columns, packing)):
-        values = c.to_numpy().astype(np.int64) if c.null_count == 0 else \
-            c.fill_null(lo).to_numpy().astype(np.int64)
+        values = (
+            c.to_numpy().astype(np.int64)
+            if c.null_count == 0
+            else c.fill_null(lo).to_numpy().astype(np.int64)
+        )
         rel = values - lo
         span = 1 << (widths[i - 1] - shift) if i else 1 << (62 - shift)
         inside &= (rel >= 0) & (rel < span)
@@ -82,8 +88,7 @@ class KeySet:
         self._packing = None if self._integer else _packing(keys)
         if self._integer or self._packing is not None:
             assert col is not None or self._packing is not None
-            values = col.to_numpy() if self._packing is None else \
-                _pack(keys, self._packing)[0]
+            values = col.to_numpy() if self._packing is None else _pack(keys, self._packing)[0]
             self._order = np.argsort(values, kind="stable")
             self._sorted = values[self._order]
             self._integer = True

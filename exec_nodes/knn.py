@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform
 from exec_nodes.lookup import CACHE, generation_rows
-from memwal_sql.compat.lance import take_rows
 from exec_nodes.memindex import vector_index
+from memwal_sql.compat.lance import take_rows
 from memwal_sql.writer.generation import open_generation
 from planner.predicate import Predicate, evaluate, matches
 from planner.substrait import lance_filter
@@ -44,8 +44,11 @@ def vectors_of(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarr
     rows (a null vector, e.g. a tombstone's, is never a neighbour)."""
     col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     n, dim = len(col), col.type.list_size
-    valid = np.ones(n, dtype=bool) if col.null_count == 0 else \
-        col.is_valid().to_numpy(zero_copy_only=False)
+    valid = (
+        np.ones(n, dtype=bool)
+        if col.null_count == 0
+        else col.is_valid().to_numpy(zero_copy_only=False)
+    )
     flat = col.flatten() if col.offset or col.null_count else col.values
     values = flat.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
     if col.null_count:  # flatten() skips null slots: put the rows back in place
@@ -90,17 +93,27 @@ class KnnSource(ExecNode):
     _locks = ("_lock",)
     _computed = ("_top",)
 
-    def __init__(self, region_id: str | None, generation: int, schema: pa.Schema, column: str,
-                 query: np.ndarray, metric: str, predicate: Predicate | None, k: int,
-                 primary_key: Sequence[str]) -> None:
+    def __init__(
+        self,
+        region_id: str | None,
+        generation: int,
+        schema: pa.Schema,
+        column: str,
+        query: np.ndarray,
+        metric: str,
+        predicate: Predicate | None,
+        k: int,
+        primary_key: Sequence[str],
+    ) -> None:
         self.region_id = region_id
         self.generation = generation
         self.source_schema = schema
         self.primary_key = list(primary_key)
         # Candidates are light: which row (key, _gen, _rowaddr) and how near; the k that win
         # are read in full afterwards (:meth:`rows`), never every candidate's vector and text.
-        self._schema = with_distance(pa.schema(
-            [schema.field(c) for c in (*self.primary_key, GEN, ROWADDR)]))
+        self._schema = with_distance(
+            pa.schema([schema.field(c) for c in (*self.primary_key, GEN, ROWADDR)])
+        )
         self.column = column
         self.query = query
         self.metric = metric
@@ -117,7 +130,7 @@ class KnnSource(ExecNode):
         """The ``n`` nearest rows matching the predicate, nearest first (fewer if the source
         has fewer)."""
         with self._lock:
-            if self._top is None or self._top[0] < n and self._top[1].num_rows == self._top[0]:
+            if self._top is None or (self._top[0] < n and self._top[1].num_rows == self._top[0]):
                 self._top = (n, self._nearest(n))
             return self._top[1].slice(0, n)
 
@@ -140,7 +153,8 @@ class KnnSource(ExecNode):
         be neighbours), matching the predicate, computed in numpy."""
         if self.predicate is not None:
             live = live & evaluate(self.predicate, rows).fill_null(False).to_numpy(
-                zero_copy_only=False)
+                zero_copy_only=False
+            )
         dist = distances(matrix, self.query, self.metric)
         dist[~live | np.isnan(dist)] = np.inf
         n = min(n, int(np.count_nonzero(np.isfinite(dist))))
@@ -162,19 +176,32 @@ class MemTableKnnExec(KnnSource):
 
     name = "MemTableKnnExec"
 
-    def __init__(self, region_id: str, generation: int, batches: Sequence[pa.RecordBatch],
-                 schema: pa.Schema, column: str, query: np.ndarray, metric: str,
-                 predicate: Predicate | None, k: int, primary_key: Sequence[str],
-                 origin: str = "memtable") -> None:
-        super().__init__(region_id, generation, schema, column, query, metric, predicate, k,
-                         primary_key)
+    def __init__(
+        self,
+        region_id: str,
+        generation: int,
+        batches: Sequence[pa.RecordBatch],
+        schema: pa.Schema,
+        column: str,
+        query: np.ndarray,
+        metric: str,
+        predicate: Predicate | None,
+        k: int,
+        primary_key: Sequence[str],
+        origin: str = "memtable",
+    ) -> None:
+        super().__init__(
+            region_id, generation, schema, column, query, metric, predicate, k, primary_key
+        )
         self.batches = list(batches)
         self.origin = origin
 
     def describe(self) -> str:
         rows = sum(b.num_rows for b in self.batches)
-        return f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} " \
-               f"{self.origin} rows={rows} exact k={self.k}"
+        return (
+            f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} "
+            f"{self.origin} rows={rows} exact k={self.k}"
+        )
 
     def _nearest(self, n: int) -> pa.Table:
         if not self.batches:
@@ -182,8 +209,9 @@ class MemTableKnnExec(KnnSource):
         return self._exact(*self._index().update(self.batches), n)
 
     def _index(self) -> Any:
-        return vector_index(self.batches, self.generation, self.origin, self.column,
-                            self.source_schema)
+        return vector_index(
+            self.batches, self.generation, self.origin, self.column, self.source_schema
+        )
 
     def rows(self, addresses: np.ndarray) -> pa.Table:
         return self._index().update(self.batches)[0].take(pa.array(addresses))
@@ -200,18 +228,31 @@ class GenerationKnnExec(KnnSource):
 
     name = "GenerationKnnExec"
 
-    def __init__(self, region_id: str, generation: int, uri: str, schema: pa.Schema,
-                 column: str, query: np.ndarray, metric: str, predicate: Predicate | None,
-                 k: int, primary_key: Sequence[str],
-                 storage_options: dict[str, str] | None = None) -> None:
-        super().__init__(region_id, generation, schema, column, query, metric, predicate, k,
-                         primary_key)
+    def __init__(
+        self,
+        region_id: str,
+        generation: int,
+        uri: str,
+        schema: pa.Schema,
+        column: str,
+        query: np.ndarray,
+        metric: str,
+        predicate: Predicate | None,
+        k: int,
+        primary_key: Sequence[str],
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(
+            region_id, generation, schema, column, query, metric, predicate, k, primary_key
+        )
         self.uri = uri
         self.storage_options = storage_options
 
     def describe(self) -> str:
-        return f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} " \
-               f"{self.uri.rsplit('/', 1)[-1]} exact k={self.k}"
+        return (
+            f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} "
+            f"{self.uri.rsplit('/', 1)[-1]} exact k={self.k}"
+        )
 
     def _nearest(self, n: int) -> pa.Table:
         cached = self._cached_vectors()
@@ -230,8 +271,9 @@ class GenerationKnnExec(KnnSource):
     def _cached_vectors(self) -> tuple[pa.Table, np.ndarray, np.ndarray] | None:
         def load() -> tuple[tuple[pa.Table, np.ndarray, np.ndarray] | None, int]:
             # The rows are the entry lookups use: a generation read whole serves both.
-            table = generation_rows(self.uri, self.storage_options, self.generation,
-                                    self.source_schema)
+            table = generation_rows(
+                self.uri, self.storage_options, self.generation, self.source_schema
+            )
             if table is None:
                 return None, 64
             vectors = self._vectors(table)  # type: ignore[arg-type]
@@ -247,20 +289,35 @@ class BaseKnnExec(KnnSource):
 
     name = "BaseKnnExec"
 
-    def __init__(self, dataset: lance.LanceDataset, schema: pa.Schema, column: str,
-                 query: np.ndarray, metric: str, predicate: Predicate | None, k: int,
-                 primary_key: Sequence[str], *, index: str | None, nprobes: int | None,
-                 refine_factor: int | None) -> None:
-        super().__init__(None, BASE_GENERATION, schema, column, query, metric, predicate, k,
-                         primary_key)
+    def __init__(
+        self,
+        dataset: lance.LanceDataset,
+        schema: pa.Schema,
+        column: str,
+        query: np.ndarray,
+        metric: str,
+        predicate: Predicate | None,
+        k: int,
+        primary_key: Sequence[str],
+        *,
+        index: str | None,
+        nprobes: int | None,
+        refine_factor: int | None,
+    ) -> None:
+        super().__init__(
+            None, BASE_GENERATION, schema, column, query, metric, predicate, k, primary_key
+        )
         self.dataset = dataset
         self.index = index
         self.nprobes = nprobes
         self.refine_factor = refine_factor
 
     def describe(self) -> str:
-        how = f"index {self.index} nprobes={self.nprobes} refine_factor={self.refine_factor}" \
-            if self.index else "flat (no vector index)"
+        how = (
+            f"index {self.index} nprobes={self.nprobes} refine_factor={self.refine_factor}"
+            if self.index
+            else "flat (no vector index)"
+        )
         return f"{self.name}: version={self.dataset.version} k={self.k} {how}"
 
     def _nearest(self, n: int) -> pa.Table:
@@ -276,16 +333,18 @@ class BaseKnnExec(KnnSource):
         return _take(self.dataset, addresses, self.source_schema, BASE_GENERATION)
 
 
-def _take(ds: lance.LanceDataset, addresses: np.ndarray, schema: pa.Schema,
-          generation: int) -> pa.Table:
+def _take(
+    ds: lance.LanceDataset, addresses: np.ndarray, schema: pa.Schema, generation: int
+) -> pa.Table:
     names = [f.name for f in schema if f.name in ds.schema.names]
     row_ids = pa.array(np.asarray(addresses).astype(np.uint64))
     out = conform(take_rows(ds, row_ids, names), schema, generation)
     return out.set_column(out.schema.get_field_index(ROWADDR), schema.field(ROWADDR), row_ids)
 
 
-def _lance_nearest(ds: lance.LanceDataset, node: KnnSource, n: int,
-                   options: dict[str, object], generation: int) -> pa.Table:
+def _lance_nearest(
+    ds: lance.LanceDataset, node: KnnSource, n: int, options: dict[str, object], generation: int
+) -> pa.Table:
     """``n`` nearest rows of a Lance dataset, the filter applied before the search."""
     light = node.schema.remove(len(node.schema) - 1)
     # Only the key comes back (and the row address): no vector or text of any candidate.
@@ -299,8 +358,9 @@ def _lance_nearest(ds: lance.LanceDataset, node: KnnSource, n: int,
         # Lance cannot take this filter: search all rows, then filter (exact, but slower).
         nearest["k"] = ds.count_rows()
         names = [f.name for f in node.source_schema if f.name in ds.schema.names]
-    table = ds.scanner(columns=names, nearest=nearest, filter=pushed, prefilter=True,
-                       with_row_address=True).to_table()
+    table = ds.scanner(
+        columns=names, nearest=nearest, filter=pushed, prefilter=True, with_row_address=True
+    ).to_table()
     if not exact:
         table = matches(node.predicate, table).slice(0, n)
     dist = table.column(DISTANCE)
@@ -308,5 +368,14 @@ def _lance_nearest(ds: lance.LanceDataset, node: KnnSource, n: int,
     return out.append_column(node.schema.field(DISTANCE), dist.cast(pa.float32()))
 
 
-__all__ = ["BaseKnnExec", "DISTANCE", "GenerationKnnExec", "KnnSource", "METRICS",
-           "MemTableKnnExec", "distances", "vectors_of", "with_distance"]
+__all__ = [
+    "DISTANCE",
+    "METRICS",
+    "BaseKnnExec",
+    "GenerationKnnExec",
+    "KnnSource",
+    "MemTableKnnExec",
+    "distances",
+    "vectors_of",
+    "with_distance",
+]

@@ -88,8 +88,13 @@ class LookupCache:
         self._entries: OrderedDict[tuple[str, str], tuple[object, int]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, kind: str, uri: str, load: Callable[[], tuple[object, int]],
-            current: Callable[[object], bool] | None = None) -> object:
+    def get(
+        self,
+        kind: str,
+        uri: str,
+        load: Callable[[], tuple[object, int]],
+        current: Callable[[object], bool] | None = None,
+    ) -> object:
         """The cached value of ``(kind, uri)`` (if ``current`` accepts it), else ``load()``'s
         ``(value, nbytes)``, kept."""
         key = (kind, uri)
@@ -110,7 +115,6 @@ class LookupCache:
                     _, (_, n) = self._entries.popitem(last=False)
                     self.nbytes -= n
         return value
-
 
     def contains(self, kind: str, uri: str) -> bool:
         """Whether ``(kind, uri)`` is cached (it may be evicted the next moment)."""
@@ -135,8 +139,9 @@ _WHOLE_FRAGMENT_SHARE = 16  # a fragment read whole takes at most 1/16 of the ca
 CACHE = LookupCache(int(os.environ.get("MEMWAL_LOOKUP_CACHE_BYTES", 512 << 20)))
 
 
-def _whole_fragment(fragment: lance.LanceFragment, names: Sequence[str], generation: int,
-                    schema: pa.Schema) -> tuple[pa.Table | None, int]:
+def _whole_fragment(
+    fragment: lance.LanceFragment, names: Sequence[str], generation: int, schema: pa.Schema
+) -> tuple[pa.Table | None, int]:
     """Every physical row of a small fragment in the source ``schema``, row ``i`` at offset
     ``i``, for the lookup cache; ``(None, _)`` for a fragment too big to keep.
 
@@ -146,8 +151,7 @@ def _whole_fragment(fragment: lance.LanceFragment, names: Sequence[str], generat
     serves every later lookup from memory, as RocksDB serves hot blocks from its block cache.
     """
     sizes = [f.file_size_bytes for f in fragment.data_files()]
-    if any(n is None for n in sizes) or \
-            sum(sizes) > CACHE.max_bytes // _WHOLE_FRAGMENT_SHARE:  # type: ignore[arg-type]
+    if any(n is None for n in sizes) or sum(sizes) > CACHE.max_bytes // _WHOLE_FRAGMENT_SHARE:  # type: ignore[arg-type]
         return None, 64
     table = fragment.to_table(columns=list(names), with_row_id=True, include_deleted_rows=True)
     if table.num_rows != fragment.metadata.physical_rows:
@@ -156,8 +160,9 @@ def _whole_fragment(fragment: lance.LanceFragment, names: Sequence[str], generat
     return table, table.nbytes
 
 
-def generation_rows(uri: str, storage_options: dict[str, str] | None, generation: int,
-                    schema: pa.Schema) -> pa.Table | None:
+def generation_rows(
+    uri: str, storage_options: dict[str, str] | None, generation: int, schema: pa.Schema
+) -> pa.Table | None:
     """A small generation's rows (every physical row, row ``i`` at offset ``i``, in the
     source ``schema``), read once and kept; None for a generation too big to keep (see
     :func:`_whole_fragment`). Lookups, scans and searches share the entry.
@@ -165,6 +170,7 @@ def generation_rows(uri: str, storage_options: dict[str, str] | None, generation
     Example:
         ``generation_rows(gen.uri, None, gen.generation, source_schema(tbl.wal_schema))``
     """
+
     def load() -> tuple[pa.Table | None, int]:
         ds = open_generation(uri, storage_options)
         frags = ds.get_fragments()
@@ -188,8 +194,14 @@ def _key_index(values: pa.Table, ids: np.ndarray) -> tuple[KeySet, np.ndarray]:
 class LookupSource(KeyedExec):
     """One source that can be probed by key; counts probes (tests check what was touched)."""
 
-    def __init__(self, region_id: str | None, generation: int, schema: pa.Schema,
-                 primary_key: Sequence[str], keys: pa.Table | None = None) -> None:
+    def __init__(
+        self,
+        region_id: str | None,
+        generation: int,
+        schema: pa.Schema,
+        primary_key: Sequence[str],
+        keys: pa.Table | None = None,
+    ) -> None:
         self.keys = keys
         self.region_id = region_id
         self.generation = generation
@@ -214,8 +226,13 @@ class LookupSource(KeyedExec):
     def _probe(self, keys: pa.Table) -> Probe:
         raise NotImplementedError
 
-    def _take_newest(self, keys: pa.Table, keyset: KeySet, newest: np.ndarray,
-                     take: Callable[[np.ndarray], pa.Table]) -> Probe:
+    def _take_newest(
+        self,
+        keys: pa.Table,
+        keyset: KeySet,
+        newest: np.ndarray,
+        take: Callable[[np.ndarray], pa.Table],
+    ) -> Probe:
         """Probe ``keyset`` and ``take`` the rows ``newest`` names for the keys it holds."""
         pos = keyset.positions(keys)
         hit = pos >= 0
@@ -229,11 +246,19 @@ class TakeLastExec(LookupSource):
 
     name = "TakeLastExec"
 
-    def __init__(self, region_id: str, generation: int, schema: pa.Schema,
-                 primary_key: Sequence[str], *, uri: str | None = None,
-                 batches: Sequence[pa.RecordBatch] | None = None,
-                 storage_options: dict[str, str] | None = None, origin: str = "generation",
-                 keys: pa.Table | None = None) -> None:
+    def __init__(
+        self,
+        region_id: str,
+        generation: int,
+        schema: pa.Schema,
+        primary_key: Sequence[str],
+        *,
+        uri: str | None = None,
+        batches: Sequence[pa.RecordBatch] | None = None,
+        storage_options: dict[str, str] | None = None,
+        origin: str = "generation",
+        keys: pa.Table | None = None,
+    ) -> None:
         super().__init__(region_id, generation, schema, primary_key, keys)
         self.uri = uri
         self.batches = list(batches or [])
@@ -241,11 +266,16 @@ class TakeLastExec(LookupSource):
         self.origin = origin
 
     def describe(self) -> str:
-        where = self.uri.rsplit("/", 1)[-1] if self.uri else f"{self.origin} " \
-            f"rows={sum(b.num_rows for b in self.batches)}"
+        where = (
+            self.uri.rsplit("/", 1)[-1]
+            if self.uri
+            else f"{self.origin} rows={sum(b.num_rows for b in self.batches)}"
+        )
         how = "_pk_index" if self.uri else "key index"
-        return f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} " \
-               f"{where} via {how}"
+        return (
+            f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} "
+            f"{where} via {how}"
+        )
 
     def _probe(self, keys: pa.Table) -> Probe:
         if self.uri is not None:
@@ -277,9 +307,14 @@ class TakeLastExec(LookupSource):
         names = [f.name for f in self.schema if f.name in ds.schema.names]  # type: ignore[union-attr]
         # Row addresses of fragment 0 are the offsets the _pk_index stores.
         row_ids = pa.array(offsets.astype(np.uint64))
-        out = conform(take_rows(ds, row_ids, names),  # type: ignore[arg-type]
-                      self.schema, self.generation)
-        return out.set_column(out.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), row_ids)
+        out = conform(
+            take_rows(ds, row_ids, names),  # type: ignore[arg-type]
+            self.schema,
+            self.generation,
+        )
+        return out.set_column(
+            out.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), row_ids
+        )
 
     def _generation_rows(self) -> pa.Table | None:
         assert self.uri is not None
@@ -303,8 +338,9 @@ class TakeLastExec(LookupSource):
 
         key = f"{self.region_id}/{self.generation}/{self.origin}"
         _, _, table, keyset, newest = CACHE.get("memtable", key, load, current)  # type: ignore[misc]
-        return self._take_newest(keys.select(pk), keyset, newest,
-                                 lambda rows: table.take(pa.array(rows)))
+        return self._take_newest(
+            keys.select(pk), keyset, newest, lambda rows: table.take(pa.array(rows))
+        )
 
 
 def _stored_keys(index: pa.Table, primary_key: Sequence[str]) -> pa.Table:
@@ -335,8 +371,13 @@ class GenerationIndexExec(KeyedExec):
 
     name = "GenerationIndexExec"
 
-    def __init__(self, generations: Sequence[TakeLastExec], primary_key: Sequence[str],
-                 schema: pa.Schema, keys: pa.Table | None = None) -> None:
+    def __init__(
+        self,
+        generations: Sequence[TakeLastExec],
+        primary_key: Sequence[str],
+        schema: pa.Schema,
+        keys: pa.Table | None = None,
+    ) -> None:
         self.generations = list(generations)  # newest first
         self.primary_key = list(primary_key)
         self._schema = schema
@@ -389,8 +430,10 @@ class GenerationIndexExec(KeyedExec):
         pos = keyset.positions(_index_keys(keys, self.primary_key))
         hit = pos >= 0
         found = pos[hit]
-        parts = [self.generations[g].take_offsets(offsets[found[which[found] == g]])
-                 for g in np.unique(which[found])]
+        parts = [
+            self.generations[g].take_offsets(offsets[found[which[found] == g]])
+            for g in np.unique(which[found])
+        ]
         rows = pa.concat_tables(parts) if parts else self.schema.empty_table()
         return Probe(rows, hit)
 
@@ -407,22 +450,30 @@ class BaseLookupExec(LookupSource):
 
     name = "BaseLookupExec"
 
-    def __init__(self, dataset: lance.LanceDataset, schema: pa.Schema,
-                 primary_key: Sequence[str], fragment_ids: Sequence[int] | None = None,
-                 keys: pa.Table | None = None) -> None:
+    def __init__(
+        self,
+        dataset: lance.LanceDataset,
+        schema: pa.Schema,
+        primary_key: Sequence[str],
+        fragment_ids: Sequence[int] | None = None,
+        keys: pa.Table | None = None,
+    ) -> None:
         super().__init__(None, BASE_GENERATION, schema, primary_key, keys)
         self.dataset = dataset
         self.fragment_ids = None if fragment_ids is None else list(fragment_ids)
         self._rows: int | None = None
 
     def describe(self) -> str:
-        indexed = any(d.field_names == [self.primary_key[0]] and d.index_type == "BTree"
-                      for d in self.dataset.describe_indices())
+        indexed = any(
+            d.field_names == [self.primary_key[0]] and d.index_type == "BTree"
+            for d in self.dataset.describe_indices()
+        )
         how = "cached key index" if self._fits_cache() else "btree"
         frags = "" if self.fragment_ids is None else f" fragments={self.fragment_ids}"
-        return (f"{self.name}: version={self.dataset.version} gen={BASE_GENERATION} "
-                f"key={self.primary_key} btree={'yes' if indexed else 'no (scan)'} via {how}"
-                + frags)
+        return (
+            f"{self.name}: version={self.dataset.version} gen={BASE_GENERATION} "
+            f"key={self.primary_key} btree={'yes' if indexed else 'no (scan)'} via {how}" + frags
+        )
 
     def uses_key_index(self) -> bool:
         """True if keys are probed in the cached key index, not through the btree."""
@@ -469,23 +520,41 @@ class BaseLookupExec(LookupSource):
         index = self._key_index()
         if index is not None:
             keyset, addrs = index
-            return self._take_newest(keys.select(self.primary_key), keyset, addrs,
-                                     lambda hit: self._take_addresses(hit, names))
-        fragments = None if self.fragment_ids is None else \
-            [self.dataset.get_fragment(i) for i in self.fragment_ids]
+            return self._take_newest(
+                keys.select(self.primary_key),
+                keyset,
+                addrs,
+                lambda hit: self._take_addresses(hit, names),
+            )
+        fragments = (
+            None
+            if self.fragment_ids is None
+            else [self.dataset.get_fragment(i) for i in self.fragment_ids]
+        )
         if fragments == []:
-            rows = self.dataset.schema.empty_table().select(names).append_column(
-                ROWADDR, pa.array([], pa.uint64()))
+            rows = (
+                self.dataset.schema.empty_table()
+                .select(names)
+                .append_column(ROWADDR, pa.array([], pa.uint64()))
+            )
         else:
-            rows = self.dataset.scanner(columns=names, fragments=fragments,
-                                        filter=_key_filter(keys, self.primary_key),
-                                        with_row_address=True).to_table()
+            rows = self.dataset.scanner(
+                columns=names,
+                fragments=fragments,
+                filter=_key_filter(keys, self.primary_key),
+                with_row_address=True,
+            ).to_table()
         if len(self.primary_key) > 1 and rows.num_rows:  # the filter was on the first column
-            rows = rows.filter(pa.array(KeySet(keys.select(self.primary_key)).contains(
-                rows.select(self.primary_key))))
+            rows = rows.filter(
+                pa.array(
+                    KeySet(keys.select(self.primary_key)).contains(rows.select(self.primary_key))
+                )
+            )
         found = KeySet(rows.select(self.primary_key)).contains(keys.select(self.primary_key))
-        return Probe(self._tagged(rows.drop_columns([ROWADDR]),
-                                  rows.column(ROWADDR).cast(pa.uint64())), found)
+        return Probe(
+            self._tagged(rows.drop_columns([ROWADDR]), rows.column(ROWADDR).cast(pa.uint64())),
+            found,
+        )
 
     def _take_addresses(self, addrs: np.ndarray, names: list[str]) -> pa.Table:
         """The rows at ``addrs``, in order: from cached whole fragments where small enough,
@@ -502,22 +571,33 @@ class BaseLookupExec(LookupSource):
             order.append(at)
         if rest:
             at = np.concatenate(rest)
-            parts.append(conform(take_rows(self.dataset, pa.array(addrs[at]), names),
-                                 self.schema, BASE_GENERATION))
+            parts.append(
+                conform(
+                    take_rows(self.dataset, pa.array(addrs[at]), names),
+                    self.schema,
+                    BASE_GENERATION,
+                )
+            )
             order.append(at)
         table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         positions = np.concatenate(order)
         if not np.array_equal(positions, np.arange(len(addrs))):
             table = table.take(pa.array(np.argsort(positions)))
-        return table.set_column(table.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR),
-                                pa.array(addrs))
+        return table.set_column(
+            table.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), pa.array(addrs)
+        )
 
     def _fragment_rows(self, fragment_id: int, names: list[str]) -> pa.Table | None:
         fragment = self.dataset.get_fragment(fragment_id)
         # Data files are immutable and uniquely named: the same files hold the same rows.
         key = f"{self.dataset.uri}#{','.join(f.path for f in fragment.data_files())}"
-        return CACHE.get("rows", key, lambda: _whole_fragment(  # type: ignore[return-value]
-            fragment, names, BASE_GENERATION, self.schema))
+        return CACHE.get(
+            "rows",
+            key,
+            lambda: _whole_fragment(  # type: ignore[return-value]
+                fragment, names, BASE_GENERATION, self.schema
+            ),
+        )
 
     def _tagged(self, rows: pa.Table, addr: pa.Array | pa.ChunkedArray) -> pa.Table:
         out = conform(rows, self.schema, BASE_GENERATION)
@@ -529,8 +609,9 @@ class BloomFilterGuardExec(KeyedExec):
 
     name = "BloomFilterGuardExec"
 
-    def __init__(self, child: TakeLastExec, store: ObjectStore, bloom_path: str,
-                 keys: pa.Table | None = None) -> None:
+    def __init__(
+        self, child: TakeLastExec, store: ObjectStore, bloom_path: str, keys: pa.Table | None = None
+    ) -> None:
         self.keys = keys
         self.child = child
         self.store = store
@@ -551,6 +632,7 @@ class BloomFilterGuardExec(KeyedExec):
 
     def probe(self, keys: pa.Table) -> Probe:
         """As :meth:`LookupSource.probe`, asking the child only for keys the filter passes."""
+
         def load() -> tuple[BloomFilter | None, int]:
             try:
                 data = self.store.get(self.bloom_path)
@@ -581,8 +663,14 @@ class CoalesceFirstExec(KeyedExec):
 
     name = "CoalesceFirstExec"
 
-    def __init__(self, children: Sequence[KeyedExec], primary_key: Sequence[str],
-                 schema: pa.Schema, label: str = "", keys: pa.Table | None = None) -> None:
+    def __init__(
+        self,
+        children: Sequence[KeyedExec],
+        primary_key: Sequence[str],
+        schema: pa.Schema,
+        label: str = "",
+        keys: pa.Table | None = None,
+    ) -> None:
         self._children = list(children)
         self.primary_key = list(primary_key)
         self._schema = schema
@@ -631,8 +719,13 @@ class PointLookupExec(ExecNode):
 
     name = "PointLookupExec"
 
-    def __init__(self, keys: pa.Table, regions: Sequence[CoalesceFirstExec],
-                 base: BaseLookupExec, parallel_keys: int = 256) -> None:
+    def __init__(
+        self,
+        keys: pa.Table,
+        regions: Sequence[CoalesceFirstExec],
+        base: BaseLookupExec,
+        parallel_keys: int = 256,
+    ) -> None:
         self.keys = keys
         self.regions = list(regions)
         self.base = base
@@ -647,8 +740,10 @@ class PointLookupExec(ExecNode):
         return [*self.regions, self.base]
 
     def describe(self) -> str:
-        return f"{self.name}: {self.keys.num_rows} key(s), {len(self.regions)} region(s), " \
-               "then the base for keys no region resolved"
+        return (
+            f"{self.name}: {self.keys.num_rows} key(s), {len(self.regions)} region(s), "
+            "then the base for keys no region resolved"
+        )
 
     def execute(self) -> Iterator[pa.RecordBatch]:
         pk = self.base.primary_key
@@ -662,8 +757,9 @@ class PointLookupExec(ExecNode):
         resolved = [r.select(pk) for r in found if r.num_rows]
         rest = self.keys.select(pk)
         if resolved:
-            rest = rest.filter(pa.array(~KeySet(distinct_keys(pa.concat_tables(resolved)))
-                                        .contains(rest)))
+            rest = rest.filter(
+                pa.array(~KeySet(distinct_keys(pa.concat_tables(resolved))).contains(rest))
+            )
         if early is not None:
             base_rows = early.result().rows
             if base_rows.num_rows and rest.num_rows < self.keys.num_rows:
@@ -700,7 +796,15 @@ def live_rows(rows: pa.Table) -> pa.Table:
 
 
 __all__ = [
-    "BaseLookupExec", "BloomFilterGuardExec", "CoalesceFirstExec", "GenerationIndexExec",
-    "KeyedExec", "LookupSource",
-    "PointLookupExec", "Probe", "TakeLastExec", "distinct_keys", "live_rows",
+    "BaseLookupExec",
+    "BloomFilterGuardExec",
+    "CoalesceFirstExec",
+    "GenerationIndexExec",
+    "KeyedExec",
+    "LookupSource",
+    "PointLookupExec",
+    "Probe",
+    "TakeLastExec",
+    "distinct_keys",
+    "live_rows",
 ]

@@ -77,10 +77,14 @@ class _Growing:
             return None
         table = pa.Table.from_batches(new, schema=new[0].schema)
         offsets = np.arange(self.num_rows, self.num_rows + table.num_rows, dtype=np.uint64)
-        table = conform(table.drop_columns([c for c in (ROWADDR,) if c in table.column_names]),
-                        self.schema, self.generation)
-        table = table.set_column(table.schema.get_field_index(ROWADDR),
-                                 self.schema.field(ROWADDR), pa.array(offsets))
+        table = conform(
+            table.drop_columns([c for c in (ROWADDR,) if c in table.column_names]),
+            self.schema,
+            self.generation,
+        )
+        table = table.set_column(
+            table.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), pa.array(offsets)
+        )
         self._batches.extend(new)
         self._parts.append(table)
         self._rows = None
@@ -94,8 +98,11 @@ class _Growing:
 
     def rows(self) -> pa.Table:
         if self._rows is None:
-            self._rows = pa.concat_tables(self._parts).combine_chunks() if self._parts else \
-                self.schema.empty_table()
+            self._rows = (
+                pa.concat_tables(self._parts).combine_chunks()
+                if self._parts
+                else self.schema.empty_table()
+            )
         return self._rows
 
     def _reset(self) -> None:
@@ -131,8 +138,7 @@ class VectorIndex(_Growing):
         self._live = np.zeros(0, dtype=bool)
         self._count = 0
 
-    def update(self, batches: Sequence[pa.RecordBatch]
-               ) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    def update(self, batches: Sequence[pa.RecordBatch]) -> tuple[pa.Table, np.ndarray, np.ndarray]:
         """(rows, vectors, live) of ``batches``, extended with what is new."""
         from exec_nodes.knn import neighbours
 
@@ -155,16 +161,17 @@ class VectorIndex(_Growing):
             if self._matrix is not None:
                 grown[:n], grown_live[:n] = self._matrix[:n], self._live[:n]
             self._matrix, self._live = grown, grown_live
-        self._matrix[n:n + m] = matrix
-        self._live[n:n + m] = live
+        self._matrix[n : n + m] = matrix
+        self._live[n : n + m] = live
         self._count = n + m
 
 
 class TextIndex(_Growing):
     """A MemTable's documents and their terms (see :class:`GrowingTokens`)."""
 
-    def __init__(self, schema: pa.Schema, generation: int, column: str,
-                 tokenizer: Tokenizer) -> None:
+    def __init__(
+        self, schema: pa.Schema, generation: int, column: str, tokenizer: Tokenizer
+    ) -> None:
         super().__init__(schema, generation)
         self.column = column
         self.tokenizer = tokenizer
@@ -175,8 +182,9 @@ class TextIndex(_Growing):
         super()._reset()
         self._terms = GrowingTokens(self.tokenizer)
 
-    def update(self, batches: Sequence[pa.RecordBatch], primary_key: Sequence[str]
-               ) -> tuple[pa.Table, Piece]:
+    def update(
+        self, batches: Sequence[pa.RecordBatch], primary_key: Sequence[str]
+    ) -> tuple[pa.Table, Piece]:
         """(rows, :class:`Piece`) of ``batches``, extended with what is new; the same piece
         object while nothing is (a search keeps what it derived from it)."""
         with self.lock:
@@ -186,23 +194,38 @@ class TextIndex(_Growing):
                 self._piece = None
             rows = self.rows()
             if self._piece is None:
-                present = ~rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool) \
-                    if TOMBSTONE in rows.column_names else np.ones(rows.num_rows, dtype=bool)
-                self._piece = Piece(rows.select(list(primary_key)),
-                                    rows.column(ROWADDR).to_numpy().astype(np.int64),
-                                    self._terms.tokens(), present)
+                present = (
+                    ~rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
+                    if TOMBSTONE in rows.column_names
+                    else np.ones(rows.num_rows, dtype=bool)
+                )
+                self._piece = Piece(
+                    rows.select(list(primary_key)),
+                    rows.column(ROWADDR).to_numpy().astype(np.int64),
+                    self._terms.tokens(),
+                    present,
+                )
             return rows, self._piece
 
 
-def _cached(kind: str, batches: Sequence[pa.RecordBatch], origin: str, key: str,
-            make: Callable[[], _Growing]) -> Any:
+def _cached(
+    kind: str,
+    batches: Sequence[pa.RecordBatch],
+    origin: str,
+    key: str,
+    make: Callable[[], _Growing],
+) -> Any:
     """The index ``make`` builds for one MemTable, kept while the MemTable lives: keyed by its
     first batch (and ``key``), which it holds, so the key is never another MemTable's. A WAL
     tail is read anew by every snapshot: its index is not kept."""
     if origin != "memtable" or not batches:
         return make()
-    return CACHE.get(kind, f"{id(batches[0])}#{key}", lambda: (make(), 1 << 20),
-                     lambda index: index.holds(batches))  # type: ignore[attr-defined]
+    return CACHE.get(
+        kind,
+        f"{id(batches[0])}#{key}",
+        lambda: (make(), 1 << 20),
+        lambda index: index.holds(batches),
+    )  # type: ignore[attr-defined]
 
 
 def forget(batches: Sequence[pa.RecordBatch]) -> None:
@@ -212,26 +235,47 @@ def forget(batches: Sequence[pa.RecordBatch]) -> None:
         CACHE.discard(f"{id(batches[0])}#")
 
 
-def rows_index(batches: Sequence[pa.RecordBatch], generation: int, origin: str,
-               schema: pa.Schema) -> RowsIndex:
+def rows_index(
+    batches: Sequence[pa.RecordBatch], generation: int, origin: str, schema: pa.Schema
+) -> RowsIndex:
     """The MemTable's rows, kept in the source schema."""
-    return _cached("memtable_rows", batches, origin, "",
-                   lambda: RowsIndex(schema, generation))
+    return _cached("memtable_rows", batches, origin, "", lambda: RowsIndex(schema, generation))
 
 
-def vector_index(batches: Sequence[pa.RecordBatch], generation: int, origin: str, column: str,
-                 schema: pa.Schema) -> VectorIndex:
+def vector_index(
+    batches: Sequence[pa.RecordBatch], generation: int, origin: str, column: str, schema: pa.Schema
+) -> VectorIndex:
     """The MemTable's in-memory vector index on ``column``."""
-    return _cached("memtable_vectors", batches, origin, column,
-                   lambda: VectorIndex(schema, generation, column))
+    return _cached(
+        "memtable_vectors", batches, origin, column, lambda: VectorIndex(schema, generation, column)
+    )
 
 
-def text_index(batches: Sequence[pa.RecordBatch], generation: int, origin: str, column: str,
-               schema: pa.Schema, tokenizer: Tokenizer) -> TextIndex:
+def text_index(
+    batches: Sequence[pa.RecordBatch],
+    generation: int,
+    origin: str,
+    column: str,
+    schema: pa.Schema,
+    tokenizer: Tokenizer,
+) -> TextIndex:
     """The MemTable's in-memory inverted index on ``column`` for ``tokenizer``."""
-    return _cached("memtable_text", batches, origin, f"{column}#{tokenizer.signature}",
-                   lambda: TextIndex(schema, generation, column, tokenizer))
+    return _cached(
+        "memtable_text",
+        batches,
+        origin,
+        f"{column}#{tokenizer.signature}",
+        lambda: TextIndex(schema, generation, column, tokenizer),
+    )
 
 
-__all__ = ["Piece", "RowsIndex", "forget", "TextIndex", "VectorIndex", "rows_index", "text_index",
-           "vector_index"]
+__all__ = [
+    "Piece",
+    "RowsIndex",
+    "TextIndex",
+    "VectorIndex",
+    "forget",
+    "rows_index",
+    "text_index",
+    "vector_index",
+]

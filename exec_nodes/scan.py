@@ -22,14 +22,14 @@ from memwal_sql.writer.generation import open_generation
 from planner.predicate import Predicate, evaluate, matches
 from planner.substrait import lance_filter
 
-
 _FEW_COLUMNS = 6  # up to this many columns of a generation are kept (key columns, tombstone)
 
 
 def source_schema(wal_schema: pa.Schema) -> pa.Schema:
     """Schema of a newer-than-base source: the WAL schema plus ``_gen`` and ``_rowaddr``."""
-    return pa.schema([*wal_schema, pa.field(GEN, pa.int64(), False),
-                      pa.field(ROWADDR, pa.uint64(), False)])
+    return pa.schema(
+        [*wal_schema, pa.field(GEN, pa.int64(), False), pa.field(ROWADDR, pa.uint64(), False)]
+    )
 
 
 class SourceExec(ExecNode):
@@ -51,8 +51,9 @@ class SourceExec(ExecNode):
     def execute(self) -> Iterator[pa.RecordBatch]:
         yield from self.read_counted().to_batches()
 
-    def read_counted(self, columns: Sequence[str] | None = None,
-                     predicate: Predicate | None = None) -> pa.Table:
+    def read_counted(
+        self, columns: Sequence[str] | None = None, predicate: Predicate | None = None
+    ) -> pa.Table:
         """Read the source (``columns`` plus ``_gen``/``_rowaddr``; rows for which
         ``predicate`` is TRUE; all columns when there is a predicate), counting the open:
         tests check what a plan touched."""
@@ -77,8 +78,14 @@ class GenerationScanExec(SourceExec):
 
     name = "GenerationScanExec"
 
-    def __init__(self, region_id: str, generation: int, uri: str, schema: pa.Schema,
-                 storage_options: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        region_id: str,
+        generation: int,
+        uri: str,
+        schema: pa.Schema,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(region_id, generation, schema)
         self.uri = uri
         self.storage_options = storage_options
@@ -114,15 +121,18 @@ class GenerationScanExec(SourceExec):
         def load() -> tuple[pa.Table, int]:
             ds = open_generation(uri, opts)
             names = [f.name for f in schema if f.name in ds.schema.names]
-            table = conform(ds.to_table(columns=names, with_row_address=True), schema,
-                            self.generation).combine_chunks()
+            table = conform(
+                ds.to_table(columns=names, with_row_address=True), schema, self.generation
+            ).combine_chunks()
             return table, table.nbytes
 
         return CACHE.get("columns", f"{uri}#{','.join(schema.names)}", load)  # type: ignore[return-value]
 
     def describe(self) -> str:
-        return f"{self.name}: region={self.region_id[:8]} gen={self.generation} " \
-               f"path={self.uri.rsplit('/', 1)[-1]}"
+        return (
+            f"{self.name}: region={self.region_id[:8]} gen={self.generation} "
+            f"path={self.uri.rsplit('/', 1)[-1]}"
+        )
 
 
 class MemTableScanExec(SourceExec):
@@ -130,8 +140,14 @@ class MemTableScanExec(SourceExec):
 
     name = "MemTableScanExec"
 
-    def __init__(self, region_id: str, generation: int, batches: Sequence[pa.RecordBatch],
-                 schema: pa.Schema, origin: str = "memtable") -> None:
+    def __init__(
+        self,
+        region_id: str,
+        generation: int,
+        batches: Sequence[pa.RecordBatch],
+        schema: pa.Schema,
+        origin: str = "memtable",
+    ) -> None:
         super().__init__(region_id, generation, schema)
         self.batches = list(batches)
         self.origin = origin
@@ -143,14 +159,17 @@ class MemTableScanExec(SourceExec):
 
         # The MemTable's rows in the source schema, extended as it grows (not rebuilt per
         # query); row i of the MemTable has _rowaddr i, as its key index has.
-        rows = rows_index(self.batches, self.generation, self.origin,
-                          self._schema).update(self.batches)
+        rows = rows_index(self.batches, self.generation, self.origin, self._schema).update(
+            self.batches
+        )
         return matches(predicate, rows).select(schema.names)
 
     def describe(self) -> str:
         rows = sum(b.num_rows for b in self.batches)
-        return f"{self.name}: region={self.region_id[:8]} gen={self.generation} " \
-               f"{self.origin} rows={rows}"
+        return (
+            f"{self.name}: region={self.region_id[:8]} gen={self.generation} "
+            f"{self.origin} rows={rows}"
+        )
 
 
 class BaseScanExec(ExecNode):
@@ -158,9 +177,15 @@ class BaseScanExec(ExecNode):
 
     name = "BaseScanExec"
 
-    def __init__(self, dataset: lance.LanceDataset, columns: Sequence[str],
-                 predicate: Predicate | None, *, fragment_ids: Sequence[int] | None = None,
-                 batch_size: int | None = None) -> None:
+    def __init__(
+        self,
+        dataset: lance.LanceDataset,
+        columns: Sequence[str],
+        predicate: Predicate | None,
+        *,
+        fragment_ids: Sequence[int] | None = None,
+        batch_size: int | None = None,
+    ) -> None:
         self.dataset = dataset
         self.columns = list(columns)
         self.predicate = predicate
@@ -183,19 +208,26 @@ class BaseScanExec(ExecNode):
         # A filter Lance cannot take is applied here, on every column it may read.
         columns = self.columns if self.exact else None
         scanner = self.dataset.scanner(
-            columns=columns, filter=self.filter, fragments=fragments,
-            with_row_address=True, batch_size=self.batch_size or 8192, scan_in_order=True,
+            columns=columns,
+            filter=self.filter,
+            fragments=fragments,
+            with_row_address=True,
+            batch_size=self.batch_size or 8192,
+            scan_in_order=True,
         )
         for batch in scanner.to_batches():
             if not self.exact and batch.num_rows:
                 batch = batch.filter(pc.fill_null(evaluate(self.predicate, batch), False))
             if batch.num_rows:
                 # Lance marks _rowaddr nullable; the node's schema says what it is (not null).
-                yield pa.RecordBatch.from_arrays(batch.select(self._schema.names).columns,
-                                                 schema=self._schema)
+                yield pa.RecordBatch.from_arrays(
+                    batch.select(self._schema.names).columns, schema=self._schema
+                )
 
     def describe(self) -> str:
         frags = "all" if self.fragment_ids is None else str(self.fragment_ids)
-        return (f"{self.name}: version={self.dataset.version} gen={BASE_GENERATION} "
-                f"fragments={frags} columns={self.columns} filter={self.filter}"
-                + ("" if self.exact else f" then {self.predicate}"))
+        return (
+            f"{self.name}: version={self.dataset.version} gen={BASE_GENERATION} "
+            f"fragments={frags} columns={self.columns} filter={self.filter}"
+            + ("" if self.exact else f" then {self.predicate}")
+        )

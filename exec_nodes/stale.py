@@ -49,10 +49,17 @@ class FilterStaleExec(ExecNode):
 
     name = "FilterStaleExec"
 
-    def __init__(self, children: Sequence[KnnSource], primary_key: Sequence[str],
-                 newer_sources: Callable[[pa.Table], list[CoalesceFirstExec]], k: int, *,
-                 score: str, descending: bool = False,
-                 post_filter: Callable[[pa.Table], pa.Table] | None = None) -> None:
+    def __init__(
+        self,
+        children: Sequence[KnnSource],
+        primary_key: Sequence[str],
+        newer_sources: Callable[[pa.Table], list[CoalesceFirstExec]],
+        k: int,
+        *,
+        score: str,
+        descending: bool = False,
+        post_filter: Callable[[pa.Table], pa.Table] | None = None,
+    ) -> None:
         self._children = list(children)
         self.primary_key = list(primary_key)
         self.newer_sources = newer_sources
@@ -73,8 +80,10 @@ class FilterStaleExec(ExecNode):
         return list(self._children)
 
     def describe(self) -> str:
-        return (f"{self.name}: key={self.primary_key} latest version only, {self.rounds} "
-                f"round(s); dropped {self.dropped_stale} stale, {self.dropped_deleted} deleted")
+        return (
+            f"{self.name}: key={self.primary_key} latest version only, {self.rounds} "
+            f"round(s); dropped {self.dropped_stale} stale, {self.dropped_deleted} deleted"
+        )
 
     def execute(self) -> Iterator[pa.RecordBatch]:
         yield from self.valid().to_batches()
@@ -84,28 +93,36 @@ class FilterStaleExec(ExecNode):
         # The base table's best rows are the likeliest to be stale (every newer source may
         # hold a newer version of them): ask it for twice as many up front, which saves a
         # second round for most searches.
-        fetch = [2 * self.k if c.generation == BASE_GENERATION and len(self._children) > 1
-                 else self.k for c in self._children]
+        fetch = [
+            2 * self.k if c.generation == BASE_GENERATION and len(self._children) > 1 else self.k
+            for c in self._children
+        ]
         while True:
             self.rounds += 1
             # The base table's search runs in Lance, which releases the GIL: start it first
             # and search the newer sources (numpy, in this thread) meanwhile.
             pairs = list(enumerate(zip(self._children, fetch)))
-            in_lance = {i: _POOL.submit(c.top, n) for i, (c, n) in pairs
-                        if c.generation == BASE_GENERATION}
+            in_lance = {
+                i: _POOL.submit(c.top, n) for i, (c, n) in pairs if c.generation == BASE_GENERATION
+            }
             here = {i: c.top(n) for i, (c, n) in pairs if i not in in_lance}
             parts = [in_lance[i].result() if i in in_lance else here[i] for i, _ in pairs]
-            parts = [rows.append_column(SOURCE, pa.array(np.full(rows.num_rows, i)))
-                     for i, rows in enumerate(parts)]
-            candidates = pa.concat_tables(parts) if parts else \
-                self.schema.empty_table().append_column(SOURCE, pa.array([], pa.int64()))
-            candidates = candidates.append_column(
-                "__row", pa.array(np.arange(candidates.num_rows)))
+            parts = [
+                rows.append_column(SOURCE, pa.array(np.full(rows.num_rows, i)))
+                for i, rows in enumerate(parts)
+            ]
+            candidates = (
+                pa.concat_tables(parts)
+                if parts
+                else self.schema.empty_table().append_column(SOURCE, pa.array([], pa.int64()))
+            )
+            candidates = candidates.append_column("__row", pa.array(np.arange(candidates.num_rows)))
             keep = self._latest(candidates)
             if self.post_filter is not None and keep.any():
                 kept_rows = candidates.filter(pa.array(keep))
-                survivors = self.post_filter(self.rows_of(kept_rows).append_column(
-                    "__row", kept_rows.column("__row")))
+                survivors = self.post_filter(
+                    self.rows_of(kept_rows).append_column("__row", kept_rows.column("__row"))
+                )
                 keep[:] = False
                 keep[survivors.column("__row").to_numpy()] = True
             kept = candidates.filter(pa.array(keep))
@@ -126,15 +143,20 @@ class FilterStaleExec(ExecNode):
             parts.append(self._children[i].rows(addresses[at]))
             order.append(at)
         if not parts:
-            return self._children[0].source_schema.empty_table().append_column(
-                candidates.schema.field(self.score), candidates.column(self.score))
+            return (
+                self._children[0]
+                .source_schema.empty_table()
+                .append_column(candidates.schema.field(self.score), candidates.column(self.score))
+            )
         table = pa.concat_tables(parts)
         table = table.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
-        return table.append_column(candidates.schema.field(self.score),
-                                   candidates.column(self.score))
+        return table.append_column(
+            candidates.schema.field(self.score), candidates.column(self.score)
+        )
 
-    def _more(self, candidates: pa.Table, keep: np.ndarray, kept: pa.Table,
-              fetch: list[int]) -> list[int] | None:
+    def _more(
+        self, candidates: pa.Table, keep: np.ndarray, kept: pa.Table, fetch: list[int]
+    ) -> list[int] | None:
         """The next fetch sizes, or None when the ``k`` best valid candidates are final."""
         scores = kept.column(self.score).to_numpy()
         if len(scores) >= self.k:
@@ -145,7 +167,7 @@ class FilterStaleExec(ExecNode):
         source = candidates.column(SOURCE).to_numpy()
         all_scores = candidates.column(self.score).to_numpy()
         out, grew = list(fetch), False
-        for i, child in enumerate(self._children):
+        for i, _child in enumerate(self._children):
             mine = source == i
             returned = int(mine.sum())
             if returned < fetch[i] or keep[mine].all():
@@ -162,8 +184,9 @@ class FilterStaleExec(ExecNode):
         if n == 0:
             return np.zeros(0, dtype=bool)
         keys = distinct_keys(candidates.select(self.primary_key))
-        found = [node.probe(node.keys).rows for node in self.newer_sources(keys)
-                 if node.keys is not None]
+        found = [
+            node.probe(node.keys).rows for node in self.newer_sources(keys) if node.keys is not None
+        ]
         found = [f for f in found if f.num_rows]
         gen = candidates.column(GEN).to_numpy()
         is_base = gen == BASE_GENERATION
@@ -171,14 +194,20 @@ class FilterStaleExec(ExecNode):
             self._drops = (int((~is_base).sum()), 0)
             return is_base
         # The newest version of each candidate key among the newer sources, the scan's way.
-        newest = Versions.of([f.select([*self.primary_key, GEN, ROWADDR, TOMBSTONE])
-                              for f in found], self.primary_key, [])
+        newest = Versions.of(
+            [f.select([*self.primary_key, GEN, ROWADDR, TOMBSTONE]) for f in found],
+            self.primary_key,
+            [],
+        )
         pos = newest.positions(candidates.select(self.primary_key))
         in_newer = pos >= 0
         at = np.where(in_newer, pos, 0)
         deleted = in_newer & newest.dead[at]
-        is_newest = in_newer & (newest.gen[at] == gen) & (
-            newest.addr[at] == candidates.column(ROWADDR).to_numpy().astype(np.int64))
+        is_newest = (
+            in_newer
+            & (newest.gen[at] == gen)
+            & (newest.addr[at] == candidates.column(ROWADDR).to_numpy().astype(np.int64))
+        )
         keep = np.where(in_newer, is_newest & ~is_base, is_base) & ~deleted
         self._drops = (int((~keep & ~deleted).sum()), int(deleted.sum()))
         return keep
@@ -189,8 +218,14 @@ class TopKExec(ExecNode):
 
     name = "TopKExec"
 
-    def __init__(self, child: FilterStaleExec | Any, k: int, score: str,
-                 descending: bool = False, columns: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        child: FilterStaleExec | Any,
+        k: int,
+        score: str,
+        descending: bool = False,
+        columns: Sequence[str] | None = None,
+    ) -> None:
         # ``child`` answers ``valid()`` (its latest-version candidates) and ``primary_key``:
         # FilterStaleExec, or GlobalBM25Exec for full-text search.
         self.child = child
@@ -226,4 +261,4 @@ class TopKExec(ExecNode):
         yield from best.select(self.schema.names).to_batches()
 
 
-__all__ = ["FilterStaleExec", "SOURCE", "TopKExec"]
+__all__ = ["SOURCE", "FilterStaleExec", "TopKExec"]

@@ -20,6 +20,7 @@ from memwal_sql.table import (
 from memwal_sql.writer.region_writer import RegionWriter, WriterConfig
 
 __all__ = [
+    "DEFAULT_REGION_ID",
     "MemWalContext",
     "MemWalTable",
     "RegionSpec",
@@ -30,7 +31,6 @@ __all__ = [
     "errors",
     "open_table",
     "region_id_for",
-    "DEFAULT_REGION_ID",
 ]
 __version__ = "0.1.0"
 

@@ -35,10 +35,16 @@ def cmd_create(a: argparse.Namespace) -> None:
     if not a.source:
         raise SystemExit("create needs --from FILE (parquet/arrow/csv) to take the schema from")
     data = pads.dataset(a.source)
-    tbl = mw.create_table(a.uri, data.to_table() if a.with_data else data.schema,
-                          primary_key=a.primary_key.split(","), region_spec=spec)
-    print(f"created {tbl.uri}: primary key {list(tbl.primary_key)}, "
-          f"regions {tbl.region_spec.describe() if tbl.region_spec else 'manual'}")
+    tbl = mw.create_table(
+        a.uri,
+        data.to_table() if a.with_data else data.schema,
+        primary_key=a.primary_key.split(","),
+        region_spec=spec,
+    )
+    print(
+        f"created {tbl.uri}: primary key {list(tbl.primary_key)}, "
+        f"regions {tbl.region_spec.describe() if tbl.region_spec else 'manual'}"
+    )
 
 
 def cmd_ingest(a: argparse.Namespace) -> None:
@@ -63,18 +69,23 @@ def cmd_inspect(a: argparse.Namespace) -> None:
         print(json.dumps([r.to_dict() for r in regions], indent=2))
         return
     print(f"{a.uri}: primary key {list(tbl.primary_key)}, base version {tbl.dataset().version}")
-    print(f"{'region':<38}{'epoch':>6}{'gens':>6}{'merged':>7}{'unmerged':>9}{'rows':>10}"
-          f"{'lag s':>8}{'WAL':>6}{'storage':>10}  index catch-up")
+    print(
+        f"{'region':<38}{'epoch':>6}{'gens':>6}{'merged':>7}{'unmerged':>9}{'rows':>10}"
+        f"{'lag s':>8}{'WAL':>6}{'storage':>10}  index catch-up"
+    )
     for r in regions:
         if r.problem is not None:
             print(f"{r.region_id:<38}DAMAGED: {r.problem}")
             continue
-        catchup = ", ".join(f"{k}@{'?' if v is None else v}"
-                            for k, v in r.index_catchup.items()) or "-"
-        print(f"{r.region_id:<38}{r.writer_epoch:>6}{len(r.flushed_generations):>6}"
-              f"{r.merged_generation:>7}{r.unmerged_generations:>9}{r.unmerged_rows:>10,}"
-              f"{r.merge_lag_seconds:>8.0f}{r.wal_entries:>6}"
-              f"{_size(sum(r.storage_bytes.values())):>10}  {catchup}")
+        catchup = (
+            ", ".join(f"{k}@{'?' if v is None else v}" for k, v in r.index_catchup.items()) or "-"
+        )
+        print(
+            f"{r.region_id:<38}{r.writer_epoch:>6}{len(r.flushed_generations):>6}"
+            f"{r.merged_generation:>7}{r.unmerged_generations:>9}{r.unmerged_rows:>10,}"
+            f"{r.merge_lag_seconds:>8.0f}{r.wal_entries:>6}"
+            f"{_size(sum(r.storage_bytes.values())):>10}  {catchup}"
+        )
 
 
 def _size(n: int) -> str:
@@ -88,36 +99,49 @@ def _size(n: int) -> str:
 def cmd_merge(a: argparse.Namespace) -> None:
     r = mw.open_table(a.uri).merge()
     gens = sum(len(g) for g in r.merged.values())
-    print(f"merged {gens} generation(s) from {len(r.merged)} region(s): {r.rows_upserted:,} rows "
-          f"upserted, {r.rows_deleted:,} deleted, {r.conflicts} conflict(s), {r.seconds:.2f} s")
+    print(
+        f"merged {gens} generation(s) from {len(r.merged)} region(s): {r.rows_upserted:,} rows "
+        f"upserted, {r.rows_deleted:,} deleted, {r.conflicts} conflict(s), {r.seconds:.2f} s"
+    )
 
 
 def cmd_gc(a: argparse.Namespace) -> None:
     from datetime import timedelta
 
-    older = timedelta(seconds=a.base_versions_older_than) \
-        if a.base_versions_older_than is not None else None
+    older = (
+        timedelta(seconds=a.base_versions_older_than)
+        if a.base_versions_older_than is not None
+        else None
+    )
     r = mw.open_table(a.uri).gc(base_versions_older_than=older)
-    print(f"deleted {sum(len(g) for g in r.generations.values())} generation(s), "
-          f"{r.wal_entries} WAL entries, {r.orphan_directories} orphan directories, "
-          f"{r.manifest_versions} manifest versions ({r.objects} objects)")
+    print(
+        f"deleted {sum(len(g) for g in r.generations.values())} generation(s), "
+        f"{r.wal_entries} WAL entries, {r.orphan_directories} orphan directories, "
+        f"{r.manifest_versions} manifest versions ({r.objects} objects)"
+    )
 
 
 def cmd_maintain(a: argparse.Namespace) -> None:
     import time
     from datetime import timedelta
 
-    older = timedelta(seconds=a.base_versions_older_than) \
-        if a.base_versions_older_than is not None else None
+    older = (
+        timedelta(seconds=a.base_versions_older_than)
+        if a.base_versions_older_than is not None
+        else None
+    )
     tbl = mw.open_table(a.uri)
     runs = 0
     with tqdm(desc="maintenance passes", unit="pass") as bar:
         while True:
             r = tbl.maintain(base_versions_older_than=older)
             runs += 1
-            bar.set_postfix(merged=sum(len(g) for g in r.merge.merged.values()),
-                            indexed=len(r.indexes.optimized), regions=r.snapshots.regions,
-                            deleted=r.gc.objects)
+            bar.set_postfix(
+                merged=sum(len(g) for g in r.merge.merged.values()),
+                indexed=len(r.indexes.optimized),
+                regions=r.snapshots.regions,
+                deleted=r.gc.objects,
+            )
             bar.update(1)
             if a.watch is None or (a.iterations and runs >= a.iterations):
                 break
@@ -141,9 +165,11 @@ def cmd_set_aside(a: argparse.Namespace) -> None:
 
     tbl = mw.open_table(a.uri)
     to = set_aside_damaged_entry(tbl.store, a.region_id, a.position)
-    print(f"moved the damaged WAL entry at position {a.position} of region {a.region_id} to "
-          f"{tbl.store.uri_for(to)}; its rows are given up, and the next writer of the region "
-          "takes its position")
+    print(
+        f"moved the damaged WAL entry at position {a.position} of region {a.region_id} to "
+        f"{tbl.store.uri_for(to)}; its rows are given up, and the next writer of the region "
+        "takes its position"
+    )
 
 
 def cmd_demo(a: argparse.Namespace) -> None:
@@ -182,26 +208,44 @@ def main(argv: Sequence[str] | None = None) -> None:
     m = sub.add_parser("merge", help="merge flushed generations into the base table")
     m.add_argument("uri")
     m.set_defaults(func=cmd_merge)
-    for name, func, text in (("gc", cmd_gc, "delete what no reader or writer can need"),
-                             ("maintain", cmd_maintain,
-                              "merge, index catch-up, region snapshots and gc, once or on a "
-                              "schedule")):
+    for name, func, text in (
+        ("gc", cmd_gc, "delete what no reader or writer can need"),
+        (
+            "maintain",
+            cmd_maintain,
+            "merge, index catch-up, region snapshots and gc, once or on a schedule",
+        ),
+    ):
         g = sub.add_parser(name, help=text)
         g.add_argument("uri")
-        g.add_argument("--base-versions-older-than", type=float, metavar="SECONDS",
-                       help="first drop base-table versions older than this")
+        g.add_argument(
+            "--base-versions-older-than",
+            type=float,
+            metavar="SECONDS",
+            help="first drop base-table versions older than this",
+        )
         if name == "maintain":
-            g.add_argument("--watch", type=float, metavar="SECONDS",
-                           help="repeat every SECONDS alongside live writers")
+            g.add_argument(
+                "--watch",
+                type=float,
+                metavar="SECONDS",
+                help="repeat every SECONDS alongside live writers",
+            )
             g.add_argument("--iterations", type=int, default=0, help="stop after N passes")
         g.set_defaults(func=func)
-    v = sub.add_parser("verify", help="check every manifest, WAL entry and generation file "
-                       "for damage (exit status 1 if any)")
+    v = sub.add_parser(
+        "verify",
+        help="check every manifest, WAL entry and generation file "
+        "for damage (exit status 1 if any)",
+    )
     v.add_argument("uri")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=cmd_verify)
-    t = sub.add_parser("set-aside", help="give up a damaged last WAL entry (a "
-                       "CorruptWalEntryError) by moving it to the region's torn_wal/")
+    t = sub.add_parser(
+        "set-aside",
+        help="give up a damaged last WAL entry (a "
+        "CorruptWalEntryError) by moving it to the region's torn_wal/",
+    )
     t.add_argument("uri")
     t.add_argument("region_id")
     t.add_argument("position", type=int)
@@ -211,8 +255,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     d.add_argument("--regions", type=int, default=4)
     d.add_argument("--uri", help="where to write the table (default: a temporary directory)")
     d.add_argument("--no-durable", action="store_true")
-    d.add_argument("--spark", action="store_true",
-                   help="instead: ingest through Spark, read back with format('memwal'), query")
+    d.add_argument(
+        "--spark",
+        action="store_true",
+        help="instead: ingest through Spark, read back with format('memwal'), query",
+    )
     d.set_defaults(func=cmd_demo)
     a = p.parse_args(argv)
     try:

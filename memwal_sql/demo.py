@@ -20,12 +20,14 @@ from tqdm import tqdm
 import memwal_sql as mw
 from memwal_sql.interop import lance_scanner
 
-SCHEMA = pa.schema([
-    pa.field("id", pa.int64(), False),
-    pa.field("user", pa.string()),
-    pa.field("amount", pa.float64()),
-    pa.field("version", pa.int64()),
-])
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), False),
+        pa.field("user", pa.string()),
+        pa.field("amount", pa.float64()),
+        pa.field("version", pa.int64()),
+    ]
+)
 
 
 @dataclass
@@ -45,19 +47,24 @@ def _stream(rows: int, batch_rows: int, update_frac: float, delete_frac: float, 
     while produced < rows:
         n = min(batch_rows, rows - produced)
         n_upd = int(n * update_frac) if next_id else 0
-        ids = np.concatenate([
-            np.arange(next_id, next_id + n - n_upd, dtype=np.int64),
-            rng.integers(0, max(next_id, 1), n_upd, dtype=np.int64),
-        ])
+        ids = np.concatenate(
+            [
+                np.arange(next_id, next_id + n - n_upd, dtype=np.int64),
+                rng.integers(0, max(next_id, 1), n_upd, dtype=np.int64),
+            ]
+        )
         next_id += n - n_upd
         ids = np.unique(ids)  # one version per key per batch keeps the model exact
         version += 1
-        upserts = pa.table({
-            "id": ids,
-            "user": pa.array([f"user{u}" for u in (ids % 997)]),
-            "amount": ids * 0.5 + version,
-            "version": np.full(len(ids), version, dtype=np.int64),
-        }, schema=SCHEMA)
+        upserts = pa.table(
+            {
+                "id": ids,
+                "user": pa.array([f"user{u}" for u in (ids % 997)]),
+                "amount": ids * 0.5 + version,
+                "version": np.full(len(ids), version, dtype=np.int64),
+            },
+            schema=SCHEMA,
+        )
         deletes = np.unique(rng.integers(0, next_id, int(n * delete_frac), dtype=np.int64))
         produced += n
         yield upserts, deletes
@@ -75,9 +82,13 @@ def run_demo(
     if uri is None:
         workdir = tempfile.mkdtemp(prefix="memwal-demo-")
         uri = f"{workdir}/events"
-    tbl = mw.create_table(uri, SCHEMA, primary_key="id",
-                          region_spec=mw.RegionSpec.bucket("id", regions),
-                          writer_config=mw.WriterConfig(durable=durable, max_memtable_rows=200_000))
+    tbl = mw.create_table(
+        uri,
+        SCHEMA,
+        primary_key="id",
+        region_spec=mw.RegionSpec.bucket("id", regions),
+        writer_config=mw.WriterConfig(durable=durable, max_memtable_rows=200_000),
+    )
     print(f"table {uri}: primary key id, {regions} bucket regions, durable={durable}")
     latest_version = np.zeros(rows + 1, dtype=np.int64)  # 0 = absent
     t0 = time.perf_counter()
@@ -96,19 +107,24 @@ def run_demo(
     print(f"\n{'region':<38}{'epoch':>6}{'rows':>10}{'deletes':>9}{'WAL entries':>12}{'gens':>6}")
     for w in writers:
         s = w.stats()
-        print(f"{s['region_id']:<38}{s['writer_epoch']:>6}{s['rows_written']:>10}"
-              f"{s['deletes']:>9}{s['wal_entries_written']:>12}{len(s['generations']):>6}")
+        print(
+            f"{s['region_id']:<38}{s['writer_epoch']:>6}{s['rows_written']:>10}"
+            f"{s['deletes']:>9}{s['wal_entries_written']:>12}{len(s['generations']):>6}"
+        )
 
     stored = lance_scanner(tbl).project(["id", "version"]).to_table().sort_by("id")
     expected_ids = np.nonzero(latest_version)[0]
-    matches = (
-        np.array_equal(stored.column("id").to_numpy(), expected_ids)
-        and np.array_equal(stored.column("version").to_numpy(), latest_version[expected_ids])
+    matches = np.array_equal(stored.column("id").to_numpy(), expected_ids) and np.array_equal(
+        stored.column("version").to_numpy(), latest_version[expected_ids]
     )
-    print(f"\n{rows:,} rows in {seconds:.1f} s = {rows / seconds:,.0f} rows/s "
-          f"(durable={durable}, flush included)")
-    print(f"latest rows read back by Lance's LsmScanner: {stored.num_rows:,}; "
-          f"model: {len(expected_ids):,}; {'MATCH' if matches else 'MISMATCH'}")
+    print(
+        f"\n{rows:,} rows in {seconds:.1f} s = {rows / seconds:,.0f} rows/s "
+        f"(durable={durable}, flush included)"
+    )
+    print(
+        f"latest rows read back by Lance's LsmScanner: {stored.num_rows:,}; "
+        f"model: {len(expected_ids):,}; {'MATCH' if matches else 'MISMATCH'}"
+    )
     matches = bool(matches) and _sql_tour(uri, latest_version)
     if workdir is not None:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -118,8 +134,11 @@ def run_demo(
 def _sql_tour(uri: str, latest_version: np.ndarray) -> bool:
     """A few SQL queries over the table through DataFusion, checked against the model."""
     tbl = mw.open_table(uri)
-    tbl.upsert(pa.table({"id": [0], "user": ["late-writer"], "amount": [1.0], "version": [10**6]},
-                        schema=SCHEMA))  # unflushed: visible at once to strong reads
+    tbl.upsert(
+        pa.table(
+            {"id": [0], "user": ["late-writer"], "amount": [1.0], "version": [10**6]}, schema=SCHEMA
+        )
+    )  # unflushed: visible at once to strong reads
     latest_version[0] = 10**6
     ctx = mw.connect()
     ctx.register("events", tbl)
@@ -132,8 +151,11 @@ def _sql_tour(uri: str, latest_version: np.ndarray) -> bool:
     ok = True
     for sql in queries:
         print(f"\nSQL> {sql}")
-        print(ctx.sql(sql).to_arrow_table().to_pandas().to_string(index=False)
-              if _has_pandas() else ctx.sql(sql).to_arrow_table())
+        print(
+            ctx.sql(sql).to_arrow_table().to_pandas().to_string(index=False)
+            if _has_pandas()
+            else ctx.sql(sql).to_arrow_table()
+        )
     live = int(np.count_nonzero(latest_version))
     got = ctx.sql("SELECT count(*) AS n FROM events").to_pydict()["n"][0]
     ok &= got == live
@@ -173,41 +195,60 @@ def run_spark_demo(rows: int = 200_000, regions: int = 4, uri: str | None = None
         workdir = tempfile.mkdtemp(prefix="memwal-spark-demo-")
         uri = f"{workdir}/events"
     print("starting Spark (local[2]) ...")
-    spark = (SparkSession.builder.master("local[2]").appName("memwal-demo")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("memwal-demo")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     try:
         mws.register(spark)
-        mw.create_table(uri, SCHEMA, primary_key="id",
-                        region_spec=mw.RegionSpec.bucket("id", regions)).close()
+        mw.create_table(
+            uri, SCHEMA, primary_key="id", region_spec=mw.RegionSpec.bucket("id", regions)
+        ).close()
         ids = np.arange(rows, dtype=np.int64)
-        data = pa.table({"id": ids, "user": pa.array([f"user{u}" for u in ids % 997]),
-                         "amount": ids * 0.25, "version": np.ones(rows, dtype=np.int64)},
-                        schema=SCHEMA)
+        data = pa.table(
+            {
+                "id": ids,
+                "user": pa.array([f"user{u}" for u in ids % 997]),
+                "amount": ids * 0.25,
+                "version": np.ones(rows, dtype=np.int64),
+            },
+            schema=SCHEMA,
+        )
         t0 = time.perf_counter()
         summary = mws.write(spark.createDataFrame(data), uri)
         seconds = time.perf_counter() - t0
-        print(f"spark ingest: {summary.rows:,} rows into {len(summary.regions)} regions by "
-              f"{sum(1 for n in summary.regions_per_task if n)} tasks (one region each: "
-              f"{all(n <= 1 for n in summary.regions_per_task)}) in {seconds:.1f} s")
+        print(
+            f"spark ingest: {summary.rows:,} rows into {len(summary.regions)} regions by "
+            f"{sum(1 for n in summary.regions_per_task if n)} tasks (one region each: "
+            f"{all(n <= 1 for n in summary.regions_per_task)}) in {seconds:.1f} s"
+        )
         df = spark.read.format("memwal").load(uri)
         df.createOrReplaceTempView("events")
         back = df.count()
-        top = spark.sql("SELECT user, round(sum(amount), 2) AS total FROM events "
-                        "WHERE id < 10000 GROUP BY user ORDER BY total DESC LIMIT 3").collect()
+        top = spark.sql(
+            "SELECT user, round(sum(amount), 2) AS total FROM events "
+            "WHERE id < 10000 GROUP BY user ORDER BY total DESC LIMIT 3"
+        ).collect()
         expected = mw.open_table(uri).to_arrow(filter="id < 10000")
         totals = pa.TableGroupBy(expected, "user").aggregate([("amount", "sum")])
-        best = sorted(zip(totals["amount_sum"].to_pylist(), totals["user"].to_pylist()),
-                      reverse=True)[:3]
+        best = sorted(
+            zip(totals["amount_sum"].to_pylist(), totals["user"].to_pylist()), reverse=True
+        )[:3]
         sql_ok = [(r["user"], r["total"]) for r in top] == [(u, round(a, 2)) for a, u in best]
-        print(f"spark.read.format('memwal'): {back:,} rows, written {rows:,}: "
-              f"{'MATCH' if back == rows else 'MISMATCH'}")
-        print("Spark SQL, top users by amount among ids < 10,000: "
-              + ", ".join(f"{r['user']}={r['total']}" for r in top)
-              + f" ({'MATCH' if sql_ok else 'MISMATCH'} with the table's own read)")
+        print(
+            f"spark.read.format('memwal'): {back:,} rows, written {rows:,}: "
+            f"{'MATCH' if back == rows else 'MISMATCH'}"
+        )
+        print(
+            "Spark SQL, top users by amount among ids < 10,000: "
+            + ", ".join(f"{r['user']}={r['total']}" for r in top)
+            + f" ({'MATCH' if sql_ok else 'MISMATCH'} with the table's own read)"
+        )
         return back == rows and sql_ok
     finally:
         spark.stop()

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from lance.mem_wal import LsmScanner, ShardSnapshot
 
-
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
 
@@ -24,8 +23,11 @@ def lance_shard_snapshots(table: MemWalTable) -> list[ShardSnapshot]:
     merged = table.merged_generations()
     snaps = []
     for rid, m in table.region_manifests():
-        snap = ShardSnapshot(rid).with_spec_id(m.region_spec_id) \
+        snap = (
+            ShardSnapshot(rid)
+            .with_spec_id(m.region_spec_id)
             .with_current_generation(m.current_generation)
+        )
         for g in m.flushed_generations:
             if g.generation > merged.get(rid, 0):
                 snap = snap.with_sstable(g.generation, g.path)

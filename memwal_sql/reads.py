@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-
 from datafusion import col
 
 from exec_nodes.base import GEN, ROWADDR
@@ -45,8 +44,13 @@ class TableReads:
         self._lock = threading.Lock()
         self.last_lookup_plan: LookupPlan | None = None
 
-    def _frame(self, columns: Sequence[str] | None, filter: str | None, consistency: str,
-               system_columns: bool) -> tuple[MemWalContext, Any, str, MemWalDataset | None]:
+    def _frame(
+        self,
+        columns: Sequence[str] | None,
+        filter: str | None,
+        consistency: str,
+        system_columns: bool,
+    ) -> tuple[MemWalContext, Any, str, MemWalDataset | None]:
         """A DataFrame of the table, filtered and projected: the context, the DataFrame, the
         table's name in the context, and the dataset this query reads (for its errors).
 
@@ -59,8 +63,12 @@ class TableReads:
             name = f"t_{consistency}_{int(system_columns)}"
             # Weakly: the context lives in Rust, where the garbage collector cannot see a
             # cycle back to the table, and would keep every table (and its threads) alive.
-            self._ctx.register(name, weakref.proxy(self.table),  # type: ignore[arg-type]
-                               consistency=consistency, system_columns=system_columns)
+            self._ctx.register(
+                name,
+                weakref.proxy(self.table),  # type: ignore[arg-type]
+                consistency=consistency,
+                system_columns=system_columns,
+            )
             df = self._ctx.table(name)
             if filter is not None:
                 df = _filtered(df, filter, name)
@@ -86,14 +94,24 @@ class TableReads:
             )
         return list(columns)
 
-    def to_arrow(self, columns: Sequence[str] | None, filter: str | None, consistency: str,
-                 system_columns: bool) -> pa.Table:
+    def to_arrow(
+        self,
+        columns: Sequence[str] | None,
+        filter: str | None,
+        consistency: str,
+        system_columns: bool,
+    ) -> pa.Table:
         _, df, _, ds = self._frame(columns, filter, consistency, system_columns)
         with typed_errors(ds):
             return plain_strings(df.to_arrow_table())
 
-    def scan(self, columns: Sequence[str] | None, filter: str | None, consistency: str,
-             system_columns: bool) -> pa.RecordBatchReader:
+    def scan(
+        self,
+        columns: Sequence[str] | None,
+        filter: str | None,
+        consistency: str,
+        system_columns: bool,
+    ) -> pa.RecordBatchReader:
         _, df, _, ds = self._frame(columns, filter, consistency, system_columns)
         with typed_errors(ds):
             # A DataFusion stream, not the Arrow C stream: the session closes the streams it
@@ -112,8 +130,7 @@ class TableReads:
         with typed_errors(ds):
             return int(df.count())
 
-    def explain(self, filter: str | None, columns: Sequence[str] | None,
-                consistency: str) -> str:
+    def explain(self, filter: str | None, columns: Sequence[str] | None, consistency: str) -> str:
         ctx, df, name, ds = self._frame(columns, filter, consistency, False)
         with typed_errors(ds):
             df.execution_plan()  # physical planning runs our planner (get_fragments)
@@ -121,8 +138,9 @@ class TableReads:
         assert plan is not None
         return plan.explain()
 
-    def pushed_filter(self, filter: str, consistency: str
-                      ) -> tuple[Predicate | None, TableSnapshot, bool]:
+    def pushed_filter(
+        self, filter: str, consistency: str
+    ) -> tuple[Predicate | None, TableSnapshot, bool]:
         """``filter`` parsed (:class:`InvalidFilterError` if it is not one boolean expression)
         and pushed as DataFusion pushes it into a scan: the predicate tree, the snapshot the
         planning pinned, and whether DataFusion kept a part of it to itself (a function
@@ -136,14 +154,22 @@ class TableReads:
     def _lookup_plan(self, keys: Any, consistency: str) -> tuple[LookupPlan, pa.Table]:
         t = self.table
         key_table = t._rows.keys(keys)
-        plan = plan_lookup(take_snapshot(t, consistency), t.store, t.region_spec,  # type: ignore[arg-type]
-                           key_table)
+        plan = plan_lookup(
+            take_snapshot(t, consistency),
+            t.store,
+            t.region_spec,  # type: ignore[arg-type]
+            key_table,
+        )
         return plan, key_table
 
-    def lookup(self, keys: Any, columns: Sequence[str] | None, consistency: str,
-               system_columns: bool) -> pa.Table:
-        names = (self._checked(columns, system_columns) if columns is not None
-                 else list(self.table.schema.names))
+    def lookup(
+        self, keys: Any, columns: Sequence[str] | None, consistency: str, system_columns: bool
+    ) -> pa.Table:
+        names = (
+            self._checked(columns, system_columns)
+            if columns is not None
+            else list(self.table.schema.names)
+        )
         plan, key_table = self._lookup_plan(keys, consistency)
         self.last_lookup_plan = plan
         with read_failures(f"lookup in {self.table.uri}"):
@@ -167,9 +193,14 @@ def _datafusion_message(e: Exception, table_name: str) -> str:
 
 # Expression kinds a filter may not contain: it reads this table's rows one at a time.
 _NOT_IN_FILTERS = {
-    "Exists": "a subquery", "InSubquery": "a subquery", "ScalarSubquery": "a subquery",
-    "AggregateFunction": "an aggregate", "WindowFunction": "a window function",
-    "Placeholder": "a parameter placeholder", "Alias": "an alias", "Wildcard": "a wildcard",
+    "Exists": "a subquery",
+    "InSubquery": "a subquery",
+    "ScalarSubquery": "a subquery",
+    "AggregateFunction": "an aggregate",
+    "WindowFunction": "a window function",
+    "Placeholder": "a parameter placeholder",
+    "Alias": "an alias",
+    "Wildcard": "a wildcard",
 }
 
 
@@ -180,17 +211,18 @@ def _filtered(df: Any, text: str, table_name: str) -> Any:
         raise InvalidFilterError(f"a filter is SQL text, not {type(text).__name__}")
     try:
         expr = df.parse_sql_expr(text)
-    except Exception as e:  # noqa: BLE001 - DataFusion's parse errors are untyped
+    except Exception as e:
         raise InvalidFilterError(
             f"invalid filter {text!r}: {_datafusion_message(e, table_name)}; a filter is one "
-            "SQL boolean expression, such as \"score > 0.5 AND name IS NOT NULL\""
+            'SQL boolean expression, such as "score > 0.5 AND name IS NOT NULL"'
         ) from e
     _check_filter_parts(expr, text)
     try:
         return df.filter(expr)  # DataFusion checks the type (boolean) here
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise InvalidFilterError(
-            f"invalid filter {text!r}: {_datafusion_message(e, table_name)}") from e
+            f"invalid filter {text!r}: {_datafusion_message(e, table_name)}"
+        ) from e
 
 
 def _check_filter_parts(expr: Any, text: str) -> None:
@@ -200,11 +232,13 @@ def _check_filter_parts(expr: Any, text: str) -> None:
         variant = node.variant_name()
         kind = _NOT_IN_FILTERS.get(variant)
         if kind is not None:
-            raise InvalidFilterError(f"invalid filter {text!r}: it contains {kind}; a filter "
-                                     "is a boolean expression over the table's own columns")
+            raise InvalidFilterError(
+                f"invalid filter {text!r}: it contains {kind}; a filter "
+                "is a boolean expression over the table's own columns"
+            )
         if variant in ("Column", "Literal"):
             continue
         try:
             stack.extend(node.rex_call_operands())
-        except Exception:  # noqa: BLE001 - a leaf has no operands
+        except Exception:
             continue

@@ -49,29 +49,46 @@ class IndexInfo:
     lag_generations: dict[str, int] | None
 
 
-def create_index(table: MemWalTable, column: str, index_type: str, *, name: str | None = None,
-                 replace: bool = True, **params: Any) -> IndexInfo:
+def create_index(
+    table: MemWalTable,
+    column: str,
+    index_type: str,
+    *,
+    name: str | None = None,
+    replace: bool = True,
+    **params: Any,
+) -> IndexInfo:
     """Create ``index_type`` on ``column`` of the base table and maintain it (see
     :meth:`MemWalTable.create_index`)."""
     kind = index_type.upper()
     if column not in table.schema.names:
-        raise SchemaMismatchError(f"no column {column!r} in the table; its columns are "
-                                  f"{table.schema.names}")
+        raise SchemaMismatchError(
+            f"no column {column!r} in the table; its columns are {table.schema.names}"
+        )
     if kind not in VECTOR_INDEX_TYPES + SCALAR_INDEX_TYPES:
-        raise InvalidInputError(f"unknown index type {index_type!r}: one of "
-                                f"{', '.join(VECTOR_INDEX_TYPES + SCALAR_INDEX_TYPES)}")
+        raise InvalidInputError(
+            f"unknown index type {index_type!r}: one of "
+            f"{', '.join(VECTOR_INDEX_TYPES + SCALAR_INDEX_TYPES)}"
+        )
     ds = table.dataset()
     index_name = name or f"{column}_idx"
     with storage_failures(f"create index {index_name} on {table.uri}"):
         if kind in VECTOR_INDEX_TYPES:
             if not pa.types.is_fixed_size_list(table.schema.field(column).type):
-                raise SchemaMismatchError(f"a {kind} index needs a fixed-size-list vector "
-                                          f"column; {column!r} is "
-                                          f"{table.schema.field(column).type}")
+                raise SchemaMismatchError(
+                    f"a {kind} index needs a fixed-size-list vector "
+                    f"column; {column!r} is "
+                    f"{table.schema.field(column).type}"
+                )
             ds.create_index(column, kind, name=index_name, replace=replace, **params)
         else:
-            ds.create_scalar_index(column, "INVERTED" if kind == "FTS" else kind,
-                                   name=index_name, replace=replace, **params)
+            ds.create_scalar_index(
+                column,
+                "INVERTED" if kind == "FTS" else kind,
+                name=index_name,
+                replace=replace,
+                **params,
+            )
 
         def maintain(details: Any) -> None:
             if index_name not in details.maintained_indexes:
@@ -99,56 +116,78 @@ def list_indexes(table: MemWalTable) -> list[IndexInfo]:
         lag = None
         if cov is not None and cov.caught_up is not None:
             lag = {rid: max(0, gen - cov.caught_up.get(rid, 0)) for rid, gen in merged.items()}
-        out.append(IndexInfo(
-            name=d.name, index_type=str(stats.get("index_type", "")),
-            columns=tuple(d.field_names),
-            maintained=details.maintain_all_indexes or d.name in maintained,
-            caught_up=bool(cov is not None and cov.complete),
-            lag_generations=lag))
+        out.append(
+            IndexInfo(
+                name=d.name,
+                index_type=str(stats.get("index_type", "")),
+                columns=tuple(d.field_names),
+                maintained=details.maintain_all_indexes or d.name in maintained,
+                caught_up=bool(cov is not None and cov.complete),
+                lag_generations=lag,
+            )
+        )
     return out
 
 
 def vector_column(table: MemWalTable, column: str | None) -> str:
     """``column`` checked, or the table's only vector column."""
-    vectors = [f.name for f in table.schema if pa.types.is_fixed_size_list(f.type)
-               and pa.types.is_floating(f.type.value_type)]
+    vectors = [
+        f.name
+        for f in table.schema
+        if pa.types.is_fixed_size_list(f.type) and pa.types.is_floating(f.type.value_type)
+    ]
     if column is None:
         if len(vectors) != 1:
             raise InvalidInputError(
                 "name the vector column (column=...): the table has "
-                + (f"several: {vectors}" if vectors else "none (a fixed_size_list of floats)"))
+                + (f"several: {vectors}" if vectors else "none (a fixed_size_list of floats)")
+            )
         return vectors[0]
     if column not in vectors:
-        raise SchemaMismatchError(f"{column!r} is not a vector column of the table; its vector "
-                                  f"columns are {vectors}")
+        raise SchemaMismatchError(
+            f"{column!r} is not a vector column of the table; its vector columns are {vectors}"
+        )
     return column
 
 
 def text_column(table: MemWalTable, column: str | None) -> str:
     """``column`` checked, or the table's only column with an inverted index (else its only
     string column)."""
-    strings = [f.name for f in table.schema if pa.types.is_string(f.type)
-               or pa.types.is_large_string(f.type) or pa.types.is_string_view(f.type)]
+    strings = [
+        f.name
+        for f in table.schema
+        if pa.types.is_string(f.type)
+        or pa.types.is_large_string(f.type)
+        or pa.types.is_string_view(f.type)
+    ]
     if column is None:
         ds = table.dataset()
-        indexed = [d.field_names[0] for d in ds.describe_indices()
-                   if "Inverted" in d.type_url and len(d.field_names) == 1]
+        indexed = [
+            d.field_names[0]
+            for d in ds.describe_indices()
+            if "Inverted" in d.type_url and len(d.field_names) == 1
+        ]
         candidates = indexed or strings
         if len(candidates) != 1:
-            raise InvalidInputError("name the text column (column=...): the table has "
-                                    + (f"several: {candidates}" if candidates else "none"))
+            raise InvalidInputError(
+                "name the text column (column=...): the table has "
+                + (f"several: {candidates}" if candidates else "none")
+            )
         return candidates[0]
     if column not in strings:
-        raise SchemaMismatchError(f"{column!r} is not a text column of the table; its text "
-                                  f"columns are {strings}")
+        raise SchemaMismatchError(
+            f"{column!r} is not a text column of the table; its text columns are {strings}"
+        )
     return column
 
 
 def query_vector(query: Any, dim: int) -> np.ndarray:
     """The query as a float32 vector of ``dim`` values."""
     try:
-        q = np.asarray(query.to_numpy(zero_copy_only=False) if hasattr(query, "to_numpy")
-                       else query, dtype=np.float32).reshape(-1)
+        q = np.asarray(
+            query.to_numpy(zero_copy_only=False) if hasattr(query, "to_numpy") else query,
+            dtype=np.float32,
+        ).reshape(-1)
     except (TypeError, ValueError) as e:
         raise InvalidInputError(f"the query must be a vector of {dim} numbers: {e}") from e
     if q.shape != (dim,):
@@ -165,9 +204,9 @@ class TableSearch:
         self.table = table
         self.last_plan: SearchPlan | None = None
 
-    def _filtered_snapshot(self, filter: str | None, consistency: str,
-                           pushed: Predicate | None = None
-                           ) -> tuple[TableSnapshot, Predicate | None, Any]:
+    def _filtered_snapshot(
+        self, filter: str | None, consistency: str, pushed: Predicate | None = None
+    ) -> tuple[TableSnapshot, Predicate | None, Any]:
         """The snapshot to search, the filter as a predicate tree, and a post-filter for the
         part of the filter DataFusion could not hand to the sources (None when none).
         ``pushed`` is a filter already decoded (what SQL pushes into a table function)."""
@@ -177,15 +216,26 @@ class TableSearch:
         predicate, snapshot, residual = reads.pushed_filter(filter, consistency)
         post = None
         if residual:
+
             def post(rows: pa.Table, text: str = filter) -> pa.Table:
                 ctx = SessionContext()
                 df = ctx.from_arrow(rows)
                 return plain_strings(df.filter(df.parse_sql_expr(text)).to_arrow_table())
+
         return snapshot, predicate, post
 
-    def plan_vector_search(self, query: Any, column: str | None, k: int, filter: str | None,
-                           nprobes: int | None, refine_factor: int | None, metric: str | None,
-                           consistency: str, pushed: Predicate | None = None) -> SearchPlan:
+    def plan_vector_search(
+        self,
+        query: Any,
+        column: str | None,
+        k: int,
+        filter: str | None,
+        nprobes: int | None,
+        refine_factor: int | None,
+        metric: str | None,
+        consistency: str,
+        pushed: Predicate | None = None,
+    ) -> SearchPlan:
         t = self.table
         col = vector_column(t, column)
         if not isinstance(k, int) or k < 1:
@@ -198,12 +248,29 @@ class TableSearch:
         q = query_vector(query, t.schema.field(col).type.list_size)
         snapshot, predicate, post = self._filtered_snapshot(filter, consistency, pushed)
         return plan_vector_search(
-            snapshot, t.store, t.region_spec, t.schema, column=col, query=q, k=k,
-            metric=metric.lower() if metric else None, predicate=predicate, nprobes=nprobes,
-            refine_factor=refine_factor, post_filter=post)
+            snapshot,
+            t.store,
+            t.region_spec,
+            t.schema,
+            column=col,
+            query=q,
+            k=k,
+            metric=metric.lower() if metric else None,
+            predicate=predicate,
+            nprobes=nprobes,
+            refine_factor=refine_factor,
+            post_filter=post,
+        )
 
-    def plan_fts(self, query: str, column: str | None, k: int, filter: str | None,
-                 consistency: str, pushed: Predicate | None = None) -> SearchPlan:
+    def plan_fts(
+        self,
+        query: str,
+        column: str | None,
+        k: int,
+        filter: str | None,
+        consistency: str,
+        pushed: Predicate | None = None,
+    ) -> SearchPlan:
         t = self.table
         col = text_column(t, column)
         if not isinstance(query, str):
@@ -215,9 +282,11 @@ class TableSearch:
             raise InvalidFilterError(
                 f"invalid filter {filter!r} for a full-text search: it uses a function the "
                 "search cannot apply to its candidates; use plain comparisons, IN, IS NULL, "
-                "AND/OR/NOT")
-        return plan_fts(snapshot, t.region_spec, t.schema, column=col, query=query, k=k,
-                        predicate=predicate)
+                "AND/OR/NOT"
+            )
+        return plan_fts(
+            snapshot, t.region_spec, t.schema, column=col, query=query, k=k, predicate=predicate
+        )
 
     def fts(self, *args: Any) -> pa.Table:
         plan = self.plan_fts(*args)

@@ -42,8 +42,8 @@ from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
 from memwal_sql.storage import storage_failures
 from planner.lookup import LookupPlan, lookup_keys, plan_lookup
 from planner.predicate import Predicate, matches
-from planner.substrait import decode_filter
 from planner.scan import ScanPlan, output_schema, plan_scan
+from planner.substrait import decode_filter
 
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
@@ -60,8 +60,9 @@ class _Projection:
 
 
 class _PartitionScanner:
-    def __init__(self, dataset: MemWalDataset, plan: ScanPlan, index: int,
-                 schema: pa.Schema) -> None:
+    def __init__(
+        self, dataset: MemWalDataset, plan: ScanPlan, index: int, schema: pa.Schema
+    ) -> None:
         self.dataset = dataset
         self.plan = plan
         self.index = index
@@ -70,12 +71,18 @@ class _PartitionScanner:
     def to_batches(self) -> Iterator[pa.RecordBatch]:
         with self.dataset.recording_errors():
             yield from _EXIT.steps(
-                self.plan.root.execute_partition(self.index, self.projected_schema))
+                self.plan.root.execute_partition(self.index, self.projected_schema)
+            )
 
 
 class _LookupScanner:
-    def __init__(self, dataset: MemWalDataset, plan: LookupPlan, predicate: Predicate | None,
-                 schema: pa.Schema) -> None:
+    def __init__(
+        self,
+        dataset: MemWalDataset,
+        plan: LookupPlan,
+        predicate: Predicate | None,
+        schema: pa.Schema,
+    ) -> None:
         self.dataset = dataset
         self.plan = plan
         self.predicate = predicate
@@ -93,17 +100,24 @@ class _LookupScanner:
 
 
 class _LookupFragment:
-    def __init__(self, dataset: MemWalDataset, plan: LookupPlan,
-                 predicate: Predicate | None) -> None:
+    def __init__(
+        self, dataset: MemWalDataset, plan: LookupPlan, predicate: Predicate | None
+    ) -> None:
         self.dataset = dataset
         self.plan = plan
         self.predicate = predicate
 
-    def scanner(self, schema: Any = None, columns: list[str] | None = None,
-                filter: pc.Expression | None = None, batch_size: int | None = None,
-                **_: Any) -> _LookupScanner:
-        return _LookupScanner(self.dataset, self.plan, self.predicate,
-                              self.dataset.project(columns))
+    def scanner(
+        self,
+        schema: Any = None,
+        columns: list[str] | None = None,
+        filter: pc.Expression | None = None,
+        batch_size: int | None = None,
+        **_: Any,
+    ) -> _LookupScanner:
+        return _LookupScanner(
+            self.dataset, self.plan, self.predicate, self.dataset.project(columns)
+        )
 
 
 class _PartitionFragment:
@@ -114,11 +128,15 @@ class _PartitionFragment:
         self.plan = plan
         self.index = index
 
-    def scanner(self, schema: Any = None, columns: list[str] | None = None,
-                filter: pc.Expression | None = None, batch_size: int | None = None,
-                **_: Any) -> _PartitionScanner:
-        return _PartitionScanner(self.dataset, self.plan, self.index,
-                                 self.dataset.project(columns))
+    def scanner(
+        self,
+        schema: Any = None,
+        columns: list[str] | None = None,
+        filter: pc.Expression | None = None,
+        batch_size: int | None = None,
+        **_: Any,
+    ) -> _PartitionScanner:
+        return _PartitionScanner(self.dataset, self.plan, self.index, self.dataset.project(columns))
 
 
 class MemWalDataset(pds.Dataset):
@@ -127,8 +145,14 @@ class MemWalDataset(pds.Dataset):
     The snapshot is taken at the first planning and pinned for the dataset's life.
     """
 
-    def __init__(self, table: MemWalTable, *, consistency: Consistency = "strong",
-                 system_columns: bool = False, partitions: int | None = None) -> None:
+    def __init__(
+        self,
+        table: MemWalTable,
+        *,
+        consistency: Consistency = "strong",
+        system_columns: bool = False,
+        partitions: int | None = None,
+    ) -> None:
         self._table = table
         self._consistency = consistency
         self._system_columns = system_columns
@@ -168,8 +192,12 @@ class MemWalDataset(pds.Dataset):
                 self._snapshot = take_snapshot(self._table, self._consistency)
             return self._snapshot
 
-    def scanner(self, columns: list[str] | None = None, filter: Any = None,  # type: ignore[override]
-                **_: Any) -> _Projection:
+    def scanner(
+        self,
+        columns: list[str] | None = None,
+        filter: Any = None,  # type: ignore[override]
+        **_: Any,
+    ) -> _Projection:
         return _Projection(self.project(columns))
 
     def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:  # type: ignore[override]
@@ -186,8 +214,14 @@ class MemWalDataset(pds.Dataset):
             lookup = plan_lookup(self.snapshot(), table.store, table.region_spec, keys)
             self.last_plan = lookup
             return [_LookupFragment(self, lookup, rest)]
-        plan = plan_scan(self.snapshot(), table.region_spec, table.schema, predicate,
-                         system_columns=self._system_columns, partitions=self._partitions)
+        plan = plan_scan(
+            self.snapshot(),
+            table.region_spec,
+            table.schema,
+            predicate,
+            system_columns=self._system_columns,
+            partitions=self._partitions,
+        )
         self.last_plan = plan
         # Partition 0 (the newer sources) always exists: DataFusion breaks on zero fragments.
         return [_PartitionFragment(self, plan, i) for i in range(plan.root.num_partitions)]
@@ -199,8 +233,7 @@ class _RowsFragment:
     def __init__(self, rows: pa.Table) -> None:
         self.rows = rows
 
-    def scanner(self, schema: Any = None, columns: list[str] | None = None,
-                **_: Any) -> Any:
+    def scanner(self, schema: Any = None, columns: list[str] | None = None, **_: Any) -> Any:
         rows = self.rows if columns is None else self.rows.select(columns)
         return _RowsScanner(rows)
 
@@ -220,8 +253,15 @@ class SearchDataset(pds.Dataset):
     pushed here and becomes the search's filter (on each row's latest version, before
     ranking); terms on the score (``_distance``, ``_score``) apply to the ``k`` rows found."""
 
-    def __init__(self, table: MemWalTable, kind: str, column: str | None, query: Any, k: int,
-                 consistency: Consistency) -> None:
+    def __init__(
+        self,
+        table: MemWalTable,
+        kind: str,
+        column: str | None,
+        query: Any,
+        k: int,
+        consistency: Consistency,
+    ) -> None:
         self._table = table
         self._kind = kind
         self._column = column
@@ -236,10 +276,15 @@ class SearchDataset(pds.Dataset):
     def schema(self) -> pa.Schema:  # type: ignore[override]
         return self._schema
 
-    def scanner(self, columns: list[str] | None = None, filter: Any = None,  # type: ignore[override]
-                **_: Any) -> _Projection:
-        return _Projection(self._schema if columns is None else
-                           pa.schema([self._schema.field(c) for c in columns]))
+    def scanner(
+        self,
+        columns: list[str] | None = None,
+        filter: Any = None,  # type: ignore[override]
+        **_: Any,
+    ) -> _Projection:
+        return _Projection(
+            self._schema if columns is None else pa.schema([self._schema.field(c) for c in columns])
+        )
 
     def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:  # type: ignore[override]
         from planner.predicate import conjuncts, referenced_columns
@@ -252,12 +297,26 @@ class SearchDataset(pds.Dataset):
             # The table's own search API plans it (same checks), with the pushed filter.
             search = table._search  # type: ignore[attr-defined]
             if self._kind == "vector_search":
-                plan = search.plan_vector_search(self._query, self._column, self._k, None, None,
-                                                  None, None, self._consistency,
-                                                  pushed=_all_of(on_rows))
+                plan = search.plan_vector_search(
+                    self._query,
+                    self._column,
+                    self._k,
+                    None,
+                    None,
+                    None,
+                    None,
+                    self._consistency,
+                    pushed=_all_of(on_rows),
+                )
             else:
-                plan = search.plan_fts(self._query, self._column, self._k, None,
-                                       self._consistency, pushed=_all_of(on_rows))
+                plan = search.plan_fts(
+                    self._query,
+                    self._column,
+                    self._k,
+                    None,
+                    self._consistency,
+                    pushed=_all_of(on_rows),
+                )
             self.last_plan = plan
             rows = matches(_all_of(on_score), plan.execute())
         return [_RowsFragment(rows)]
@@ -340,18 +399,27 @@ class MemWalContext(SessionContext):
     """A DataFusion SessionContext that also resolves MemWAL tables (see :func:`connect`)."""
 
     def __init__(self, config: SessionConfig | None = None) -> None:
-        config = (config or SessionConfig()).with_default_catalog_and_schema(CATALOG, SCHEMA) \
-            .with_create_default_catalog_and_schema(False).with_information_schema(True)
+        config = (
+            (config or SessionConfig())
+            .with_default_catalog_and_schema(CATALOG, SCHEMA)
+            .with_create_default_catalog_and_schema(False)
+            .with_information_schema(True)
+        )
         super().__init__(config)
         self.memwal_schema = MemWalSchema()
         self.register_catalog_provider(CATALOG, _Catalog(self.memwal_schema))
         for kind in ("vector_search", "fts"):
-            self.register_udtf(udtf(_search_function(weakref.ref(self.memwal_schema), kind),
-                                    kind))
+            self.register_udtf(udtf(_search_function(weakref.ref(self.memwal_schema), kind), kind))
 
-    def register(self, name: str, table: MemWalTable | str, *,
-                 consistency: Consistency = "strong", system_columns: bool = False,
-                 storage_options: dict[str, str] | None = None) -> None:
+    def register(
+        self,
+        name: str,
+        table: MemWalTable | str,
+        *,
+        consistency: Consistency = "strong",
+        system_columns: bool = False,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
         """Register a MemWAL table (or its uri) under ``name``.
 
         Every query that names it reads a fresh snapshot: with ``consistency="strong"`` all
@@ -362,8 +430,7 @@ class MemWalContext(SessionContext):
             from memwal_sql.table import open_table
 
             table = open_table(table, storage_options)
-        self.memwal_schema.add(name, table, consistency=consistency,
-                               system_columns=system_columns)
+        self.memwal_schema.add(name, table, consistency=consistency, system_columns=system_columns)
 
     def sql(self, query: str, *args: Any, **kwargs: Any) -> DataFrame:
         """Like :meth:`SessionContext.sql`; a memwal-sql error while the query (or a
@@ -388,18 +455,20 @@ def _search_function(schema: weakref.ref[MemWalSchema], kind: str) -> Any:
     """SQL ``vector_search('table', 'column', [q1, q2, ...], k)`` or
     ``fts('table', 'column', 'query text', k)`` over a registered MemWAL table (the column may
     be NULL: the table's only vector column, or its indexed text column)."""
-    usage = ("vector_search('table', 'column', [0.1, 0.2, ...], k)" if kind == "vector_search"
-             else "fts('table', 'column', 'query text', k)")
+    usage = (
+        "vector_search('table', 'column', [0.1, 0.2, ...], k)"
+        if kind == "vector_search"
+        else "fts('table', 'column', 'query text', k)"
+    )
 
     def search(*args: Any) -> Table:
         values = []
         for a in args:
             try:
                 values.append(a.python_value().as_py())
-            except Exception as e:  # noqa: BLE001 - not a literal
+            except Exception as e:
                 raise InvalidInputError(f"{kind} takes literals: {usage}") from e
-        if len(values) != 4 or not isinstance(values[0], str) or \
-                not isinstance(values[3], int):
+        if len(values) != 4 or not isinstance(values[0], str) or not isinstance(values[3], int):
             raise InvalidInputError(f"usage: {usage}")
         name, column, query, k = values
         provider = schema()
@@ -407,8 +476,9 @@ def _search_function(schema: weakref.ref[MemWalSchema], kind: str) -> Any:
         if entry is None:
             raise InvalidInputError(f"{kind}: no MemWAL table {name!r} is registered")
         table, options = entry
-        return Table(SearchDataset(table, kind, column, query, k,
-                                   options.get("consistency", "strong")))
+        return Table(
+            SearchDataset(table, kind, column, query, k, options.get("consistency", "strong"))
+        )
 
     return search
 
@@ -416,7 +486,8 @@ def _search_function(schema: weakref.ref[MemWalSchema], kind: str) -> Any:
 def read_failures(what: str) -> AbstractContextManager[None]:
     """Raise Lance's and Arrow's errors of reading a table's files as :class:`StorageError`."""
     return storage_failures(
-        what, kinds=(OSError, ValueError),
+        what,
+        kinds=(OSError, ValueError),
         advice="A file the region manifests or the base table name may be missing or damaged",
     )
 
@@ -489,7 +560,7 @@ class _Typed:
     the memwal-sql error behind it (DataFusion keeps only its text). What the calls return
     (derived DataFrames, streams) is wrapped too."""
 
-    __slots__ = ("_inner", "_schema", "__weakref__")
+    __slots__ = ("__weakref__", "_inner", "_schema")
 
     def __init__(self, inner: Any, schema: MemWalSchema) -> None:
         self._inner = inner

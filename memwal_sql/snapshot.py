@@ -121,8 +121,9 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
         rids = sorted(set(table.regions()) | set(merged))
         # Each manifest read is a few small object reads: issue them side by side.
         known = table.known_manifests
-        manifests = list(_POOL.map(
-            lambda r: RegionManifestStore(table.store, r).refresh(known.get(r)), rids))
+        manifests = list(
+            _POOL.map(lambda r: RegionManifestStore(table.store, r).refresh(known.get(r)), rids)
+        )
         for rid, manifest in zip(rids, manifests):
             if manifest is not None:
                 known[rid] = manifest
@@ -143,9 +144,10 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
             manifest, tail = _consistent_wal_tail(table, rid, manifest)
             table.known_manifests[rid] = manifest
         floor = merged.get(rid, 0)
-        refs = [GenerationRef(g.generation,
-                              table.store.uri_for(f"{layout.region_dir(rid)}/{g.path}"))
-                for g in manifest.flushed_generations]
+        refs = [
+            GenerationRef(g.generation, table.store.uri_for(f"{layout.region_dir(rid)}/{g.path}"))
+            for g in manifest.flushed_generations
+        ]
         gens = tuple(g for g in refs if g.generation > floor)
         unflushed: list[MemRows] = []
         if rid in memtables:
@@ -162,8 +164,9 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
         if spec is not None:
             values = _region_values(spec, rid, manifest)
         # A region snapshot may list generations collected since: none for the indexed read.
-        merged_refs = () if snapshotted is not None else \
-            tuple(g for g in refs if g.generation <= floor)
+        merged_refs = (
+            () if snapshotted is not None else tuple(g for g in refs if g.generation <= floor)
+        )
         regions.append(RegionSnapshot(rid, values, gens, tuple(unflushed), merged_refs))
     return TableSnapshot(
         dataset=dataset,
@@ -177,8 +180,9 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
     )
 
 
-def _consistent_wal_tail(table: MemWalTable, region_id: str, manifest: RegionManifest
-                         ) -> tuple[RegionManifest, tuple[pa.RecordBatch, ...]]:
+def _consistent_wal_tail(
+    table: MemWalTable, region_id: str, manifest: RegionManifest
+) -> tuple[RegionManifest, tuple[pa.RecordBatch, ...]]:
     """The WAL tail after ``manifest``, with the manifest it was read against.
 
     A flush may commit a newer manifest while the tail is read, and GC may then delete the WAL
@@ -215,14 +219,16 @@ def _wal_tail(table: MemWalTable, region_id: str, after: int) -> tuple[pa.Record
     return tuple(out)
 
 
-def _region_values(spec: RegionSpec, region_id: str, manifest: RegionManifest
-                   ) -> tuple[Any, ...] | None:
+def _region_values(
+    spec: RegionSpec, region_id: str, manifest: RegionManifest
+) -> tuple[Any, ...] | None:
     """The region's values under ``spec`` (NULL where the manifest names no value), or None
     for a region the spec does not govern (a manual region may hold any rows)."""
     from memwal_sql.table import region_id_for
 
     values = spec.values_from_entries(
-        [(e.field_id, e.value) for e in manifest.region_field_entries], missing_as_null=True)
+        [(e.field_id, e.value) for e in manifest.region_field_entries], missing_as_null=True
+    )
     if values is None or region_id_for(spec, values) != region_id:
         return None
     return values

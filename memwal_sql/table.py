@@ -15,9 +15,9 @@ from __future__ import annotations
 import threading
 import uuid
 import weakref
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
@@ -27,6 +27,8 @@ import pyarrow as pa
 
 from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails, RegionManifest
 from memwal_sql._proto.memwal_pb2 import RegionSpec as RegionSpecProto
+from memwal_sql.compat.lance import is_not_found
+from memwal_sql.compat.lance_manifest import read_mem_wal_details
 from memwal_sql.errors import (
     AuthenticationError,
     InvalidInputError,
@@ -39,14 +41,12 @@ from memwal_sql.errors import (
     UnknownRegionError,
     WriterFencedError,
 )
-from memwal_sql.compat.lance import is_not_found
-from memwal_sql.compat.lance_manifest import read_mem_wal_details
-from memwal_sql.index.region_snapshots import load_region_snapshots
 from memwal_sql.index.details import (
     create_mem_wal_index,
     has_mem_wal_index,
     region_generations,
 )
+from memwal_sql.index.region_snapshots import load_region_snapshots
 from memwal_sql.index.region_spec import RegionSpec
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import ObjectStore, layout, storage_failures
@@ -136,8 +136,12 @@ class MemWalTable:
         Every open shares one Lance session, so index and metadata caches (the primary-key
         btree that point lookups probe) survive from one snapshot to the next.
         """
-        return lance.dataset(self.uri, version=version, storage_options=self.storage_options or None,
-                             session=self._session)
+        return lance.dataset(
+            self.uri,
+            version=version,
+            storage_options=self.storage_options or None,
+            session=self._session,
+        )
 
     # ---- regions ------------------------------------------------------------------------------
 
@@ -201,8 +205,11 @@ class MemWalTable:
                 raise InvalidInputError(f"region_id {region_id!r} is not a UUID") from e
             # Without a region spec, regions are manual (as Lance's shard ids): any id may be
             # claimed. With one, a region exists once a writer of its values claimed it.
-            if spec is not None and rid not in self.regions() and \
-                    rid not in self.merged_generations():  # a lost region: the claim says so
+            if (
+                spec is not None
+                and rid not in self.regions()
+                and rid not in self.merged_generations()
+            ):  # a lost region: the claim says so
                 raise UnknownRegionError(
                     f"no region {rid} in {self.uri}; known regions: {self.regions()[:5]}"
                 )
@@ -212,9 +219,11 @@ class MemWalTable:
             return self._track(RegionWriter(self._layout, DEFAULT_REGION_ID, config=cfg))
         if all(f.transform == "unsharded" for f in spec.fields):
             values = (0,)
-            return self._track(RegionWriter(
-                self._layout, region_id_for(spec, values), region_values=values, config=cfg
-            ))
+            return self._track(
+                RegionWriter(
+                    self._layout, region_id_for(spec, values), region_values=values, config=cfg
+                )
+            )
         raise InvalidInputError(
             f"this table is split into regions by {spec.describe()}; pass region_values=(...) "
             "or region_id=..., or write through table.upsert() which routes rows"
@@ -261,13 +270,16 @@ class MemWalTable:
         ds = dataset or self.dataset()
         cached = self._maintained_cache
         if cached is None or cached[0] != ds.version:
-            cached = (ds.version, maintained_indexes(ds, self.mem_wal_details(ds),
-                                                     self.storage_options or None))
+            cached = (
+                ds.version,
+                maintained_indexes(ds, self.mem_wal_details(ds), self.storage_options or None),
+            )
             self._maintained_cache = cached
         return cached[1]
 
-    def region_snapshots(self, dataset: lance.LanceDataset | None = None
-                         ) -> list[RegionManifest] | None:
+    def region_snapshots(
+        self, dataset: lance.LanceDataset | None = None
+    ) -> list[RegionManifest] | None:
         """The region manifests as of the MemWAL index's last region snapshot (None: none
         taken, or unreadable); eventual-consistency reads use it.
 
@@ -278,8 +290,12 @@ class MemWalTable:
         key = (details.snapshot_ts_millis, details.num_regions)
         cached = self._snapshots_cache
         if cached is None or cached[0] != key:
-            cached = (key, load_region_snapshots(details, self.region_spec, self.store.uri_for,
-                                                 self.storage_options or None))
+            cached = (
+                key,
+                load_region_snapshots(
+                    details, self.region_spec, self.store.uri_for, self.storage_options or None
+                ),
+            )
             self._snapshots_cache = cached
         return cached[1]
 
@@ -387,8 +403,15 @@ class MemWalTable:
             self._search_impl = TableSearch(self)
         return self._search_impl
 
-    def create_index(self, column: str, index_type: str, *, name: str | None = None,
-                     replace: bool = True, **params: Any) -> Any:
+    def create_index(
+        self,
+        column: str,
+        index_type: str,
+        *,
+        name: str | None = None,
+        replace: bool = True,
+        **params: Any,
+    ) -> Any:
         """Create an index on the base table and maintain it: ``IVF_PQ``, ``IVF_FLAT``,
         ``IVF_HNSW_SQ`` (vectors; ``params`` as Lance's ``create_index`` takes them) or
         ``INVERTED``, ``BTREE`` (scalar; as ``create_scalar_index``). The index is recorded in
@@ -437,8 +460,9 @@ class MemWalTable:
         Example:
             ``tbl.vector_search([0.1, 0.2, 0.3], k=5, filter="category = 'a'")``
         """
-        return self._search.vector_search(query, column, k, filter, nprobes, refine_factor,
-                                          metric, consistency)
+        return self._search.vector_search(
+            query, column, k, filter, nprobes, refine_factor, metric, consistency
+        )
 
     def fts(
         self,
@@ -460,8 +484,14 @@ class MemWalTable:
         """
         return self._search.fts(query, column, k, filter, consistency)
 
-    def explain_search(self, query: Any, column: str | None = None, k: int = 10,
-                       filter: str | None = None, **options: Any) -> str:
+    def explain_search(
+        self,
+        query: Any,
+        column: str | None = None,
+        k: int = 10,
+        filter: str | None = None,
+        **options: Any,
+    ) -> str:
         """Run a search and show its plan: the sources searched, the regions pruned, and what
         was left out as stale or deleted (a text ``query`` runs :meth:`fts`, a vector
         :meth:`vector_search`).
@@ -489,8 +519,7 @@ class MemWalTable:
         with storage_failures(f"merge of {self.uri}"):
             return merge_table(self, max_generations_per_region=max_generations_per_region)
 
-    def gc(self, *, keep_manifest_versions: int = 10,
-           base_versions_older_than: Any = None) -> Any:
+    def gc(self, *, keep_manifest_versions: int = 10, base_versions_older_than: Any = None) -> Any:
         """Delete merged generations, WAL entries already in generations (never fence
         sentinels), orphaned generation directories and old manifest versions; returns a
         :class:`~memwal_sql.maintenance.GcResult`.
@@ -505,8 +534,11 @@ class MemWalTable:
         from memwal_sql.maintenance import gc_table
 
         with storage_failures(f"gc of {self.uri}"):
-            return gc_table(self, keep_manifest_versions=keep_manifest_versions,
-                            base_versions_older_than=base_versions_older_than)
+            return gc_table(
+                self,
+                keep_manifest_versions=keep_manifest_versions,
+                base_versions_older_than=base_versions_older_than,
+            )
 
     def catch_up_indexes(self) -> Any:
         """Optimize the base table's indexes that lag behind merged rows; returns a
@@ -532,8 +564,9 @@ class MemWalTable:
         with storage_failures(f"build region snapshots of {self.uri}"):
             return build_region_snapshots(self)
 
-    def maintain(self, *, base_versions_older_than: Any = None,
-                 keep_manifest_versions: int = 10) -> Any:
+    def maintain(
+        self, *, base_versions_older_than: Any = None, keep_manifest_versions: int = 10
+    ) -> Any:
         """One maintenance pass: :meth:`merge`, :meth:`catch_up_indexes`,
         :meth:`build_region_snapshots`, then :meth:`gc`; returns a
         :class:`~memwal_sql.maintenance.MaintenanceResult`.
@@ -544,8 +577,11 @@ class MemWalTable:
         from memwal_sql.maintenance import maintain_table
 
         with storage_failures(f"maintain of {self.uri}"):
-            return maintain_table(self, base_versions_older_than=base_versions_older_than,
-                                  keep_manifest_versions=keep_manifest_versions)
+            return maintain_table(
+                self,
+                base_versions_older_than=base_versions_older_than,
+                keep_manifest_versions=keep_manifest_versions,
+            )
 
     def verify(self, progress: Any = None) -> Any:
         """Scrub every region manifest version, WAL entry and generation file for damage;
@@ -619,8 +655,9 @@ class MemWalTable:
                 raise errors[0]
             # A new error, so the writer's own (raised again by its later calls) stays as it is.
             e = errors[0]
-            raise type(e)(f"{e} (regions {done} stored their rows of this call; the others did "
-                          "not)") from e
+            raise type(e)(
+                f"{e} (regions {done} stored their rows of this call; the others did not)"
+            ) from e
 
     def flush(self) -> None:
         """Flush the MemTable of every writer this table opened (routed or not) to a
@@ -650,7 +687,7 @@ class MemWalTable:
                 w.close()
             except WriterFencedError:
                 pass
-            except Exception as e:  # noqa: BLE001 - close the others, then report
+            except Exception as e:
                 errors.append(e)
         self.store.close()
         if errors:
@@ -662,8 +699,9 @@ class MemWalTable:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _route(self, rows: pa.RecordBatch, routing: pa.RecordBatch
-               ) -> list[tuple[RegionWriter, pa.RecordBatch]]:
+    def _route(
+        self, rows: pa.RecordBatch, routing: pa.RecordBatch
+    ) -> list[tuple[RegionWriter, pa.RecordBatch]]:
         """Split validated WAL-schema ``rows`` by the region values of ``routing`` (the same
         rows, with any region-spec column they lack filled in)."""
         spec = self.region_spec
@@ -671,8 +709,10 @@ class MemWalTable:
             return [(self._cached_writer(None), rows)]
         groups = spec.group_rows(routing)
         return [
-            (self._cached_writer(tuple(values)),
-             rows if len(groups) == 1 else rows.take(pa.array(np.asarray(idx))))
+            (
+                self._cached_writer(tuple(values)),
+                rows if len(groups) == 1 else rows.take(pa.array(np.asarray(idx))),
+            )
             for values, idx in groups.items()
         ]
 
@@ -681,10 +721,7 @@ class MemWalTable:
         with self._writers_lock:
             w = self._writers.get(key)
             if w is None:
-                if values is None:
-                    w = self.writer()
-                else:
-                    w = self.writer(region_values=values)
+                w = self.writer() if values is None else self.writer(region_values=values)
                 self._writers[key] = w
             return w
 
@@ -714,7 +751,9 @@ def _check_key_types(schema: pa.Schema, primary_key: Sequence[str]) -> None:
     a key would fail, leaving acknowledged rows stuck in the WAL."""
     missing = [k for k in primary_key if k not in schema.names]
     if missing:
-        raise PrimaryKeyError(f"primary-key column(s) {missing} are not in the schema {schema.names}")
+        raise PrimaryKeyError(
+            f"primary-key column(s) {missing} are not in the schema {schema.names}"
+        )
     for k in primary_key:
         t = schema.field(k).type
         if not is_supported_pk_type(t):
@@ -768,7 +807,9 @@ def create_table(
     existing = _try_dataset(uri, opts)
     if data_or_schema is None:
         if existing is None:
-            raise TableNotFoundError(f"no Lance table at {uri}; pass data or a schema to create one")
+            raise TableNotFoundError(
+                f"no Lance table at {uri}; pass data or a schema to create one"
+            )
         if has_mem_wal_index(existing):
             raise TableExistsError(f"{uri} already has MemWAL enabled; use mw.open_table")
         ds = existing
@@ -782,9 +823,15 @@ def create_table(
                     raise PrimaryKeyError(f"column {k!r} of {uri} holds nulls; it cannot be a key")
                 meta = dict(ds.schema.field(k).metadata or {})
                 meta[PK_METADATA.decode()] = "true"
-                ds.replace_field_metadata(k, {str(a if isinstance(a, str) else a.decode()):
-                                              str(b if isinstance(b, str) else b.decode())
-                                              for a, b in meta.items()})
+                ds.replace_field_metadata(
+                    k,
+                    {
+                        str(a if isinstance(a, str) else a.decode()): str(
+                            b if isinstance(b, str) else b.decode()
+                        )
+                        for a, b in meta.items()
+                    },
+                )
             ds = lance.dataset(uri, storage_options=opts)
     else:
         if existing is not None:
@@ -802,8 +849,14 @@ def create_table(
     spec = spec.bind(_plain_schema(ds.schema))
     ds = create_mem_wal_index(ds, _index_details(ds, spec), opts)
     ds = _ensure_key_index(ds, keys, uri, opts)
-    table = MemWalTable(uri, ds, primary_key=keys, region_spec=spec, storage_options=opts,
-                        writer_config=writer_config)
+    table = MemWalTable(
+        uri,
+        ds,
+        primary_key=keys,
+        region_spec=spec,
+        storage_options=opts,
+        writer_config=writer_config,
+    )
     # Lance writes without fsync: an acknowledged table (all of it, when MemWAL was enabled on
     # an existing one) must survive a power loss, its own name too.
     table.store.sync_written_since(0.0)
@@ -842,20 +895,28 @@ def open_table(
         newest = max(specs, key=lambda s: s["spec_id"])
         msg = RegionSpecProto(spec_id=newest["spec_id"])
         for f in newest["fields"]:
-            rf = msg.fields.add(field_id=f["field_id"], source_ids=f["source_ids"],
-                                result_type=f["result_type"])
+            rf = msg.fields.add(
+                field_id=f["field_id"], source_ids=f["source_ids"], result_type=f["result_type"]
+            )
             if f.get("transform") is not None:
                 rf.transform = f["transform"]
             if f.get("expression") is not None:
                 rf.expression = f["expression"]
             rf.parameters.update(f.get("parameters") or {})
         spec = RegionSpec.from_proto(msg, names).bind(_plain_schema(ds.schema))
-    return MemWalTable(uri, ds, primary_key=keys, region_spec=spec, storage_options=opts,
-                       writer_config=writer_config)
+    return MemWalTable(
+        uri,
+        ds,
+        primary_key=keys,
+        region_spec=spec,
+        storage_options=opts,
+        writer_config=writer_config,
+    )
 
 
-def _ensure_key_index(ds: lance.LanceDataset, keys: Sequence[str], uri: str,
-                      opts: dict[str, str] | None) -> lance.LanceDataset:
+def _ensure_key_index(
+    ds: lance.LanceDataset, keys: Sequence[str], uri: str, opts: dict[str, str] | None
+) -> lance.LanceDataset:
     """A btree index on the (first) primary-key column, which point lookups probe."""
     if any(i["fields"] == [keys[0]] for i in ds.list_indices()):
         return ds
@@ -880,8 +941,10 @@ def _try_dataset(uri: str, storage_options: dict[str, str] | None) -> lance.Lanc
         return lance.dataset(uri, storage_options=storage_options)
     except (ValueError, OSError, FileNotFoundError) as e:
         if is_access_denied(e):
-            raise AuthenticationError(f"the object store refused access to {uri} ({e}); check "
-                                      "the credentials in storage_options") from e
+            raise AuthenticationError(
+                f"the object store refused access to {uri} ({e}); check "
+                "the credentials in storage_options"
+            ) from e
         if is_not_found(e):
             return None
         raise StorageError(f"cannot open a table at {uri}: {e}") from e
@@ -903,5 +966,6 @@ def _release_in_background(writers: dict[str, RegionWriter]) -> None:
     which the release joins."""
     if writers:
         found = list(writers.values())
-        threading.Thread(target=lambda: [w._release_at_exit() for w in found],
-                         name="memwal-release", daemon=True).start()
+        threading.Thread(
+            target=lambda: [w._release_at_exit() for w in found], name="memwal-release", daemon=True
+        ).start()

@@ -35,8 +35,10 @@ class IndexedRead:
 
     def describe(self) -> str:
         gens = sum(len(g) for g in self.gap.values())
-        return (f"indexed read: {', '.join(self.indexes)} behind the merges; base fragments "
-                f"{list(self.fragment_ids)}, {gens} gap generation(s) read instead")
+        return (
+            f"indexed read: {', '.join(self.indexes)} behind the merges; base fragments "
+            f"{list(self.fragment_ids)}, {gens} gap generation(s) read instead"
+        )
 
 
 def plan_indexed_read(snapshot: TableSnapshot, columns: Collection[str]) -> IndexedRead | None:
@@ -49,15 +51,17 @@ def plan_indexed_read(snapshot: TableSnapshot, columns: Collection[str]) -> Inde
     if snapshot.store is None:
         return None
     wanted = set(columns)
-    coverage = [c for c in index_coverage(snapshot.store, snapshot.dataset)
-                if wanted & set(c.columns)]
+    coverage = [
+        c for c in index_coverage(snapshot.store, snapshot.dataset) if wanted & set(c.columns)
+    ]
     if not coverage or all(c.complete for c in coverage):
         return None
     if any(c.caught_up is None for c in coverage):
         return None  # some uncovered rows are not from merged generations
     fragments = frozenset.intersection(*(c.fragment_ids for c in coverage))
-    listed = {r.region_id: {g.generation: g for g in r.merged_generations}
-              for r in snapshot.regions}
+    listed = {
+        r.region_id: {g.generation: g for g in r.merged_generations} for r in snapshot.regions
+    }
     gap: dict[str, tuple[GenerationRef, ...]] = {}
     for rid, merged in snapshot.merged.items():
         caught_up = min_caught_up(coverage, rid)
@@ -70,5 +74,6 @@ def plan_indexed_read(snapshot: TableSnapshot, columns: Collection[str]) -> Inde
             return None  # collected: the gap cannot be read from generations
         gap[rid] = tuple(gens[g] for g in needed)
     live = [f.fragment_id for f in snapshot.dataset.get_fragments()]
-    return IndexedRead(tuple(c.name for c in coverage),
-                       tuple(f for f in live if f in fragments), gap)
+    return IndexedRead(
+        tuple(c.name for c in coverage), tuple(f for f in live if f in fragments), gap
+    )

@@ -9,8 +9,7 @@ probed. A tombstone in a newer source resolves a key as absent.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,15 +65,18 @@ class LookupPlan:
         return self.root.to_table()
 
     def explain(self) -> str:
-        lines = [f"MemWAL point lookup: base version {self.snapshot.base_version}, "
-                 f"consistency={self.snapshot.consistency}"]
+        lines = [
+            f"MemWAL point lookup: base version {self.snapshot.base_version}, "
+            f"consistency={self.snapshot.consistency}"
+        ]
         if self.indexed is not None:
             lines.append(self.indexed.describe())
         return "\n".join([*lines, self.root.explain()])
 
 
-def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | None,
-                keys: pa.Table) -> LookupPlan:
+def plan_lookup(
+    snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | None, keys: pa.Table
+) -> LookupPlan:
     """Build the lookup plan of ``keys`` (a table of the primary-key columns)."""
     pk = list(snapshot.primary_key)
     keys = distinct_keys(keys.select(pk))
@@ -84,14 +86,19 @@ def plan_lookup(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | 
     indexed = None if base.uses_key_index() else plan_indexed_read(snapshot, pk[:1])
     if indexed is not None:
         base.fragment_ids = list(indexed.fragment_ids)
-    regions = region_lookups(snapshot, store, spec, keys,
-                             indexed.gap if indexed is not None else None)
+    regions = region_lookups(
+        snapshot, store, spec, keys, indexed.gap if indexed is not None else None
+    )
     return LookupPlan(snapshot, PointLookupExec(keys, regions, base), indexed=indexed)
 
 
-def region_lookups(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | None,
-                   keys: pa.Table, gap: Mapping[str, Sequence[GenerationRef]] | None = None
-                   ) -> list[CoalesceFirstExec]:
+def region_lookups(
+    snapshot: TableSnapshot,
+    store: ObjectStore,
+    spec: RegionSpec | None,
+    keys: pa.Table,
+    gap: Mapping[str, Sequence[GenerationRef]] | None = None,
+) -> list[CoalesceFirstExec]:
     """Per region, the node that finds the newest version (tombstones included) of each of
     ``keys`` the region holds: its MemTables, then its generations newest first (and the
     ``gap`` generations of an indexed read), each key routed to its region when the spec
@@ -103,10 +110,17 @@ def region_lookups(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec
     pk = list(snapshot.primary_key)
     schema = source_schema(snapshot.wal_schema)
     opts = dict(snapshot.storage_options or {}) or None
-    routable = spec is not None and bool(spec.fields) and set(spec.source_columns) <= set(pk) \
-        and all(f.transform_impl.evaluable_in_callbacks([keys.schema.field(c).type
-                                                          for c in f.source_columns])
-                for f in spec.fields)
+    routable = (
+        spec is not None
+        and bool(spec.fields)
+        and set(spec.source_columns) <= set(pk)
+        and all(
+            f.transform_impl.evaluable_in_callbacks(
+                [keys.schema.field(c).type for c in f.source_columns]
+            )
+            for f in spec.fields
+        )
+    )
     by_values: dict[tuple[Any, ...], pa.Table] = {}
     if routable:
         assert spec is not None
@@ -122,31 +136,46 @@ def region_lookups(snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec
             region_keys = keys  # cannot route: this region may hold any key
         children: list[KeyedExec] = []
         for mem in region.unflushed:
-            children.append(TakeLastExec(region.region_id, mem.generation, schema, pk,
-                                         batches=mem.batches, origin=mem.origin))
+            children.append(
+                TakeLastExec(
+                    region.region_id,
+                    mem.generation,
+                    schema,
+                    pk,
+                    batches=mem.batches,
+                    origin=mem.origin,
+                )
+            )
         extra = gap.get(region.region_id, ()) if gap else ()
-        gens = [TakeLastExec(region.region_id, gen.generation, schema, pk, uri=gen.uri,
-                             storage_options=opts)
-                for gen in sorted([*region.generations, *extra], key=lambda g: -g.generation)]
-        if len(gens) > 1 and (region_keys.num_rows >= MERGED_INDEX_KEYS
-                              or GenerationIndexExec.is_cached(gens)):
+        gens = [
+            TakeLastExec(
+                region.region_id, gen.generation, schema, pk, uri=gen.uri, storage_options=opts
+            )
+            for gen in sorted([*region.generations, *extra], key=lambda g: -g.generation)
+        ]
+        if len(gens) > 1 and (
+            region_keys.num_rows >= MERGED_INDEX_KEYS or GenerationIndexExec.is_cached(gens)
+        ):
             children.append(GenerationIndexExec(gens, pk, schema))
         else:  # a few keys: a bloom test per generation rules most of them out cheaper
             if HASH not in region_keys.column_names:
                 # Hash each key once for every bloom filter it meets (the keys that no
                 # routing narrowed are shared by the regions: hashed once for all).
-                hashed = region_keys.append_column(HASH, pa.array(pk_hashes(
-                    region_keys.select(pk))))
+                hashed = region_keys.append_column(
+                    HASH, pa.array(pk_hashes(region_keys.select(pk)))
+                )
                 if region_keys is keys:
                     keys = hashed
                 region_keys = hashed
             for take in gens:
-                rel = take.uri[len(store.uri) + 1:] if take.uri.startswith(store.uri) \
-                    else take.uri  # type: ignore[union-attr]
+                rel = take.uri[len(store.uri) + 1 :] if take.uri.startswith(store.uri) else take.uri  # type: ignore[union-attr]
                 children.append(BloomFilterGuardExec(take, store, f"{rel}/{BLOOM_FILTER}"))
         if children:
-            regions.append(CoalesceFirstExec(children, pk, schema, keys=region_keys,
-                                             label=f"region {region.region_id[:8]}"))
+            regions.append(
+                CoalesceFirstExec(
+                    children, pk, schema, keys=region_keys, label=f"region {region.region_id[:8]}"
+                )
+            )
     return regions
 
 
@@ -164,8 +193,12 @@ def _pinned_values(term: Predicate) -> tuple[str, pa.Array] | None:
     return None
 
 
-def lookup_keys(predicate: Predicate | None, primary_key: Sequence[str], schema: pa.Schema,
-                max_keys: int = MAX_SQL_LOOKUP_KEYS) -> tuple[pa.Table, Predicate | None] | None:
+def lookup_keys(
+    predicate: Predicate | None,
+    primary_key: Sequence[str],
+    schema: pa.Schema,
+    max_keys: int = MAX_SQL_LOOKUP_KEYS,
+) -> tuple[pa.Table, Predicate | None] | None:
     """The key set a filter pins down and the rest of the filter (None when the keys are all
     of it), or None when the filter is not a point lookup.
 
@@ -195,7 +228,7 @@ def lookup_keys(predicate: Predicate | None, primary_key: Sequence[str], schema:
     # Every combination: column i repeats each value prod(sizes[i+1:]) times, tiled.
     columns = {}
     for i, k in enumerate(primary_key):
-        inner, outer = int(np.prod(sizes[i + 1:])), int(np.prod(sizes[:i]))
+        inner, outer = int(np.prod(sizes[i + 1 :])), int(np.prod(sizes[:i]))
         index = np.tile(np.repeat(np.arange(sizes[i]), inner), outer)
         columns[k] = values[k].take(pa.array(index, pa.int64())).cast(schema.field(k).type)
     residual = None if not rest else rest[0] if len(rest) == 1 else And(tuple(rest))

@@ -33,9 +33,23 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 
 __all__ = [
-    "And", "ColumnCompare", "Compare", "Const", "InList", "IsNull", "Not", "Opaque", "Or",
-    "Predicate", "evaluate", "matches", "negation_normal_form", "to_arrow_filter",
-    "conjuncts", "has_opaque", "has_float_in_list",
+    "And",
+    "ColumnCompare",
+    "Compare",
+    "Const",
+    "InList",
+    "IsNull",
+    "Not",
+    "Opaque",
+    "Or",
+    "Predicate",
+    "conjuncts",
+    "evaluate",
+    "has_float_in_list",
+    "has_opaque",
+    "matches",
+    "negation_normal_form",
+    "to_arrow_filter",
 ]
 
 FLIP = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
@@ -65,8 +79,11 @@ class Compare(Predicate):
         return f"Compare(column={self.column!r}, op={self.op!r}, value={self.value.as_py()!r})"
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, Compare) and (self.column, self.op) == (other.column, other.op)
-                and self.value.equals(other.value))
+        return (
+            isinstance(other, Compare)
+            and (self.column, self.op) == (other.column, other.op)
+            and self.value.equals(other.value)
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -89,12 +106,18 @@ class InList(Predicate):
     has_null: bool = False
 
     def __repr__(self) -> str:
-        return (f"InList(column={self.column!r}, values={self.values.to_pylist()!r}, "
-                f"has_null={self.has_null})")
+        return (
+            f"InList(column={self.column!r}, values={self.values.to_pylist()!r}, "
+            f"has_null={self.has_null})"
+        )
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, InList) and self.column == other.column
-                and self.has_null == other.has_null and self.values.equals(other.values))
+        return (
+            isinstance(other, InList)
+            and self.column == other.column
+            and self.has_null == other.has_null
+            and self.values.equals(other.values)
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -138,6 +161,7 @@ class Opaque(Predicate):
 # ------------------------------------------------------------------------------------------
 # Rewrites
 # ------------------------------------------------------------------------------------------
+
 
 def negation_normal_form(p: Predicate, negate: bool = False) -> Predicate:
     """``p`` with NOT pushed down to the leaves (De Morgan), which SQL's three-valued logic
@@ -199,6 +223,7 @@ def conjuncts(p: Predicate | None) -> list[Predicate]:
 # Evaluation with SQL semantics
 # ------------------------------------------------------------------------------------------
 
+
 def evaluate(p: Predicate, table: pa.Table | pa.RecordBatch) -> pa.BooleanArray:
     """``p`` over every row of ``table``: TRUE, FALSE or NULL, as DataFusion computes it.
 
@@ -209,9 +234,12 @@ def evaluate(p: Predicate, table: pa.Table | pa.RecordBatch) -> pa.BooleanArray:
     """
     n = table.num_rows
     if isinstance(p, Const):
-        return pa.array(np.full(n, p.value), pa.bool_()) if p.value is not None else \
-            pa.nulls(n, pa.bool_())
-    if isinstance(p, And) or isinstance(p, Or):
+        return (
+            pa.array(np.full(n, p.value), pa.bool_())
+            if p.value is not None
+            else pa.nulls(n, pa.bool_())
+        )
+    if isinstance(p, (And, Or)):
         combine = pc.and_kleene if isinstance(p, And) else pc.or_kleene
         result = evaluate(p.children[0], table)
         for child in p.children[1:]:
@@ -277,8 +305,14 @@ def _compare(left: pa.Array, op: str, right: pa.Array | pa.Scalar) -> pa.Array:
         if not isinstance(right, pa.Scalar):
             valid = pc.and_(valid, right.is_valid())
         return pa.array(result, pa.bool_(), mask=~valid.to_numpy(zero_copy_only=False))
-    fn = {"=": pc.equal, "!=": pc.not_equal, "<": pc.less, "<=": pc.less_equal,
-          ">": pc.greater, ">=": pc.greater_equal}[op]
+    fn = {
+        "=": pc.equal,
+        "!=": pc.not_equal,
+        "<": pc.less,
+        "<=": pc.less_equal,
+        ">": pc.greater,
+        ">=": pc.greater_equal,
+    }[op]
     return fn(left, right)
 
 
@@ -309,6 +343,7 @@ def _in_list(column: pa.Array, values: pa.Array, has_null: bool) -> pa.Array:
 # ------------------------------------------------------------------------------------------
 # Back to Arrow, for Lance
 # ------------------------------------------------------------------------------------------
+
 
 def to_arrow_filter(p: Predicate) -> pc.Expression:
     """An Arrow expression that is TRUE exactly where ``p`` is TRUE, for Lance's scanner
@@ -361,8 +396,11 @@ def has_float_in_list(p: Predicate, schema: pa.Schema) -> bool:
         return any(has_float_in_list(c, schema) for c in p.children)
     if isinstance(p, Not):
         return has_float_in_list(p.child, schema)
-    return isinstance(p, InList) and p.column in schema.names and \
-        pa.types.is_floating(schema.field(p.column).type)
+    return (
+        isinstance(p, InList)
+        and p.column in schema.names
+        and pa.types.is_floating(schema.field(p.column).type)
+    )
 
 
 def has_opaque(p: Predicate) -> bool:
@@ -380,6 +418,10 @@ def _is_in(p: InList) -> pc.Expression:
 
 
 _ARROW_OPS = {
-    "=": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
-    "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
+    "=": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
 }

@@ -84,9 +84,12 @@ def _project(p: Predicate, spec: RegionSpec) -> Predicate:
     return implied[0] if len(implied) == 1 else And(tuple(implied))
 
 
-def prune_regions(predicate: Predicate | None, spec: RegionSpec | None, schema: pa.Schema,
-                  regions: Sequence[tuple[str, Sequence[Any] | None]]
-                  ) -> tuple[list[str], list[str]]:
+def prune_regions(
+    predicate: Predicate | None,
+    spec: RegionSpec | None,
+    schema: pa.Schema,
+    regions: Sequence[tuple[str, Sequence[Any] | None]],
+) -> tuple[list[str], list[str]]:
     """Split region ids into (kept, pruned) for ``predicate``; a region whose values are
     unknown (None) is always kept."""
     if spec is None or predicate is None or not spec.fields:
@@ -97,13 +100,15 @@ def prune_regions(predicate: Predicate | None, spec: RegionSpec | None, schema: 
     if known:
         try:
             types = spec.result_types()
-        except Exception:  # noqa: BLE001 - an unbound spec: cannot prune
+        except Exception:
             types = None
         if types is None:
             keep.update({rid: True for rid, _ in known})
         else:
-            columns = {f.field_id: pa.array([v[i] for _, v in known], type=t)
-                       for i, (f, t) in enumerate(zip(spec.fields, types))}
+            columns = {
+                f.field_id: pa.array([v[i] for _, v in known], type=t)
+                for i, (f, t) in enumerate(zip(spec.fields, types))
+            }
             mask = pc.fill_null(evaluate(projected, pa.table(columns)), False)
             for (rid, _), kept in zip(known, np.asarray(mask.to_numpy(zero_copy_only=False))):
                 keep[rid] = bool(kept)

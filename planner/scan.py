@@ -36,9 +36,11 @@ class ScanPlan:
         head = [
             f"MemWAL scan: base version {snap.base_version}, consistency={snap.consistency}",
             f"regions: {len(self.kept_regions)} scanned, {len(self.pruned_regions)} pruned"
-            + (f" ({', '.join(r[:8] for r in self.pruned_regions)})" if self.pruned_regions else ""),
+            + (
+                f" ({', '.join(r[:8] for r in self.pruned_regions)})" if self.pruned_regions else ""
+            ),
         ]
-        return "\n".join(head + [self.root.explain()])
+        return "\n".join([*head, self.root.explain()])
 
 
 def output_schema(base: pa.Schema, system_columns: bool) -> pa.Schema:
@@ -82,11 +84,21 @@ def plan_scan(
         if region.region_id not in keep:
             continue
         for mem in region.unflushed:
-            sources.append(MemTableScanExec(region.region_id, mem.generation, mem.batches,
-                                            sschema, origin=mem.origin))
+            sources.append(
+                MemTableScanExec(
+                    region.region_id, mem.generation, mem.batches, sschema, origin=mem.origin
+                )
+            )
         for gen in sorted(region.generations, key=lambda g: -g.generation):
-            sources.append(GenerationScanExec(region.region_id, gen.generation, gen.uri, sschema,
-                                              dict(snapshot.storage_options or {}) or None))
+            sources.append(
+                GenerationScanExec(
+                    region.region_id,
+                    gen.generation,
+                    gen.uri,
+                    sschema,
+                    dict(snapshot.storage_options or {}) or None,
+                )
+            )
     root = DeduplicateExec(
         sources,
         snapshot.dataset,

@@ -17,18 +17,12 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import lance
 import numpy as np
 import pyarrow as pa
 
-from exec_nodes.knn import (
-    DISTANCE,
-    BaseKnnExec,
-    GenerationKnnExec,
-    KnnSource,
-    MemTableKnnExec,
-)
 from exec_nodes.fts import (
     SCORE,
     BaseFtsExec,
@@ -36,6 +30,13 @@ from exec_nodes.fts import (
     GenerationFtsExec,
     GlobalBM25Exec,
     MemTableFtsExec,
+)
+from exec_nodes.knn import (
+    DISTANCE,
+    BaseKnnExec,
+    GenerationKnnExec,
+    KnnSource,
+    MemTableKnnExec,
 )
 from exec_nodes.lookup import CACHE
 from exec_nodes.scan import source_schema
@@ -83,22 +84,32 @@ class SearchPlan:
 
     def explain(self) -> str:
         snap = self.snapshot
-        head = [f"MemWAL search: base version {snap.base_version}, "
-                f"consistency={snap.consistency}",
-                f"regions: {len(self.kept_regions)} searched, {len(self.pruned_regions)} pruned "
-                "(every region is still asked for newer versions of the candidates)"]
+        head = [
+            f"MemWAL search: base version {snap.base_version}, consistency={snap.consistency}",
+            f"regions: {len(self.kept_regions)} searched, {len(self.pruned_regions)} pruned "
+            "(every region is still asked for newer versions of the candidates)",
+        ]
         return "\n".join([*head, self.root.explain()])
 
 
-def _layout(snapshot: TableSnapshot, spec: RegionSpec | None, base_schema: pa.Schema,
-            predicate: Predicate | None
-            ) -> tuple[list[str], list[str], pa.Schema, dict[str, str] | None, list[str]]:
+def _layout(
+    snapshot: TableSnapshot,
+    spec: RegionSpec | None,
+    base_schema: pa.Schema,
+    predicate: Predicate | None,
+) -> tuple[list[str], list[str], pa.Schema, dict[str, str] | None, list[str]]:
     """What both searches start from: the regions kept and pruned by the filter, the newer
     sources' schema, the storage options and the primary key."""
-    kept, pruned = prune_regions(predicate, spec, base_schema,
-                                 [(r.region_id, r.region_values) for r in snapshot.regions])
-    return (kept, pruned, source_schema(snapshot.wal_schema),
-            dict(snapshot.storage_options or {}) or None, list(snapshot.primary_key))
+    kept, pruned = prune_regions(
+        predicate, spec, base_schema, [(r.region_id, r.region_values) for r in snapshot.regions]
+    )
+    return (
+        kept,
+        pruned,
+        source_schema(snapshot.wal_schema),
+        dict(snapshot.storage_options or {}) or None,
+        list(snapshot.primary_key),
+    )
 
 
 def vector_index(dataset: lance.LanceDataset, column: str) -> VectorIndex | None:
@@ -109,13 +120,17 @@ def vector_index(dataset: lance.LanceDataset, column: str) -> VectorIndex | None
     """
     for d in dataset.describe_indices():
         if d.field_names == [column] and "Vector" in d.type_url:
-            def load() -> tuple[VectorIndex, int]:
+
+            def load(d: Any = d) -> tuple[VectorIndex, int]:
                 stats = dataset.index_statistics(d.name)
                 stats = json.loads(stats) if isinstance(stats, str) else stats
                 first = (stats.get("indices") or [{}])[0]
-                return VectorIndex(d.name, str(stats.get("index_type", "")),
-                                   str(first.get("metric_type", "l2")).lower(),
-                                   int(first.get("num_partitions") or 1)), 256
+                return VectorIndex(
+                    d.name,
+                    str(stats.get("index_type", "")),
+                    str(first.get("metric_type", "l2")).lower(),
+                    int(first.get("num_partitions") or 1),
+                ), 256
 
             key = f"{dataset.uri}@{dataset.version}#{d.name}"
             return CACHE.get("vector_index", key, load)  # type: ignore[return-value]
@@ -154,24 +169,63 @@ def plan_vector_search(
         nprobes = index.default_nprobes()
     kept, pruned, schema, opts, pk = _layout(snapshot, spec, base_schema, predicate)
     keep = set(kept)
-    sources: list[KnnSource] = [BaseKnnExec(
-        snapshot.dataset, schema, column, query, metric, predicate, k, pk,
-        index=index.name if index else None, nprobes=nprobes, refine_factor=refine_factor)]
+    sources: list[KnnSource] = [
+        BaseKnnExec(
+            snapshot.dataset,
+            schema,
+            column,
+            query,
+            metric,
+            predicate,
+            k,
+            pk,
+            index=index.name if index else None,
+            nprobes=nprobes,
+            refine_factor=refine_factor,
+        )
+    ]
     for region in snapshot.regions:
         if region.region_id not in keep:
             continue
         for mem in region.unflushed:
-            sources.append(MemTableKnnExec(region.region_id, mem.generation, mem.batches, schema,
-                                           column, query, metric, predicate, k, pk, mem.origin))
+            sources.append(
+                MemTableKnnExec(
+                    region.region_id,
+                    mem.generation,
+                    mem.batches,
+                    schema,
+                    column,
+                    query,
+                    metric,
+                    predicate,
+                    k,
+                    pk,
+                    mem.origin,
+                )
+            )
         for gen in sorted(region.generations, key=lambda g: -g.generation):
-            sources.append(GenerationKnnExec(region.region_id, gen.generation, gen.uri, schema,
-                                             column, query, metric, predicate, k, pk, opts))
+            sources.append(
+                GenerationKnnExec(
+                    region.region_id,
+                    gen.generation,
+                    gen.uri,
+                    schema,
+                    column,
+                    query,
+                    metric,
+                    predicate,
+                    k,
+                    pk,
+                    opts,
+                )
+            )
 
     def newer_sources(keys: pa.Table) -> list:
         return region_lookups(snapshot, store, spec, keys)
 
-    stale = FilterStaleExec(sources, snapshot.primary_key, newer_sources, k, score=DISTANCE,
-                            post_filter=post_filter)
+    stale = FilterStaleExec(
+        sources, snapshot.primary_key, newer_sources, k, score=DISTANCE, post_filter=post_filter
+    )
     root = TopKExec(stale, k, DISTANCE, columns=[*base_schema.names, DISTANCE])
     return SearchPlan(snapshot, kept, pruned, root)
 
@@ -180,7 +234,8 @@ def text_index(dataset: lance.LanceDataset, column: str) -> tuple[str, dict] | N
     """The base table's inverted index on ``column``: its name and tokenizer parameters."""
     for d in dataset.describe_indices():
         if d.field_names == [column] and "Inverted" in d.type_url:
-            def load() -> tuple[tuple[str, dict], int]:
+
+            def load(d: Any = d) -> tuple[tuple[str, dict], int]:
                 stats = dataset.index_statistics(d.name)
                 stats = json.loads(stats) if isinstance(stats, str) else stats
                 params = (stats.get("indices") or [{}])[0].get("params") or {}
@@ -198,8 +253,16 @@ def tokenizer_for(params: dict) -> Tokenizer:
     return CACHE.get("tokenizer", key, lambda: (Tokenizer(params), 1 << 16))  # type: ignore[return-value]
 
 
-def plan_fts(snapshot: TableSnapshot, spec: RegionSpec | None, base_schema: pa.Schema, *,
-             column: str, query: str, k: int, predicate: Predicate | None) -> SearchPlan:
+def plan_fts(
+    snapshot: TableSnapshot,
+    spec: RegionSpec | None,
+    base_schema: pa.Schema,
+    *,
+    column: str,
+    query: str,
+    k: int,
+    predicate: Predicate | None,
+) -> SearchPlan:
     """Build the full-text search plan of ``snapshot``: an FTS leaf per source, every region's
     sources counted in the statistics, the filter's regions searched.
 
@@ -215,12 +278,25 @@ def plan_fts(snapshot: TableSnapshot, spec: RegionSpec | None, base_schema: pa.S
     searched = [True]
     for region in snapshot.regions:
         for mem in region.unflushed:
-            sources.append(MemTableFtsExec(region.region_id, mem.generation, mem.batches, schema,
-                                           column, tokenizer, pk, mem.origin))
+            sources.append(
+                MemTableFtsExec(
+                    region.region_id,
+                    mem.generation,
+                    mem.batches,
+                    schema,
+                    column,
+                    tokenizer,
+                    pk,
+                    mem.origin,
+                )
+            )
             searched.append(region.region_id in keep)
         for gen in sorted(region.generations, key=lambda g: -g.generation):
-            sources.append(GenerationFtsExec(region.region_id, gen.generation, gen.uri, schema,
-                                             column, tokenizer, pk, opts))
+            sources.append(
+                GenerationFtsExec(
+                    region.region_id, gen.generation, gen.uri, schema, column, tokenizer, pk, opts
+                )
+            )
             searched.append(region.region_id in keep)
     bm25 = GlobalBM25Exec(sources, pk, tokenizer.terms(query), k, predicate, searched)
     root = TopKExec(bm25, k, SCORE, descending=True, columns=[*base_schema.names, SCORE])

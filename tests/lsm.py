@@ -10,7 +10,6 @@ import pyarrow as pa
 from lance.mem_wal import LsmScanner, ShardSnapshot
 
 
-
 def lance_snapshots(uri: str, storage_options: dict | None = None) -> list[ShardSnapshot]:
     """Snapshots of every region's flushed generations, read from the region manifests."""
     import memwal_sql as mw
@@ -19,11 +18,13 @@ def lance_snapshots(uri: str, storage_options: dict | None = None) -> list[Shard
     return lance_shard_snapshots(mw.open_table(uri, storage_options))
 
 
-def lance_latest_rows(uri: str, primary_key: list[str], storage_options: dict | None = None) -> pa.Table:
+def lance_latest_rows(
+    uri: str, primary_key: list[str], storage_options: dict | None = None
+) -> pa.Table:
     """Latest row per key as Lance's LsmScanner reads the base table + flushed generations."""
     ds = lance.dataset(uri, storage_options=storage_options)
     out = LsmScanner.from_snapshots(ds, lance_snapshots(uri, storage_options)).to_table()
-    out = out.select([n for n in ds.schema.names])
+    out = out.select(list(ds.schema.names))
     return out.sort_by([(k, "ascending") for k in primary_key])
 
 
@@ -50,14 +51,19 @@ class Model:
         return pa.Table.from_pylist(rows, schema=schema) if rows else schema.empty_table()
 
 
-def seeded_table(uri: str, rows: pa.Table, key: str, *, buckets: int | None,
-                 max_memtable_rows: int) -> tuple[Any, Model]:
+def seeded_table(
+    uri: str, rows: pa.Table, key: str, *, buckets: int | None, max_memtable_rows: int
+) -> tuple[Any, Model]:
     """A table whose base holds ``rows`` (bucketed on ``key`` when ``buckets``), and its model."""
     import memwal_sql as mw
 
-    tbl = mw.create_table(uri, rows, primary_key=key,
-                          region_spec=mw.RegionSpec.bucket(key, buckets) if buckets else None,
-                          writer_config=mw.WriterConfig(max_memtable_rows=max_memtable_rows))
+    tbl = mw.create_table(
+        uri,
+        rows,
+        primary_key=key,
+        region_spec=mw.RegionSpec.bucket(key, buckets) if buckets else None,
+        writer_config=mw.WriterConfig(max_memtable_rows=max_memtable_rows),
+    )
     model = Model([key])
     model.upsert(rows)
     return tbl, model
@@ -69,23 +75,39 @@ def op_sequences(max_key: int, max_keys: int, others: list[str]) -> Any:
     from hypothesis import strategies as st
 
     keys = st.lists(st.integers(0, max_key), min_size=1, max_size=max_keys, unique=True)
-    return st.lists(st.one_of(
-        st.tuples(st.just("upsert"), keys, st.integers(0, 99)),
-        st.tuples(st.just("delete"), keys, st.just(0)),
-        st.tuples(st.sampled_from(others), st.just([]), st.just(0)),
-    ), min_size=1, max_size=20)
+    return st.lists(
+        st.one_of(
+            st.tuples(st.just("upsert"), keys, st.integers(0, 99)),
+            st.tuples(st.just("delete"), keys, st.just(0)),
+            st.tuples(st.sampled_from(others), st.just([]), st.just(0)),
+        ),
+        min_size=1,
+        max_size=20,
+    )
 
 
-def layered_table(uri: str, batch: Any, *, base: list, width: int, step: int, deletes: list,
-                  storage_options: dict | None = None) -> tuple[Any, Model]:
+def layered_table(
+    uri: str,
+    batch: Any,
+    *,
+    base: list,
+    width: int,
+    step: int,
+    deletes: list,
+    storage_options: dict | None = None,
+) -> tuple[Any, Model]:
     """A table bucketed into two regions with ``base`` keys in the base table, three flushed
     upserts of ``width`` keys every ``step``, then a flushed delete of ``deletes``; and its
     model. ``batch(keys, tag)`` makes the rows."""
     import memwal_sql as mw
 
-    tbl = mw.create_table(uri, batch(base, "base"), primary_key="k",
-                          region_spec=mw.RegionSpec.bucket("k", 2),
-                          storage_options=storage_options)
+    tbl = mw.create_table(
+        uri,
+        batch(base, "base"),
+        primary_key="k",
+        region_spec=mw.RegionSpec.bucket("k", 2),
+        storage_options=storage_options,
+    )
     model = Model(["k"])
     model.upsert(batch(base, "base"))
     for i in range(3):
@@ -99,8 +121,17 @@ def layered_table(uri: str, batch: Any, *, base: list, width: int, step: int, de
     return tbl, model
 
 
-def apply_op(tbl: Any, model: Model, op: str, keys: list, seed: int, uri: str, batch: Any,
-             *, delete_columns: list[str] | None = None) -> Any:
+def apply_op(
+    tbl: Any,
+    model: Model,
+    op: str,
+    keys: list,
+    seed: int,
+    uri: str,
+    batch: Any,
+    *,
+    delete_columns: list[str] | None = None,
+) -> Any:
     """Apply one generated operation to a table and the model; returns the table to go on with
     (a new handle after "reopen"). Deletes pass ``delete_columns`` of ``batch(keys, 0)``."""
     from datetime import timedelta

@@ -12,12 +12,11 @@ def test_create_ingest_inspect(tmp_path, capsys):
     src = tmp_path / "rows.parquet"
     pq.write_table(pa.table({"id": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"]}), src)
     uri = str(tmp_path / "t")
-    main(["create", uri, "--from", str(src), "--primary-key", "id",
-          "--region-spec", "bucket:id:2"])
+    main(["create", uri, "--from", str(src), "--primary-key", "id", "--region-spec", "bucket:id:2"])
     main(["ingest", uri, str(src)])
     main(["inspect", uri, "--json"])
     out = capsys.readouterr().out
-    regions = json.loads(out[out.index("[\n"):])
+    regions = json.loads(out[out.index("[\n") :])
     assert sum(len(r["flushed_generations"]) for r in regions) == len(regions) >= 1
     assert lance_latest_rows(uri, ["id"]).column("v").to_pylist() == ["a", "b", "c"]
 
@@ -31,8 +30,18 @@ def test_errors_are_reported_with_their_type(tmp_path, capsys):
 
 def test_bad_region_spec_text(tmp_path):
     with pytest.raises(SystemExit, match="bucket:COL:N"):
-        main(["create", str(tmp_path / "t"), "--from", "x", "--primary-key", "id",
-              "--region-spec", "bucket:id"])
+        main(
+            [
+                "create",
+                str(tmp_path / "t"),
+                "--from",
+                "x",
+                "--primary-key",
+                "id",
+                "--region-spec",
+                "bucket:id",
+            ]
+        )
 
 
 def test_demo_checks_what_it_wrote(capsys):
@@ -44,18 +53,20 @@ def test_merge_gc_maintain(tmp_path, capsys):
     import memwal_sql as mw
 
     uri = str(tmp_path / "t")
-    tbl = mw.create_table(uri, pa.table({"id": pa.array([1, 2], pa.int64()), "v": ["a", "b"]}),
-                          primary_key="id")
+    tbl = mw.create_table(
+        uri, pa.table({"id": pa.array([1, 2], pa.int64()), "v": ["a", "b"]}), primary_key="id"
+    )
     tbl.upsert({"id": [2, 3], "v": ["B", "C"]})
     tbl.delete([1])
     tbl.close()
     main(["merge", uri])
     assert "merged 1 generation(s)" in capsys.readouterr().out
-    main(["maintain", uri, "--base-versions-older-than", "0", "--watch", "0.01",
-          "--iterations", "2"])
+    main(
+        ["maintain", uri, "--base-versions-older-than", "0", "--watch", "0.01", "--iterations", "2"]
+    )
     main(["inspect", uri, "--json"])
     out = capsys.readouterr().out
-    (region,) = json.loads(out[out.index("[\n"):])
+    (region,) = json.loads(out[out.index("[\n") :])
     assert region["merged_generation"] == 1 and region["flushed_generations"] == []
     main(["gc", uri])
     assert lance_latest_rows(uri, ["id"]).column("v").to_pylist() == ["B", "C"]
@@ -69,8 +80,9 @@ def test_set_aside_gives_up_a_damaged_last_wal_entry_and_refuses_anything_else(t
     from memwal_sql.storage import layout
 
     uri = str(tmp_path / "t")
-    tbl = mw.create_table(uri, pa.schema([pa.field("id", pa.int64(), False), ("v", pa.string())]),
-                          primary_key="id")
+    tbl = mw.create_table(
+        uri, pa.schema([pa.field("id", pa.int64(), False), ("v", pa.string())]), primary_key="id"
+    )
     w = tbl.writer()
     for i in (1, 2, 3):
         w.upsert({"id": [i], "v": [f"v{i}"]})

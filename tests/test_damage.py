@@ -42,6 +42,7 @@ def merged_table(root: Path) -> tuple[str, str]:
 
 def every_access(uri: str, rid: str):
     """Each way of reading, writing and merging the table, by name."""
+
     def sql():
         ctx = mw.connect()
         ctx.register("t", mw.open_table(uri))
@@ -99,7 +100,7 @@ def test_a_removed_newest_manifest_version_fails_reads_writes_and_merges(tmp_pat
     store = mw.open_table(uri).store
     store.delete(layout.manifest_path(rid, RegionManifestStore(store, rid).list_versions()[-1]))
     before = sorted(m.path for m in store.list(layout.region_dir(rid) + "/"))
-    for name, access in every_access(uri, rid).items():
+    for _name, access in every_access(uri, rid).items():
         with pytest.raises(CorruptManifestError, match="manifest"):
             access()
     assert sorted(m.path for m in store.list(layout.region_dir(rid) + "/")) == before
@@ -131,8 +132,10 @@ def unmerged_generation_dir(uri: str, rid: str) -> Path:
     tbl = mw.open_table(uri)
     [(_, manifest)] = [(r, m) for r, m in tbl.region_manifests() if r == rid]
     merged = tbl.merged_generations()[rid]
-    gen = min((g for g in manifest.flushed_generations if g.generation > merged),
-              key=lambda g: g.generation)  # the one holding ids 3 and 4
+    gen = min(
+        (g for g in manifest.flushed_generations if g.generation > merged),
+        key=lambda g: g.generation,
+    )  # the one holding ids 3 and 4
     return Path(uri) / layout.region_dir(rid) / gen.path
 
 
@@ -220,9 +223,12 @@ def test_out_of_range_keys_are_typed_errors_and_write_nothing(tmp_path, key_type
     tbl = mw.create_table(str(tmp_path), schema, primary_key="id")
     tbl.upsert({"id": [1], "v": ["a"]})
     too_big = 2**64 if key_type != pa.int32() else 2**40
-    for call in (lambda: tbl.upsert({"id": [too_big], "v": ["b"]}),
-                 lambda: tbl.writer().upsert({"id": [too_big], "v": ["b"]}),
-                 lambda: tbl.delete([too_big]), lambda: tbl.lookup([too_big])):
+    for call in (
+        lambda: tbl.upsert({"id": [too_big], "v": ["b"]}),
+        lambda: tbl.writer().upsert({"id": [too_big], "v": ["b"]}),
+        lambda: tbl.delete([too_big]),
+        lambda: tbl.lookup([too_big]),
+    ):
         with pytest.raises(SchemaMismatchError):
             call()
     assert tbl.to_arrow().to_pydict() == {"id": [1], "v": ["a"]}

@@ -23,12 +23,19 @@ from tests.faults import FaultyStore, InjectedFault
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.int64())])
 
 keys = st.lists(st.integers(0, 15), min_size=1, max_size=6, unique=True)
-ops = st.lists(st.one_of(
-    st.tuples(st.just("upsert"), keys, st.integers(0, 1000)),
-    st.tuples(st.just("delete"), keys, st.just(0)),
-    st.tuples(st.sampled_from(["flush", "merge", "maintain", "read", "lookup", "reopen"]),
-              st.just([]), st.just(0)),
-), min_size=1, max_size=20)
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("upsert"), keys, st.integers(0, 1000)),
+        st.tuples(st.just("delete"), keys, st.just(0)),
+        st.tuples(
+            st.sampled_from(["flush", "merge", "maintain", "read", "lookup", "reopen"]),
+            st.just([]),
+            st.just(0),
+        ),
+    ),
+    min_size=1,
+    max_size=20,
+)
 
 
 class UncertainModel:
@@ -45,25 +52,29 @@ class UncertainModel:
     def check(self, table: pa.Table, keys: list[int] | None = None) -> None:
         got = dict(zip(table.column("id").to_pylist(), table.column("v").to_pylist()))
         assert len(got) == table.num_rows, "a key appears twice"
-        for k in (keys if keys is not None else set(self.values) | set(got)):
+        for k in keys if keys is not None else set(self.values) | set(got):
             assert got.get(k) in self.values.get(k, {None}), (k, got.get(k), self.values.get(k))
 
 
-def run_sequence(uri: str, sequence: list[tuple[str, list[int], int]], seed: int,
-                 bucketed: bool) -> dict[str, int]:
+def run_sequence(
+    uri: str, sequence: list[tuple[str, list[int], int]], seed: int, bucketed: bool
+) -> dict[str, int]:
     spec = mw.RegionSpec.bucket("id", 2) if bucketed else None
-    tbl = mw.create_table(uri, SCHEMA, primary_key="id", region_spec=spec,
-                          writer_config=mw.WriterConfig(max_memtable_rows=5))
+    tbl = mw.create_table(
+        uri,
+        SCHEMA,
+        primary_key="id",
+        region_spec=spec,
+        writer_config=mw.WriterConfig(max_memtable_rows=5),
+    )
     model = UncertainModel()
-    with FaultyStore(seed, error=0.03, lost_reply=0.03, partial_list=0.1,
-                     latency=0.002) as faults:
+    with FaultyStore(seed, error=0.03, lost_reply=0.03, partial_list=0.1, latency=0.002) as faults:
         for op, ks, n in sequence:
             try:
                 if op == "upsert":
                     rows = {k: n * 100 + k for k in ks}
                     try:
-                        tbl.upsert(pa.table({"id": ks, "v": [rows[k] for k in ks]},
-                                            schema=SCHEMA))
+                        tbl.upsert(pa.table({"id": ks, "v": [rows[k] for k in ks]}, schema=SCHEMA))
                     except MemWalError:
                         model.write(rows, acknowledged=False)
                         raise

@@ -16,8 +16,9 @@ from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMisma
 from memwal_sql.index.tokenizer import Tokenizer
 from tests.lsm import Model, apply_op, op_sequences
 
-SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("body", pa.string()),
-                    pa.field("g", pa.int64())])
+SCHEMA = pa.schema(
+    [pa.field("k", pa.int64(), False), pa.field("body", pa.string()), pa.field("g", pa.int64())]
+)
 
 
 def sentences() -> list[str]:
@@ -28,18 +29,33 @@ def sentences() -> list[str]:
 
 
 SENTENCES = sentences()
-QUERIES = ["function return value", "class attribute", "exception raised", "loop iterator",
-           "string format format", "the method is called", "module import"]
+QUERIES = [
+    "function return value",
+    "class attribute",
+    "exception raised",
+    "loop iterator",
+    "string format format",
+    "the method is called",
+    "module import",
+]
 
 
 def text_batch(keys: list[int], seed: int) -> pa.Table:
     """Distinct documents (each carries its own key, so no two tie); an update changes the
     text and its length."""
-    body = [f"{SENTENCES[(k * 7 + seed * 13) % len(SENTENCES)]} "
-            f"{SENTENCES[(k + seed) % len(SENTENCES)] if seed % 2 else ''} doc{k}x{seed}"
-            for k in keys]
-    return pa.table({"k": pa.array(keys, pa.int64()), "body": body,
-                     "g": pa.array([(k + seed) % 3 for k in keys], pa.int64())}, schema=SCHEMA)
+    body = [
+        f"{SENTENCES[(k * 7 + seed * 13) % len(SENTENCES)]} "
+        f"{SENTENCES[(k + seed) % len(SENTENCES)] if seed % 2 else ''} doc{k}x{seed}"
+        for k in keys
+    ]
+    return pa.table(
+        {
+            "k": pa.array(keys, pa.int64()),
+            "body": body,
+            "g": pa.array([(k + seed) % 3 for k in keys], pa.int64()),
+        },
+        schema=SCHEMA,
+    )
 
 
 def lance_fts(model: Model, root, query: str, k: int, filter: str | None = None) -> pa.Table:
@@ -70,15 +86,19 @@ def base_rows() -> pa.Table:
     return text_batch(list(range(200)), 0)
 
 
-@settings(max_examples=10, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(ops=op_sequences(300, 50, ["flush", "merge", "catchup"]))
-def test_fts_equals_lance_on_merged_copy_after_every_step(tmp_path_factory, base_rows,
-                                                          ops) -> None:
+def test_fts_equals_lance_on_merged_copy_after_every_step(tmp_path_factory, base_rows, ops) -> None:
     uri = str(tmp_path_factory.mktemp("fts"))
-    tbl = mw.create_table(f"{uri}/t", base_rows, primary_key="k",
-                          region_spec=mw.RegionSpec.bucket("k", 2),
-                          writer_config=mw.WriterConfig(durable=False, max_memtable_rows=40))
+    tbl = mw.create_table(
+        f"{uri}/t",
+        base_rows,
+        primary_key="k",
+        region_spec=mw.RegionSpec.bucket("k", 2),
+        writer_config=mw.WriterConfig(durable=False, max_memtable_rows=40),
+    )
     tbl.create_index("body", "INVERTED")
     model = Model(["k"])
     model.upsert(base_rows)
@@ -86,21 +106,24 @@ def test_fts_equals_lance_on_merged_copy_after_every_step(tmp_path_factory, base
         tbl = apply_op(tbl, model, op, keys, seed, f"{uri}/t", text_batch)
         query = QUERIES[i % len(QUERIES)]
         assert_same(tbl.fts(query, k=10), lance_fts(model, f"{uri}/m", query, 10))
-        assert_same(tbl.fts(query, k=5, filter="g = 1"),
-                    lance_fts(model, f"{uri}/m", query, 5, "g = 1"))
+        assert_same(
+            tbl.fts(query, k=5, filter="g = 1"), lance_fts(model, f"{uri}/m", query, 5, "g = 1")
+        )
     tbl.close()
 
 
 def test_scores_follow_updates_and_deletes(tmp_path, base_rows) -> None:
-    tbl = mw.create_table(str(tmp_path / "t"), base_rows, primary_key="k",
-                          region_spec=mw.RegionSpec.bucket("k", 2))
+    tbl = mw.create_table(
+        str(tmp_path / "t"), base_rows, primary_key="k", region_spec=mw.RegionSpec.bucket("k", 2)
+    )
     tbl.create_index("body", "INVERTED")
     model = Model(["k"])
     model.upsert(base_rows)
     best = tbl.fts("attribute", k=1).column("k")[0].as_py()
     # Its newer version no longer holds the term: neither version may be found.
-    newer = pa.table({"k": [best], "body": ["nothing relevant here at all"], "g": [0]},
-                     schema=SCHEMA)
+    newer = pa.table(
+        {"k": [best], "body": ["nothing relevant here at all"], "g": [0]}, schema=SCHEMA
+    )
     tbl.upsert(newer)
     model.upsert(newer)
     got = tbl.fts("attribute", k=10)
@@ -119,10 +142,29 @@ def test_scores_follow_updates_and_deletes(tmp_path, base_rows) -> None:
 
 
 def test_tokenizer_agrees_with_lance_on_stop_words_and_lengths(tmp_path) -> None:
-    words = ["the", "The", "does", "doing", "not", "no", "because", "running", "naïve",
-             "Straße", "x" * 39, "y" * 40, "héllo", "re", "yourselves", "can't", "42", "a1b2"]
-    ds = lance.write_dataset(pa.table({"i": list(range(len(words))),
-                                       "t": [f"zz {w}" for w in words]}), str(tmp_path))
+    words = [
+        "the",
+        "The",
+        "does",
+        "doing",
+        "not",
+        "no",
+        "because",
+        "running",
+        "naïve",
+        "Straße",
+        "x" * 39,
+        "y" * 40,
+        "héllo",
+        "re",
+        "yourselves",
+        "can't",
+        "42",
+        "a1b2",
+    ]
+    ds = lance.write_dataset(
+        pa.table({"i": list(range(len(words))), "t": [f"zz {w}" for w in words]}), str(tmp_path)
+    )
     ds.create_scalar_index("t", "INVERTED")
     tok = Tokenizer()
     for w in words:
@@ -146,29 +188,37 @@ def test_bad_input_is_typed(tmp_path, base_rows) -> None:
 
 
 def test_sql_fts_function_joins_with_the_table(tmp_path, base_rows) -> None:
-    tbl = mw.create_table(str(tmp_path), base_rows, primary_key="k",
-                          region_spec=mw.RegionSpec.bucket("k", 2))
+    tbl = mw.create_table(
+        str(tmp_path), base_rows, primary_key="k", region_spec=mw.RegionSpec.bucket("k", 2)
+    )
     tbl.create_index("body", "INVERTED")
     tbl.upsert(text_batch([1, 2, 3, 500], 3))
     ctx = mw.connect()
     ctx.register("docs", tbl)
     want = tbl.fts("class attribute", k=5, filter="g = 1")
-    got = ctx.sql("SELECT f.k, f._score, d.g FROM fts('docs', 'body', 'class attribute', 5) f "
-                  "JOIN docs d ON d.k = f.k WHERE f.g = 1 ORDER BY f._score DESC").to_arrow_table()
+    got = ctx.sql(
+        "SELECT f.k, f._score, d.g FROM fts('docs', 'body', 'class attribute', 5) f "
+        "JOIN docs d ON d.k = f.k WHERE f.g = 1 ORDER BY f._score DESC"
+    ).to_arrow_table()
     assert got.column("k").to_pylist() == want.column("k").to_pylist()
     assert set(got.column("g").to_pylist()) == {1}
     tbl.close()
 
 
-def test_indexed_writes_index_the_memtable_before_returning(tmp_path, base_rows,
-                                                            monkeypatch) -> None:
+def test_indexed_writes_index_the_memtable_before_returning(
+    tmp_path, base_rows, monkeypatch
+) -> None:
     """With ``indexed_writes``, a write returns with the MemTable's inverted index already
     holding it: a search afterwards tokenizes nothing (and still finds the new row)."""
     from memwal_sql.index.tokenizer import Tokenizer
 
-    tbl = mw.create_table(str(tmp_path), base_rows, primary_key="k",
-                          region_spec=mw.RegionSpec.bucket("k", 2),
-                          writer_config=mw.WriterConfig(indexed_writes=True))
+    tbl = mw.create_table(
+        str(tmp_path),
+        base_rows,
+        primary_key="k",
+        region_spec=mw.RegionSpec.bucket("k", 2),
+        writer_config=mw.WriterConfig(indexed_writes=True),
+    )
     tbl.create_index("body", "INVERTED")
     tbl.upsert(text_batch([1000], 1))
     tbl.fts("zebra quagga", k=3)  # tokenizes the base and the MemTable, once

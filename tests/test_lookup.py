@@ -22,11 +22,13 @@ from planner.lookup import LookupPlan
 from tests.lsm import apply_op, op_sequences, seeded_table
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
-COMPOSITE = pa.schema([pa.field("a", pa.string(), False), pa.field("b", pa.int32(), False),
-                       pa.field("v", pa.int64())])
+COMPOSITE = pa.schema(
+    [pa.field("a", pa.string(), False), pa.field("b", pa.int32(), False), pa.field("v", pa.int64())]
+)
 
-ops = op_sequences(25, 8, ["flush", "close", "crash", "reopen", "merge", "gc", "reindex",
-                         "catchup"])
+ops = op_sequences(
+    25, 8, ["flush", "close", "crash", "reopen", "merge", "gc", "reindex", "catchup"]
+)
 
 
 def batch(ks, seed):
@@ -42,8 +44,7 @@ def check(tbl, model, probe):
     # pyarrow prints (and so hands over) at most 20 IN values; longer lists are scanned.
     for part in (probe[:20], probe[20:]):
         sql = ctx.sql(f"SELECT * FROM t WHERE k IN ({', '.join(map(str, part))}) ORDER BY k")
-        assert sql.to_pylist() == sorted([r for r in want if r["k"] in part],
-                                         key=lambda r: r["k"])
+        assert sql.to_pylist() == sorted([r for r in want if r["k"] in part], key=lambda r: r["k"])
         assert isinstance(ctx.last_plan("t"), LookupPlan)
 
 
@@ -55,8 +56,13 @@ def test_lookups_match_the_model(ops, bucketed, cache):
     fragments fit whole (the rest taken at random), and without it (btree, ``_take_rows``)."""
     budget = {"default": CACHE.max_bytes, "tight": 12 << 10, "off": 0}[cache]
     with tempfile.TemporaryDirectory() as d, _cache_budget(budget):
-        tbl, model = seeded_table(d, batch(list(range(0, 26, 2)), 0), "k",
-                                  buckets=3 if bucketed else None, max_memtable_rows=5)
+        tbl, model = seeded_table(
+            d,
+            batch(list(range(0, 26, 2)), 0),
+            "k",
+            buckets=3 if bucketed else None,
+            max_memtable_rows=5,
+        )
         for op, ks, seed in ops:
             tbl = apply_op(tbl, model, op, ks, seed, d, batch)
             got = {r["k"]: r for r in tbl.lookup(ks).to_pylist()}
@@ -91,15 +97,19 @@ def test_lookup_cache_stays_within_its_budget_and_evicts_oldest():
 
 def test_composite_keys(tmp_path):
     rows = pa.table({"a": ["x", "x", "y"], "b": [1, 2, 1], "v": [1, 2, 3]}, schema=COMPOSITE)
-    tbl = mw.create_table(str(tmp_path), rows, primary_key=["a", "b"],
-                          region_spec=mw.RegionSpec.bucket("a", 2))
+    tbl = mw.create_table(
+        str(tmp_path), rows, primary_key=["a", "b"], region_spec=mw.RegionSpec.bucket("a", 2)
+    )
     tbl.upsert(pa.table({"a": ["x"], "b": [2], "v": [20]}, schema=COMPOSITE))
     tbl.flush()
     tbl.delete(pa.table({"a": ["y"], "b": [1]}))
     tbl.upsert(pa.table({"a": ["z"], "b": [9], "v": [90]}, schema=COMPOSITE))
     probe = pa.table({"a": ["z", "y", "x", "x", "q"], "b": [9, 1, 2, 1, 1]})
     assert tbl.lookup(probe).to_pylist() == [
-        {"a": "z", "b": 9, "v": 90}, {"a": "x", "b": 2, "v": 20}, {"a": "x", "b": 1, "v": 1}]
+        {"a": "z", "b": 9, "v": 90},
+        {"a": "x", "b": 2, "v": 20},
+        {"a": "x", "b": 1, "v": 1},
+    ]
     ctx = mw.connect()
     ctx.register("t", tbl)
     assert ctx.sql("SELECT v FROM t WHERE a = 'x' AND b = 2").to_pydict() == {"v": [20]}
@@ -130,8 +140,12 @@ def test_a_hit_in_the_newest_memtable_opens_nothing_older(tmp_path):
 
 
 def test_a_key_every_bloom_filter_rules_out_touches_only_the_base_index(tmp_path):
-    tbl = mw.create_table(str(tmp_path), batch([1000], 0), primary_key="k",
-                          writer_config=mw.WriterConfig(max_memtable_rows=50))
+    tbl = mw.create_table(
+        str(tmp_path),
+        batch([1000], 0),
+        primary_key="k",
+        writer_config=mw.WriterConfig(max_memtable_rows=50),
+    )
     with tbl.writer() as w:
         for i in range(4):
             w.upsert(batch(list(range(i * 50, i * 50 + 50)), i))
@@ -145,8 +159,12 @@ def test_a_key_every_bloom_filter_rules_out_touches_only_the_base_index(tmp_path
 
 
 def test_batched_lookup_probes_each_source_once(tmp_path):
-    tbl = mw.create_table(str(tmp_path), batch(list(range(5000)), 0), primary_key="k",
-                          region_spec=mw.RegionSpec.bucket("k", 2))
+    tbl = mw.create_table(
+        str(tmp_path),
+        batch(list(range(5000)), 0),
+        primary_key="k",
+        region_spec=mw.RegionSpec.bucket("k", 2),
+    )
     tbl.upsert(batch(list(range(0, 5000, 3)), 1))
     tbl.flush()
     tbl.upsert(batch(list(range(0, 5000, 7)), 2))
@@ -161,8 +179,9 @@ def test_batched_lookup_probes_each_source_once(tmp_path):
 
 
 def test_lookups_while_a_writer_writes(tmp_path):
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="k",
-                          writer_config=mw.WriterConfig(max_memtable_rows=200))
+    tbl = mw.create_table(
+        str(tmp_path), SCHEMA, primary_key="k", writer_config=mw.WriterConfig(max_memtable_rows=200)
+    )
     acked: dict[int, int] = {}
     lock = threading.Lock()
 
@@ -171,7 +190,7 @@ def test_lookups_while_a_writer_writes(tmp_path):
             ks = [(v * 11 + j) % 300 for j in range(10)]
             tbl.upsert(batch(ks, v))
             with lock:
-                acked.update({k: v for k in ks})
+                acked.update(dict.fromkeys(ks, v))
 
     t = threading.Thread(target=write)
     t.start()
@@ -192,8 +211,9 @@ def test_base_rows_come_back_in_key_order_across_cached_and_taken_fragments(tmp_
 
     rnd = random.Random(7)
     noise = [rnd.randbytes(48).hex() for _ in range(4000)]  # incompressible: big fragments
-    big = pa.table({"k": list(range(0, 4000)), "v": [f"big{k}-{noise[k]}" for k in range(4000)]},
-                   schema=SCHEMA)
+    big = pa.table(
+        {"k": list(range(4000)), "v": [f"big{k}-{noise[k]}" for k in range(4000)]}, schema=SCHEMA
+    )
     mw.create_table(str(tmp_path), big.slice(0, 2000), primary_key="k")
     import lance
 
@@ -211,18 +231,28 @@ def test_base_rows_come_back_in_key_order_across_cached_and_taken_fragments(tmp_
             for keys in (probe, only_big):  # row addresses name each row's own place
                 rows = reopened.lookup(keys, with_system_columns=True)
                 assert rows.column("_rowaddr").to_pylist() == [
-                    (k // 2000 << 32) + k % 2000 if k < 4000 else (2 << 32) + k - 9000
-                    for k in keys]
+                    (k // 2000 << 32) + k % 2000 if k < 4000 else (2 << 32) + k - 9000 for k in keys
+                ]
 
 
 def test_keys_a_region_resolved_never_come_from_the_base_when_not_routable(tmp_path):
     """A spec on a non-key column cannot route keys, so every region is asked; a key one
     region updated or deleted must not also be answered by the (older) base table."""
-    tbl = mw.create_table(str(tmp_path), pa.table({
-        "id": pa.array([1, 2, 3], pa.int64()), "tenant": pa.array([0, 1, 2], pa.int32()),
-        "v": ["a", "b", "c"]}), primary_key="id", region_spec=mw.RegionSpec.identity("tenant"))
-    tbl.upsert(pa.table({"id": pa.array([1], pa.int64()), "tenant": pa.array([0], pa.int32()),
-                         "v": ["A"]}))
+    tbl = mw.create_table(
+        str(tmp_path),
+        pa.table(
+            {
+                "id": pa.array([1, 2, 3], pa.int64()),
+                "tenant": pa.array([0, 1, 2], pa.int32()),
+                "v": ["a", "b", "c"],
+            }
+        ),
+        primary_key="id",
+        region_spec=mw.RegionSpec.identity("tenant"),
+    )
+    tbl.upsert(
+        pa.table({"id": pa.array([1], pa.int64()), "tenant": pa.array([0], pa.int32()), "v": ["A"]})
+    )
     tbl.delete(pa.table({"id": pa.array([2], pa.int64()), "tenant": pa.array([1], pa.int32())}))
     want = {"id": [1, 3], "tenant": [0, 2], "v": ["A", "c"]}
     assert tbl.lookup([1, 2, 3]).to_pydict() == want

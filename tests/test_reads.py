@@ -18,27 +18,49 @@ import memwal_sql as mw
 from memwal_sql.errors import InvalidInputError, SchemaMismatchError, StorageError
 from tests.lsm import Model, apply_op, lance_snapshots
 
-SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("grp", pa.string(), False),
-                    pa.field("n", pa.int32()), pa.field("s", pa.string())])
+SCHEMA = pa.schema(
+    [
+        pa.field("k", pa.int64(), False),
+        pa.field("grp", pa.string(), False),
+        pa.field("n", pa.int32()),
+        pa.field("s", pa.string()),
+    ]
+)
 
 keys = st.lists(st.integers(0, 30), min_size=1, max_size=10, unique=True)
 ops = st.lists(
     st.one_of(
         st.tuples(st.just("upsert"), keys, st.integers(0, 100)),
         st.tuples(st.just("delete"), keys, st.just(0)),
-        st.tuples(st.sampled_from(["flush", "close", "crash", "reopen", "read"]), st.just([]),
-                  st.just(0)),
+        st.tuples(
+            st.sampled_from(["flush", "close", "crash", "reopen", "read"]), st.just([]), st.just(0)
+        ),
     ),
-    min_size=1, max_size=20,
+    min_size=1,
+    max_size=20,
 )
-FILTERS = [None, "k < 12", "k IN (3, 4, 17)", "n >= 50", "s = 's7'", "n IS NULL",
-           "k > 5 AND n < 60", "grp = 'g1' OR n = 3"]
+FILTERS = [
+    None,
+    "k < 12",
+    "k IN (3, 4, 17)",
+    "n >= 50",
+    "s = 's7'",
+    "n IS NULL",
+    "k > 5 AND n < 60",
+    "grp = 'g1' OR n = 3",
+]
 
 
 def batch(ks, seed):
-    return pa.table({"k": ks, "grp": [f"g{k % 3}" for k in ks],
-                     "n": [None if (k + seed) % 5 == 0 else (k * 7 + seed) % 100 for k in ks],
-                     "s": [f"s{(k + seed) % 10}" for k in ks]}, schema=SCHEMA)
+    return pa.table(
+        {
+            "k": ks,
+            "grp": [f"g{k % 3}" for k in ks],
+            "n": [None if (k + seed) % 5 == 0 else (k * 7 + seed) % 100 for k in ks],
+            "s": [f"s{(k + seed) % 10}" for k in ks],
+        },
+        schema=SCHEMA,
+    )
 
 
 def expected(model: Model, filter: str | None, columns=None) -> pa.Table:
@@ -47,8 +69,11 @@ def expected(model: Model, filter: str | None, columns=None) -> pa.Table:
         ctx = mw.connect()  # the model's rows filtered by the same SQL, on a plain table
         ctx.register_record_batches("m", [table.to_batches()])
         got = ctx.sql(f"SELECT * FROM m WHERE {filter}").to_arrow_table()
-        table = pa.Table.from_batches(got.to_batches(), schema=SCHEMA) if got.num_rows \
+        table = (
+            pa.Table.from_batches(got.to_batches(), schema=SCHEMA)
+            if got.num_rows
             else SCHEMA.empty_table()
+        )
     if columns:
         table = table.select(columns)
     return table.sort_by([(c, "ascending") for c in table.column_names])
@@ -59,7 +84,9 @@ def check_reads(tbl: mw.MemWalTable, model: Model) -> None:
         got = tbl.to_arrow(filter=f)
         assert got.sort_by([(c, "ascending") for c in got.column_names]) == expected(model, f), f
     got = tbl.to_arrow(["s", "k"], filter="k >= 10")
-    assert got.sort_by([("s", "ascending"), ("k", "ascending")]) == expected(model, "k >= 10", ["s", "k"])
+    assert got.sort_by([("s", "ascending"), ("k", "ascending")]) == expected(
+        model, "k >= 10", ["s", "k"]
+    )
     assert tbl.count_rows() == len(model.rows)
     assert tbl.count_rows("n > 40") == expected(model, "n > 40").num_rows
     sys_cols = tbl.to_arrow(["k"], with_system_columns=True)
@@ -69,11 +96,19 @@ def check_reads(tbl: mw.MemWalTable, model: Model) -> None:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops, spec=st.sampled_from(["bucket", "identity", "none"]))
 def test_reads_match_the_model(ops, spec):
-    region_spec = {"bucket": mw.RegionSpec.bucket("k", 3), "identity": mw.RegionSpec.identity("grp"),
-                   "none": None}[spec]
+    region_spec = {
+        "bucket": mw.RegionSpec.bucket("k", 3),
+        "identity": mw.RegionSpec.identity("grp"),
+        "none": None,
+    }[spec]
     with tempfile.TemporaryDirectory() as d:
-        tbl = mw.create_table(d, batch([0, 1, 2, 3], 1), primary_key="k", region_spec=region_spec,
-                              writer_config=mw.WriterConfig(max_memtable_rows=6))
+        tbl = mw.create_table(
+            d,
+            batch([0, 1, 2, 3], 1),
+            primary_key="k",
+            region_spec=region_spec,
+            writer_config=mw.WriterConfig(max_memtable_rows=6),
+        )
         model = Model(["k"])
         model.upsert(batch([0, 1, 2, 3], 1))
         for op, ks, seed in ops:
@@ -107,16 +142,22 @@ def test_eventual_reads_see_only_flushed_generations(tmp_path):
 
 
 def test_sql_over_memwal_and_ordinary_tables(tmp_path):
-    tbl = mw.create_table(str(tmp_path), batch(list(range(10)), 0), primary_key="k",
-                          region_spec=mw.RegionSpec.bucket("k", 2))
+    tbl = mw.create_table(
+        str(tmp_path),
+        batch(list(range(10)), 0),
+        primary_key="k",
+        region_spec=mw.RegionSpec.bucket("k", 2),
+    )
     tbl.upsert(batch([1, 2, 11], 50))
     tbl.delete(pa.table({"k": [3]}))
     ctx = mw.connect()
     ctx.register("t", tbl)
-    ctx.register_record_batches("names", [[pa.record_batch({"grp": ["g0", "g1", "g2"],
-                                                            "label": ["zero", "one", "two"]})]])
-    joined = ctx.sql("SELECT label, count(*) AS c FROM t JOIN names USING (grp) "
-                     "GROUP BY label ORDER BY label").to_pydict()
+    ctx.register_record_batches(
+        "names", [[pa.record_batch({"grp": ["g0", "g1", "g2"], "label": ["zero", "one", "two"]})]]
+    )
+    joined = ctx.sql(
+        "SELECT label, count(*) AS c FROM t JOIN names USING (grp) GROUP BY label ORDER BY label"
+    ).to_pydict()
     model = Model(["k"])
     model.upsert(batch(list(range(10)), 0))
     model.upsert(batch([1, 2, 11], 50))
@@ -126,8 +167,9 @@ def test_sql_over_memwal_and_ordinary_tables(tmp_path):
         label = {"g0": "zero", "g1": "one", "g2": "two"}[row["grp"]]
         counts[label] = counts.get(label, 0) + 1
     assert joined == {"label": sorted(counts), "c": [counts[k] for k in sorted(counts)]}
-    top = ctx.sql("SELECT k, row_number() OVER (ORDER BY k DESC) AS r FROM t "
-                  "ORDER BY k DESC LIMIT 3").to_pydict()
+    top = ctx.sql(
+        "SELECT k, row_number() OVER (ORDER BY k DESC) AS r FROM t ORDER BY k DESC LIMIT 3"
+    ).to_pydict()
     assert top == {"k": [11, 9, 8], "r": [1, 2, 3]}
     assert ctx.sql("SELECT count(*) AS n FROM t a JOIN t b ON a.k = b.k").to_pydict() == {"n": [10]}
     # Every query sees the latest writes.
@@ -140,9 +182,13 @@ def test_sql_over_memwal_and_ordinary_tables(tmp_path):
 def test_reads_while_a_writer_writes_and_flushes(tmp_path):
     """No duplicates, and nothing acknowledged before a read began is missing from it."""
     schema = pa.schema([pa.field("k", pa.int64(), False), pa.field("version", pa.int64())])
-    tbl = mw.create_table(str(tmp_path), schema, primary_key="k",
-                          region_spec=mw.RegionSpec.bucket("k", 2),
-                          writer_config=mw.WriterConfig(max_memtable_rows=300))
+    tbl = mw.create_table(
+        str(tmp_path),
+        schema,
+        primary_key="k",
+        region_spec=mw.RegionSpec.bucket("k", 2),
+        writer_config=mw.WriterConfig(max_memtable_rows=300),
+    )
     acked: dict[int, int] = {}
     lock = threading.Lock()
     stop = threading.Event()
@@ -180,11 +226,21 @@ def test_reads_while_a_writer_writes_and_flushes(tmp_path):
 @pytest.mark.interop
 def test_our_reads_of_a_lance_written_table_equal_lsm_scanner(tmp_path):
     uri = str(tmp_path / "t")
-    ds = lance.write_dataset(pa.Table.from_batches(batch(list(range(20)), 0).to_batches(),
-                             schema=SCHEMA.with_metadata(None)).cast(pa.schema([
-                                 SCHEMA.field("k").with_metadata(
-                                     {"lance-schema:unenforced-primary-key": "true"}),
-                                 *list(SCHEMA)[1:]])), uri)
+    ds = lance.write_dataset(
+        pa.Table.from_batches(
+            batch(list(range(20)), 0).to_batches(), schema=SCHEMA.with_metadata(None)
+        ).cast(
+            pa.schema(
+                [
+                    SCHEMA.field("k").with_metadata(
+                        {"lance-schema:unenforced-primary-key": "true"}
+                    ),
+                    *list(SCHEMA)[1:],
+                ]
+            )
+        ),
+        uri,
+    )
     ds.initialize_mem_wal(bucket_column="k", num_buckets=2)
     model = Model(["k"])
     model.upsert(batch(list(range(20)), 0))
@@ -203,8 +259,12 @@ def test_our_reads_of_a_lance_written_table_equal_lsm_scanner(tmp_path):
     theirs = theirs.select(SCHEMA.names).sort_by("k")
     assert ours.cast(theirs.schema) == theirs
     assert ours == model.table(SCHEMA).cast(ours.schema)
-    assert tbl.count_rows("n > 30") == LsmScanner.from_snapshots(
-        lance.dataset(uri), lance_snapshots(uri)).filter("n > 30").count_rows()
+    assert (
+        tbl.count_rows("n > 30")
+        == LsmScanner.from_snapshots(lance.dataset(uri), lance_snapshots(uri))
+        .filter("n > 30")
+        .count_rows()
+    )
 
 
 @pytest.mark.interop
@@ -217,10 +277,14 @@ def test_generations_merged_into_the_base_table_are_skipped(tmp_path):
     # A merger folds generation 1 into the base table and records it, atomically (Lance's API);
     # then the base row moves on (seed 9). A reader that kept generation 1 would resurrect seed 7.
     ds = lance.dataset(str(tmp_path))
-    ds.merge_insert("k").when_matched_update_all().when_not_matched_insert_all() \
-        .mark_sstables_as_compacted([CompactedSsTable(w.region_id, 1)]).execute(batch([1], 7))
-    lance.dataset(str(tmp_path)).merge_insert("k").when_matched_update_all() \
-        .when_not_matched_insert_all().execute(batch([1], 9))
+    ds.merge_insert(
+        "k"
+    ).when_matched_update_all().when_not_matched_insert_all().mark_sstables_as_compacted(
+        [CompactedSsTable(w.region_id, 1)]
+    ).execute(batch([1], 7))
+    lance.dataset(str(tmp_path)).merge_insert(
+        "k"
+    ).when_matched_update_all().when_not_matched_insert_all().execute(batch([1], 9))
     assert tbl.merged_generations() == {w.region_id: 1}
     got = tbl.to_arrow().sort_by("k")
     assert got == pa.concat_tables([batch([1], 9), batch([2], 0)]).cast(got.schema)
@@ -254,7 +318,11 @@ def test_bad_read_arguments_are_typed_errors_that_name_no_private_table(tmp_path
     with pytest.raises(InvalidInputError, match="consistency"):
         tbl.to_arrow(consistency="weak")
     assert tbl.to_arrow(["v"], filter="id = 2").column("v").to_pylist() == ["b"]
-    assert tbl.lookup([2], columns=["v"], with_system_columns=True).column_names == ["v", "_gen", "_rowaddr"]
+    assert tbl.lookup([2], columns=["v"], with_system_columns=True).column_names == [
+        "v",
+        "_gen",
+        "_rowaddr",
+    ]
 
 
 def test_a_missing_generation_file_is_a_storage_error_on_every_read_path(tmp_path):
@@ -272,16 +340,33 @@ def test_a_missing_generation_file_is_a_storage_error_on_every_read_path(tmp_pat
             read()
 
 
-@pytest.mark.parametrize("bad", [
-    "id > 0 UNION ALL SELECT 100 AS n", "1=1; DROP TABLE x", "id > 0 LIMIT 1",
-    "id > 0 ORDER BY id", "", "id + 1", "EXISTS (SELECT 1)", "id > (SELECT 1)",
-    "count(*) > 0", "id = $1", "nosuch > 1", "id > 0)",
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "id > 0 UNION ALL SELECT 100 AS n",
+        "1=1; DROP TABLE x",
+        "id > 0 LIMIT 1",
+        "id > 0 ORDER BY id",
+        "",
+        "id + 1",
+        "EXISTS (SELECT 1)",
+        "id > (SELECT 1)",
+        "count(*) > 0",
+        "id = $1",
+        "nosuch > 1",
+        "id > 0)",
+    ],
+)
 def test_a_filter_is_one_boolean_expression_and_nothing_else(tmp_path, bad):
-    tbl = mw.create_table(str(tmp_path), pa.table({"id": pa.array([1, 2, 3], pa.int64())}),
-                          primary_key="id")
-    for read in (lambda: tbl.count_rows(bad), lambda: tbl.to_arrow(filter=bad),
-                 lambda: tbl.scan(filter=bad), lambda: tbl.explain(bad)):
+    tbl = mw.create_table(
+        str(tmp_path), pa.table({"id": pa.array([1, 2, 3], pa.int64())}), primary_key="id"
+    )
+    for read in (
+        lambda: tbl.count_rows(bad),
+        lambda: tbl.to_arrow(filter=bad),
+        lambda: tbl.scan(filter=bad),
+        lambda: tbl.explain(bad),
+    ):
         with pytest.raises(mw.errors.InvalidFilterError):
             read()
     assert tbl.count_rows("id > 1 -- a comment") == 2

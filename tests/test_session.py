@@ -38,8 +38,7 @@ def big_table(tmp_path_factory):
     uri = str(tmp_path_factory.mktemp("partial"))
     n = 3_000_000
     rng = np.random.default_rng(1)
-    tbl = mw.create_table(uri, pa.table({"id": np.arange(n), "v": rng.random(n)}),
-                          primary_key="id")
+    tbl = mw.create_table(uri, pa.table({"id": np.arange(n), "v": rng.random(n)}), primary_key="id")
     tbl.upsert(pa.table({"id": np.arange(0, n, 10), "v": rng.random(n // 10)}))
     tbl.flush()
     tbl.close()
@@ -47,8 +46,9 @@ def big_table(tmp_path_factory):
 
 
 def run(uri: str, how: str, guard: str) -> int:
-    return subprocess.run([sys.executable, "-c", _PARTIAL, uri, how, guard],
-                          capture_output=True, timeout=120).returncode
+    return subprocess.run(
+        [sys.executable, "-c", _PARTIAL, uri, how, guard], capture_output=True, timeout=120
+    ).returncode
 
 
 @pytest.mark.slow
@@ -63,15 +63,21 @@ def test_a_partly_read_stream_never_aborts_the_interpreter_at_exit(big_table):
 def test_dataframes_of_a_session_keep_working_as_datafusion_dataframes(tmp_path):
     from datafusion import col
 
-    tbl = mw.create_table(str(tmp_path), pa.table({"id": pa.array([1, 2, 3], pa.int64()),
-                                                   "v": ["a", "b", "c"]}), primary_key="id")
+    tbl = mw.create_table(
+        str(tmp_path),
+        pa.table({"id": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"]}),
+        primary_key="id",
+    )
     ctx = mw.connect()
     ctx.register("t", tbl)
     left = ctx.sql("SELECT id AS k, v FROM t")
     right = ctx.table("t").select(col("id"), col("v").alias("w"))
     joined = left.join(right, left_on="k", right_on="id").select(col("k"), col("v"), col("w"))
-    assert joined.sort(col("k")).to_pydict() == \
-        {"k": [1, 2, 3], "v": ["a", "b", "c"], "w": ["a", "b", "c"]}
+    assert joined.sort(col("k")).to_pydict() == {
+        "k": [1, 2, 3],
+        "v": ["a", "b", "c"],
+        "w": ["a", "b", "c"],
+    }
     ctx.register_view("view", joined.filter(col("k") > 1))
     assert ctx.sql("SELECT count(*) AS n FROM view").to_pydict() == {"n": [2]}
     assert "k" in repr(left) and left.union(ctx.sql("SELECT id, v FROM t")).count() == 6

@@ -58,9 +58,14 @@ def test_every_read_path_raises_the_typed_error_through_datafusion(tmp_path):
     w._release_at_exit()
     tbl.store.delete(layout.wal_entry_path(w.region_id, 1))
     reader = mw.open_table(str(tmp_path))
-    for read in (reader.to_arrow, reader.count_rows, lambda: reader.scan().read_all(),
-                 lambda: reader.to_arrow(filter="id = 2"), reader.explain,
-                 lambda: reader.lookup([2])):
+    for read in (
+        reader.to_arrow,
+        reader.count_rows,
+        lambda: reader.scan().read_all(),
+        lambda: reader.to_arrow(filter="id = 2"),
+        reader.explain,
+        lambda: reader.lookup([2]),
+    ):
         with pytest.raises(MissingWalEntryError):
             read()
 

@@ -31,18 +31,20 @@ pytestmark = pytest.mark.slow
 NAN = float("nan")
 INF = float("inf")
 
-SCHEMA = pa.schema([
-    pa.field("id", pa.int64(), False),
-    pa.field("grp", pa.string()),  # the identity region column: fixed for a key
-    pa.field("i32", pa.int32()),
-    pa.field("i64", pa.int64()),
-    pa.field("f64", pa.float64()),
-    pa.field("s", pa.string()),
-    pa.field("b", pa.bool_()),
-    pa.field("d", pa.date32()),
-    pa.field("ts", pa.timestamp("us")),
-    pa.field("bin", pa.binary()),
-])
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), False),
+        pa.field("grp", pa.string()),  # the identity region column: fixed for a key
+        pa.field("i32", pa.int32()),
+        pa.field("i64", pa.int64()),
+        pa.field("f64", pa.float64()),
+        pa.field("s", pa.string()),
+        pa.field("b", pa.bool_()),
+        pa.field("d", pa.date32()),
+        pa.field("ts", pa.timestamp("us")),
+        pa.field("bin", pa.binary()),
+    ]
+)
 TYPES = {f.name: f.type for f in SCHEMA}
 COLUMNS = SCHEMA.names
 
@@ -51,23 +53,68 @@ GRPS = ["g0", "g1", "it's", "C:\\new"]
 LATE_GRP = "late\\'grp"
 LATE_KEYS = 300
 
-SPECIAL_STRINGS = ["", "a", "b", "C:\\new", "a\\b", "it's", "\\", "\\\\", "'", "''", "\\'",
-                   "%", "_", "a%b", "ünï", "日本", "😀", "x\ny", 'quote"d', "NULL", " a",
-                   "a\\nb", "\\x41", "\\u00e9"]
+SPECIAL_STRINGS = [
+    "",
+    "a",
+    "b",
+    "C:\\new",
+    "a\\b",
+    "it's",
+    "\\",
+    "\\\\",
+    "'",
+    "''",
+    "\\'",
+    "%",
+    "_",
+    "a%b",
+    "ünï",
+    "日本",
+    "😀",
+    "x\ny",
+    'quote"d',
+    "NULL",
+    " a",
+    "a\\nb",
+    "\\x41",
+    "\\u00e9",
+]
 # Float values keep every partial sum exact, so aggregates do not depend on the order rows
 # are added in.
 DOMAINS: dict[str, list[Any]] = {
     "i32": [0, 1, -1, 2, 3, 7, -7, 100, 2147483647, -2147483648],
-    "i64": [0, 1, -1, 5, 10, 20, 42, -42, 2**53 + 1, 2**62, 9223372036854775807,
-            -9223372036854775807],
+    "i64": [
+        0,
+        1,
+        -1,
+        5,
+        10,
+        20,
+        42,
+        -42,
+        2**53 + 1,
+        2**62,
+        9223372036854775807,
+        -9223372036854775807,
+    ],
     "f64": [NAN, -0.0, 0.0, INF, -INF, 1.5, -2.25, 3.0, 0.125, 1e10],
     "s": SPECIAL_STRINGS,
     "b": [True, False],
-    "d": [date(1970, 1, 1), date(1969, 12, 31), date(2000, 2, 29), date(2024, 6, 1),
-          date(1, 1, 1), date(9999, 12, 31)],
-    "ts": [datetime(1970, 1, 1), datetime(1969, 12, 31, 23, 59, 59, 999999),
-           datetime(2024, 6, 1, 12, 30, 0, 123456), datetime(2000, 1, 1),
-           datetime(2024, 6, 1, 12, 30, 0, 123457)],
+    "d": [
+        date(1970, 1, 1),
+        date(1969, 12, 31),
+        date(2000, 2, 29),
+        date(2024, 6, 1),
+        date(1, 1, 1),
+        date(9999, 12, 31),
+    ],
+    "ts": [
+        datetime(1970, 1, 1),
+        datetime(1969, 12, 31, 23, 59, 59, 999999),
+        datetime(2024, 6, 1, 12, 30, 0, 123456),
+        datetime(2000, 1, 1),
+        datetime(2024, 6, 1, 12, 30, 0, 123457),
+    ],
     "bin": [b"", b"\x00", b"\xff\x00", b"abc", b"'", b"\\", b"a\\b"],
 }
 # Literals that no row holds (near the stored ones), for comparisons and IN lists.
@@ -80,8 +127,7 @@ MISSING: dict[str, list[Any]] = {
     "s": ["c", "C:\\New", "it", "A", "a\\\\b", "😁", "a\\"],
     "b": [],
     "d": [date(2024, 6, 2), date(1969, 12, 30), date(2000, 3, 1)],
-    "ts": [datetime(2024, 6, 1, 12, 30), datetime(1970, 1, 1, 0, 0, 0, 1),
-           datetime(1969, 12, 31)],
+    "ts": [datetime(2024, 6, 1, 12, 30), datetime(1970, 1, 1, 0, 0, 0, 1), datetime(1969, 12, 31)],
     "bin": [b"\x01", b"ab", b"\xff"],
 }
 
@@ -92,6 +138,7 @@ def grp_of(key: int) -> str:
 
 def make_rows(keys: list[int], rng: random.Random) -> pa.Table:
     """Fresh random values for ``keys`` (each column NULL about one time in six)."""
+
     def pick(col: str) -> list[Any]:
         return [None if rng.random() < 0.17 else rng.choice(DOMAINS[col]) for _ in keys]
 
@@ -108,7 +155,7 @@ class Built:
         self.spec_name = spec_name
         rows = [latest[k] for k in sorted(latest)]
         self.reference = pa.Table.from_pylist(rows, schema=SCHEMA)
-        dim = pa.table({"dgrp": GRPS + ["nowhere", LATE_GRP], "label": list("ABCDEF")})
+        dim = pa.table({"dgrp": [*GRPS, "nowhere", LATE_GRP], "label": list("ABCDEF")})
         self.memwal = mw.connect()
         self.memwal.register("t", tbl)
         self.memwal.register_record_batches("dim", [dim.to_batches()])
@@ -155,8 +202,13 @@ def built(request: Any, tmp_path_factory: Any) -> Any:
         return rng.sample(sorted(k for k in latest if k < LATE_KEYS), n)
 
     base = make_rows(new_keys(160), rng)
-    tbl = mw.create_table(uri, base, primary_key="id", region_spec=SPECS[name](),
-                          writer_config=mw.WriterConfig(max_memtable_rows=100_000))
+    tbl = mw.create_table(
+        uri,
+        base,
+        primary_key="id",
+        region_spec=SPECS[name](),
+        writer_config=mw.WriterConfig(max_memtable_rows=100_000),
+    )
     latest.update({r["id"]: r for r in base.to_pylist()})
     deleted: list[int] = []
 
@@ -185,14 +237,15 @@ def built(request: Any, tmp_path_factory: Any) -> Any:
     assert next_key < LATE_KEYS
     upsert(some_live(30) + deleted[5:8])
     upsert(list(range(LATE_KEYS, LATE_KEYS + 20)))
-    delete(some_live(8) + [LATE_KEYS + 3, LATE_KEYS + 7])
-    upsert(some_live(10) + [LATE_KEYS + 7])
+    delete([*some_live(8), LATE_KEYS + 3, LATE_KEYS + 7])
+    upsert([*some_live(10), LATE_KEYS + 7])
     b = Built(tbl, latest, name)
     yield b
     tbl.close()
 
 
 # ---- literals and predicates ---------------------------------------------------------------
+
 
 def lit(value: Any, typ: pa.DataType) -> str:
     """``value`` as a DataFusion SQL literal of type ``typ``."""
@@ -223,9 +276,9 @@ def lit(value: Any, typ: pa.DataType) -> str:
 
 def values_of(col: str) -> list[Any]:
     if col == "id":
-        return list(range(0, 80, 7)) + [LATE_KEYS, LATE_KEYS + 3, LATE_KEYS + 7]
+        return [*list(range(0, 80, 7)), LATE_KEYS, LATE_KEYS + 3, LATE_KEYS + 7]
     if col == "grp":
-        return GRPS + [LATE_GRP]
+        return [*GRPS, LATE_GRP]
     return DOMAINS[col]
 
 
@@ -273,8 +326,7 @@ def in_list(draw: Any) -> str:
 def string_in_list(draw: Any) -> str:
     """IN lists of the strings with backslashes and quotes, on the two string columns."""
     col = draw(st.sampled_from(["s", "grp"]))
-    items = draw(st.lists(st.sampled_from(values_of(col) + MISSING[col]), min_size=1,
-                          max_size=30))
+    items = draw(st.lists(st.sampled_from(values_of(col) + MISSING[col]), min_size=1, max_size=30))
     neg = draw(st.sampled_from(["", "NOT "]))
     return f"{col} {neg}IN ({', '.join(lit(v, pa.string()) for v in items)})"
 
@@ -297,8 +349,11 @@ def distinct_from(draw: Any) -> str:
 
 @st.composite
 def column_vs_column(draw: Any) -> str:
-    a, b = draw(st.sampled_from([("i32", "i64"), ("id", "i64"), ("id", "i32"), ("s", "grp"),
-                                 ("f64", "i32")]))
+    a, b = draw(
+        st.sampled_from(
+            [("i32", "i64"), ("id", "i64"), ("id", "i32"), ("s", "grp"), ("f64", "i32")]
+        )
+    )
     return f"{a} {draw(st.sampled_from(CMP_OPS))} {b}"
 
 
@@ -314,10 +369,29 @@ def constant_folded(draw: Any) -> str:
         col = draw(columns)
         return f"{col} = NULL" if draw(st.booleans()) else f"{col} IN (NULL)"
     if kind == 2:
-        return draw(st.sampled_from(["id = 1 AND id = 2", "i32 = 10 AND i32 = 20",
-                                     "id > 5 AND id < 3", "i64 = 10 AND i64 = 20"]))
-    return draw(st.sampled_from(["1 = 1", "1 = 0", "TRUE", "FALSE", "NULL IS NULL",
-                                 "1 = 1 AND i32 > 0", "1 = 0 OR s = 'a'"]))
+        return draw(
+            st.sampled_from(
+                [
+                    "id = 1 AND id = 2",
+                    "i32 = 10 AND i32 = 20",
+                    "id > 5 AND id < 3",
+                    "i64 = 10 AND i64 = 20",
+                ]
+            )
+        )
+    return draw(
+        st.sampled_from(
+            [
+                "1 = 1",
+                "1 = 0",
+                "TRUE",
+                "FALSE",
+                "NULL IS NULL",
+                "1 = 1 AND i32 > 0",
+                "1 = 0 OR s = 'a'",
+            ]
+        )
+    )
 
 
 @st.composite
@@ -332,8 +406,17 @@ def key_point(draw: Any) -> str:
     return f"id {neg}IN ({', '.join(map(str, keys))})"
 
 
-atoms = st.one_of(comparison(), null_test(), in_list(), string_in_list(), between(),
-                  distinct_from(), column_vs_column(), constant_folded(), key_point())
+atoms = st.one_of(
+    comparison(),
+    null_test(),
+    in_list(),
+    string_in_list(),
+    between(),
+    distinct_from(),
+    column_vs_column(),
+    constant_folded(),
+    key_point(),
+)
 
 
 def predicates(depth: int = 3) -> st.SearchStrategy[str]:
@@ -342,12 +425,15 @@ def predicates(depth: int = 3) -> st.SearchStrategy[str]:
     sub = predicates(depth - 1)
     return st.one_of(
         atoms,
-        st.tuples(sub, st.sampled_from(["AND", "OR"]), sub).map(lambda t: f"({t[0]}) {t[1]} ({t[2]})"),
+        st.tuples(sub, st.sampled_from(["AND", "OR"]), sub).map(
+            lambda t: f"({t[0]}) {t[1]} ({t[2]})"
+        ),
         sub.map(lambda p: f"NOT ({p})"),
     )
 
 
 # ---- queries -------------------------------------------------------------------------------
+
 
 @st.composite
 def queries(draw: Any) -> tuple[str, bool]:
@@ -362,25 +448,30 @@ def queries(draw: Any) -> tuple[str, bool]:
         col = draw(columns)
         return f"SELECT {col}, count(*) AS n FROM t WHERE {p} GROUP BY {col}", False
     if shape == 3:
-        return ("SELECT count(*) AS n, count(f64) AS nf, sum(i32) AS si, sum(i64) AS sl, "
-                "min(i64) AS mnl, max(i32) AS mxi, min(f64) AS mnf, max(f64) AS mxf, "
-                "avg(i32) AS ai, sum(f64) AS sf, min(s) AS mns, max(s) AS mxs, min(d) AS mnd, "
-                "max(ts) AS mxt, min(bin) AS mnb, bool_or(b) AS bo, count(DISTINCT grp) AS g "
-                f"FROM t WHERE {p}"), False
+        return (
+            "SELECT count(*) AS n, count(f64) AS nf, sum(i32) AS si, sum(i64) AS sl, "
+            "min(i64) AS mnl, max(i32) AS mxi, min(f64) AS mnf, max(f64) AS mxf, "
+            "avg(i32) AS ai, sum(f64) AS sf, min(s) AS mns, max(s) AS mxs, min(d) AS mnd, "
+            "max(ts) AS mxt, min(bin) AS mnb, bool_or(b) AS bo, count(DISTINCT grp) AS g "
+            f"FROM t WHERE {p}"
+        ), False
     if shape == 4:
         col = draw(columns)
-        order = draw(st.sampled_from(["ASC NULLS FIRST", "ASC NULLS LAST", "DESC NULLS FIRST",
-                                      "DESC NULLS LAST"]))
+        order = draw(
+            st.sampled_from(
+                ["ASC NULLS FIRST", "ASC NULLS LAST", "DESC NULLS FIRST", "DESC NULLS LAST"]
+            )
+        )
         n = draw(st.integers(0, 40))
         cols = "id" if col == "id" else f"id, {col}"
         return f"SELECT {cols} FROM t WHERE {p} ORDER BY {col} {order}, id LIMIT {n}", True
     if shape == 5:
-        return (f"SELECT t.id, t.s, dim.label FROM t JOIN dim ON t.grp = dim.dgrp WHERE {p}",
-                False)
+        return (f"SELECT t.id, t.s, dim.label FROM t JOIN dim ON t.grp = dim.dgrp WHERE {p}", False)
     if shape == 6:
         on = draw(st.sampled_from(["a.i32 = b.i32", "a.id = b.id", "a.s = b.s", "a.id = b.id + 1"]))
-        return (f"SELECT a.id AS aid, b.id AS bid FROM (SELECT * FROM t WHERE {p}) a "
-                f"JOIN t b ON {on}"), False
+        return (
+            f"SELECT a.id AS aid, b.id AS bid FROM (SELECT * FROM t WHERE {p}) a JOIN t b ON {on}"
+        ), False
     cols = draw(st.lists(columns, min_size=1, max_size=4, unique=True))
     return f"SELECT {', '.join(cols)} FROM t WHERE {p}", False
 
@@ -429,8 +520,9 @@ def check_sql(b: Built, sql: str, ordered: bool) -> None:
     try:
         got = b.memwal.sql(sql).to_arrow_table()
     except Exception as e:
-        raise AssertionError(f"[{b.spec_name}] MemWAL raised {type(e).__name__}: {e}\n"
-                             f"SQL: {sql}") from e
+        raise AssertionError(
+            f"[{b.spec_name}] MemWAL raised {type(e).__name__}: {e}\nSQL: {sql}"
+        ) from e
     assert got.column_names == want.column_names, sql
     g, w = rows_of(got, ordered), rows_of(want, ordered)
     if g != w:
@@ -438,12 +530,21 @@ def check_sql(b: Built, sql: str, ordered: bool) -> None:
         missing = [r for r in w if r not in g][:5]
         raise AssertionError(
             f"[{b.spec_name}] {len(g)} rows from MemWAL, {len(w)} from plain DataFusion\n"
-            f"SQL: {sql}\nonly MemWAL: {extra}\nonly plain: {missing}")
+            f"SQL: {sql}\nonly MemWAL: {extra}\nonly plain: {missing}"
+        )
 
 
-SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                           HealthCheck.filter_too_much])
+SETTINGS = settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+    ],
+)
 
 
 def test_the_fixture_spreads_rows_over_every_source(built: Built) -> None:
@@ -466,13 +567,16 @@ def test_filter_api_matches_plain_datafusion(built: Built, p: str) -> None:
     try:
         got = built.tbl.to_arrow(filter=p)
     except Exception as e:
-        raise AssertionError(f"[{built.spec_name}] to_arrow raised {type(e).__name__}: {e}\n"
-                             f"filter: {p}") from e
-    assert rows_of(got, False) == rows_of(want, False), \
+        raise AssertionError(
+            f"[{built.spec_name}] to_arrow raised {type(e).__name__}: {e}\nfilter: {p}"
+        ) from e
+    assert rows_of(got, False) == rows_of(want, False), (
         f"[{built.spec_name}] to_arrow(filter={p!r}): {got.num_rows} rows, want {want.num_rows}"
+    )
     try:
         n = built.tbl.count_rows(p)
     except Exception as e:
-        raise AssertionError(f"[{built.spec_name}] count_rows raised {type(e).__name__}: {e}\n"
-                             f"filter: {p}") from e
+        raise AssertionError(
+            f"[{built.spec_name}] count_rows raised {type(e).__name__}: {e}\nfilter: {p}"
+        ) from e
     assert n == want.num_rows, f"[{built.spec_name}] count_rows({p!r}) = {n}, want {want.num_rows}"

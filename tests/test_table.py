@@ -32,8 +32,9 @@ def rows(ids, tag="a"):
 
 
 def test_create_sets_the_primary_key_and_the_mem_wal_index(tmp_path):
-    tbl = mw.create_table(str(tmp_path), rows([1, 2]), primary_key="id",
-                          region_spec=mw.RegionSpec.bucket("id", 4))
+    tbl = mw.create_table(
+        str(tmp_path), rows([1, 2]), primary_key="id", region_spec=mw.RegionSpec.bucket("id", 4)
+    )
     ds = lance.dataset(str(tmp_path))
     assert [f.name() for f in ds.lance_schema.unenforced_primary_key()] == ["id"]
     assert ds.mem_wal_index_details()["num_shards"] == 4
@@ -43,10 +44,16 @@ def test_create_sets_the_primary_key_and_the_mem_wal_index(tmp_path):
 
 
 def test_composite_primary_key(tmp_path):
-    schema = pa.schema([pa.field("a", pa.int32(), False), pa.field("b", pa.string(), False),
-                        pa.field("x", pa.float64())])
-    tbl = mw.create_table(str(tmp_path), schema, primary_key=["a", "b"],
-                          region_spec=mw.RegionSpec.bucket("b", 2))
+    schema = pa.schema(
+        [
+            pa.field("a", pa.int32(), False),
+            pa.field("b", pa.string(), False),
+            pa.field("x", pa.float64()),
+        ]
+    )
+    tbl = mw.create_table(
+        str(tmp_path), schema, primary_key=["a", "b"], region_spec=mw.RegionSpec.bucket("b", 2)
+    )
     model = Model(["a", "b"])
     data = pa.table({"a": [1, 1, 2], "b": ["x", "y", "x"], "x": [1.0, 2.0, 3.0]}, schema=schema)
     tbl.upsert(data)
@@ -89,8 +96,9 @@ def test_create_and_open_errors(tmp_path):
         mw.create_table(str(tmp_path / "w"), pa.table({"id": [1, None]}), primary_key="id")
 
 
-@pytest.mark.parametrize("key_type", [pa.float64(), pa.timestamp("us"), pa.date32(),
-                                      pa.decimal128(10, 2)])
+@pytest.mark.parametrize(
+    "key_type", [pa.float64(), pa.timestamp("us"), pa.date32(), pa.decimal128(10, 2)]
+)
 def test_a_key_lance_cannot_index_is_refused_before_anything_is_written(tmp_path, key_type):
     # Accepted once, such a key took writes that no MemTable flush could ever store.
     schema = pa.schema([pa.field("k", key_type, False), pa.field("v", pa.string())])
@@ -105,34 +113,42 @@ def test_a_key_lance_cannot_index_is_refused_before_anything_is_written(tmp_path
 
 
 def test_routing_is_the_same_in_every_process(tmp_path):
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id",
-                          region_spec=mw.RegionSpec.bucket("id", 8))
+    tbl = mw.create_table(
+        str(tmp_path), SCHEMA, primary_key="id", region_spec=mw.RegionSpec.bucket("id", 8)
+    )
     tbl.upsert(rows(list(range(40))))
     tbl.close()
     here = sorted(tbl.regions())
-    code = ("import sys, memwal_sql as mw, pyarrow as pa\n"
-            "t = mw.open_table(sys.argv[1])\n"
-            "t.upsert({'id': list(range(40)), 'v': ['b'] * 40}); t.close()\n"
-            "print(','.join(sorted(t.regions())))")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True,
-                         capture_output=True, text=True).stdout.strip()
+    code = (
+        "import sys, memwal_sql as mw, pyarrow as pa\n"
+        "t = mw.open_table(sys.argv[1])\n"
+        "t.upsert({'id': list(range(40)), 'v': ['b'] * 40}); t.close()\n"
+        "print(','.join(sorted(t.regions())))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], check=True, capture_output=True, text=True
+    ).stdout.strip()
     assert out.split(",") == here and len(here) == 8
     assert all(r["v"] == "b" for r in lance_latest_rows(str(tmp_path), ["id"]).to_pylist())
 
 
 def test_writer_needs_a_region_on_a_sharded_table(tmp_path):
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id",
-                          region_spec=mw.RegionSpec.bucket("id", 2))
+    tbl = mw.create_table(
+        str(tmp_path), SCHEMA, primary_key="id", region_spec=mw.RegionSpec.bucket("id", 2)
+    )
     with pytest.raises(InvalidInputError, match="region_values"):
         tbl.writer()
     with pytest.raises(UnknownRegionError):
         tbl.writer(region_id=str(uuid.uuid4()))
 
 
-@pytest.mark.parametrize("damage", [
-    lambda b: b[: len(b) // 2],  # truncated
-    lambda b: b[:-20] + bytes([b[-20] ^ 4]) + b[-19:],  # one bit changed in the rows
-])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda b: b[: len(b) // 2],  # truncated
+        lambda b: b[:-20] + bytes([b[-20] ^ 4]) + b[-19:],  # one bit changed in the rows
+    ],
+)
 def test_damaged_wal_entry_stops_the_open_and_the_reads_and_deletes_nothing(tmp_path, damage):
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
     w = tbl.writer()
@@ -156,8 +172,9 @@ def test_damaged_wal_entry_stops_the_open_and_the_reads_and_deletes_nothing(tmp_
 
 def test_routed_writes_accept_pandas(tmp_path):
     pd = pytest.importorskip("pandas")
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id",
-                          region_spec=mw.RegionSpec.bucket("id", 3))
+    tbl = mw.create_table(
+        str(tmp_path), SCHEMA, primary_key="id", region_spec=mw.RegionSpec.bucket("id", 3)
+    )
     tbl.upsert(pd.DataFrame({"id": [1, 2, 3], "v": ["a", "b", "c"]}))
     tbl.delete(pd.DataFrame({"id": [2]}))
     tbl.close()
@@ -166,8 +183,9 @@ def test_routed_writes_accept_pandas(tmp_path):
 
 def test_bad_rows_in_one_region_write_nothing_to_the_others(tmp_path):
     schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("n", pa.int32(), False)])
-    tbl = mw.create_table(str(tmp_path), schema, primary_key="id",
-                          region_spec=mw.RegionSpec.bucket("id", 4))
+    tbl = mw.create_table(
+        str(tmp_path), schema, primary_key="id", region_spec=mw.RegionSpec.bucket("id", 4)
+    )
     buckets = tbl.region_spec.region_values(pa.table({"id": list(range(20))})).column(0)
     ids = list(range(20))
     last_bucket = buckets[19].as_py()
@@ -194,8 +212,9 @@ def test_routing_uses_the_table_key_type_not_the_input_type(tmp_path, key_type):
     # An int32 key hashes differently from the table's int64 key: routing on the raw input
     # once put rows and tombstones in the wrong regions, and lookups, pruned to a key's region,
     # then disagreed with scans.
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id",
-                          region_spec=mw.RegionSpec.bucket("id", 8))
+    tbl = mw.create_table(
+        str(tmp_path), SCHEMA, primary_key="id", region_spec=mw.RegionSpec.bucket("id", 8)
+    )
     tbl.upsert(pa.table({"id": pa.array(range(12), key_type), "v": ["a"] * 12}))
     tbl.delete(pa.array(range(0, 12, 3), key_type))
     expected = [i for i in range(12) if i % 3]
@@ -205,8 +224,9 @@ def test_routing_uses_the_table_key_type_not_the_input_type(tmp_path, key_type):
 
 
 def test_a_region_writer_refuses_to_delete_another_regions_keys(tmp_path):
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id",
-                          region_spec=mw.RegionSpec.bucket("id", 4))
+    tbl = mw.create_table(
+        str(tmp_path), SCHEMA, primary_key="id", region_spec=mw.RegionSpec.bucket("id", 4)
+    )
     tbl.upsert(rows(list(range(8))))
     tbl.close()
     bucket = tbl.region_spec.region_values(pa.table({"id": list(range(8))})).column(0).to_pylist()
@@ -221,8 +241,9 @@ def test_a_region_writer_refuses_to_delete_another_regions_keys(tmp_path):
 
 def test_deletes_need_the_region_columns_that_are_not_keys(tmp_path):
     schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("country", pa.string())])
-    tbl = mw.create_table(str(tmp_path), schema, primary_key="id",
-                          region_spec=mw.RegionSpec.identity("country"))
+    tbl = mw.create_table(
+        str(tmp_path), schema, primary_key="id", region_spec=mw.RegionSpec.identity("country")
+    )
     tbl.upsert(pa.table({"id": [1, 2, 3], "country": ["us", "de", "us"]}, schema=schema))
     with pytest.raises(InvalidInputError, match="country"):
         tbl.delete([1])
@@ -239,8 +260,9 @@ def test_deletes_need_the_region_columns_that_are_not_keys(tmp_path):
 
 
 def test_table_flush_and_close_cover_the_writers_it_opened_explicitly(tmp_path):
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id",
-                          region_spec=mw.RegionSpec.bucket("id", 2))
+    tbl = mw.create_table(
+        str(tmp_path), SCHEMA, primary_key="id", region_spec=mw.RegionSpec.bucket("id", 2)
+    )
     values = tbl.region_spec.region_values(pa.table({"id": [1]})).column(0)[0].as_py()
     w = tbl.writer(region_values=(values,))
     w.upsert(rows([1]))
@@ -278,8 +300,9 @@ def test_a_table_without_region_spec_keeps_one_region_across_reopens(tmp_path):
 
 
 def test_a_routed_writer_fenced_by_another_is_dropped_and_the_next_write_reclaims(tmp_path):
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id",
-                          region_spec=mw.RegionSpec.bucket("id", 2))
+    tbl = mw.create_table(
+        str(tmp_path), SCHEMA, primary_key="id", region_spec=mw.RegionSpec.bucket("id", 2)
+    )
     ids = list(range(8))
     tbl.upsert(rows(ids))
     buckets = tbl.region_spec.region_values(pa.table({"id": ids})).column(0).to_pylist()
@@ -292,18 +315,24 @@ def test_a_routed_writer_fenced_by_another_is_dropped_and_the_next_write_reclaim
     other.close()
     tbl.upsert(rows(ids, "c"))  # claims the fenced region again
     tbl.close()
-    assert lance_latest_rows(str(tmp_path), ["id"]).column("v").to_pylist() == \
-        [f"c{i}" for i in ids]
+    assert lance_latest_rows(str(tmp_path), ["id"]).column("v").to_pylist() == [
+        f"c{i}" for i in ids
+    ]
 
 
 def test_bad_writer_arguments_are_typed_errors(tmp_path):
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id",
-                          region_spec=mw.RegionSpec.bucket("id", 4))
+    tbl = mw.create_table(
+        str(tmp_path), SCHEMA, primary_key="id", region_spec=mw.RegionSpec.bucket("id", 4)
+    )
     for values in ((4,), (-1,), ("x",)):
         with pytest.raises(InvalidInputError):
             tbl.writer(region_values=values)
-    for options in ({"bogus": 1}, {"max_memtable_rows": -5}, {"max_wal_flush_interval": "x"},
-                    {"max_unflushed_bytes": 0}):
+    for options in (
+        {"bogus": 1},
+        {"max_memtable_rows": -5},
+        {"max_wal_flush_interval": "x"},
+        {"max_unflushed_bytes": 0},
+    ):
         with pytest.raises(InvalidInputError, match=next(iter(options))):
             tbl.writer(region_values=(0,), **options)
     with pytest.raises(InvalidInputError, match="durable"):
@@ -328,8 +357,11 @@ def test_table_flush_reports_a_writer_whose_flush_failed(tmp_path, monkeypatch):
 
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
     tbl.upsert(rows([1]))
-    monkeypatch.setattr(region_writer, "write_generation",
-                        lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+    monkeypatch.setattr(
+        region_writer,
+        "write_generation",
+        lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")),
+    )
     with pytest.raises(StorageError, match="disk full"):
         tbl.flush()
     with pytest.raises(StorageError):
@@ -379,9 +411,13 @@ def test_open_read_close_cycles_leave_threads_and_files_where_they_were(tmp_path
         tbl.upsert({"id": [4], "v": ["d"]})
 
     def own_threads():
-        return sorted(t.name for t in threading.enumerate()
-                      if not t.name.startswith(("memwal-read", "memwal-snapshot",
-                                                "memwal-lookup", "memwal-search")))
+        return sorted(
+            t.name
+            for t in threading.enumerate()
+            if not t.name.startswith(
+                ("memwal-read", "memwal-snapshot", "memwal-lookup", "memwal-search")
+            )
+        )
 
     def fds():
         return len(os.listdir("/proc/self/fd"))

@@ -12,17 +12,19 @@ import pytest
 
 import memwal_sql as mw
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
-import tpch  # noqa: E402
-from bench_tpch import parquet_session  # noqa: E402
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+)
+import tpch
+from bench_tpch import parquet_session
 
 
 @pytest.mark.slow
 def test_tpch_queries_equal_parquet_at_every_stage(tmp_path):
     tpch.generate(str(tmp_path / "data"), 0.01)
-    tables, latest = tpch.build(str(tmp_path / "mw"), str(tmp_path / "data"),
-                                max_memtable_rows=1 << 30)
+    tables, latest = tpch.build(
+        str(tmp_path / "mw"), str(tmp_path / "data"), max_memtable_rows=1 << 30
+    )
     rng = np.random.default_rng(5)
     deleted: dict = {}
     for i in range(4):  # two rounds merged into the base, one in generations, one live

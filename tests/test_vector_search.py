@@ -14,23 +14,39 @@ from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMisma
 from tests.lsm import Model, apply_op, op_sequences
 
 DIM = 8
-SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("tag", pa.string()),
-                    pa.field("n", pa.int64()),
-                    pa.field("vec", pa.list_(pa.float32(), DIM))])
+SCHEMA = pa.schema(
+    [
+        pa.field("k", pa.int64(), False),
+        pa.field("tag", pa.string()),
+        pa.field("n", pa.int64()),
+        pa.field("vec", pa.list_(pa.float32(), DIM)),
+    ]
+)
 
 
 def vec_batch(keys: list[int], seed: int) -> pa.Table:
     """Rows whose vectors depend on (key, seed): an update moves a key's vector."""
-    vecs = np.stack([np.random.default_rng(k * 1000 + seed).normal(size=DIM)
-                     for k in keys]).astype(np.float32) if keys else np.zeros((0, DIM), np.float32)
-    return pa.table({"k": pa.array(keys, pa.int64()), "tag": [f"t{(k + seed) % 3}" for k in keys],
-                     "n": pa.array([k * 10 + seed for k in keys], pa.int64()),
-                     "vec": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), DIM)},
-                    schema=SCHEMA)
+    vecs = (
+        np.stack([np.random.default_rng(k * 1000 + seed).normal(size=DIM) for k in keys]).astype(
+            np.float32
+        )
+        if keys
+        else np.zeros((0, DIM), np.float32)
+    )
+    return pa.table(
+        {
+            "k": pa.array(keys, pa.int64()),
+            "tag": [f"t{(k + seed) % 3}" for k in keys],
+            "n": pa.array([k * 10 + seed for k in keys], pa.int64()),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), DIM),
+        },
+        schema=SCHEMA,
+    )
 
 
-def brute_force(model: Model, query: np.ndarray, k: int, metric: str = "l2",
-                keep: object = None) -> list[int]:
+def brute_force(
+    model: Model, query: np.ndarray, k: int, metric: str = "l2", keep: object = None
+) -> list[int]:
     latest = model.table(SCHEMA)
     if keep is not None:
         latest = latest.filter(pa.array([keep(r) for r in latest.to_pylist()], pa.bool_()))
@@ -51,27 +67,39 @@ def check(tbl: mw.MemWalTable, model: Model, query: np.ndarray, k: int, **kw: ob
     assert (np.diff(d) >= 0).all()
     keep = None
     if kw.get("filter") == "tag = 't1'":
+
         def keep(r: dict) -> bool:
             return r["tag"] == "t1"
+
     assert got.column("k").to_pylist() == brute_force(model, query, k, keep=keep)
 
 
 @pytest.fixture
 def base_rows() -> pa.Table:
-    return vec_batch(list(range(0, 300)), 0)
+    return vec_batch(list(range(300)), 0)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=op_sequences(400, 60, ["flush", "merge", "catchup"]), qseed=st.integers(0, 50),
-       k=st.sampled_from([1, 5, 20]))
-def test_search_equals_brute_force_after_every_step(tmp_path_factory: pytest.TempPathFactory,
-                                                    base_rows: pa.Table, ops: list, qseed: int,
-                                                    k: int) -> None:
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    ops=op_sequences(400, 60, ["flush", "merge", "catchup"]),
+    qseed=st.integers(0, 50),
+    k=st.sampled_from([1, 5, 20]),
+)
+def test_search_equals_brute_force_after_every_step(
+    tmp_path_factory: pytest.TempPathFactory, base_rows: pa.Table, ops: list, qseed: int, k: int
+) -> None:
     """Exact search (an IVF_FLAT index probed everywhere, or flat): after every step the top k
     are the brute-force top k of the latest rows; no stale or deleted row ever comes back."""
     uri = str(tmp_path_factory.mktemp("vs"))
-    tbl = mw.create_table(uri, base_rows, primary_key="k", region_spec=mw.RegionSpec.bucket("k", 2),
-                          writer_config=mw.WriterConfig(durable=False, max_memtable_rows=40))
+    tbl = mw.create_table(
+        uri,
+        base_rows,
+        primary_key="k",
+        region_spec=mw.RegionSpec.bucket("k", 2),
+        writer_config=mw.WriterConfig(durable=False, max_memtable_rows=40),
+    )
     tbl.create_index("vec", "IVF_FLAT", num_partitions=2)
     model = Model(["k"])
     model.upsert(base_rows)
@@ -84,12 +112,14 @@ def test_search_equals_brute_force_after_every_step(tmp_path_factory: pytest.Tem
 
 
 def test_fresh_write_found_at_once_and_deleted_never(tmp_path, base_rows) -> None:
-    tbl = mw.create_table(str(tmp_path), base_rows, primary_key="k",
-                          region_spec=mw.RegionSpec.bucket("k", 2))
+    tbl = mw.create_table(
+        str(tmp_path), base_rows, primary_key="k", region_spec=mw.RegionSpec.bucket("k", 2)
+    )
     tbl.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=2)
     query = np.full(DIM, 7.0, np.float32)
-    fresh = vec_batch([5000], 1).set_column(3, "vec", pa.FixedSizeListArray.from_arrays(
-        pa.array(query), DIM))
+    fresh = vec_batch([5000], 1).set_column(
+        3, "vec", pa.FixedSizeListArray.from_arrays(pa.array(query), DIM)
+    )
     tbl.upsert(fresh)  # durable: acknowledged means searchable
     assert tbl.vector_search(query, k=1).column("k").to_pylist() == [5000]
     tbl.flush()
@@ -98,8 +128,9 @@ def test_fresh_write_found_at_once_and_deleted_never(tmp_path, base_rows) -> Non
     assert 5000 not in tbl.vector_search(query, k=50).column("k").to_pylist()
     # A base row moved far away by an update is not found where it used to be.
     near = tbl.vector_search(np.zeros(DIM, np.float32), k=1).column("k")[0].as_py()
-    moved = vec_batch([near], 2).set_column(3, "vec", pa.FixedSizeListArray.from_arrays(
-        pa.array(np.full(DIM, -50.0, np.float32)), DIM))
+    moved = vec_batch([near], 2).set_column(
+        3, "vec", pa.FixedSizeListArray.from_arrays(pa.array(np.full(DIM, -50.0, np.float32)), DIM)
+    )
     tbl.upsert(moved)
     got = tbl.vector_search(np.zeros(DIM, np.float32), k=10)
     assert near not in got.column("k").to_pylist()
@@ -108,8 +139,9 @@ def test_fresh_write_found_at_once_and_deleted_never(tmp_path, base_rows) -> Non
 
 
 def test_filter_applies_to_latest_version(tmp_path, base_rows) -> None:
-    tbl = mw.create_table(str(tmp_path), base_rows, primary_key="k",
-                          region_spec=mw.RegionSpec.bucket("k", 2))
+    tbl = mw.create_table(
+        str(tmp_path), base_rows, primary_key="k", region_spec=mw.RegionSpec.bucket("k", 2)
+    )
     query = np.random.default_rng(3).normal(size=DIM).astype(np.float32)
     best = tbl.vector_search(query, k=1, filter="tag = 't0'").to_pylist()[0]
     # Its newer version no longer matches: the older, matching base row must not come back.
@@ -128,8 +160,9 @@ def test_region_pruned_sources_still_make_base_rows_stale(tmp_path) -> None:
     """A filter on the region column prunes regions from the search, but a base row whose
     key has a newer version in a pruned region must still be dropped."""
     rows = vec_batch(list(range(40)), 0)
-    tbl = mw.create_table(str(tmp_path), rows, primary_key="k",
-                          region_spec=mw.RegionSpec.identity("tag"))
+    tbl = mw.create_table(
+        str(tmp_path), rows, primary_key="k", region_spec=mw.RegionSpec.identity("tag")
+    )
     query = np.random.default_rng(1).normal(size=DIM).astype(np.float32)
     best = tbl.vector_search(query, k=1, filter="tag = 't0'").to_pylist()[0]
     tbl.upsert(vec_batch([best["k"]], 1))  # now t1: lives in another region
@@ -176,8 +209,9 @@ def test_bad_input_is_typed(tmp_path, base_rows) -> None:
 def test_create_index_is_maintained_and_listed(tmp_path, base_rows) -> None:
     import lance
 
-    tbl = mw.create_table(str(tmp_path), base_rows, primary_key="k",
-                          region_spec=mw.RegionSpec.bucket("k", 2))
+    tbl = mw.create_table(
+        str(tmp_path), base_rows, primary_key="k", region_spec=mw.RegionSpec.bucket("k", 2)
+    )
     info = tbl.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=2)
     assert (info.name, info.index_type, info.maintained) == ("vec_idx", "IVF_PQ", True)
     # Lance reads the record as its own.
@@ -199,8 +233,9 @@ def test_bloom_false_positives_never_drop_valid_rows(tmp_path, base_rows, monkey
     generation's key index, so the answer does not change."""
     from memwal_sql.writer.bloom import BloomFilter
 
-    tbl = mw.create_table(str(tmp_path), base_rows, primary_key="k",
-                          region_spec=mw.RegionSpec.bucket("k", 2))
+    tbl = mw.create_table(
+        str(tmp_path), base_rows, primary_key="k", region_spec=mw.RegionSpec.bucket("k", 2)
+    )
     model = Model(["k"])
     model.upsert(base_rows)
     for i in range(3):
@@ -210,31 +245,43 @@ def test_bloom_false_positives_never_drop_valid_rows(tmp_path, base_rows, monkey
         tbl.flush()
     query = np.random.default_rng(5).normal(size=DIM).astype(np.float32)
     want = tbl.vector_search(query, k=10).column("k").to_pylist()
-    monkeypatch.setattr(BloomFilter, "might_contain",
-                        lambda self, hashes: np.ones(len(hashes), dtype=bool))
-    assert tbl.vector_search(query, k=10).column("k").to_pylist() == want == \
-        brute_force(model, query, 10)
+    monkeypatch.setattr(
+        BloomFilter, "might_contain", lambda self, hashes: np.ones(len(hashes), dtype=bool)
+    )
+    assert (
+        tbl.vector_search(query, k=10).column("k").to_pylist()
+        == want
+        == brute_force(model, query, 10)
+    )
     tbl.close()
 
 
 def test_sql_table_function_joins_with_the_table(tmp_path, base_rows) -> None:
-    tbl = mw.create_table(str(tmp_path), base_rows, primary_key="k",
-                          region_spec=mw.RegionSpec.bucket("k", 2))
+    tbl = mw.create_table(
+        str(tmp_path), base_rows, primary_key="k", region_spec=mw.RegionSpec.bucket("k", 2)
+    )
     tbl.upsert(vec_batch([1, 2, 3], 5))
     query = np.random.default_rng(2).normal(size=DIM).astype(np.float32)
     ctx = mw.connect()
     ctx.register("items", tbl)
     listed = ", ".join(str(float(x)) for x in query)
     want = tbl.vector_search(query, k=5, filter="tag = 't2'")
-    got = ctx.sql(f"SELECT s.k, s._distance, i.n FROM vector_search('items', 'vec', [{listed}], 5) s "
-                  "JOIN items i ON i.k = s.k WHERE s.tag = 't2' ORDER BY s._distance").to_arrow_table()
+    got = ctx.sql(
+        f"SELECT s.k, s._distance, i.n FROM vector_search('items', 'vec', [{listed}], 5) s "
+        "JOIN items i ON i.k = s.k WHERE s.tag = 't2' ORDER BY s._distance"
+    ).to_arrow_table()
     assert got.column("k").to_pylist() == want.column("k").to_pylist()
     assert got.column("n").to_pylist() == want.column("n").to_pylist()
-    near = ctx.sql(f"SELECT k FROM vector_search('items', NULL, [{listed}], 5) "
-                   f"WHERE _distance <= {float(want.column('_distance')[1].as_py())} "
-                   "ORDER BY _distance").to_arrow_table()
-    assert near.column("k").to_pylist() == tbl.vector_search(query, k=5).column("k").to_pylist()[
-        :near.num_rows] and near.num_rows >= 1
+    near = ctx.sql(
+        f"SELECT k FROM vector_search('items', NULL, [{listed}], 5) "
+        f"WHERE _distance <= {float(want.column('_distance')[1].as_py())} "
+        "ORDER BY _distance"
+    ).to_arrow_table()
+    assert (
+        near.column("k").to_pylist()
+        == tbl.vector_search(query, k=5).column("k").to_pylist()[: near.num_rows]
+        and near.num_rows >= 1
+    )
     with pytest.raises(Exception, match="no MemWAL table"):
         ctx.sql(f"SELECT * FROM vector_search('nope', 'vec', [{listed}], 5)").to_arrow_table()
     tbl.close()
@@ -251,8 +298,9 @@ def test_generations_carry_the_maintained_indexes_and_lance_reads_them(tmp_path)
     from memwal_sql.interop import lance_shard_snapshots
 
     rows = vec_batch(list(range(600)), 0)
-    tbl = mw.create_table(str(tmp_path), rows, primary_key="k",
-                          region_spec=mw.RegionSpec.bucket("k", 2))
+    tbl = mw.create_table(
+        str(tmp_path), rows, primary_key="k", region_spec=mw.RegionSpec.bucket("k", 2)
+    )
     tbl.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=4)
     tbl.create_index("tag", "INVERTED", with_position=False)
     tbl.upsert(vec_batch(list(range(500, 700)), 1))
@@ -274,8 +322,9 @@ def test_generations_carry_the_maintained_indexes_and_lance_reads_them(tmp_path)
     assert sorted(theirs.column("k").to_pylist()) == sorted(ours.column("k").to_pylist())
     query = np.random.default_rng(4).normal(size=DIM).astype(np.float32)
     planner = LsmVectorSearchPlanner(tbl.dataset(), snapshots, "vec", pk_columns=["k"])
-    lance_top = planner.plan_search(pa.array(query), k=5, nprobes=4,
-                                    refine_base_table=True).to_table()
+    lance_top = planner.plan_search(
+        pa.array(query), k=5, nprobes=4, refine_base_table=True
+    ).to_table()
     assert set(lance_top.column("k").to_pylist()) <= set(ours.column("k").to_pylist())
     tbl.close()
 
@@ -286,11 +335,14 @@ def take_regions(tbl: mw.MemWalTable):
     return take_snapshot(tbl).regions
 
 
-@pytest.mark.parametrize("index_type,params", [
-    ("IVF_FLAT", {"num_partitions": 2}),
-    ("IVF_HNSW_SQ", {"num_partitions": 2}),
-    ("IVF_PQ", {"num_partitions": 2, "num_sub_vectors": 2, "metric": "cosine"}),
-])
+@pytest.mark.parametrize(
+    "index_type,params",
+    [
+        ("IVF_FLAT", {"num_partitions": 2}),
+        ("IVF_HNSW_SQ", {"num_partitions": 2}),
+        ("IVF_PQ", {"num_partitions": 2, "num_sub_vectors": 2, "metric": "cosine"}),
+    ],
+)
 def test_every_vector_index_type_is_built_on_generations(tmp_path, index_type, params) -> None:
     import lance
 

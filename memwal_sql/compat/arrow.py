@@ -28,5 +28,9 @@ def substrait_schema(schema: pa.Schema) -> pa.Schema:
         >>> substrait_schema(pa.schema([("v", pa.list_(pa.float32(), 2))])).field("v").type
         DataType(null)
     """
-    return pa.schema([f.with_type(pa.null()) if any(p(f.type) for p in _NO_SUBSTRAIT_TYPE)
-                      else f for f in schema])
+    return pa.schema(
+        [
+            f.with_type(pa.null()) if any(p(f.type) for p in _NO_SUBSTRAIT_TYPE) else f
+            for f in schema
+        ]
+    )

@@ -18,8 +18,9 @@ import pyarrow as pa
 STALE_COMPACTION = "Stale SSTable compaction"
 
 
-def take_rows(dataset: lance.LanceDataset, row_addresses: pa.Array,
-              columns: Sequence[str]) -> pa.Table:
+def take_rows(
+    dataset: lance.LanceDataset, row_addresses: pa.Array, columns: Sequence[str]
+) -> pa.Table:
     """The rows at ``row_addresses`` (``fragment_id << 32 | offset``), in that order.
 
     pylance has no public call that takes row addresses (``take`` takes positions in the
@@ -31,8 +32,7 @@ def take_rows(dataset: lance.LanceDataset, row_addresses: pa.Array,
 def is_not_found(error: BaseException) -> bool:
     """Whether a pylance error opening a dataset means there is none."""
     text = str(error).lower()
-    return isinstance(error, FileNotFoundError) or "not found" in text or \
-        "does not exist" in text
+    return isinstance(error, FileNotFoundError) or "not found" in text or "does not exist" in text
 
 
 def is_commit_conflict(error: BaseException) -> bool:
@@ -41,8 +41,9 @@ def is_commit_conflict(error: BaseException) -> bool:
     return STALE_COMPACTION in str(error) or "conflict" in str(error).lower()
 
 
-def ivf_pq_model(index_uri: str, storage_options: dict[str, str] | None = None
-                 ) -> tuple[np.ndarray, int]:
+def ivf_pq_model(
+    index_uri: str, storage_options: dict[str, str] | None = None
+) -> tuple[np.ndarray, int]:
     """The PQ codebook of an IVF_PQ index, as ``create_index(pq_codebook=...)`` takes it
     (``num_sub_vectors x 2^nbits x dim / num_sub_vectors``), and ``nbits``.
 
@@ -57,8 +58,9 @@ def ivf_pq_model(index_uri: str, storage_options: dict[str, str] | None = None
     from google.protobuf.internal.decoder import _DecodeVarint
     from lance.file import LanceFileReader
 
-    reader = LanceFileReader(f"{index_uri.rsplit('/', 1)[0]}/auxiliary.idx",
-                             storage_options=storage_options)
+    reader = LanceFileReader(
+        f"{index_uri.rsplit('/', 1)[0]}/auxiliary.idx", storage_options=storage_options
+    )
     meta = json.loads(json.loads(reader.metadata().schema.metadata[b"storage_metadata"])[0])
     message = bytes(reader.read_global_buffer(int(meta["codebook_position"])))
     fields: dict[int, bytes | int] = {}
@@ -69,7 +71,7 @@ def ivf_pq_model(index_uri: str, storage_options: dict[str, str] | None = None
             fields[key >> 3], pos = _DecodeVarint(message, pos)
         elif key & 7 == 2:
             size, pos = _DecodeVarint(message, pos)
-            fields[key >> 3], pos = message[pos:pos + size], pos + size
+            fields[key >> 3], pos = message[pos : pos + size], pos + size
         else:
             raise ValueError(f"unexpected wire type in a Lance tensor: {key & 7}")
     shape, pos, dims = fields[2], 0, []

@@ -14,8 +14,8 @@ import struct
 from collections.abc import Iterator
 
 from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails
-from memwal_sql.index.details import INDEX_NAME
 from memwal_sql.errors import CorruptManifestError
+from memwal_sql.index.details import INDEX_NAME
 from memwal_sql.storage import ObjectStore
 
 _MAGIC = b"LANC"
@@ -46,7 +46,7 @@ def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
             pos += 8
         elif wt == 2:
             n, pos = _varint(buf, pos)
-            yield num, wt, buf[pos:pos + n]
+            yield num, wt, buf[pos : pos + n]
             pos += n
         elif wt == 5:
             yield num, wt, struct.unpack_from("<I", buf, pos)[0]
@@ -68,13 +68,13 @@ def read_mem_wal_details(store: ObjectStore, version: int) -> MemWalIndexDetails
             raise CorruptManifestError(f"{path} has no Lance footer")
         (offset,) = struct.unpack_from("<q", data, len(data) - 16)
         (length,) = struct.unpack_from("<I", data, offset)
-        manifest = data[offset + 4: offset + 4 + length]
+        manifest = data[offset + 4 : offset + 4 + length]
         section_at = next((v for n, _, v in _fields(manifest) if n == 6), None)
         if section_at is None:
             return None
         assert isinstance(section_at, int)
         (length,) = struct.unpack_from("<I", data, section_at)
-        section = data[section_at + 4: section_at + 4 + length]
+        section = data[section_at + 4 : section_at + 4 + length]
         for num, _, meta in _fields(section):
             if num != 1:
                 continue

@@ -166,7 +166,6 @@ def _truncate_type_ok(t: pa.DataType) -> bool:
 # The source types the bucket transforms accept, in words. Both the spec check (``_TYPE_CHECKS``
 # in region_spec) and the hashers' own errors (murmur3) quote them.
 _BUCKET_TYPES = (
-    "int8..int64, uint8..uint64, bool, float32/64, utf8, large_utf8, "
-    "date32, time32/64 or timestamp"
+    "int8..int64, uint8..uint64, bool, float32/64, utf8, large_utf8, date32, time32/64 or timestamp"
 )
 _MULTI_BUCKET_TYPES = "the bucket types or date64"

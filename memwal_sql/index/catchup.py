@@ -36,8 +36,8 @@ from typing import Any
 
 import lance
 
-from memwal_sql.errors import MemWalError
 from memwal_sql.compat.lance_manifest import read_mem_wal_details
+from memwal_sql.errors import MemWalError
 from memwal_sql.index.details import INDEX_NAME, region_generations
 from memwal_sql.storage import ObjectStore
 
@@ -105,15 +105,16 @@ def _compute(store: ObjectStore, ds: lance.LanceDataset) -> list[IndexCoverage]:
         if not uncovered:
             caught_up: Mapping[str, int] | None = merged_now
         else:
-            caught_up = _caught_up_before(store, ds, {
-                p: fid for fid in uncovered for p in _paths(fragments[fid].metadata)})
-        out.append(IndexCoverage(d.name, tuple(d.field_names), covered, not uncovered,
-                                 caught_up))
+            caught_up = _caught_up_before(
+                store, ds, {p: fid for fid in uncovered for p in _paths(fragments[fid].metadata)}
+            )
+        out.append(IndexCoverage(d.name, tuple(d.field_names), covered, not uncovered, caught_up))
     return out
 
 
-def _caught_up_before(store: ObjectStore, ds: lance.LanceDataset,
-                      uncovered: dict[str, int]) -> dict[str, int] | None:
+def _caught_up_before(
+    store: ObjectStore, ds: lance.LanceDataset, uncovered: dict[str, int]
+) -> dict[str, int] | None:
     """The merge progress just before the oldest version that created one of the ``uncovered``
     fragments (data file path -> fragment id), or None if one came from anything but a merge."""
     remaining = set(uncovered.values())
@@ -127,8 +128,9 @@ def _caught_up_before(store: ObjectStore, ds: lance.LanceDataset,
             merged_before = merged_generations_at(store, version - 1)
         except (MemWalError, OSError, ValueError, RuntimeError):
             return None  # cleaned up: the history needed is gone
-        created = {uncovered[p] for p in _created_paths(txn.operation if txn else None)
-                   if p in uncovered}
+        created = {
+            uncovered[p] for p in _created_paths(txn.operation if txn else None) if p in uncovered
+        }
         if created:
             is_merge = type(txn.operation).__name__ == "Update" and merged_before != merged_after
             if not is_merge:
@@ -148,8 +150,11 @@ def _created_paths(op: Any) -> Iterable[str]:
     if op is None:
         return []
     groups = getattr(op, "groups", None) or []
-    frags = [*(getattr(op, "new_fragments", None) or []), *(getattr(op, "fragments", None) or []),
-             *(f for g in groups for f in getattr(g, "new_fragments", []))]
+    frags = [
+        *(getattr(op, "new_fragments", None) or []),
+        *(getattr(op, "fragments", None) or []),
+        *(f for g in groups for f in getattr(g, "new_fragments", [])),
+    ]
     return [p for f in frags for p in _paths(f)]
 
 

@@ -36,11 +36,29 @@ _PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 # Fixed-offset zones of the tz database (chrono-tz), in seconds east of UTC. Etc/GMT+N is
 # *west* of Greenwich (POSIX sign convention).
 _NAMED_OFFSETS = {
-    **{name: 0 for name in (
-        "UTC", "Etc/UTC", "UCT", "Etc/UCT", "Universal", "Etc/Universal", "Zulu", "Etc/Zulu",
-        "GMT", "Etc/GMT", "GMT0", "Etc/GMT0", "GMT+0", "Etc/GMT+0", "GMT-0", "Etc/GMT-0",
-        "Greenwich", "Etc/Greenwich",
-    )},
+    **dict.fromkeys(
+        (
+            "UTC",
+            "Etc/UTC",
+            "UCT",
+            "Etc/UCT",
+            "Universal",
+            "Etc/Universal",
+            "Zulu",
+            "Etc/Zulu",
+            "GMT",
+            "Etc/GMT",
+            "GMT0",
+            "Etc/GMT0",
+            "GMT+0",
+            "Etc/GMT+0",
+            "GMT-0",
+            "Etc/GMT-0",
+            "Greenwich",
+            "Etc/Greenwich",
+        ),
+        0,
+    ),
     **{f"Etc/GMT+{n}": -3600 * n for n in range(1, 13)},
     **{f"Etc/GMT-{n}": 3600 * n for n in range(1, 15)},
 }

@@ -105,7 +105,8 @@ def update_mem_wal_details(
         if not restore:
             return committed
     raise CommitConflictError(
-        f"the MemWAL index of {uri} kept changing under concurrent merges; retry later")
+        f"the MemWAL index of {uri} kept changing under concurrent merges; retry later"
+    )
 
 
 def _progress(details: MemWalIndexDetails) -> dict[bytes, int]:

@@ -29,9 +29,19 @@ from memwal_sql.compat.lance import ivf_pq_model
 from memwal_sql.index.details import INDEX_NAME
 
 # Tokenizer parameters of an inverted index that create_scalar_index takes back.
-_INVERTED_PARAMS = ("base_tokenizer", "language", "with_position", "max_token_length",
-                    "lower_case", "stem", "remove_stop_words", "ascii_folding",
-                    "min_ngram_length", "max_ngram_length", "prefix_only")
+_INVERTED_PARAMS = (
+    "base_tokenizer",
+    "language",
+    "with_position",
+    "max_token_length",
+    "lower_case",
+    "stem",
+    "remove_stop_words",
+    "ascii_folding",
+    "min_ngram_length",
+    "max_ngram_length",
+    "prefix_only",
+)
 
 
 @dataclass(frozen=True)
@@ -50,13 +60,15 @@ class MaintainedIndex:
         if self.vector:
             dataset.create_index(self.column, self.index_type, name=self.name, **self.params)
         else:
-            dataset.create_scalar_index(self.column, self.index_type, name=self.name,
-                                        **self.params)
+            dataset.create_scalar_index(self.column, self.index_type, name=self.name, **self.params)
         return dataset
 
 
-def maintained_indexes(dataset: lance.LanceDataset, details: MemWalIndexDetails,
-                       storage_options: dict[str, str] | None = None) -> list[MaintainedIndex]:
+def maintained_indexes(
+    dataset: lance.LanceDataset,
+    details: MemWalIndexDetails,
+    storage_options: dict[str, str] | None = None,
+) -> list[MaintainedIndex]:
     """The base table's indexes writers maintain, with what a generation needs to build each."""
     wanted = None if details.maintain_all_indexes else set(details.maintained_indexes)
     if wanted is not None and not wanted:
@@ -74,16 +86,17 @@ def maintained_indexes(dataset: lance.LanceDataset, details: MemWalIndexDetails,
         column = d.field_names[0]
         if "Vector" in d.type_url:
             centroids = np.asarray(first.get("centroids") or [], dtype=np.float32)
-            params: dict[str, Any] = {"metric": str(first.get("metric_type", "l2")),
-                                      "num_partitions": len(centroids),
-                                      "ivf_centroids": centroids}
+            params: dict[str, Any] = {
+                "metric": str(first.get("metric_type", "l2")),
+                "num_partitions": len(centroids),
+                "ivf_centroids": centroids,
+            }
             if kind == "IVF_PQ":
                 codebook, _ = ivf_pq_model(first["uri"], storage_options)
                 params.update(pq_codebook=codebook, num_sub_vectors=codebook.shape[0])
             out.append(MaintainedIndex(d.name, column, kind, True, params))
         elif "Inverted" in d.type_url:
-            params = {k: v for k, v in (first.get("params") or {}).items()
-                      if k in _INVERTED_PARAMS}
+            params = {k: v for k, v in (first.get("params") or {}).items() if k in _INVERTED_PARAMS}
             out.append(MaintainedIndex(d.name, column, "INVERTED", False, params))
         elif kind.upper() in ("BTREE", "BITMAP", "LABEL_LIST"):
             out.append(MaintainedIndex(d.name, column, kind.upper(), False))

@@ -180,7 +180,9 @@ def _string_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     off_dtype = np.int64 if pa.types.is_large_string(arr.type) else np.int32
     offsets = _primitive_offsets(arr, off_dtype)
     data_buf = arr.buffers()[2]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    data = (
+        np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    )
     return offsets, data
 
 
@@ -243,8 +245,7 @@ def _hash_lance(arr: pa.Array, seed: np.ndarray) -> np.ndarray:
         h = _hash_utf8(offsets, data, seed)
     else:
         raise InvalidRegionSpecError(
-            f"unsupported bucket column type {t}; Lance 14 can only bucket "
-            f"{_BUCKET_TYPES}"
+            f"unsupported bucket column type {t}; Lance 14 can only bucket {_BUCKET_TYPES}"
         )
     valid = _valid_mask(arr)
     return h if valid is None else np.where(valid, h, seed)

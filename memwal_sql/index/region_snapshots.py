@@ -27,24 +27,27 @@ INLINE_THRESHOLD = 100
 FIELD_PREFIX = "region_field_"
 
 _GENERATION = pa.struct([("generation", pa.uint64()), ("path", pa.string())])
-BASE_SCHEMA = pa.schema([
-    ("region_id", pa.binary(16)),
-    ("version", pa.uint64()),
-    ("region_spec_id", pa.uint32()),
-    ("writer_epoch", pa.uint64()),
-    ("replay_after_wal_entry_position", pa.uint64()),
-    ("wal_entry_position_last_seen", pa.uint64()),
-    ("current_generation", pa.uint64()),
-    ("flushed_generations", pa.list_(_GENERATION)),
-])
+BASE_SCHEMA = pa.schema(
+    [
+        ("region_id", pa.binary(16)),
+        ("version", pa.uint64()),
+        ("region_spec_id", pa.uint32()),
+        ("writer_epoch", pa.uint64()),
+        ("replay_after_wal_entry_position", pa.uint64()),
+        ("wal_entry_position_last_seen", pa.uint64()),
+        ("current_generation", pa.uint64()),
+        ("flushed_generations", pa.list_(_GENERATION)),
+    ]
+)
 
 
 def snapshot_schema(spec: RegionSpec | None) -> pa.Schema:
     """The snapshot schema: the manifest columns, then ``region_field_{field_id}`` per field."""
     if spec is None or not spec.fields:
         return BASE_SCHEMA
-    extra = [pa.field(FIELD_PREFIX + f.field_id, t)
-             for f, t in zip(spec.fields, spec.result_types())]
+    extra = [
+        pa.field(FIELD_PREFIX + f.field_id, t) for f, t in zip(spec.fields, spec.result_types())
+    ]
     return pa.schema([*BASE_SCHEMA, *extra])
 
 
@@ -54,15 +57,22 @@ def snapshot_table(manifests: Sequence[RegionManifest], spec: RegionSpec | None)
     cols: dict[str, list[object]] = {f.name: [] for f in schema}
     for m in manifests:
         cols["region_id"].append(m.region_id.uuid)
-        for name in ("version", "region_spec_id", "writer_epoch",
-                     "replay_after_wal_entry_position", "wal_entry_position_last_seen",
-                     "current_generation"):
+        for name in (
+            "version",
+            "region_spec_id",
+            "writer_epoch",
+            "replay_after_wal_entry_position",
+            "wal_entry_position_last_seen",
+            "current_generation",
+        ):
             cols[name].append(getattr(m, name))
         cols["flushed_generations"].append(
-            [{"generation": g.generation, "path": g.path} for g in m.flushed_generations])
+            [{"generation": g.generation, "path": g.path} for g in m.flushed_generations]
+        )
         if spec is not None and spec.fields:
-            values = spec.values_from_entries([(e.field_id, e.value)
-                                               for e in m.region_field_entries])
+            values = spec.values_from_entries(
+                [(e.field_id, e.value) for e in m.region_field_entries]
+            )
             for i, f in enumerate(spec.fields):
                 cols[FIELD_PREFIX + f.field_id].append(None if values is None else values[i])
     return pa.Table.from_pydict(cols, schema=schema)
@@ -74,7 +84,8 @@ def manifests_from_table(table: pa.Table, spec: RegionSpec | None) -> list[Regio
     out = []
     for row in table.to_pylist():
         m = RegionManifest(
-            version=row["version"], region_spec_id=row["region_spec_id"],
+            version=row["version"],
+            region_spec_id=row["region_spec_id"],
             writer_epoch=row["writer_epoch"],
             replay_after_wal_entry_position=row["replay_after_wal_entry_position"],
             wal_entry_position_last_seen=row["wal_entry_position_last_seen"],
@@ -103,8 +114,9 @@ def external_snapshot_path(snapshot_ts_millis: int) -> str:
     return f"_indices/{uuid.uuid5(_SNAPSHOT_NAMESPACE, str(snapshot_ts_millis))}/index.lance"
 
 
-def write_lance_file(table: pa.Table, uri: str,
-                     storage_options: dict[str, str] | None = None) -> None:
+def write_lance_file(
+    table: pa.Table, uri: str, storage_options: dict[str, str] | None = None
+) -> None:
     """Write ``table`` as one Lance file at ``uri``."""
     writer = LanceFileWriter(uri, table.schema, storage_options=storage_options)
     writer.write_batch(table)
@@ -137,10 +149,12 @@ def from_lance_bytes(data: bytes) -> pa.Table:
         return read_lance_file(path)
 
 
-def load_region_snapshots(details: MemWalIndexDetails, spec: RegionSpec | None,
-                          store_uri_for: Callable[[str], str],
-                          storage_options: dict[str, str] | None = None,
-                          ) -> list[RegionManifest] | None:
+def load_region_snapshots(
+    details: MemWalIndexDetails,
+    spec: RegionSpec | None,
+    store_uri_for: Callable[[str], str],
+    storage_options: dict[str, str] | None = None,
+) -> list[RegionManifest] | None:
     """The region manifests snapshotted in ``details``; None when there is no snapshot or it
     cannot be read (the file was cleaned up): readers then read the region manifests, which
     are authoritative anyway."""
@@ -152,8 +166,9 @@ def load_region_snapshots(details: MemWalIndexDetails, spec: RegionSpec | None,
         if details.HasField("inline_snapshots"):
             table = from_lance_bytes(details.inline_snapshots)
         else:
-            table = read_lance_file(store_uri_for(
-                external_snapshot_path(details.snapshot_ts_millis)), storage_options)
+            table = read_lance_file(
+                store_uri_for(external_snapshot_path(details.snapshot_ts_millis)), storage_options
+            )
         return manifests_from_table(table, spec)
     except (MemWalError, KeyError, ValueError):
         return None

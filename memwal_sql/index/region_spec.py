@@ -38,8 +38,9 @@ Example:
 from __future__ import annotations
 
 import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -78,22 +79,22 @@ from memwal_sql.index.transforms import (
 
 __all__ = [
     "BUCKET",
-    "IDENTITY",
-    "UNSHARDED",
-    "YEAR",
-    "MONTH",
     "DAY",
     "HOUR",
-    "TRUNCATE",
-    "MULTI_BUCKET",
+    "IDENTITY",
     "MAX_NUM_BUCKETS",
+    "MONTH",
+    "MULTI_BUCKET",
+    "TRUNCATE",
+    "UNSHARDED",
+    "YEAR",
     "RegionField",
     "RegionSpec",
     "arrow_type_name",
-    "parse_arrow_type",
-    "encode_region_value",
     "decode_region_value",
+    "encode_region_value",
     "murmur3_bucket",
+    "parse_arrow_type",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -189,9 +190,7 @@ class RegionField:
         object.__setattr__(self, "source_columns", tuple(self.source_columns))
         params = self.parameters
         items = params.items() if isinstance(params, Mapping) else params
-        object.__setattr__(
-            self, "parameters", tuple(sorted((str(k), str(v)) for k, v in items))
-        )
+        object.__setattr__(self, "parameters", tuple(sorted((str(k), str(v)) for k, v in items)))
         self._validate()
 
     # -- constructors ------------------------------------------------------------------------
@@ -258,7 +257,11 @@ class RegionField:
             {'width': '3'}
         """
         return cls(
-            field_id, (column,), TRUNCATE, None, _type_name_or_none(result_type),
+            field_id,
+            (column,),
+            TRUNCATE,
+            None,
+            _type_name_or_none(result_type),
             {"width": str(width)},
         )
 
@@ -406,7 +409,7 @@ def _type_name_or_none(t: str | pa.DataType | None) -> str | None:
 
 def _display_column(name: str) -> str:
     if name.startswith(_REMOVED_PREFIX):
-        return f"<removed field {name[len(_REMOVED_PREFIX):]}>"
+        return f"<removed field {name[len(_REMOVED_PREFIX) :]}>"
     return name
 
 
@@ -759,8 +762,9 @@ class RegionSpec:
             if v is not None
         ]
 
-    def values_from_entries(self, entries: Sequence[tuple[str, bytes]], *,
-                            missing_as_null: bool = False) -> tuple[Any, ...] | None:
+    def values_from_entries(
+        self, entries: Sequence[tuple[str, bytes]], *, missing_as_null: bool = False
+    ) -> tuple[Any, ...] | None:
         """Invert :meth:`field_entries`; None when the entries do not name every field
         (a manual region, or a NULL region value), or, with ``missing_as_null``, a field
         that is not named is NULL (the caller checks the region id to tell a manual region).
@@ -772,11 +776,13 @@ class RegionSpec:
         """
         by_id = dict(entries)
         ids = {f.field_id for f in self.fields}
-        if not set(by_id) <= ids or len(ids) != len(self.fields) or \
-                (set(by_id) != ids and not missing_as_null):
+        if (
+            not set(by_id) <= ids
+            or len(ids) != len(self.fields)
+            or (set(by_id) != ids and not missing_as_null)
+        ):
             return None
-        if any(f.field_id not in by_id and f.transform in (BUCKET, UNSHARDED)
-               for f in self.fields):
+        if any(f.field_id not in by_id and f.transform in (BUCKET, UNSHARDED) for f in self.fields):
             return None  # never NULL: a region without that value is not the spec's
         return tuple(
             decode_region_value(by_id[f.field_id], t) if f.field_id in by_id else None
@@ -810,8 +816,11 @@ class RegionSpec:
             batches = data.to_batches()
             schema = data.schema
             if not batches:
-                batches = [pa.RecordBatch.from_arrays(
-                    [pa.array([], type=f.type) for f in schema], schema=schema)]
+                batches = [
+                    pa.RecordBatch.from_arrays(
+                        [pa.array([], type=f.type) for f in schema], schema=schema
+                    )
+                ]
         else:
             raise TypeError(f"expected a pyarrow Table or RecordBatch, got {type(data).__name__}")
         out_schema = self._output_schema(schema, missing_as_null)
@@ -866,8 +875,11 @@ class RegionSpec:
             if f.transform in _INT32_TRANSFORMS:
                 # Lance returns bucket/unsharded columns as `int32 not null`. The date parts
                 # are int32 but keep NULLs.
-                out.append(pa.field(f.field_id, pa.int32(),
-                                    nullable=f.transform in (*_DATE_PARTS, MULTI_BUCKET)))
+                out.append(
+                    pa.field(
+                        f.field_id, pa.int32(), nullable=f.transform in (*_DATE_PARTS, MULTI_BUCKET)
+                    )
+                )
                 continue
             if f.result_type is not None:
                 t = parse_arrow_type(f.result_type)
@@ -893,8 +905,11 @@ class RegionSpec:
             sources = [_source(batch, f, c, missing_as_null) for c in f.source_columns]
             arr = _evaluate_field(f, sources, n)
             if arr.type != out_field.type:
-                arr = _cast_result(arr, replace(f, result_type=arrow_type_name(out_field.type)),
-                                   SchemaMismatchError)
+                arr = _cast_result(
+                    arr,
+                    replace(f, result_type=arrow_type_name(out_field.type)),
+                    SchemaMismatchError,
+                )
             arrays.append(arr)
         return pa.RecordBatch.from_arrays(arrays, schema=out_schema)
 
@@ -922,15 +937,16 @@ class RegionSpec:
             source_ids = []
             for c in f.source_columns:
                 if c.startswith(_REMOVED_PREFIX):
-                    source_ids.append(int(c[len(_REMOVED_PREFIX):]))
+                    source_ids.append(int(c[len(_REMOVED_PREFIX) :]))
                 elif c in field_ids:
                     source_ids.append(int(field_ids[c]))
                 else:
                     raise InvalidRegionSpecError(
                         f"region field {f.field_id!r}: no field id for source column {c!r}"
                     )
-            pf = msg.fields.add(field_id=f.field_id, source_ids=source_ids,
-                                result_type=f.result_type)
+            pf = msg.fields.add(
+                field_id=f.field_id, source_ids=source_ids, result_type=f.result_type
+            )
             if f.transform is not None:
                 pf.transform = f.transform
             if f.expression is not None:
@@ -940,9 +956,7 @@ class RegionSpec:
         return msg
 
     @classmethod
-    def from_proto(
-        cls, msg: memwal_pb2.RegionSpec, field_names: Mapping[int, str]
-    ) -> RegionSpec:
+    def from_proto(cls, msg: memwal_pb2.RegionSpec, field_names: Mapping[int, str]) -> RegionSpec:
         """Decode a ``RegionSpec`` protobuf, mapping source field ids to column names.
 
         A source id missing from ``field_names`` (the column was dropped) becomes a

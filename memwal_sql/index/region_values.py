@@ -10,7 +10,7 @@ import pyarrow as pa
 from memwal_sql.errors import CorruptManifestError, InvalidInputError, InvalidRegionSpecError
 from memwal_sql.index.arrow_types import _is_string, parse_arrow_type
 
-__all__ = ["encode_region_value", "decode_region_value"]
+__all__ = ["decode_region_value", "encode_region_value"]
 
 # --------------------------------------------------------------------------------------------
 # Region field value encoding (RegionFieldEntry.value)

@@ -31,9 +31,29 @@ from memwal_sql.errors import InvalidInputError
 
 # Folding beyond what Unicode decomposition gives (Lucene's ASCIIFoldingFilter, the letters
 # that have no combining-mark decomposition).
-_FOLD = str.maketrans({"ß": "ss", "æ": "ae", "Æ": "AE", "œ": "oe", "Œ": "OE", "ø": "o",
-                       "Ø": "O", "đ": "d", "Đ": "D", "ł": "l", "Ł": "L", "þ": "th", "Þ": "TH",
-                       "ð": "d", "Ð": "D", "ı": "i", "ĸ": "q", "ŀ": "l", "ŉ": "n"})
+_FOLD = str.maketrans(
+    {
+        "ß": "ss",
+        "æ": "ae",
+        "Æ": "AE",
+        "œ": "oe",
+        "Œ": "OE",
+        "ø": "o",
+        "Ø": "O",
+        "đ": "d",
+        "Đ": "D",
+        "ł": "l",
+        "Ł": "L",
+        "þ": "th",
+        "Þ": "TH",
+        "ð": "d",
+        "Ð": "D",
+        "ı": "i",
+        "ĸ": "q",
+        "ŀ": "l",
+        "ŉ": "n",
+    }
+)
 
 
 _MAX_KNOWN_TOKENS = 1 << 20  # distinct tokens whose final term a tokenizer remembers
@@ -73,7 +93,7 @@ class Tokens:
         if not self.sort_postings:
             return self.docs[self.term_ids == tid]
         docs, bounds = self._postings
-        return docs[bounds[tid]:bounds[tid + 1]]
+        return docs[bounds[tid] : bounds[tid + 1]]
 
 
 class Tokenizer:
@@ -94,11 +114,15 @@ class Tokenizer:
         self.remove_stop_words = p.get("remove_stop_words", True)
         self.ascii_folding = p.get("ascii_folding", True)
         if self.base not in ("simple", "whitespace", "raw"):
-            raise InvalidInputError(f"full-text search over live data supports the simple, "
-                                    f"whitespace and raw tokenizers, not {self.base!r}")
+            raise InvalidInputError(
+                f"full-text search over live data supports the simple, "
+                f"whitespace and raw tokenizers, not {self.base!r}"
+            )
         if (self.stem or self.remove_stop_words) and self.language != "English":
-            raise InvalidInputError(f"full-text search over live data stems and removes stop "
-                                    f"words for English only, not {self.language!r}")
+            raise InvalidInputError(
+                f"full-text search over live data stems and removes stop "
+                f"words for English only, not {self.language!r}"
+            )
         if p.get("custom_stop_words"):
             raise InvalidInputError("custom stop words are not supported yet")
         self._stemmer: Any = None
@@ -108,8 +132,10 @@ class Tokenizer:
     @property
     def signature(self) -> str:
         """What decides the terms: two tokenizers of one signature split texts alike."""
-        return (f"{self.base}|{self.language}|{self.max_token_length}|{self.lower_case}|"
-                f"{self.stem}|{self.remove_stop_words}|{self.ascii_folding}")
+        return (
+            f"{self.base}|{self.language}|{self.max_token_length}|{self.lower_case}|"
+            f"{self.stem}|{self.remove_stop_words}|{self.ascii_folding}"
+        )
 
     def tokenize(self, texts: pa.Array | pa.ChunkedArray) -> Tokens:
         """The terms of every document of ``texts`` (a NULL document has none)."""
@@ -147,8 +173,9 @@ class Tokenizer:
         term_ids = mapping[raw_ids] if len(raw_ids) else raw_ids
         live = term_ids >= 0
         doc_ids = docs.to_numpy(zero_copy_only=False).astype(np.int64)[live]
-        return Tokens(doc_ids, term_ids[live], vocabulary,
-                      np.bincount(doc_ids, minlength=n).astype(np.int64))
+        return Tokens(
+            doc_ids, term_ids[live], vocabulary, np.bincount(doc_ids, minlength=n).astype(np.int64)
+        )
 
     def terms(self, text: str) -> list[str]:
         """The terms of one text, in order (what a query becomes); recent texts are kept."""
@@ -219,9 +246,12 @@ class GrowingTokens:
             return
         new = self.tokenizer.tokenize(texts)
         index = self._index
-        mapping = np.fromiter((index.setdefault(t, len(index)) for t in new.vocabulary),
-                              dtype=np.int64, count=len(new.vocabulary))
-        self.vocabulary.extend(list(index)[len(self.vocabulary):])
+        mapping = np.fromiter(
+            (index.setdefault(t, len(index)) for t in new.vocabulary),
+            dtype=np.int64,
+            count=len(new.vocabulary),
+        )
+        self.vocabulary.extend(list(index)[len(self.vocabulary) :])
         self._docs.append(new.docs + self.documents)
         self._term_ids.append(mapping[new.term_ids] if len(new.term_ids) else new.term_ids)
         self._lengths.append(new.lengths)
@@ -231,12 +261,17 @@ class GrowingTokens:
     def tokens(self) -> Tokens:
         """Everything so far as :class:`Tokens` (no sorted postings: rebuilt as it grows)."""
         if self._cached is None:
+
             def joined(parts: list[np.ndarray]) -> np.ndarray:
                 return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
-            self._cached = Tokens(joined(self._docs), joined(self._term_ids),
-                                  list(self.vocabulary), joined(self._lengths),
-                                  sort_postings=False)
+            self._cached = Tokens(
+                joined(self._docs),
+                joined(self._term_ids),
+                list(self.vocabulary),
+                joined(self._lengths),
+                sort_postings=False,
+            )
         return self._cached
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import threading
 import uuid
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -76,8 +77,9 @@ def _truncate(arr: pa.Array, width: int) -> pa.Array:
     else:
         v = _primitive(arr, np_type).astype(np.int64)
         # A width beyond int64 leaves every value's remainder equal to the value itself.
-        out = v - np.fmod(v, np.int64(width)) if width <= np.iinfo(np.int64).max \
-            else np.zeros_like(v)
+        out = (
+            v - np.fmod(v, np.int64(width)) if width <= np.iinfo(np.int64).max else np.zeros_like(v)
+        )
     return pa.array(out.astype(np_type), type=t, mask=mask)
 
 
@@ -101,8 +103,10 @@ def _datafusion_context() -> Any:
 
 def _eval_expression(sql: str, arrays: Sequence[pa.Array], n: int) -> pa.Array:
     """Evaluate a DataFusion SQL expression over one batch with columns col0..colN."""
-    batch = pa.record_batch({f"col{i}": a for i, a in enumerate(arrays)}) if arrays else (
-        pa.record_batch({"__row": pa.nulls(n)})
+    batch = (
+        pa.record_batch({f"col{i}": a for i, a in enumerate(arrays)})
+        if arrays
+        else (pa.record_batch({"__row": pa.nulls(n)}))
     )
     ctx = _datafusion_context()
     # A unique name per call: the context is reused across batches, and a leftover
@@ -279,6 +283,7 @@ class MultiBucket(Transform):
         signed = h.astype(np.uint32).view(np.int32).astype(np.int64)
         bucket = (np.abs(signed) % self.num_buckets).astype(np.int32)
         return pa.array(bucket, pa.int32(), mask=~any_valid)
+
 
 class DatePart(Transform):
     """``date_part(part, col)`` as int32 (``year`` is monotone; a date out of chrono's range

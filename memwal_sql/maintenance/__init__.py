@@ -9,7 +9,18 @@ from memwal_sql.maintenance.snapshots import SnapshotResult, build_region_snapsh
 from memwal_sql.maintenance.verify import Problem, VerifyReport, verify_table
 
 __all__ = [
-    "CatchupResult", "GcResult", "MaintenanceResult", "MergeResult", "Problem",
-    "SnapshotResult", "VerifyReport", "build_region_snapshots", "catch_up_indexes", "gc_table",
-    "maintain_table", "merge_region", "merge_table", "verify_table",
+    "CatchupResult",
+    "GcResult",
+    "MaintenanceResult",
+    "MergeResult",
+    "Problem",
+    "SnapshotResult",
+    "VerifyReport",
+    "build_region_snapshots",
+    "catch_up_indexes",
+    "gc_table",
+    "maintain_table",
+    "merge_region",
+    "merge_table",
+    "verify_table",
 ]

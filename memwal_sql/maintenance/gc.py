@@ -81,8 +81,12 @@ def _last_pass_began(table: MemWalTable) -> float:
         return 0.0
 
 
-def gc_table(table: MemWalTable, *, keep_manifest_versions: int = 10,
-             base_versions_older_than: timedelta | None = None) -> GcResult:
+def gc_table(
+    table: MemWalTable,
+    *,
+    keep_manifest_versions: int = 10,
+    base_versions_older_than: timedelta | None = None,
+) -> GcResult:
     """One GC pass over every region (see the module docstring).
 
     Example:
@@ -109,8 +113,7 @@ def gc_table(table: MemWalTable, *, keep_manifest_versions: int = 10,
     return result
 
 
-def _gc_region(table: MemWalTable, rid: str, collectable: int, keep: int,
-               result: GcResult) -> None:
+def _gc_region(table: MemWalTable, rid: str, collectable: int, keep: int, result: GcResult) -> None:
     store = table.store
     manifests = RegionManifestStore(store, rid)
     manifest = manifests.latest()

@@ -49,13 +49,17 @@ def catch_up_indexes(table: MemWalTable) -> CatchupResult:
         ds.optimize.optimize_indices(index_names=behind)
         result.optimized = behind
         ds = table.dataset()
-    result.caught_up = {c.name: dict(c.caught_up) for c in index_coverage(table.store, ds)
-                        if c.caught_up is not None}
+    result.caught_up = {
+        c.name: dict(c.caught_up)
+        for c in index_coverage(table.store, ds)
+        if c.caught_up is not None
+    }
     result.seconds = time.perf_counter() - t0
     return result
 
 
 def recorded_catchup(details: MemWalIndexDetails) -> dict[str, dict[str, int]]:
     """``index_catchup`` of the details: index name -> region id -> generation."""
-    return {p.index_name: region_generations(p.caught_up_generations)
-            for p in details.index_catchup}
+    return {
+        p.index_name: region_generations(p.caught_up_generations) for p in details.index_catchup
+    }

@@ -47,8 +47,13 @@ class MergeResult:
     seconds: float = 0.0
 
 
-def merge_region(table: MemWalTable, region_id: str, *, max_generations: int | None = None,
-                 result: MergeResult | None = None) -> MergeResult:
+def merge_region(
+    table: MemWalTable,
+    region_id: str,
+    *,
+    max_generations: int | None = None,
+    result: MergeResult | None = None,
+) -> MergeResult:
     """Merge ``region_id``'s unmerged generations into the base table, oldest first.
 
     Example:
@@ -92,7 +97,8 @@ def merge_region(table: MemWalTable, region_id: str, *, max_generations: int | N
             builder = builder.when_not_matched_by_source_delete(sql_key_predicate(dead.select(pk)))
         try:
             builder.mark_sstables_as_compacted(
-                [CompactedSsTable(region_id, pending[-1].generation)]).execute(live)
+                [CompactedSsTable(region_id, pending[-1].generation)]
+            ).execute(live)
         except OSError as e:
             if not is_commit_conflict(e):
                 raise
@@ -126,8 +132,9 @@ def sql_key_predicate(keys: pa.Table) -> str:
     names = [_sql_name(n) for n in keys.column_names]
     if len(names) == 1:
         return f"{names[0]} IN ({', '.join(literals[0])})"
-    return " OR ".join("(" + " AND ".join(f"{n} = {v}" for n, v in zip(names, row)) + ")"
-                       for row in zip(*literals))
+    return " OR ".join(
+        "(" + " AND ".join(f"{n} = {v}" for n, v in zip(names, row)) + ")" for row in zip(*literals)
+    )
 
 
 def _sql_name(name: str) -> str:
@@ -146,7 +153,9 @@ def _sql_literals(col: pa.Array) -> list[str]:
     raise InvalidInputError(f"cannot merge deletes of a primary key of type {t}")
 
 
-def merge_table(table: MemWalTable, *, max_generations_per_region: int | None = None) -> MergeResult:
+def merge_table(
+    table: MemWalTable, *, max_generations_per_region: int | None = None
+) -> MergeResult:
     """One merge pass over every region. The base table's indexes then lag behind the merged
     rows until :func:`~memwal_sql.maintenance.indexes.catch_up_indexes` runs (reads stay
     indexed meanwhile through the generations of the gap).

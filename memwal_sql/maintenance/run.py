@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, TypeVar
 
 from memwal_sql.compat.lance import is_commit_conflict
 from memwal_sql.errors import CommitConflictError, MemWalError
-
 from memwal_sql.maintenance.gc import GcResult, gc_table
 from memwal_sql.maintenance.indexes import CatchupResult, catch_up_indexes
 from memwal_sql.maintenance.merger import MergeResult, merge_table
@@ -42,8 +41,12 @@ class MaintenanceResult:
     gc: GcResult
 
 
-def maintain_table(table: MemWalTable, *, base_versions_older_than: timedelta | None = None,
-                   keep_manifest_versions: int = 10) -> MaintenanceResult:
+def maintain_table(
+    table: MemWalTable,
+    *,
+    base_versions_older_than: timedelta | None = None,
+    keep_manifest_versions: int = 10,
+) -> MaintenanceResult:
     """Run every maintenance job once, in order (see the module docstring).
 
     Example:
@@ -52,8 +55,13 @@ def maintain_table(table: MemWalTable, *, base_versions_older_than: timedelta | 
     merge = _retrying(lambda: merge_table(table))
     indexes = _retrying(lambda: catch_up_indexes(table))
     snapshots = _retrying(lambda: build_region_snapshots(table))
-    gc = _retrying(lambda: gc_table(table, keep_manifest_versions=keep_manifest_versions,
-                                    base_versions_older_than=base_versions_older_than))
+    gc = _retrying(
+        lambda: gc_table(
+            table,
+            keep_manifest_versions=keep_manifest_versions,
+            base_versions_older_than=base_versions_older_than,
+        )
+    )
     return MaintenanceResult(merge, indexes, snapshots, gc)
 
 
@@ -64,13 +72,16 @@ def _retrying(job: Callable[[], T], attempts: int = ATTEMPTS) -> T:
     for attempt in range(attempts):
         try:
             return job()
-        except Exception as e:  # noqa: BLE001 - only lost races are retried
-            if not (isinstance(e, CommitConflictError) or
-                    (not isinstance(e, MemWalError) and is_commit_conflict(e))):
+        except Exception as e:
+            if not (
+                isinstance(e, CommitConflictError)
+                or (not isinstance(e, MemWalError) and is_commit_conflict(e))
+            ):
                 raise
             if attempt == attempts - 1:
                 raise CommitConflictError(
                     f"maintenance lost {attempts} commit races in a row to other maintenance "
-                    f"runs ({e}); run it again later, or run one maintainer at a time") from e
+                    f"runs ({e}); run it again later, or run one maintainer at a time"
+                ) from e
             time.sleep(0.05 * 2**attempt * (0.5 + random.random()))
     raise AssertionError("unreachable")

@@ -98,8 +98,9 @@ def _versions(manifests: list[RegionManifest] | None) -> list[tuple[bytes, int]]
     return sorted((m.region_id.uuid, m.version) for m in manifests)
 
 
-def _refresh_wal_hint(table: MemWalTable, store: RegionManifestStore,
-                      manifest: RegionManifest) -> RegionManifest | None:
+def _refresh_wal_hint(
+    table: MemWalTable, store: RegionManifestStore, manifest: RegionManifest
+) -> RegionManifest | None:
     newest = manifest.wal_entry_position_last_seen
     for meta in table.store.list(layout.wal_dir(store.region_id) + "/"):
         try:

@@ -54,8 +54,10 @@ def index_catchup(table: MemWalTable) -> dict[str, dict[str, int] | None]:
     Example:
         ``index_catchup(tbl)  # {"id_pk_btree": {"<region id>": 3}}``
     """
-    return {c.name: None if c.caught_up is None else dict(c.caught_up)
-            for c in index_coverage(table.store, table.dataset())}
+    return {
+        c.name: None if c.caught_up is None else dict(c.caught_up)
+        for c in index_coverage(table.store, table.dataset())
+    }
 
 
 def region_status(table: MemWalTable) -> list[RegionStatus]:
@@ -81,7 +83,7 @@ def region_status(table: MemWalTable) -> list[RegionStatus]:
         oldest_unmerged = now
         unmerged_dirs = {g.path for g in unmerged}
         for meta in table.store.list(prefix):
-            top = meta.path[len(prefix):].split("/", 1)[0]
+            top = meta.path[len(prefix) :].split("/", 1)[0]
             if top == "wal":
                 storage["wal"] += meta.size
                 wal_entries += 1
@@ -93,28 +95,41 @@ def region_status(table: MemWalTable) -> list[RegionStatus]:
                     oldest_unmerged = min(oldest_unmerged, meta.last_modified)
             else:
                 storage["other"] += meta.size
-        out.append(RegionStatus(
-            region_id=rid,
-            manifest_version=m.version,
-            writer_epoch=m.writer_epoch,
-            current_generation=m.current_generation,
-            flushed_generations=[g.generation for g in m.flushed_generations],
-            merged_generation=done,
-            unmerged_generations=len(unmerged),
-            unmerged_rows=sum(g.physical_rows for g in unmerged),
-            merge_lag_seconds=round(now - oldest_unmerged, 3) if unmerged else 0.0,
-            replay_after_wal_entry_position=m.replay_after_wal_entry_position,
-            wal_entries=wal_entries,
-            index_catchup={name: None if gens is None else gens.get(rid, 0)
-                           for name, gens in catchup.items()},
-            storage_bytes=storage,
-        ))
+        out.append(
+            RegionStatus(
+                region_id=rid,
+                manifest_version=m.version,
+                writer_epoch=m.writer_epoch,
+                current_generation=m.current_generation,
+                flushed_generations=[g.generation for g in m.flushed_generations],
+                merged_generation=done,
+                unmerged_generations=len(unmerged),
+                unmerged_rows=sum(g.physical_rows for g in unmerged),
+                merge_lag_seconds=round(now - oldest_unmerged, 3) if unmerged else 0.0,
+                replay_after_wal_entry_position=m.replay_after_wal_entry_position,
+                wal_entries=wal_entries,
+                index_catchup={
+                    name: None if gens is None else gens.get(rid, 0)
+                    for name, gens in catchup.items()
+                },
+                storage_bytes=storage,
+            )
+        )
     return out
 
 
 def _damaged(region_id: str, merged_generation: int, problem: str) -> RegionStatus:
     return RegionStatus(
-        region_id=region_id, manifest_version=0, writer_epoch=0, current_generation=0,
-        flushed_generations=[], merged_generation=merged_generation, unmerged_generations=0,
-        unmerged_rows=0, merge_lag_seconds=0.0, replay_after_wal_entry_position=0,
-        wal_entries=0, problem=problem)
+        region_id=region_id,
+        manifest_version=0,
+        writer_epoch=0,
+        current_generation=0,
+        flushed_generations=[],
+        merged_generation=merged_generation,
+        unmerged_generations=0,
+        unmerged_rows=0,
+        merge_lag_seconds=0.0,
+        replay_after_wal_entry_position=0,
+        wal_entries=0,
+        problem=problem,
+    )

@@ -56,22 +56,22 @@ class VerifyReport:
         return not self.problems
 
     def summary(self) -> str:
-        head = (f"checked {self.regions} region(s): {self.manifest_versions} manifest "
-                f"version(s), {self.wal_entries} WAL entries, {self.generations} "
-                f"generation(s) ({self.unverifiable_generations} without checksums)")
+        head = (
+            f"checked {self.regions} region(s): {self.manifest_versions} manifest "
+            f"version(s), {self.wal_entries} WAL entries, {self.generations} "
+            f"generation(s) ({self.unverifiable_generations} without checksums)"
+        )
         if self.ok:
             return f"{head}; no damage found"
         lines = [f"{head}; {len(self.problems)} problem(s):"]
-        lines += [f"  region {p.region_id} {p.kind}: {p.error}: {p.message}"
-                  for p in self.problems]
+        lines += [f"  region {p.region_id} {p.kind}: {p.error}: {p.message}" for p in self.problems]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}
 
 
-def verify_table(table: MemWalTable, progress: Callable[[int], None] | None = None
-                 ) -> VerifyReport:
+def verify_table(table: MemWalTable, progress: Callable[[int], None] | None = None) -> VerifyReport:
     """Scrub ``table`` (see the module docstring); ``progress(n)`` is called as objects are
     checked. Damage is reported, not raised.
 
@@ -92,18 +92,20 @@ def verify_table(table: MemWalTable, progress: Callable[[int], None] | None = No
             try:
                 if not verify_generation(table.store, path):
                     report.unverifiable_generations += 1
-                    open_generation(table.store.uri_for(path),
-                                    table.storage_options or None).count_rows()
+                    open_generation(
+                        table.store.uri_for(path), table.storage_options or None
+                    ).count_rows()
             except MemWalError as e:
                 _found(report, rid, "generation", e)
-            except Exception as e:  # noqa: BLE001 - Lance's own read errors, as damage
+            except Exception as e:
                 _found(report, rid, "generation", StorageError(f"{path}: {e}"))
             tick(1)
     return report
 
 
-def _check_manifests(table: MemWalTable, rid: str, merged: int, report: VerifyReport,
-                     tick: Callable[[int], None]) -> Any:
+def _check_manifests(
+    table: MemWalTable, rid: str, merged: int, report: VerifyReport, tick: Callable[[int], None]
+) -> Any:
     manifests = RegionManifestStore(table.store, rid)
     for version in manifests.list_versions():
         report.manifest_versions += 1
@@ -121,8 +123,9 @@ def _check_manifests(table: MemWalTable, rid: str, merged: int, report: VerifyRe
         return None
 
 
-def _check_wal(table: MemWalTable, rid: str, tail: int, report: VerifyReport,
-               tick: Callable[[int], None]) -> None:
+def _check_wal(
+    table: MemWalTable, rid: str, tail: int, report: VerifyReport, tick: Callable[[int], None]
+) -> None:
     positions = wal_positions(table.store, rid)
     after = [p for p in positions if p > tail]
     for hole in sorted(set(range(tail + 1, max(after, default=tail))) - set(after)):

@@ -37,8 +37,12 @@ from memwal_sql.errors import (
 from memwal_sql.storage import ObjectStore, layout
 
 __all__ = [
-    "RegionManifest", "RegionManifestStore", "check_not_behind_index", "claim_region",
-    "commit_change", "region_uuid_bytes",
+    "RegionManifest",
+    "RegionManifestStore",
+    "check_not_behind_index",
+    "claim_region",
+    "commit_change",
+    "region_uuid_bytes",
 ]
 
 SEALED = 1
@@ -91,7 +95,8 @@ class RegionManifestStore:
                     f"region {self.region_id}: version_hint.json names manifest v{start}, but "
                     f"the newest manifest stored is "
                     f"{f'v{versions[-1]}' if versions else 'none'}: manifest versions were "
-                    f"lost. Restore _mem_wal/{self.region_id}/manifest/ from a backup")
+                    f"lost. Restore _mem_wal/{self.region_id}/manifest/ from a backup"
+                )
             start = versions[-1]
         v = start
         while self.store.exists(layout.manifest_path(self.region_id, v + 1)):
@@ -148,7 +153,7 @@ class RegionManifestStore:
                 layout.version_hint_path(self.region_id),
                 json.dumps({"version": manifest.version}, separators=(",", ":")).encode(),
             )
-        except Exception:  # noqa: BLE001 - the hint is an optimisation; readers probe past it
+        except Exception:
             pass
 
     def _hinted_version(self) -> int | None:
@@ -159,8 +164,9 @@ class RegionManifestStore:
             return None
 
 
-def check_not_behind_index(region_id: str, manifest: RegionManifest | None,
-                           merged_generation: int) -> None:
+def check_not_behind_index(
+    region_id: str, manifest: RegionManifest | None, merged_generation: int
+) -> None:
     """Raise :class:`CorruptManifestError` if the MemWAL index has merged generations of the
     region that ``manifest`` (None: no manifest at all) does not know of."""
     if merged_generation <= 0:
@@ -170,13 +176,15 @@ def check_not_behind_index(region_id: str, manifest: RegionManifest | None,
             f"region {region_id} is in the MemWAL index (merged up to generation "
             f"{merged_generation}) but its manifests are gone: its directory was removed or "
             f"lost. Restore _mem_wal/{region_id}/ from a backup; the region refuses writers "
-            "until then, so that no new write reuses a merged generation number")
+            "until then, so that no new write reuses a merged generation number"
+        )
     if manifest.current_generation <= merged_generation:
         raise CorruptManifestError(
             f"region {region_id}: manifest v{manifest.version} is at generation "
             f"{manifest.current_generation}, but the MemWAL index has merged generation "
             f"{merged_generation}: newer manifest versions were lost. Restore "
-            f"_mem_wal/{region_id}/manifest/ from a backup")
+            f"_mem_wal/{region_id}/manifest/ from a backup"
+        )
 
 
 def claim_region(

@@ -52,8 +52,9 @@ def to_spark(spark: Any, result: Any) -> Any:
     return spark.createDataFrame(table.cast(spark_compatible(table.schema)))
 
 
-def write(df: Any, uri: str, *, operation: str = "upsert",
-          storage_options: dict[str, str] | None = None) -> WriteSummary:
+def write(
+    df: Any, uri: str, *, operation: str = "upsert", storage_options: dict[str, str] | None = None
+) -> WriteSummary:
     """Write a Spark DataFrame into the table at ``uri`` with one task per region.
 
     Each row's region is computed in Arrow exactly as the table's writer routes it (Spark's
@@ -71,8 +72,9 @@ def write(df: Any, uri: str, *, operation: str = "upsert",
     options = dict(storage_options or {})
     table = mw.open_table(uri, options or None)
     spec = table.region_spec
-    routable = spec is not None and (operation == "upsert" or
-                                     set(spec.source_columns) <= set(table.primary_key))
+    routable = spec is not None and (
+        operation == "upsert" or set(spec.source_columns) <= set(table.primary_key)
+    )
     out = df
     if routable:
         assert spec is not None
@@ -85,19 +87,30 @@ def write(df: Any, uri: str, *, operation: str = "upsert",
             from pyspark.sql import functions as F
 
             mapping = F.create_map(*[x for r, v in part.items() for x in (F.lit(r), F.lit(v))])
-            out = (tagged.withColumn(_PART, mapping[F.col(_REGION)])
-                   .repartition(len(regions), _PART).drop(_REGION, _PART))
+            out = (
+                tagged.withColumn(_PART, mapping[F.col(_REGION)])
+                .repartition(len(regions), _PART)
+                .drop(_REGION, _PART)
+            )
     with tempfile.TemporaryDirectory() as d:
         summary_path = os.path.join(d, "summary.json")
-        writer = out.write.format("memwal").mode("append").option("operation", operation) \
+        writer = (
+            out.write.format("memwal")
+            .mode("append")
+            .option("operation", operation)
             .option("summary_path", summary_path)
+        )
         for k, v in options.items():
             writer = writer.option(k, v)
         writer.save(uri)
         with open(summary_path) as f:
             done = json.load(f)
-    return WriteSummary(rows=done["rows"], regions=tuple(done["regions"]), tasks=done["tasks"],
-                        regions_per_task=tuple(done["regions_per_task"]))
+    return WriteSummary(
+        rows=done["rows"],
+        regions=tuple(done["regions"]),
+        tasks=done["tasks"],
+        regions_per_task=tuple(done["regions_per_task"]),
+    )
 
 
 def _tagger(uri: str, options: dict[str, str]) -> Any:

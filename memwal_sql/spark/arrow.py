@@ -22,18 +22,26 @@ def spark_type(t: pa.DataType) -> pa.DataType:
     """The type Spark reads for values of ``t`` (``t`` itself when Spark takes it)."""
     if pa.types.is_string_view(t) or pa.types.is_large_string(t):
         return pa.string()
-    if pa.types.is_binary_view(t) or pa.types.is_large_binary(t) or \
-            pa.types.is_fixed_size_binary(t):
+    if (
+        pa.types.is_binary_view(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_fixed_size_binary(t)
+    ):
         return pa.binary()
     if pa.types.is_unsigned_integer(t):
-        return {8: pa.int16(), 16: pa.int32(), 32: pa.int64()}.get(t.bit_width,
-                                                                 pa.decimal128(20, 0))
+        return {8: pa.int16(), 16: pa.int32(), 32: pa.int64()}.get(
+            t.bit_width, pa.decimal128(20, 0)
+        )
     if pa.types.is_float16(t):
         return pa.float32()
     if pa.types.is_dictionary(t):
         return spark_type(t.value_type)
-    if pa.types.is_fixed_size_list(t) or pa.types.is_large_list(t) or \
-            pa.types.is_list_view(t) or pa.types.is_list(t):
+    if (
+        pa.types.is_fixed_size_list(t)
+        or pa.types.is_large_list(t)
+        or pa.types.is_list_view(t)
+        or pa.types.is_list(t)
+    ):
         return pa.list_(_field(t.value_field))
     if pa.types.is_struct(t):
         return pa.struct([_field(t.field(i)) for i in range(t.num_fields)])

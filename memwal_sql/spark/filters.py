@@ -21,15 +21,27 @@ from pyspark.sql import datasource as sds
 
 from planner.predicate import Compare, InList, IsNull, Not, Predicate
 
-_OPS = {sds.EqualTo: "=", sds.GreaterThan: ">", sds.GreaterThanOrEqual: ">=",
-        sds.LessThan: "<", sds.LessThanOrEqual: "<="}
+_OPS = {
+    sds.EqualTo: "=",
+    sds.GreaterThan: ">",
+    sds.GreaterThanOrEqual: ">=",
+    sds.LessThan: "<",
+    sds.LessThanOrEqual: "<=",
+}
 
 
 def _pushable(t: pa.DataType) -> bool:
-    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
-            or pa.types.is_string(t) or pa.types.is_large_string(t)
-            or pa.types.is_binary(t) or pa.types.is_large_binary(t)
-            or pa.types.is_boolean(t) or pa.types.is_date32(t))
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_date32(t)
+    )
 
 
 def spark_predicate(f: Any, schema: pa.Schema) -> Predicate | None:
@@ -51,12 +63,16 @@ def spark_predicate(f: Any, schema: pa.Schema) -> Predicate | None:
             return Not(IsNull(column))
         if isinstance(f, sds.In):
             present = [v for v in f.value if v is not None]
-            return InList(column, pa.array(present, type=typ),
-                          has_null=len(present) != len(f.value))
+            return InList(
+                column, pa.array(present, type=typ), has_null=len(present) != len(f.value)
+            )
         if isinstance(f, sds.EqualNullSafe):
             # NULL <=> v is FALSE where NULL = v is NULL: the same rows are kept.
-            return IsNull(column) if f.value is None else \
-                Compare(column, "=", pa.scalar(f.value, type=typ))
+            return (
+                IsNull(column)
+                if f.value is None
+                else Compare(column, "=", pa.scalar(f.value, type=typ))
+            )
         op = _OPS.get(type(f))
         if op is None or f.value is None:
             return None

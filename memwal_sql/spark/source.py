@@ -45,8 +45,17 @@ from memwal_sql.spark.filters import spark_predicate
 from memwal_sql.storage import layout
 from planner.predicate import And, Predicate
 
-_OPTIONS = {"path", "consistency", "partitions", "operation", "version", "summary_path",
-            "operation_column", "checkpointLocation", "checkpointlocation"}
+_OPTIONS = {
+    "path",
+    "consistency",
+    "partitions",
+    "operation",
+    "version",
+    "summary_path",
+    "operation_column",
+    "checkpointLocation",
+    "checkpointlocation",
+}
 _FENCED_RETRIES = 30
 _log = logging.getLogger(__name__)
 
@@ -58,8 +67,10 @@ def _open(options: dict[str, str]) -> Any:
     if not uri:
         raise InvalidInputError("no table uri: use .load(uri) or .save(uri)")
     if "version" in options:
-        raise InvalidInputError("reading an older version is not supported by MemWAL reads; "
-                                "read the latest rows, or the base table with Lance")
+        raise InvalidInputError(
+            "reading an older version is not supported by MemWAL reads; "
+            "read the latest rows, or the base table with Lance"
+        )
     storage = {k: v for k, v in options.items() if k not in _OPTIONS}
     return mw.open_table(uri, storage or None)
 
@@ -78,17 +89,20 @@ class MemWalDataSource(DataSource):
     def reader(self, schema: StructType) -> MemWalReader:
         return MemWalReader(dict(self.options))
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> MemWalStreamWriter:  # noqa: N802
+    def streamWriter(self, schema: StructType, overwrite: bool) -> MemWalStreamWriter:
         if overwrite:
-            raise InvalidInputError("outputMode('complete') is not supported: a MemWAL table "
-                                    "takes upserts and deletes; use outputMode('append')")
+            raise InvalidInputError(
+                "outputMode('complete') is not supported: a MemWAL table "
+                "takes upserts and deletes; use outputMode('append')"
+            )
         return MemWalStreamWriter(dict(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> MemWalWriter:
         if overwrite:
             raise InvalidInputError(
                 "mode('overwrite') is not supported: a MemWAL table takes upserts and deletes; "
-                "use mode('append') (upsert) or .option('operation', 'delete')")
+                "use mode('append') (upsert) or .option('operation', 'delete')"
+            )
         operation = dict(self.options).get("operation", "upsert")
         if operation not in ("upsert", "delete"):
             raise InvalidInputError(f"operation must be 'upsert' or 'delete', not {operation!r}")
@@ -100,7 +114,7 @@ class MemWalReader(DataSourceReader):
         self.options = options
         self.predicate: Predicate | None = None
 
-    def pushFilters(self, filters: list[Any]) -> Iterator[Any]:  # noqa: N802 - Spark's name
+    def pushFilters(self, filters: list[Any]) -> Iterator[Any]:
         schema = _open(self.options).schema
         taken = []
         for f in filters:
@@ -121,8 +135,9 @@ class MemWalReader(DataSourceReader):
         snapshot = take_snapshot(table, consistency)  # type: ignore[arg-type]
         fragments = len(snapshot.dataset.get_fragments())
         parts = int(self.options.get("partitions", max(1, min(fragments, 32))))
-        plan = plan_scan(snapshot, table.region_spec, table.schema, self.predicate,
-                         partitions=parts)
+        plan = plan_scan(
+            snapshot, table.region_spec, table.schema, self.predicate, partitions=parts
+        )
         shipped = pickle.dumps(plan.root)
         return [InputPartition((shipped, i)) for i in range(plan.root.num_partitions)]
 
@@ -183,8 +198,13 @@ class MemWalWriter(DataSourceArrowWriter):
             tasks=len(done),
             regions_per_task=tuple(len(m.regions) for m in done),
         )
-        _log.info("memwal write of %s: %d rows into %d region(s) by %d task(s)",
-                  self.options.get("path"), summary.rows, len(summary.regions), summary.tasks)
+        _log.info(
+            "memwal write of %s: %d rows into %d region(s) by %d task(s)",
+            self.options.get("path"),
+            summary.rows,
+            len(summary.regions),
+            summary.tasks,
+        )
         path = self.options.get("summary_path")
         if path:
             with open(path, "w") as f:
@@ -247,7 +267,7 @@ class MemWalStreamWriter(DataSourceStreamArrowWriter):
             table.close()
         return MemWalCommit(rows, tuple(sorted(regions)), query_id)
 
-    def commit(self, messages: list[MemWalCommit | None], batchId: int) -> None:  # noqa: N803
+    def commit(self, messages: list[MemWalCommit | None], batchId: int) -> None:
         queries = {m.query_id for m in messages if m is not None and m.query_id}
         if not queries:
             return  # no task ran (an empty micro-batch)
@@ -255,7 +275,7 @@ class MemWalStreamWriter(DataSourceStreamArrowWriter):
         for query_id in queries:
             record_batch(table.store, query_id, batchId)
 
-    def abort(self, messages: list[MemWalCommit | None], batchId: int) -> None:  # noqa: N803
+    def abort(self, messages: list[MemWalCommit | None], batchId: int) -> None:
         pass  # what the tasks stored is written again when Spark retries the batch
 
 
@@ -268,8 +288,10 @@ def stream_batch() -> tuple[str, int]:
     query_id = ctx.getLocalProperty("sql.streaming.queryId") if ctx else None
     batch_id = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
     if not query_id or batch_id is None:
-        raise InvalidInputError("the memwal stream writer runs only inside a Spark streaming "
-                                "query (no query or batch id in the task)")
+        raise InvalidInputError(
+            "the memwal stream writer runs only inside a Spark streaming "
+            "query (no query or batch id in the task)"
+        )
     return query_id, int(batch_id)
 
 
@@ -285,27 +307,29 @@ def batch_applied(store: Any, query_id: str, batch_id: int) -> bool:
 def record_batch(store: Any, query_id: str, batch_id: int) -> None:
     """Record micro-batch ``batch_id`` of ``query_id`` as applied (once)."""
     try:
-        store.put_if_not_exists(_batch_path(query_id, batch_id),
-                                json.dumps({"batch_id": batch_id}).encode())
+        store.put_if_not_exists(
+            _batch_path(query_id, batch_id), json.dumps({"batch_id": batch_id}).encode()
+        )
     except ObjectExistsError:
         pass
 
 
-def _operations(batch: pa.RecordBatch, column: str | None
-                ) -> Iterator[tuple[str, pa.RecordBatch]]:
+def _operations(batch: pa.RecordBatch, column: str | None) -> Iterator[tuple[str, pa.RecordBatch]]:
     """``batch`` as runs of one operation each, in row order (a key changed twice in one
     batch ends as its last change says); the operation column itself is dropped."""
     if column is None:
         yield "upsert", batch
         return
     if column not in batch.schema.names:
-        raise InvalidInputError(f"no operation column {column!r} in the stream's columns "
-                                f"{batch.schema.names}")
+        raise InvalidInputError(
+            f"no operation column {column!r} in the stream's columns {batch.schema.names}"
+        )
     ops = batch.column(column)
     bad = pc.invert(pc.is_in(ops, pa.array(["upsert", "delete"])))
     if pc.any(pc.fill_null(bad, True)).as_py():
-        raise InvalidInputError(f"operation column {column!r} holds a value other than "
-                                "'upsert' or 'delete'")
+        raise InvalidInputError(
+            f"operation column {column!r} holds a value other than 'upsert' or 'delete'"
+        )
     rows = batch.drop_columns([column])
     is_delete = pc.equal(ops, "delete").to_numpy(zero_copy_only=False)
     starts = np.flatnonzero(np.diff(is_delete.astype(np.int8), prepend=-1))

@@ -48,7 +48,7 @@ def record_checksums(store: ObjectStore, directory: str) -> None:
     """Record the size and CRC32C of every file under ``directory`` (read back as stored)."""
     files = {}
     for meta in store.list(f"{directory}/"):
-        name = meta.path[len(directory) + 1:]
+        name = meta.path[len(directory) + 1 :]
         if name == CHECKSUMS:
             continue
         data = store.get(meta.path)
@@ -70,8 +70,7 @@ def recorded_checksums(store: ObjectStore, directory: str) -> dict[str, tuple[in
         raise _damaged(store, directory, CHECKSUMS, f"it is not a checksum record ({e})") from e
 
 
-def verify_generation(store: ObjectStore, directory: str,
-                      names: list[str] | None = None) -> bool:
+def verify_generation(store: ObjectStore, directory: str, names: list[str] | None = None) -> bool:
     """Check the files of the generation at ``directory`` (or only ``names``) against their
     record: :class:`CorruptGenerationError` for a missing, truncated or changed one. Returns
     False for a generation without a record (nothing to check against)."""
@@ -93,8 +92,9 @@ def verify_generation(store: ObjectStore, directory: str,
     return True
 
 
-def verify_generation_once(uri: str, storage_options: Mapping[str, str] | None,
-                           names: tuple[str, ...] | None = None) -> None:
+def verify_generation_once(
+    uri: str, storage_options: Mapping[str, str] | None, names: tuple[str, ...] | None = None
+) -> None:
     """:func:`verify_generation` for the generation at ``uri``, at most once per process
     for each set of files (generations never change once flushed)."""
     key = f"{uri}\n{names}"
@@ -110,8 +110,9 @@ def verify_generation_once(uri: str, storage_options: Mapping[str, str] | None,
             _verified.popitem(last=False)
 
 
-def generation_store(uri: str, storage_options: Mapping[str, str] | None
-                     ) -> tuple[ObjectStore, str]:
+def generation_store(
+    uri: str, storage_options: Mapping[str, str] | None
+) -> tuple[ObjectStore, str]:
     """The table's store (rooted above ``_mem_wal/``) and the generation's path in it."""
     root, sep, rest = uri.rpartition(f"/{layout.MEM_WAL_DIR}/")
     if not sep:
@@ -128,4 +129,5 @@ def _damaged(store: ObjectStore, directory: str, name: str, what: str) -> Corrup
     return CorruptGenerationError(
         f"generation file {store.uri_for(f'{directory}/{name}')} is damaged: {what}. Nothing "
         "was read from it. Restore the generation directory from a backup, or run "
-        "`memwal verify` to list every damaged file")
+        "`memwal verify` to list every damaged file"
+    )

@@ -100,8 +100,9 @@ class SpareFiles:
                 return
             self._ready[directory] = []
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="memwal-spare-files",
-                                                daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name="memwal-spare-files", daemon=True
+                )
                 self._thread.start()
             self._cond.notify_all()
 
@@ -182,7 +183,7 @@ class SpareFiles:
             made: list[str] = []
             try:
                 made = _create(directory, missing)
-            except Exception:  # noqa: BLE001 - a failed batch: puts make their own files
+            except Exception:
                 pass
             finally:  # whatever happens, no take() or release() waits for this batch forever
                 with self._mutex:

@@ -29,8 +29,8 @@ import sys
 import time
 import weakref
 from collections.abc import Mapping
-from datetime import timedelta
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -83,8 +83,12 @@ _LANCE_RETRY_KEYS = {"client_max_retries", "client_retry_timeout"}
 #: object_store's own defaults retry an endpoint that never answers for minutes, so that a
 #: hung endpoint is a typed error within about 20 s instead (a request that takes longer
 #: than ``timeout`` needs a larger value).
-DEFAULT_TIMEOUTS = {"connect_timeout": "5s", "timeout": "10s", "client_max_retries": "2",
-                    "client_retry_timeout": "15"}
+DEFAULT_TIMEOUTS = {
+    "connect_timeout": "5s",
+    "timeout": "10s",
+    "client_max_retries": "2",
+    "client_retry_timeout": "15",
+}
 
 
 def is_access_denied(error: BaseException) -> bool:
@@ -97,8 +101,7 @@ def is_access_denied(error: BaseException) -> bool:
 _ACCESS_DENIED = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403 Forbidden")
 
 
-def with_default_timeouts(uri: str, storage_options: Mapping[str, str] | None
-                          ) -> dict[str, str]:
+def with_default_timeouts(uri: str, storage_options: Mapping[str, str] | None) -> dict[str, str]:
     """``storage_options`` with :data:`DEFAULT_TIMEOUTS` filled in for an object store (as
     obstore and Lance both read them); unchanged for local paths.
 
@@ -164,8 +167,11 @@ class ObjectStore:
         elif parsed.scheme == "s3":
             self.uri = uri.rstrip("/")
             options = with_default_timeouts(uri, self.storage_options)
-            config = {k: v for k, v in options.items()
-                      if k not in _CLIENT_KEYS and k not in _LANCE_RETRY_KEYS}
+            config = {
+                k: v
+                for k, v in options.items()
+                if k not in _CLIENT_KEYS and k not in _LANCE_RETRY_KEYS
+            }
             client = {k.removeprefix("aws_"): v for k, v in options.items() if k in _CLIENT_KEYS}
             self._store = S3Store(
                 parsed.netloc,
@@ -175,13 +181,18 @@ class ObjectStore:
                 retry_config={
                     "max_retries": int(options["client_max_retries"]),
                     "retry_timeout": timedelta(seconds=float(options["client_retry_timeout"])),
-                    "backoff": {"init_backoff": timedelta(milliseconds=100),
-                                "max_backoff": timedelta(seconds=2), "base": 2.0},
+                    "backoff": {
+                        "init_backoff": timedelta(milliseconds=100),
+                        "max_backoff": timedelta(seconds=2),
+                        "base": 2.0,
+                    },
                 },
             )
         else:
-            raise StorageError(f"unsupported uri scheme {parsed.scheme!r} in {uri!r}; "
-                               "use a local path, file://, memory:// or s3://")
+            raise StorageError(
+                f"unsupported uri scheme {parsed.scheme!r} in {uri!r}; "
+                "use a local path, file://, memory:// or s3://"
+            )
 
     @property
     def is_local(self) -> bool:
@@ -525,7 +536,7 @@ class ObjectStore:
         return removed
 
 
-class storage_failures:  # noqa: N801 - used as a function, like contextlib's
+class storage_failures:
     """Raise the ``kinds`` of error that storage code raises (by default the object store's
     and the OS's) as :class:`StorageError`; memwal-sql's own errors pass as they are.
 
@@ -536,10 +547,15 @@ class storage_failures:  # noqa: N801 - used as a function, like contextlib's
         ``with storage_failures(f"merge of {uri}"): ...``
     """
 
-    __slots__ = ("what", "kinds", "advice")
+    __slots__ = ("advice", "kinds", "what")
 
-    def __init__(self, what: str, *, kinds: tuple[type[Exception], ...] = (OSError, BaseError),
-                 advice: str = "") -> None:
+    def __init__(
+        self,
+        what: str,
+        *,
+        kinds: tuple[type[Exception], ...] = (OSError, BaseError),
+        advice: str = "",
+    ) -> None:
         self.what, self.kinds, self.advice = what, kinds, advice
 
     def __enter__(self) -> None:
@@ -548,15 +564,16 @@ class storage_failures:  # noqa: N801 - used as a function, like contextlib's
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is None or isinstance(exc, MemWalError) or not isinstance(exc, self.kinds):
             return
-        if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)) or \
-                is_access_denied(exc):
+        if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)) or is_access_denied(exc):
             raise AuthenticationError(
                 f"{self.what} was refused by the object store ({exc}); check the credentials "
                 "in storage_options (aws_access_key_id, aws_secret_access_key) and what they "
-                "may access") from exc
+                "may access"
+            ) from exc
         if is_commit_conflict(exc):
             raise CommitConflictError(
-                f"{self.what} lost a race to another commit ({exc}); run it again") from exc
+                f"{self.what} lost a race to another commit ({exc}); run it again"
+            ) from exc
         advice = f". {self.advice}" if self.advice else ""
         raise StorageError(f"{self.what} failed: {exc}{advice}") from exc
 
@@ -572,8 +589,12 @@ def _unlink_if_exists(path: str) -> bool:
 def _rename_no_replace(src: str, dst: str) -> None:
     """Rename ``src`` to ``dst``; FileExistsError if ``dst`` exists (exactly one winner)."""
     if _libc is not None and hasattr(_libc, "renameat2"):
-        if _libc.renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst),
-                           _RENAME_NOREPLACE) == 0:
+        if (
+            _libc.renameat2(
+                _AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE
+            )
+            == 0
+        ):
             return
         err = ctypes.get_errno()
         if err == errno.EEXIST:
@@ -638,7 +659,7 @@ def _rewrite_durably(dst: str, data: bytes | memoryview) -> None:
 def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _sync(fd: int, what: str) -> None:

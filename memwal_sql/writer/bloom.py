@@ -48,7 +48,16 @@ LANCE_BLOOM_BYTES = 32768
 
 # Parquet SBBF salts: word i of a block gets bit ((x * SALT[i]) mod 2^32) >> 27.
 _SALT = np.array(
-    [0x47B6137B, 0x44974D91, 0x8824AD5B, 0xA2B7289D, 0x705495C7, 0x2DF1424B, 0x9EFC4947, 0x5C6BFB31],
+    [
+        0x47B6137B,
+        0x44974D91,
+        0x8824AD5B,
+        0xA2B7289D,
+        0x705495C7,
+        0x2DF1424B,
+        0x9EFC4947,
+        0x5C6BFB31,
+    ],
     dtype=np.uint32,
 )
 _BITSET_MIN_BYTES = 32
@@ -119,7 +128,9 @@ def _rotl(x: np.ndarray, b: int, tmp: np.ndarray) -> None:
     np.bitwise_or(x, tmp, out=x)
 
 
-def _sip_round(v0: np.ndarray, v1: np.ndarray, v2: np.ndarray, v3: np.ndarray, tmp: np.ndarray) -> None:
+def _sip_round(
+    v0: np.ndarray, v1: np.ndarray, v2: np.ndarray, v3: np.ndarray, tmp: np.ndarray
+) -> None:
     """One SipRound on equally shaped uint64 arrays, in place (additions wrap mod 2**64)."""
     v0 += v1
     _rotl(v1, 13, tmp)
@@ -255,7 +266,9 @@ def _rows_as_binary(matrix: np.ndarray) -> pa.LargeBinaryArray:
     n, w = matrix.shape
     offsets = np.arange(n + 1, dtype=np.int64) * w
     data = np.ascontiguousarray(matrix)
-    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    return pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
 
 
 _NULL_PART = pa.scalar(b"\x01", pa.large_binary())
@@ -281,7 +294,9 @@ def _column_part(arr: pa.Array) -> pa.LargeBinaryArray:
         offsets = np.frombuffer(arr.buffers()[1], dtype="<i4")[arr.offset : arr.offset + n + 1]
         rows = np.zeros((n, 9), dtype=np.uint8)
         rows[:, 1:] = (offsets[1:] - offsets[:-1]).astype("<u8").view(np.uint8).reshape(n, 8)
-        part = pc.binary_join_element_wise(_rows_as_binary(rows), arr.cast(pa.large_binary()), _NO_SEP)
+        part = pc.binary_join_element_wise(
+            _rows_as_binary(rows), arr.cast(pa.large_binary()), _NO_SEP
+        )
     else:
         # Value-less types (see _VALUE_LESS): only the flag byte, fixed up for nulls below.
         part = _rows_as_binary(np.zeros((n, 1), dtype=np.uint8))
@@ -339,10 +354,7 @@ def pk_hashes(keys: pa.Table | pa.RecordBatch) -> np.ndarray:
         >>> h.dtype, bool(h[0] == h[1]), bool(h[0] == h[2])
         (dtype('uint64'), True, False)
     """
-    if isinstance(keys, pa.RecordBatch):
-        batches = [keys]
-    else:
-        batches = keys.to_batches()
+    batches = [keys] if isinstance(keys, pa.RecordBatch) else keys.to_batches()
     out = []
     for batch in batches:
         if batch.num_rows == 0:
@@ -362,7 +374,9 @@ def pk_hashes(keys: pa.Table | pa.RecordBatch) -> np.ndarray:
 
 def _check_num_bytes(num_bytes: int, error: type[Exception]) -> None:
     if num_bytes <= 0 or num_bytes % 32:
-        raise error(f"a split-block bloom filter is a positive multiple of 32 bytes, got {num_bytes}")
+        raise error(
+            f"a split-block bloom filter is a positive multiple of 32 bytes, got {num_bytes}"
+        )
 
 
 def _block_and_masks(hashes: np.ndarray, num_blocks: int) -> tuple[np.ndarray, np.ndarray]:

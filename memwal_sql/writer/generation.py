@@ -16,13 +16,13 @@ import lance
 import pyarrow as pa
 
 from memwal_sql._proto.memwal_pb2 import FlushedGeneration
-from memwal_sql.index.maintained import MaintainedIndex
 from memwal_sql.errors import (
     CorruptGenerationError,
     GenerationCollectedError,
     MemWalError,
     StorageError,
 )
+from memwal_sql.index.maintained import MaintainedIndex
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.storage.checksums import (
@@ -71,8 +71,12 @@ def write_generation(
             try:
                 index.build(dataset)
             except (OSError, ValueError, RuntimeError) as e:
-                _log.warning("generation %s: index %s not built (%s); the generation is "
-                             "searched without it", path, index.name, e)
+                _log.warning(
+                    "generation %s: index %s not built (%s); the generation is searched without it",
+                    path,
+                    index.name,
+                    e,
+                )
     keys = rows.select(list(primary_key))
     write_pk_index(uri, keys, store.storage_options or None)
     store.put(f"{path}/{BLOOM_FILTER}", bloom_filter_bytes(pk_hashes(keys)))
@@ -89,25 +93,24 @@ def write_generation(
     )
 
 
-def open_generation(uri: str, storage_options: dict[str, str] | None = None
-                    ) -> lance.LanceDataset:
+def open_generation(uri: str, storage_options: dict[str, str] | None = None) -> lance.LanceDataset:
     """The generation at ``uri`` as a Lance dataset, its files verified against the checksums
     recorded at flush (once per process): :class:`CorruptGenerationError` if one is damaged."""
     try:
         verify_generation_once(uri, storage_options)
         return lance.dataset(uri, storage_options=storage_options or None)
     except CorruptGenerationError as e:
-        raise _collected(uri, storage_options) or e
+        raise _collected(uri, storage_options) or e from None
     except (OSError, ValueError) as e:  # a manifest names it: it must be there
         raise _collected(uri, storage_options) or CorruptGenerationError(
             f"generation {uri} cannot be opened ({e}): it is missing or damaged. Restore the "
-            "generation directory from a backup") from e
+            "generation directory from a backup"
+        ) from e
     except BaseException as e:
         raise _unreadable(uri, e) from e
 
 
-def _collected(uri: str, storage_options: dict[str, str] | None
-               ) -> GenerationCollectedError | None:
+def _collected(uri: str, storage_options: dict[str, str] | None) -> GenerationCollectedError | None:
     """:class:`GenerationCollectedError` for a generation GC collected after it was merged
     (GC drops a generation from the region manifest before it deletes its files); None if
     the manifest still names it: then a missing file is damage."""
@@ -121,24 +124,26 @@ def _collected(uri: str, storage_options: dict[str, str] | None
         return None
     return GenerationCollectedError(
         f"generation {uri} was merged into the base table and collected after this read's "
-        "snapshot was taken; read again")
+        "snapshot was taken; read again"
+    )
 
 
-def read_generation_pk_index(uri: str, storage_options: dict[str, str] | None = None
-                             ) -> pa.Table:
+def read_generation_pk_index(uri: str, storage_options: dict[str, str] | None = None) -> pa.Table:
     """The generation's ``_pk_index`` as ``(values, ids)``, verified first (see
     :func:`open_generation`)."""
     try:
-        verify_generation_once(uri, storage_options,
-                               tuple(f"{PK_INDEX_DIR}/{f}" for f in PK_INDEX_FILES))
+        verify_generation_once(
+            uri, storage_options, tuple(f"{PK_INDEX_DIR}/{f}" for f in PK_INDEX_FILES)
+        )
     except CorruptGenerationError as e:
-        raise _collected(uri, storage_options) or e
+        raise _collected(uri, storage_options) or e from None
     try:
         return read_pk_index(uri, storage_options)
     except StorageError as e:
         raise _collected(uri, storage_options) or CorruptGenerationError(
             f"{e}: the generation's key index is missing or damaged. Restore the generation "
-            "directory from a backup") from e
+            "directory from a backup"
+        ) from e
     except BaseException as e:
         raise _unreadable(f"{uri}/{PK_INDEX_DIR}", e) from e
 
@@ -155,4 +160,5 @@ def _unreadable(what: str, e: BaseException) -> BaseException:
         return e
     return CorruptGenerationError(
         f"Lance could not read {what} (it panicked: {e}); a file of the generation is "
-        "damaged. Restore the generation directory from a backup")
+        "damaged. Restore the generation directory from a backup"
+    )

@@ -91,7 +91,9 @@ def _matrix_as_binary(rows: np.ndarray) -> pa.LargeBinaryArray:
     n, w = rows.shape
     offsets = np.arange(n + 1, dtype=np.int64) * w
     data = np.ascontiguousarray(rows)
-    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    return pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
 
 
 def _bytes_part(arr: pa.Array) -> pa.LargeBinaryArray:
@@ -144,7 +146,11 @@ def encode_composite_keys(keys: pa.Table | pa.RecordBatch) -> pa.BinaryArray:
     parts = [_column_part(table.column(i).combine_chunks()) for i in range(table.num_columns)]
     if table.num_rows == 0:
         return pa.array([], pa.binary())
-    joined = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, pa.scalar(b"", pa.large_binary()))
+    joined = (
+        parts[0]
+        if len(parts) == 1
+        else pc.binary_join_element_wise(*parts, pa.scalar(b"", pa.large_binary()))
+    )
     try:
         # Lance's index type is binary (32-bit offsets), so the encodings must fit in 2 GiB.
         return joined.cast(pa.binary())
@@ -215,7 +221,10 @@ def write_pk_index(
     opts = dict(storage_options) if storage_options else None
     try:
         writer = LanceFileWriter(
-            _index_path(generation_uri, _PAGE_DATA), data_schema, version=_FILE_VERSION, storage_options=opts
+            _index_path(generation_uri, _PAGE_DATA),
+            data_schema,
+            version=_FILE_VERSION,
+            storage_options=opts,
         )
         for page_idx, start in enumerate(range(0, n, PK_INDEX_PAGE_SIZE)):
             page = sorted_data.slice(start, PK_INDEX_PAGE_SIZE)
@@ -228,12 +237,17 @@ def write_pk_index(
             lookup["page_idx"].append(page_idx)
         writer.close()
         lookup_writer = LanceFileWriter(
-            _index_path(generation_uri, _PAGE_LOOKUP), lookup_schema, version=_FILE_VERSION, storage_options=opts
+            _index_path(generation_uri, _PAGE_LOOKUP),
+            lookup_schema,
+            version=_FILE_VERSION,
+            storage_options=opts,
         )
         lookup_writer.write_batch(pa.Table.from_pydict(lookup, schema=lookup_schema))
         lookup_writer.close()
     except (OSError, RuntimeError, ValueError) as e:
-        raise StorageError(f"writing the primary-key index of {generation_uri!r} failed: {e}") from e
+        raise StorageError(
+            f"writing the primary-key index of {generation_uri!r} failed: {e}"
+        ) from e
 
 
 def read_pk_index(generation_uri: str, storage_options: dict | None = None) -> pa.Table:
@@ -250,7 +264,9 @@ def read_pk_index(generation_uri: str, storage_options: dict | None = None) -> p
 
     path = _index_path(generation_uri, _PAGE_DATA)
     try:
-        reader = LanceFileReader(path, storage_options=dict(storage_options) if storage_options else None)
+        reader = LanceFileReader(
+            path, storage_options=dict(storage_options) if storage_options else None
+        )
         return reader.read_all(batch_size=PK_INDEX_PAGE_SIZE).to_table()
     except (OSError, RuntimeError, ValueError) as e:
         raise StorageError(f"reading the primary-key index {path!r} failed: {e}") from e

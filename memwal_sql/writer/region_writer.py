@@ -38,10 +38,10 @@ from memwal_sql.errors import (
     WriterFencedError,
     WrongRegionError,
 )
+from memwal_sql.index.maintained import MaintainedIndex
 from memwal_sql.index.region_spec import RegionSpec
 from memwal_sql.manifest import RegionManifestStore, claim_region, commit_change
 from memwal_sql.storage import ObjectStore, layout
-from memwal_sql.index.maintained import MaintainedIndex
 from memwal_sql.writer.generation import write_generation
 from memwal_sql.writer.memtable import MemTable, latest_per_key
 from memwal_sql.writer.rows import RowCoercer
@@ -99,15 +99,20 @@ class WriterConfig:
         for name in ("durable", "indexed_writes"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidInputError(
-                    f"{name} must be True or False, not {getattr(self, name)!r}")
+                    f"{name} must be True or False, not {getattr(self, name)!r}"
+                )
         for f in fields(self):
             if f.name in ("durable", "indexed_writes"):
                 continue
             v = getattr(self, f.name)
             # A zero flush interval means "put at once"; the thresholds need at least one.
             least = 0 if f.name == "max_wal_flush_interval" else 1
-            if (isinstance(v, bool) or not isinstance(v, numbers.Real) or not v >= least
-                    or not math.isfinite(v)):
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, numbers.Real)
+                or not v >= least
+                or not math.isfinite(v)
+            ):
                 raise InvalidInputError(f"{f.name} must be a finite number >= {least}, not {v!r}")
 
     def with_overrides(self, **overrides: Any) -> WriterConfig:
@@ -219,8 +224,11 @@ class RegionWriter:
             )
         spec = table.region_spec
         # Whether rows can belong elsewhere (not when one unsharded region takes every row).
-        self._region_is_a_subset = spec is not None and self._region_values is not None and \
-            not all(f.transform == "unsharded" for f in spec.fields)
+        self._region_is_a_subset = (
+            spec is not None
+            and self._region_values is not None
+            and not all(f.transform == "unsharded" for f in spec.fields)
+        )
         self._active = MemTable(self._rows.schema, manifest.current_generation)
         self._replay_floor = self._replay_and_fence(manifest)
         for prefix in (layout.wal_dir(self.region_id), layout.manifest_dir(self.region_id)):
@@ -268,7 +276,8 @@ class RegionWriter:
         """Tombstones for ``keys``, checked to belong to this region: a tombstone in another
         region would hide the key from scans but not from lookups pruned to its region."""
         rows, routing = self._rows.deletes_for_regions(
-            keys, self._table.region_spec if self._region_values is not None else None)
+            keys, self._table.region_spec if self._region_values is not None else None
+        )
         self._check_region(routing)
         return rows
 
@@ -412,8 +421,9 @@ class RegionWriter:
         # writer still appending) goes back to its position first. A hole with none is a lost
         # entry: the claim fails before it writes anything.
         for hole in sorted(set(range(tail + 1, position)) - set(listed)):
-            if put_back_set_aside(self._store, self.region_id, hole) is None and \
-                    not self._store.exists(layout.wal_entry_path(self.region_id, hole)):
+            if put_back_set_aside(
+                self._store, self.region_id, hole
+            ) is None and not self._store.exists(layout.wal_entry_path(self.region_id, hole)):
                 raise missing_wal_entry(self.region_id, hole, position - 1)
         while put_back_set_aside(self._store, self.region_id, position) is not None:
             listed.append(position)
@@ -434,7 +444,8 @@ class RegionWriter:
                     raise CorruptWalEntryError(
                         f"region {self.region_id}: WAL position {position} is taken but holds "
                         f"no entry that can be read ({self._store.uri_for(path)}); remove what "
-                        "is there, then open the writer again")
+                        "is there, then open the writer again"
+                    )
                 continue
             # The previous writer put one more entry there (acknowledged, so replayed below),
             # or a newer writer its sentinel (the replay then fences this one). A writer
@@ -446,7 +457,8 @@ class RegionWriter:
         else:
             raise CommitConflictError(
                 f"region {self.region_id}: lost {MAX_SENTINEL_RACES} races for a free WAL "
-                "position to the previous writer; open the writer again")
+                "position to the previous writer; open the writer again"
+            )
         # The previous writer can no longer pass the sentinel, but may stop short of it: a
         # sentinel in each position it has not reached leaves no hole, and fences it there.
         for p in skipped:
@@ -457,9 +469,11 @@ class RegionWriter:
     def _put_sentinel(self, position: int) -> bool:
         """Put a fence sentinel at ``position``; False if the position is taken."""
         try:
-            self._store.put_if_not_exists(layout.wal_entry_path(self.region_id, position),
-                                          encode_fence_sentinel(self.epoch, position),
-                                          checksummed=True)
+            self._store.put_if_not_exists(
+                layout.wal_entry_path(self.region_id, position),
+                encode_fence_sentinel(self.epoch, position),
+                checksummed=True,
+            )
             return True
         except ObjectExistsError:
             return False
@@ -467,8 +481,9 @@ class RegionWriter:
     def _replay(self, tail: int, sentinel: int | None) -> int:
         """Replay the WAL entries after ``tail`` (up to ``sentinel``, or all there are);
         return the last position replayed."""
-        for entry in iter_wal(self._store, self.region_id, tail, list_for_gaps=True,
-                              warn_torn_tail=False):
+        for entry in iter_wal(
+            self._store, self.region_id, tail, list_for_gaps=True, warn_torn_tail=False
+        ):
             if entry.position == sentinel:
                 break
             self._replay_entry(entry)
@@ -484,10 +499,14 @@ class RegionWriter:
         to, entry = set_aside_torn_entry(self._store, self.region_id, position)
         if to is not None:
             self._stats.torn_entries_set_aside += 1
-            warnings.warn(TornWalEntryWarning(
-                f"region {self.region_id}: the last WAL entry (position {position}) was torn by "
-                f"a crash of the machine during its put ({torn}). It was never acknowledged; "
-                f"moved it to {to} and took its position"), stacklevel=5)
+            warnings.warn(
+                TornWalEntryWarning(
+                    f"region {self.region_id}: the last WAL entry (position {position}) was torn by "
+                    f"a crash of the machine during its put ({torn}). It was never acknowledged; "
+                    f"moved it to {to} and took its position"
+                ),
+                stacklevel=5,
+            )
         return entry
 
     def _replay_entry(self, entry: Any) -> None:
@@ -536,7 +555,8 @@ class RegionWriter:
             # A small slice of a large batch would pin its parent's buffers in the MemTable
             # (and count them against the thresholds): keep a copy of just these rows.
             batch = pa.RecordBatch.from_arrays(
-                [pa.concat_arrays([c]) for c in batch.columns], schema=batch.schema)
+                [pa.concat_arrays([c]) for c in batch.columns], schema=batch.schema
+            )
             nbytes = batch.get_total_buffer_size()
         with self._mutex:
             self._check_open()
@@ -568,16 +588,26 @@ class RegionWriter:
         schema, batches = source_schema(memtable.schema), memtable.batches()
         for index in self._table.maintained_indexes():
             if index.vector:
-                vector_index(batches, memtable.generation, "memtable", index.column,
-                             schema).update(batches)
+                vector_index(batches, memtable.generation, "memtable", index.column, schema).update(
+                    batches
+                )
             elif index.index_type == "INVERTED":
-                text_index(batches, memtable.generation, "memtable", index.column, schema,
-                           tokenizer_for(index.params)).update(batches, self._table.primary_key)
+                text_index(
+                    batches,
+                    memtable.generation,
+                    "memtable",
+                    index.column,
+                    schema,
+                    tokenizer_for(index.params),
+                ).update(batches, self._table.primary_key)
 
     def _backpressure_locked(self) -> None:
         t0 = None
-        while (self._frozen_bytes > self.config.max_unflushed_bytes and self._error is None
-               and not self._closed):
+        while (
+            self._frozen_bytes > self.config.max_unflushed_bytes
+            and self._error is None
+            and not self._closed
+        ):
             if t0 is None:
                 t0 = time.perf_counter()
                 self._stats.backpressure_waits += 1
@@ -637,7 +667,7 @@ class RegionWriter:
                 memtable = self._frozen[0]
             try:
                 self._flush_memtable(memtable)
-            except BaseException as e:  # noqa: BLE001 - surfaced to every later call
+            except BaseException as e:
                 if not isinstance(e, MemWalError):
                     failure = StorageError(
                         f"flushing generation {memtable.generation} of region {self.region_id} "
@@ -733,4 +763,3 @@ def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
         else:
             cols.append(pa.nulls(batch.num_rows, f.type))
     return pa.RecordBatch.from_arrays(cols, schema=schema)
-

@@ -42,7 +42,8 @@ def to_arrow_table(data: Any) -> pa.Table:
     except OverflowError as e:
         raise SchemaMismatchError(
             f"a value of the {type(data).__name__} is out of range of every 64-bit integer "
-            f"type ({e}); the call did nothing") from e
+            f"type ({e}); the call did nothing"
+        ) from e
     except (pa.ArrowException, ValueError, TypeError, KeyError) as e:
         raise InvalidInputError(f"cannot convert the {type(data).__name__} to Arrow: {e}") from e
     names = table.schema.names  # Table.column_names costs 6 us per call
@@ -79,11 +80,14 @@ class RowCoercer:
         self.primary_key = list(primary_key)
         self.schema = wal_schema(base_schema, primary_key)
         self._live_rows = pa.array(np.zeros(0, dtype=bool))
-        self._not_null = [f.name for f in base_schema if not f.nullable and f.name not in primary_key]
+        self._not_null = [
+            f.name for f in base_schema if not f.nullable and f.name not in primary_key
+        ]
         # Input of exactly these fields needs no cast or reordering, only null checks.
         self._exact_input = pa.schema(list(self.schema)[:-1])
         self._required = [
-            (i, f.name) for i, f in enumerate(self._exact_input)
+            (i, f.name)
+            for i, f in enumerate(self._exact_input)
             if f.name in self.primary_key or f.name in self._not_null
         ]
         self._tombstone_field = self.schema.field(TOMBSTONE)
@@ -146,8 +150,9 @@ class RowCoercer:
             return to_arrow_table({self.primary_key[0]: keys})
         return to_arrow_table(keys)
 
-    def deletes_for_regions(self, keys: Any, spec: RegionSpec | None
-                            ) -> tuple[pa.RecordBatch, pa.RecordBatch]:
+    def deletes_for_regions(
+        self, keys: Any, spec: RegionSpec | None
+    ) -> tuple[pa.RecordBatch, pa.RecordBatch]:
         """Tombstones for ``keys``, and the batch to compute their region values on.
 
         Tombstones carry only keys: when ``spec`` reads other columns, the second batch is the
@@ -156,10 +161,15 @@ class RowCoercer:
         """
         table = self.key_table(keys)
         rows = self.deletes(table)
-        extra = [] if spec is None else [
-            c for c in dict.fromkeys(c for f in spec.fields for c in f.source_columns)
-            if c not in self.primary_key
-        ]
+        extra = (
+            []
+            if spec is None
+            else [
+                c
+                for c in dict.fromkeys(c for f in spec.fields for c in f.source_columns)
+                if c not in self.primary_key
+            ]
+        )
         missing = [c for c in extra if c not in table.column_names]
         if missing:
             raise InvalidInputError(
@@ -234,23 +244,50 @@ class RowCoercer:
 
 
 _KINDS = (
-    (pa.types.is_integer, "integer"), (pa.types.is_floating, "float"),
-    (pa.types.is_decimal, "decimal"), (pa.types.is_boolean, "bool"),
-    (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t)
-     or pa.types.is_string_view(t), "string"),
-    (lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t)
-     or pa.types.is_binary_view(t) or pa.types.is_fixed_size_binary(t), "binary"),
-    (pa.types.is_timestamp, "timestamp"), (pa.types.is_date, "date"),
-    (pa.types.is_time, "time"), (pa.types.is_duration, "duration"),
-    (lambda t: pa.types.is_list(t) or pa.types.is_large_list(t)
-     or pa.types.is_fixed_size_list(t), "list"),
-    (pa.types.is_struct, "struct"), (pa.types.is_map, "map"), (pa.types.is_null, "null"),
+    (pa.types.is_integer, "integer"),
+    (pa.types.is_floating, "float"),
+    (pa.types.is_decimal, "decimal"),
+    (pa.types.is_boolean, "bool"),
+    (
+        lambda t: (
+            pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+        ),
+        "string",
+    ),
+    (
+        lambda t: (
+            pa.types.is_binary(t)
+            or pa.types.is_large_binary(t)
+            or pa.types.is_binary_view(t)
+            or pa.types.is_fixed_size_binary(t)
+        ),
+        "binary",
+    ),
+    (pa.types.is_timestamp, "timestamp"),
+    (pa.types.is_date, "date"),
+    (pa.types.is_time, "time"),
+    (pa.types.is_duration, "duration"),
+    (
+        lambda t: (
+            pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+        ),
+        "list",
+    ),
+    (pa.types.is_struct, "struct"),
+    (pa.types.is_map, "map"),
+    (pa.types.is_null, "null"),
 )
 # Kinds a value may change into without changing what it means (plus every kind into itself);
 # the safe cast and _check_lossless refuse the values that would change (1.5 into an integer).
 # Floats into integers: pandas holds an integer column with missing values as float64.
-_CONVERTIBLE = {("integer", "float"), ("float", "integer"), ("integer", "decimal"),
-                ("decimal", "float"), ("date", "timestamp"), ("timestamp", "date")}
+_CONVERTIBLE = {
+    ("integer", "float"),
+    ("float", "integer"),
+    ("integer", "decimal"),
+    ("decimal", "float"),
+    ("date", "timestamp"),
+    ("timestamp", "date"),
+}
 _EXACT = frozenset(["decimal", "timestamp", "date", "time", "duration"])
 
 

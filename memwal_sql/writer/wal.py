@@ -71,8 +71,10 @@ _PUT_ATTEMPTS = 4
 RECOVERY_LOOKS = 3
 """How many times a reader or writer looks at a WAL position that changes under it, as it does
 only while another writer recovers a torn tail there, before it reports what it sees."""
-_SET_ASIDE = ("; or, if it is the last entry of its region, give up its rows with "
-              "`memwal set-aside TABLE_URI REGION_ID POSITION`")
+_SET_ASIDE = (
+    "; or, if it is the last entry of its region, give up its rows with "
+    "`memwal set-aside TABLE_URI REGION_ID POSITION`"
+)
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
@@ -80,9 +82,7 @@ def wal_schema(base: pa.Schema, primary_key: Sequence[str]) -> pa.Schema:
     """The WAL and generation schema: non-key columns nullable (tombstones leave them null),
     then ``_tombstone``."""
     fields = [
-        f if f.name in primary_key else f.with_nullable(True)
-        for f in base
-        if f.name != TOMBSTONE
+        f if f.name in primary_key else f.with_nullable(True) for f in base if f.name != TOMBSTONE
     ]
     return pa.schema([*fields, pa.field(TOMBSTONE, pa.bool_(), nullable=False)])
 
@@ -103,7 +103,11 @@ class WalEntry:
 
 
 def encode_wal_entry(
-    batches: Sequence[pa.RecordBatch], schema: pa.Schema, *, writer_epoch: int, generation: int,
+    batches: Sequence[pa.RecordBatch],
+    schema: pa.Schema,
+    *,
+    writer_epoch: int,
+    generation: int,
     position: int,
 ) -> bytes:
     """Serialize batches as the WAL entry at ``position`` (an Arrow IPC stream with its
@@ -126,10 +130,12 @@ def _header_template(schema: pa.Schema, metadata: dict[bytes, bytes]) -> tuple[b
     """The schema message of ``schema`` with the checksum key (zeros) then ``metadata``, and
     where the checksum's eight digits are in it: the one place where two messages with
     different digits differ."""
-    zeros, fs = (schema.with_metadata({_CHECKSUM: digits, **metadata}).serialize().to_pybytes()
-                 for digits in (_ZEROS, b"ffffffff"))
+    zeros, fs = (
+        schema.with_metadata({_CHECKSUM: digits, **metadata}).serialize().to_pybytes()
+        for digits in (_ZEROS, b"ffffffff")
+    )
     at = next(i for i in range(len(zeros)) if zeros[i] != fs[i])
-    assert len(zeros) == len(fs) and zeros[at + 8:] == fs[at + 8:]
+    assert len(zeros) == len(fs) and zeros[at + 8 :] == fs[at + 8 :]
     return zeros, at
 
 
@@ -142,7 +148,7 @@ def _checksummed(
     crc = google_crc32c.extend(google_crc32c.value(_position_bytes(position)), header)
     for part in body:
         crc = google_crc32c.extend(crc, part)
-    return b"".join([header[:at], b"%08x" % crc, header[at + 8:], *body])
+    return b"".join([header[:at], b"%08x" % crc, header[at + 8 :], *body])
 
 
 def _position_bytes(position: int) -> bytes:
@@ -171,7 +177,7 @@ def _check_checksum(data: bytes | memoryview, position: int) -> None:
         return  # Lance's, or an older memwal-sql's
     body = buf.slice(n)
     for m in _DIGITS_STRING.finditer(header):
-        zeroed = header[:m.start(1)] + _ZEROS + header[m.end(1):]
+        zeroed = header[: m.start(1)] + _ZEROS + header[m.end(1) :]
         at_position = google_crc32c.extend(google_crc32c.value(_position_bytes(position)), zeroed)
         if b"%08x" % google_crc32c.extend(at_position, body) == m.group(1):
             return
@@ -212,8 +218,13 @@ class WalEntryEncoder:
     def encode(self, batches: Sequence[pa.RecordBatch], generation: int, position: int) -> bytes:
         """The WAL entry at ``position`` holding ``batches`` of MemTable ``generation``."""
         if not self._fast:
-            return encode_wal_entry(batches, self.schema, writer_epoch=self.writer_epoch,
-                                    generation=generation, position=position)
+            return encode_wal_entry(
+                batches,
+                self.schema,
+                writer_epoch=self.writer_epoch,
+                generation=generation,
+                position=position,
+            )
         if self._template is None or self._template[0] != generation:
             metadata = _entry_metadata(self.writer_epoch, generation)
             self._template = (generation, _header_template(self.schema, metadata))
@@ -236,7 +247,7 @@ def encode_fence_sentinel(writer_epoch: int, position: int) -> bytes:
 
 def decode_wal_entry(data: bytes | memoryview, position: int) -> WalEntry:
     """Parse a WAL entry; :class:`CorruptWalEntryError` if it is truncated or malformed."""
-    if bytes(data[-len(_END_OF_STREAM):]) != _END_OF_STREAM:
+    if bytes(data[-len(_END_OF_STREAM) :]) != _END_OF_STREAM:
         # Writers (ours and Lance's) always finish the stream; without the marker the entry may
         # have lost whole record batches and still parse.
         raise CorruptWalEntryError(
@@ -278,8 +289,14 @@ def read_wal_entry(store: ObjectStore, region_id: str, position: int) -> WalEntr
     return decode_wal_entry(data, position)
 
 
-def iter_wal(store: ObjectStore, region_id: str, after: int, *,
-             list_for_gaps: bool = False, warn_torn_tail: bool = True) -> Iterator[WalEntry]:
+def iter_wal(
+    store: ObjectStore,
+    region_id: str,
+    after: int,
+    *,
+    list_for_gaps: bool = False,
+    warn_torn_tail: bool = True,
+) -> Iterator[WalEntry]:
     """Entries at ``after + 1, after + 2, ...`` until the first missing position (WAL replay).
 
     Writers append at consecutive positions, so an entry after the first missing position means
@@ -302,11 +319,15 @@ def iter_wal(store: ObjectStore, region_id: str, after: int, *,
                     continue  # a writer may have just recovered it and appended: look again
                 raise torn  # entries after it: a damaged stored entry
             if warn_torn_tail:
-                warnings.warn(TornWalEntryWarning(
-                    f"region {region_id}: the last WAL entry (position {position}) is torn by "
-                    f"a crash of the machine during its put ({torn}); it was never "
-                    "acknowledged and is left out. The next writer of the region moves it "
-                    "aside"), stacklevel=2)
+                warnings.warn(
+                    TornWalEntryWarning(
+                        f"region {region_id}: the last WAL entry (position {position}) is torn by "
+                        f"a crash of the machine during its put ({torn}); it was never "
+                        "acknowledged and is left out. The next writer of the region moves it "
+                        "aside"
+                    ),
+                    stacklevel=2,
+                )
             return
         if entry is None:
             later = _later_positions(store, region_id, position, list_for_gaps)
@@ -318,8 +339,10 @@ def iter_wal(store: ObjectStore, region_id: str, after: int, *,
             if entry is None:
                 if not later:
                     return
-                if store.exists(layout.wal_entry_path(region_id, position)) and \
-                        (recheck := recheck - 1) > 0:
+                if (
+                    store.exists(layout.wal_entry_path(region_id, position))
+                    and (recheck := recheck - 1) > 0
+                ):
                     continue  # put just now: read it
                 raise missing_wal_entry(region_id, position, max(later))
         yield entry
@@ -331,7 +354,8 @@ def missing_wal_entry(region_id: str, position: int, last: int) -> MissingWalEnt
     return MissingWalEntryError(
         f"region {region_id} has no WAL entry at position {position} but has entries up to "
         f"{last}: an entry was lost. Restore it from a backup; or, to give up every write from "
-        f"position {position} on, delete the entries after it too")
+        f"position {position} on, delete the entries after it too"
+    )
 
 
 def read_wal_position(
@@ -371,8 +395,9 @@ def read_wal_position(
     raise error
 
 
-def _later_positions(store: ObjectStore, region_id: str, position: int, list_all: bool
-                     ) -> list[int]:
+def _later_positions(
+    store: ObjectStore, region_id: str, position: int, list_all: bool
+) -> list[int]:
     """Positions after ``position`` that hold entries: every one (a listing) or the next only
     (one request)."""
     if list_all:
@@ -458,18 +483,21 @@ def set_aside_damaged_entry(store: ObjectStore, region_id: str, position: int) -
             raise ObjectNotFoundError(f"region {region_id} has no WAL entry at position {position}")
         raise InvalidInputError(
             f"the WAL entry at position {position} of region {region_id} reads well; only a "
-            "damaged entry is set aside")
+            "damaged entry is set aside"
+        )
     later = [p for p in wal_positions(store, region_id) if p > position]
     if later:
         raise CorruptWalEntryError(
             f"the damaged WAL entry at position {position} of region {region_id} has entries "
             f"after it (up to {max(later)}): setting it aside would cut them off. Restore it "
-            "from a backup")
+            "from a backup"
+        )
     to, _ = set_aside_torn_entry(store, region_id, position)
     if to is None:
         raise CommitConflictError(
             f"the WAL entry at position {position} of region {region_id} changed while it was "
-            "set aside (a writer is recovering the region); look at it again")
+            "set aside (a writer is recovering the region); look at it again"
+        )
     return to
 
 
@@ -626,7 +654,7 @@ class WalWriter:
             t0 = time.perf_counter()
             self._put(position, data)
             elapsed = time.perf_counter() - t0
-        except BaseException as e:  # noqa: BLE001 - recorded and re-raised to every caller
+        except BaseException as e:
             with self._mutex:
                 self.error = e
                 self._writing = False
@@ -699,5 +727,5 @@ class WalWriter:
                         self._cond.wait()
             try:
                 self._write_group(group)
-            except BaseException:  # noqa: BLE001 - stored in self.error for the callers
+            except BaseException:
                 return

@@ -36,8 +36,12 @@ def test_lance_errors_say_not_found_for_a_missing_dataset(tmp_path):
 
 
 def test_lance_manifest_layout_holds_the_mem_wal_details(tmp_path):
-    tbl = mw.create_table(str(tmp_path), pa.table({"id": pa.array([1], pa.int64())}),
-                          primary_key="id", region_spec=mw.RegionSpec.bucket("id", 2))
+    tbl = mw.create_table(
+        str(tmp_path),
+        pa.table({"id": pa.array([1], pa.int64())}),
+        primary_key="id",
+        region_spec=mw.RegionSpec.bucket("id", 2),
+    )
     details = read_mem_wal_details(tbl.store, tbl.dataset().version)
     assert details is not None and len(details.region_specs) == 1
     tbl.close()
@@ -50,8 +54,9 @@ def test_pyarrow_writes_timestamps_in_a_removed_substrait_field():
     message.ParseFromString(bytes(expr.to_substrait(schema)))
     literal = message.referred_expr[0].expression.scalar_function.arguments[1].value.literal
     assert literal.WhichOneof("literal_type") is None
-    assert [(f.field_number, f.data) for f in UnknownFieldSet(literal)] == \
-        [(DEPRECATED_TIMESTAMP, 5)]
+    assert [(f.field_number, f.data) for f in UnknownFieldSet(literal)] == [
+        (DEPRECATED_TIMESTAMP, 5)
+    ]
 
 
 def test_pyarrow_cannot_put_vectors_or_ns_timestamp_literals_in_substrait():
@@ -89,7 +94,7 @@ def test_datafusion_needs_at_least_one_fragment():
 
     ctx = SessionContext()
     ctx.register_dataset("e", Empty())
-    with pytest.raises(Exception, match="SanityCheckPlan|distribution"):
+    with pytest.raises(Exception, match=r"SanityCheckPlan|distribution"):
         ctx.sql("SELECT x FROM e ORDER BY x").collect()
 
 
@@ -132,10 +137,13 @@ def test_datafusion_pushes_no_in_list_of_four_or_more_dates():
     assert seen[0] is None and seen[-1] is not None
 
 
-@pytest.mark.xfail(strict=True, raises=Exception,
-                   reason="datafusion-python 55 turns a NULL literal under AND into a pyarrow "
-                          "BooleanScalar and fails combining it with an Expression, for every "
-                          "pyarrow dataset (upstream); strict, so a fixed upstream shows")
+@pytest.mark.xfail(
+    strict=True,
+    raises=Exception,
+    reason="datafusion-python 55 turns a NULL literal under AND into a pyarrow "
+    "BooleanScalar and fails combining it with an Expression, for every "
+    "pyarrow dataset (upstream); strict, so a fixed upstream shows",
+)
 def test_datafusion_cannot_push_a_null_literal_under_and():
     ctx = SessionContext()
     ctx.register_dataset("p", pds.dataset(pa.table({"id": [1, 2, 3, 4]})))
@@ -151,17 +159,23 @@ def test_ivf_pq_codebook_round_trips_through_create_index(tmp_path):
 
     rng = np.random.default_rng(0)
     v = rng.normal(size=(1000, 16)).astype(np.float32)
-    t = pa.table({"id": np.arange(1000),
-                  "vec": pa.FixedSizeListArray.from_arrays(pa.array(v.ravel()), 16)})
+    t = pa.table(
+        {"id": np.arange(1000), "vec": pa.FixedSizeListArray.from_arrays(pa.array(v.ravel()), 16)}
+    )
     ds = lance.write_dataset(t, str(tmp_path / "a"))
     ds.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=8)
     first = ds.index_statistics("vec_idx")["indices"][0]
     codebook, nbits = ivf_pq_model(first["uri"])
     assert codebook.shape == (8, 1 << nbits, 2)
     other = lance.write_dataset(t.slice(0, 300), str(tmp_path / "b"))
-    other.create_index("vec", "IVF_PQ", num_partitions=len(first["centroids"]), num_sub_vectors=8,
-                       ivf_centroids=np.array(first["centroids"], np.float32),
-                       pq_codebook=codebook)
+    other.create_index(
+        "vec",
+        "IVF_PQ",
+        num_partitions=len(first["centroids"]),
+        num_sub_vectors=8,
+        ivf_centroids=np.array(first["centroids"], np.float32),
+        pq_codebook=codebook,
+    )
     again = other.index_statistics("vec_idx")["indices"][0]
     assert np.array_equal(ivf_pq_model(again["uri"])[0], codebook)
     assert again["centroids"] == first["centroids"]
@@ -172,19 +186,177 @@ def test_lance_stop_words_are_what_the_tokenizer_removes(tmp_path):
     our tokenizer removes it (the stop-word set is measured, not published)."""
     from memwal_sql.index.tokenizer import Tokenizer
 
-    words = sorted(set("""i me my myself we our ours ourselves you your yours yourself yourselves
-    he him his himself she her hers herself it its itself they them their theirs themselves what
-    which who whom this that these those am is are was were be been being have has had having do
-    does did doing would should could ought a an the and but if or because as until while of at
-    by for with about against between into through during before after above below to from up
-    down in out on off over under again further then once here there when where why how all any
-    both each few more most other some such no nor not only own same so than too very will just
-    can don now s t re ll ve d m o y ain aren couldn didn doesn hadn hasn haven isn ma mightn
-    mustn needn shan shouldn wasn weren won wouldn also yet us""".split()))
-    ds = lance.write_dataset(pa.table({"i": list(range(len(words))),
-                                       "t": [f"zz {w}" for w in words]}), str(tmp_path))
+    words = sorted(
+        {
+            "i",
+            "me",
+            "my",
+            "myself",
+            "we",
+            "our",
+            "ours",
+            "ourselves",
+            "you",
+            "your",
+            "yours",
+            "yourself",
+            "yourselves",
+            "he",
+            "him",
+            "his",
+            "himself",
+            "she",
+            "her",
+            "hers",
+            "herself",
+            "it",
+            "its",
+            "itself",
+            "they",
+            "them",
+            "their",
+            "theirs",
+            "themselves",
+            "what",
+            "which",
+            "who",
+            "whom",
+            "this",
+            "that",
+            "these",
+            "those",
+            "am",
+            "is",
+            "are",
+            "was",
+            "were",
+            "be",
+            "been",
+            "being",
+            "have",
+            "has",
+            "had",
+            "having",
+            "do",
+            "does",
+            "did",
+            "doing",
+            "would",
+            "should",
+            "could",
+            "ought",
+            "a",
+            "an",
+            "the",
+            "and",
+            "but",
+            "if",
+            "or",
+            "because",
+            "as",
+            "until",
+            "while",
+            "of",
+            "at",
+            "by",
+            "for",
+            "with",
+            "about",
+            "against",
+            "between",
+            "into",
+            "through",
+            "during",
+            "before",
+            "after",
+            "above",
+            "below",
+            "to",
+            "from",
+            "up",
+            "down",
+            "in",
+            "out",
+            "on",
+            "off",
+            "over",
+            "under",
+            "again",
+            "further",
+            "then",
+            "once",
+            "here",
+            "there",
+            "when",
+            "where",
+            "why",
+            "how",
+            "all",
+            "any",
+            "both",
+            "each",
+            "few",
+            "more",
+            "most",
+            "other",
+            "some",
+            "such",
+            "no",
+            "nor",
+            "not",
+            "only",
+            "own",
+            "same",
+            "so",
+            "than",
+            "too",
+            "very",
+            "will",
+            "just",
+            "can",
+            "don",
+            "now",
+            "s",
+            "t",
+            "re",
+            "ll",
+            "ve",
+            "d",
+            "m",
+            "o",
+            "y",
+            "ain",
+            "aren",
+            "couldn",
+            "didn",
+            "doesn",
+            "hadn",
+            "hasn",
+            "haven",
+            "isn",
+            "ma",
+            "mightn",
+            "mustn",
+            "needn",
+            "shan",
+            "shouldn",
+            "wasn",
+            "weren",
+            "won",
+            "wouldn",
+            "also",
+            "yet",
+            "us",
+        }
+    )
+    ds = lance.write_dataset(
+        pa.table({"i": list(range(len(words))), "t": [f"zz {w}" for w in words]}), str(tmp_path)
+    )
     ds.create_scalar_index("t", "INVERTED")
     tok = Tokenizer()
-    differ = [w for w in words
-              if (ds.to_table(full_text_query=w, columns=["i"]).num_rows > 0) != bool(tok.terms(w))]
+    differ = [
+        w
+        for w in words
+        if (ds.to_table(full_text_query=w, columns=["i"]).num_rows > 0) != bool(tok.terms(w))
+    ]
     assert differ == []

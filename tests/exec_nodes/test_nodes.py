@@ -24,17 +24,24 @@ from memwal_sql.storage import ObjectStore
 from memwal_sql.writer.generation import BLOOM_FILTER, write_generation
 from planner.predicate import Compare, InList, Not
 
-BASE = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string()),
-                  pa.field("f", pa.float64())])
+BASE = pa.schema(
+    [pa.field("id", pa.int64(), False), pa.field("v", pa.string()), pa.field("f", pa.float64())]
+)
 WAL = pa.schema([*BASE, pa.field(TOMBSTONE, pa.bool_())])
 SOURCE = source_schema(WAL)
 
 
 def wal_rows(ids, v, dead=None, f=None):
     n = len(ids)
-    return pa.table({"id": pa.array(ids, pa.int64()), "v": [v] * n,
-                     "f": f if f is not None else [float(i) for i in ids],
-                     TOMBSTONE: dead if dead is not None else [False] * n}, schema=WAL)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "v": [v] * n,
+            "f": f if f is not None else [float(i) for i in ids],
+            TOMBSTONE: dead if dead is not None else [False] * n,
+        },
+        schema=WAL,
+    )
 
 
 def check_contract(node: ExecNode, want_rows: int | None = None) -> pa.Table:
@@ -52,8 +59,14 @@ def check_contract(node: ExecNode, want_rows: int | None = None) -> pa.Table:
 
 @pytest.fixture
 def base(tmp_path):
-    table = pa.table({"id": pa.array([1, 2, 3, 4], pa.int64()), "v": ["b1", "b2", "b3", None],
-                      "f": [1.0, -0.0, float("nan"), None]}, schema=BASE)
+    table = pa.table(
+        {
+            "id": pa.array([1, 2, 3, 4], pa.int64()),
+            "v": ["b1", "b2", "b3", None],
+            "f": [1.0, -0.0, float("nan"), None],
+        },
+        schema=BASE,
+    )
     return lance.write_dataset(table, str(tmp_path / "base"))
 
 
@@ -61,8 +74,9 @@ def base(tmp_path):
 def generation(tmp_path):
     store = ObjectStore(str(tmp_path / "table"))
     rows = conform(wal_rows([2, 3, 5], "g1", dead=[False, True, False]), WAL)
-    entry = write_generation(store, "r", 1, rows, ["id"], data_storage_version="stable",
-                             in_memory_bytes=rows.nbytes)
+    entry = write_generation(
+        store, "r", 1, rows, ["id"], data_storage_version="stable", in_memory_bytes=rows.nbytes
+    )
     return store, store.uri_for(f"_mem_wal/r/{entry.path}"), f"_mem_wal/r/{entry.path}"
 
 
@@ -92,7 +106,12 @@ def test_memtable_scan_reads_tagged_rows_and_applies_sql_semantics():
     rows = wal_rows([1, 2, 3, 4], "m", f=[1.0, 2.0, None, -0.0])
     node = MemTableScanExec("r", 7, rows.to_batches(), SOURCE)
     out = check_contract(node, want_rows=4)
-    assert out.column(GEN).to_pylist() == [7] * 4 and out.column(ROWADDR).to_pylist() == [0, 1, 2, 3]
+    assert out.column(GEN).to_pylist() == [7] * 4 and out.column(ROWADDR).to_pylist() == [
+        0,
+        1,
+        2,
+        3,
+    ]
     # NOT IN is NULL for a NULL value; -0.0 and 0.0 are apart in an IN list.
     got = node.read_counted(None, Not(InList("f", pa.array([2.0, 0.0, 8.0, 7.0]))))
     assert got.column("id").to_pylist() == [1, 4] and node.opened == 2
@@ -118,37 +137,55 @@ def test_base_scan_pushes_exact_filters_and_checks_the_rest_itself(base):
 
 
 def test_newest_per_key_picks_the_highest_generation_then_row_address():
-    t = pa.table({"id": [1, 1, 2, 2], GEN: [1, 2, 3, 3],
-                  ROWADDR: pa.array([5, 0, 1, 2], pa.uint64()),
-                  TOMBSTONE: [False, True, False, False]})
+    t = pa.table(
+        {
+            "id": [1, 1, 2, 2],
+            GEN: [1, 2, 3, 3],
+            ROWADDR: pa.array([5, 0, 1, 2], pa.uint64()),
+            TOMBSTONE: [False, True, False, False],
+        }
+    )
     out = newest_per_key(t, ["id"]).sort_by("id").to_pylist()
     assert [(r[GEN], r[ROWADDR], r[TOMBSTONE]) for r in out] == [(2, 0, True), (3, 2, False)]
 
 
 def test_deduplicate_merges_base_and_newer_sources(base, generation):
     _, uri, _ = generation
-    newer = [MemTableScanExec("r", 2, [wal_rows([1, 5], "m2", f=[0.5, 9.0]).to_batches()[0]],
-                              SOURCE),
-             GenerationScanExec("r", 1, uri, SOURCE)]
+    newer = [
+        MemTableScanExec("r", 2, [wal_rows([1, 5], "m2", f=[0.5, 9.0]).to_batches()[0]], SOURCE),
+        GenerationScanExec("r", 1, uri, SOURCE),
+    ]
     out_schema = pa.schema([*BASE, pa.field(GEN, pa.int64(), False)])
-    node = DeduplicateExec(newer, base, [None], primary_key=["id"], predicate=None,
-                           output=out_schema)
+    node = DeduplicateExec(
+        newer, base, [None], primary_key=["id"], predicate=None, output=out_schema
+    )
     rows = check_contract(node).sort_by("id").to_pylist()
     # 1: memtable; 2: generation; 3: deleted in the generation; 4: base; 5: memtable.
     assert [(r["id"], r["v"], r[GEN]) for r in rows] == [
-        (1, "m2", 2), (2, "g1", 1), (4, None, BASE_GENERATION), (5, "m2", 2)]
+        (1, "m2", 2),
+        (2, "g1", 1),
+        (4, None, BASE_GENERATION),
+        (5, "m2", 2),
+    ]
     assert len(node.children) == 3  # two newer sources and one base part, built once
     assert node.children[2] is node.children[2]
     # A filter sees only each key's newest version: base row 1 (v='b1') never comes back.
-    filtered = DeduplicateExec(newer, base, [None], primary_key=["id"], output=out_schema,
-                               predicate=Compare("v", "=", pa.scalar("b1")))
+    filtered = DeduplicateExec(
+        newer,
+        base,
+        [None],
+        primary_key=["id"],
+        output=out_schema,
+        predicate=Compare("v", "=", pa.scalar("b1")),
+    )
     assert check_contract(filtered, want_rows=0).num_rows == 0
 
 
 def test_take_last_of_a_memtable_returns_the_newest_duplicate():
     batches = [wal_rows([1, 2], "old").to_batches()[0], wal_rows([1], "new").to_batches()[0]]
-    node = TakeLastExec("r", 3, SOURCE, ["id"], batches=batches,
-                        keys=pa.table({"id": pa.array([1, 9], pa.int64())}))
+    node = TakeLastExec(
+        "r", 3, SOURCE, ["id"], batches=batches, keys=pa.table({"id": pa.array([1, 9], pa.int64())})
+    )
     rows = check_contract(node, want_rows=1).to_pylist()
     assert rows[0]["v"] == "new" and rows[0][ROWADDR] == 2
     probe = node.probe(pa.table({"id": pa.array([9, 2, 1], pa.int64())}))
@@ -157,8 +194,9 @@ def test_take_last_of_a_memtable_returns_the_newest_duplicate():
 
 def test_take_last_of_a_generation_uses_its_pk_index(generation):
     _, uri, _ = generation
-    node = TakeLastExec("r", 1, SOURCE, ["id"], uri=uri,
-                        keys=pa.table({"id": pa.array([3, 4, 5], pa.int64())}))
+    node = TakeLastExec(
+        "r", 1, SOURCE, ["id"], uri=uri, keys=pa.table({"id": pa.array([3, 4, 5], pa.int64())})
+    )
     rows = check_contract(node, want_rows=2).sort_by("id").to_pylist()
     assert [(r["id"], r[TOMBSTONE]) for r in rows] == [(3, True), (5, False)]
 
@@ -174,22 +212,36 @@ def test_bloom_filter_guard_passes_only_keys_the_filter_may_hold(generation):
 
 
 def test_coalesce_first_stops_at_the_newest_hit_and_a_tombstone_resolves():
-    newest = TakeLastExec("r", 2, SOURCE, ["id"],
-                          batches=wal_rows([1, 2], "n", dead=[False, True]).to_batches())
+    newest = TakeLastExec(
+        "r", 2, SOURCE, ["id"], batches=wal_rows([1, 2], "n", dead=[False, True]).to_batches()
+    )
     older = TakeLastExec("r", 1, SOURCE, ["id"], batches=wal_rows([1, 2, 3], "o").to_batches())
     keys = pa.table({"id": pa.array([3, 1, 2, 4], pa.int64())})
     node = CoalesceFirstExec([newest, older], ["id"], SOURCE, keys=keys)
     rows = check_contract(node, want_rows=3).sort_by("id").to_pylist()
     assert [(r["id"], r["v"], r[TOMBSTONE]) for r in rows] == [
-        (1, "n", False), (2, "n", True), (3, "o", False)]
+        (1, "n", False),
+        (2, "n", True),
+        (3, "o", False),
+    ]
     assert node.probe(keys).hit.tolist() == [True, True, True, False]
 
 
 def test_point_lookup_asks_the_base_only_for_what_no_region_resolved(base):
     region = CoalesceFirstExec(
-        [TakeLastExec("r", 1, SOURCE, ["id"],
-                      batches=wal_rows([1, 2], "m", dead=[False, True]).to_batches())],
-        ["id"], SOURCE, keys=pa.table({"id": pa.array([1, 2, 3, 9], pa.int64())}))
+        [
+            TakeLastExec(
+                "r",
+                1,
+                SOURCE,
+                ["id"],
+                batches=wal_rows([1, 2], "m", dead=[False, True]).to_batches(),
+            )
+        ],
+        ["id"],
+        SOURCE,
+        keys=pa.table({"id": pa.array([1, 2, 3, 9], pa.int64())}),
+    )
     base_node = BaseLookupExec(base, SOURCE, ["id"])
     keys = pa.table({"id": pa.array([1, 2, 3, 9], pa.int64())})
     for parallel in (1, 1000):  # the base probed beside the regions, or after them
@@ -202,13 +254,24 @@ def test_point_lookup_asks_the_base_only_for_what_no_region_resolved(base):
 def test_generation_index_answers_as_the_generations_one_by_one(tmp_path):
     store = ObjectStore(str(tmp_path / "table"))
     takes = []
-    for gen, (ids, dead) in ((1, ([1, 2, 3, 4], [False] * 4)), (2, ([2, 3], [False, True])),
-                             (3, ([4, 9], [False, False]))):
+    for gen, (ids, dead) in (
+        (1, ([1, 2, 3, 4], [False] * 4)),
+        (2, ([2, 3], [False, True])),
+        (3, ([4, 9], [False, False])),
+    ):
         rows = conform(wal_rows(ids, f"g{gen}", dead=dead), WAL)
-        entry = write_generation(store, "r", gen, rows, ["id"], data_storage_version="stable",
-                                 in_memory_bytes=rows.nbytes)
-        takes.append(TakeLastExec("r", gen, SOURCE, ["id"],
-                                  uri=store.uri_for(f"_mem_wal/r/{entry.path}")))
+        entry = write_generation(
+            store,
+            "r",
+            gen,
+            rows,
+            ["id"],
+            data_storage_version="stable",
+            in_memory_bytes=rows.nbytes,
+        )
+        takes.append(
+            TakeLastExec("r", gen, SOURCE, ["id"], uri=store.uri_for(f"_mem_wal/r/{entry.path}"))
+        )
     newest_first = takes[::-1]
     keys = pa.table({"id": pa.array([9, 4, 3, 2, 1, 7], pa.int64())})
     node = GenerationIndexExec(newest_first, ["id"], SOURCE, keys=keys)
@@ -216,5 +279,10 @@ def test_generation_index_answers_as_the_generations_one_by_one(tmp_path):
     one_by_one = CoalesceFirstExec(newest_first, ["id"], SOURCE, keys=keys).to_table().sort_by("id")
     assert merged.equals(one_by_one)
     assert [(r["id"], r[GEN], r[TOMBSTONE]) for r in merged.to_pylist()] == [
-        (1, 1, False), (2, 2, False), (3, 2, True), (4, 3, False), (9, 3, False)]
+        (1, 1, False),
+        (2, 2, False),
+        (3, 2, True),
+        (4, 3, False),
+        (9, 3, False),
+    ]
     assert node.probe(keys).hit.tolist() == [True] * 5 + [False]

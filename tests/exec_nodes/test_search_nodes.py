@@ -12,17 +12,25 @@ from exec_nodes.scan import source_schema
 from exec_nodes.stale import FilterStaleExec, TopKExec
 from tests.exec_nodes.test_nodes import check_contract
 
-WAL = pa.schema([pa.field("id", pa.int64(), False), pa.field("vec", pa.list_(pa.float32(), 2)),
-                 pa.field(TOMBSTONE, pa.bool_())])
+WAL = pa.schema(
+    [
+        pa.field("id", pa.int64(), False),
+        pa.field("vec", pa.list_(pa.float32(), 2)),
+        pa.field(TOMBSTONE, pa.bool_()),
+    ]
+)
 SOURCE = source_schema(WAL)
 Q = np.zeros(2, np.float32)
 
 
 def rows(ids, xs, dead=None):
     vecs = pa.FixedSizeListArray.from_arrays(
-        pa.array([v for x in xs for v in (x, 0.0)], pa.float32()), 2)
-    return pa.table({"id": pa.array(ids, pa.int64()), "vec": vecs,
-                     TOMBSTONE: dead or [False] * len(ids)}, schema=WAL)
+        pa.array([v for x in xs for v in (x, 0.0)], pa.float32()), 2
+    )
+    return pa.table(
+        {"id": pa.array(ids, pa.int64()), "vec": vecs, TOMBSTONE: dead or [False] * len(ids)},
+        schema=WAL,
+    )
 
 
 class FixedBase(KnnSource):
@@ -52,14 +60,25 @@ def memtable_lookup(batches):
 
 
 def test_knn_leaf_is_exact_and_skips_tombstones():
-    mem = MemTableKnnExec("r1", 5, [rows([1, 2, 3], [3.0, 1.0, 2.0], [False, True, False]
-                                        ).to_batches()[0]], SOURCE, "vec", Q, "l2", None, k=5, primary_key=["id"])
+    mem = MemTableKnnExec(
+        "r1",
+        5,
+        [rows([1, 2, 3], [3.0, 1.0, 2.0], [False, True, False]).to_batches()[0]],
+        SOURCE,
+        "vec",
+        Q,
+        "l2",
+        None,
+        k=5,
+        primary_key=["id"],
+    )
     out = check_contract(mem, 2)
     assert out.column("id").to_pylist() == [3, 1]
     assert mem.rows(out.column("_rowaddr").to_numpy()).column("id").to_pylist() == [3, 1]
     assert out.column(DISTANCE).to_pylist() == [4.0, 9.0]
-    assert distances(np.array([[1.0, 0.0]], np.float32), np.array([0.0, 1.0], np.float32),
-                     "cosine").tolist() == [1.0]
+    assert distances(
+        np.array([[1.0, 0.0]], np.float32), np.array([0.0, 1.0], np.float32), "cosine"
+    ).tolist() == [1.0]
 
 
 def test_filter_stale_keeps_latest_versions_only_and_asks_for_more():
@@ -67,10 +86,8 @@ def test_filter_stale_keeps_latest_versions_only_and_asks_for_more():
     # key 2 deleted, key 7 written twice (the second version is the newer).
     base = FixedBase(rows([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]))
     batch = rows([1, 2, 7, 7], [10.0, 0.0, 0.5, 2.5], [False, True, False, False]).to_batches()[0]
-    mem = MemTableKnnExec("r1", 5, [batch], SOURCE, "vec", Q, "l2", None, k=2,
-                          primary_key=["id"])
-    stale = FilterStaleExec([base, mem], ["id"], memtable_lookup([batch]), 2,
-                            score=DISTANCE)
+    mem = MemTableKnnExec("r1", 5, [batch], SOURCE, "vec", Q, "l2", None, k=2, primary_key=["id"])
+    stale = FilterStaleExec([base, mem], ["id"], memtable_lookup([batch]), 2, score=DISTANCE)
     top = TopKExec(stale, 2, DISTANCE, columns=["id", DISTANCE])
     out = check_contract(top, 2)
     # Not 1 (stale), not 2 (deleted), not 7 at 0.5 (superseded in the same MemTable).

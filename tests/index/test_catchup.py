@@ -12,8 +12,8 @@ from exec_nodes.lookup import CACHE
 from memwal_sql.index import catchup
 from memwal_sql.index.catchup import index_coverage
 from memwal_sql.maintenance.indexes import recorded_catchup
-from planner.indexed import plan_indexed_read
 from memwal_sql.snapshot import take_snapshot
+from planner.indexed import plan_indexed_read
 from tests.lsm import layered_table
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
@@ -26,8 +26,9 @@ def batch(ks, tag):
 @pytest.fixture
 def lagging(tmp_path):
     """Two regions, three generations each merged, the key btree not caught up; plus the model."""
-    tbl, model = layered_table(str(tmp_path), batch, base=list(range(0, 40, 4)), width=10,
-                               step=6, deletes=[8, 9])
+    tbl, model = layered_table(
+        str(tmp_path), batch, base=list(range(0, 40, 4)), width=10, step=6, deletes=[8, 9]
+    )
     tbl.merge()
     return tbl, model
 
@@ -108,12 +109,23 @@ def test_gap_generations_are_kept_until_the_index_covers_them(lagging):
 def test_full_text_and_vector_indexes_catch_up_and_gc_waits_for_the_slowest(tmp_path):
     from datetime import timedelta
 
-    schema = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string()),
-                        pa.field("vec", pa.list_(pa.float32(), 4))])
+    schema = pa.schema(
+        [
+            pa.field("k", pa.int64(), False),
+            pa.field("v", pa.string()),
+            pa.field("vec", pa.list_(pa.float32(), 4)),
+        ]
+    )
 
     def rows(ks, tag):
-        return pa.table({"k": ks, "v": [f"{tag} word{k}" for k in ks],
-                         "vec": [[float(k), 1, 2, 3] for k in ks]}, schema=schema)
+        return pa.table(
+            {
+                "k": ks,
+                "v": [f"{tag} word{k}" for k in ks],
+                "vec": [[float(k), 1, 2, 3] for k in ks],
+            },
+            schema=schema,
+        )
 
     tbl = mw.create_table(str(tmp_path), rows(list(range(300)), "base"), primary_key="k")
     tbl.dataset().create_scalar_index("v", "INVERTED", name="v_fts")
@@ -121,14 +133,18 @@ def test_full_text_and_vector_indexes_catch_up_and_gc_waits_for_the_slowest(tmp_
     tbl.upsert(rows(list(range(20)), "fresh"))
     tbl.flush()
     tbl.merge()
-    assert {c.name for c in index_coverage(tbl.store, tbl.dataset()) if not c.complete} == \
-        {"k_pk_btree", "v_fts", "vec_ivf"}
+    assert {c.name for c in index_coverage(tbl.store, tbl.dataset()) if not c.complete} == {
+        "k_pk_btree",
+        "v_fts",
+        "vec_ivf",
+    }
     # Only the key btree is optimized: the generation stays for the two that lag.
     tbl.dataset().optimize.optimize_indices(index_names=["k_pk_btree"])
     assert tbl.gc(base_versions_older_than=timedelta(0)).generations == {}
     assert sorted(tbl.catch_up_indexes().optimized) == ["v_fts", "vec_ivf"]
     assert all(c.complete for c in index_coverage(tbl.store, tbl.dataset()))
-    assert sum(len(g) for g in tbl.gc(base_versions_older_than=timedelta(0))
-               .generations.values()) == 1
+    assert (
+        sum(len(g) for g in tbl.gc(base_versions_older_than=timedelta(0)).generations.values()) == 1
+    )
     assert tbl.dataset().to_table(full_text_query="fresh").num_rows == 20
     assert tbl.lookup([5]).column("v").to_pylist() == ["fresh word5"]

@@ -22,7 +22,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memwal_sql._proto import memwal_pb2
-from memwal_sql.index.transforms import _eval_expression
 from memwal_sql.errors import (
     CorruptManifestError,
     InvalidInputError,
@@ -38,6 +37,7 @@ from memwal_sql.index.region_spec import (
     murmur3_bucket,
     parse_arrow_type,
 )
+from memwal_sql.index.transforms import _eval_expression
 
 # --------------------------------------------------------------------------------------------
 # Pure-Python reference of the Lance/Spark murmur3 recipe (research notes §6), with a seed so
@@ -134,7 +134,9 @@ def _random_column(name: str, t: pa.DataType, rng: np.random.Generator) -> pa.Ar
         values: list = list(rng.random(n) < 0.5)
     elif pa.types.is_integer(t):
         info = np.iinfo(t.to_pandas_dtype())
-        values = [int(x) for x in rng.integers(info.min, info.max, n, dtype=info.dtype, endpoint=True)]
+        values = [
+            int(x) for x in rng.integers(info.min, info.max, n, dtype=info.dtype, endpoint=True)
+        ]
         values[:6] = [0, 1, -1 if info.min < 0 else 2, int(info.min), int(info.max), 3]
     elif pa.types.is_floating(t):
         raw = rng.normal(0, 1e6, n).astype(t.to_pandas_dtype())
@@ -346,14 +348,14 @@ def _lance_written_spec(tmp_path, table: pa.Table, **kwargs):
 
 
 LANCE_KWARGS = [
-    (dict(bucket_column="id", num_buckets=8), RegionSpec.bucket("id", 8)),
-    (dict(bucket_column="name", num_buckets=1), RegionSpec.bucket("name", 1)),
-    (dict(bucket_column="ts", num_buckets=1024), RegionSpec.bucket("ts", 1024)),
-    (dict(identity_column="name"), RegionSpec.identity("name", result_type="utf8")),
-    (dict(identity_column="id"), RegionSpec.identity("id", result_type=pa.int64())),
-    (dict(identity_column="flag"), RegionSpec.identity("flag", result_type=pa.bool_())),
-    (dict(identity_column="big"), RegionSpec.identity("big", result_type=pa.large_utf8())),
-    (dict(unsharded=True), RegionSpec.unsharded()),
+    ({"bucket_column": "id", "num_buckets": 8}, RegionSpec.bucket("id", 8)),
+    ({"bucket_column": "name", "num_buckets": 1}, RegionSpec.bucket("name", 1)),
+    ({"bucket_column": "ts", "num_buckets": 1024}, RegionSpec.bucket("ts", 1024)),
+    ({"identity_column": "name"}, RegionSpec.identity("name", result_type="utf8")),
+    ({"identity_column": "id"}, RegionSpec.identity("id", result_type=pa.int64())),
+    ({"identity_column": "flag"}, RegionSpec.identity("flag", result_type=pa.bool_())),
+    ({"identity_column": "big"}, RegionSpec.identity("big", result_type=pa.large_utf8())),
+    ({"unsharded": True}, RegionSpec.unsharded()),
 ]
 
 
@@ -425,7 +427,11 @@ def test_proto_encodes_seed_transforms_with_seed_names():
     msg = RegionSpec.truncate("a", 10, result_type="int64").to_proto({"a": 2})
     (f,) = msg.fields
     assert (f.field_id, list(f.source_ids), f.transform, f.HasField("expression")) == (
-        "truncate", [2], "truncate", False)
+        "truncate",
+        [2],
+        "truncate",
+        False,
+    )
     assert dict(f.parameters) == {"width": "10"} and f.result_type == "int64"
     (f,) = RegionSpec.year("d").to_proto({"d": 0}).fields
     assert (f.transform, f.result_type, dict(f.parameters)) == ("year", "int32", {})
@@ -488,8 +494,10 @@ def _ref_parts(values: list, kind: str, tz: str | None = None) -> dict[str, list
 
 
 # tz-aware values stay within 1900..2037: beyond that, time zone databases disagree on DST.
-@pytest.mark.parametrize("kind,tz", [("date32", None), ("date64", None), ("timestamp", None),
-                                     ("timestamp", "America/New_York")])
+@pytest.mark.parametrize(
+    "kind,tz",
+    [("date32", None), ("date64", None), ("timestamp", None), ("timestamp", "America/New_York")],
+)
 def test_date_parts_against_python(rng, kind, tz):
     if kind == "date32":
         values = [int(x) for x in rng.integers(-700_000, 700_000, 200)] + [0, -1, 59, None]
@@ -517,8 +525,12 @@ def test_date_parts_against_python(rng, kind, tz):
 def test_date_parts_follow_datafusion_outside_pyarrow_range():
     # pyarrow's year() wraps beyond |year| 32767 (2**62 us -> 17036); date_part does not,
     # and DataFusion yields NULL past chrono's range.
-    t = pa.table({"ts": pa.array([2**62, None], pa.timestamp("us")),
-                  "d": pa.array([2**31 - 1, 0], pa.date32())})
+    t = pa.table(
+        {
+            "ts": pa.array([2**62, None], pa.timestamp("us")),
+            "d": pa.array([2**31 - 1, 0], pa.date32()),
+        }
+    )
     assert RegionSpec.year("ts").region_values(t).column(0).to_pylist() == [148108, None]
     assert RegionSpec.year("d").region_values(t).column(0).to_pylist() == [None, 1970]
     for part in ("year", "month", "day", "hour"):
@@ -538,17 +550,31 @@ def test_date_part_rejects_non_temporal():
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("t", [pa.int8(), pa.int16(), pa.int32(), pa.int64(),
-                               pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()])
+@pytest.mark.parametrize(
+    "t",
+    [
+        pa.int8(),
+        pa.int16(),
+        pa.int32(),
+        pa.int64(),
+        pa.uint8(),
+        pa.uint16(),
+        pa.uint32(),
+        pa.uint64(),
+    ],
+)
 @pytest.mark.parametrize("width", [1, 3, 10, 100])
 def test_truncate_integers_follow_the_spec_formula(rng, t, width):
     """The seed's `col0 - (col0 % W)` with DataFusion's truncating `%`, checked against
     DataFusion itself evaluating the spec's SQL text."""
     info = np.iinfo(t.to_pandas_dtype())
-    values: list = [int(x) for x in rng.integers(int(info.min), min(int(info.max), 2**63 - 1),
-                                                 200, endpoint=True)]
-    values += [None, 0, int(info.max), int(info.min)] + \
-        ([-1, -7, -width, -width - 1] if info.min < 0 else [])
+    values: list = [
+        int(x)
+        for x in rng.integers(int(info.min), min(int(info.max), 2**63 - 1), 200, endpoint=True)
+    ]
+    values += [None, 0, int(info.max), int(info.min)] + (
+        [-1, -7, -width, -width - 1] if info.min < 0 else []
+    )
     values = [v for v in values if v is None or info.min <= v <= info.max]
     arr = pa.array(values, t)
     out = RegionSpec.truncate("c", width).region_values(pa.table({"c": arr}))
@@ -562,11 +588,23 @@ def test_truncate_integers_follow_the_spec_formula(rng, t, width):
 def test_truncate_integer_examples_from_the_spec():
     t = pa.table({"c": pa.array([-7, -5, -1, 0, 4, 5, 7, None], pa.int32())})
     assert RegionSpec.truncate("c", 5).region_values(t).column(0).to_pylist() == [
-        -5, -5, 0, 0, 0, 5, 5, None]
+        -5,
+        -5,
+        0,
+        0,
+        0,
+        5,
+        5,
+        None,
+    ]
     # Truncation moves toward zero, so the extremes of a type always fit.
-    out = RegionSpec.truncate("c", 3).region_values(pa.table({"c": pa.array([-128, 127], pa.int8())}))
+    out = RegionSpec.truncate("c", 3).region_values(
+        pa.table({"c": pa.array([-128, 127], pa.int8())})
+    )
     assert out.column(0).to_pylist() == [-126, 126]
-    out = RegionSpec.truncate("c", 10).region_values(pa.table({"c": pa.array([-(2**63)], pa.int64())}))
+    out = RegionSpec.truncate("c", 10).region_values(
+        pa.table({"c": pa.array([-(2**63)], pa.int64())})
+    )
     assert out.column(0).to_pylist() == [-(2**63) + 8]
     # A NULL slot holding an extreme garbage value must not raise.
     masked = pa.array([-128, 1], pa.int8(), mask=np.array([True, False]))
@@ -575,8 +613,9 @@ def test_truncate_integer_examples_from_the_spec():
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.one_of(st.none(), st.text(max_size=12)), min_size=1, max_size=20),
-       st.integers(1, 6))
+@given(
+    st.lists(st.one_of(st.none(), st.text(max_size=12)), min_size=1, max_size=20), st.integers(1, 6)
+)
 def test_truncate_strings_left(values, width):
     table = pa.table({"c": pa.array(values, pa.utf8())})
     out = RegionSpec.truncate("c", width).region_values(table).column(0).to_pylist()
@@ -589,7 +628,8 @@ def test_truncate_string_matches_datafusion_left():
     sql = RegionSpec.expression("left(col0, 3)", ["c"], "utf8").region_values(table).column(0)
     assert ours.to_pylist() == sql.to_pylist() == ["hél", "中文字", "😀😀😀", "", None, "ab"]
     large = RegionSpec.truncate("c", 2).region_values(
-        pa.table({"c": pa.array(["abc"], pa.large_utf8())}))
+        pa.table({"c": pa.array(["abc"], pa.large_utf8())})
+    )
     assert large.schema.field(0).type == pa.large_utf8()
 
 
@@ -604,7 +644,12 @@ def _ref_norm_hash(v, t: pa.DataType, seed: int) -> int:
         return ref_hash_bytes(v.encode(), seed)
     if pa.types.is_floating(t):
         f = float(v)
-        if f == f and f not in (float("inf"), float("-inf")) and f == int(f) and -(2**63) <= f < 2**63:
+        if (
+            f == f
+            and f not in (float("inf"), float("-inf"))
+            and f == int(f)
+            and -(2**63) <= f < 2**63
+        ):
             return ref_hash_i64(int(f), seed)
         bits = 0x7FF8000000000000 if f != f else struct.unpack("<Q", struct.pack("<d", f))[0]
         return ref_hash_i64(bits, seed)
@@ -629,11 +674,18 @@ def _ref_multi(rows: list[tuple], types: list[pa.DataType], n: int) -> list[int 
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.tuples(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)),
-                          st.one_of(st.none(), st.text(max_size=9)),
-                          st.one_of(st.none(), st.booleans()),
-                          st.one_of(st.none(), st.floats(width=64))),
-                min_size=1, max_size=20))
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)),
+            st.one_of(st.none(), st.text(max_size=9)),
+            st.one_of(st.none(), st.booleans()),
+            st.one_of(st.none(), st.floats(width=64)),
+        ),
+        min_size=1,
+        max_size=20,
+    )
+)
 def test_multi_bucket_against_python(rows):
     types = [pa.int64(), pa.utf8(), pa.bool_(), pa.float64()]
     cols = {f"c{i}": pa.array([r[i] for r in rows], t) for i, t in enumerate(types)}
@@ -644,7 +696,12 @@ def test_multi_bucket_against_python(rows):
 
 def test_multi_bucket_semantics():
     def mb(cols: dict[str, pa.Array], n: int = 1024) -> list[int]:
-        return RegionSpec.multi_bucket(list(cols), n).region_values(pa.table(cols)).column(0).to_pylist()
+        return (
+            RegionSpec.multi_bucket(list(cols), n)
+            .region_values(pa.table(cols))
+            .column(0)
+            .to_pylist()
+        )
 
     vals = [5, -3, 0, 127, -128, None]
     base = mb({"a": pa.array(vals, pa.int64())})
@@ -654,23 +711,34 @@ def test_multi_bucket_semantics():
         assert mb({"a": pa.array(vals, t)}) == base, t
     for t in (pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64(), pa.bool_()):
         assert mb({"a": pa.array([5, 0, 1] if t != pa.bool_() else [True, False, True], t)}) == (
-            mb({"a": pa.array([5, 0, 1] if t != pa.bool_() else [1, 0, 1], pa.int64())})), t
+            mb({"a": pa.array([5, 0, 1] if t != pa.bool_() else [1, 0, 1], pa.int64())})
+        ), t
     assert mb({"a": pa.array([0.5, -0.0, float("nan")])}) == _ref_multi(
-        [(0.5,), (-0.0,), (float("nan"),)], [pa.float64()], 1024)
+        [(0.5,), (-0.0,), (float("nan"),)], [pa.float64()], 1024
+    )
     # The seed's abs(h) % N, not Lance's bucket (h & 0x7fffffff) % N: they differ for
     # negative hashes. A NULL value gives a NULL region value.
-    lance_bucket = RegionSpec.bucket("a", 1024).region_values(
-        pa.table({"a": pa.array(vals, pa.int64())})).column(0).to_pylist()
+    lance_bucket = (
+        RegionSpec.bucket("a", 1024)
+        .region_values(pa.table({"a": pa.array(vals, pa.int64())}))
+        .column(0)
+        .to_pylist()
+    )
     assert base[-1] is None and lance_bucket[-1] == 0
     assert base[:-1] != lance_bucket[:-1]
     # date32 == date64; timestamp units agree; NULL columns are ignored; all NULL -> NULL.
     assert mb({"d": pa.array([0, 19000, None], pa.date32())}) == mb(
-        {"d": pa.array([0, 19000 * 86_400_000, None], pa.int64()).view(pa.date64())})
+        {"d": pa.array([0, 19000 * 86_400_000, None], pa.int64()).view(pa.date64())}
+    )
     assert mb({"t": pa.array([1, -2], pa.timestamp("s"))}) == mb(
-        {"t": pa.array([10**9, -2 * 10**9], pa.timestamp("ns"))})
+        {"t": pa.array([10**9, -2 * 10**9], pa.timestamp("ns"))}
+    )
     a, b = pa.array([7, None, None], pa.int32()), pa.array([None, "x", None])
     assert mb({"a": a, "b": b}) == [
-        mb({"a": pa.array([7], pa.int32())})[0], mb({"b": pa.array(["x"])})[0], None]
+        mb({"a": pa.array([7], pa.int32())})[0],
+        mb({"b": pa.array(["x"])})[0],
+        None,
+    ]
     # Column order matters (Spark's hash(a, b) != hash(b, a)).
     x, y = pa.array([1, 2, 3]), pa.array(["p", "q", "r"])
     assert mb({"x": x, "y": y}) != mb({"y": y, "x": x})
@@ -720,8 +788,16 @@ def test_expression_errors():
 
 
 def test_errors():
-    t = pa.table({"a": [1], "bin": [b"x"], "dec": pa.array([1], pa.decimal128(5, 2)),
-                  "lst": [[1]], "d64": pa.array([0], pa.date64()), "f": [1.5]})
+    t = pa.table(
+        {
+            "a": [1],
+            "bin": [b"x"],
+            "dec": pa.array([1], pa.decimal128(5, 2)),
+            "lst": [[1]],
+            "d64": pa.array([0], pa.date64()),
+            "f": [1.5],
+        }
+    )
     with pytest.raises(SchemaMismatchError, match="nope"):
         RegionSpec.bucket("nope", 8).region_values(t)
     with pytest.raises(InvalidRegionSpecError, match="not in the table schema"):
@@ -771,12 +847,18 @@ def test_region_values_shapes():
         RegionField.identity("t", field_id="t"),
         RegionField.date_part("day", "d"),
     )
-    empty = pa.table({"id": pa.array([], pa.int64()), "t": pa.array([], pa.utf8()),
-                      "d": pa.array([], pa.date32())})
+    empty = pa.table(
+        {
+            "id": pa.array([], pa.int64()),
+            "t": pa.array([], pa.utf8()),
+            "d": pa.array([], pa.date32()),
+        }
+    )
     out = spec.region_values(empty)
     assert out.num_rows == 0
-    assert out.schema == pa.schema([pa.field("bucket", pa.int32(), False), ("t", pa.utf8()),
-                                    ("day", pa.int32())])
+    assert out.schema == pa.schema(
+        [pa.field("bucket", pa.int32(), False), ("t", pa.utf8()), ("day", pa.int32())]
+    )
     assert spec.result_types(empty.schema) == [pa.int32(), pa.utf8(), pa.int32()]
     with pytest.raises(InvalidRegionSpecError, match="bind"):
         spec.result_types()
@@ -795,8 +877,11 @@ def test_num_regions_and_describe():
     two = RegionSpec.compose(RegionField.bucket("a", 4), RegionField.multi_bucket(["b"], 3))
     assert two.num_regions == 12
     assert two.describe() == "spec 1: bucket = bucket(a, 4); multi_bucket = multi_bucket(b, 3)"
-    assert RegionSpec.expression("col0 % 2", ["x"], "int64").describe().startswith(
-        "spec 1: expression = col0 % 2")
+    assert (
+        RegionSpec.expression("col0 % 2", ["x"], "int64")
+        .describe()
+        .startswith("spec 1: expression = col0 % 2")
+    )
 
 
 VALUE_CASES = [
@@ -817,7 +902,9 @@ VALUE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("value,t,raw", VALUE_CASES, ids=[str(c[1]) + repr(c[0]) for c in VALUE_CASES])
+@pytest.mark.parametrize(
+    "value,t,raw", VALUE_CASES, ids=[str(c[1]) + repr(c[0]) for c in VALUE_CASES]
+)
 def test_region_value_encoding(value, t, raw):
     assert encode_region_value(value, t) == raw
     assert encode_region_value(value, arrow_type_name(t)) == raw
@@ -840,7 +927,7 @@ def test_region_value_encoding_errors_and_bucket_bytes():
 
 
 def test_type_names():
-    for t in list(ALL_TYPES.values()) + [pa.date64(), pa.binary(), pa.timestamp("us", "+05:30")]:
+    for t in [*list(ALL_TYPES.values()), pa.date64(), pa.binary(), pa.timestamp("us", "+05:30")]:
         assert parse_arrow_type(arrow_type_name(t)) == t
     assert arrow_type_name(pa.bool_()) == "boolean"  # what Lance writes for identity on bool
     assert parse_arrow_type("string") == pa.utf8()
@@ -850,12 +937,13 @@ def test_type_names():
 
 def test_group_rows(rng):
     n = 2000
-    table = pa.table({
-        "id": pa.array(rng.integers(0, 50, n), pa.int64()),
-        "t": pa.array(rng.choice(["a", "b", "c", None], n).tolist()),
-    })
-    spec = RegionSpec.compose(RegionField.bucket("id", 8),
-                              RegionField.identity("t", field_id="t"))
+    table = pa.table(
+        {
+            "id": pa.array(rng.integers(0, 50, n), pa.int64()),
+            "t": pa.array(rng.choice(["a", "b", "c", None], n).tolist()),
+        }
+    )
+    spec = RegionSpec.compose(RegionField.bucket("id", 8), RegionField.identity("t", field_id="t"))
     groups = spec.group_rows(table)
     values = spec.region_values(table).to_pylist()
     expected: dict[tuple, list[int]] = {}

@@ -19,20 +19,32 @@ from tests.lsm import Model, lance_latest_rows, lance_snapshots
 
 pytestmark = pytest.mark.interop
 
-SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string()),
-                    pa.field("x", pa.float32())])
+SCHEMA = pa.schema(
+    [pa.field("id", pa.int64(), False), pa.field("v", pa.string()), pa.field("x", pa.float32())]
+)
 
 
 def rows(ids, tag):
-    return pa.table({"id": ids, "v": [f"{tag}{i}" for i in ids],
-                     "x": pa.array([i / 2 for i in ids], pa.float32())}, schema=SCHEMA)
+    return pa.table(
+        {
+            "id": ids,
+            "v": [f"{tag}{i}" for i in ids],
+            "x": pa.array([i / 2 for i in ids], pa.float32()),
+        },
+        schema=SCHEMA,
+    )
 
 
 def test_lance_reads_what_our_writer_produced(table_root, monkeypatch):
     uri, opts = table_root
-    tbl = mw.create_table(uri, rows(list(range(0, 300, 3)), "base"), primary_key="id",
-                          region_spec=mw.RegionSpec.bucket("id", 4), storage_options=opts,
-                          writer_config=mw.WriterConfig(max_memtable_rows=120))
+    tbl = mw.create_table(
+        uri,
+        rows(list(range(0, 300, 3)), "base"),
+        primary_key="id",
+        region_spec=mw.RegionSpec.bucket("id", 4),
+        storage_options=opts,
+        writer_config=mw.WriterConfig(max_memtable_rows=120),
+    )
     model = Model(["id"])
     model.upsert(rows(list(range(0, 300, 3)), "base"))
     for i in range(6):
@@ -90,7 +102,7 @@ def test_lance_shard_writer_replays_our_wal_tail(tmp_path):
     assert lance_latest_rows(uri, ["id"]) == model.table(SCHEMA)
 
 
-LANCE_CHILD = textwrap.dedent('''
+LANCE_CHILD = textwrap.dedent("""
     import os, sys, lance, pyarrow as pa
     uri, rid = sys.argv[1], sys.argv[2]
     schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string()),
@@ -106,7 +118,7 @@ LANCE_CHILD = textwrap.dedent('''
     w.put(rows([3, 9], "l2-"))
     w.delete(pa.table({"id": [4]}))
     os._exit(0)                              # die with the tail only in the WAL
-''')
+""")
 
 
 def test_our_writer_continues_a_region_lance_wrote(tmp_path):

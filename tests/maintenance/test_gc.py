@@ -129,8 +129,7 @@ def test_temp_files_of_crashed_puts_are_collected(tmp_path):
     assert before >= 1 and tbl.to_arrow().num_rows == 1
 
 
-def test_each_gc_pass_syncs_the_base_files_written_since_the_last_one_began(tmp_path,
-                                                                           monkeypatch):
+def test_each_gc_pass_syncs_the_base_files_written_since_the_last_one_began(tmp_path, monkeypatch):
     tbl = mw.create_table(str(tmp_path), batch([1, 2], 0), primary_key="k")
 
     def base_files():
@@ -180,8 +179,11 @@ def test_a_merge_committed_while_gc_runs_is_synced_before_gc_acts_on_it(tmp_path
     synced = record_fsyncs(monkeypatch)
     at_first_delete = []
     real_delete = ObjectStore.delete_prefix
-    monkeypatch.setattr(ObjectStore, "delete_prefix", lambda self, prefix: (
-        at_first_delete.append(set(synced)), real_delete(self, prefix))[1])
+    monkeypatch.setattr(
+        ObjectStore,
+        "delete_prefix",
+        lambda self, prefix: (at_first_delete.append(set(synced)), real_delete(self, prefix))[1],
+    )
     result = tbl.gc(base_versions_older_than=timedelta(0))
     monkeypatch.undo()
     assert result.generations == {w.region_id: [1]}  # on the word of the merge's version
@@ -196,9 +198,11 @@ def test_a_read_of_a_generation_gc_collected_after_its_snapshot_is_retryable(tmp
     from memwal_sql.snapshot import take_snapshot
     from planner.scan import plan_scan
 
-    tbl = mw.create_table(str(tmp_path), pa.schema([pa.field("id", pa.int64(), False),
-                                                    pa.field("v", pa.string())]),
-                          primary_key="id")
+    tbl = mw.create_table(
+        str(tmp_path),
+        pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string())]),
+        primary_key="id",
+    )
     tbl.upsert({"id": [1, 2], "v": ["a", "b"]})
     tbl.flush()
     plan = plan_scan(take_snapshot(tbl), tbl.region_spec, tbl.schema, None)

@@ -20,13 +20,13 @@ def batch(ks, tag):
 
 
 @pytest.mark.parametrize("inline", [True, False])
-def test_a_maintenance_pass_leaves_the_latest_rows_on_every_store(table_root, inline,
-                                                                    monkeypatch):
+def test_a_maintenance_pass_leaves_the_latest_rows_on_every_store(table_root, inline, monkeypatch):
     if not inline:
         monkeypatch.setattr("memwal_sql.maintenance.snapshots.INLINE_THRESHOLD", 1)
     uri, opts = table_root
-    tbl, model = layered_table(uri, batch, base=list(range(10)), width=8, step=4,
-                               deletes=[1, 5], storage_options=opts)
+    tbl, model = layered_table(
+        uri, batch, base=list(range(10)), width=8, step=4, deletes=[1, 5], storage_options=opts
+    )
     tbl.upsert(batch([40], "live"))  # unflushed: survives maintenance in the MemTable
     model.upsert(batch([40], "live"))
 
@@ -37,8 +37,10 @@ def test_a_maintenance_pass_leaves_the_latest_rows_on_every_store(table_root, in
     assert result.indexes.optimized == ["k_pk_btree"]
     assert result.snapshots.regions == 2 and result.snapshots.inline == inline
     assert sum(len(g) for g in result.gc.generations.values()) == flushed_gens
-    assert all(r.flushed_generations == [] and r.index_catchup["k_pk_btree"] ==
-               r.merged_generation for r in region_status(tbl))
+    assert all(
+        r.flushed_generations == [] and r.index_catchup["k_pk_btree"] == r.merged_generation
+        for r in region_status(tbl)
+    )
     if not inline:
         assert tbl.store.exists(external_snapshot_path(tbl.mem_wal_details().snapshot_ts_millis))
     want = model.table(SCHEMA)

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import lance
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401  (pa.compute)
+import pyarrow.compute
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -28,8 +28,9 @@ from tests.lsm import (
 )
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
-ops = op_sequences(20, 6, ["flush", "merge", "gc", "reindex", "catchup", "snapshot", "crash",
-                         "reopen"])
+ops = op_sequences(
+    20, 6, ["flush", "merge", "gc", "reindex", "catchup", "snapshot", "crash", "reopen"]
+)
 
 
 def batch(ks, seed):
@@ -41,6 +42,7 @@ def assert_reads(tbl, model, d):
     assert tbl.to_arrow().sort_by("k") == want
     assert tbl.lookup(list(range(21))).sort_by("k") == want
     assert tbl.to_arrow(filter="k >= 7").sort_by("k") == want.filter(pa.compute.field("k") >= 7)
+
     # While no region manifest changed since the region snapshot, eventual reads through it
     # see what they would see through the manifests.
     # A writer's flush may commit a manifest in the background meanwhile: compare only when no
@@ -65,8 +67,13 @@ def assert_reads(tbl, model, d):
 @given(ops=ops, bucketed=st.booleans())
 def test_merges_and_gc_interleaved_with_writes_keep_the_latest_rows(ops, bucketed):
     with tempfile.TemporaryDirectory() as d:
-        tbl, model = seeded_table(d, batch(list(range(0, 21, 3)), 0), "k",
-                                  buckets=2 if bucketed else None, max_memtable_rows=4)
+        tbl, model = seeded_table(
+            d,
+            batch(list(range(0, 21, 3)), 0),
+            "k",
+            buckets=2 if bucketed else None,
+            max_memtable_rows=4,
+        )
         for op, ks, seed in ops:
             tbl = apply_op(tbl, model, op, ks, seed, d, batch)
             assert_reads(tbl, model, d)
@@ -99,8 +106,10 @@ def test_a_merger_that_dies_before_its_commit_leaves_nothing(tmp_path, monkeypat
     assert tbl.to_arrow().sort_by("k").to_pydict() == {"k": [1, 3], "v": ["v1-5", "v3-0"]}
     result = tbl.merge()
     assert result.merged == {w.region_id: [1]} and result.rows_deleted == 1
-    assert lance.dataset(str(tmp_path)).to_table().sort_by("k").to_pydict() == \
-        {"k": [1, 3], "v": ["v1-5", "v3-0"]}
+    assert lance.dataset(str(tmp_path)).to_table().sort_by("k").to_pydict() == {
+        "k": [1, 3],
+        "v": ["v1-5", "v3-0"],
+    }
     assert tbl.merge().merged == {}  # appendix 2, scenario 2: nothing is merged twice
 
 
@@ -113,23 +122,34 @@ def test_a_stale_merger_cannot_undo_a_later_reinsert(tmp_path):
         w.flush()
         w.upsert(batch([2], 7))
     stale = tbl.dataset()  # what B read
-    tbl.merge()            # A merges generations 1 and 2
+    tbl.merge()  # A merges generations 1 and 2
     from lance.mem_wal import CompactedSsTable
 
     from memwal_sql.maintenance.merger import sql_key_predicate
 
     gen1 = tbl.store.uri_for(
-        f"_mem_wal/{w.region_id}/" + __import__("memwal_sql.manifest", fromlist=["x"])
-        .RegionManifestStore(tbl.store, w.region_id).latest().flushed_generations[0].path)
+        f"_mem_wal/{w.region_id}/"
+        + __import__("memwal_sql.manifest", fromlist=["x"])
+        .RegionManifestStore(tbl.store, w.region_id)
+        .latest()
+        .flushed_generations[0]
+        .path
+    )
     rows = lance.dataset(gen1).to_table()
     with pytest.raises(OSError, match="Stale"):
-        (stale.merge_insert("k").when_matched_update_all().when_not_matched_insert_all()
-         .when_not_matched_by_source_delete(sql_key_predicate(rows.select(["k"])))
-         .mark_sstables_as_compacted([CompactedSsTable(w.region_id, 1)])
-         .execute(rows.filter(pa.compute.invert(rows.column("_tombstone"))).select(["k", "v"])))
+        (
+            stale.merge_insert("k")
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .when_not_matched_by_source_delete(sql_key_predicate(rows.select(["k"])))
+            .mark_sstables_as_compacted([CompactedSsTable(w.region_id, 1)])
+            .execute(rows.filter(pa.compute.invert(rows.column("_tombstone"))).select(["k", "v"]))
+        )
     assert tbl.to_arrow().sort_by("k").to_pydict() == {"k": [1, 2], "v": ["v1-0", "v2-7"]}
-    assert lance.dataset(str(tmp_path)).to_table().sort_by("k").to_pydict() == \
-        {"k": [1, 2], "v": ["v1-0", "v2-7"]}
+    assert lance.dataset(str(tmp_path)).to_table().sort_by("k").to_pydict() == {
+        "k": [1, 2],
+        "v": ["v1-0", "v2-7"],
+    }
 
 
 RACER = """
@@ -152,8 +172,15 @@ def test_racing_mergers_merge_each_generation_exactly_once(tmp_path):
             w.delete([i * 4 + 1])
             model.delete(pa.table({"k": [i * 4 + 1]}))
     gens = len(tbl.to_arrow(["k"], with_system_columns=True))  # noqa: F841 - reads work before
-    procs = [subprocess.Popen([sys.executable, "-c", RACER, uri], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, uri],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     merged_counts = [int(o[0].split()[0]) for o in outs]
@@ -196,14 +223,18 @@ def test_a_merger_killed_right_after_its_commit_is_not_merged_twice(tmp_path):
             model.upsert(batch([i, i + 10], i + 1))
         w.delete([2])
         model.delete(pa.table({"k": [2]}))
-    proc = subprocess.run([sys.executable, "-c", KILLED_AFTER_COMMIT, uri],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_AFTER_COMMIT, uri],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -9, proc.stderr[-2000:]
     committed = tbl.merged_generations()
     assert list(committed.values()) == [1]  # the killed merger's commit landed...
     versions = tbl.dataset().version
     rest = tbl.merge()  # ...and the next merger goes on after it, never before
-    assert [g for gens in rest.merged.values() for g in gens][0] == 2
+    assert next(g for gens in rest.merged.values() for g in gens) == 2
     assert tbl.dataset().version == versions + 1  # one commit for the rest
     assert lance.dataset(uri).to_table().sort_by("k") == model.table(SCHEMA)
     assert tbl.to_arrow().sort_by("k") == model.table(SCHEMA)
@@ -213,14 +244,27 @@ def test_a_merger_killed_right_after_its_commit_is_not_merged_twice(tmp_path):
 @pytest.mark.slow
 def test_maintain_watch_runs_beside_a_live_writer(tmp_path):
     uri = str(tmp_path)
-    tbl = mw.create_table(uri, batch(list(range(30)), 0), primary_key="k",
-                          region_spec=mw.RegionSpec.bucket("k", 2))
+    tbl = mw.create_table(
+        uri, batch(list(range(30)), 0), primary_key="k", region_spec=mw.RegionSpec.bucket("k", 2)
+    )
     model = Model(["k"])
     model.upsert(batch(list(range(30)), 0))
     watcher = subprocess.Popen(
-        [sys.executable, "-m", "memwal_sql.cli", "maintain", uri, "--watch", "0.05",
-         "--base-versions-older-than", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        [
+            sys.executable,
+            "-m",
+            "memwal_sql.cli",
+            "maintain",
+            uri,
+            "--watch",
+            "0.05",
+            "--base-versions-older-than",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for i in range(40):
             ks = [(i * 7 + j) % 60 for j in range(5)]
@@ -261,8 +305,11 @@ def test_gc_fsyncs_the_merge_commit_before_deleting_what_it_merged(tmp_path, mon
     events = []
     synced = record_fsyncs(monkeypatch)
     real_delete = ObjectStore.delete_prefix
-    monkeypatch.setattr(ObjectStore, "delete_prefix", lambda self, prefix: (
-        events.append(set(synced)), real_delete(self, prefix))[1])
+    monkeypatch.setattr(
+        ObjectStore,
+        "delete_prefix",
+        lambda self, prefix: (events.append(set(synced)), real_delete(self, prefix))[1],
+    )
     result = tbl.gc(base_versions_older_than=timedelta(0))
     monkeypatch.undo()
     assert result.generations == {w.region_id: [1]}

@@ -44,8 +44,10 @@ def test_a_lost_race_is_retried_and_anything_else_is_not(monkeypatch):
 
 def test_a_lance_commit_conflict_is_a_retryable_error():
     with pytest.raises(CommitConflictError) as e, storage_failures("maintain of t"):
-        raise OSError("Retryable commit conflict for version 38: This CreateIndex transaction "
-                      "was preempted by concurrent transaction CreateIndex")
+        raise OSError(
+            "Retryable commit conflict for version 38: This CreateIndex transaction "
+            "was preempted by concurrent transaction CreateIndex"
+        )
     assert isinstance(e.value, RetryableError)
     with pytest.raises(StorageError) as e, storage_failures("maintain of t"):
         raise OSError("disk on fire")
@@ -74,7 +76,7 @@ def test_concurrent_maintenance_runs_beside_a_writer_all_succeed(tmp_path):
         for _ in range(10):
             try:
                 mine.maintain()
-            except BaseException as e:  # noqa: BLE001 - collected for the assertion
+            except BaseException as e:
                 errors.append(e)
 
     writer = threading.Thread(target=write)

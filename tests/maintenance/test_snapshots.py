@@ -25,8 +25,12 @@ def batch(ks, tag):
 
 @pytest.fixture
 def table(tmp_path):
-    tbl = mw.create_table(str(tmp_path), batch([100], "base"), primary_key="k",
-                          region_spec=mw.RegionSpec.bucket("k", 3))
+    tbl = mw.create_table(
+        str(tmp_path),
+        batch([100], "base"),
+        primary_key="k",
+        region_spec=mw.RegionSpec.bucket("k", 3),
+    )
     tbl.upsert(batch(list(range(12)), "a"))
     tbl.flush()
     tbl.upsert(batch(list(range(6)), "b"))
@@ -40,6 +44,7 @@ def latest_manifests(tbl):
 
 def assert_snapshot_matches_manifests(tbl):
     """Every column of the snapshot schema (manifest fields, generations, region values)."""
+
     def rows(manifests):
         table = region_snapshots.snapshot_table(manifests, tbl.region_spec)
         return table.sort_by("region_id")
@@ -97,8 +102,7 @@ def test_eventual_reads_go_through_the_snapshot_not_the_manifests(table, monkeyp
     assert table.to_arrow(consistency="eventual").sort_by("k") == table.to_arrow().sort_by("k")
 
 
-def test_beyond_the_threshold_the_snapshot_is_a_lance_file_that_survives_merges(table,
-                                                                                 monkeypatch):
+def test_beyond_the_threshold_the_snapshot_is_a_lance_file_that_survives_merges(table, monkeypatch):
     monkeypatch.setattr("memwal_sql.maintenance.snapshots.INLINE_THRESHOLD", 2)
     result = table.build_region_snapshots()
     assert not result.inline
@@ -125,8 +129,9 @@ def test_the_builder_refreshes_wal_hints(table):
     def hints():
         out = {}
         for rid, m in latest_manifests(table).items():
-            newest = max(layout.parse_bitrev64(e.path)
-                         for e in table.store.list(layout.wal_dir(rid) + "/"))
+            newest = max(
+                layout.parse_bitrev64(e.path) for e in table.store.list(layout.wal_dir(rid) + "/")
+            )
             out[rid] = (m.wal_entry_position_last_seen, newest)
         return out
 
@@ -160,9 +165,14 @@ def test_a_merge_committed_under_the_builder_is_not_undone(table, monkeypatch):
 
 def test_snapshot_rows_round_trip_through_lance_file_bytes():
     spec = mw.RegionSpec.bucket("k", 4)
-    m = region_snapshots.RegionManifest(version=3, writer_epoch=2, current_generation=5,
-                                        replay_after_wal_entry_position=7,
-                                        wal_entry_position_last_seen=9, region_spec_id=1)
+    m = region_snapshots.RegionManifest(
+        version=3,
+        writer_epoch=2,
+        current_generation=5,
+        replay_after_wal_entry_position=7,
+        wal_entry_position_last_seen=9,
+        region_spec_id=1,
+    )
     m.region_id.uuid = b"\x01" * 16
     m.flushed_generations.add(generation=4, path="abcd1234_gen_4")
     for field_id, value in spec.field_entries((3,)):

@@ -8,8 +8,11 @@ from memwal_sql.maintenance.status import region_status
 
 
 def test_status_reports_lag_rows_and_storage_until_maintenance_clears_them(tmp_path):
-    tbl = mw.create_table(str(tmp_path / "t"), pa.table({"id": pa.array([0], pa.int64()),
-                                                         "v": ["x"]}), primary_key="id")
+    tbl = mw.create_table(
+        str(tmp_path / "t"),
+        pa.table({"id": pa.array([0], pa.int64()), "v": ["x"]}),
+        primary_key="id",
+    )
     with tbl.writer() as w:
         w.upsert({"id": [1, 2, 3], "v": ["a", "b", "c"]})
         w.flush()

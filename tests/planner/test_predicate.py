@@ -27,9 +27,17 @@ from planner.predicate import (
 )
 from planner.substrait import decode_filter, lance_filter
 
-SCHEMA = pa.schema([("i", pa.int64()), ("j", pa.int32()), ("s", pa.string()),
-                    ("f", pa.float64()), ("d", pa.date32()), ("b", pa.bool_()),
-                    ("ts", pa.timestamp("us"))])
+SCHEMA = pa.schema(
+    [
+        ("i", pa.int64()),
+        ("j", pa.int32()),
+        ("s", pa.string()),
+        ("f", pa.float64()),
+        ("d", pa.date32()),
+        ("b", pa.bool_()),
+        ("ts", pa.timestamp("us")),
+    ]
+)
 VALUES = {
     "i": st.integers(-(2**62), 2**62),
     "j": st.integers(-(2**31), 2**31 - 1),
@@ -37,8 +45,9 @@ VALUES = {
     "f": st.sampled_from([0.0, -0.0, 1.5, -2.0, math.inf, -math.inf, math.nan]),
     "d": st.dates(min_value=datetime.date(1900, 1, 1), max_value=datetime.date(2100, 1, 1)),
     "b": st.booleans(),
-    "ts": st.datetimes(min_value=datetime.datetime(1900, 1, 1),
-                       max_value=datetime.datetime(2100, 1, 1)),
+    "ts": st.datetimes(
+        min_value=datetime.datetime(1900, 1, 1), max_value=datetime.datetime(2100, 1, 1)
+    ),
 }
 OPS = ["=", "!=", "<", "<=", ">", ">="]
 
@@ -56,15 +65,20 @@ def atoms(draw, columns=tuple(VALUES)):
     return Compare(col, draw(st.sampled_from(OPS)), pa.scalar(draw(VALUES[col]), typ))
 
 
-trees = st.recursive(atoms(), lambda kids: st.one_of(
-    st.lists(kids, min_size=2, max_size=3).map(lambda c: And(tuple(c))),
-    st.lists(kids, min_size=2, max_size=3).map(lambda c: Or(tuple(c))),
-    kids.map(Not),
-    st.sampled_from([Const(True), Const(False), Const(None)]),
-), max_leaves=6)
+trees = st.recursive(
+    atoms(),
+    lambda kids: st.one_of(
+        st.lists(kids, min_size=2, max_size=3).map(lambda c: And(tuple(c))),
+        st.lists(kids, min_size=2, max_size=3).map(lambda c: Or(tuple(c))),
+        kids.map(Not),
+        st.sampled_from([Const(True), Const(False), Const(None)]),
+    ),
+    max_leaves=6,
+)
 
-rows = st.lists(st.fixed_dictionaries({c: st.none() | v for c, v in VALUES.items()}),
-                min_size=1, max_size=8)
+rows = st.lists(
+    st.fixed_dictionaries({c: st.none() | v for c, v in VALUES.items()}), min_size=1, max_size=8
+)
 
 
 def naive_arrow(p):
@@ -81,11 +95,18 @@ def naive_arrow(p):
     if isinstance(p, IsNull):
         return pc.field(p.column).is_null()
     if isinstance(p, InList):
-        values = p.values if not p.has_null else pa.concat_arrays(
-            [p.values, pa.nulls(1, p.values.type)])
+        values = (
+            p.values if not p.has_null else pa.concat_arrays([p.values, pa.nulls(1, p.values.type)])
+        )
         return pc.field(p.column).isin(values)
-    ops = {"=": "__eq__", "!=": "__ne__", "<": "__lt__", "<=": "__le__", ">": "__gt__",
-           ">=": "__ge__"}
+    ops = {
+        "=": "__eq__",
+        "!=": "__ne__",
+        "<": "__lt__",
+        "<=": "__le__",
+        ">": "__gt__",
+        ">=": "__ge__",
+    }
     return getattr(pc.field(p.column), ops[p.op])(pc.scalar(p.value))
 
 
@@ -163,6 +184,7 @@ def test_the_lance_filter_passes_exactly_the_true_rows(tree, data):
         return
     want = [m is True for m in evaluate(tree, table).to_pylist()]
     import pyarrow.dataset as pds
+
     got = pds.dataset(table).to_table(columns={"m": expr}).column("m").to_pylist()
     # pyarrow stands in for Lance here except on floats, where pyarrow's NaN differs.
     if not any(isinstance(v, float) and math.isnan(v) for v in table.column("f").to_pylist()):
@@ -200,8 +222,9 @@ def test_what_the_tree_does_not_model_stays_opaque_and_is_evaluated_by_arrow():
     tree = decode_filter((pc.abs(pc.field("i")) == 3) & (pc.field("j") > 1), SCHEMA)
     assert isinstance(tree, And) and isinstance(tree.children[0], Opaque)
     assert tree.children[0].columns == ("i",)
-    table = pa.Table.from_pylist([{"i": -3, "j": 2}, {"i": 3, "j": 0}, {"i": 4, "j": 5}],
-                                 schema=SCHEMA)
+    table = pa.Table.from_pylist(
+        [{"i": -3, "j": 2}, {"i": 3, "j": 0}, {"i": 4, "j": 5}], schema=SCHEMA
+    )
     assert evaluate(tree, table).to_pylist() == [True, False, False]
     assert lance_filter(tree, SCHEMA) == (None, False)  # evaluated after reading, not in Lance
     ns = pa.schema([("t", pa.timestamp("ns"))])

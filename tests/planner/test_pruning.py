@@ -14,8 +14,9 @@ from memwal_sql.index.region_spec import RegionSpec
 from planner.predicate import And, Compare, InList, IsNull, Not, Opaque, Or, evaluate
 from planner.pruning import prune_regions
 
-SCHEMA = pa.schema([("i", pa.int64()), ("s", pa.string()), ("d", pa.date32()),
-                    ("t", pa.timestamp("us", "+05:30"))])
+SCHEMA = pa.schema(
+    [("i", pa.int64()), ("s", pa.string()), ("d", pa.date32()), ("t", pa.timestamp("us", "+05:30"))]
+)
 SPECS = {
     "bucket_i": RegionSpec.bucket("i", 5),
     "bucket_s": RegionSpec.bucket("s", 3),
@@ -36,8 +37,11 @@ SPECS = {
 ints = st.integers(-50, 50)
 strs = st.text(alphabet="ab\\", max_size=3)
 dates = st.dates(min_value=datetime.date(1999, 11, 1), max_value=datetime.date(2001, 2, 1))
-times = st.datetimes(min_value=datetime.datetime(1999, 12, 31), max_value=datetime.datetime(2000, 1, 2),
-                     timezones=st.just(datetime.timezone.utc))
+times = st.datetimes(
+    min_value=datetime.datetime(1999, 12, 31),
+    max_value=datetime.datetime(2000, 1, 2),
+    timezones=st.just(datetime.timezone.utc),
+)
 col_values = {"i": ints, "s": strs, "d": dates, "t": times}
 
 
@@ -55,21 +59,30 @@ def atom(draw):
     return Compare(col, op, pa.scalar(draw(col_values[col]), typ))
 
 
-predicates = st.recursive(atom(), lambda kids: st.one_of(
-    st.lists(kids, min_size=2, max_size=3).map(lambda c: And(tuple(c))),
-    st.lists(kids, min_size=2, max_size=3).map(lambda c: Or(tuple(c))),
-    kids.map(Not),
-), max_leaves=5)
+predicates = st.recursive(
+    atom(),
+    lambda kids: st.one_of(
+        st.lists(kids, min_size=2, max_size=3).map(lambda c: And(tuple(c))),
+        st.lists(kids, min_size=2, max_size=3).map(lambda c: Or(tuple(c))),
+        kids.map(Not),
+    ),
+    max_leaves=5,
+)
 nullable = lambda s: st.none() | s  # noqa: E731
 
 
 @settings(max_examples=300, deadline=None)
-@given(spec_name=st.sampled_from(sorted(SPECS)), pred=predicates,
-       rows=st.lists(st.tuples(*(nullable(col_values[c]) for c in ("i", "s", "d", "t"))),
-                     min_size=1, max_size=12))
+@given(
+    spec_name=st.sampled_from(sorted(SPECS)),
+    pred=predicates,
+    rows=st.lists(
+        st.tuples(*(nullable(col_values[c]) for c in ("i", "s", "d", "t"))), min_size=1, max_size=12
+    ),
+)
 def test_pruning_never_drops_a_region_with_a_matching_row(spec_name, pred, rows):
-    table = pa.table({c: [r[k] for r in rows] for k, c in enumerate(("i", "s", "d", "t"))},
-                     schema=SCHEMA)
+    table = pa.table(
+        {c: [r[k] for r in rows] for k, c in enumerate(("i", "s", "d", "t"))}, schema=SCHEMA
+    )
     spec = SPECS[spec_name].bind(SCHEMA)
     region_values = spec.region_values(table)
     regions = {}
@@ -96,18 +109,25 @@ def test_pruning_actually_prunes():
     # IN lists of any length are projected value by value.
     many = InList("i", pa.array(range(1000, 6000)))
     assert sum(_kept(many, spec, range(5))) == 5
-    assert _kept(Compare("d", ">=", pa.scalar(datetime.date(2000, 6, 1))), SPECS["year_d"],
-                 (1999, 2000, 2001)) == [False, True, True]
+    assert _kept(
+        Compare("d", ">=", pa.scalar(datetime.date(2000, 6, 1))),
+        SPECS["year_d"],
+        (1999, 2000, 2001),
+    ) == [False, True, True]
     ident = SPECS["identity_s"]
     pred = And((InList("s", pa.array(["a", "b"])), Compare("i", ">", pa.scalar(3))))
     assert _kept(pred, ident, ("a", "b", "c")) == [True, True, False]
     assert _kept(Not(InList("s", pa.array(["a"]))), ident, ("a", "b")) == [False, True]
     # Truncate follows the spec's col - (col % W), `%` truncating: -17 lives in region -10.
-    assert _kept(Compare("i", "=", pa.scalar(-17)), SPECS["truncate_i"], (-20, -10, 0)) == \
-        [False, True, False]
+    assert _kept(Compare("i", "=", pa.scalar(-17)), SPECS["truncate_i"], (-20, -10, 0)) == [
+        False,
+        True,
+        False,
+    ]
     # Hour of a fixed-offset timestamp: computed without DataFusion.
-    noon = pa.scalar(datetime.datetime(2000, 1, 1, 6, 30, tzinfo=datetime.timezone.utc),
-                     SCHEMA.field("t").type)
+    noon = pa.scalar(
+        datetime.datetime(2000, 1, 1, 6, 30, tzinfo=datetime.timezone.utc), SCHEMA.field("t").type
+    )
     assert _kept(Compare("t", "=", noon), SPECS["hour_t"], (11, 12, 13)) == [False, True, False]
     # A NULL key lives in bucket 0; an SQL expression never prunes (DataFusion would be needed).
     assert _kept(IsNull("i"), spec, range(3)) == [True, False, False]
@@ -116,15 +136,23 @@ def test_pruning_actually_prunes():
 
 
 def test_a_pruned_query_opens_only_the_matching_regions_sources(tmp_path):
-    schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("grp", pa.string(), False),
-                        pa.field("v", pa.string())])
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64(), False),
+            pa.field("grp", pa.string(), False),
+            pa.field("v", pa.string()),
+        ]
+    )
 
     def rows(ids, tag):
-        return pa.table({"id": ids, "grp": [f"g{i % 4}" for i in ids],
-                         "v": [f"{tag}{i}" for i in ids]}, schema=schema)
+        return pa.table(
+            {"id": ids, "grp": [f"g{i % 4}" for i in ids], "v": [f"{tag}{i}" for i in ids]},
+            schema=schema,
+        )
 
-    tbl = mw.create_table(str(tmp_path), schema, primary_key="id",
-                          region_spec=mw.RegionSpec.identity("grp"))
+    tbl = mw.create_table(
+        str(tmp_path), schema, primary_key="id", region_spec=mw.RegionSpec.identity("grp")
+    )
     ids = list(range(200))
     tbl.upsert(rows(ids, "a"))
     tbl.flush()  # one generation per region

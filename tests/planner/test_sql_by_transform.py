@@ -17,9 +17,16 @@ import pytest
 import memwal_sql as mw
 
 N = 120
-SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("ts", pa.timestamp("us")),
-                    pa.field("d", pa.date32()), pa.field("k", pa.int32()),
-                    pa.field("s", pa.string()), pa.field("v", pa.int64())])
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), False),
+        pa.field("ts", pa.timestamp("us")),
+        pa.field("d", pa.date32()),
+        pa.field("k", pa.int32()),
+        pa.field("s", pa.string()),
+        pa.field("v", pa.int64()),
+    ]
+)
 SPECS = {
     "year": mw.RegionSpec.year("d"),
     "month": mw.RegionSpec.month("d"),
@@ -34,25 +41,44 @@ SPECS = {
     "unsharded": mw.RegionSpec.unsharded(),
 }
 QUERIES = [
-    "d = DATE '2001-03-04'", "d >= DATE '2002-01-01'", "d IN (DATE '2000-01-01', DATE '2001-03-04')",
-    "ts = TIMESTAMP '2000-01-05 07:00:00'", "ts < TIMESTAMP '2000-01-02 00:00:00'",
-    "k = -17", "k BETWEEN -5 AND 25", "k IN (1, 2, 3, 4, 5, 6)", "k IS NULL", "k NOT IN (1, 2, 3, 4)",
-    "s = 'b'", "s < 'c'", "s IN ('a', 'C:\\\\x', 'e', 'f')", "id = 7", "id IN (1, 2, 3, 50, 51, 999)",
-    "id = 7 AND k = 3", "d = DATE '2001-03-04' OR k = 5", "NOT (k > 0)", "v = 2 AND k < 0",
+    "d = DATE '2001-03-04'",
+    "d >= DATE '2002-01-01'",
+    "d IN (DATE '2000-01-01', DATE '2001-03-04')",
+    "ts = TIMESTAMP '2000-01-05 07:00:00'",
+    "ts < TIMESTAMP '2000-01-02 00:00:00'",
+    "k = -17",
+    "k BETWEEN -5 AND 25",
+    "k IN (1, 2, 3, 4, 5, 6)",
+    "k IS NULL",
+    "k NOT IN (1, 2, 3, 4)",
+    "s = 'b'",
+    "s < 'c'",
+    "s IN ('a', 'C:\\\\x', 'e', 'f')",
+    "id = 7",
+    "id IN (1, 2, 3, 50, 51, 999)",
+    "id = 7 AND k = 3",
+    "d = DATE '2001-03-04' OR k = 5",
+    "NOT (k > 0)",
+    "v = 2 AND k < 0",
 ]
 
 
 def rows(ids: range, version: int) -> pa.Table:
     base = datetime.datetime(2000, 1, 1)
-    return pa.table({
-        "id": list(ids),
-        "ts": [base + datetime.timedelta(hours=7 * i) for i in ids],
-        "d": [None if i % 11 == 0 else datetime.date(2000 + i % 4, 1 + i % 12, 1 + i % 28)
-              for i in ids],
-        "k": [None if i % 13 == 0 else (i * 7) % 61 - 30 for i in ids],
-        "s": [["a", "b", "C:\\x", "e", None][i % 5] for i in ids],
-        "v": [version] * len(ids),
-    }, schema=SCHEMA)
+    return pa.table(
+        {
+            "id": list(ids),
+            "ts": [base + datetime.timedelta(hours=7 * i) for i in ids],
+            "d": [
+                None if i % 11 == 0 else datetime.date(2000 + i % 4, 1 + i % 12, 1 + i % 28)
+                for i in ids
+            ],
+            "k": [None if i % 13 == 0 else (i * 7) % 61 - 30 for i in ids],
+            "s": [["a", "b", "C:\\x", "e", None][i % 5] for i in ids],
+            "v": [version] * len(ids),
+        },
+        schema=SCHEMA,
+    )
 
 
 def build(path: str, spec: mw.RegionSpec) -> tuple[mw.MemWalTable, pa.Table]:
@@ -93,8 +119,9 @@ def test_sql_matches_plain_datafusion(table_and_model, where):
 
 
 def test_equality_on_the_spec_column_reads_only_matching_regions(tmp_path):
-    tbl = mw.create_table(str(tmp_path), rows(range(N), 0), primary_key="id",
-                          region_spec=mw.RegionSpec.year("d"))
+    tbl = mw.create_table(
+        str(tmp_path), rows(range(N), 0), primary_key="id", region_spec=mw.RegionSpec.year("d")
+    )
     tbl.upsert(rows(range(N), 1))
     ctx = mw.connect()
     ctx.register("t", tbl)

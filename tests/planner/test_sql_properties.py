@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import memwal_sql as mw
 from memwal_sql.table import region_id_for
-from tests.planner.test_sql_by_transform import N, SCHEMA, SPECS, build
+from tests.planner.test_sql_by_transform import SCHEMA, SPECS, N, build
 
 pytestmark = pytest.mark.slow
 
@@ -24,9 +24,9 @@ VALUES = {
     "v": st.integers(0, 4),
     "s": st.sampled_from(["a", "b", "C:\\x", "e", "it's", "z"]),
     "d": st.dates(min_value=datetime.date(1999, 12, 1), max_value=datetime.date(2004, 1, 31)),
-    "ts": st.datetimes(min_value=datetime.datetime(2000, 1, 1),
-                       max_value=datetime.datetime(2000, 2, 10)).map(
-                           lambda t: t.replace(minute=0, second=0, microsecond=0)),
+    "ts": st.datetimes(
+        min_value=datetime.datetime(2000, 1, 1), max_value=datetime.datetime(2000, 2, 10)
+    ).map(lambda t: t.replace(minute=0, second=0, microsecond=0)),
 }
 
 
@@ -47,8 +47,11 @@ def atom(draw: st.DrawFn) -> str:
     if kind == "null":
         return f"{col} IS {draw(st.sampled_from(['', 'NOT ']))}NULL"
     if kind == "in":
-        n = draw(st.sampled_from([1, 3, 8, 200, 5000])) if col in ("id", "k") else \
-            draw(st.integers(1, 8))
+        n = (
+            draw(st.sampled_from([1, 3, 8, 200, 5000]))
+            if col in ("id", "k")
+            else draw(st.integers(1, 8))
+        )
         values = [draw(VALUES[col]) for _ in range(min(n, 8))]
         if n > 8:  # long lists: a run of integers around the drawn ones
             values += list(range(n - len(values)))
@@ -58,11 +61,15 @@ def atom(draw: st.DrawFn) -> str:
     return f"{col} {op} {literal(col, draw(VALUES[col]))}"
 
 
-predicates = st.recursive(atom(), lambda kids: st.one_of(
-    st.tuples(kids, kids).map(lambda t: f"({t[0]} AND {t[1]})"),
-    st.tuples(kids, kids).map(lambda t: f"({t[0]} OR {t[1]})"),
-    kids.map(lambda p: f"(NOT {p})"),
-), max_leaves=4)
+predicates = st.recursive(
+    atom(),
+    lambda kids: st.one_of(
+        st.tuples(kids, kids).map(lambda t: f"({t[0]} AND {t[1]})"),
+        st.tuples(kids, kids).map(lambda t: f"({t[0]} OR {t[1]})"),
+        kids.map(lambda p: f"(NOT {p})"),
+    ),
+    max_leaves=4,
+)
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +87,13 @@ def tables(tmp_path_factory):
         tbl.close()
 
 
-@settings(max_examples=120, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=120,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(spec=st.sampled_from(sorted(SPECS)), where=predicates)
 def test_generated_predicates_match_plain_datafusion(tables, spec, where):
     tbl, ctx, plain = tables[spec]
@@ -92,26 +104,43 @@ def test_generated_predicates_match_plain_datafusion(tables, spec, where):
     assert tbl.to_arrow(filter=where).sort_by("id").to_pylist() == want.to_pylist()
 
 
-PRUNABLE = {"bucket": "id", "identity": "k", "year": "d", "month": "d", "day": "ts",
-            "hour": "ts", "truncate": "k"}
+PRUNABLE = {
+    "bucket": "id",
+    "identity": "k",
+    "year": "d",
+    "month": "d",
+    "day": "ts",
+    "hour": "ts",
+    "truncate": "k",
+}
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(spec=st.sampled_from(sorted(PRUNABLE)), data=st.data())
 def test_equality_and_in_read_only_the_matching_regions(tables, spec, data):
     tbl, ctx, _ = tables[spec]
     col = PRUNABLE[spec]
     # DataFusion does not push an IN list of 4+ dates or timestamps (see tests/compat).
     values = data.draw(st.lists(VALUES[col], min_size=1, max_size=3 if col in ("d", "ts") else 6))
-    where = f"{col} = {literal(col, values[0])}" if len(values) == 1 else \
-        f"{col} IN ({', '.join(literal(col, v) for v in values)})"
+    where = (
+        f"{col} = {literal(col, values[0])}"
+        if len(values) == 1
+        else f"{col} IN ({', '.join(literal(col, v) for v in values)})"
+    )
     ctx.sql(f"SELECT count(*) FROM t WHERE {where}").collect()
     plan = ctx.last_plan("t")
     if col == "id":  # a key predicate is a point lookup: every region it probes is a match
         probed = {r.label.split()[-1] for r in plan.root.regions}
-        wanted = {region_id_for(tbl.region_spec, (b,))[:8] for b in
-                  tbl.region_spec.region_values(pa.table({"id": values})).column(0).to_pylist()}
+        wanted = {
+            region_id_for(tbl.region_spec, (b,))[:8]
+            for b in tbl.region_spec.region_values(pa.table({"id": values})).column(0).to_pylist()
+        }
         assert probed <= wanted
         return
     bound = tbl.region_spec

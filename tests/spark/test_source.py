@@ -13,14 +13,20 @@ from tests.lsm import lance_latest_rows
 pytestmark = pytest.mark.spark
 
 SCHEMA_DDL = "id bigint, tenant string, v double"
-SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("tenant", pa.string()),
-                    pa.field("v", pa.float64())])
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), False),
+        pa.field("tenant", pa.string()),
+        pa.field("v", pa.float64()),
+    ]
+)
 
 
 def rows(ids, tag: float = 0.0) -> pa.Table:
     ids = np.asarray(ids, dtype=np.int64)
-    return pa.table({"id": ids, "tenant": [f"t{i % 3}" for i in ids], "v": ids * 1.5 + tag},
-                    schema=SCHEMA)
+    return pa.table(
+        {"id": ids, "tenant": [f"t{i % 3}" for i in ids], "v": ids * 1.5 + tag}, schema=SCHEMA
+    )
 
 
 def sorted_rows(t: pa.Table) -> pa.Table:
@@ -30,11 +36,12 @@ def sorted_rows(t: pa.Table) -> pa.Table:
 @pytest.fixture
 def table(tmp_path):
     uri = str(tmp_path / "t")
-    tbl = mw.create_table(uri, rows(range(0, 300)), primary_key="id",
-                          region_spec=mw.RegionSpec.bucket("id", 4))
+    tbl = mw.create_table(
+        uri, rows(range(300)), primary_key="id", region_spec=mw.RegionSpec.bucket("id", 4)
+    )
     tbl.upsert(rows(range(250, 400), 1.0))
     tbl.flush()
-    tbl.delete(list(range(0, 40)))
+    tbl.delete(list(range(40)))
     tbl.upsert(rows(range(390, 420), 2.0))
     tbl.close()
     return uri
@@ -44,10 +51,12 @@ def test_a_read_equals_to_arrow_with_and_without_pushed_filters(spark, table):
     tbl = mw.open_table(table)
     got = spark.read.format("memwal").load(table).toArrow()
     assert sorted_rows(got).equals(sorted_rows(tbl.to_arrow()))
-    for where, expr in (("id < 100 AND tenant = 't1'", "id < 100 AND tenant = 't1'"),
-                        ("id IN (5, 50, 260, 415, 999)", "id IN (5, 50, 260, 415, 999)"),
-                        ("v IS NULL OR id = 3", "v IS NULL OR id = 3"),
-                        ("NOT (id >= 100)", "NOT (id >= 100)")):
+    for where, expr in (
+        ("id < 100 AND tenant = 't1'", "id < 100 AND tenant = 't1'"),
+        ("id IN (5, 50, 260, 415, 999)", "id IN (5, 50, 260, 415, 999)"),
+        ("v IS NULL OR id = 3", "v IS NULL OR id = 3"),
+        ("NOT (id >= 100)", "NOT (id >= 100)"),
+    ):
         got = spark.read.format("memwal").load(table).where(where).toArrow()
         assert sorted_rows(got).equals(sorted_rows(tbl.to_arrow(filter=expr))), where
 
@@ -80,8 +89,9 @@ def test_batch_upsert_and_delete_match_the_model(spark, table):
     spark.createDataFrame(new).write.format("memwal").mode("append").save(table)
     model.update({r["id"]: r for r in new.to_pylist()})
     gone = pa.table({"id": pa.array(range(100, 200), pa.int64())})
-    spark.createDataFrame(gone).write.format("memwal").mode("append") \
-        .option("operation", "delete").save(table)
+    spark.createDataFrame(gone).write.format("memwal").mode("append").option(
+        "operation", "delete"
+    ).save(table)
     for k in range(100, 200):
         model.pop(k, None)
     expect = pa.Table.from_pylist(sorted(model.values(), key=lambda r: r["id"]), schema=SCHEMA)
@@ -117,8 +127,9 @@ def test_write_sends_each_region_to_exactly_one_task(spark, table):
 def test_a_sql_result_reaches_spark_with_the_same_rows_and_types(spark, table):
     ctx = mw.connect()
     ctx.register("t", mw.open_table(table))
-    result = ctx.sql("SELECT tenant, count(*) AS n, arrow_cast(max(id), 'UInt64') AS top "
-                     "FROM t GROUP BY tenant")
+    result = ctx.sql(
+        "SELECT tenant, count(*) AS n, arrow_cast(max(id), 'UInt64') AS top FROM t GROUP BY tenant"
+    )
     expected = result.to_arrow_table()
     got = mws.to_spark(spark, result).toArrow().sort_by("tenant")
     expected = expected.sort_by("tenant")
@@ -143,17 +154,21 @@ def test_streaming_applies_every_micro_batch_exactly_once(spark, table, tmp_path
     src, checkpoint = tmp_path / "src", tmp_path / "checkpoint"
     src.mkdir()
     model = {r["id"]: r for r in mw.open_table(table).to_arrow().to_pylist()}
-    for i, (ids, tag) in enumerate([(range(0, 50), 10.0), (range(25, 75), 20.0),
-                                    (range(0, 30), 30.0)]):
+    for i, (ids, tag) in enumerate([(range(50), 10.0), (range(25, 75), 20.0), (range(30), 30.0)]):
         batch = rows(ids, tag)
         pq.write_table(batch, src / f"part-{i:03d}.parquet")
         model.update({r["id"]: r for r in batch.to_pylist()})
 
     def run():
-        query = (spark.readStream.schema(spark.createDataFrame(rows([1])).schema)
-                 .option("maxFilesPerTrigger", 1).parquet(str(src))
-                 .writeStream.format("memwal").option("checkpointLocation", str(checkpoint))
-                 .trigger(availableNow=True).start(table))
+        query = (
+            spark.readStream.schema(spark.createDataFrame(rows([1])).schema)
+            .option("maxFilesPerTrigger", 1)
+            .parquet(str(src))
+            .writeStream.format("memwal")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start(table)
+        )
         query.awaitTermination(300)
         assert query.exception() is None
 
@@ -193,8 +208,9 @@ def test_an_applied_batch_delivered_again_after_a_later_one_changes_nothing(tabl
         return t.append_column("op", pa.array([op] * t.num_rows))
 
     assert not deliver(7, changes([1, 2, 3], 1.0, "upsert")).skipped
-    assert not deliver(8, pa.concat_tables([changes([1], 2.0, "upsert"),
-                                            changes([2], 0.0, "delete")])).skipped
+    assert not deliver(
+        8, pa.concat_tables([changes([1], 2.0, "upsert"), changes([2], 0.0, "delete")])
+    ).skipped
     before = sorted_rows(mw.open_table(table).to_arrow())
     again = deliver(7, changes([1, 2, 3], 1.0, "upsert"))
     assert again.skipped and again.rows == 0
@@ -238,8 +254,13 @@ def test_an_s3_table_with_storage_options_as_source_options(spark, s3_server):
     import uuid
 
     uri = f"s3://memwal/{uuid.uuid4().hex}/t"
-    mw.create_table(uri, rows(range(10)), primary_key="id",
-                    region_spec=mw.RegionSpec.bucket("id", 2), storage_options=s3_server)
+    mw.create_table(
+        uri,
+        rows(range(10)),
+        primary_key="id",
+        region_spec=mw.RegionSpec.bucket("id", 2),
+        storage_options=s3_server,
+    )
     new = rows(range(5, 20), 1.0)
     writer = spark.createDataFrame(new).write.format("memwal").mode("append")
     reader = spark.read.format("memwal")

@@ -41,9 +41,11 @@ def test_puts_take_prepared_files_and_the_thread_replaces_them_in_batches(kept):
         kept.put_if_not_exists(f"wal/{i}.arrow", str(i).encode())
     kept._spares.wait_idle()  # down to half: refilled in one batch
     assert len(spares_of(kept, "wal")) == full
-    assert spares_of(kept, "wal")[: full // 2] == ready[full // 2:]
+    assert spares_of(kept, "wal")[: full // 2] == ready[full // 2 :]
     written = [f"{i}.arrow" for i in range(1, full // 2 + 1)]
-    assert [kept.get(f"wal/{n}") for n in written] == [b"one"] + [str(i).encode() for i in range(2, full // 2 + 1)]
+    assert [kept.get(f"wal/{n}") for n in written] == [b"one"] + [
+        str(i).encode() for i in range(2, full // 2 + 1)
+    ]
     spare_names = [os.path.basename(p) for p in spares_of(kept, "wal")]
     assert names_in(kept, "wal") == sorted(written + spare_names)
     assert [m.path for m in kept.list("wal/")] == sorted(f"wal/{n}" for n in written)
@@ -75,8 +77,11 @@ def test_a_failed_refill_is_tried_again_at_the_next_put(kept, monkeypatch):
     from memwal_sql.storage import spare_files
 
     real = spare_files.create_temp_file
-    monkeypatch.setattr(spare_files, "create_temp_file",
-                        lambda d, stem: (_ for _ in ()).throw(OSError(28, "No space left")))
+    monkeypatch.setattr(
+        spare_files,
+        "create_temp_file",
+        lambda d, stem: (_ for _ in ()).throw(OSError(28, "No space left")),
+    )
     for i in range(kept._spares.per_directory + 1):  # every spare used; the refill fails
         kept.put_if_not_exists(f"wal/{i}.arrow", b"x")
     kept._spares.wait_idle()
@@ -91,13 +96,13 @@ def test_a_refill_that_dies_hangs_nothing(kept, monkeypatch):
     from memwal_sql.storage import spare_files
 
     real = spare_files._create
-    monkeypatch.setattr(spare_files, "_create",
-                        lambda d, n: (_ for _ in ()).throw(MemoryError()))
+    monkeypatch.setattr(spare_files, "_create", lambda d, n: (_ for _ in ()).throw(MemoryError()))
     for i in range(kept._spares.per_directory + 1):
         kept.put_if_not_exists(f"wal/{i}.arrow", b"x")  # would wait for the dead batch
     monkeypatch.setattr(spare_files, "_create", real)
     assert [m.path for m in kept.list("wal/")] == sorted(
-        f"wal/{i}.arrow" for i in range(kept._spares.per_directory + 1))
+        f"wal/{i}.arrow" for i in range(kept._spares.per_directory + 1)
+    )
     kept.put_if_not_exists("wal/next.arrow", b"x")  # the thread lives on and refills
     kept._spares.wait_idle()
     assert len(spares_of(kept, "wal")) == kept._spares.per_directory
@@ -140,7 +145,7 @@ def test_the_clean_up_of_old_temporary_files_keeps_this_process_spares(kept):
     old = time.time() - 3600
     leftover = os.path.join(kept.uri, "wal", ".crashed.0123.tmp")
     open(leftover, "wb").close()
-    for path in [leftover] + spares_of(kept, "wal"):
+    for path in [leftover, *spares_of(kept, "wal")]:
         os.utime(path, (old, old))
     assert kept.remove_temp_files("wal") == 1
     assert all(os.path.exists(p) for p in spares_of(kept, "wal"))

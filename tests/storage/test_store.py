@@ -10,7 +10,9 @@ from memwal_sql.errors import ObjectExistsError, ObjectNotFoundError, StorageErr
 from memwal_sql.storage import ObjectStore
 
 
-@pytest.fixture(params=["local", "local-nondurable", "memory", pytest.param("s3", marks=pytest.mark.s3)])
+@pytest.fixture(
+    params=["local", "local-nondurable", "memory", pytest.param("s3", marks=pytest.mark.s3)]
+)
 def store(request, tmp_path):
     if request.param == "local":
         return ObjectStore(str(tmp_path / "root"))
@@ -102,8 +104,11 @@ def not_spares(store: ObjectStore, directory) -> list[str]:
     """The names in ``directory``, without the spare files a store keeps there."""
     if store._spares:
         store._spares.wait_idle()  # a batch being made is not listed as held yet
-    return sorted(n for n in os.listdir(directory)
-                  if not (store._spares and store._spares.holds(f"{directory}/{n}")))
+    return sorted(
+        n
+        for n in os.listdir(directory)
+        if not (store._spares and store._spares.holds(f"{directory}/{n}"))
+    )
 
 
 def test_remove_temp_files_takes_only_old_leftovers(tmp_path):
@@ -202,14 +207,23 @@ def test_a_checksummed_put_renames_then_syncs_the_file_once(tmp_path, monkeypatc
 
     def recording_fsync(fd):
         st = os.fstat(fd)
-        synced.append((st.st_ino, stat.S_ISDIR(st.st_mode), dst.exists(),
-                       dst.read_bytes() if dst.exists() else None))
+        synced.append(
+            (
+                st.st_ino,
+                stat.S_ISDIR(st.st_mode),
+                dst.exists(),
+                dst.read_bytes() if dst.exists() else None,
+            )
+        )
         real_fsync(fd)
 
     started = []  # write-back started before the rename, for the whole data
     real_start = store_module._start_writeback
-    monkeypatch.setattr(store_module, "_start_writeback", lambda fd: (
-        started.append((dst.exists(), os.fstat(fd).st_size)), real_start(fd)))
+    monkeypatch.setattr(
+        store_module,
+        "_start_writeback",
+        lambda fd: (started.append((dst.exists(), os.fstat(fd).st_size)), real_start(fd)),
+    )
     monkeypatch.setattr(store_module.os, "fsync", recording_fsync)
     store.put_if_not_exists("w/a", b"payload", checksummed=True)
     with pytest.raises(ObjectExistsError):
@@ -281,7 +295,9 @@ def mount_type(path) -> str:
         for line in f:
             left, right = line.split(" - ")
             point = left.split()[4]
-            if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
+            if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) > len(
+                best
+            ):
                 best, kind = point, right.split()[0]
     return kind
 
@@ -291,7 +307,9 @@ def test_only_ext4_xfs_and_btrfs_put_in_one_flush(tmp_path):
     from memwal_sql.storage.store import _file_sync_writes_new_name
 
     for path in (tmp_path, "/proc", "/dev/shm" if os.path.isdir("/dev/shm") else "/proc"):
-        assert _file_sync_writes_new_name(str(path)) == (mount_type(path) in {"ext4", "xfs", "btrfs"})
+        assert _file_sync_writes_new_name(str(path)) == (
+            mount_type(path) in {"ext4", "xfs", "btrfs"}
+        )
 
 
 def test_sync_objects_fsyncs_each_object_and_its_directory(tmp_path, monkeypatch):
@@ -360,8 +378,13 @@ def silent_endpoint():
                 return
 
     threading.Thread(target=accept, daemon=True).start()
-    yield {"aws_access_key_id": "k", "aws_secret_access_key": "s", "aws_region": "us-east-1",
-           "aws_endpoint": f"http://127.0.0.1:{server.getsockname()[1]}", "allow_http": "true"}
+    yield {
+        "aws_access_key_id": "k",
+        "aws_secret_access_key": "s",
+        "aws_region": "us-east-1",
+        "aws_endpoint": f"http://127.0.0.1:{server.getsockname()[1]}",
+        "allow_http": "true",
+    }
     server.close()
     for c in held:
         c.close()
@@ -374,8 +397,10 @@ def test_an_endpoint_that_never_answers_is_a_typed_error_within_30_seconds(silen
     import memwal_sql as mw
     from memwal_sql.errors import StorageError
 
-    for call in (lambda: mw.open_table("s3://bucket/t", silent_endpoint),
-                 lambda: ObjectStore("s3://bucket/t", silent_endpoint).get("x")):
+    for call in (
+        lambda: mw.open_table("s3://bucket/t", silent_endpoint),
+        lambda: ObjectStore("s3://bucket/t", silent_endpoint).get("x"),
+    ):
         t0 = time.monotonic()
         with pytest.raises(StorageError):
             call()
@@ -396,8 +421,12 @@ def test_unknown_credentials_are_an_authentication_error(s3_server):
     from memwal_sql.errors import AuthenticationError
 
     uri = f"s3://memwal/{uuid.uuid4().hex}/t"
-    mw.create_table(uri, pa.schema([pa.field("id", pa.int64(), False)]), primary_key="id",
-                    storage_options=s3_server)
+    mw.create_table(
+        uri,
+        pa.schema([pa.field("id", pa.int64(), False)]),
+        primary_key="id",
+        storage_options=s3_server,
+    )
     for wrong in ({"aws_access_key_id": "nobody"}, {"aws_secret_access_key": "wrong"}):
         with pytest.raises(AuthenticationError, match="credentials"):
             mw.open_table(uri, {**s3_server, **wrong})

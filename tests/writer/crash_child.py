@@ -18,7 +18,6 @@ import time
 import memwal_sql as mw
 from tests.writer.crash_plan import batch_for
 
-
 _STDOUT = threading.Lock()
 
 

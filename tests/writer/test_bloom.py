@@ -75,7 +75,7 @@ def pk_schema(*fields: tuple[str, pa.DataType]) -> pa.Schema:
 
 def _strings(rng: np.random.Generator, n: int) -> list[str]:
     """n strings of 0..20 characters, ASCII, multi-byte (2-4 byte UTF-8) and embedded NULs."""
-    alphabet = list("abcxyz019 -_") + ["é", "ß", "日", "本", "€", "😀", "\x00", "\x7f"]
+    alphabet = [*list("abcxyz019 -_"), "é", "ß", "日", "本", "€", "😀", "\x00", "\x7f"]
     lens = rng.integers(0, 21, n)
     picks = rng.integers(0, len(alphabet), int(lens.sum()))
     out, at = [], 0
@@ -130,7 +130,12 @@ def build_lance_generation(root: str, kind: str, n: int, seed: int = 0) -> tuple
             pa.table(absent, schema=pa.schema([schema.field(c) for c in names])),
         ]
     )
-    ops = [("put", first.slice(0, n // 2)), ("put", first.slice(n // 2)), ("put", again), ("delete", gone)]
+    ops = [
+        ("put", first.slice(0, n // 2)),
+        ("put", first.slice(n // 2)),
+        ("put", again),
+        ("delete", gone),
+    ]
     return lance_generation(root, schema, ops), names
 
 
@@ -149,10 +154,16 @@ def siphash13_ref(data: bytes) -> int:
     v0, v1, v2, v3 = 0x736F6D6570736575, 0x646F72616E646F6D, 0x6C7967656E657261, 0x7465646279746573
 
     def rnd(v0: int, v1: int, v2: int, v3: int) -> tuple[int, int, int, int]:
-        v0 = (v0 + v1) & _M64; v1 = _rotl(v1, 13) ^ v0; v0 = _rotl(v0, 32)  # noqa: E702
-        v2 = (v2 + v3) & _M64; v3 = _rotl(v3, 16) ^ v2  # noqa: E702
-        v0 = (v0 + v3) & _M64; v3 = _rotl(v3, 21) ^ v0  # noqa: E702
-        v2 = (v2 + v1) & _M64; v1 = _rotl(v1, 17) ^ v2; v2 = _rotl(v2, 32)  # noqa: E702
+        v0 = (v0 + v1) & _M64
+        v1 = _rotl(v1, 13) ^ v0
+        v0 = _rotl(v0, 32)
+        v2 = (v2 + v3) & _M64
+        v3 = _rotl(v3, 16) ^ v2
+        v0 = (v0 + v3) & _M64
+        v3 = _rotl(v3, 21) ^ v0
+        v2 = (v2 + v1) & _M64
+        v1 = _rotl(v1, 17) ^ v2
+        v2 = _rotl(v2, 32)
         return v0, v1, v2, v3
 
     n = len(data)
@@ -197,7 +208,16 @@ def pk_hashes_ref(table: pa.Table) -> list[int]:
     return [pk_hash_ref(list(zip(types, row.values()))) for row in table.to_pylist()]
 
 
-SALT = [0x47B6137B, 0x44974D91, 0x8824AD5B, 0xA2B7289D, 0x705495C7, 0x2DF1424B, 0x9EFC4947, 0x5C6BFB31]
+SALT = [
+    0x47B6137B,
+    0x44974D91,
+    0x8824AD5B,
+    0xA2B7289D,
+    0x705495C7,
+    0x2DF1424B,
+    0x9EFC4947,
+    0x5C6BFB31,
+]
 
 
 def sbbf_ref(hashes: list[int], nbytes: int) -> bytes:
@@ -217,14 +237,16 @@ def sbbf_ref(hashes: list[int], nbytes: int) -> bytes:
 
 
 @pytest.fixture(scope="module", params=["int64", "int32", "utf8", "composite"])
-def lance_gen(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[str]]:
+def lance_gen(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, list[str]]:
     return build_lance_generation(str(tmp_path_factory.mktemp(request.param)), request.param, 3000)
 
 
 def test_siphash_known_vectors() -> None:
     assert siphash13(b"") == 0xD1FBA762150C532C
     # Every tail length, several full-word counts, and lengths >= 256 (only len % 256 is mixed in).
-    for n in [*range(0, 70), 127, 128, 255, 256, 257, 300, 1000]:
+    for n in [*range(70), 127, 128, 255, 256, 257, 300, 1000]:
         data = bytes((7 * i + n) & 0xFF for i in range(n))
         assert siphash13(data) == siphash13_ref(data), n
 
@@ -274,16 +296,22 @@ def test_might_contain(lance_gen: tuple[str, list[str]]) -> None:
         (pa.large_binary(), [b"a", b""]),
     ],
 )
-def test_bloom_other_pk_types_match_lance(tmp_path: str, pk_type: pa.DataType, values: list) -> None:
+def test_bloom_other_pk_types_match_lance(
+    tmp_path: str, pk_type: pa.DataType, values: list
+) -> None:
     """Lance hashes only int32/int64/utf8/binary values; the other PK types hash the flag only."""
     schema = pk_schema(("id", pk_type))
-    table = pa.table({"id": pa.array(values, pk_type), "payload": [None] * len(values)}, schema=schema)
+    table = pa.table(
+        {"id": pa.array(values, pk_type), "payload": [None] * len(values)}, schema=schema
+    )
     gen_dir = lance_generation(str(tmp_path), schema, [("put", table)])
     with open(os.path.join(gen_dir, "bloom_filter.bin"), "rb") as f:
         assert bloom_filter_bytes(pk_hashes(physical_rows(gen_dir).select(["id"]))) == f.read()
 
 
-@pytest.mark.parametrize("pk_type", [pa.timestamp("us"), pa.float64(), pa.date32(), pa.string_view()])
+@pytest.mark.parametrize(
+    "pk_type", [pa.timestamp("us"), pa.float64(), pa.date32(), pa.string_view()]
+)
 def test_unsupported_pk_types_rejected(pk_type: pa.DataType) -> None:
     with pytest.raises(SchemaMismatchError):
         pk_hashes(pa.table({"k": pa.array([], pk_type)}))
@@ -308,9 +336,7 @@ _TYPES = {"i32": pa.int32(), "i64": pa.int64(), "s": pa.utf8(), "b": pa.binary()
 )
 def test_pk_hashes_matches_reference(rows: list[dict], columns: list[str], cut: int) -> None:
     names = [f"{c}{i}" for i, c in enumerate(columns)]
-    table = pa.table(
-        {n: pa.array([r[c] for r in rows], _TYPES[c]) for n, c in zip(names, columns)}
-    )
+    table = pa.table({n: pa.array([r[c] for r in rows], _TYPES[c]) for n, c in zip(names, columns)})
     # Two chunks, the second a slice with a non-zero offset, to exercise buffer offsets.
     chunked = pa.concat_tables([table.slice(0, cut), table.slice(cut)])
     expected = pk_hashes_ref(table)
@@ -354,4 +380,4 @@ def test_pk_hashes_on_a_large_batch_matches_the_reference() -> None:
     hashes = pk_hashes(table)
     for start in (0, 123_456, n - 50):
         sample = table.slice(start, 50)
-        assert [int(h) for h in hashes[start:start + 50]] == pk_hashes_ref(sample)
+        assert [int(h) for h in hashes[start : start + 50]] == pk_hashes_ref(sample)

@@ -36,8 +36,9 @@ def test_a_claim_fences_a_writer_doing_flat_out_durable_puts_within_a_second(tmp
     with tbl.writer() as w:
         w.upsert({"id": [-1], "v": ["first"]})
         rid = w.region_id
-    child = subprocess.Popen([sys.executable, "-c", _APPENDER, str(tmp_path), rid],
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _APPENDER, str(tmp_path), rid], stdout=subprocess.PIPE, text=True
+    )
     try:
         acked = []
         while len(acked) < 300:  # well into its stride
@@ -82,10 +83,18 @@ def test_a_claim_that_loses_races_leaps_ahead_and_leaves_no_hole(tmp_path, monke
             position = layout.parse_bitrev64(path)
             ids = [100 + len(raced)]
             raced.append(position)
-            real_put(self, path, encode_wal_entry(
-                [coercer.upserts(pa.table({"id": ids, "v": ["raced"]}, schema=SCHEMA))],
-                coercer.schema, writer_epoch=old.epoch, generation=1, position=position),
-                checksummed=True)
+            real_put(
+                self,
+                path,
+                encode_wal_entry(
+                    [coercer.upserts(pa.table({"id": ids, "v": ["raced"]}, schema=SCHEMA))],
+                    coercer.schema,
+                    writer_epoch=old.epoch,
+                    generation=1,
+                    position=position,
+                ),
+                checksummed=True,
+            )
         return real_put(self, path, data, **kw)
 
     monkeypatch.setattr(ObjectStore, "put_if_not_exists", put)
@@ -94,11 +103,16 @@ def test_a_claim_that_loses_races_leaps_ahead_and_leaves_no_hole(tmp_path, monke
     assert raced == [first, first + 1, first + 3]
     sentinel = claimer.stats()["next_wal_position"] - 1
     assert sentinel == first + 7
-    assert wal_positions(tbl.store, rid)[-(sentinel - first + 1):] == \
-        list(range(first, sentinel + 1))  # no hole
+    assert wal_positions(tbl.store, rid)[-(sentinel - first + 1) :] == list(
+        range(first, sentinel + 1)
+    )  # no hole
     assert claimer.stats()["replayed_rows"] == 4
     with pytest.raises(WriterFencedError):
         old.upsert({"id": [2], "v": ["late"]})
     claimer.close()
-    assert sorted(mw.open_table(str(tmp_path)).to_arrow().column("id").to_pylist()) == \
-        [1, 100, 101, 102]
+    assert sorted(mw.open_table(str(tmp_path)).to_arrow().column("id").to_pylist()) == [
+        1,
+        100,
+        101,
+        102,
+    ]

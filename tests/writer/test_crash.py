@@ -26,13 +26,24 @@ pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_and_kill(uri: str, mode: str, until: str, timeout: float = 60, *, times: int = 1,
-                 then: float = 0.0, options: dict | None = None) -> int:
+def run_and_kill(
+    uri: str,
+    mode: str,
+    until: str,
+    timeout: float = 60,
+    *,
+    times: int = 1,
+    then: float = 0.0,
+    options: dict | None = None,
+) -> int:
     """Start the child, SIGKILL it ``then`` seconds after the ``times``-th stdout line starting
     with ``until``; return acks seen."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.writer.crash_child", uri, mode, json.dumps(options)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     acked = seen = 0
     deadline = time.monotonic() + timeout
@@ -70,9 +81,7 @@ def recover_and_check(uri: str, acked: int, options: dict | None = None) -> None
             assert_whole_generation(tbl, rid, g)
     with tbl.writer():  # claim, replay the WAL, flush everything to a generation
         pass
-    got = dict(
-        (r["id"], r["v"]) for r in lance_latest_rows(uri, ["id"], options).to_pylist()
-    )
+    got = {r["id"]: r["v"] for r in lance_latest_rows(uri, ["id"], options).to_pylist()}
     # The child goes on writing until the signal lands, so batches after the last ACK the
     # parent read may have landed too; the state must be a whole prefix that holds every
     # acknowledged batch (nothing lost, nothing half-applied, nothing out of order).
@@ -120,8 +129,9 @@ def test_sigkill_while_generations_are_committed_references_only_whole_ones(tabl
     rng = random.Random(11)
     for uri, options in fresh_tables(table_root):
         n = rng.randint(3, 8)
-        acked = run_and_kill(uri, "flushes", until="FLUSHING", times=n, then=rng.uniform(0, 0.05),
-                             options=options)
+        acked = run_and_kill(
+            uri, "flushes", until="FLUSHING", times=n, then=rng.uniform(0, 0.05), options=options
+        )
         tbl = mw.open_table(uri, options)
         (rid,) = tbl.regions()
         gens = RegionManifestStore(tbl.store, rid).latest().flushed_generations

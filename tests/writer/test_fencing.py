@@ -30,8 +30,13 @@ def test_appendix_1_stale_writer_is_fenced_and_no_write_is_lost(table_root):
     # Initial state of Appendix 1: manifest v1 at epoch 5, replay_after 10, last_seen 12, with
     # WAL entries 11 and 12 (epoch 5) not yet in a generation.
     manifests = RegionManifestStore(tbl.store, rid)
-    m = RegionManifest(version=1, writer_epoch=5, replay_after_wal_entry_position=10,
-                       wal_entry_position_last_seen=12, current_generation=1)
+    m = RegionManifest(
+        version=1,
+        writer_epoch=5,
+        replay_after_wal_entry_position=10,
+        wal_entry_position_last_seen=12,
+        current_generation=1,
+    )
     m.region_id.uuid = region_uuid_bytes(rid)
     manifests.commit(m)
     model = Model(["id"])
@@ -39,20 +44,21 @@ def test_appendix_1_stale_writer_is_fenced_and_no_write_is_lost(table_root):
     for pos, ids in ((11, [1, 2]), (12, [3])):
         t = coercer.upserts(rows(ids, f"e5p{pos}"))
         model.upsert(rows(ids, f"e5p{pos}"))
-        tbl.store.put(layout.wal_entry_path(rid, pos),
-                      encode_wal_entry([t], coercer.schema, writer_epoch=5, generation=1,
-                                       position=pos))
+        tbl.store.put(
+            layout.wal_entry_path(rid, pos),
+            encode_wal_entry([t], coercer.schema, writer_epoch=5, generation=1, position=pos),
+        )
 
     a = tbl.writer(region_id=rid)  # steps 1-2: epoch 6, manifest v2
     assert a.epoch == 6 and a.stats()["replayed_rows"] == 3
-    a.upsert(rows([4, 5], "A"))    # step 3: A's WAL entries
+    a.upsert(rows([4, 5], "A"))  # step 3: A's WAL entries
     a.upsert(rows([1], "A"))
     model.upsert(rows([4, 5], "A"))
     model.upsert(rows([1], "A"))
 
     b = tbl.writer(region_id=rid)  # steps 4-5: epoch 7
     assert b.epoch == 7 and b.stats()["replayed_rows"] == 6  # A's entries are replayed
-    b.upsert(rows([6, 2], "B"))    # step 6
+    b.upsert(rows([6, 2], "B"))  # step 6
     model.upsert(rows([6, 2], "B"))
 
     with pytest.raises(WriterFencedError):  # A's next WAL put meets B's fence sentinel
@@ -61,7 +67,7 @@ def test_appendix_1_stale_writer_is_fenced_and_no_write_is_lost(table_root):
         a.flush()
     with pytest.raises(WriterFencedError):
         a.close()
-    b.upsert(rows([8], "B"))       # step 10: B continues normally
+    b.upsert(rows([8], "B"))  # step 10: B continues normally
     model.upsert(rows([8], "B"))
     b.close()
 
@@ -91,9 +97,16 @@ def test_replay_refuses_entries_of_a_newer_epoch(tmp_path):
     # Someone with a far newer epoch wrote the next entry: opening must refuse, not replay it.
     coercer = RowCoercer(tbl.schema, ["id"])
     pos = w.stats()["next_wal_position"]
-    tbl.store.put(layout.wal_entry_path(rid, pos), encode_wal_entry(
-        [coercer.upserts(rows([2], "y"))], coercer.schema, writer_epoch=99, generation=1,
-        position=pos))
+    tbl.store.put(
+        layout.wal_entry_path(rid, pos),
+        encode_wal_entry(
+            [coercer.upserts(rows([2], "y"))],
+            coercer.schema,
+            writer_epoch=99,
+            generation=1,
+            position=pos,
+        ),
+    )
     with pytest.raises(WriterFencedError):
         tbl.writer(region_id=rid)
     assert read_wal_entry(tbl.store, rid, pos).writer_epoch == 99  # nothing was deleted
@@ -121,4 +134,7 @@ def test_claim_alone_fences_the_previous_writer(table_root):
     # must not be there either.
     tbl.writer(region_id=a.region_id).close()
     assert lance_latest_rows(uri, ["id"], opts).to_pylist() == [
-        {"id": 1, "v": "A1"}, {"id": 2, "v": "A2"}, {"id": 3, "v": "A3"}]
+        {"id": 1, "v": "A1"},
+        {"id": 2, "v": "A2"},
+        {"id": 3, "v": "A3"},
+    ]

@@ -15,12 +15,15 @@ def test_every_file_of_a_generation_is_fsynced_before_the_manifest_names_it(tmp_
     # the WAL entries its rows came from, so a power loss must not be able to lose its files.
     synced: list[str] = []
     original = store_module._fsync_path
-    monkeypatch.setattr(store_module, "_fsync_path",
-                        lambda p: (synced.append(os.path.realpath(p)), original(p))[1])
+    monkeypatch.setattr(
+        store_module, "_fsync_path", lambda p: (synced.append(os.path.realpath(p)), original(p))[1]
+    )
     commit = RegionManifestStore.commit
-    monkeypatch.setattr(RegionManifestStore, "commit",
-                        lambda self, m: (synced.append(f"commit {len(m.flushed_generations)}"),
-                                         commit(self, m))[1])
+    monkeypatch.setattr(
+        RegionManifestStore,
+        "commit",
+        lambda self, m: (synced.append(f"commit {len(m.flushed_generations)}"), commit(self, m))[1],
+    )
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
     with tbl.writer() as w:
         w.upsert(pa.table({"id": [1, 2], "v": ["a", "b"]}, schema=SCHEMA))

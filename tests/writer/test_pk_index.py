@@ -26,7 +26,12 @@ from memwal_sql.writer.pk_index import (
     read_pk_index,
     write_pk_index,
 )
-from tests.writer.test_bloom import build_lance_generation, lance_generation, physical_rows, pk_schema
+from tests.writer.test_bloom import (
+    build_lance_generation,
+    lance_generation,
+    physical_rows,
+    pk_schema,
+)
 
 
 def _read(path: str) -> tuple[pa.Table, object]:
@@ -35,7 +40,9 @@ def _read(path: str) -> tuple[pa.Table, object]:
 
 
 @pytest.fixture(scope="module", params=["int64", "int32", "utf8", "composite"])
-def lance_gen(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[str]]:
+def lance_gen(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, list[str]]:
     # 12000 puts + 3000 re-puts + 150 deletes: > 8192 physical rows, i.e. two BTree pages.
     return build_lance_generation(str(tmp_path_factory.mktemp(request.param)), request.param, 12000)
 
@@ -52,11 +59,16 @@ def test_pk_index_matches_lance(lance_gen: tuple[str, list[str]], tmp_path: str)
         mine_t, mine_m = _read(os.path.join(mine, "_pk_index", name))
         assert mine_t.schema.equals(theirs_t.schema, check_metadata=True), name
         assert mine_t.equals(theirs_t), name
-        assert (mine_m.major_version, mine_m.minor_version) == (theirs_m.major_version, theirs_m.minor_version) == (0, 3)
+        assert (
+            (mine_m.major_version, mine_m.minor_version)
+            == (theirs_m.major_version, theirs_m.minor_version)
+            == (0, 3)
+        )
         assert mine_m.num_rows == theirs_m.num_rows
-    with open(os.path.join(gen_dir, "_pk_index", "page_data.lance"), "rb") as a, open(
-        os.path.join(mine, "_pk_index", "page_data.lance"), "rb"
-    ) as b:
+    with (
+        open(os.path.join(gen_dir, "_pk_index", "page_data.lance"), "rb") as a,
+        open(os.path.join(mine, "_pk_index", "page_data.lance"), "rb") as b,
+    ):
         assert a.read() == b.read()
     lookup, _ = _read(os.path.join(mine, "_pk_index", "page_lookup.lance"))
     assert lookup.column("page_idx").to_pylist() == [0, 1]
@@ -96,19 +108,27 @@ def test_pk_index_all_rows_sorted_with_ids(lance_gen: tuple[str, list[str]], tmp
         (pa.large_binary(), [b"a\x00\xffb", b"a"]),
     ],
 )
-def test_composite_encoding_matches_lance(tmp_path: str, pk_type: pa.DataType, values: list) -> None:
+def test_composite_encoding_matches_lance(
+    tmp_path: str, pk_type: pa.DataType, values: list
+) -> None:
     """(x, int64) composite keys: our binary encoding equals what Lance puts in its index."""
     schema = pk_schema(("x", pk_type), ("y", pa.int64()))
     n = len(values)
     table = pa.table(
-        {"x": pa.array(values, pk_type), "y": pa.array(range(-1, n - 1), pa.int64()), "payload": [None] * n},
+        {
+            "x": pa.array(values, pk_type),
+            "y": pa.array(range(-1, n - 1), pa.int64()),
+            "payload": [None] * n,
+        },
         schema=schema,
     )
     gen_dir = lance_generation(str(tmp_path), schema, [("put", table)])
     theirs, _ = _read(os.path.join(gen_dir, "_pk_index", "page_data.lance"))
     keys = physical_rows(gen_dir).select(["x", "y"])
-    assert encode_composite_keys(keys).take(pa.array(theirs.column("ids"))).equals(
-        theirs.column("values").combine_chunks()
+    assert (
+        encode_composite_keys(keys)
+        .take(pa.array(theirs.column("ids")))
+        .equals(theirs.column("values").combine_chunks())
     )
     mine = str(tmp_path / "mine")
     write_pk_index(mine, keys)
@@ -149,7 +169,9 @@ def test_composite_encoding_preserves_tuple_order(data: st.DataObject, kinds: li
     enc = encode_composite_keys(table).to_pylist()
 
     def sort_key(row: tuple) -> tuple:
-        return tuple((0,) if v is None else (1, v.encode() if isinstance(v, str) else v) for v in row)
+        return tuple(
+            (0,) if v is None else (1, v.encode() if isinstance(v, str) else v) for v in row
+        )
 
     for i in range(len(rows)):
         for j in range(len(rows)):
@@ -188,5 +210,8 @@ def test_pk_index_on_object_store(table_root: tuple[str, dict | None]) -> None:
     write_pk_index(f"{uri}/_mem_wal/r/0000abcd_gen_1", keys, storage_options=options)
     index = read_pk_index(f"{uri}/_mem_wal/r/0000abcd_gen_1", storage_options=options)
     assert index.column("ids").to_pylist() == [1, 0, 2]
-    assert index.column("values").to_pylist() == encode_composite_keys(keys).take(pa.array([1, 0, 2])).to_pylist()
+    assert (
+        index.column("values").to_pylist()
+        == encode_composite_keys(keys).take(pa.array([1, 0, 2])).to_pylist()
+    )
     assert np.all(np.diff(index.column("ids").to_numpy()[1:]) > 0)

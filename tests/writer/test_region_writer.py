@@ -15,13 +15,15 @@ from memwal_sql.storage import layout
 from memwal_sql.writer.wal import iter_wal, read_wal_entry, wal_positions
 from tests.lsm import Model, lance_latest_rows
 
-SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string()),
-                    pa.field("n", pa.float64())])
+SCHEMA = pa.schema(
+    [pa.field("id", pa.int64(), False), pa.field("v", pa.string()), pa.field("n", pa.float64())]
+)
 
 
 def rows(ids, tag="a"):
-    return pa.table({"id": ids, "v": [f"{tag}{i}" for i in ids], "n": [float(i) for i in ids]},
-                    schema=SCHEMA)
+    return pa.table(
+        {"id": ids, "v": [f"{tag}{i}" for i in ids], "n": [float(i) for i in ids]}, schema=SCHEMA
+    )
 
 
 @pytest.fixture
@@ -55,9 +57,10 @@ def test_close_flushes_a_generation_lance_reads(table):
     m = manifest(table, w.region_id)
     assert [g.generation for g in m.flushed_generations] == [1]
     assert m.current_generation == 2 and m.replay_after_wal_entry_position == 3
-    gen = lance.dataset(table.store.uri_for(f"{layout.region_dir(w.region_id)}/"
-                                            f"{m.flushed_generations[0].path}"),
-                        storage_options=table.storage_options or None).to_table()
+    gen = lance.dataset(
+        table.store.uri_for(f"{layout.region_dir(w.region_id)}/{m.flushed_generations[0].path}"),
+        storage_options=table.storage_options or None,
+    ).to_table()
     # Deduplicated inside the generation, tombstone kept, insertion order of the last writes.
     assert gen.column("id").to_pylist() == [1, 2, 3]
     assert gen.column("_tombstone").to_pylist() == [False, False, True]
@@ -88,7 +91,9 @@ def test_memtable_thresholds_flush_in_the_background(table):
     m = manifest(table, w.region_id)
     gens = [g.generation for g in m.flushed_generations]
     assert gens == list(range(1, len(gens) + 1)) and len(gens) >= 4
-    assert lance_latest_rows(table.uri, ["id"], table.storage_options or None) == model.table(SCHEMA)
+    assert lance_latest_rows(table.uri, ["id"], table.storage_options or None) == model.table(
+        SCHEMA
+    )
     # An entry never spans generations: the generation in each entry's metadata only grows.
     entry_gens = [e.generation for e in iter_wal(table.store, w.region_id, 0) if not e.is_sentinel]
     assert entry_gens == sorted(entry_gens)
@@ -97,8 +102,7 @@ def test_memtable_thresholds_flush_in_the_background(table):
 def test_memtable_is_frozen_at_the_byte_threshold(table_root):
     # Far below max_memtable_rows: only max_memtable_bytes can freeze these MemTables. Each
     # batch is ~490 bytes in memory, so the third one of a MemTable crosses 1200.
-    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
-                          storage_options=table_root[1])
+    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id", storage_options=table_root[1])
     with tbl.writer(max_memtable_bytes=1200) as w:
         for i in range(6):
             w.upsert(rows(list(range(100 + 20 * i, 120 + 20 * i))))
@@ -109,8 +113,7 @@ def test_memtable_is_frozen_at_the_byte_threshold(table_root):
 
 
 def test_durable_puts_group_commit(table_root):
-    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
-                          storage_options=table_root[1])
+    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id", storage_options=table_root[1])
     with tbl.writer() as w:
         barrier = threading.Barrier(8)
 
@@ -133,8 +136,7 @@ def test_durable_puts_group_commit(table_root):
 def test_a_durable_put_does_not_wait_for_the_flush_interval(table_root):
     # The flush interval is for buffered (non-durable) writes: a durable caller leads the WAL
     # put itself, so a lone durable write costs one put, never a timer tick.
-    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
-                          storage_options=table_root[1])
+    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id", storage_options=table_root[1])
     with tbl.writer(max_wal_flush_interval=5.0) as w:
         for i in range(3):
             t0 = time.perf_counter()
@@ -144,8 +146,7 @@ def test_a_durable_put_does_not_wait_for_the_flush_interval(table_root):
 
 
 def test_non_durable_puts_are_buffered_into_few_entries(table_root):
-    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
-                          storage_options=table_root[1])
+    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id", storage_options=table_root[1])
     with tbl.writer(durable=False, max_wal_flush_interval=10.0) as w:
         for i in range(100):
             w.upsert(rows([i]))
@@ -158,8 +159,7 @@ def test_non_durable_puts_are_buffered_into_few_entries(table_root):
 def test_a_full_non_durable_buffer_is_put_without_waiting_for_the_interval(table_root, limit):
     # Two small batches stay buffered; the third fills the buffer (by bytes, or by count), and
     # the background thread puts all three as one entry at once, not when the 60 s are up.
-    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
-                          storage_options=table_root[1])
+    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id", storage_options=table_root[1])
     with tbl.writer(durable=False, max_wal_flush_interval=60.0, **limit) as w:
         w.upsert(rows([1]))
         w.upsert(rows([2]))
@@ -171,8 +171,7 @@ def test_a_full_non_durable_buffer_is_put_without_waiting_for_the_interval(table
 
 
 def test_non_durable_puts_reach_the_wal_within_the_interval(table_root):
-    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
-                          storage_options=table_root[1])
+    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id", storage_options=table_root[1])
     w = tbl.writer(durable=False, max_wal_flush_interval=0.05)
     w.upsert(rows([1]))
     import time
@@ -193,8 +192,13 @@ def test_closed_writer_refuses_writes(table):
 
 
 def test_rows_of_another_region_are_refused_and_nothing_is_written(table_root):
-    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
-                          storage_options=table_root[1], region_spec=mw.RegionSpec.bucket("id", 4))
+    tbl = mw.create_table(
+        table_root[0],
+        SCHEMA,
+        primary_key="id",
+        storage_options=table_root[1],
+        region_spec=mw.RegionSpec.bucket("id", 4),
+    )
     spec = tbl.region_spec
     buckets = spec.region_values(rows(list(range(20)))).column(0).to_pylist()
     mine = [i for i, b in enumerate(buckets) if b == 0]
@@ -204,14 +208,15 @@ def test_rows_of_another_region_are_refused_and_nothing_is_written(table_root):
         with pytest.raises(WrongRegionError):
             w.upsert(rows(mine[:1] + other[:1]))
         assert w.stats()["rows_written"] == len(mine)
-    assert lance_latest_rows(*table_root_key(table_root, ["id"])).column("id").to_pylist() == sorted(mine)
+    assert lance_latest_rows(*table_root_key(table_root, ["id"])).column(
+        "id"
+    ).to_pylist() == sorted(mine)
     m = manifest(tbl, w.region_id)
     assert m.region_spec_id == spec.spec_id
     assert [(e.field_id, e.value) for e in m.region_field_entries] == spec.field_entries((0,))
     # Reopened by id, the region still knows its values from its manifest.
-    with tbl.writer(region_id=w.region_id) as again:
-        with pytest.raises(WrongRegionError):
-            again.upsert(rows(other[:1]))
+    with tbl.writer(region_id=w.region_id) as again, pytest.raises(WrongRegionError):
+        again.upsert(rows(other[:1]))
 
 
 def test_backpressure_blocks_until_flushes_catch_up(table_root, monkeypatch):
@@ -226,8 +231,7 @@ def test_backpressure_blocks_until_flushes_catch_up(table_root, monkeypatch):
         real(uri, keys, opts)
 
     monkeypatch.setattr(generation, "write_pk_index", slow)
-    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
-                          storage_options=table_root[1])
+    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id", storage_options=table_root[1])
     model = Model(["id"])
     most_frozen = 0
     with tbl.writer(durable=False, max_memtable_rows=10, max_unflushed_bytes=1) as w:
@@ -243,8 +247,7 @@ def test_backpressure_blocks_until_flushes_catch_up(table_root, monkeypatch):
 
 
 def test_failed_flush_retries_into_a_new_directory(table_root, failing_first_flush):
-    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
-                          storage_options=table_root[1])
+    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id", storage_options=table_root[1])
     calls = failing_first_flush
     with tbl.writer() as w:
         w.upsert(rows([1, 2]))
@@ -270,8 +273,13 @@ def test_a_writer_left_open_at_exit_stores_its_writes_and_exits_cleanly(tmp_path
         "for i in range(40):\n"
         "    w.upsert(rows(list(range(i * 1000, i * 1000 + 1000))))\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )
     assert done.returncode == 0, done.stderr
     tbl = mw.open_table(uri)
     tbl.writer().close()  # replays what no generation holds yet, then flushes it
@@ -283,8 +291,10 @@ def test_opening_a_writer_removes_temp_files_a_crash_left(tmp_path):
     tbl = mw.create_table(str(tmp_path / "t"), SCHEMA, primary_key="id")
     with tbl.writer() as w:
         w.upsert(rows([1]))
-    leftovers = [tmp_path / "t" / d / ".x.1.tmp"
-                 for d in (layout.wal_dir(w.region_id), layout.manifest_dir(w.region_id))]
+    leftovers = [
+        tmp_path / "t" / d / ".x.1.tmp"
+        for d in (layout.wal_dir(w.region_id), layout.manifest_dir(w.region_id))
+    ]
     for p in leftovers:
         p.write_bytes(b"partial")
         os.utime(p, (0, 0))
@@ -297,12 +307,14 @@ def test_opening_a_writer_removes_temp_files_a_crash_left(tmp_path):
 def test_a_failed_flush_is_a_typed_error_and_the_next_writer_recovers(table_root, monkeypatch):
     from memwal_sql.writer import region_writer
 
-    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id",
-                          storage_options=table_root[1])
+    tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id", storage_options=table_root[1])
     w = tbl.writer()
     w.upsert(rows([1, 2]))
-    monkeypatch.setattr(region_writer, "write_generation",
-                        lambda *a, **k: (_ for _ in ()).throw(OSError("LanceError(IO): denied")))
+    monkeypatch.setattr(
+        region_writer,
+        "write_generation",
+        lambda *a, **k: (_ for _ in ()).throw(OSError("LanceError(IO): denied")),
+    )
     with pytest.raises(StorageError, match="Acknowledged writes are safe in the WAL") as e:
         w.flush()
     assert isinstance(e.value.__cause__, OSError)
@@ -316,8 +328,10 @@ def test_a_failed_flush_is_a_typed_error_and_the_next_writer_recovers(table_root
 def test_slices_of_a_large_batch_count_and_keep_only_their_own_rows(tmp_path):
     # to_batches(max_chunksize) and slice() share the parent's buffers: counted whole, 1,000 rows
     # of a 100,000-row table looked 100x larger and froze a MemTable every few writes.
-    big = pa.table({"id": range(100_000), "v": [f"value-{i:09d}" for i in range(100_000)],
-                    "n": [1] * 100_000}, schema=SCHEMA)
+    big = pa.table(
+        {"id": range(100_000), "v": [f"value-{i:09d}" for i in range(100_000)], "n": [1] * 100_000},
+        schema=SCHEMA,
+    )
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
     with tbl.writer(durable=False, max_memtable_bytes=8 << 20) as w:
         for batch in big.to_batches(max_chunksize=1_000):
@@ -376,7 +390,7 @@ def test_a_writer_released_by_another_thread_wakes_its_waiters(tmp_path, monkeyp
 def _raised(call):
     try:
         call()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return type(e)
     return None
 
@@ -402,11 +416,13 @@ def test_a_failed_manifest_fsync_fails_the_flush_and_is_not_retried(tmp_path, mo
 
 def test_small_slices_of_a_batch_count_only_their_rows(table_root):
     uri, opts = table_root
-    parent = pa.table({"id": range(20_000), "v": [f"value-{i:09d}" for i in range(20_000)],
-                       "n": [1.0] * 20_000}, schema=SCHEMA)
+    parent = pa.table(
+        {"id": range(20_000), "v": [f"value-{i:09d}" for i in range(20_000)], "n": [1.0] * 20_000},
+        schema=SCHEMA,
+    )
     tbl = mw.create_table(uri, SCHEMA, primary_key="id", storage_options=opts)
     with tbl.writer(durable=False, max_memtable_bytes=4 << 20) as w:
-        for i in range(0, 2_000):
+        for i in range(2_000):
             w.upsert(parent.slice(i, 1))
         assert w.stats()["memtable_bytes"] < 10 * parent.slice(0, 2_000).nbytes
     assert w.stats()["memtable_flushes"] == 1
@@ -461,16 +477,20 @@ def test_a_claiming_writer_syncs_what_it_replays_before_it_appends(tmp_path, mon
         w.upsert(rows([i]))
     rid = w.region_id
     w._release_at_exit()
-    entries = {os.path.realpath(os.path.join(tbl.store.uri, layout.wal_entry_path(rid, p)))
-               for p in wal_positions(tbl.store, rid)}
+    entries = {
+        os.path.realpath(os.path.join(tbl.store.uri, layout.wal_entry_path(rid, p)))
+        for p in wal_positions(tbl.store, rid)
+    }
     order = []
     real = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (order.append(
-        os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (order.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1]
+    )
     w2 = mw.open_table(str(tmp_path)).writer(region_id=rid)
     monkeypatch.undo()
-    sentinel = os.path.realpath(os.path.join(
-        tbl.store.uri, layout.wal_entry_path(rid, w2.stats()["next_wal_position"] - 1)))
+    sentinel = os.path.realpath(
+        os.path.join(tbl.store.uri, layout.wal_entry_path(rid, w2.stats()["next_wal_position"] - 1))
+    )
     assert entries <= set(order) and sentinel in order
     assert max(order.index(e) for e in entries) < order.index(sentinel)
     w2.close()
@@ -484,7 +504,7 @@ def test_a_reader_racing_the_recovery_of_a_torn_tail_reads_on(tmp_path, meanwhil
 
     from memwal_sql.writer.wal import set_aside_torn_entry
 
-    tbl, rid, last = region_with_torn_tail(tmp_path)
+    _tbl, rid, last = region_with_torn_tail(tmp_path)
     reader = mw.open_table(str(tmp_path))
     real_get, fired = reader.store.get, []
 
@@ -513,7 +533,8 @@ def test_a_reader_racing_the_recovery_of_a_torn_tail_reads_on(tmp_path, meanwhil
 
 @pytest.mark.parametrize("slow_dies_after_its_move", [False, True])
 def test_a_claimer_that_sets_aside_another_writers_sentinel_puts_it_back(
-        tmp_path, monkeypatch, slow_dies_after_its_move):
+    tmp_path, monkeypatch, slow_dies_after_its_move
+):
     # Two writers recover one torn tail at once. The slower one judged the entry torn; by the
     # time it moves it, the faster one has set it aside, put its own sentinel there and
     # acknowledged a write. The slower one checks what it moved and puts it back; if it dies
@@ -550,15 +571,24 @@ def test_a_claimer_that_sets_aside_another_writers_sentinel_puts_it_back(
     monkeypatch.undo()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert sorted(mw.open_table(str(tmp_path)).to_arrow().column("id").to_pylist()) == \
-            [1, 2, 3, 42]
+        assert sorted(mw.open_table(str(tmp_path)).to_arrow().column("id").to_pylist()) == [
+            1,
+            2,
+            3,
+            42,
+        ]
     kept = read_wal_entry(tbl.store, rid, last)  # the faster writer's sentinel, back in place
     assert kept.is_sentinel and kept.writer_epoch == manifest(tbl, rid).writer_epoch
     w = mw.open_table(str(tmp_path)).writer(region_id=rid)
     w.upsert(rows([43]))
     w.close()
-    assert sorted(mw.open_table(str(tmp_path)).to_arrow().column("id").to_pylist()) == \
-        [1, 2, 3, 42, 43]
+    assert sorted(mw.open_table(str(tmp_path)).to_arrow().column("id").to_pylist()) == [
+        1,
+        2,
+        3,
+        42,
+        43,
+    ]
 
 
 @pytest.mark.parametrize("older_acts", ["sets it aside", "claims and puts its sentinel"])
@@ -572,7 +602,7 @@ def test_the_newest_of_two_writers_recovering_a_torn_tail_opens(tmp_path, monkey
     from memwal_sql.storage.store import ObjectStore
     from memwal_sql.writer.wal import encode_fence_sentinel, set_aside_torn_entry
 
-    tbl, rid, last = region_with_torn_tail(tmp_path)
+    _tbl, rid, last = region_with_torn_tail(tmp_path)
     older = mw.open_table(str(tmp_path))
     older_epoch = claim_region(RegionManifestStore(older.store, rid), region_spec_id=0).writer_epoch
     newer = mw.open_table(str(tmp_path))
@@ -583,9 +613,11 @@ def test_the_newest_of_two_writers_recovering_a_torn_tail_opens(tmp_path, monkey
             fired.append(path)
             set_aside_torn_entry(older.store, rid, last)
             if older_acts == "claims and puts its sentinel":
-                older.store.put_if_not_exists(layout.wal_entry_path(rid, last),
-                                              encode_fence_sentinel(older_epoch, last),
-                                              checksummed=True)
+                older.store.put_if_not_exists(
+                    layout.wal_entry_path(rid, last),
+                    encode_fence_sentinel(older_epoch, last),
+                    checksummed=True,
+                )
         return real_move(self, path, to)
 
     monkeypatch.setattr(ObjectStore, "move", move)
@@ -628,13 +660,19 @@ def test_a_sentinel_left_in_torn_wal_still_fences_its_older_writer(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         b = mw.open_table(str(tmp_path)).writer(region_id=rid)
-    tbl.store.move(layout.wal_entry_path(rid, last),
-                   layout.torn_wal_entry_path(rid, last, time_module.time_ns()))
+    tbl.store.move(
+        layout.wal_entry_path(rid, last),
+        layout.torn_wal_entry_path(rid, last, time_module.time_ns()),
+    )
     c = mw.open_table(str(tmp_path)).writer(region_id=rid)
     assert read_wal_entry(tbl.store, rid, last).writer_epoch == b.epoch  # put back
     with pytest.raises(WriterFencedError):
         b.upsert(rows([100]))
     c.upsert(rows([200]))
     c.close()
-    assert sorted(mw.open_table(str(tmp_path)).to_arrow().column("id").to_pylist()) == \
-        [1, 2, 3, 200]
+    assert sorted(mw.open_table(str(tmp_path)).to_arrow().column("id").to_pylist()) == [
+        1,
+        2,
+        3,
+        200,
+    ]

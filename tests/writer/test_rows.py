@@ -1,14 +1,19 @@
 from decimal import Decimal
 
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401  (pa.compute)
+import pyarrow.compute
 import pytest
 
 from memwal_sql.errors import InvalidInputError, PrimaryKeyError, SchemaMismatchError
 from memwal_sql.writer.rows import RowCoercer
 
-BASE = pa.schema([pa.field("id", pa.int64(), False), pa.field("n", pa.int32(), False),
-                  pa.field("s", pa.string())])
+BASE = pa.schema(
+    [
+        pa.field("id", pa.int64(), False),
+        pa.field("n", pa.int32(), False),
+        pa.field("s", pa.string()),
+    ]
+)
 
 
 @pytest.fixture
@@ -61,8 +66,9 @@ def test_unconvertible_input(rows):
 
 
 def test_composite_key_deletes_need_a_table():
-    rows = RowCoercer(pa.schema([pa.field("a", pa.int64(), False), pa.field("b", pa.string(), False)]),
-                      ["a", "b"])
+    rows = RowCoercer(
+        pa.schema([pa.field("a", pa.int64(), False), pa.field("b", pa.string(), False)]), ["a", "b"]
+    )
     with pytest.raises(PrimaryKeyError, match="composite"):
         rows.deletes([1])
     assert rows.deletes({"a": [1], "b": ["x"]}).num_rows == 1
@@ -70,8 +76,10 @@ def test_composite_key_deletes_need_a_table():
 
 def exact(rows, ids, ns, ss, chunks=1):
     """Input already in the WAL schema's order and types (the fast path), in ``chunks`` chunks."""
-    t = pa.table({"id": pa.array(ids, pa.int64()), "n": pa.array(ns, pa.int32()), "s": ss},
-                 schema=pa.schema(list(rows.schema)[:-1]))
+    t = pa.table(
+        {"id": pa.array(ids, pa.int64()), "n": pa.array(ns, pa.int32()), "s": ss},
+        schema=pa.schema(list(rows.schema)[:-1]),
+    )
     return pa.concat_tables([t.slice(i, 1) for i in range(t.num_rows)]) if chunks > 1 else t
 
 
@@ -79,8 +87,12 @@ def exact(rows, ids, ns, ss, chunks=1):
 def test_exact_input_takes_the_fast_path_and_still_checks_nulls(rows, chunks):
     out = rows.upserts(exact(rows, [1, 2, 3], [4, 5, 6], ["a", None, "c"], chunks))
     assert isinstance(out, pa.RecordBatch) and out.schema.equals(rows.schema)
-    assert out.to_pydict() == {"id": [1, 2, 3], "n": [4, 5, 6], "s": ["a", None, "c"],
-                               "_tombstone": [False] * 3}
+    assert out.to_pydict() == {
+        "id": [1, 2, 3],
+        "n": [4, 5, 6],
+        "s": ["a", None, "c"],
+        "_tombstone": [False] * 3,
+    }
     with pytest.raises(PrimaryKeyError, match="1 null"):
         rows.upserts(exact(rows, [1, None, 3], [4, 5, 6], ["a", "b", "c"], chunks))
     with pytest.raises(SchemaMismatchError, match="not nullable"):
@@ -91,66 +103,93 @@ def one_column(t):
     return RowCoercer(pa.schema([pa.field("id", pa.int64(), False), pa.field("c", t)]), ["id"])
 
 
-@pytest.mark.parametrize("table_type, value", [
-    (pa.float32(), pa.array([0.1, float("nan"), None])),  # precision only: float64 vectors
-    (pa.int32(), pa.array([1.0, 2.0])),  # pandas' float64 for integers with missing values
-    (pa.float64(), pa.array([2**40])),
-    (pa.timestamp("us", "UTC"), pa.array([10**9], pa.timestamp("s", "Asia/Tokyo"))),
-    (pa.timestamp("us"), pa.array([0], pa.date32())),
-    (pa.decimal128(25, 2), pa.array([5], pa.int64())),
-    (pa.string(), pa.array(["a"], pa.large_string())),
-    (pa.string(), pa.array(["a", "b"]).dictionary_encode()),
-    (pa.list_(pa.float32(), 2), pa.array([[1.0, 2.0]], pa.list_(pa.float64()))),
-    (pa.struct([("a", pa.int64()), ("b", pa.string())]),
-     pa.array([{"b": "x", "a": 1}], pa.struct([("b", pa.string()), ("a", pa.int32())]))),
-    (pa.int32(), pa.nulls(1)),
-])
+@pytest.mark.parametrize(
+    "table_type, value",
+    [
+        (pa.float32(), pa.array([0.1, float("nan"), None])),  # precision only: float64 vectors
+        (pa.int32(), pa.array([1.0, 2.0])),  # pandas' float64 for integers with missing values
+        (pa.float64(), pa.array([2**40])),
+        (pa.timestamp("us", "UTC"), pa.array([10**9], pa.timestamp("s", "Asia/Tokyo"))),
+        (pa.timestamp("us"), pa.array([0], pa.date32())),
+        (pa.decimal128(25, 2), pa.array([5], pa.int64())),
+        (pa.string(), pa.array(["a"], pa.large_string())),
+        (pa.string(), pa.array(["a", "b"]).dictionary_encode()),
+        (pa.list_(pa.float32(), 2), pa.array([[1.0, 2.0]], pa.list_(pa.float64()))),
+        (
+            pa.struct([("a", pa.int64()), ("b", pa.string())]),
+            pa.array([{"b": "x", "a": 1}], pa.struct([("b", pa.string()), ("a", pa.int32())])),
+        ),
+        (pa.int32(), pa.nulls(1)),
+    ],
+)
 def test_casts_that_keep_every_value(table_type, value):
     out = one_column(table_type).upserts(pa.table({"id": list(range(len(value))), "c": value}))
     assert out.schema.field("c").type == table_type
-    assert out.column("c").equals(pa.compute.cast(value, table_type)) or \
-        str(out.column("c")) == str(pa.compute.cast(value, table_type))  # NaN != NaN
+    assert out.column("c").equals(pa.compute.cast(value, table_type)) or str(
+        out.column("c")
+    ) == str(pa.compute.cast(value, table_type))  # NaN != NaN
 
 
-@pytest.mark.parametrize("table_type, value, match", [
-    (pa.int64(), pa.array(["11"]), "never cast implicitly"),  # no parsing of strings
-    (pa.string(), pa.array([5]), "never cast implicitly"),
-    (pa.float64(), pa.array([True]), "never cast implicitly"),
-    (pa.timestamp("us"), pa.array([5]), "never cast implicitly"),
-    (pa.decimal128(10, 2), pa.array([1.239]), "never cast implicitly"),
-    (pa.float32(), pa.array([1e300]), "out of the range"),
-    (pa.int32(), pa.array([1.5]), "cannot be cast safely"),
-    (pa.decimal128(10, 2), pa.array([Decimal("1.239")], pa.decimal128(10, 3)), "cannot be cast safely"),
-    (pa.date32(), pa.array([13 * 3600 * 10**6], pa.timestamp("us")), "would change values"),
-    (pa.timestamp("us", "UTC"), pa.array([0], pa.timestamp("us")), "time zone"),
-    (pa.struct([("a", pa.int64())]), pa.array([{"a": 7, "b": 99}]), "struct fields"),
-    (pa.list_(pa.string()), pa.array([[1, 2]]), "never cast implicitly"),
-])
+@pytest.mark.parametrize(
+    "table_type, value, match",
+    [
+        (pa.int64(), pa.array(["11"]), "never cast implicitly"),  # no parsing of strings
+        (pa.string(), pa.array([5]), "never cast implicitly"),
+        (pa.float64(), pa.array([True]), "never cast implicitly"),
+        (pa.timestamp("us"), pa.array([5]), "never cast implicitly"),
+        (pa.decimal128(10, 2), pa.array([1.239]), "never cast implicitly"),
+        (pa.float32(), pa.array([1e300]), "out of the range"),
+        (pa.int32(), pa.array([1.5]), "cannot be cast safely"),
+        (
+            pa.decimal128(10, 2),
+            pa.array([Decimal("1.239")], pa.decimal128(10, 3)),
+            "cannot be cast safely",
+        ),
+        (pa.date32(), pa.array([13 * 3600 * 10**6], pa.timestamp("us")), "would change values"),
+        (pa.timestamp("us", "UTC"), pa.array([0], pa.timestamp("us")), "time zone"),
+        (pa.struct([("a", pa.int64())]), pa.array([{"a": 7, "b": 99}]), "struct fields"),
+        (pa.list_(pa.string()), pa.array([[1, 2]]), "never cast implicitly"),
+    ],
+)
 def test_casts_that_would_change_a_value_are_refused(table_type, value, match):
     with pytest.raises(SchemaMismatchError, match=match):
         one_column(table_type).upserts(pa.table({"id": [1], "c": value}))
 
 
-@pytest.mark.parametrize("data, error", [
-    ({"id": [1, 2], "n": [1], "s": ["a", "b"]}, InvalidInputError),  # ragged
-    (pa.table([[1], [2], [1], ["a"]], names=["id", "n", "id", "s"]), SchemaMismatchError),
-    (pa.RecordBatchReader.from_batches(
-        pa.schema([("id", pa.int64())]), iter([pa.record_batch({"x": ["a"]})])), InvalidInputError),
-])
+@pytest.mark.parametrize(
+    "data, error",
+    [
+        ({"id": [1, 2], "n": [1], "s": ["a", "b"]}, InvalidInputError),  # ragged
+        (pa.table([[1], [2], [1], ["a"]], names=["id", "n", "id", "s"]), SchemaMismatchError),
+        (
+            pa.RecordBatchReader.from_batches(
+                pa.schema([("id", pa.int64())]), iter([pa.record_batch({"x": ["a"]})])
+            ),
+            InvalidInputError,
+        ),
+    ],
+)
 def test_malformed_input_is_a_typed_error(rows, data, error):
     with pytest.raises(error):
         rows.upserts(data)
 
 
-@pytest.mark.parametrize("table_type, value", [
-    # what pandas and numpy hand in for vector and list columns
-    (pa.list_(pa.float32(), 3), pa.array([[0.1, 0.2, 0.3], None], pa.list_(pa.float64()))),
-    (pa.list_(pa.float64()), pa.array([[float("nan")], []], pa.list_(pa.float32()))),
-    (pa.list_(pa.string()), pa.array([[]], pa.list_(pa.null()))),
-    (pa.struct([("a", pa.float64()), ("b", pa.int64())]),
-     pa.array([{"a": float("nan"), "b": 1}], pa.struct([("a", pa.float32()), ("b", pa.int32())]))),
-    (pa.struct([("a", pa.string())]), pa.array([{"a": None}], pa.struct([("a", pa.null())]))),
-])
+@pytest.mark.parametrize(
+    "table_type, value",
+    [
+        # what pandas and numpy hand in for vector and list columns
+        (pa.list_(pa.float32(), 3), pa.array([[0.1, 0.2, 0.3], None], pa.list_(pa.float64()))),
+        (pa.list_(pa.float64()), pa.array([[float("nan")], []], pa.list_(pa.float32()))),
+        (pa.list_(pa.string()), pa.array([[]], pa.list_(pa.null()))),
+        (
+            pa.struct([("a", pa.float64()), ("b", pa.int64())]),
+            pa.array(
+                [{"a": float("nan"), "b": 1}], pa.struct([("a", pa.float32()), ("b", pa.int32())])
+            ),
+        ),
+        (pa.struct([("a", pa.string())]), pa.array([{"a": None}], pa.struct([("a", pa.null())]))),
+    ],
+)
 def test_nested_casts_follow_the_same_rules_leaf_by_leaf(table_type, value):
     out = one_column(table_type).upserts(pa.table({"id": list(range(len(value))), "c": value}))
     assert out.schema.field("c").type == table_type
@@ -158,20 +197,33 @@ def test_nested_casts_follow_the_same_rules_leaf_by_leaf(table_type, value):
 
 def test_an_empty_or_all_null_column_of_another_type_is_taken(rows):
     pd = pytest.importorskip("pandas")
-    empty = pd.DataFrame({"id": pd.Series([], dtype="int64"), "n": pd.Series([], dtype="int32"),
-                          "s": pd.Series([], dtype="float64")})
+    empty = pd.DataFrame(
+        {
+            "id": pd.Series([], dtype="int64"),
+            "n": pd.Series([], dtype="int32"),
+            "s": pd.Series([], dtype="float64"),
+        }
+    )
     assert rows.upserts(empty).num_rows == 0
     assert rows.upserts({"id": [1], "n": [2], "s": pa.array([None], pa.float64())}).num_rows == 1
 
 
-@pytest.mark.parametrize("table_type, value, match", [
-    (pa.map_(pa.string(), pa.float32()), pa.array([[("a", 1e300)]], pa.map_(pa.string(), pa.float64())),
-     "out of the range"),
-    (pa.map_(pa.string(), pa.date32()),
-     pa.array([[("a", 13 * 3600 * 10**6)]], pa.map_(pa.string(), pa.timestamp("us"))),
-     "would change values"),
-    (pa.list_(pa.int64()), pa.array([[1]], pa.list_view(pa.int64())), "never cast implicitly"),
-])
+@pytest.mark.parametrize(
+    "table_type, value, match",
+    [
+        (
+            pa.map_(pa.string(), pa.float32()),
+            pa.array([[("a", 1e300)]], pa.map_(pa.string(), pa.float64())),
+            "out of the range",
+        ),
+        (
+            pa.map_(pa.string(), pa.date32()),
+            pa.array([[("a", 13 * 3600 * 10**6)]], pa.map_(pa.string(), pa.timestamp("us"))),
+            "would change values",
+        ),
+        (pa.list_(pa.int64()), pa.array([[1]], pa.list_view(pa.int64())), "never cast implicitly"),
+    ],
+)
 def test_maps_and_list_views_are_checked_too(table_type, value, match):
     with pytest.raises(SchemaMismatchError, match=match):
         one_column(table_type).upserts(pa.table({"id": [1], "c": value}))

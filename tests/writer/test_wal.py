@@ -27,12 +27,16 @@ def test_wal_schema_relaxes_non_key_columns_and_adds_tombstone():
 
 def test_entry_is_an_ipc_stream_with_lance_metadata():
     s = wal_schema(BASE, ["id"])
-    b = pa.record_batch([pa.array([1, 2]), pa.array(["a", None]), pa.array([False, True])], schema=s)
+    b = pa.record_batch(
+        [pa.array([1, 2]), pa.array(["a", None]), pa.array([False, True])], schema=s
+    )
     data = encode_wal_entry([b, b], s, writer_epoch=4, generation=2, position=9)
     reader = pa.ipc.open_stream(pa.BufferReader(data))  # a stream, not the IPC file format
     meta = reader.schema.metadata
     assert {k: meta[k] for k in (b"writer_epoch", b"generation")} == {
-        b"writer_epoch": b"4", b"generation": b"2"}
+        b"writer_epoch": b"4",
+        b"generation": b"2",
+    }
     assert list(reader) == [b, b]
     e = decode_wal_entry(data, 9)
     assert (e.writer_epoch, e.generation, e.num_rows, e.is_sentinel) == (4, 2, 4, False)
@@ -41,12 +45,16 @@ def test_entry_is_an_ipc_stream_with_lance_metadata():
 def changed_bits(data: bytes):
     """``data`` with one bit flipped, for every byte."""
     for i in range(len(data)):
-        yield i, data[:i] + bytes([data[i] ^ (1 << (i % 8))]) + data[i + 1:]
+        yield i, data[:i] + bytes([data[i] ^ (1 << (i % 8))]) + data[i + 1 :]
 
 
 def same_entry(a, b) -> bool:
-    return (a.writer_epoch, a.generation, a.is_sentinel, a.batches) == \
-        (b.writer_epoch, b.generation, b.is_sentinel, b.batches)
+    return (a.writer_epoch, a.generation, a.is_sentinel, a.batches) == (
+        b.writer_epoch,
+        b.generation,
+        b.is_sentinel,
+        b.batches,
+    )
 
 
 @pytest.mark.parametrize("kind", ["rows", "dictionary rows", "sentinel"])
@@ -55,13 +63,26 @@ def test_a_changed_bit_anywhere_is_a_typed_error(kind):
     # single-bit change raises CorruptWalEntryError, except in the checksum key's own name
     # (the entry then reads unchecked, as Lance's do, and is otherwise unchanged).
     s = wal_schema(BASE, ["id"])
-    b = pa.record_batch([pa.array(range(20)), pa.array([f"v{i}" for i in range(20)]),
-                         pa.array([False] * 19 + [True])], schema=s)
+    b = pa.record_batch(
+        [
+            pa.array(range(20)),
+            pa.array([f"v{i}" for i in range(20)]),
+            pa.array([False] * 19 + [True]),
+        ],
+        schema=s,
+    )
     if kind == "rows":
         data = bytes(WalEntryEncoder(s, writer_epoch=2).encode([b, b.slice(5)], 1, 4))
     elif kind == "dictionary rows":
-        ds = wal_schema(pa.schema([pa.field("id", pa.int64(), False),
-                                   pa.field("v", pa.dictionary(pa.int8(), pa.string()))]), ["id"])
+        ds = wal_schema(
+            pa.schema(
+                [
+                    pa.field("id", pa.int64(), False),
+                    pa.field("v", pa.dictionary(pa.int8(), pa.string())),
+                ]
+            ),
+            ["id"],
+        )
         data = encode_wal_entry([b.cast(ds)], ds, writer_epoch=2, generation=1, position=4)
     else:
         data = encode_fence_sentinel(9, 4)
@@ -88,29 +109,38 @@ def test_entries_without_a_checksum_are_read_as_lance_writes_them():
     assert (e.writer_epoch, e.generation, e.batches) == (3, None, (b,))
 
 
-@pytest.mark.parametrize("types", [
-    (pa.int64(), pa.string()),
-    (pa.int32(), pa.list_(pa.struct([("x", pa.float32()), ("y", pa.large_string())]))),
-    (pa.string(), pa.dictionary(pa.int8(), pa.string())),  # dictionaries: the stream writer
-    (pa.int64(), pa.struct([("d", pa.dictionary(pa.int16(), pa.utf8()))])),
-])
+@pytest.mark.parametrize(
+    "types",
+    [
+        (pa.int64(), pa.string()),
+        (pa.int32(), pa.list_(pa.struct([("x", pa.float32()), ("y", pa.large_string())]))),
+        (pa.string(), pa.dictionary(pa.int8(), pa.string())),  # dictionaries: the stream writer
+        (pa.int64(), pa.struct([("d", pa.dictionary(pa.int16(), pa.utf8()))])),
+    ],
+)
 def test_encoder_writes_the_same_bytes_as_the_stream_writer(types):
     s = wal_schema(pa.schema([pa.field("id", types[0], False), pa.field("v", types[1])]), ["id"])
     values = {
         pa.string(): ["a", None, "c"],
-        pa.list_(pa.struct([("x", pa.float32()), ("y", pa.large_string())])):
-            [[{"x": 1.0, "y": "p"}], None, []],
+        pa.list_(pa.struct([("x", pa.float32()), ("y", pa.large_string())])): [
+            [{"x": 1.0, "y": "p"}],
+            None,
+            [],
+        ],
         pa.dictionary(pa.int8(), pa.string()): ["u", "u", None],
         pa.struct([("d", pa.dictionary(pa.int16(), pa.utf8()))]): [{"d": "k"}, None, {"d": "k"}],
     }[types[1]]
     ids = ["1", "2", "3"] if types[0] == pa.string() else [1, 2, 3]
-    b = pa.record_batch([pa.array(ids, types[0]), pa.array(values, types[1]),
-                         pa.array([False, True, False])], schema=s)
+    b = pa.record_batch(
+        [pa.array(ids, types[0]), pa.array(values, types[1]), pa.array([False, True, False])],
+        schema=s,
+    )
     enc = WalEntryEncoder(s, writer_epoch=3)
     for generation, batches in ((1, [b]), (1, [b, b.slice(1)]), (2, [b.slice(2), b])):
         got = bytes(enc.encode(batches, generation, 1))
-        assert got == bytes(encode_wal_entry(batches, s, writer_epoch=3, generation=generation,
-                                             position=1))
+        assert got == bytes(
+            encode_wal_entry(batches, s, writer_epoch=3, generation=generation, position=1)
+        )
         e = decode_wal_entry(got, 1)
         assert (e.generation, e.num_rows) == (generation, sum(x.num_rows for x in batches))
 
@@ -207,10 +237,13 @@ def test_a_failed_fsync_fails_the_write_and_is_not_retried(tmp_path, monkeypatch
             raise OSError(errno.EIO, "Input/output error")
         return os.fsync(fd)
 
-    monkeypatch.setattr(store_module.ObjectStore, "_publish",
-                        staticmethod(lambda *a: (puts.append(a[3]), real(*a))[1]))
+    monkeypatch.setattr(
+        store_module.ObjectStore,
+        "_publish",
+        staticmethod(lambda *a: (puts.append(a[3]), real(*a))[1]),
+    )
     monkeypatch.setattr(store_module.os, "fsync", wal_entry_fails)
-    with pytest.raises(SyncFailedError, match="fsync of .*wal.* failed"):
+    with pytest.raises(SyncFailedError, match=r"fsync of .*wal.* failed"):
         w.upsert({"id": [1], "v": ["a"]})
     assert len(puts) == 1  # never a retry
     monkeypatch.undo()
@@ -223,8 +256,10 @@ def test_the_checksum_binds_the_entry_to_its_position():
     # an older file: a whole, valid entry of another position must not replay there.
     s = wal_schema(BASE, ["id"])
     b = pa.record_batch([pa.array([1]), pa.array(["a"]), pa.array([False])], schema=s)
-    for data in (bytes(WalEntryEncoder(s, writer_epoch=1).encode([b], 1, 5)),
-                 encode_fence_sentinel(1, 5)):
+    for data in (
+        bytes(WalEntryEncoder(s, writer_epoch=1).encode([b], 1, 5)),
+        encode_fence_sentinel(1, 5),
+    ):
         assert decode_wal_entry(data, 5).writer_epoch == 1
         for other in (4, 6, 5 + (1 << 32)):
             with pytest.raises(CorruptWalEntryError, match="another position"):
@@ -241,8 +276,8 @@ def test_entries_checksummed_without_their_position_still_read():
 
     data = encode_wal_entry([b], s, writer_epoch=1, generation=1, position=3)
     header, at = _header_template(s, _entry_metadata(1, 1))  # where the digits are
-    zeroed = header + data[len(header):]
-    old = data[:at] + b"%08x" % google_crc32c.value(zeroed) + data[at + 8:]
+    zeroed = header + data[len(header) :]
+    old = data[:at] + b"%08x" % google_crc32c.value(zeroed) + data[at + 8 :]
     assert old != data
     assert decode_wal_entry(old, 9).batches == (b,)
     with pytest.raises(CorruptWalEntryError):
@@ -272,8 +307,10 @@ def test_iter_wal_ends_before_a_torn_last_entry(tmp_path):
     torn(store, "r", 3)
     for list_for_gaps in (False, True):
         with pytest.warns(TornWalEntryWarning, match="position 3\\) is torn"):
-            assert [e.position for e in iter_wal(store, "r", 0, list_for_gaps=list_for_gaps)] \
-                == [1, 2]
+            assert [e.position for e in iter_wal(store, "r", 0, list_for_gaps=list_for_gaps)] == [
+                1,
+                2,
+            ]
 
 
 def test_a_damaged_entry_that_is_not_a_torn_tail_is_an_error(tmp_path):
