@@ -36,7 +36,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_spark.py
 
 proto: $(STAMP)
-	$(PY) -m grpc_tools.protoc -Iproto --python_out=memwal_sql/_proto proto/memwal.proto
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=memwal_sql/_proto --pyi_out=memwal_sql/_proto proto/memwal.proto
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
 
 import lance
 import numpy as np
@@ -181,7 +182,7 @@ class DeduplicateExec(ExecNode):
         self.output = output
         self._lock = threading.Lock()
         self._split: tuple[Versions, Versions, np.ndarray] | None = None
-        self._masked: list[np.ndarray] | bool | None = None
+        self._masked: list[np.ndarray] | Literal[False] | None = None
         self._base_scans = [self._base_scan(p, output) for p in self.base_parts]
 
     @property
@@ -224,7 +225,7 @@ class DeduplicateExec(ExecNode):
                     return got, got.nbytes
 
                 key = "\n".join(sorted(g.uri for g in gens))
-                in_gens: Versions = CACHE.get("newest_versions", key, load)  # type: ignore[assignment]
+                in_gens: Versions = CACHE.get("newest_versions", key, load)
                 in_mems = Versions.of(
                     [m.read_counted(cols) for m in mems], self.primary_key, self._key_fields()
                 )
@@ -337,8 +338,8 @@ class DeduplicateExec(ExecNode):
                 if from_gens is None or from_mems is None:
                     self._masked = False
                 else:
-                    self._masked = [m for m in (from_gens, from_mems) if len(m)]  # type: ignore[assignment]
-            return None if self._masked is False else self._masked  # type: ignore[return-value]
+                    self._masked = [m for m in (from_gens, from_mems) if len(m)]
+            return None if self._masked is False else self._masked
 
     def _base_rows(self, part: Sequence[int] | None, output: pa.Schema) -> Iterator[pa.RecordBatch]:
         masks = self.superseded()

@@ -168,7 +168,7 @@ class GenerationFtsExec(FtsSource):
             piece = self._piece(table, table.column(ROWADDR).to_numpy().astype(np.int64))
             return piece, piece.tokens.docs.nbytes * 3 + piece.keys.nbytes
 
-        return [CACHE.get("fts", f"{self.uri}#{self.column}", load)]  # type: ignore[list-item]
+        return [CACHE.get("fts", f"{self.uri}#{self.column}", load)]
 
     def rows(self, piece: int, index: np.ndarray) -> pa.Table:
         table = self._table()
@@ -222,7 +222,7 @@ class BaseFtsExec(FtsSource):
             piece = self._piece(rows.select(columns), addresses)
             return piece, piece.tokens.docs.nbytes * 3 + piece.keys.nbytes
 
-        piece: Piece = CACHE.get("fts", f"{self.dataset.uri}#{files}#{self.column}", load_terms)  # type: ignore[assignment]
+        piece: Piece = CACHE.get("fts", f"{self.dataset.uri}#{files}#{self.column}", load_terms)
         deletion = fragment.metadata.deletion_file
         if deletion is None:
             return piece
@@ -236,7 +236,7 @@ class BaseFtsExec(FtsSource):
         # One piece per version of the fragment's deletions, sharing the terms.
         return CACHE.get(
             "fts_live",
-            f"{self.dataset.uri}#{files}#{deletion}",  # type: ignore[return-value]
+            f"{self.dataset.uri}#{files}#{deletion}",
             load_live,
         )
 

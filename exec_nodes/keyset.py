@@ -87,8 +87,11 @@ class KeySet:
         self._integer = col is not None and pa.types.is_integer(col.type)
         self._packing = None if self._integer else _packing(keys)
         if self._integer or self._packing is not None:
-            assert col is not None or self._packing is not None
-            values = col.to_numpy() if self._packing is None else _pack(keys, self._packing)[0]
+            if self._packing is None:
+                assert col is not None  # no packing here means one integer column
+                values = col.to_numpy()
+            else:
+                values = _pack(keys, self._packing)[0]
             self._order = np.argsort(values, kind="stable")
             self._sorted = values[self._order]
             self._integer = True

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import lance
 import numpy as np
@@ -24,7 +23,7 @@ import pyarrow.compute as pc
 
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform
 from exec_nodes.lookup import CACHE, generation_rows
-from exec_nodes.memindex import vector_index
+from exec_nodes.memindex import VectorIndex, vector_index
 from memwal_sql.compat.lance import take_rows
 from memwal_sql.writer.generation import open_generation
 from planner.predicate import Predicate, evaluate, matches
@@ -208,7 +207,7 @@ class MemTableKnnExec(KnnSource):
             return self.schema.empty_table()
         return self._exact(*self._index().update(self.batches), n)
 
-    def _index(self) -> Any:
+    def _index(self) -> VectorIndex:
         return vector_index(
             self.batches, self.generation, self.origin, self.column, self.source_schema
         )
@@ -276,10 +275,10 @@ class GenerationKnnExec(KnnSource):
             )
             if table is None:
                 return None, 64
-            vectors = self._vectors(table)  # type: ignore[arg-type]
+            vectors = self._vectors(table)
             return vectors, vectors[1].nbytes + vectors[2].nbytes
 
-        return CACHE.get("vectors", f"{self.uri}#{self.column}", load)  # type: ignore[return-value]
+        return CACHE.get("vectors", f"{self.uri}#{self.column}", load)
 
 
 class BaseKnnExec(KnnSource):

@@ -21,7 +21,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import lance
 import numpy as np
@@ -67,6 +67,9 @@ class KeyedExec(ExecNode):
         yield from self.probe(self.keys).rows.to_batches()
 
 
+_T = TypeVar("_T")
+
+
 class LookupCache:
     """Per-process LRU of immutable per-generation structures, bounded in bytes.
 
@@ -85,16 +88,17 @@ class LookupCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.nbytes = 0
-        self._entries: OrderedDict[tuple[str, str], tuple[object, int]] = OrderedDict()
+        # Values of one kind are of one type: what that kind's load() returns.
+        self._entries: OrderedDict[tuple[str, str], tuple[Any, int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(
         self,
         kind: str,
         uri: str,
-        load: Callable[[], tuple[object, int]],
-        current: Callable[[object], bool] | None = None,
-    ) -> object:
+        load: Callable[[], tuple[_T, int]],
+        current: Callable[[_T], bool] | None = None,
+    ) -> _T:
         """The cached value of ``(kind, uri)`` (if ``current`` accepts it), else ``load()``'s
         ``(value, nbytes)``, kept."""
         key = (kind, uri)
@@ -179,7 +183,7 @@ def generation_rows(
         names = [f.name for f in schema if f.name in ds.schema.names]
         return _whole_fragment(frags[0], names, generation, schema)
 
-    return CACHE.get("rows", uri, load)  # type: ignore[return-value]
+    return CACHE.get("rows", uri, load)
 
 
 def _key_index(values: pa.Table, ids: np.ndarray) -> tuple[KeySet, np.ndarray]:
@@ -291,7 +295,7 @@ class TakeLastExec(LookupSource):
             keyset, ids = _key_index(_stored_keys(index, pk), index.column("ids").to_numpy())
             return (keyset, ids), index.nbytes + ids.nbytes
 
-        keyset, ids = CACHE.get("pk_index", uri, load_index)  # type: ignore[misc]
+        keyset, ids = CACHE.get("pk_index", uri, load_index)
         return self._take_newest(_index_keys(keys, pk), keyset, ids, self.take_offsets)
 
     def take_offsets(self, offsets: np.ndarray) -> pa.Table:
@@ -303,12 +307,13 @@ class TakeLastExec(LookupSource):
 
     def _take_from_generation(self, offsets: np.ndarray) -> pa.Table:
         uri, opts = self.uri, self.storage_options
+        assert uri is not None  # as in _generation_rows: only a flushed generation is read here
         ds = CACHE.get("dataset", uri, lambda: (open_generation(uri, opts), 4096))
-        names = [f.name for f in self.schema if f.name in ds.schema.names]  # type: ignore[union-attr]
+        names = [f.name for f in self.schema if f.name in ds.schema.names]
         # Row addresses of fragment 0 are the offsets the _pk_index stores.
         row_ids = pa.array(offsets.astype(np.uint64))
         out = conform(
-            take_rows(ds, row_ids, names),  # type: ignore[arg-type]
+            take_rows(ds, row_ids, names),
             self.schema,
             self.generation,
         )
@@ -337,7 +342,7 @@ class TakeLastExec(LookupSource):
             return last is batches[-1] and count == len(batches)
 
         key = f"{self.region_id}/{self.generation}/{self.origin}"
-        _, _, table, keyset, newest = CACHE.get("memtable", key, load, current)  # type: ignore[misc]
+        _, _, table, keyset, newest = CACHE.get("memtable", key, load, current)
         return self._take_newest(
             keys.select(pk), keyset, newest, lambda rows: table.take(pa.array(rows))
         )
@@ -410,7 +415,7 @@ class GenerationIndexExec(KeyedExec):
             offsets = best & 0xFFFFFFFF
             return (KeySet(keys), which, offsets), keys.nbytes + 3 * best.nbytes
 
-        return CACHE.get("generation_index", self._cache_key(gens), load)  # type: ignore[return-value]
+        return CACHE.get("generation_index", self._cache_key(gens), load)
 
     @staticmethod
     def _cache_key(generations: Sequence[TakeLastExec]) -> str:
@@ -513,7 +518,7 @@ class BaseLookupExec(LookupSource):
         # Data file names are random: they tell a table recreated at the same uri apart.
         frags = ds.get_fragments()
         files = [fr.data_files()[0].path for fr in (frags[0], frags[-1])] if frags else []
-        return CACHE.get("base_keys", f"{ds.uri}@{ds.version}:{files}", load)  # type: ignore[return-value]
+        return CACHE.get("base_keys", f"{ds.uri}@{ds.version}:{files}", load)
 
     def _probe(self, keys: pa.Table) -> Probe:
         names = [f.name for f in self.schema if f.name in self.dataset.schema.names]
@@ -527,9 +532,7 @@ class BaseLookupExec(LookupSource):
                 lambda hit: self._take_addresses(hit, names),
             )
         fragments = (
-            None
-            if self.fragment_ids is None
-            else [self.dataset.get_fragment(i) for i in self.fragment_ids]
+            None if self.fragment_ids is None else [self._fragment(i) for i in self.fragment_ids]
         )
         if fragments == []:
             rows = (
@@ -588,16 +591,20 @@ class BaseLookupExec(LookupSource):
         )
 
     def _fragment_rows(self, fragment_id: int, names: list[str]) -> pa.Table | None:
-        fragment = self.dataset.get_fragment(fragment_id)
+        fragment = self._fragment(fragment_id)
         # Data files are immutable and uniquely named: the same files hold the same rows.
         key = f"{self.dataset.uri}#{','.join(f.path for f in fragment.data_files())}"
         return CACHE.get(
             "rows",
             key,
-            lambda: _whole_fragment(  # type: ignore[return-value]
-                fragment, names, BASE_GENERATION, self.schema
-            ),
+            lambda: _whole_fragment(fragment, names, BASE_GENERATION, self.schema),
         )
+
+    def _fragment(self, fragment_id: int) -> lance.LanceFragment:
+        fragment = self.dataset.get_fragment(fragment_id)
+        # The planner's fragment ids and the key index's row addresses are of this version.
+        assert fragment is not None, f"fragment {fragment_id} not in version {self.dataset.version}"
+        return fragment
 
     def _tagged(self, rows: pa.Table, addr: pa.Array | pa.ChunkedArray) -> pa.Table:
         out = conform(rows, self.schema, BASE_GENERATION)
@@ -646,7 +653,7 @@ class BloomFilterGuardExec(KeyedExec):
             self.passed += keys.num_rows
             return self.child.probe(keys)
         hashes = keys.column(HASH).to_numpy() if HASH in keys.column_names else pk_hashes(keys)
-        mask = bloom.might_contain(hashes)  # type: ignore[union-attr]
+        mask = bloom.might_contain(hashes)
         passed = np.nonzero(mask)[0]
         self.skipped += keys.num_rows - len(passed)
         self.passed += len(passed)
@@ -683,7 +690,7 @@ class CoalesceFirstExec(KeyedExec):
 
     @property
     def children(self) -> list[ExecNode]:
-        return self._children
+        return list(self._children)
 
     def describe(self) -> str:
         keys = "" if self.keys is None else f" {self.keys.num_rows} key(s),"

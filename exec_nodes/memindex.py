@@ -225,7 +225,7 @@ def _cached(
         f"{id(batches[0])}#{key}",
         lambda: (make(), 1 << 20),
         lambda index: index.holds(batches),
-    )  # type: ignore[attr-defined]
+    )
 
 
 def forget(batches: Sequence[pa.RecordBatch]) -> None:

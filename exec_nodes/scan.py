@@ -126,7 +126,7 @@ class GenerationScanExec(SourceExec):
             ).combine_chunks()
             return table, table.nbytes
 
-        return CACHE.get("columns", f"{uri}#{','.join(schema.names)}", load)  # type: ignore[return-value]
+        return CACHE.get("columns", f"{uri}#{','.join(schema.names)}", load)
 
     def describe(self) -> str:
         return (
@@ -200,11 +200,16 @@ class BaseScanExec(ExecNode):
         return self._schema
 
     def execute(self) -> Iterator[pa.RecordBatch]:
-        fragments = None
+        fragments: list[lance.LanceFragment] | None = None
         if self.fragment_ids is not None:
             if not self.fragment_ids:
                 return
-            fragments = [self.dataset.get_fragment(i) for i in self.fragment_ids]
+            fragments = []
+            for i in self.fragment_ids:
+                fragment = self.dataset.get_fragment(i)
+                # The planner splits this very version's fragments into partitions.
+                assert fragment is not None, f"fragment {i} not in version {self.dataset.version}"
+                fragments.append(fragment)
         # A filter Lance cannot take is applied here, on every column it may read.
         columns = self.columns if self.exact else None
         scanner = self.dataset.scanner(
@@ -217,6 +222,7 @@ class BaseScanExec(ExecNode):
         )
         for batch in scanner.to_batches():
             if not self.exact and batch.num_rows:
+                assert self.predicate is not None  # lance_filter calls no predicate exact
                 batch = batch.filter(pc.fill_null(evaluate(self.predicate, batch), False))
             if batch.num_rows:
                 # Lance marks _rowaddr nullable; the node's schema says what it is (not null).

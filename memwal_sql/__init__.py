@@ -8,16 +8,21 @@ Example:
     ...     w.upsert({"id": [2]})
 """
 
+from typing import TYPE_CHECKING
+
 from memwal_sql import errors
 from memwal_sql.index.region_spec import RegionSpec
-from memwal_sql.table import (
-    DEFAULT_REGION_ID,
-    MemWalTable,
-    create_table,
-    open_table,
-    region_id_for,
-)
-from memwal_sql.writer.region_writer import RegionWriter, WriterConfig
+
+if TYPE_CHECKING:  # loaded on first use at runtime (see __getattr__)
+    from memwal_sql.session import MemWalContext, connect
+    from memwal_sql.table import (
+        DEFAULT_REGION_ID,
+        MemWalTable,
+        create_table,
+        open_table,
+        region_id_for,
+    )
+    from memwal_sql.writer.region_writer import RegionWriter, WriterConfig
 
 __all__ = [
     "DEFAULT_REGION_ID",
@@ -35,11 +40,28 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> object:
-    # The session pulls in DataFusion and the read side (planner, exec nodes), which import
-    # back from this package: load it on first use.
-    if name in ("connect", "MemWalContext"):
-        from memwal_sql import session
+# Loaded on first use: the table and writers import Lance, whose Rust logger reads LANCE_LOG
+# once, at import (the ``memwal`` command line sets it first); the session pulls in DataFusion
+# and the read side (planner, exec nodes), which import back from this package.
+_LAZY = {
+    "DEFAULT_REGION_ID": "memwal_sql.table",
+    "MemWalTable": "memwal_sql.table",
+    "create_table": "memwal_sql.table",
+    "open_table": "memwal_sql.table",
+    "region_id_for": "memwal_sql.table",
+    "RegionWriter": "memwal_sql.writer.region_writer",
+    "WriterConfig": "memwal_sql.writer.region_writer",
+    "connect": "memwal_sql.session",
+    "MemWalContext": "memwal_sql.session",
+}
 
-        return getattr(session, name)
-    raise AttributeError(f"module 'memwal_sql' has no attribute {name!r}")
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'memwal_sql' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value

@@ -66,6 +66,10 @@ class WriterClosedError(WriterError):
     """The region writer was closed; open a new one with ``table.writer(...)``."""
 
 
+class TableClosedError(WriterClosedError):
+    """The table was closed (``tbl.close()``); open it again with ``mw.open_table(uri)``."""
+
+
 class RegionSealedError(WriterError):
     """The region is sealed and refuses new writer claims."""
 

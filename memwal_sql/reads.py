@@ -27,7 +27,7 @@ from memwal_sql.session import (
     read_failures,
     typed_errors,
 )
-from memwal_sql.snapshot import TableSnapshot, take_snapshot
+from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
 from planner.lookup import LookupPlan, plan_lookup
 from planner.predicate import Predicate
 
@@ -48,7 +48,7 @@ class TableReads:
         self,
         columns: Sequence[str] | None,
         filter: str | None,
-        consistency: str,
+        consistency: Consistency,
         system_columns: bool,
     ) -> tuple[MemWalContext, Any, str, MemWalDataset | None]:
         """A DataFrame of the table, filtered and projected: the context, the DataFrame, the
@@ -65,7 +65,7 @@ class TableReads:
             # cycle back to the table, and would keep every table (and its threads) alive.
             self._ctx.register(
                 name,
-                weakref.proxy(self.table),  # type: ignore[arg-type]
+                weakref.proxy(self.table),
                 consistency=consistency,
                 system_columns=system_columns,
             )
@@ -98,7 +98,7 @@ class TableReads:
         self,
         columns: Sequence[str] | None,
         filter: str | None,
-        consistency: str,
+        consistency: Consistency,
         system_columns: bool,
     ) -> pa.Table:
         _, df, _, ds = self._frame(columns, filter, consistency, system_columns)
@@ -109,7 +109,7 @@ class TableReads:
         self,
         columns: Sequence[str] | None,
         filter: str | None,
-        consistency: str,
+        consistency: Consistency,
         system_columns: bool,
     ) -> pa.RecordBatchReader:
         _, df, _, ds = self._frame(columns, filter, consistency, system_columns)
@@ -125,12 +125,14 @@ class TableReads:
 
         return pa.RecordBatchReader.from_batches(df.schema(), batches())
 
-    def count_rows(self, filter: str | None, consistency: str) -> int:
+    def count_rows(self, filter: str | None, consistency: Consistency) -> int:
         _, df, _, ds = self._frame(None, filter, consistency, False)
         with typed_errors(ds):
             return int(df.count())
 
-    def explain(self, filter: str | None, columns: Sequence[str] | None, consistency: str) -> str:
+    def explain(
+        self, filter: str | None, columns: Sequence[str] | None, consistency: Consistency
+    ) -> str:
         ctx, df, name, ds = self._frame(columns, filter, consistency, False)
         with typed_errors(ds):
             df.execution_plan()  # physical planning runs our planner (get_fragments)
@@ -139,7 +141,7 @@ class TableReads:
         return plan.explain()
 
     def pushed_filter(
-        self, filter: str, consistency: str
+        self, filter: str, consistency: Consistency
     ) -> tuple[Predicate | None, TableSnapshot, bool]:
         """``filter`` parsed (:class:`InvalidFilterError` if it is not one boolean expression)
         and pushed as DataFusion pushes it into a scan: the predicate tree, the snapshot the
@@ -151,37 +153,49 @@ class TableReads:
         assert ds is not None
         return ds.last_predicate, ds.snapshot(), "FilterExec" in plan.display_indent()
 
-    def _lookup_plan(self, keys: Any, consistency: str) -> tuple[LookupPlan, pa.Table]:
+    def _lookup_plan(self, keys: Any, consistency: Consistency) -> tuple[LookupPlan, pa.Table]:
         t = self.table
         key_table = t._rows.keys(keys)
         plan = plan_lookup(
             take_snapshot(t, consistency),
             t.store,
-            t.region_spec,  # type: ignore[arg-type]
+            t.region_spec,
             key_table,
         )
         return plan, key_table
 
     def lookup(
-        self, keys: Any, columns: Sequence[str] | None, consistency: str, system_columns: bool
+        self,
+        keys: Any,
+        columns: Sequence[str] | None,
+        consistency: Consistency,
+        system_columns: bool,
+        align: bool = False,
     ) -> pa.Table:
-        names = (
-            self._checked(columns, system_columns)
-            if columns is not None
-            else list(self.table.schema.names)
-        )
+        pk = list(self.table.primary_key)
+        if columns is None:
+            names = list(self.table.schema.names)
+        else:  # the key columns always, so rows can be matched to the keys asked for
+            asked = self._checked(columns, system_columns)
+            names = pk + [c for c in asked if c not in pk]
         plan, key_table = self._lookup_plan(keys, consistency)
         self.last_lookup_plan = plan
         with read_failures(f"lookup in {self.table.uri}"):
             rows = plan.execute()
-        if rows.num_rows:  # input order, first occurrence of each key
-            where = KeySet(key_table).positions(rows.select(list(self.table.primary_key)))
-            rows = rows.take(pa.array(np.argsort(where, kind="stable")))
         if system_columns:
             names += [c for c in (GEN, ROWADDR) if c not in names]
+        if align:  # one row per key asked for, in its place; nulls for a missing key
+            at = KeySet(rows.select(pk)).positions(key_table)
+            rows = rows.select(names).take(pa.array(at, mask=at < 0))
+            for name in pk:
+                rows = rows.set_column(names.index(name), rows.field(name), key_table.column(name))
+            return rows
+        if rows.num_rows:  # input order, first occurrence of each key
+            where = KeySet(key_table).positions(rows.select(pk))
+            rows = rows.take(pa.array(np.argsort(where, kind="stable")))
         return rows.select(names)
 
-    def explain_lookup(self, keys: Any, consistency: str) -> str:
+    def explain_lookup(self, keys: Any, consistency: Consistency) -> str:
         return self._lookup_plan(keys, consistency)[0].explain()
 
 

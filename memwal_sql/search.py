@@ -20,7 +20,7 @@ from memwal_sql.compat.datafusion import plain_strings
 from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMismatchError
 from memwal_sql.index.catchup import index_coverage
 from memwal_sql.index.details import INDEX_NAME, update_mem_wal_details
-from memwal_sql.snapshot import TableSnapshot, take_snapshot
+from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
 from memwal_sql.storage import storage_failures
 from planner.predicate import Predicate
 from planner.search import SearchPlan, plan_fts, plan_vector_search
@@ -84,7 +84,8 @@ def create_index(
         else:
             ds.create_scalar_index(
                 column,
-                "INVERTED" if kind == "FTS" else kind,
+                # kind is one of SCALAR_INDEX_TYPES (checked above); lance types it as a Literal.
+                "INVERTED" if kind == "FTS" else kind,  # type: ignore[arg-type]
                 name=index_name,
                 replace=replace,
                 **params,
@@ -205,13 +206,13 @@ class TableSearch:
         self.last_plan: SearchPlan | None = None
 
     def _filtered_snapshot(
-        self, filter: str | None, consistency: str, pushed: Predicate | None = None
+        self, filter: str | None, consistency: Consistency, pushed: Predicate | None = None
     ) -> tuple[TableSnapshot, Predicate | None, Any]:
         """The snapshot to search, the filter as a predicate tree, and a post-filter for the
         part of the filter DataFusion could not hand to the sources (None when none).
         ``pushed`` is a filter already decoded (what SQL pushes into a table function)."""
         if filter is None:
-            return take_snapshot(self.table, consistency), pushed, None  # type: ignore[arg-type]
+            return take_snapshot(self.table, consistency), pushed, None
         reads = self.table._reads
         predicate, snapshot, residual = reads.pushed_filter(filter, consistency)
         post = None
@@ -233,7 +234,7 @@ class TableSearch:
         nprobes: int | None,
         refine_factor: int | None,
         metric: str | None,
-        consistency: str,
+        consistency: Consistency,
         pushed: Predicate | None = None,
     ) -> SearchPlan:
         t = self.table
@@ -268,7 +269,7 @@ class TableSearch:
         column: str | None,
         k: int,
         filter: str | None,
-        consistency: str,
+        consistency: Consistency,
         pushed: Predicate | None = None,
     ) -> SearchPlan:
         t = self.table

@@ -178,7 +178,7 @@ class MemWalDataset(pds.Dataset):
             raise
 
     @property
-    def schema(self) -> pa.Schema:  # type: ignore[override]
+    def schema(self) -> pa.Schema:
         return self._schema
 
     def project(self, columns: list[str] | None) -> pa.Schema:
@@ -195,12 +195,12 @@ class MemWalDataset(pds.Dataset):
     def scanner(
         self,
         columns: list[str] | None = None,
-        filter: Any = None,  # type: ignore[override]
+        filter: Any = None,
         **_: Any,
     ) -> _Projection:
         return _Projection(self.project(columns))
 
-    def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:  # type: ignore[override]
+    def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:
         with self.recording_errors():
             return self._fragments(filter)
 
@@ -273,20 +273,20 @@ class SearchDataset(pds.Dataset):
         self.last_plan: Any = None
 
     @property
-    def schema(self) -> pa.Schema:  # type: ignore[override]
+    def schema(self) -> pa.Schema:
         return self._schema
 
     def scanner(
         self,
         columns: list[str] | None = None,
-        filter: Any = None,  # type: ignore[override]
+        filter: Any = None,
         **_: Any,
     ) -> _Projection:
         return _Projection(
             self._schema if columns is None else pa.schema([self._schema.field(c) for c in columns])
         )
 
-    def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:  # type: ignore[override]
+    def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:
         from planner.predicate import conjuncts, referenced_columns
 
         table, score = self._table, self._score
@@ -295,7 +295,7 @@ class SearchDataset(pds.Dataset):
         on_score = [t for t in conjuncts(predicate) if score in referenced_columns(t)]
         with read_failures(f"{self._kind} of {table.uri}"):
             # The table's own search API plans it (same checks), with the pushed filter.
-            search = table._search  # type: ignore[attr-defined]
+            search = table._search
             if self._kind == "vector_search":
                 plan = search.plan_vector_search(
                     self._query,
@@ -385,7 +385,8 @@ class _Catalog(dfc.CatalogProvider):
     def schema_names(self) -> set[str]:
         return {SCHEMA}
 
-    def schema(self, name: str) -> MemWalSchema | None:
+    # datafusion types this as its own Schema, but its Rust side takes any SchemaProvider.
+    def schema(self, name: str) -> MemWalSchema | None:  # type: ignore[override]
         return self._schema if name == SCHEMA else None
 
     def register_schema(self, name: str, schema: Any) -> None:

@@ -36,6 +36,7 @@ from memwal_sql.errors import (
     PrimaryKeyError,
     SchemaMismatchError,
     StorageError,
+    TableClosedError,
     TableExistsError,
     TableNotFoundError,
     UnknownRegionError,
@@ -127,6 +128,7 @@ class MemWalTable:
         # The newest manifest seen per region: a snapshot re-reads one only if a newer exists.
         self.known_manifests: dict[str, Any] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
 
     # ---- base table ---------------------------------------------------------------------------
 
@@ -356,19 +358,25 @@ class MemWalTable:
         keys: Any,
         columns: Sequence[str] | None = None,
         *,
+        align: bool = False,
         consistency: str = "strong",
         with_system_columns: bool = False,
     ) -> pa.Table:
-        """The latest live row of each key (absent and deleted keys are left out), in the order
-        of ``keys``: an array or list of keys, or a table of the key columns (composite keys).
+        """The latest live row of each key: an array or list of keys, or a table of the key
+        columns (composite keys). The key columns are always returned, ahead of ``columns``.
+
+        By default each distinct key found gives one row, in the order the keys first occur;
+        absent and deleted keys are left out. With ``align=True`` the result has one row per
+        input key, in input order (repeats repeated), and a missing key's row holds the key and
+        nulls elsewhere.
 
         Each source is probed once per call, newest first, generations behind their bloom
         filters, the base table through its primary-key btree.
 
         Example:
-            ``tbl.lookup([3, 1, 42], columns=["name"])``
+            ``tbl.lookup([3, 1, 42], columns=["name"], align=True)  # id, name; 3 rows``
         """
-        return self._reads.lookup(keys, columns, consistency, with_system_columns)
+        return self._reads.lookup(keys, columns, consistency, with_system_columns, align)
 
     def explain(
         self,
@@ -607,6 +615,7 @@ class MemWalTable:
         Example:
             ``tbl.upsert(pa.table({"id": [1], "v": ["x"]}))``
         """
+        self._check_open()
         rows = self._rows.upserts(data)
         self._append_all(self._route(rows, rows), "upserts")
 
@@ -616,6 +625,7 @@ class MemWalTable:
         ``keys`` is an array of keys (single-column key) or a table of key columns; when the
         region spec reads a non-key column, the table must hold that column too.
         """
+        self._check_open()
         rows, routing = self._rows.deletes_for_regions(keys, self.region_spec)
         self._append_all(self._route(rows, routing), "deletes")
 
@@ -654,10 +664,10 @@ class MemWalTable:
             if len(prepared) == 1:
                 raise errors[0]
             # A new error, so the writer's own (raised again by its later calls) stays as it is.
-            e = errors[0]
-            raise type(e)(
-                f"{e} (regions {done} stored their rows of this call; the others did not)"
-            ) from e
+            first = errors[0]
+            raise type(first)(
+                f"{first} (regions {done} stored their rows of this call; the others did not)"
+            ) from first
 
     def flush(self) -> None:
         """Flush the MemTable of every writer this table opened (routed or not) to a
@@ -673,9 +683,19 @@ class MemWalTable:
         if errors:
             raise errors[0]
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TableClosedError(
+                f"{self.uri} was closed; open it again with mw.open_table(uri) to write"
+            )
+
     def close(self) -> None:
-        """Flush and close every writer this table opened. A writer fenced by another one is
-        left as it is: its acknowledged writes are safe in the WAL for the new writer."""
+        """Flush and close every writer this table opened; later routed writes
+        (:meth:`upsert`, :meth:`delete`) raise :class:`~memwal_sql.errors.TableClosedError`
+        instead of claiming regions again, while reads, maintenance and explicit
+        :meth:`writer` claims go on working. A writer fenced by another one is left as it is:
+        its acknowledged writes are safe in the WAL for the new writer."""
+        self._closed = True
         with self._writers_lock:
             self._writers.clear()
             if self._pool is not None:
@@ -966,6 +986,9 @@ def _release_in_background(writers: dict[str, RegionWriter]) -> None:
     which the release joins."""
     if writers:
         found = list(writers.values())
-        threading.Thread(
-            target=lambda: [w._release_at_exit() for w in found], name="memwal-release", daemon=True
-        ).start()
+
+        def release() -> None:
+            for w in found:
+                w._release_at_exit()
+
+        threading.Thread(target=release, name="memwal-release", daemon=True).start()

@@ -168,7 +168,8 @@ def region_lookups(
                     keys = hashed
                 region_keys = hashed
             for take in gens:
-                rel = take.uri[len(store.uri) + 1 :] if take.uri.startswith(store.uri) else take.uri  # type: ignore[union-attr]
+                assert take.uri is not None  # built above from a flushed generation's uri
+                rel = take.uri[len(store.uri) + 1 :] if take.uri.startswith(store.uri) else take.uri
                 children.append(BloomFilterGuardExec(take, store, f"{rel}/{BLOOM_FILTER}"))
         if children:
             regions.append(

@@ -133,7 +133,7 @@ def vector_index(dataset: lance.LanceDataset, column: str) -> VectorIndex | None
                 ), 256
 
             key = f"{dataset.uri}@{dataset.version}#{d.name}"
-            return CACHE.get("vector_index", key, load)  # type: ignore[return-value]
+            return CACHE.get("vector_index", key, load)
     return None
 
 
@@ -242,7 +242,7 @@ def text_index(dataset: lance.LanceDataset, column: str) -> tuple[str, dict] | N
                 return (d.name, dict(params)), 1024
 
             key = f"{dataset.uri}@{dataset.version}#{d.name}"
-            return CACHE.get("text_index", key, load)  # type: ignore[return-value]
+            return CACHE.get("text_index", key, load)
     return None
 
 
@@ -250,7 +250,7 @@ def tokenizer_for(params: dict) -> Tokenizer:
     """One tokenizer per parameter set in the process: it keeps what it learnt (each distinct
     token's final term, recent queries' terms)."""
     key = json.dumps(params, sort_keys=True, default=str)
-    return CACHE.get("tokenizer", key, lambda: (Tokenizer(params), 1 << 16))  # type: ignore[return-value]
+    return CACHE.get("tokenizer", key, lambda: (Tokenizer(params), 1 << 16))
 
 
 def plan_fts(

@@ -147,15 +147,13 @@ def apply_op(
         model.delete(rows.select(model.primary_key))
     elif op == "flush":
         tbl.flush()
-    elif op == "close":
-        tbl.close()
     elif op == "crash":
         # Stop the writers as a dying process would: no MemTable flush, but buffered
         # non-durable WAL writes stored, because the model holds only acknowledged writes.
         for w in tbl.live_writers().values():
             w._release_at_exit()
         tbl._writers.clear()
-    elif op == "reopen":
+    elif op in ("close", "reopen"):  # a closed table takes no more writes: open it again
         tbl.close()
         return mw.open_table(uri, tbl.storage_options or None, writer_config=tbl.writer_config)
     elif op == "merge":

@@ -23,13 +23,17 @@ def test_generated_module_is_current(tmp_path):
             "grpc_tools.protoc",
             f"-I{ROOT / 'proto'}",
             f"--python_out={tmp_path}",
+            f"--pyi_out={tmp_path}",
             str(ROOT / "proto" / "memwal.proto"),
         ],
         check=True,
     )
-    fresh = (tmp_path / "memwal_pb2.py").read_text()
-    stored = (ROOT / "memwal_sql" / "_proto" / "memwal_pb2.py").read_text()
-    assert fresh == stored, "memwal_sql/_proto is stale: run `make proto` and commit the result"
+    for name in ("memwal_pb2.py", "memwal_pb2.pyi"):
+        fresh = (tmp_path / name).read_text()
+        stored = (ROOT / "memwal_sql" / "_proto" / name).read_text()
+        assert fresh == stored, (
+            f"memwal_sql/_proto/{name} is stale: run `make proto` and commit the result"
+        )
 
 
 def test_field_numbers_match_the_seed_spec_and_lance():

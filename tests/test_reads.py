@@ -319,6 +319,7 @@ def test_bad_read_arguments_are_typed_errors_that_name_no_private_table(tmp_path
         tbl.to_arrow(consistency="weak")
     assert tbl.to_arrow(["v"], filter="id = 2").column("v").to_pylist() == ["b"]
     assert tbl.lookup([2], columns=["v"], with_system_columns=True).column_names == [
+        "id",
         "v",
         "_gen",
         "_rowaddr",

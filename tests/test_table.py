@@ -254,6 +254,7 @@ def test_deletes_need_the_region_columns_that_are_not_keys(tmp_path):
         with pytest.raises(WrongRegionError):
             w.delete(pa.table({"id": [2], "country": ["de"]}))
         w.delete(pa.table({"id": [1], "country": ["us"]}))
+    tbl = mw.open_table(str(tmp_path))
     tbl.delete(pa.table({"id": [2], "country": ["de"]}))
     tbl.close()
     assert lance_latest_rows(str(tmp_path), ["id"]).column("id").to_pylist() == [3]

@@ -84,7 +84,7 @@ def read_mem_wal_details(store: ObjectStore, version: int) -> MemWalIndexDetails
                 continue
             any_msg = {n: v for n, _, v in _fields(fields.get(6, b""))}  # type: ignore[arg-type]
             details = MemWalIndexDetails()
-            details.ParseFromString(any_msg.get(2, b""))  # type: ignore[arg-type]
+            details.ParseFromString(any_msg.get(2, b""))
             return details
     except (struct.error, IndexError, ValueError) as e:
         raise CorruptManifestError(f"cannot decode {path}: {e}") from e

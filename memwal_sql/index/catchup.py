@@ -132,6 +132,7 @@ def _caught_up_before(
             uncovered[p] for p in _created_paths(txn.operation if txn else None) if p in uncovered
         }
         if created:
+            assert txn is not None  # _created_paths(None) is empty
             is_merge = type(txn.operation).__name__ == "Update" and merged_before != merged_after
             if not is_merge:
                 return None

@@ -131,7 +131,9 @@ def date_part(arr: pa.Array | pa.ChunkedArray, part: str) -> pa.Array:
         secs_of_day, offset = np.zeros(len(arr), np.int64), 0
     else:
         unit_per_second = 1_000 if pa.types.is_date64(t) else _PER_SECOND[t.unit]
-        offset = 0 if pa.types.is_date64(t) else _utc_offset(t.tz)
+        utc_offset = 0 if pa.types.is_date64(t) else _utc_offset(t.tz)
+        assert utc_offset is not None  # supports(t) held: a tz-naive or fixed-offset timestamp
+        offset = utc_offset
         values = _ints(arr, pa.int64())
         days, rem = np.divmod(values, 86_400 * unit_per_second)  # floor: rem >= 0
         secs_of_day = rem // unit_per_second

@@ -48,7 +48,8 @@ def create_mem_wal_index(
         name=INDEX_NAME,
         fields=[],
         dataset_version=ds.version,
-        fragment_ids=set(),
+        # lance types this as its Bitmap but documents (and accepts) a set of ints too.
+        fragment_ids=set(),  # type: ignore[arg-type]
         index_version=0,
         created_at=datetime.now(timezone.utc),
         index_details=(TYPE_URL, details.SerializeToString()),

@@ -60,7 +60,14 @@ class MaintainedIndex:
         if self.vector:
             dataset.create_index(self.column, self.index_type, name=self.name, **self.params)
         else:
-            dataset.create_scalar_index(self.column, self.index_type, name=self.name, **self.params)
+            # index_type is as lance's index statistics report it (a str); lance types the
+            # same names as a Literal here.
+            dataset.create_scalar_index(
+                self.column,
+                self.index_type,  # type: ignore[arg-type]
+                name=self.name,
+                **self.params,
+            )
         return dataset
 
 

@@ -204,7 +204,7 @@ class RegionField:
             'int32'
         """
         n = _check_num_buckets(num_buckets, "bucket")
-        return cls(field_id, (column,), BUCKET, None, "int32", {"num_buckets": str(n)})
+        return cls(field_id, (column,), BUCKET, None, "int32", (("num_buckets", str(n)),))
 
     @classmethod
     def identity(
@@ -216,7 +216,7 @@ class RegionField:
             >>> RegionField.identity("tenant", result_type=pa.utf8()).result_type
             'utf8'
         """
-        return cls(field_id, (column,), IDENTITY, None, _type_name_or_none(result_type), {})
+        return cls(field_id, (column,), IDENTITY, None, _type_name_or_none(result_type), ())
 
     @classmethod
     def unsharded(cls, *, field_id: str = BUCKET) -> RegionField:
@@ -226,7 +226,7 @@ class RegionField:
             >>> RegionField.unsharded().source_columns
             ()
         """
-        return cls(field_id, (), UNSHARDED, None, "int32", {})
+        return cls(field_id, (), UNSHARDED, None, "int32", ())
 
     @classmethod
     def date_part(cls, part: str, column: str, *, field_id: str | None = None) -> RegionField:
@@ -238,7 +238,7 @@ class RegionField:
         """
         if part not in _DATE_PARTS:
             raise InvalidRegionSpecError(f"date part must be one of {_DATE_PARTS}, got {part!r}")
-        return cls(field_id or part, (column,), part, None, "int32", {})
+        return cls(field_id or part, (column,), part, None, "int32", ())
 
     @classmethod
     def truncate(
@@ -262,7 +262,7 @@ class RegionField:
             TRUNCATE,
             None,
             _type_name_or_none(result_type),
-            {"width": str(width)},
+            (("width", str(width)),),
         )
 
     @classmethod
@@ -276,7 +276,9 @@ class RegionField:
             ('a', 'b')
         """
         n = _check_num_buckets(num_buckets, "multi_bucket")
-        return cls(field_id, tuple(columns), MULTI_BUCKET, None, "int32", {"num_buckets": str(n)})
+        return cls(
+            field_id, tuple(columns), MULTI_BUCKET, None, "int32", (("num_buckets", str(n)),)
+        )
 
     @classmethod
     def sql(
@@ -293,7 +295,7 @@ class RegionField:
             >>> RegionField.sql("col0 % 10", ["id"], "int64").expression
             'col0 % 10'
         """
-        return cls(field_id, tuple(columns), None, sql, _type_name_or_none(result_type), {})
+        return cls(field_id, tuple(columns), None, sql, _type_name_or_none(result_type), ())
 
     # -- accessors ---------------------------------------------------------------------------
 
@@ -751,7 +753,7 @@ class RegionSpec:
             n = f.num_buckets if f.transform != UNSHARDED else 1
             if v is None and f.transform == MULTI_BUCKET:
                 continue  # every source column NULL
-            if n is not None and not (isinstance(v, numbers.Integral) and 0 <= v < n):
+            if n is not None and not (isinstance(v, numbers.Integral) and 0 <= int(v) < n):
                 raise InvalidInputError(
                     f"no row has the region value {v!r} under {f.describe()}: its values are "
                     f"0 to {n - 1}"
@@ -981,7 +983,7 @@ class RegionSpec:
                     transform=pf.transform if pf.HasField("transform") else None,
                     expression=pf.expression if pf.HasField("expression") else None,
                     result_type=pf.result_type or None,
-                    parameters=dict(pf.parameters),
+                    parameters=tuple(pf.parameters.items()),
                 )
             )
         return cls(tuple(fields), msg.spec_id)

@@ -6,8 +6,11 @@ Per region, it removes:
   version (a reader pinned to any retained version never lists them) and covered there by every
   base-table index (the indexed read plan reads the ones an index lags behind; an index whose
   catch-up is unknown keeps them all), both their directories and their manifest entries;
-* WAL data entries at or below ``replay_after_wal_entry_position`` (their rows are in
-  generations). Fence sentinels are never deleted: a fenced writer's next put lands exactly on
+* WAL data entries whose rows are in a generation collected above (the spec keeps an entry
+  until the generation holding its rows is merged: GC section, Appendix 1 point 3). Each
+  generation records, at flush, the last WAL position it holds; for a generation without that
+  record (one Lance wrote) entries go only once every flushed generation of the region is
+  collectable. Fence sentinels are never deleted: a fenced writer's next put lands exactly on
   one, and deleting it would let that put succeed where no one will ever replay it (the upstream
   warning about WAL GC weakening fencing);
 * ``*_gen_*`` directories no manifest references, from failed or fenced flushes, once their
@@ -22,23 +25,28 @@ and snapshots of any process, a merger that died right after its commit, commits
 directly. After reading which generations are collectable it syncs what was written since the
 pass began, for a version committed meanwhile, and only then deletes.
 
+Every pass also says what it kept and why (``GcResult.kept``), and logs it on the
+``memwal_sql`` logger.
+
 Example:
-    ``tbl.merge(); print(tbl.gc())``
+    ``tbl.merge(); print(tbl.gc().summary())``
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from memwal_sql._proto.memwal_pb2 import RegionManifest
+from memwal_sql._proto.memwal_pb2 import FlushedGeneration, RegionManifest
 from memwal_sql.errors import CorruptWalEntryError, ObjectNotFoundError
 from memwal_sql.index.catchup import index_coverage, min_caught_up
 from memwal_sql.manifest import RegionManifestStore, commit_change
-from memwal_sql.storage import layout
+from memwal_sql.storage import ObjectStore, layout
+from memwal_sql.storage.checksums import recorded_wal_entry_position
 from memwal_sql.writer.wal import read_wal_entry, wal_positions
 
 if TYPE_CHECKING:
@@ -46,31 +54,90 @@ if TYPE_CHECKING:
 
 
 _CLOCK_SLACK = 60.0
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GcKept:
+    """Something a GC pass left in place, and why."""
+
+    region_id: str
+    what: str
+    reason: str
 
 
 @dataclass
 class GcResult:
-    """What one GC pass deleted."""
+    """What one GC pass deleted, and what it kept and why.
+
+    Example:
+        ``print(tbl.gc().summary())``
+    """
 
     generations: dict[str, list[int]] = field(default_factory=dict)
     wal_entries: int = 0
     orphan_directories: int = 0
     manifest_versions: int = 0
     objects: int = 0
+    kept: list[GcKept] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """What was deleted, then each thing kept with its reason, one per line."""
+        lines = [
+            f"deleted {sum(len(g) for g in self.generations.values())} generation(s), "
+            f"{self.wal_entries} WAL entries, {self.orphan_directories} orphan directories, "
+            f"{self.manifest_versions} manifest versions ({self.objects} objects)"
+        ]
+        lines += [f"kept {k.what} of region {k.region_id}: {k.reason}" for k in self.kept]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _Collectable:
+    """Per region: the newest generation GC may delete, and what holds back the next one."""
+
+    generation: int
+    merged_latest: int  # merge progress at the newest base version
+    merged_oldest: int  # ... at the oldest retained one
+    oldest_version: int
+    lagging_index: str | None  # an index whose catch-up holds generations back
+    index_caught_up: int | None
+
+
+def _collectable(table: MemWalTable) -> dict[str, _Collectable]:
+    ds = table.dataset()
+    oldest_version = min(v["version"] for v in ds.versions())
+    oldest = table.dataset(oldest_version)
+    coverage = index_coverage(table.store, oldest)
+    latest = table.merged_generations(ds)
+    out = {}
+    merged_oldest = table.merged_generations(oldest)
+    for rid in latest.keys() | merged_oldest.keys():
+        merged = merged_oldest.get(rid, 0)
+        caught_up = min_caught_up(coverage, rid)
+        lagging = next(
+            (c.name for c in coverage if c.caught_up_generation(rid) in (None, caught_up)), None
+        )
+        out[rid] = _Collectable(
+            generation=0 if caught_up is None else min(merged, caught_up),
+            merged_latest=latest.get(rid, 0),
+            merged_oldest=merged,
+            oldest_version=oldest_version,
+            lagging_index=lagging if caught_up is None or caught_up < merged else None,
+            index_caught_up=caught_up,
+        )
+    return out
 
 
 def collectable_generations(table: MemWalTable) -> dict[str, int]:
     """Per region, the newest generation no retained base version still needs: merged as of
     the oldest retained version, and covered there by every base-table index (the indexed read
-    plan reads the generations an index has not caught up with)."""
-    ds = table.dataset()
-    oldest = table.dataset(min(v["version"] for v in ds.versions()))
-    coverage = index_coverage(table.store, oldest)
-    out = {}
-    for rid, merged in table.merged_generations(oldest).items():
-        caught_up = min_caught_up(coverage, rid)
-        out[rid] = 0 if caught_up is None else min(merged, caught_up)
-    return out
+    plan reads the generations an index has not caught up with).
+
+    Example:
+        ``collectable_generations(tbl)  # {"5f1c...": 3}``
+    """
+    return {rid: c.generation for rid, c in _collectable(table).items()}
 
 
 def _last_pass_began(table: MemWalTable) -> float:
@@ -102,26 +169,33 @@ def gc_table(
         table.store.sync_written_since(_last_pass_began(table))
     if base_versions_older_than is not None:
         table.dataset().cleanup_old_versions(older_than=base_versions_older_than)
-    collectable = collectable_generations(table)
+    collectable = _collectable(table)
     if local:
         # A version committed while this pass ran may be the one just read: sync it too. The
         # marker comes after the syncs, so one that survives a power loss never claims more.
         table.store.sync_written_since(started)
         table.store.put(layout.BASE_SYNCED, json.dumps({"started": started}).encode())
     for rid in table.regions():
-        _gc_region(table, rid, collectable.get(rid, 0), keep_manifest_versions, result)
+        _gc_region(table, rid, collectable.get(rid), keep_manifest_versions, result)
+    _log.info("gc of %s: %s", table.uri, result.summary().replace("\n", "; "))
     return result
 
 
-def _gc_region(table: MemWalTable, rid: str, collectable: int, keep: int, result: GcResult) -> None:
+def _gc_region(
+    table: MemWalTable, rid: str, state: _Collectable | None, keep: int, result: GcResult
+) -> None:
     store = table.store
     manifests = RegionManifestStore(store, rid)
     manifest = manifests.latest()
     if manifest is None:
         return
+    collectable = state.generation if state is not None else 0
+    listed = sorted(manifest.flushed_generations, key=lambda g: g.generation)
+    dead = [g for g in listed if g.generation <= collectable]
+    wal_bound = _wal_bound(store, rid, manifest, listed, dead)
+    _explain_kept(rid, state, [g for g in listed if g.generation > collectable], result)
     # 1. Merged generations: drop them from the manifest first (so no new reader lists them),
     #    then delete their files.
-    dead = [g for g in manifest.flushed_generations if g.generation <= collectable]
     if dead:
         dead_paths = {g.path for g in dead}
 
@@ -146,10 +220,14 @@ def _gc_region(table: MemWalTable, rid: str, collectable: int, keep: int, result
             continue
         result.objects += store.delete_prefix(f"{layout.region_dir(rid)}/{name}/")
         result.orphan_directories += 1
-    # 3. WAL data entries already in generations; sentinels stay.
+    # 3. WAL data entries whose generation is collected; sentinels stay.
+    held = 0
     for pos in wal_positions(store, rid):
         if pos > manifest.replay_after_wal_entry_position:
             break
+        if pos > wal_bound:
+            held += 1
+            continue
         try:
             entry = read_wal_entry(store, rid, pos)
         except CorruptWalEntryError:
@@ -159,6 +237,15 @@ def _gc_region(table: MemWalTable, rid: str, collectable: int, keep: int, result
         store.delete(layout.wal_entry_path(rid, pos))
         result.wal_entries += 1
         result.objects += 1
+    if held:
+        result.kept.append(
+            GcKept(
+                rid,
+                f"{held} flushed WAL entries",
+                "the generations holding their rows are not collectable yet (the spec keeps "
+                "WAL entries until their generation is merged)",
+            )
+        )
     # 4. Old manifest versions (the hint and the newest ``keep`` stay).
     versions = manifests.list_versions()
     for v in versions[:-keep] if keep > 0 else []:
@@ -168,3 +255,45 @@ def _gc_region(table: MemWalTable, rid: str, collectable: int, keep: int, result
     # 5. Temporary files of crashed puts.
     for prefix in (layout.wal_dir(rid), layout.manifest_dir(rid)):
         result.objects += store.remove_temp_files(prefix)
+
+
+def _wal_bound(
+    store: ObjectStore,
+    rid: str,
+    manifest: RegionManifest,
+    listed: list[FlushedGeneration],
+    dead: list[FlushedGeneration],
+) -> int:
+    """The last WAL position whose rows are only in generations this pass collects (or earlier
+    passes did): every flushed entry once no listed generation survives, else the position the
+    newest dead generation recorded at flush (0 when it recorded none)."""
+    if len(dead) == len(listed):
+        return manifest.replay_after_wal_entry_position
+    for g in reversed(dead):
+        position = recorded_wal_entry_position(store, f"{layout.region_dir(rid)}/{g.path}")
+        if position is not None:
+            return position
+    return 0
+
+
+def _explain_kept(
+    rid: str, state: _Collectable | None, kept: list[FlushedGeneration], result: GcResult
+) -> None:
+    if not kept:
+        return
+    gens = [g.generation for g in kept]
+    what = f"generation {gens[0]}" if len(gens) == 1 else f"generations {gens[0]}-{gens[-1]}"
+    if state is None or gens[0] > state.merged_latest:
+        reason = "not merged into the base table yet (run merge)"
+    elif gens[0] > state.merged_oldest:
+        reason = (
+            f"base version {state.oldest_version} is retained and predates their merge "
+            "(pass base_versions_older_than, or wait for the base table's version cleanup)"
+        )
+    else:
+        reason = (
+            f"index {state.lagging_index!r} covers only up to generation "
+            f"{state.index_caught_up if state.index_caught_up is not None else '(unknown)'} "
+            "(run catch_up_indexes or maintain)"
+        )
+    result.kept.append(GcKept(rid, what, reason))

@@ -19,7 +19,7 @@ import mmh3
 import numpy as np
 import pyarrow as pa
 
-from memwal_sql.errors import InvalidInputError
+from memwal_sql.errors import InvalidInputError, InvalidRegionSpecError
 from memwal_sql.spark.arrow import as_arrow_table, spark_compatible
 from memwal_sql.spark.source import MemWalDataSource, WriteSummary
 
@@ -122,6 +122,8 @@ def _tagger(uri: str, options: dict[str, str]) -> Any:
 
         table = mw.open_table(uri, options or None)
         spec = table.region_spec
+        if spec is None:  # write() tags rows only for a table it found with a region spec
+            raise InvalidRegionSpecError(f"the table at {uri} has no region spec to route by")
         for batch in batches:
             groups = spec.group_rows(table._rows.upserts(batch))
             which = np.empty(batch.num_rows, dtype=np.int32)

@@ -188,10 +188,10 @@ class MemWalWriter(DataSourceArrowWriter):
             table.close()  # flushes: the rows are stored before the task reports them
         return MemWalCommit(rows, tuple(sorted(regions)))
 
-    def commit(self, messages: list[MemWalCommit | None]) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Runs on the driver's machine (in a Python worker): reports what the tasks wrote,
         in the log and, if the ``summary_path`` option names a file, there as JSON."""
-        done = [m for m in messages if m is not None]
+        done = _task_commits(messages)
         summary = WriteSummary(
             rows=sum(m.rows for m in done),
             regions=tuple(sorted({r for m in done for r in m.regions})),
@@ -209,6 +209,16 @@ class MemWalWriter(DataSourceArrowWriter):
         if path:
             with open(path, "w") as f:
                 json.dump(asdict(summary), f)
+
+
+def _task_commits(messages: Sequence[WriterCommitMessage | None]) -> list[MemWalCommit]:
+    """The tasks' messages that are not None: what the writers' ``write`` returned."""
+    out = []
+    for m in messages:
+        if m is not None:
+            assert isinstance(m, MemWalCommit)  # the writers' write() returns nothing else
+            out.append(m)
+    return out
 
 
 def _write_batch(table: Any, batch: pa.RecordBatch, operation: str) -> set[str]:
@@ -267,15 +277,15 @@ class MemWalStreamWriter(DataSourceStreamArrowWriter):
             table.close()
         return MemWalCommit(rows, tuple(sorted(regions)), query_id)
 
-    def commit(self, messages: list[MemWalCommit | None], batchId: int) -> None:
-        queries = {m.query_id for m in messages if m is not None and m.query_id}
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        queries = {m.query_id for m in _task_commits(messages) if m.query_id}
         if not queries:
             return  # no task ran (an empty micro-batch)
         table = _open(self.options)
         for query_id in queries:
             record_batch(table.store, query_id, batchId)
 
-    def abort(self, messages: list[MemWalCommit | None], batchId: int) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         pass  # what the tasks stored is written again when Spark retries the batch
 
 

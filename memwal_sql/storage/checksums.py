@@ -44,8 +44,12 @@ _verified_lock = threading.Lock()
 _stores: dict[tuple[str, tuple[tuple[str, str], ...]], ObjectStore] = {}
 
 
-def record_checksums(store: ObjectStore, directory: str) -> None:
-    """Record the size and CRC32C of every file under ``directory`` (read back as stored)."""
+def record_checksums(
+    store: ObjectStore, directory: str, *, wal_entry_position: int | None = None
+) -> None:
+    """Record the size and CRC32C of every file under ``directory`` (read back as stored), and
+    for a generation the last WAL position its rows came from (GC keeps WAL entries until the
+    generation holding them is collected)."""
     files = {}
     for meta in store.list(f"{directory}/"):
         name = meta.path[len(directory) + 1 :]
@@ -53,7 +57,9 @@ def record_checksums(store: ObjectStore, directory: str) -> None:
             continue
         data = store.get(meta.path)
         files[name] = {"size": len(data), "crc32c": google_crc32c.value(data)}
-    body = {"format": 1, "algorithm": "crc32c", "files": files}
+    body: dict[str, object] = {"format": 1, "algorithm": "crc32c", "files": files}
+    if wal_entry_position is not None:
+        body["wal_entry_position"] = wal_entry_position
     store.put(f"{directory}/{CHECKSUMS}", json.dumps(body, sort_keys=True).encode())
 
 
@@ -68,6 +74,15 @@ def recorded_checksums(store: ObjectStore, directory: str) -> dict[str, tuple[in
         return {name: (int(f["size"]), int(f["crc32c"])) for name, f in files.items()}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise _damaged(store, directory, CHECKSUMS, f"it is not a checksum record ({e})") from e
+
+
+def recorded_wal_entry_position(store: ObjectStore, directory: str) -> int | None:
+    """The last WAL position whose rows the generation at ``directory`` holds, as recorded at
+    flush; None without a record (a generation Lance wrote) or an unreadable one."""
+    try:
+        return int(json.loads(store.get(f"{directory}/{CHECKSUMS}"))["wal_entry_position"])
+    except (ObjectNotFoundError, ValueError, KeyError, TypeError):
+        return None
 
 
 def verify_generation(store: ObjectStore, directory: str, names: list[str] | None = None) -> bool:

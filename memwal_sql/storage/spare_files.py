@@ -178,6 +178,8 @@ class SpareFiles:
                     self._cond.wait()
                 if self._closed:
                     return
+                # The wait above ends only once closed or once a directory lacks spares.
+                assert directory is not None
                 self._creating = directory
                 missing = self.per_directory - len(self._ready[directory])
             made: list[str] = []

@@ -21,6 +21,7 @@ time in the background (:meth:`ObjectStore.keep_spare_files`).
 
 from __future__ import annotations
 
+import builtins
 import ctypes
 import errno
 import os
@@ -32,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlparse
 
 import obstore as obs
@@ -64,6 +65,9 @@ from memwal_sql.storage.spare_files import (
     is_temp_file,
     open_spare,
 )
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, S3Config  # stub-only names
 
 # Keys of a Lance storage_options dict that configure the HTTP client rather than the S3
 # credentials; obstore panics if they are passed as S3 config.
@@ -156,7 +160,7 @@ class ObjectStore:
             root.mkdir(parents=True, exist_ok=True)
             self._local_root = root
             self.uri = str(root)
-            self._store = LocalStore(root)
+            self._store: LocalStore | MemoryStore | S3Store = LocalStore(root)
             if durable:
                 self._spares = SpareFiles()
                 weakref.finalize(self, self._spares.close)
@@ -176,8 +180,9 @@ class ObjectStore:
             self._store = S3Store(
                 parsed.netloc,
                 prefix=parsed.path.strip("/") or None,
-                config=config,
-                client_options=client,
+                # Keys come from the caller's storage_options; obstore checks them at runtime.
+                config=cast("S3Config", config),
+                client_options=cast("ClientConfig", client),
                 retry_config={
                     "max_retries": int(options["client_max_retries"]),
                     "retry_timeout": timedelta(seconds=float(options["client_retry_timeout"])),
@@ -293,7 +298,7 @@ class ObjectStore:
         out.sort(key=lambda m: m.path)
         return out
 
-    def list_dirs(self, prefix: str) -> list[str]:
+    def list_dirs(self, prefix: str) -> builtins.list[str]:
         """Names (last component) of the immediate sub-directories of ``prefix``, sorted."""
         with storage_failures(f"list of {prefix}"):
             try:
@@ -379,7 +384,7 @@ class ObjectStore:
             except OSError as e:  # not a retryable StorageError: a retry would find the name
                 raise SyncFailedError(f"fsync of the directory of {path} failed: {e}") from e
 
-    def sync_objects(self, paths: list[str]) -> None:
+    def sync_objects(self, paths: builtins.list[str]) -> None:
         """Make the objects at ``paths`` durable (on local disk, fsync each, then the
         directories holding them); object stores need nothing.
 

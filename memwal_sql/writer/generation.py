@@ -47,13 +47,15 @@ def write_generation(
     data_storage_version: str,
     in_memory_bytes: int,
     indexes: Sequence[MaintainedIndex] = (),
+    wal_entry_position: int | None = None,
 ) -> FlushedGeneration:
     """Write deduplicated ``rows`` as generation ``generation``; return its manifest entry.
 
     ``indexes`` (the table's maintained indexes) are built on the generation under their base
     names; one that cannot be built (say, a vector index over a generation of deletes only)
     is left out, and readers search that generation without it. Every call writes a fresh
-    directory, so a retried flush never meets a failed one's files.
+    directory, so a retried flush never meets a failed one's files. ``wal_entry_position``
+    is the last WAL position the rows came from, recorded for GC.
     """
     name = layout.new_generation_dir_name(generation)
     path = f"{layout.region_dir(region_id)}/{name}"
@@ -62,7 +64,9 @@ def write_generation(
         rows,
         uri,
         mode="create",
-        data_storage_version=data_storage_version,
+        # The base dataset's version, a str from LanceDataset.data_storage_version; lance's
+        # write_dataset types the same values as a Literal.
+        data_storage_version=data_storage_version,  # type: ignore[arg-type]
         storage_options=store.storage_options or None,
     )
     if indexes:
@@ -80,7 +84,7 @@ def write_generation(
     keys = rows.select(list(primary_key))
     write_pk_index(uri, keys, store.storage_options or None)
     store.put(f"{path}/{BLOOM_FILTER}", bloom_filter_bytes(pk_hashes(keys)))
-    record_checksums(store, path)
+    record_checksums(store, path, wal_entry_position=wal_entry_position)
     # Lance writes without fsync; the manifest commit that follows lets GC delete the WAL
     # entries these rows came from, so the files must be on disk first.
     store.sync_tree(path)

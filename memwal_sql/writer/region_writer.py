@@ -110,8 +110,8 @@ class WriterConfig:
             if (
                 isinstance(v, bool)
                 or not isinstance(v, numbers.Real)
-                or not v >= least
                 or not math.isfinite(v)
+                or v < least
             ):
                 raise InvalidInputError(f"{f.name} must be a finite number >= {least}, not {v!r}")
 
@@ -529,14 +529,15 @@ class RegionWriter:
     def _check_region(self, rows: pa.RecordBatch) -> None:
         if not self._region_is_a_subset or rows.num_rows == 0:
             return
-        spec = self._table.region_spec
+        spec, region_values = self._table.region_spec, self._region_values
+        assert spec is not None and region_values is not None  # a subset region has both
         values = spec.region_values(rows)
         if all(
             pc.all(pc.equal(col, pa.scalar(v, col.type))).as_py()
-            for col, v in zip(values.columns, self._region_values)
+            for col, v in zip(values.columns, region_values)
         ):
             return
-        wrong = [v for v in spec.group_rows(rows) if tuple(v) != tuple(self._region_values)]
+        wrong = [v for v in spec.group_rows(rows) if tuple(v) != tuple(region_values)]
         if wrong:
             raise WrongRegionError(
                 f"region {self.region_id} holds rows with region values {self._region_values}, "
@@ -705,6 +706,7 @@ class RegionWriter:
                     data_storage_version=self._table.data_storage_version,
                     in_memory_bytes=memtable.nbytes,
                     indexes=self._table.maintained_indexes(),
+                    wal_entry_position=covered,
                 )
                 break
             except (OSError, MemWalError) as e:  # a retry writes a fresh directory

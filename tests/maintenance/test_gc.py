@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from datetime import timedelta
@@ -14,7 +15,8 @@ import memwal_sql as mw
 from memwal_sql.errors import WriterFencedError
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import layout
-from memwal_sql.writer.wal import iter_wal, read_wal_entry
+from memwal_sql.storage.checksums import CHECKSUMS, recorded_wal_entry_position
+from memwal_sql.writer.wal import iter_wal, read_wal_entry, wal_positions
 from tests.lsm import Model, files_under, lance_latest_rows, record_fsyncs
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
@@ -23,6 +25,11 @@ NOW = timedelta(0)
 
 def batch(ks, seed):
     return pa.table({"k": ks, "v": [f"v{k}-{seed}" for k in ks]}, schema=SCHEMA)
+
+
+def data_entries(store, rid):
+    """Positions of the WAL data entries still stored (fence sentinels aside)."""
+    return [p for p in wal_positions(store, rid) if not read_wal_entry(store, rid, p).is_sentinel]
 
 
 def gen_dirs(tbl, rid):
@@ -46,22 +53,35 @@ def test_a_long_run_shrinks_back_to_the_base_table_plus_live_generations(tmp_pat
     flushed = len(RegionManifestStore(tbl.store, rid).latest().flushed_generations)
     assert flushed >= 5 and len(gen_dirs(tbl, rid)) == flushed
 
-    # Not merged yet: GC keeps every generation; WAL entries the generations cover can go.
+    wal_before = len(data_entries(tbl.store, rid))
+    # Not merged yet: GC keeps every generation and, as the spec says, the WAL entries their
+    # rows came from; it says why.
     first = tbl.gc(base_versions_older_than=NOW)
-    assert first.generations == {} and first.wal_entries > 0
+    assert first.generations == {} and first.wal_entries == 0
+    assert len(data_entries(tbl.store, rid)) == wal_before
+    assert [k.what for k in first.kept] == [
+        f"generations 1-{flushed}",
+        f"{wal_before - 1} flushed WAL entries",
+    ]
+    assert "not merged" in first.kept[0].reason and "run merge" in first.summary()
     assert len(gen_dirs(tbl, rid)) == flushed
     assert tbl.to_arrow().sort_by("k") == model.table(SCHEMA)
     tbl.merge()
     # Merged, but older base versions still list the generations: kept.
-    assert tbl.gc().generations == {}
+    retained = tbl.gc()
+    assert retained.generations == {} and retained.wal_entries == 0
+    assert "base_versions_older_than" in retained.kept[0].reason
     # Merged in every retained version, but the key index does not cover the merged rows yet
     # (indexed reads go through the generations): kept, and reads stay exact.
-    assert tbl.gc(base_versions_older_than=NOW).generations == {}
+    lagging = tbl.gc(base_versions_older_than=NOW)
+    assert lagging.generations == {} and lagging.wal_entries == 0
+    assert "'k_pk_btree'" in lagging.kept[0].reason
     assert len(gen_dirs(tbl, rid)) == flushed
     assert tbl.lookup(list(range(1001))).sort_by("k") == model.table(SCHEMA)
     assert tbl.catch_up_indexes().optimized == ["k_pk_btree"]
     result = tbl.gc(base_versions_older_than=NOW)
     assert sorted(result.generations[rid]) == list(range(1, flushed + 1))
+    assert result.wal_entries == wal_before - 1 and result.kept == []
     assert gen_dirs(tbl, rid) == []
     m = RegionManifestStore(tbl.store, rid).latest()
     assert list(m.flushed_generations) == []
@@ -80,6 +100,46 @@ def test_a_long_run_shrinks_back_to_the_base_table_plus_live_generations(tmp_pat
     assert tbl.to_arrow().sort_by("k") == model.table(SCHEMA)
 
 
+def test_wal_entries_go_with_the_generation_holding_their_rows(tmp_path):
+    """Merging some generations frees exactly their WAL entries; a generation that recorded no
+    WAL position (as Lance writes them) holds every entry until no generation is left."""
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="k")
+    with tbl.writer() as w:
+        for g in range(4):  # four generations of two WAL entries each
+            w.upsert(batch([g * 10], g))
+            w.upsert(batch([g * 10 + 1], g))
+            w.flush()
+    rid = w.region_id
+    store = tbl.store
+    m = RegionManifestStore(store, rid).latest()
+    gens = sorted(m.flushed_generations, key=lambda g: g.generation)
+    bounds = [
+        recorded_wal_entry_position(store, f"{layout.region_dir(rid)}/{g.path}") for g in gens
+    ]
+    assert bounds == sorted(bounds) and len(set(bounds)) == 4
+    tbl.merge(max_generations_per_region=2)
+    tbl.catch_up_indexes()
+    result = tbl.gc(base_versions_older_than=NOW)
+    assert sorted(result.generations[rid]) == [1, 2]
+    left = data_entries(store, rid)
+    assert left and min(left) > bounds[1] and result.wal_entries == 4
+    assert [k.what for k in result.kept] == ["generations 3-4", f"{len(left)} flushed WAL entries"]
+
+    # Generation 3 without its record: nothing more goes until generation 4 is merged too.
+    path = f"{layout.region_dir(rid)}/{gens[2].path}/{CHECKSUMS}"
+    record = json.loads(store.get(path))
+    del record["wal_entry_position"]
+    store.put(path, json.dumps(record).encode())
+    tbl.merge(max_generations_per_region=1)
+    tbl.catch_up_indexes()
+    assert tbl.gc(base_versions_older_than=NOW).wal_entries == 0
+    assert data_entries(store, rid) == left
+    tbl.merge()
+    tbl.catch_up_indexes()
+    assert tbl.gc(base_versions_older_than=NOW).wal_entries == len(left)
+    assert tbl.to_arrow().sort_by("k").column("k").to_pylist() == [0, 1, 10, 11, 20, 21, 30, 31]
+
+
 def test_gc_never_lets_a_fenced_writer_succeed(tmp_path):
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="k")
     a = tbl.writer()
@@ -90,6 +150,7 @@ def test_gc_never_lets_a_fenced_writer_succeed(tmp_path):
     b.upsert(batch([2], 2))
     b.flush()  # replay_after moves past the sentinel
     tbl.merge()
+    tbl.catch_up_indexes()
     tbl.gc(base_versions_older_than=NOW)
     assert read_wal_entry(tbl.store, a.region_id, sentinel_pos).is_sentinel  # kept
     assert read_wal_entry(tbl.store, a.region_id, 1) is None  # data entry collected

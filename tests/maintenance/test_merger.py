@@ -78,6 +78,7 @@ def test_merges_and_gc_interleaved_with_writes_keep_the_latest_rows(ops, buckete
             tbl = apply_op(tbl, model, op, ks, seed, d, batch)
             assert_reads(tbl, model, d)
         tbl.close()
+        tbl = mw.open_table(d)
         for rid in tbl.regions():  # replay abandoned WAL tails into generations
             tbl.writer(region_id=rid).close()
         tbl.maintain(base_versions_older_than=timedelta(0))
