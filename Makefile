@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	# setuptools prints a notice about editable installs on every build; nothing to act on.
+	PYTHONWARNINGS=ignore $(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -94,7 +94,7 @@ def build(uri: str, base_rows: int, upserts: int) -> None:
         None,
         primary_key="id",  # MemWAL on the Lance table just written
         region_spec=mw.RegionSpec.identity("tenant"),
-        writer_config=mw.WriterConfig(durable=False, max_memtable_rows=200_000),
+        writer_config=mw.WriterConfig(durable_write=False, max_memtable_rows=200_000),
     )
     done, version = 0, 1
     while done < upserts:

@@ -65,7 +65,7 @@ def build(uri: str, base_rows: int, upserts: int, memtable_rows: int) -> mw.MemW
         rows_for(np.arange(base_rows, dtype=np.int64), 0, rng),
         primary_key="id",
         region_spec=mw.RegionSpec.identity("tenant"),
-        writer_config=mw.WriterConfig(durable=False, max_memtable_rows=memtable_rows),
+        writer_config=mw.WriterConfig(durable_write=False, max_memtable_rows=memtable_rows),
     )
     next_id, version, done = base_rows, 0, 0
     while done < upserts:

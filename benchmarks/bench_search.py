@@ -89,7 +89,7 @@ def build(uri: str, base_rows: int, upserts: int, memtable_rows: int) -> mw.MemW
         rows(np.arange(base_rows), rng),
         primary_key="id",
         region_spec=mw.RegionSpec.identity("tenant"),
-        writer_config=mw.WriterConfig(durable=False, max_memtable_rows=memtable_rows),
+        writer_config=mw.WriterConfig(durable_write=False, max_memtable_rows=memtable_rows),
     )
     tbl.create_index("vec", "IVF_PQ", **INDEX)
     tbl.create_index("text", "INVERTED")

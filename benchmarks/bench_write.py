@@ -85,7 +85,7 @@ class Session:
 
 def open_memwal(root: str, durable: bool) -> Session:
     tbl = mw.create_table(f"{root}/t", SCHEMA, primary_key="id")
-    w = tbl.writer(durable=durable)
+    w = tbl.writer(durable_write=durable)
     return Session(w.upsert, w.close)
 
 

@@ -112,7 +112,7 @@ def build(work: str, data: str, max_memtable_rows: int) -> tuple[dict[str, mw.Me
             rows,
             primary_key=keys,
             region_spec=spec,
-            writer_config=mw.WriterConfig(durable=False, max_memtable_rows=max_memtable_rows),
+            writer_config=mw.WriterConfig(durable_write=False, max_memtable_rows=max_memtable_rows),
         )
         model[name] = rows
     return tables, Latest(model)

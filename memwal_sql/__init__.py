@@ -8,6 +8,7 @@ Example:
     ...     w.upsert({"id": [2]})
 """
 
+import logging
 from typing import TYPE_CHECKING
 
 from memwal_sql import errors
@@ -22,7 +23,8 @@ if TYPE_CHECKING:  # loaded on first use at runtime (see __getattr__)
         open_table,
         region_id_for,
     )
-    from memwal_sql.writer.region_writer import RegionWriter, WriterConfig
+    from memwal_sql.writer.config import WriterConfig
+    from memwal_sql.writer.region_writer import RegionWriter
 
 __all__ = [
     "DEFAULT_REGION_ID",
@@ -38,6 +40,10 @@ __all__ = [
     "region_id_for",
 ]
 __version__ = "0.1.0"
+
+# The library logs (writer claims and flushes, merges, GC) on the ``memwal_sql`` logger and
+# prints nothing; the application decides where the records go.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 
 # Loaded on first use: the table and writers import Lance, whose Rust logger reads LANCE_LOG

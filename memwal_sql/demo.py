@@ -87,7 +87,7 @@ def run_demo(
         SCHEMA,
         primary_key="id",
         region_spec=mw.RegionSpec.bucket("id", regions),
-        writer_config=mw.WriterConfig(durable=durable, max_memtable_rows=200_000),
+        writer_config=mw.WriterConfig(durable_write=durable, max_memtable_rows=200_000),
     )
     print(f"table {uri}: primary key id, {regions} bucket regions, durable={durable}")
     latest_version = np.zeros(rows + 1, dtype=np.int64)  # 0 = absent

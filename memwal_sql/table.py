@@ -53,7 +53,8 @@ from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import ObjectStore, layout, storage_failures
 from memwal_sql.storage.store import is_access_denied, with_default_timeouts
 from memwal_sql.writer.bloom import is_supported_pk_type
-from memwal_sql.writer.region_writer import RegionWriter, TableLayout, WriterConfig
+from memwal_sql.writer.config import WriterConfig
+from memwal_sql.writer.region_writer import RegionWriter, TableLayout
 from memwal_sql.writer.rows import RowCoercer, to_arrow_table
 from memwal_sql.writer.wal import TOMBSTONE
 
@@ -175,7 +176,6 @@ class MemWalTable:
         region_id: str | None = None,
         *,
         region_values: Sequence[Any] | None = None,
-        durable: bool | None = None,
         **config: Any,
     ) -> RegionWriter:
         """Claim a region and return its :class:`RegionWriter` (a context manager).
@@ -184,13 +184,13 @@ class MemWalTable:
         ``region_id`` names an existing region (on a table without a region spec, any new id
         makes a manual region, as Lance's shard ids do). With neither, an unsharded table's single
         region is claimed; a table without a region spec claims its fixed default region
-        (:data:`DEFAULT_REGION_ID`). Other keyword arguments override :class:`WriterConfig`
-        fields.
+        (:data:`DEFAULT_REGION_ID`). Keyword arguments override :class:`WriterConfig` options
+        for this writer.
 
         Example:
-            ``with tbl.writer(region_values=(0,), durable=False) as w: w.upsert(batch)``
+            ``with tbl.writer(region_values=(0,), durable_write=False) as w: w.upsert(batch)``
         """
-        cfg = self.writer_config.with_overrides(durable=durable, **config)
+        cfg = self.writer_config.with_overrides(**config)
         spec = self.region_spec
         if region_values is not None:
             if spec is None:
@@ -289,7 +289,8 @@ class MemWalTable:
             ``[m.current_generation for m in tbl.region_snapshots() or []]``
         """
         details = self.mem_wal_details(dataset)
-        key = (details.snapshot_ts_millis, details.num_regions)
+        inline = details.inline_snapshots if details.HasField("inline_snapshots") else b""
+        key = (details.snapshot_ts_millis, hash(inline))
         cached = self._snapshots_cache
         if cached is None or cached[0] != key:
             cached = (
@@ -790,8 +791,11 @@ def _normalise_pk(primary_key: str | Sequence[str]) -> list[str]:
     return keys
 
 
-def _index_details(ds: lance.LanceDataset, spec: RegionSpec | None) -> MemWalIndexDetails:
+def _index_details(
+    ds: lance.LanceDataset, spec: RegionSpec | None, writer_config: WriterConfig
+) -> MemWalIndexDetails:
     details = MemWalIndexDetails(maintain_all_indexes=False)
+    details.writer_config_defaults.update(writer_config.to_lance_defaults())
     if spec is not None:
         field_ids = {f.name(): f.id() for f in ds.lance_schema.fields()}
         details.region_specs.append(spec.to_proto(field_ids))
@@ -812,7 +816,9 @@ def create_table(
 
     ``data_or_schema`` is initial data (any Arrow-convertible table) or a ``pa.Schema``. Pass
     ``None`` to enable MemWAL on an existing Lance table at ``uri``. ``region_spec`` defaults to
-    :meth:`RegionSpec.unsharded` (one region).
+    :meth:`RegionSpec.unsharded` (one region). ``writer_config`` is recorded in the MemWAL
+    index as the table's writer defaults (``writer_config_defaults``), which every later
+    :func:`open_table` starts from.
 
     Example:
         >>> import memwal_sql as mw, pyarrow as pa, tempfile
@@ -867,7 +873,8 @@ def create_table(
         spec = spec.bind(schema)
         ds = lance.write_dataset(data, uri, schema=schema, mode="create", storage_options=opts)
     spec = spec.bind(_plain_schema(ds.schema))
-    ds = create_mem_wal_index(ds, _index_details(ds, spec), opts)
+    writer_config = writer_config or WriterConfig()
+    ds = create_mem_wal_index(ds, _index_details(ds, spec, writer_config), opts)
     ds = _ensure_key_index(ds, keys, uri, opts)
     table = MemWalTable(
         uri,
@@ -891,6 +898,10 @@ def open_table(
     writer_config: WriterConfig | None = None,
 ) -> MemWalTable:
     """Open an existing MemWAL table (one written by memwal-sql or by Lance 14).
+
+    Writers start from the table's recorded defaults (``writer_config_defaults`` in the MemWAL
+    index, as :func:`create_table` or Lance's ``initialize_mem_wal`` wrote them) unless
+    ``writer_config`` is given.
 
     Example:
         ``tbl = mw.open_table("s3://bucket/events", storage_options={...})``
@@ -924,6 +935,10 @@ def open_table(
                 rf.expression = f["expression"]
             rf.parameters.update(f.get("parameters") or {})
         spec = RegionSpec.from_proto(msg, names).bind(_plain_schema(ds.schema))
+    if writer_config is None:
+        writer_config = WriterConfig.from_lance_defaults(
+            details.get("writer_config_defaults") or {}
+        )
     return MemWalTable(
         uri,
         ds,

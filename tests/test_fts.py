@@ -97,7 +97,7 @@ def test_fts_equals_lance_on_merged_copy_after_every_step(tmp_path_factory, base
         base_rows,
         primary_key="k",
         region_spec=mw.RegionSpec.bucket("k", 2),
-        writer_config=mw.WriterConfig(durable=False, max_memtable_rows=40),
+        writer_config=mw.WriterConfig(durable_write=False, max_memtable_rows=40),
     )
     tbl.create_index("body", "INVERTED")
     model = Model(["k"])

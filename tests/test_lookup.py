@@ -117,6 +117,37 @@ def test_composite_keys(tmp_path):
     tbl.close()
 
 
+def test_lookup_returns_the_keys_and_aligns_with_the_input_on_request(tmp_path):
+    tbl = mw.create_table(str(tmp_path), batch([1, 2, 3], 0), primary_key="k")
+    tbl.upsert(batch([4], 1))
+    tbl.delete([2])
+    # Default: the key columns always, one row per distinct key found, first-occurrence order.
+    got = tbl.lookup([4, 2, 1, 4, 99], columns=["v"])
+    assert got.column_names == ["k", "v"]
+    assert got.to_pylist() == [{"k": 4, "v": "v4-1"}, {"k": 1, "v": "v1-0"}]
+    # align=True: one row per input key, in place; a missing (or deleted) key has nulls.
+    aligned = tbl.lookup([4, 2, 1, 4, 99], columns=["v"], align=True)
+    assert aligned.schema == pa.schema([SCHEMA.field("k"), SCHEMA.field("v")])
+    assert aligned.to_pylist() == [
+        {"k": 4, "v": "v4-1"},
+        {"k": 2, "v": None},
+        {"k": 1, "v": "v1-0"},
+        {"k": 4, "v": "v4-1"},
+        {"k": 99, "v": None},
+    ]
+    assert tbl.lookup(pa.array([], pa.int64()), align=True).num_rows == 0
+    # Composite keys, keys named ahead of the columns asked for.
+    rows = pa.table({"a": ["x", "y"], "b": [1, 1], "v": [1, 2]}, schema=COMPOSITE)
+    comp = mw.create_table(str(tmp_path / "c"), rows, primary_key=["a", "b"])
+    probe = pa.table({"a": ["y", "q", "x"], "b": [1, 1, 1]})
+    assert comp.lookup(probe, columns=["v", "a"], align=True).to_pylist() == [
+        {"a": "y", "b": 1, "v": 2},
+        {"a": "q", "b": 1, "v": None},
+        {"a": "x", "b": 1, "v": 1},
+    ]
+    tbl.close()
+
+
 def _nodes(plan):
     out = []
     for coalesce in plan.root.regions:

@@ -15,6 +15,7 @@ from memwal_sql.errors import (
     PrimaryKeyError,
     SchemaMismatchError,
     StorageError,
+    TableClosedError,
     TableExistsError,
     TableNotFoundError,
     UnknownRegionError,
@@ -280,6 +281,21 @@ def manifest_of(tbl, rid):
     return dict(tbl.region_manifests())[rid]
 
 
+def test_a_closed_table_refuses_routed_writes_and_keeps_what_it_took(tmp_path):
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    tbl.upsert(rows([1, 2]))
+    tbl.close()
+    with pytest.raises(TableClosedError, match="open_table"):
+        tbl.upsert(rows([3]))
+    with pytest.raises(TableClosedError):
+        tbl.delete([1])
+    assert tbl.live_writers() == {}  # nothing was claimed again
+    assert sorted(tbl.to_arrow().column("id").to_pylist()) == [1, 2]  # reads go on
+    with mw.open_table(str(tmp_path)) as again:
+        again.upsert(rows([3]))
+    assert sorted(mw.open_table(str(tmp_path)).to_arrow().column("id").to_pylist()) == [1, 2, 3]
+
+
 def test_a_table_without_region_spec_keeps_one_region_across_reopens(tmp_path):
     uri = str(tmp_path)
     ds = lance.write_dataset(SCHEMA.empty_table(), uri)
@@ -331,13 +347,13 @@ def test_bad_writer_arguments_are_typed_errors(tmp_path):
     for options in (
         {"bogus": 1},
         {"max_memtable_rows": -5},
-        {"max_wal_flush_interval": "x"},
-        {"max_unflushed_bytes": 0},
+        {"max_wal_flush_interval_ms": "x"},
+        {"max_unflushed_memtable_bytes": 0},
     ):
         with pytest.raises(InvalidInputError, match=next(iter(options))):
             tbl.writer(region_values=(0,), **options)
     with pytest.raises(InvalidInputError, match="durable"):
-        mw.WriterConfig(durable="no")
+        mw.WriterConfig(durable_write="no")
     assert tbl.regions() == []  # nothing claimed by any refused call
 
 

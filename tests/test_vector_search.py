@@ -98,7 +98,7 @@ def test_search_equals_brute_force_after_every_step(
         base_rows,
         primary_key="k",
         region_spec=mw.RegionSpec.bucket("k", 2),
-        writer_config=mw.WriterConfig(durable=False, max_memtable_rows=40),
+        writer_config=mw.WriterConfig(durable_write=False, max_memtable_rows=40),
     )
     tbl.create_index("vec", "IVF_FLAT", num_partitions=2)
     model = Model(["k"])

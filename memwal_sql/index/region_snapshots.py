@@ -160,8 +160,6 @@ def load_region_snapshots(
     are authoritative anyway."""
     if details.snapshot_ts_millis <= 0:
         return None
-    if details.num_regions == 0:
-        return []
     try:
         if details.HasField("inline_snapshots"):
             table = from_lance_bytes(details.inline_snapshots)

@@ -14,6 +14,7 @@ a slow merger's stale delete could remove a key a later generation re-inserted.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
 
 _ATTEMPTS = 8
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -167,6 +169,17 @@ def merge_table(
     # A region the index has merged from but whose directory is gone fails the pass loudly.
     for rid in sorted(set(table.regions()) | set(table.merged_generations())):
         merge_region(table, rid, max_generations=max_generations_per_region, result=result)
+    _log.info(
+        "merge of %s: %d generation(s) of %d region(s), %d rows upserted, %d deleted, "
+        "%d conflict(s), %.2f s",
+        table.uri,
+        sum(len(g) for g in result.merged.values()),
+        len(result.merged),
+        result.rows_upserted,
+        result.rows_deleted,
+        result.conflicts,
+        result.seconds,
+    )
     return result
 
 

@@ -78,8 +78,9 @@ def build_region_snapshots(table: MemWalTable) -> SnapshotResult:
         table.store.sync_tree(path.rpartition("/")[0])  # before the commit that names it
 
     def change(details: MemWalIndexDetails) -> None:
+        # num_regions keeps the region spec's count, as Lance 14 writes it: the snapshot's
+        # own row count is in the snapshot.
         details.snapshot_ts_millis = now_ms
-        details.num_regions = rows.num_rows
         if inline is not None:
             details.inline_snapshots = inline
         else:

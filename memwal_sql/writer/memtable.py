@@ -70,6 +70,10 @@ class MemTable:
             self.nbytes += batch.nbytes if nbytes is None else nbytes
             self.last_seq = seq
 
+    @property
+    def num_batches(self) -> int:
+        return len(self._batches)
+
     def batches(self) -> list[pa.RecordBatch]:
         """A consistent copy of the batch list (safe to read while writers append)."""
         with self._lock:

@@ -11,15 +11,14 @@ generations by a background thread, each flush ending in an epoch-checked manife
 from __future__ import annotations
 
 import atexit
-import math
-import numbers
+import logging
 import threading
 import time
 import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -29,7 +28,6 @@ from memwal_sql._proto.memwal_pb2 import RegionManifest
 from memwal_sql.errors import (
     CommitConflictError,
     CorruptWalEntryError,
-    InvalidInputError,
     MemWalError,
     ObjectExistsError,
     StorageError,
@@ -42,6 +40,7 @@ from memwal_sql.index.maintained import MaintainedIndex
 from memwal_sql.index.region_spec import RegionSpec
 from memwal_sql.manifest import RegionManifestStore, claim_region, commit_change
 from memwal_sql.storage import ObjectStore, layout
+from memwal_sql.writer.config import WriterConfig
 from memwal_sql.writer.generation import write_generation
 from memwal_sql.writer.memtable import MemTable, latest_per_key
 from memwal_sql.writer.rows import RowCoercer
@@ -61,6 +60,7 @@ _FLUSH_ATTEMPTS = 3
 # Races a claim may lose for a WAL position before it gives up; each leaps twice as far ahead.
 MAX_SENTINEL_RACES = 16
 _OPEN_WRITERS: weakref.WeakSet[RegionWriter] = weakref.WeakSet()
+_log = logging.getLogger(__name__)
 
 
 @atexit.register
@@ -69,60 +69,6 @@ def _release_open_writers() -> None:
     # when Python finalizes, which crashes the process. Stop the threads first.
     for writer in list(_OPEN_WRITERS):
         writer._release_at_exit()
-
-
-@dataclass(frozen=True)
-class WriterConfig:
-    """Thresholds of a region writer (names follow Lance 14's writer options).
-
-    Example:
-        >>> WriterConfig(durable=False).with_overrides(max_memtable_rows=10).max_memtable_rows
-        10
-    """
-
-    durable: bool = True
-    """Return from a write only once its WAL entry is stored."""
-    max_wal_buffer_bytes: int = 8 << 20
-    max_wal_buffer_batches: int = 256
-    max_wal_flush_interval: float = 0.1
-    """Seconds a non-durable write may wait in the WAL buffer."""
-    max_memtable_rows: int = 1_000_000
-    max_memtable_bytes: int = 256 << 20
-    max_unflushed_bytes: int = 1 << 30
-    """Writes block (backpressure) while frozen MemTables hold more than this."""
-    indexed_writes: bool = False
-    """Bring the MemTable's in-memory indexes (the table's maintained vector and inverted
-    indexes) up to date before a write returns (the spec's indexed write); otherwise the
-    first search after a write does it."""
-
-    def __post_init__(self) -> None:
-        for name in ("durable", "indexed_writes"):
-            if not isinstance(getattr(self, name), bool):
-                raise InvalidInputError(
-                    f"{name} must be True or False, not {getattr(self, name)!r}"
-                )
-        for f in fields(self):
-            if f.name in ("durable", "indexed_writes"):
-                continue
-            v = getattr(self, f.name)
-            # A zero flush interval means "put at once"; the thresholds need at least one.
-            least = 0 if f.name == "max_wal_flush_interval" else 1
-            if (
-                isinstance(v, bool)
-                or not isinstance(v, numbers.Real)
-                or not math.isfinite(v)
-                or v < least
-            ):
-                raise InvalidInputError(f"{f.name} must be a finite number >= {least}, not {v!r}")
-
-    def with_overrides(self, **overrides: Any) -> WriterConfig:
-        unknown = sorted(set(overrides) - {f.name for f in fields(self)})
-        if unknown:
-            raise InvalidInputError(
-                f"unknown writer option(s) {unknown}; the options are "
-                f"{[f.name for f in fields(self)]}"
-            )
-        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
 
 @dataclass(frozen=True)
@@ -241,10 +187,10 @@ class RegionWriter:
             writer_epoch=self.epoch,
             next_position=self._replay_floor + 1,
             on_entry_written=self._entry_written,
-            max_buffer_bytes=self.config.max_wal_buffer_bytes,
+            max_buffer_bytes=self.config.max_wal_buffer_size,
             max_buffer_batches=self.config.max_wal_buffer_batches,
             max_flush_interval=self.config.max_wal_flush_interval,
-            background=not self.config.durable,
+            background=not self.config.durable_write,
         )
         self._memtables_by_gen = {self._active.generation: self._active}
         self._flush_thread = threading.Thread(
@@ -252,6 +198,14 @@ class RegionWriter:
         )
         self._flush_thread.start()
         _OPEN_WRITERS.add(self)
+        _log.info(
+            "claimed region %s of %s at epoch %d (generation %d, %d WAL entries replayed)",
+            self.region_id,
+            table.store.uri,
+            self.epoch,
+            self._active.generation,
+            self._stats.replayed_entries,
+        )
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -283,7 +237,7 @@ class RegionWriter:
 
     def _await(self, seq: int) -> None:
         """Wait until WAL sequence ``seq`` is stored, if this writer is durable."""
-        if self.config.durable and seq:
+        if self.config.durable_write and seq:
             self._wal.wait(seq)
 
     def delete(self, keys: Any) -> None:
@@ -561,7 +515,7 @@ class RegionWriter:
             nbytes = batch.get_total_buffer_size()
         with self._mutex:
             self._check_open()
-            if self._frozen_bytes > self.config.max_unflushed_bytes:
+            if self._frozen_bytes > self.config.max_unflushed_memtable_bytes:
                 self._backpressure_locked()
             memtable = self._active
             seq = self._wal.append(batch, self._active.generation, nbytes)
@@ -573,7 +527,8 @@ class RegionWriter:
                 self._stats.deletes += 1
             if (
                 self._active.num_rows >= self.config.max_memtable_rows
-                or self._active.nbytes >= self.config.max_memtable_bytes
+                or self._active.nbytes >= self.config.max_memtable_size
+                or self._active.num_batches >= self.config.max_memtable_batches
             ):
                 self._freeze_locked()
         if self.config.indexed_writes:
@@ -605,13 +560,19 @@ class RegionWriter:
     def _backpressure_locked(self) -> None:
         t0 = None
         while (
-            self._frozen_bytes > self.config.max_unflushed_bytes
+            self._frozen_bytes > self.config.max_unflushed_memtable_bytes
             and self._error is None
             and not self._closed
         ):
             if t0 is None:
                 t0 = time.perf_counter()
                 self._stats.backpressure_waits += 1
+                _log.warning(
+                    "region %s: writes wait for flushes (%d unflushed bytes > %d)",
+                    self.region_id,
+                    self._frozen_bytes,
+                    self.config.max_unflushed_memtable_bytes,
+                )
             self._lock.wait(0.5)
         if t0 is not None:
             self._stats.backpressure_seconds += time.perf_counter() - t0
@@ -730,6 +691,13 @@ class RegionWriter:
             self._stats.flushed_rows += rows.num_rows
             self._stats.flush_seconds += time.perf_counter() - t0
             self._stats.generations.append(memtable.generation)
+        _log.info(
+            "region %s: flushed generation %d (%d rows) in %.3f s",
+            self.region_id,
+            memtable.generation,
+            rows.num_rows,
+            time.perf_counter() - t0,
+        )
 
     def _commit(self, change: Callable[[RegionManifest], bool]) -> None:
         """Commit ``change`` as the next manifest version, while still the region's owner."""

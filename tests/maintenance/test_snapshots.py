@@ -63,6 +63,30 @@ def test_inline_snapshot_holds_every_region_manifest(table):
     assert lance.dataset(table.uri).mem_wal_index_details() is not None  # Lance still reads it
 
 
+@pytest.mark.parametrize(
+    "spec", [mw.RegionSpec.bucket("k", 8), mw.RegionSpec.identity("k")], ids=["bucket", "identity"]
+)
+@pytest.mark.parametrize("threshold", [None, 1], ids=["inline", "external"])
+def test_num_regions_keeps_the_region_specs_count_after_snapshots(
+    tmp_path, spec, threshold, monkeypatch
+):
+    """As Lance 14's initialize_mem_wal writes it (bucket N: N, identity: 0); the snapshot's
+    own size is in the snapshot, and an identity table's snapshot is not taken as empty."""
+    if threshold is not None:
+        monkeypatch.setattr("memwal_sql.maintenance.snapshots.INLINE_THRESHOLD", threshold)
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="k", region_spec=spec)
+    assert tbl.mem_wal_details().num_regions == spec.num_regions
+    tbl.upsert(batch([1, 2, 3, 4, 5], "a"))
+    tbl.flush()
+    result = tbl.build_region_snapshots()
+    written = len(tbl.regions())
+    assert result.committed and result.regions == written and 2 <= written != spec.num_regions
+    assert tbl.mem_wal_details().num_regions == spec.num_regions
+    assert len(mw.open_table(str(tmp_path)).region_snapshots()) == written
+    assert tbl.to_arrow(consistency="eventual").sort_by("k") == batch([1, 2, 3, 4, 5], "a")
+    tbl.close()
+
+
 def test_an_external_snapshot_file_is_fsynced_before_the_commit_naming_it(table, monkeypatch):
     # The commit may reach the disk before GC syncs it; the file it names must be there then.
     monkeypatch.setattr("memwal_sql.maintenance.snapshots.INLINE_THRESHOLD", 2)

@@ -19,7 +19,7 @@ _APPENDER = textwrap.dedent("""
     import sys
     import memwal_sql as mw
     from memwal_sql.errors import WriterFencedError
-    w = mw.open_table(sys.argv[1]).writer(region_id=sys.argv[2], durable=True)
+    w = mw.open_table(sys.argv[1]).writer(region_id=sys.argv[2], durable_write=True)
     i = 0
     try:
         while True:

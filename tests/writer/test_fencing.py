@@ -79,7 +79,7 @@ def test_appendix_1_stale_writer_is_fenced_and_no_write_is_lost(table_root):
 
 def test_fenced_flush_commit_leaves_the_manifest_to_the_new_writer(tmp_path):
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
-    a = tbl.writer(durable=False, max_wal_flush_interval=60)
+    a = tbl.writer(durable_write=False, max_wal_flush_interval_ms=60_000)
     a.upsert(rows([1], "A"))
     a._wal.flush()  # A's row is in the WAL (acknowledged) but not in a generation
     b = tbl.writer(region_id=a.region_id)

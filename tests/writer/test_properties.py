@@ -50,7 +50,7 @@ def check_sequence(uri, options, ops, bucketed, durable):
         primary_key="k",
         region_spec=spec,
         storage_options=options,
-        writer_config=mw.WriterConfig(durable=durable, max_memtable_rows=7),
+        writer_config=mw.WriterConfig(durable_write=durable, max_memtable_rows=7),
     )
     model = Model(["k"])
     for op, ks, seed in ops:

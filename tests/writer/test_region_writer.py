@@ -100,10 +100,10 @@ def test_memtable_thresholds_flush_in_the_background(table):
 
 
 def test_memtable_is_frozen_at_the_byte_threshold(table_root):
-    # Far below max_memtable_rows: only max_memtable_bytes can freeze these MemTables. Each
+    # Far below max_memtable_rows: only max_memtable_size can freeze these MemTables. Each
     # batch is ~490 bytes in memory, so the third one of a MemTable crosses 1200.
     tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id", storage_options=table_root[1])
-    with tbl.writer(max_memtable_bytes=1200) as w:
+    with tbl.writer(max_memtable_size=1200) as w:
         for i in range(6):
             w.upsert(rows(list(range(100 + 20 * i, 120 + 20 * i))))
         s = w.stats()
@@ -137,7 +137,7 @@ def test_a_durable_put_does_not_wait_for_the_flush_interval(table_root):
     # The flush interval is for buffered (non-durable) writes: a durable caller leads the WAL
     # put itself, so a lone durable write costs one put, never a timer tick.
     tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id", storage_options=table_root[1])
-    with tbl.writer(max_wal_flush_interval=5.0) as w:
+    with tbl.writer(max_wal_flush_interval_ms=5_000) as w:
         for i in range(3):
             t0 = time.perf_counter()
             w.upsert(rows([i]))
@@ -147,7 +147,7 @@ def test_a_durable_put_does_not_wait_for_the_flush_interval(table_root):
 
 def test_non_durable_puts_are_buffered_into_few_entries(table_root):
     tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id", storage_options=table_root[1])
-    with tbl.writer(durable=False, max_wal_flush_interval=10.0) as w:
+    with tbl.writer(durable_write=False, max_wal_flush_interval_ms=10_000) as w:
         for i in range(100):
             w.upsert(rows([i]))
         assert w.stats()["wal_entries_written"] == 0  # nothing forced a put yet
@@ -155,12 +155,12 @@ def test_non_durable_puts_are_buffered_into_few_entries(table_root):
     assert lance_latest_rows(*table_root_key(table_root, ["id"])).num_rows == 100
 
 
-@pytest.mark.parametrize("limit", [{"max_wal_buffer_bytes": 1000}, {"max_wal_buffer_batches": 3}])
+@pytest.mark.parametrize("limit", [{"max_wal_buffer_size": 1000}, {"max_wal_buffer_batches": 3}])
 def test_a_full_non_durable_buffer_is_put_without_waiting_for_the_interval(table_root, limit):
     # Two small batches stay buffered; the third fills the buffer (by bytes, or by count), and
     # the background thread puts all three as one entry at once, not when the 60 s are up.
     tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id", storage_options=table_root[1])
-    with tbl.writer(durable=False, max_wal_flush_interval=60.0, **limit) as w:
+    with tbl.writer(durable_write=False, max_wal_flush_interval_ms=60_000, **limit) as w:
         w.upsert(rows([1]))
         w.upsert(rows([2]))
         assert w.stats()["wal_entries_written"] == 0
@@ -172,7 +172,7 @@ def test_a_full_non_durable_buffer_is_put_without_waiting_for_the_interval(table
 
 def test_non_durable_puts_reach_the_wal_within_the_interval(table_root):
     tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id", storage_options=table_root[1])
-    w = tbl.writer(durable=False, max_wal_flush_interval=0.05)
+    w = tbl.writer(durable_write=False, max_wal_flush_interval_ms=50)
     w.upsert(rows([1]))
     import time
 
@@ -220,7 +220,7 @@ def test_rows_of_another_region_are_refused_and_nothing_is_written(table_root):
 
 
 def test_backpressure_blocks_until_flushes_catch_up(table_root, monkeypatch):
-    # Slowed flushes fall behind the writer. With max_unflushed_bytes=1, a write must wait until
+    # Slowed flushes fall behind the writer. With max_unflushed_memtable_bytes=1, a write must wait until
     # no frozen MemTable is left, so each write leaves at most the one MemTable it froze itself.
     from memwal_sql.writer import generation
 
@@ -234,7 +234,7 @@ def test_backpressure_blocks_until_flushes_catch_up(table_root, monkeypatch):
     tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id", storage_options=table_root[1])
     model = Model(["id"])
     most_frozen = 0
-    with tbl.writer(durable=False, max_memtable_rows=10, max_unflushed_bytes=1) as w:
+    with tbl.writer(durable_write=False, max_memtable_rows=10, max_unflushed_memtable_bytes=1) as w:
         for i in range(30):
             batch = rows(list(range(i * 7, i * 7 + 10)), tag=str(i))
             w.upsert(batch)
@@ -268,8 +268,8 @@ def test_a_writer_left_open_at_exit_stores_its_writes_and_exits_cleanly(tmp_path
     script = (
         "import sys, pyarrow as pa, memwal_sql as mw\n"
         "from tests.writer.test_region_writer import rows\n"
-        f"w = mw.open_table({uri!r}).writer(durable=False, max_memtable_rows=3000,\n"
-        "                                   max_wal_flush_interval=60)\n"
+        f"w = mw.open_table({uri!r}).writer(durable_write=False, max_memtable_rows=3000,\n"
+        "                                   max_wal_flush_interval_ms=60_000)\n"
         "for i in range(40):\n"
         "    w.upsert(rows(list(range(i * 1000, i * 1000 + 1000))))\n"
     )
@@ -333,7 +333,7 @@ def test_slices_of_a_large_batch_count_and_keep_only_their_own_rows(tmp_path):
         schema=SCHEMA,
     )
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
-    with tbl.writer(durable=False, max_memtable_bytes=8 << 20) as w:
+    with tbl.writer(durable_write=False, max_memtable_size=8 << 20) as w:
         for batch in big.to_batches(max_chunksize=1_000):
             w.upsert(batch)
         held = w.stats()["memtable_bytes"]
@@ -345,7 +345,7 @@ def test_slices_after_a_wide_row_are_still_copied(tmp_path):
     # Whether a batch is a slice is told by its buffers, not by its size per row compared
     # with earlier batches: after one wide row, small slices of large tables looked normal.
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
-    with tbl.writer(durable=False) as w:
+    with tbl.writer(durable_write=False) as w:
         w.upsert(pa.table({"id": [-1], "v": ["w" * 1_000_000], "n": [0.0]}, schema=SCHEMA))
         before = w.stats()["memtable_bytes"]
         for k in range(5):
@@ -421,7 +421,7 @@ def test_small_slices_of_a_batch_count_only_their_rows(table_root):
         schema=SCHEMA,
     )
     tbl = mw.create_table(uri, SCHEMA, primary_key="id", storage_options=opts)
-    with tbl.writer(durable=False, max_memtable_bytes=4 << 20) as w:
+    with tbl.writer(durable_write=False, max_memtable_size=4 << 20) as w:
         for i in range(2_000):
             w.upsert(parent.slice(i, 1))
         assert w.stats()["memtable_bytes"] < 10 * parent.slice(0, 2_000).nbytes
