@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench proto clean
+.PHONY: demo test test-fast lint bench proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,9 +18,14 @@ demo: $(STAMP)
 	$(VENV)/bin/memwal demo
 	$(VENV)/bin/memwal demo --spark
 
-test: $(STAMP)
+test: lint
 	scripts/ensure-java
 	$(PY) -m pytest -q -ra
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not s3"

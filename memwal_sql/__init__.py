@@ -56,7 +56,7 @@ _LAZY = {
     "open_table": "memwal_sql.table",
     "region_id_for": "memwal_sql.table",
     "RegionWriter": "memwal_sql.writer.region_writer",
-    "WriterConfig": "memwal_sql.writer.region_writer",
+    "WriterConfig": "memwal_sql.writer.config",
     "connect": "memwal_sql.session",
     "MemWalContext": "memwal_sql.session",
 }

@@ -17,8 +17,9 @@ import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import lance
@@ -55,6 +56,18 @@ from memwal_sql.storage.store import is_access_denied, with_default_timeouts
 from memwal_sql.writer.bloom import is_supported_pk_type
 from memwal_sql.writer.config import WriterConfig
 from memwal_sql.writer.region_writer import RegionWriter, TableLayout
+
+if TYPE_CHECKING:  # the maintenance and search modules import this one
+    from memwal_sql.index.maintained import MaintainedIndex
+    from memwal_sql.maintenance import (
+        CatchupResult,
+        GcResult,
+        MaintenanceResult,
+        MergeResult,
+        SnapshotResult,
+        VerifyReport,
+    )
+    from memwal_sql.search import IndexInfo
 from memwal_sql.writer.rows import RowCoercer, to_arrow_table
 from memwal_sql.writer.wal import TOMBSTONE
 
@@ -263,7 +276,9 @@ class MemWalTable:
         """The newest generation of each region already merged into the base table."""
         return region_generations(self.mem_wal_details(dataset).merged_generations)
 
-    def maintained_indexes(self, dataset: lance.LanceDataset | None = None) -> list[Any]:
+    def maintained_indexes(
+        self, dataset: lance.LanceDataset | None = None
+    ) -> list[MaintainedIndex]:
         """The base-table indexes writers maintain (each flushed generation builds them),
         as :class:`~memwal_sql.index.maintained.MaintainedIndex` es; read once per base
         version."""
@@ -420,7 +435,7 @@ class MemWalTable:
         name: str | None = None,
         replace: bool = True,
         **params: Any,
-    ) -> Any:
+    ) -> IndexInfo:
         """Create an index on the base table and maintain it: ``IVF_PQ``, ``IVF_FLAT``,
         ``IVF_HNSW_SQ`` (vectors; ``params`` as Lance's ``create_index`` takes them) or
         ``INVERTED``, ``BTREE`` (scalar; as ``create_scalar_index``). The index is recorded in
@@ -434,7 +449,7 @@ class MemWalTable:
 
         return create_index(self, column, index_type, name=name, replace=replace, **params)
 
-    def list_indexes(self) -> list[Any]:
+    def list_indexes(self) -> list[IndexInfo]:
         """The base table's indexes: type, columns, whether writers maintain them, and how
         far each has caught up with the merged generations
         (:class:`~memwal_sql.search.IndexInfo`).
@@ -516,7 +531,7 @@ class MemWalTable:
 
     # ---- maintenance --------------------------------------------------------------------------
 
-    def merge(self, *, max_generations_per_region: int | None = None) -> Any:
+    def merge(self, *, max_generations_per_region: int | None = None) -> MergeResult:
         """Merge flushed generations into the base table (oldest first, progress recorded
         atomically with the data); returns a :class:`~memwal_sql.maintenance.MergeResult`.
 
@@ -528,7 +543,12 @@ class MemWalTable:
         with storage_failures(f"merge of {self.uri}"):
             return merge_table(self, max_generations_per_region=max_generations_per_region)
 
-    def gc(self, *, keep_manifest_versions: int = 10, base_versions_older_than: Any = None) -> Any:
+    def gc(
+        self,
+        *,
+        keep_manifest_versions: int = 10,
+        base_versions_older_than: timedelta | None = None,
+    ) -> GcResult:
         """Delete merged generations, WAL entries already in generations (never fence
         sentinels), orphaned generation directories and old manifest versions; returns a
         :class:`~memwal_sql.maintenance.GcResult`.
@@ -549,7 +569,7 @@ class MemWalTable:
                 base_versions_older_than=base_versions_older_than,
             )
 
-    def catch_up_indexes(self) -> Any:
+    def catch_up_indexes(self) -> CatchupResult:
         """Optimize the base table's indexes that lag behind merged rows; returns a
         :class:`~memwal_sql.maintenance.CatchupResult`.
 
@@ -561,7 +581,7 @@ class MemWalTable:
         with storage_failures(f"catch up indexes of {self.uri}"):
             return catch_up_indexes(self)
 
-    def build_region_snapshots(self) -> Any:
+    def build_region_snapshots(self) -> SnapshotResult:
         """Refresh the regions' WAL hints and snapshot every region into the MemWAL index, for
         eventual-consistency reads; returns a :class:`~memwal_sql.maintenance.SnapshotResult`.
 
@@ -574,8 +594,11 @@ class MemWalTable:
             return build_region_snapshots(self)
 
     def maintain(
-        self, *, base_versions_older_than: Any = None, keep_manifest_versions: int = 10
-    ) -> Any:
+        self,
+        *,
+        base_versions_older_than: timedelta | None = None,
+        keep_manifest_versions: int = 10,
+    ) -> MaintenanceResult:
         """One maintenance pass: :meth:`merge`, :meth:`catch_up_indexes`,
         :meth:`build_region_snapshots`, then :meth:`gc`; returns a
         :class:`~memwal_sql.maintenance.MaintenanceResult`.
@@ -592,7 +615,7 @@ class MemWalTable:
                 keep_manifest_versions=keep_manifest_versions,
             )
 
-    def verify(self, progress: Any = None) -> Any:
+    def verify(self, progress: Callable[[int], Any] | None = None) -> VerifyReport:
         """Scrub every region manifest version, WAL entry and generation file for damage;
         returns a :class:`~memwal_sql.maintenance.VerifyReport` (damage is reported, not
         raised). ``progress(n)`` is called as objects are checked.
@@ -847,6 +870,8 @@ def create_table(
             for k in keys:
                 if ds.to_table(columns=[k]).column(k).null_count:
                     raise PrimaryKeyError(f"column {k!r} of {uri} holds nulls; it cannot be a key")
+                if ds.schema.field(k).nullable:  # Lance requires a key column not nullable
+                    ds.alter_columns({"path": k, "nullable": False})  # type: ignore[dict-item]  # stub
                 meta = dict(ds.schema.field(k).metadata or {})
                 meta[PK_METADATA.decode()] = "true"
                 ds.replace_field_metadata(

@@ -12,9 +12,7 @@ import memwal_sql as mw
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string())])
 
 
-def test_claims_flushes_merges_and_gc_are_logged_and_nothing_is_printed(
-    tmp_path, caplog, capfd
-):
+def test_claims_flushes_merges_and_gc_are_logged_and_nothing_is_printed(tmp_path, caplog, capfd):
     caplog.set_level(logging.INFO, logger="memwal_sql")
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
     tbl.upsert(pa.table({"id": [1, 2], "v": ["a", "b"]}, schema=SCHEMA))

@@ -79,6 +79,20 @@ def test_enable_mem_wal_on_an_existing_lance_table(tmp_path):
     assert got.to_pylist() == [{"id": 1, "v": "a1"}, {"id": 2, "v": "new2"}]
 
 
+def test_enable_mem_wal_where_the_key_column_is_nullable_but_holds_no_null(tmp_path):
+    uri = str(tmp_path / "plain")
+    lance.write_dataset(pa.table({"id": [1, 2], "v": ["a", "b"]}), uri)  # id: nullable int64
+    tbl = mw.create_table(uri, None, primary_key="id")
+    assert not lance.dataset(uri).schema.field("id").nullable
+    tbl.upsert({"id": [3], "v": ["c"]})
+    assert sorted(tbl.to_arrow().column("id").to_pylist()) == [1, 2, 3]
+    tbl.close()
+    with_null = str(tmp_path / "nulls")
+    lance.write_dataset(pa.table({"id": [1, None], "v": ["a", "b"]}), with_null)
+    with pytest.raises(PrimaryKeyError, match="holds nulls"):
+        mw.create_table(with_null, None, primary_key="id")
+
+
 def test_create_and_open_errors(tmp_path):
     with pytest.raises(TableNotFoundError):
         mw.open_table(str(tmp_path / "missing"))

@@ -284,16 +284,17 @@ def _explain_kept(
     gens = [g.generation for g in kept]
     what = f"generation {gens[0]}" if len(gens) == 1 else f"generations {gens[0]}-{gens[-1]}"
     if state is None or gens[0] > state.merged_latest:
-        reason = "not merged into the base table yet (run merge)"
+        reason = "not merged into the base table yet (merge, or maintain)"
     elif gens[0] > state.merged_oldest:
         reason = (
             f"base version {state.oldest_version} is retained and predates their merge "
-            "(pass base_versions_older_than, or wait for the base table's version cleanup)"
+            "(drop older base versions with base_versions_older_than, or wait for the base "
+            "table's version cleanup)"
         )
     else:
         reason = (
             f"index {state.lagging_index!r} covers only up to generation "
             f"{state.index_caught_up if state.index_caught_up is not None else '(unknown)'} "
-            "(run catch_up_indexes or maintain)"
+            "(catch the indexes up: maintain)"
         )
     result.kept.append(GcKept(rid, what, reason))

@@ -79,7 +79,7 @@ def test_writer_defaults_round_trip_and_bad_values_are_typed_errors():
         {"max_memtable_rows": "many"},
         {"max_memtable_rows": "0"},
     ):
-        with pytest.raises(InvalidInputError, match="max_memtable_rows|durable_write"):
+        with pytest.raises(InvalidInputError, match=r"max_memtable_rows|durable_write"):
             WriterConfig.from_lance_defaults(bad)
     with pytest.raises(InvalidInputError, match="max_wal_flush_interval_ms"):
         WriterConfig(max_wal_flush_interval_ms=1.5)

@@ -1,0 +1,3 @@
+from memwal_sql.cli import main
+
+main()

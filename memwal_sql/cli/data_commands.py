@@ -1,0 +1,217 @@
+"""The commands that move rows: ``create``, ``ingest``, ``sql`` and ``lookup``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+from tqdm import tqdm
+
+import memwal_sql as mw
+from memwal_sql.cli import region_specs, storage_options
+from memwal_sql.cli.failures import CliError, UsageError, flatten, one_line
+from memwal_sql.cli.keys import parse_keys
+from memwal_sql.cli.output import write_rows
+from memwal_sql.cli.sources import Source, open_source
+from memwal_sql.errors import MemWalError, TableExistsError, TableNotFoundError
+
+
+def create(a: argparse.Namespace) -> None:
+    spec = region_specs.parse(a.region_spec) if a.region_spec else None
+    keys = names(a.primary_key, "--primary-key")
+    if a.with_data and a.source is None:
+        raise UsageError("--with-data loads the rows of --from FILE; give --from FILE")
+    path = a.source or a.schema_from
+    data: pa.Schema | pa.Table | None = None
+    if path is not None:
+        src = open_source(path, a.format)
+        missing = [k for k in keys if k not in src.schema.names]
+        if missing:
+            raise CliError(
+                f"primary key column(s) {', '.join(missing)} not in {path}; its columns are "
+                f"{', '.join(src.schema.names)}"
+            )
+        data = _key_not_null(src.to_table() if a.with_data else src.schema, keys, path)
+    try:
+        tbl = mw.create_table(
+            a.uri,
+            data,
+            primary_key=keys,
+            region_spec=spec,
+            storage_options=storage_options.from_args(a),
+        )
+    except TableExistsError:
+        raise CliError(
+            f"a table already exists at {a.uri}; write to it with `memwal ingest {a.uri} FILE` "
+            f"or look at it with `memwal inspect {a.uri}`"
+        ) from None
+    except TableNotFoundError:
+        if data is not None:
+            raise
+        raise CliError(
+            f"no Lance table at {a.uri} to enable MemWAL on; give --schema-from FILE or "
+            "--from FILE to create a new table"
+        ) from None
+    with tbl:
+        rows = f", {data.num_rows:,} rows" if isinstance(data, pa.Table) else ""
+        regions = tbl.region_spec.describe() if tbl.region_spec else "manual regions"
+        print(f"created {tbl.uri}: primary key ({', '.join(tbl.primary_key)}), {regions}{rows}")
+
+
+def _key_not_null(data: pa.Schema | pa.Table, keys: Sequence[str], path: str) -> Any:
+    """``data`` with its key columns non-nullable (CSV and JSON infer every column nullable)."""
+    schema = data if isinstance(data, pa.Schema) else data.schema
+    fields = [f.with_nullable(False) if f.name in keys else f for f in schema]
+    schema = pa.schema(fields, metadata=schema.metadata)
+    if isinstance(data, pa.Schema):
+        return schema
+    for k in keys:
+        nulls = data.column(k).null_count
+        if nulls:
+            raise CliError(
+                f"primary key column {k} is empty in {nulls:,} row(s) of {path}; every row "
+                "needs a key"
+            )
+    return data.cast(schema)
+
+
+def ingest(a: argparse.Namespace) -> None:
+    if a.batch_rows < 1:
+        raise UsageError("--batch-rows must be at least 1")
+    tbl = mw.open_table(a.uri, storage_options.from_args(a))
+    tbl.writer_config = tbl.writer_config.with_overrides(durable_write=not a.no_durable)
+    types = {f.name: f.type for f in tbl.schema}
+    # Every file is opened (and its columns checked) before anything is written.
+    plan = [
+        (src, _ingest_columns(tbl, src, a.delete)) for src in _sources(a.files, a.format, types)
+    ]
+    known = [src.known_rows() for src, _ in plan]
+    total = None if None in known else sum(n or 0 for n in known)
+    written, regions = 0, 0
+    try:
+        with tqdm(
+            total=total,
+            unit=" rows",
+            unit_scale=True,
+            desc="deleting" if a.delete else "upserting",
+            disable=None,  # only on a terminal
+            file=sys.stderr,
+        ) as bar:
+            for src, columns in plan:
+                for batch in src.batches(a.batch_rows, columns):
+                    if a.delete:
+                        tbl.delete(pa.Table.from_batches([batch]))
+                    else:
+                        tbl.upsert(batch)
+                    written += batch.num_rows
+                    bar.update(batch.num_rows)
+            regions = len(tbl.live_writers())
+        tbl.close()
+    except (MemWalError, CliError) as e:
+        _close_quietly(tbl)
+        raise CliError(
+            f"{one_line(e)} ({written:,} row(s) of this run were written before the failure)"
+        ) from e
+    except BaseException:
+        _close_quietly(tbl)
+        raise
+    what = f"deleted {written:,} key(s)" if a.delete else f"upserted {written:,} row(s)"
+    durable = "" if not a.no_durable else " (not durable: acknowledged before the WAL put)"
+    print(f"{what} from {len(plan)} file(s) in {regions} region(s) of {a.uri}{durable}")
+
+
+def _sources(paths: Sequence[str], fmt: str | None, types: dict[str, pa.DataType]) -> list[Source]:
+    return [open_source(p, fmt, types) for p in paths]
+
+
+def _ingest_columns(tbl: Any, src: Source, delete: bool) -> list[str] | None:
+    """The columns of ``src`` to read: all (upserts), or the key and region-spec columns
+    (deletes); a :class:`CliError` if ``src`` lacks one or has one the table does not."""
+    have = src.schema.names
+    key = list(tbl.primary_key)
+    missing = [k for k in key if k not in have]
+    if missing:
+        raise CliError(
+            f"{src.path} has no primary key column(s) {', '.join(missing)}; its columns are "
+            f"{', '.join(have)}"
+        )
+    if delete:
+        spec_columns = tbl.region_spec.source_columns if tbl.region_spec else ()
+        routing = [c for c in spec_columns if c not in key]
+        lacking = [c for c in routing if c not in have]
+        if lacking:
+            raise CliError(
+                f"deleting from {src.path} needs the region-spec column(s) "
+                f"{', '.join(lacking)} too: the table's regions are split by them"
+            )
+        return key + routing
+    unknown = [c for c in have if c not in tbl.schema.names]
+    if unknown:
+        raise CliError(
+            f"{src.path} has column(s) {', '.join(unknown)} the table does not have; its "
+            f"columns are {', '.join(tbl.schema.names)}"
+        )
+    return None
+
+
+def _close_quietly(tbl: Any) -> None:
+    try:
+        tbl.close()  # what was acknowledged is flushed; the first error is the one reported
+    except Exception:
+        pass
+
+
+def sql(a: argparse.Namespace) -> None:
+    options = storage_options.from_args(a)
+    ctx = mw.connect()
+    for name, uri in _named_tables(a.table):
+        ctx.register(name, mw.open_table(uri, options))
+    try:
+        rows = ctx.sql(a.query).to_arrow_table()
+    except MemWalError:
+        raise
+    except Exception as e:  # DataFusion's errors: ValueError, or a plain Exception
+        raise CliError(f"query failed: {flatten(str(e))}") from None
+    write_rows(rows, a.output)
+
+
+def _named_tables(specs: Sequence[str]) -> list[tuple[str, str]]:
+    out: dict[str, str] = {}
+    for spec in specs:
+        name, eq, uri = spec.partition("=")
+        if not eq or not name or not uri:
+            raise UsageError(
+                f"bad --table {spec!r}: write NAME=URI, e.g. events=s3://bucket/events"
+            )
+        if name in out:
+            raise UsageError(f"--table {name} is given twice")
+        out[name] = uri
+    return list(out.items())
+
+
+def lookup(a: argparse.Namespace) -> None:
+    tbl = mw.open_table(a.uri, storage_options.from_args(a))
+    columns = names(a.columns, "--columns") if a.columns else None
+    unknown = [c for c in columns or () if c not in tbl.schema.names]
+    if unknown:
+        raise CliError(
+            f"no column(s) {', '.join(unknown)} in {a.uri}; its columns are "
+            f"{', '.join(tbl.schema.names)}"
+        )
+    keys = parse_keys(a.keys, tbl.schema, tbl.primary_key)
+    rows = tbl.lookup(keys, columns=columns)
+    write_rows(rows, a.output)
+    wanted = keys.group_by(list(keys.column_names)).aggregate([]).num_rows
+    if rows.num_rows < wanted:
+        print(f"memwal: found {rows.num_rows} of {wanted} key(s)", file=sys.stderr)
+
+
+def names(text: str, option: str) -> list[str]:
+    """Comma-separated column names."""
+    out = [n.strip() for n in text.split(",")]
+    if not all(out):
+        raise UsageError(f"bad {option} {text!r}: write comma-separated column names, e.g. a,b")
+    return out

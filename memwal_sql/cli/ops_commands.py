@@ -1,0 +1,192 @@
+"""The operator's commands: ``inspect``, ``merge``, ``gc``, ``maintain``, ``verify``,
+``set-aside`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+from tqdm import tqdm
+
+import memwal_sql as mw
+from memwal_sql.cli import storage_options
+from memwal_sql.cli.output import size, text_table
+
+
+def _open(a: argparse.Namespace) -> mw.MemWalTable:
+    return mw.open_table(a.uri, storage_options.from_args(a))
+
+
+def inspect(a: argparse.Namespace) -> None:
+    from memwal_sql.maintenance.status import region_status
+
+    tbl = _open(a)
+    regions = region_status(tbl)
+    spec = tbl.region_spec.describe() if tbl.region_spec else "manual regions"
+    version = tbl.dataset().version
+    if a.json:
+        doc = {
+            "uri": tbl.uri,
+            "primary_key": list(tbl.primary_key),
+            "region_spec": spec,
+            "base_version": version,
+            "regions": [r.to_dict() for r in regions],
+        }
+        print(json.dumps(doc, indent=2))
+        return
+    healthy = [r for r in regions if r.problem is None]
+    print(f"table {tbl.uri}")
+    print(f"  primary key:  {', '.join(tbl.primary_key)}")
+    print(f"  region spec:  {spec}")
+    print(f"  base version: {version}")
+    print(
+        f"  regions:      {len(regions)}, "
+        f"{sum(r.unmerged_generations for r in healthy)} unmerged generation(s), "
+        f"{sum(r.unmerged_rows for r in healthy):,} unmerged row(s), "
+        f"{size(sum(sum(r.storage_bytes.values()) for r in healthy))} in _mem_wal/"
+    )
+    if not regions:
+        return
+    header = (
+        "region", "epoch", "gens", "merged", "unmerged", "unmerged rows", "merge lag",
+        "WAL", "storage", "index catch-up",
+    )  # fmt: skip
+    lines = [
+        [
+            r.region_id,
+            r.writer_epoch,
+            len(r.flushed_generations),
+            r.merged_generation,
+            r.unmerged_generations,
+            r.unmerged_rows,
+            _duration(r.merge_lag_seconds),
+            r.wal_entries,
+            size(sum(r.storage_bytes.values())),
+            _catchup(r.index_catchup, r.merged_generation),
+        ]
+        for r in healthy
+    ]
+    print()
+    print(text_table(header, lines))
+    for r in regions:
+        if r.problem is not None:
+            print(f"region {r.region_id} DAMAGED: {r.problem}")
+
+
+def _duration(seconds: float) -> str:
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _catchup(indexes: dict[str, int | None], merged: int) -> str:
+    parts = []
+    for name, gen in indexes.items():
+        if gen is None:
+            parts.append(f"{name}@?")
+        else:
+            parts.append(f"{name}@{gen}" + (" (behind)" if gen < merged else ""))
+    return ", ".join(parts) or "-"
+
+
+def merge(a: argparse.Namespace) -> None:
+    r = _open(a).merge()
+    gens = sum(len(g) for g in r.merged.values())
+    print(
+        f"merged {gens} generation(s) from {len(r.merged)} region(s): {r.rows_upserted:,} rows "
+        f"upserted, {r.rows_deleted:,} deleted, {r.conflicts} conflict(s), {r.seconds:.2f} s"
+    )
+
+
+def _older(a: argparse.Namespace) -> timedelta | None:
+    s = a.base_versions_older_than
+    return None if s is None else timedelta(seconds=s)
+
+
+def gc(a: argparse.Namespace) -> None:
+    r = _open(a).gc(
+        keep_manifest_versions=a.keep_manifest_versions, base_versions_older_than=_older(a)
+    )
+    summary = getattr(r, "summary", None)
+    if callable(summary):
+        print(summary())
+    else:  # until GcResult.summary() lands
+        print(
+            f"deleted {sum(len(g) for g in r.generations.values())} generation(s), "
+            f"{r.wal_entries} WAL entries, {r.orphan_directories} orphan directories, "
+            f"{r.manifest_versions} manifest versions ({r.objects} objects)"
+        )
+
+
+def maintain(a: argparse.Namespace) -> None:
+    tbl = _open(a)
+    passes = 0
+    repeat = a.watch is not None or a.iterations > 1
+    try:
+        while True:
+            r = tbl.maintain(
+                base_versions_older_than=_older(a), keep_manifest_versions=a.keep_manifest_versions
+            )
+            passes += 1
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S ") if a.watch is not None else ""
+            print(f"{stamp}pass {passes}: {_pass_summary(r)}", flush=True)
+            if not repeat or (a.iterations and passes >= a.iterations):
+                break
+            time.sleep(a.watch or 0)
+    except KeyboardInterrupt:
+        if a.watch is None:
+            raise
+        print(f"stopped after {passes} pass(es)")
+
+
+def _pass_summary(r: Any) -> str:
+    return (
+        f"merged {sum(len(g) for g in r.merge.merged.values())} generation(s) "
+        f"({r.merge.rows_upserted:,} rows upserted, {r.merge.rows_deleted:,} deleted), "
+        f"optimized {len(r.indexes.optimized)} index(es), "
+        f"snapshotted {r.snapshots.regions} region(s), deleted {r.gc.objects} object(s)"
+    )
+
+
+def verify(a: argparse.Namespace) -> None:
+    tbl = _open(a)
+    with tqdm(desc="verifying", unit=" objects", disable=True if a.json else None) as bar:
+        report = tbl.verify(progress=bar.update)
+    if a.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(report.summary())
+    if not report.ok:
+        sys.stdout.flush()
+        raise SystemExit(1)
+
+
+def set_aside(a: argparse.Namespace) -> None:
+    from memwal_sql.writer.wal import set_aside_damaged_entry
+
+    tbl = _open(a)
+    to = set_aside_damaged_entry(tbl.store, a.region_id, a.position)
+    print(
+        f"moved the damaged WAL entry at position {a.position} of region {a.region_id} to "
+        f"{tbl.store.uri_for(to)}; its rows are given up, and the next writer of the region "
+        "takes its position"
+    )
+
+
+def demo(a: argparse.Namespace) -> None:
+    from memwal_sql.cli.demo import run_demo, run_spark_demo
+
+    if a.spark:
+        if not run_spark_demo(rows=min(a.rows, 200_000), regions=a.regions, uri=a.uri):
+            raise SystemExit("spark demo check FAILED")
+        return
+    result = run_demo(rows=a.rows, regions=a.regions, uri=a.uri, durable=not a.no_durable)
+    if not result.matches:
+        raise SystemExit("demo check FAILED: stored rows differ from what was written")

@@ -1,0 +1,297 @@
+"""The ``memwal`` command tree: each subcommand's arguments, help and examples."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+from memwal_sql.cli import data_commands, ops_commands, region_specs, storage_options
+from memwal_sql.cli.output import OUTPUT_HELP, OUTPUTS
+from memwal_sql.cli.sources import FORMAT_HELP, FORMATS
+
+DESCRIPTION = """\
+memwal: streaming upserts into Lance tables through MemTables and a write-ahead log (MemWAL),
+read with SQL.
+
+A table lives at a local path, file:// or s3:// URI; object-store settings (endpoint,
+credentials) go in --storage-options KEY=VALUE or --storage-options-file FILE."""
+
+EPILOG = """\
+examples:
+  memwal create ./events --primary-key id --from events.parquet --region-spec bucket:id:4
+  memwal ingest ./events more.csv updates.jsonl
+  memwal sql "SELECT count(*) FROM events" --table events=./events
+  memwal lookup ./events 42 43 --columns id,user
+  memwal inspect ./events
+  memwal maintain ./events --watch 60
+
+Lance's own (Rust) log is off unless LANCE_LOG is set, e.g. LANCE_LOG=warn."""
+
+
+def _verbose(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=default,
+        help="log what memwal-sql does (-v: info, -vv: debug) on stderr",
+    )
+
+
+def build() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="memwal",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _verbose(p, 0)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    # Also after the command; SUPPRESS keeps a -v given before it.
+    _verbose(common, argparse.SUPPRESS)
+    table = argparse.ArgumentParser(add_help=False)
+    storage_options.add_arguments(table)
+
+    def command(
+        name: str, run: Callable[[argparse.Namespace], None], summary: str, examples: str,
+        opens_table: bool = True,
+    ) -> argparse.ArgumentParser:  # fmt: skip
+        c = sub.add_parser(
+            name,
+            help=summary,
+            description=textwrap.fill(summary, 79),
+            epilog="examples:\n" + examples,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            parents=[common, table] if opens_table else [common],
+        )
+        c.set_defaults(run=run)
+        return c
+
+    _create(command)
+    _ingest(command)
+    _sql(command)
+    _lookup(command)
+    _inspect(command)
+    _maintenance(command)
+    _repair(command)
+    return p
+
+
+def _uri(c: argparse.ArgumentParser) -> None:
+    c.add_argument("uri", metavar="URI", help="the table: a local path, file:// or s3:// URI")
+
+
+def _output(c: argparse.ArgumentParser) -> None:
+    c.add_argument("-o", "--output", choices=OUTPUTS, default="table", help=OUTPUT_HELP)
+
+
+def _create(command: Any) -> None:
+    c = command(
+        "create",
+        data_commands.create,
+        "create a MemWAL table, its schema (or schema and rows) from a file; with no file, "
+        "enable MemWAL on the existing Lance table at URI",
+        "  memwal create ./events --primary-key id --schema-from sample.csv\n"
+        "  memwal create ./events --primary-key id --from events.parquet --with-data \\\n"
+        "      --region-spec bucket:id:8\n"
+        "  memwal create s3://bucket/orders --primary-key tenant,order_id --from orders.jsonl \\\n"
+        "      --region-spec identity:tenant+bucket:order_id:4 \\\n"
+        "      --storage-options-file s3.env\n"
+        "  memwal create ./logs --primary-key id --from logs.arrow --region-spec day:ts\n"
+        "  memwal create ./m --primary-key id --from m.csv \\\n"
+        "      --region-spec 'expression:id:int64:col0 % 10'\n"
+        "  memwal create ./existing-lance-table --primary-key id",
+    )
+    _uri(c)
+    c.add_argument(
+        "--primary-key",
+        required=True,
+        metavar="COLS",
+        help="key column, or comma-separated columns",
+    )
+    src = c.add_mutually_exclusive_group()
+    src.add_argument("--schema-from", metavar="FILE", help="take the schema from FILE (no rows)")
+    src.add_argument(
+        "--from",
+        dest="source",
+        metavar="FILE",
+        help="take the schema from FILE (a file or a directory of files)",
+    )
+    c.add_argument(
+        "--with-data", action="store_true", help="also load the rows of --from FILE as the table"
+    )
+    c.add_argument("--format", choices=FORMATS, help=FORMAT_HELP)
+    c.add_argument("--region-spec", metavar="SPEC", help=region_specs.HELP)
+
+
+def _ingest(command: Any) -> None:
+    c = command(
+        "ingest",
+        data_commands.ingest,
+        "upsert the rows of files into a table (or, with --delete, delete their keys); "
+        "each write is durable (in the WAL) before the next",
+        "  memwal ingest ./events day1.parquet day2.parquet\n"
+        "  memwal ingest ./events exports/ --format csv --batch-rows 50000\n"
+        "  memwal ingest ./events gone.csv --delete\n"
+        "  memwal ingest s3://bucket/events new.jsonl --storage-options aws_region=eu-west-1",
+    )
+    _uri(c)
+    c.add_argument("files", nargs="+", metavar="FILE", help="a file or a directory of files")
+    c.add_argument("--format", choices=FORMATS, help=FORMAT_HELP)
+    c.add_argument(
+        "--delete", action="store_true", help="delete the keys in FILE (only key columns needed)"
+    )
+    c.add_argument(
+        "--batch-rows", type=int, default=10_000, metavar="N", help="rows per write (10000)"
+    )
+    c.add_argument(
+        "--no-durable",
+        action="store_true",
+        help="acknowledge writes before their WAL put (faster; a crash may lose the last ones)",
+    )
+
+
+def _sql(command: Any) -> None:
+    c = command(
+        "sql",
+        data_commands.sql,
+        "run a SQL query (DataFusion) over one or more tables, each registered by "
+        "--table NAME=URI; every acknowledged write is seen",
+        "  memwal sql \"SELECT count(*) FROM events\" --table events=./events\n"
+        "  memwal sql \"SELECT u.name, count(*) AS n FROM events e JOIN users u ON e.uid = u.id\n"
+        "              GROUP BY u.name ORDER BY n DESC LIMIT 10\" \\\n"
+        "      --table events=s3://bucket/events --table users=s3://bucket/users \\\n"
+        "      --storage-options-file s3.env --output csv\n"
+        "  memwal sql \"SELECT * FROM t WHERE id = 42\" --table t=./events --output json",
+    )  # fmt: skip
+    c.add_argument("query", metavar="QUERY", help="the SQL query")
+    c.add_argument(
+        "--table",
+        action="append",
+        required=True,
+        metavar="NAME=URI",
+        help="register the table at URI under NAME (repeat for more tables)",
+    )
+    _output(c)
+
+
+def _lookup(command: Any) -> None:
+    c = command(
+        "lookup",
+        data_commands.lookup,
+        "the latest row of each primary key (absent and deleted keys are left out)",
+        "  memwal lookup ./events 42 43 44\n"
+        "  memwal lookup ./events 42 --columns user,amount --output json\n"
+        "  memwal lookup ./orders acme,1001 zeta,7   # composite key (tenant, order_id)",
+    )
+    _uri(c)
+    c.add_argument(
+        "keys",
+        nargs="+",
+        metavar="KEY",
+        help="a key value; a composite key's parts comma-separated (a,b)",
+    )
+    c.add_argument("--columns", metavar="COLS", help="comma-separated columns to show")
+    _output(c)
+
+
+def _inspect(command: Any) -> None:
+    c = command(
+        "inspect",
+        ops_commands.inspect,
+        "show each region: writer epoch, generations, unmerged rows, merge lag, WAL entries, "
+        "storage and index catch-up",
+        "  memwal inspect ./events\n  memwal inspect s3://bucket/events --json | jq .regions",
+    )
+    _uri(c)
+    c.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _older_than(c: argparse.ArgumentParser) -> None:
+    c.add_argument(
+        "--keep-manifest-versions",
+        type=int,
+        default=10,
+        metavar="N",
+        help="region manifest versions to keep (10)",
+    )
+    c.add_argument(
+        "--base-versions-older-than",
+        type=float,
+        metavar="SECONDS",
+        help="first drop base-table versions older than this",
+    )
+
+
+def _maintenance(command: Any) -> None:
+    c = command(
+        "merge",
+        ops_commands.merge,
+        "merge flushed generations into the base table",
+        "  memwal merge ./events",
+    )
+    _uri(c)
+    c = command(
+        "gc",
+        ops_commands.gc,
+        "delete what no reader or writer can need: merged generations, replayed WAL entries, "
+        "orphans and old manifest versions; says what it kept and why",
+        "  memwal gc ./events\n  memwal gc ./events --base-versions-older-than 3600",
+    )
+    _uri(c)
+    _older_than(c)
+    c = command(
+        "maintain",
+        ops_commands.maintain,
+        "merge, index catch-up, region snapshots and gc: once, N times, or every SECONDS "
+        "alongside live writers (Ctrl-C stops --watch)",
+        "  memwal maintain ./events\n"
+        "  memwal maintain s3://bucket/events --watch 60 --storage-options-file s3.env\n"
+        "  memwal maintain ./events --watch 5 --iterations 12",
+    )
+    _uri(c)
+    c.add_argument(
+        "--watch", type=float, metavar="SECONDS", help="repeat every SECONDS until stopped"
+    )
+    c.add_argument("--iterations", type=int, default=0, metavar="N", help="stop after N passes")
+    _older_than(c)
+
+
+def _repair(command: Any) -> None:
+    c = command(
+        "verify",
+        ops_commands.verify,
+        "check every manifest, WAL entry and generation file for damage (exit status 1 if any)",
+        "  memwal verify ./events\n  memwal verify s3://bucket/events --json",
+    )
+    _uri(c)
+    c.add_argument("--json", action="store_true", help="print JSON instead of a summary")
+    c = command(
+        "set-aside",
+        ops_commands.set_aside,
+        "give up a damaged last WAL entry (a CorruptWalEntryError) by moving it to the "
+        "region's torn_wal/",
+        "  memwal set-aside ./events 0b7c...-region-id 17",
+    )
+    _uri(c)
+    c.add_argument("region_id", metavar="REGION", help="the region id (a UUID)")
+    c.add_argument("position", metavar="POSITION", type=int, help="the WAL entry's position")
+    c = command(
+        "demo",
+        ops_commands.demo,
+        "stream 1M upserts into 4 regions and check the result",
+        "  memwal demo\n  memwal demo --rows 100000 --regions 2\n  memwal demo --spark",
+        opens_table=False,
+    )
+    c.add_argument("--rows", type=int, default=1_000_000)
+    c.add_argument("--regions", type=int, default=4)
+    c.add_argument("--uri", help="where to write the table (default: a temporary directory)")
+    c.add_argument("--no-durable", action="store_true")
+    c.add_argument(
+        "--spark",
+        action="store_true",
+        help="instead: ingest through Spark, read back with format('memwal'), query",
+    )

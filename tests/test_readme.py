@@ -1,0 +1,107 @@
+"""The README's code blocks run as written, in order, in a fresh directory.
+
+Every ``python`` block runs; ``bash`` blocks run too, except the install block (``make ...``,
+which is how this test itself is run). The S3 and Spark how-tos run against the test S3 server
+and the test Spark session.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import S3_BUCKET
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+_BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
+
+
+def blocks() -> list[tuple[str, str, str]]:
+    """(heading, language, code) of every fenced block, in order."""
+    out, heading, pos = [], "", 0
+    for m in _BLOCK.finditer(README):
+        for h in re.findall(r"^#+ (.+)$", README[pos : m.start()], re.M):
+            heading = h
+        # Padded so a failure names the README's own line.
+        code = "\n" * README.count("\n", 0, m.start(2)) + m.group(2)
+        out.append((heading, m.group(1), code))
+        pos = m.end()
+    return out
+
+
+SPECIAL = {"Use S3", "Use Spark", "Install"}
+
+
+def run_python(code: str, where: Path) -> None:
+    old = Path.cwd()
+    os.chdir(where)
+    try:
+        exec(compile(code, "README.md", "exec"), {"__name__": "__readme__"})
+    finally:
+        os.chdir(old)
+
+
+def run_bash(code: str, where: Path) -> None:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", code],
+        cwd=where,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"{code}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+
+
+def quickstart(where: Path) -> None:
+    ((code,),) = [[c for h, lang, c in blocks() if h == "Quickstart" and lang == "python"]]
+    run_python(code, where)
+
+
+def test_the_readme_has_the_guides_sections_in_order():
+    headings = re.findall(r"^## (.+)$", README, re.M)
+    assert headings[:5] == ["Install", "Quickstart", "Concepts", "How-tos", "Writer options"]
+    for later in ("Command line", "Performance", "Limits"):
+        assert later in headings
+    assert "../" not in README and not re.search(r"\bissue \d", README, re.I)
+
+
+@pytest.mark.slow
+def test_every_python_and_shell_block_runs(tmp_path):
+    ran = 0
+    for heading, lang, code in blocks():
+        if heading in SPECIAL:
+            continue
+        if lang == "python":
+            run_python(code, tmp_path)
+        elif lang == "bash":
+            run_bash(code, tmp_path)
+        else:
+            continue
+        ran += 1
+    assert ran >= 8
+
+
+@pytest.mark.s3
+def test_the_s3_how_to_runs(tmp_path, s3_server, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server["aws_access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server["aws_secret_access_key"])
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server["aws_endpoint"])
+    monkeypatch.setenv("MEMWAL_BUCKET", S3_BUCKET)
+    (code,) = [c for h, lang, c in blocks() if h == "Use S3" and lang == "python"]
+    run_python(code.replace("readme-events", f"readme-{tmp_path.name}"), tmp_path)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_the_spark_how_to_runs(tmp_path, spark):
+    quickstart(tmp_path)
+    (code,) = [c for h, lang, c in blocks() if h == "Use Spark" and lang == "python"]
+    run_python(code, tmp_path)
