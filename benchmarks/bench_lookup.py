@@ -18,21 +18,19 @@ JSON (``--out``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
 import time
 
-import lance
 import numpy as np
 import pyarrow as pa
 from lance.mem_wal import LsmPointLookupPlanner
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_read import build
+from results_file import write_results
 
 from exec_nodes.lookup import CACHE
 from memwal_sql.interop import lance_shard_snapshots
@@ -178,28 +176,19 @@ def main() -> None:
         )
         print("\nexplained: tbl.explain_lookup([present[0]])\n" + tbl.explain_lookup([present[0]]))
         tbl.close()
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(
-                {
-                    "machine": {
-                        "cpus": os.cpu_count(),
-                        "platform": platform.platform(),
-                        "lance": lance.__version__,
-                    },
-                    "single": rows,
-                    "batched_keys_per_s": {
-                        "memwal": ours_kps,
-                        "memwal_median": ours_median_kps,
-                        "memwal_first_lookup_ms": cold_ms,
-                        "lance": lance_kps,
-                    },
-                    "sql_in_1000": sql_in,
+        write_results(
+            args.out,
+            {
+                "single": rows,
+                "batched_keys_per_s": {
+                    "memwal": ours_kps,
+                    "memwal_median": ours_median_kps,
+                    "memwal_first_lookup_ms": cold_ms,
+                    "lance": lance_kps,
                 },
-                f,
-                indent=2,
-            )
-        print(f"\nwrote {args.out}")
+                "sql_in_1000": sql_in,
+            },
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -17,9 +17,7 @@ Prints a table and writes JSON (``--out``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -31,6 +29,7 @@ import pyarrow.compute as pc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_read import SCHEMA, build
+from results_file import write_results
 
 from exec_nodes.lookup import CACHE
 from memwal_sql.manifest import RegionManifestStore
@@ -133,28 +132,19 @@ def main() -> None:
                 f"{name:<22}{before[name] * 1e3:>12.1f}{lagging[name] * 1e3:>12.1f}"
                 f"{after[name] * 1e3:>12.1f}{before[name] / after[name]:>10.2f}"
             )
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(
-                {
-                    "machine": {
-                        "cpus": os.cpu_count(),
-                        "platform": platform.platform(),
-                        "lance": lance.__version__,
-                    },
-                    "generations": len(gens),
-                    "rows": merged_rows,
-                    "merge_s": merge_s,
-                    "plain_merge_insert_s": plain_s,
-                    "index_catch_up_s": index_s,
-                    "read_before_s": before,
-                    "read_index_lagging_s": lagging,
-                    "read_after_s": after,
-                },
-                f,
-                indent=2,
-            )
-        print(f"\nwrote {args.out}")
+        write_results(
+            args.out,
+            {
+                "generations": len(gens),
+                "rows": merged_rows,
+                "merge_s": merge_s,
+                "plain_merge_insert_s": plain_s,
+                "index_catch_up_s": index_s,
+                "read_before_s": before,
+                "read_index_lagging_s": lagging,
+                "read_after_s": after,
+            },
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -23,6 +21,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
+from results_file import write_results
 
 SCAN = r"""
 import sys, time, json
@@ -149,19 +148,14 @@ def main() -> None:
                 f"{r['rows']:>13,}{r['rows'] / r['seconds']:>14,.0f}"
                 f"{r['rss_before_kib'] / 1024:>10.0f}MB{r['peak_rss_kib'] / 1024:>9.0f}MB"
             )
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(
-                {
-                    "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-                    "base_rows": args.base_rows,
-                    "upserts": args.upserts,
-                    "results": results,
-                },
-                f,
-                indent=2,
-            )
-        print(f"\nwrote {args.out}")
+        write_results(
+            args.out,
+            {
+                "base_rows": args.base_rows,
+                "upserts": args.upserts,
+                "results": results,
+            },
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -18,17 +18,14 @@ Prints rows/s and ratios (> 1: memwal-sql faster) and writes JSON (``--out``).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
 
-import lance
 import numpy as np
 import pyarrow as pa
+from results_file import write_results
 
 import memwal_sql as mw
 from memwal_sql.interop import lance_scanner
@@ -182,27 +179,18 @@ def main() -> None:
         plan = tbl.explain("tenant = 2")
         print("\nexplained: tbl.explain('tenant = 2')\n" + plan)
         tbl.close()
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(
-                {
-                    "machine": {
-                        "cpus": os.cpu_count(),
-                        "platform": platform.platform(),
-                        "lance": lance.__version__,
-                    },
-                    "layout": {
-                        "base_rows": args.base_rows,
-                        "upserts": args.upserts,
-                        "generations": gens,
-                        "live_memtable_rows": live_rows,
-                    },
-                    "results": results,
+        write_results(
+            args.out,
+            {
+                "layout": {
+                    "base_rows": args.base_rows,
+                    "upserts": args.upserts,
+                    "generations": gens,
+                    "live_memtable_rows": live_rows,
                 },
-                f,
-                indent=2,
-            )
-        print(f"\nwrote {args.out}")
+                "results": results,
+            },
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -25,9 +25,6 @@ Prints tables and writes JSON (``--out``).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import re
 import shutil
 import tempfile
@@ -37,6 +34,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 from lance.mem_wal import LsmVectorSearchPlanner
+from results_file import write_results
 
 import memwal_sql as mw
 from exec_nodes.knn import distances, vectors_of
@@ -248,29 +246,20 @@ def main() -> None:
         )
         print("\n" + tbl.explain_search(QUERIES[0], k=k))
         tbl.close()
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(
-                {
-                    "machine": {
-                        "cpus": os.cpu_count(),
-                        "platform": platform.platform(),
-                        "lance": lance.__version__,
-                    },
-                    "layout": vars(args),
-                    "index": INDEX,
-                    "vector": results,
-                    "fts": fts,
-                    "fts_score_agreement": {
-                        "queries": len(QUERIES),
-                        "same_ids": agree,
-                        "worst_relative_error": worst,
-                    },
+        write_results(
+            args.out,
+            {
+                "layout": vars(args),
+                "index": INDEX,
+                "vector": results,
+                "fts": fts,
+                "fts_score_agreement": {
+                    "queries": len(QUERIES),
+                    "same_ids": agree,
+                    "worst_relative_error": worst,
                 },
-                f,
-                indent=2,
-            )
-        print(f"\nwrote {args.out}")
+            },
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

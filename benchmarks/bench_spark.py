@@ -18,9 +18,7 @@ Python workers). Prints a table of ratios and writes JSON (``--out``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -30,6 +28,7 @@ import warnings
 import lance
 import numpy as np
 import pyarrow as pa
+from results_file import write_results
 
 import memwal_sql as mw
 import memwal_sql.spark as mws
@@ -177,24 +176,15 @@ def main() -> None:
         print()
         for k, v in ratios.items():
             print(f"{k:<32}{v:>8.2f}x")
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(
-                {
-                    "machine": {
-                        "cpus": os.cpu_count(),
-                        "platform": platform.platform(),
-                        "lance": lance.__version__,
-                    },
-                    "rows": args.rows,
-                    "base_rows": args.base_rows,
-                    "rows_per_s": rps,
-                    "ratios": ratios,
-                },
-                f,
-                indent=2,
-            )
-        print(f"\nwrote {args.out}")
+        write_results(
+            args.out,
+            {
+                "rows": args.rows,
+                "base_rows": args.base_rows,
+                "rows_per_s": rps,
+                "ratios": ratios,
+            },
+        )
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -15,20 +15,18 @@ is timed (median of ``--runs``), and the total ratio is printed and written as J
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
 import time
 
-import lance
 import numpy as np
 from datafusion import SessionContext
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tpch
+from results_file import write_results
 
 import memwal_sql as mw
 
@@ -129,24 +127,16 @@ def main() -> None:
             )
         for t in tables.values():
             t.close()
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(
-                {
-                    "machine": {
-                        "cpus": os.cpu_count(),
-                        "platform": platform.platform(),
-                        "lance": lance.__version__,
-                    },
-                    "scale": args.scale,
-                    "rounds": args.rounds,
-                    "stages": stages,
-                    "all_results_equal": all_ok,
-                },
-                f,
-                indent=2,
-            )
-        print(f"\nall results equal: {all_ok}; wrote {args.out}")
+        write_results(
+            args.out,
+            {
+                "scale": args.scale,
+                "rounds": args.rounds,
+                "stages": stages,
+                "all_results_equal": all_ok,
+            },
+        )
+        print(f"all results equal: {all_ok}")
         if not all_ok:
             sys.exit(1)
     finally:

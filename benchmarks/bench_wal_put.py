@@ -27,15 +27,14 @@ Usage: ``python benchmarks/bench_wal_put.py [--puts 600] [--out benchmarks/resul
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
 
 import numpy as np
+from results_file import write_results
 
 from memwal_sql.storage import ObjectStore
 
@@ -129,21 +128,12 @@ def main() -> None:
             f"{r['regime']:<16}{r['entry']:<13}{r['config']:<26}{r['mean_ms']:>9.3f}"
             f"{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}{r['floor_over_this']:>12.2f}"
         )
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(
-            {
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "platform": platform.platform(),
-                    "python": platform.python_version(),
-                },
-                "results": results,
-            },
-            f,
-            indent=2,
-        )
-    print(f"\nwrote {args.out}")
+    write_results(
+        args.out,
+        {
+            "results": results,
+        },
+    )
 
 
 if __name__ == "__main__":

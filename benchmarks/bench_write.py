@@ -24,9 +24,7 @@ Usage: ``python benchmarks/bench_write.py [--quick] [--out benchmarks/results/be
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -37,6 +35,7 @@ from dataclasses import dataclass
 import lance
 import numpy as np
 import pyarrow as pa
+from results_file import write_results
 
 import memwal_sql as mw
 
@@ -276,23 +275,13 @@ def main() -> None:
         }
         for k, v in ratios[br].items():
             print(f"{br:>6} {k:<42}{v:>8.2f}")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(
-            {
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "platform": platform.platform(),
-                    "python": platform.python_version(),
-                    "lance": lance.__version__,
-                },
-                "results": results,
-                "ratios": ratios,
-            },
-            f,
-            indent=2,
-        )
-    print(f"\nwrote {args.out}")
+    write_results(
+        args.out,
+        {
+            "results": results,
+            "ratios": ratios,
+        },
+    )
 
 
 if __name__ == "__main__":
