@@ -17,7 +17,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 import lance
 import numpy as np
@@ -112,29 +112,45 @@ def _layout(
     )
 
 
+T = TypeVar("T")
+
+
+def _base_index(
+    dataset: lance.LanceDataset, column: str, type_word: str, parse: Callable[[str, dict], T]
+) -> T | None:
+    """``parse(name, statistics)`` of the base index on ``column`` whose type names
+    ``type_word``; parsed once per base version (vector statistics carry every centroid, so
+    only what ``parse`` keeps is cached)."""
+    for d in dataset.describe_indices():
+        if d.field_names == [column] and type_word in d.type_url:
+
+            def load(name: str = d.name) -> tuple[T, int]:
+                stats = dataset.index_statistics(name)
+                stats = json.loads(stats) if isinstance(stats, str) else stats
+                return parse(name, stats), 1024
+
+            key = f"{dataset.uri}@{dataset.version}#{d.name}"
+            return CACHE.get(f"base_index_{type_word}", key, load)
+    return None
+
+
+def _vector_index(name: str, stats: dict) -> VectorIndex:
+    first = (stats.get("indices") or [{}])[0]
+    return VectorIndex(
+        name,
+        str(stats.get("index_type", "")),
+        str(first.get("metric_type", "l2")).lower(),
+        int(first.get("num_partitions") or 1),
+    )
+
+
 def vector_index(dataset: lance.LanceDataset, column: str) -> VectorIndex | None:
     """The base table's vector index on ``column`` (None if it has none).
 
     Example:
         ``vector_index(tbl.dataset(), "vec")  # VectorIndex("vec_idx", "IVF_PQ", "l2")``
     """
-    for d in dataset.describe_indices():
-        if d.field_names == [column] and "Vector" in d.type_url:
-
-            def load(d: Any = d) -> tuple[VectorIndex, int]:
-                stats = dataset.index_statistics(d.name)
-                stats = json.loads(stats) if isinstance(stats, str) else stats
-                first = (stats.get("indices") or [{}])[0]
-                return VectorIndex(
-                    d.name,
-                    str(stats.get("index_type", "")),
-                    str(first.get("metric_type", "l2")).lower(),
-                    int(first.get("num_partitions") or 1),
-                ), 256
-
-            key = f"{dataset.uri}@{dataset.version}#{d.name}"
-            return CACHE.get("vector_index", key, load)
-    return None
+    return _base_index(dataset, column, "Vector", _vector_index)
 
 
 def plan_vector_search(
@@ -232,18 +248,12 @@ def plan_vector_search(
 
 def text_index(dataset: lance.LanceDataset, column: str) -> tuple[str, dict] | None:
     """The base table's inverted index on ``column``: its name and tokenizer parameters."""
-    for d in dataset.describe_indices():
-        if d.field_names == [column] and "Inverted" in d.type_url:
-
-            def load(d: Any = d) -> tuple[tuple[str, dict], int]:
-                stats = dataset.index_statistics(d.name)
-                stats = json.loads(stats) if isinstance(stats, str) else stats
-                params = (stats.get("indices") or [{}])[0].get("params") or {}
-                return (d.name, dict(params)), 1024
-
-            key = f"{dataset.uri}@{dataset.version}#{d.name}"
-            return CACHE.get("text_index", key, load)
-    return None
+    return _base_index(
+        dataset,
+        column,
+        "Inverted",
+        lambda name, stats: (name, dict((stats.get("indices") or [{}])[0].get("params") or {})),
+    )
 
 
 def tokenizer_for(params: dict) -> Tokenizer:
