@@ -18,12 +18,9 @@ Python workers). Prints a table of ratios and writes JSON (``--out``).
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import sys
 import tempfile
 import time
-import warnings
 
 import lance
 import numpy as np
@@ -105,22 +102,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results/bench_spark.json")
     args = ap.parse_args()
-    warnings.filterwarnings("ignore", "PySpark does not yet fully support pandas")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("bench-spark")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.memory", "4g")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    mws.register(spark)
+    spark = mws.local_session("bench-spark", **{"spark.driver.memory": "4g"})
     work = tempfile.mkdtemp(prefix="memwal-bench-spark-")
     try:
         base = rows(args.base_rows, seed=2)

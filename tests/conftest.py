@@ -149,34 +149,22 @@ def spark(tmp_path_factory: Any) -> Iterator[Any]:
     Workers run this interpreter (PYSPARK_PYTHON) and everything binds to loopback; Java
     comes from ``scripts/ensure-java`` (run by ``make test``).
     """
-    import sys
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     if not shutil.which("java") and not os.environ.get("JAVA_HOME"):
         pytest.fail("Spark needs Java: run scripts/ensure-java (make test does)")
-    from pyspark.sql import SparkSession
-
     import memwal_sql.spark as mws
 
     # local[2, 3]: two cores, and a failed task is tried up to three times, as on a cluster.
-    session = (
-        SparkSession.builder.master("local[2,3]")
-        .appName("memwal-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.driver.memory", "2g")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("warehouse")))
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-        .getOrCreate()
+    session = mws.local_session(
+        "memwal-tests",
+        "local[2,3]",
+        **{
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.driver.memory": "2g",
+            "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("warehouse")),
+            "spark.sql.session.timeZone": "UTC",
+            "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        },
     )
-    session.sparkContext.setLogLevel("ERROR")
-    mws.register(session)
     yield session
     session.stop()

@@ -179,15 +179,6 @@ def run_spark_demo(rows: int = 200_000, regions: int = 4, uri: str | None = None
     (one task per region), read it back with ``spark.read.format("memwal")``, and run one
     Spark SQL query over it; True if every check matches. Example: ``run_spark_demo(10_000)``.
     """
-    import os
-    import sys
-    import warnings
-
-    warnings.filterwarnings("ignore", "PySpark does not yet fully support pandas")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
     import memwal_sql.spark as mws
 
     workdir = None
@@ -195,17 +186,8 @@ def run_spark_demo(rows: int = 200_000, regions: int = 4, uri: str | None = None
         workdir = tempfile.mkdtemp(prefix="memwal-spark-demo-")
         uri = f"{workdir}/events"
     print("starting Spark (local[2]) ...")
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("memwal-demo")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = mws.local_session("memwal-demo")
     try:
-        mws.register(spark)
         mw.create_table(
             uri, SCHEMA, primary_key="id", region_spec=mw.RegionSpec.bucket("id", regions)
         ).close()

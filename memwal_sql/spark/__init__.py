@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 import tempfile
+import warnings
 from typing import Any
 
 import mmh3
@@ -23,7 +25,14 @@ from memwal_sql.errors import InvalidInputError, InvalidRegionSpecError
 from memwal_sql.spark.arrow import as_arrow_table, spark_compatible
 from memwal_sql.spark.source import MemWalDataSource, WriteSummary
 
-__all__ = ["MemWalDataSource", "WriteSummary", "register", "to_spark", "write"]
+__all__ = [
+    "MemWalDataSource",
+    "WriteSummary",
+    "local_session",
+    "register",
+    "to_spark",
+    "write",
+]
 
 _REGION = "__memwal_region"
 _PART = "__memwal_part"
@@ -38,6 +47,39 @@ def register(spark: Any) -> None:
     """
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(MemWalDataSource)
+
+
+def local_session(app: str, master: str = "local[2]", **conf: str) -> Any:
+    """A local Spark session ready for MemWAL tables, ``format("memwal")`` registered.
+
+    Spark's Python workers run this interpreter (``PYSPARK_PYTHON``, unless set) and everything
+    binds to loopback, so it works on a machine whose host name does not resolve; the UI and
+    progress bars are off and Spark logs errors only. ``conf`` adds settings
+    (``spark.driver.memory="4g"``).
+
+    Example:
+        ``spark = local_session("ingest", **{"spark.driver.memory": "4g"})``
+    """
+    warnings.filterwarnings("ignore", "PySpark does not yet fully support pandas")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName(app)
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        **conf,
+    }
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
 
 
 def to_spark(spark: Any, result: Any) -> Any:
