@@ -35,10 +35,15 @@ def is_not_found(error: BaseException) -> bool:
     return isinstance(error, FileNotFoundError) or "not found" in text or "does not exist" in text
 
 
+# Lance's commit retry gave up: another writer kept committing first.
+_RETRIES_EXHAUSTED = "Too many concurrent writers"
+
+
 def is_commit_conflict(error: BaseException) -> bool:
     """Whether a pylance commit failed because another writer committed first ("Retryable
     commit conflict", a stale compaction, or another lost race)."""
-    return STALE_COMPACTION in str(error) or "conflict" in str(error).lower()
+    text = str(error)
+    return STALE_COMPACTION in text or "conflict" in text.lower() or _RETRIES_EXHAUSTED in text
 
 
 def ivf_pq_model(

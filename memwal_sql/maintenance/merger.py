@@ -8,7 +8,13 @@ the region (Lance's ``mark_sstables_as_compacted``; the newest generation covers
 and progress land atomically, so a merger that crashes before the commit leaves nothing, and one
 that crashes after it has recorded its work: the next merger skips the generation. Two mergers
 racing on a generation: Lance rejects the second progress record as stale, and the loser re-reads
-the progress and moves on (the seed spec's Appendix 2). A separate delete pass would not be safe:
+the progress and moves on (the seed spec's Appendix 2). A merger whose pending generations are a
+superset of a concurrent one's passes that check (its marker is newer), so its inserts must
+conflict with the other's on the key: Lance 14 checks inserted keys against concurrent commits
+(the schema's unenforced primary key) only on the join path that scans the base table, so the
+merge never takes the key-index path; the conflicting merge is then re-joined against the
+latest base table by Lance's commit retry, which is harmless (its rows are the newest of every
+generation it names, and a marker older than the recorded one is rejected). A separate delete pass would not be safe:
 a slow merger's stale delete could remove a key a later generation re-inserted.
 """
 
@@ -92,7 +98,12 @@ def merge_region(
         dead = rows.filter(rows.column(TOMBSTONE)) if TOMBSTONE in rows.column_names else None
         live = rows.filter(pc.invert(rows.column(TOMBSTONE))) if dead is not None else rows
         live = live.select(table.schema.names).cast(table.schema)
-        builder = ds.merge_insert(pk).when_matched_update_all().when_not_matched_insert_all()
+        builder = (
+            ds.merge_insert(pk)
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .use_index(False)  # the index path skips the inserted-key conflict check (above)
+        )
         if dead is not None and dead.num_rows:
             # A tombstoned key is never among the live rows (they are deduplicated), so its base
             # row is "not matched by source" and this predicate selects it.

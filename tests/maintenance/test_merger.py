@@ -154,6 +154,28 @@ def test_a_stale_merger_cannot_undo_a_later_reinsert(tmp_path):
     }
 
 
+def test_a_merger_over_a_superset_of_a_concurrent_merge_inserts_each_key_once(tmp_path):
+    """Merger B read the base table before merger A merged generations 1 and 2, and merges 1 to 3:
+    its progress record is newer than A's, so Lance accepts it, and its inserts of the keys A
+    already inserted must be re-joined, not appended a second time (with a key index too)."""
+    tbl = mw.create_table(str(tmp_path), batch([0], 0), primary_key="k")
+    tbl.dataset().create_scalar_index("k", "BTREE")
+    with tbl.writer() as w:
+        for g in range(3):
+            w.upsert(batch([10 + g, 20 + g], g))
+            w.flush()
+    stale = tbl.dataset()  # what B read
+    from memwal_sql.maintenance.merger import merge_region
+
+    assert merge_region(tbl, w.region_id, max_generations=2).merged == {w.region_id: [1, 2]}
+    reads = iter([stale])
+    tbl.dataset = lambda version=None: next(reads, None) or lance.dataset(str(tmp_path))
+    merge_region(tbl, w.region_id)
+    base = lance.dataset(str(tmp_path)).to_table().sort_by("k")
+    assert base.column("k").to_pylist() == [0, 10, 11, 12, 20, 21, 22]
+    assert tbl.merged_generations() == {w.region_id: 3}
+
+
 RACER = """
 import sys, memwal_sql as mw
 r = mw.open_table(sys.argv[1]).merge()
