@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform
 from exec_nodes.keyset import KeySet, last_per_key
 from exec_nodes.lookup import CACHE, BaseLookupExec
-from exec_nodes.scan import BaseScanExec, GenerationScanExec, SourceExec
+from exec_nodes.scan import BaseScanExec, FragmentRange, GenerationScanExec, SourceExec
 from planner.predicate import Predicate, matches
 
 
@@ -168,7 +168,7 @@ class DeduplicateExec(ExecNode):
         self,
         newer: Sequence[SourceExec],
         base: lance.LanceDataset | None,
-        base_parts: Sequence[Sequence[int] | None],
+        base_parts: Sequence[Sequence[FragmentRange] | None],
         *,
         primary_key: Sequence[str],
         predicate: Predicate | None,
@@ -298,12 +298,12 @@ class DeduplicateExec(ExecNode):
                 yield from conform(rows.filter(pa.array(keep)), output).to_batches()
 
     def _base_scan(
-        self, part: Sequence[int] | None, output: pa.Schema, with_keys: bool = True
+        self, part: Sequence[FragmentRange] | None, output: pa.Schema, with_keys: bool = True
     ) -> BaseScanExec:
         assert self.base_dataset is not None
         wanted = [f.name for f in output if f.name not in (GEN, ROWADDR)]
         columns = list(dict.fromkeys([*wanted, *(self.primary_key if with_keys else [])]))
-        return BaseScanExec(self.base_dataset, columns, self.predicate, fragment_ids=part)
+        return BaseScanExec(self.base_dataset, columns, self.predicate, ranges=part)
 
     def superseded(self) -> list[np.ndarray] | None:
         """The base table's deletion mask for this snapshot, as sorted arrays of row
@@ -341,7 +341,9 @@ class DeduplicateExec(ExecNode):
                     self._masked = [m for m in (from_gens, from_mems) if len(m)]
             return None if self._masked is False else self._masked
 
-    def _base_rows(self, part: Sequence[int] | None, output: pa.Schema) -> Iterator[pa.RecordBatch]:
+    def _base_rows(
+        self, part: Sequence[FragmentRange] | None, output: pa.Schema
+    ) -> Iterator[pa.RecordBatch]:
         masks = self.superseded()
         # With the mask, a base row is kept or dropped by its row address alone: the key
         # columns are read only if the query wants them.

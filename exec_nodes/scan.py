@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import lance
 import pyarrow as pa
@@ -18,6 +19,7 @@ import pyarrow.compute as pc
 
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, ExecNode, conform
 from exec_nodes.lookup import CACHE
+from memwal_sql.compat.lance import row_addr_treemap
 from memwal_sql.writer.generation import open_generation
 from planner.predicate import Predicate, evaluate, matches
 from planner.substrait import lance_filter
@@ -172,8 +174,29 @@ class MemTableScanExec(SourceExec):
         )
 
 
+@dataclass(frozen=True)
+class FragmentRange:
+    """Rows ``start`` to ``end`` (physical offsets, end excluded) of base fragment
+    ``fragment_id``; ``end=None`` means to the fragment's end."""
+
+    fragment_id: int
+    start: int = 0
+    end: int | None = None
+
+    @property
+    def whole(self) -> bool:
+        return self.start == 0 and self.end is None
+
+    def __str__(self) -> str:
+        if self.whole:
+            return str(self.fragment_id)
+        return f"{self.fragment_id}[{self.start}:{'' if self.end is None else self.end}]"
+
+
 class BaseScanExec(ExecNode):
-    """The base table at a pinned version, with projection and filter pushed into Lance."""
+    """The base table at a pinned version, with projection and filter pushed into Lance;
+    optionally only some fragments, or row ranges of them (a big fragment is split so that
+    partitions are even)."""
 
     name = "BaseScanExec"
 
@@ -183,14 +206,14 @@ class BaseScanExec(ExecNode):
         columns: Sequence[str],
         predicate: Predicate | None,
         *,
-        fragment_ids: Sequence[int] | None = None,
+        ranges: Sequence[FragmentRange] | None = None,
         batch_size: int | None = None,
     ) -> None:
         self.dataset = dataset
         self.columns = list(columns)
         self.predicate = predicate
         self.filter, self.exact = lance_filter(predicate, dataset.schema)
-        self.fragment_ids = None if fragment_ids is None else list(fragment_ids)
+        self.ranges = None if ranges is None else list(ranges)
         self.batch_size = batch_size
         fields = [dataset.schema.field(c) for c in self.columns]
         self._schema = pa.schema([*fields, pa.field(ROWADDR, pa.uint64(), False)])
@@ -201,15 +224,25 @@ class BaseScanExec(ExecNode):
 
     def execute(self) -> Iterator[pa.RecordBatch]:
         fragments: list[lance.LanceFragment] | None = None
-        if self.fragment_ids is not None:
-            if not self.fragment_ids:
+        allow: bytes | None = None
+        if self.ranges is not None:
+            if not self.ranges:
                 return
             fragments = []
-            for i in self.fragment_ids:
-                fragment = self.dataset.get_fragment(i)
+            for r in self.ranges:
+                fragment = self.dataset.get_fragment(r.fragment_id)
                 # The planner splits this very version's fragments into partitions.
-                assert fragment is not None, f"fragment {i} not in version {self.dataset.version}"
+                assert fragment is not None, f"fragment {r} not in version {self.dataset.version}"
                 fragments.append(fragment)
+            if not all(r.whole for r in self.ranges):
+                allow = row_addr_treemap(
+                    {
+                        r.fragment_id: None
+                        if r.whole
+                        else range(r.start, r.end or fragments[i].physical_rows)
+                        for i, r in enumerate(self.ranges)
+                    }
+                )
         # A filter Lance cannot take is applied here, on every column it may read.
         columns = self.columns if self.exact else None
         scanner = self.dataset.scanner(
@@ -219,6 +252,7 @@ class BaseScanExec(ExecNode):
             with_row_address=True,
             batch_size=self.batch_size or 8192,
             scan_in_order=True,
+            row_addr_allowlist=allow,
         )
         for batch in scanner.to_batches():
             if not self.exact and batch.num_rows:
@@ -231,7 +265,7 @@ class BaseScanExec(ExecNode):
                 )
 
     def describe(self) -> str:
-        frags = "all" if self.fragment_ids is None else str(self.fragment_ids)
+        frags = "all" if self.ranges is None else f"[{', '.join(map(str, self.ranges))}]"
         return (
             f"{self.name}: version={self.dataset.version} gen={BASE_GENERATION} "
             f"fragments={frags} columns={self.columns} filter={self.filter}"

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from exec_nodes.base import GEN, ROWADDR
 from exec_nodes.dedup import DeduplicateExec
-from exec_nodes.scan import GenerationScanExec, MemTableScanExec, SourceExec, source_schema
+from exec_nodes.scan import (
+    FragmentRange,
+    GenerationScanExec,
+    MemTableScanExec,
+    SourceExec,
+    source_schema,
+)
 from memwal_sql.index.region_spec import RegionSpec
 from memwal_sql.snapshot import TableSnapshot
 from planner.predicate import Predicate
@@ -51,13 +58,45 @@ def output_schema(base: pa.Schema, system_columns: bool) -> pa.Schema:
     return pa.schema(fields)
 
 
-def base_parts(snapshot: TableSnapshot, partitions: int) -> list[list[int] | None]:
-    """Split the base table's fragments into at most ``partitions`` groups."""
-    ids = [f.fragment_id for f in snapshot.dataset.get_fragments()]
-    if not ids:
+# A base table smaller than this (physical rows per partition) is not split further: a part
+# costs a Lance scan and a DataFusion partition.
+MIN_PART_ROWS = 65_536
+
+
+def base_parts(snapshot: TableSnapshot, partitions: int) -> list[list[FragmentRange]]:
+    """Split the base table into at most ``partitions`` parts of about as many physical rows,
+    cutting a fragment into row ranges where a part ends inside it (merges leave one big
+    fragment and many small ones: whole fragments per part would leave one core idle)."""
+    sizes = [(f.fragment_id, f.physical_rows) for f in snapshot.dataset.get_fragments()]
+    return split_rows(sizes, partitions)
+
+
+def split_rows(sizes: Sequence[tuple[int, int]], partitions: int) -> list[list[FragmentRange]]:
+    """Fragments ``(id, physical rows)`` in order, cut into at most ``partitions`` runs of
+    about as many rows (none below :data:`MIN_PART_ROWS` when there is more than one).
+
+    Example:
+        >>> [[str(r) for r in p] for p in split_rows([(0, 200_000), (1, 10)], 2)]
+        [['0[0:100005]'], ['0[100005:]', '1']]
+    """
+    total = sum(n for _, n in sizes)
+    if not sizes:
         return []
-    n = max(1, min(partitions, len(ids)))
-    return [ids[i::n] for i in range(n)]
+    n_parts = max(1, min(partitions, total // MIN_PART_ROWS))
+    cuts = [total * (i + 1) // n_parts for i in range(n_parts)]  # where each part ends
+    parts: list[list[FragmentRange]] = [[] for _ in range(n_parts)]
+    part, at = 0, 0  # the part being filled; rows before the current fragment
+    for fragment_id, rows in sizes:
+        start = 0
+        while start < rows:
+            end = min(rows, cuts[part] - at)
+            if end > start:
+                parts[part].append(FragmentRange(fragment_id, start, None if end == rows else end))
+            if end == rows:
+                break
+            start, part = end, part + 1
+        at += rows
+    return [p for p in parts if p]
 
 
 def plan_scan(

@@ -7,7 +7,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import struct
+from collections.abc import Mapping, Sequence
 
 import lance
 import numpy as np
@@ -27,6 +28,72 @@ def take_rows(
     filtered table, ``LanceFragment.take`` offsets within one fragment); ``_take_rows`` does.
     """
     return dataset._take_rows(row_addresses, columns=list(columns))
+
+
+def row_addr_treemap(rows: Mapping[int, np.ndarray | range | None]) -> bytes:
+    """Row addresses as a scanner's ``row_addr_allowlist``/``row_addr_blocklist`` takes them:
+    per fragment id, its row offsets (sorted, or a ``range``; None: the whole fragment).
+
+    pylance documents the argument as ``RowAddrTreeMap::serialize_into`` output and offers no
+    encoder. That format (lance-core ``utils/mask.rs``): u32 number of fragments, then per
+    fragment, by id, u32 id, u32 bitmap size (0: the whole fragment) and the bitmap in the
+    portable Roaring format (written here without run containers).
+
+    Example:
+        >>> row_addr_treemap({3: None}).hex()
+        '010000000300000000000000'
+    """
+    out = [struct.pack("<I", len(rows))]
+    for fragment_id in sorted(rows):
+        offsets = rows[fragment_id]
+        if offsets is not None and not len(offsets):
+            raise ValueError(f"fragment {fragment_id}: an empty bitmap would mean all rows")
+        bitmap = b"" if offsets is None else _roaring_bitmap(offsets)
+        out.append(struct.pack("<II", fragment_id, len(bitmap)) + bitmap)
+    return b"".join(out)
+
+
+_NO_RUN_CONTAINERS = 12346  # the portable Roaring format's cookie (RoaringFormatSpec)
+_ARRAY_MAX = 4096  # more values than this in a container: a bitmap of 2^16 bits
+
+
+def _roaring_bitmap(offsets: np.ndarray | range) -> bytes:
+    """One portable Roaring bitmap: per block of 2^16 offsets (its key: the high 16 bits), an
+    array container of the low 16 bits, or a bitmap container when more than 4096 are set."""
+    blocks: list[tuple[int, np.ndarray]] = []  # key, the block's 2^16 bits
+    if isinstance(offsets, range):  # built block by block, never materialised
+        for key in range(offsets.start >> 16, ((offsets.stop - 1) >> 16) + 1):
+            bits = np.zeros(1 << 16, dtype=bool)
+            bits[max(offsets.start - (key << 16), 0) : offsets.stop - (key << 16)] = True
+            blocks.append((key, bits))
+    else:
+        values = np.asarray(offsets, dtype=np.uint32)
+        high = values >> 16
+        starts = np.flatnonzero(np.diff(high, prepend=np.uint32(0xFFFFFFFF)))  # sorted values
+        for start, stop in zip(starts, [*starts[1:], len(values)]):
+            bits = np.zeros(1 << 16, dtype=bool)
+            bits[values[start:stop] & 0xFFFF] = True
+            blocks.append((int(high[start]), bits))
+    header = np.empty(2 * len(blocks), dtype="<u2")
+    containers = []
+    for i, (key, bits) in enumerate(blocks):
+        count = int(np.count_nonzero(bits))
+        header[2 * i], header[2 * i + 1] = key, count - 1
+        containers.append(
+            np.packbits(bits, bitorder="little").tobytes()
+            if count > _ARRAY_MAX
+            else np.flatnonzero(bits).astype("<u2").tobytes()
+        )
+    first = 8 + header.nbytes + 4 * len(blocks)
+    positions = first + np.cumsum([0, *map(len, containers[:-1])], dtype=np.int64)
+    return b"".join(
+        [
+            struct.pack("<II", _NO_RUN_CONTAINERS, len(blocks)),
+            header.tobytes(),
+            positions.astype("<u4").tobytes(),
+            *containers,
+        ]
+    )
 
 
 def is_not_found(error: BaseException) -> bool:

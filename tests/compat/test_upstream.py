@@ -4,6 +4,7 @@ here, by name."""
 from __future__ import annotations
 
 import lance
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
@@ -15,7 +16,12 @@ from substrait.extended_expression_pb2 import ExtendedExpression
 import memwal_sql as mw
 from memwal_sql.compat.arrow import DEPRECATED_TIMESTAMP, substrait_schema
 from memwal_sql.compat.datafusion import plain_strings
-from memwal_sql.compat.lance import is_commit_conflict, is_not_found, take_rows
+from memwal_sql.compat.lance import (
+    is_commit_conflict,
+    is_not_found,
+    row_addr_treemap,
+    take_rows,
+)
 from memwal_sql.compat.lance_manifest import read_mem_wal_details
 
 
@@ -360,3 +366,30 @@ def test_lance_stop_words_are_what_the_tokenizer_removes(tmp_path):
         if (ds.to_table(full_text_query=w, columns=["i"]).num_rows > 0) != bool(tok.terms(w))
     ]
     assert differ == []
+
+
+def test_lance_scanners_take_row_address_lists_in_the_treemap_format(tmp_path):
+    """Offsets in several 2^16 blocks (array and bitmap containers), a whole fragment, and a
+    fragment with deleted rows: the scan keeps exactly the listed live rows, with a filter."""
+    n = 200_000
+    ds = lance.write_dataset(pa.table({"x": np.arange(n + 10)}), str(tmp_path), max_rows_per_file=n)
+    ds.delete("x % 7 = 0")
+    rng = np.random.default_rng(0)
+    dense = np.sort(rng.choice(n, 90_000, replace=False))  # bitmap containers
+    sparse = np.sort(rng.choice(n, 300, replace=False))  # array containers
+    for offsets in (dense, sparse, range(65_000, 140_001)):
+        want = np.asarray(offsets)
+        want = want[want % 7 != 0]
+        allow = row_addr_treemap({0: offsets, 1: None})
+        got = ds.scanner(columns=["x"], row_addr_allowlist=allow).to_table().column("x")
+        assert np.array_equal(
+            np.sort(got.to_numpy()), np.r_[want, [x for x in range(n, n + 10) if x % 7]]
+        )
+        block = row_addr_treemap({0: offsets})
+        kept = ds.scanner(columns=["x"], filter="x >= 1000", row_addr_blocklist=block)
+        x = np.arange(n + 10)
+        expected = x[(x % 7 != 0) & (x >= 1000) & ~np.isin(x, want)]
+        assert np.array_equal(np.sort(kept.to_table().column("x").to_numpy()), expected)
+    assert row_addr_treemap({0: range(3, 70_000)}) == row_addr_treemap({0: np.arange(3, 70_000)})
+    with pytest.raises(ValueError, match="empty"):
+        row_addr_treemap({0: []})
