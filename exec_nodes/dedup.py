@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal
+from typing import Any, Literal
 
 import lance
 import numpy as np
@@ -25,7 +25,13 @@ import pyarrow.compute as pc
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform
 from exec_nodes.keyset import KeySet, last_per_key
 from exec_nodes.lookup import CACHE, BaseLookupExec
-from exec_nodes.scan import BaseScanExec, FragmentRange, GenerationScanExec, SourceExec
+from exec_nodes.scan import (
+    BaseScanExec,
+    FragmentRange,
+    GenerationScanExec,
+    MemTableScanExec,
+    SourceExec,
+)
 from planner.predicate import Predicate, matches
 
 
@@ -93,6 +99,7 @@ class Versions:
         self.addr = newest.column(ROWADDR).to_numpy().astype(np.int64)
         self.dead = newest.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
         self._keyset = KeySet(self.keys)
+        self._base: dict[tuple[str, int], np.ndarray | None] = {}
 
     @classmethod
     def of(
@@ -127,12 +134,23 @@ class Versions:
         """For each of ``keys``, its entry here, or -1."""
         return self._keyset.positions(keys)
 
+    def base_addresses(self, lookup: BaseLookupExec) -> np.ndarray | None:
+        """The base rows of these keys (sorted row addresses; None: the base is too big to
+        keep a key index), kept per base version: a cached MemTable part asks again."""
+        version = (lookup.dataset.uri, lookup.dataset.version)
+        if version not in self._base:
+            self._base[version] = (
+                lookup.addresses_of(self.keys) if len(self) else np.zeros(0, dtype=np.uint64)
+            )
+        return self._base[version]
+
     def take(self, mask: np.ndarray) -> Versions:
         """The entries where ``mask`` is true."""
         out = Versions.__new__(Versions)
         out.keys = self.keys.filter(pa.array(mask))
         out.gen, out.addr, out.dead = self.gen[mask], self.addr[mask], self.dead[mask]
         out._keyset = KeySet(out.keys)
+        out._base = {}
         return out
 
     def is_version(
@@ -152,11 +170,31 @@ class Versions:
         return keep if replaced is None else keep & ~replaced[at]
 
 
+def _memtables_key(mems: Sequence[SourceExec]) -> str | None:
+    """A name of the rows of these MemTables (first batch and batch count of each), or None
+    when one is a WAL tail (read anew per snapshot) or empty."""
+    names = []
+    for m in mems:
+        if not isinstance(m, MemTableScanExec) or m.origin != "memtable" or not m.batches:
+            return None
+        names.append(f"{id(m.batches[0])}:{len(m.batches)}")
+    return ";".join(names)
+
+
+def _sized(entry: tuple[tuple[Versions, Versions, np.ndarray], list]) -> tuple[Any, int]:
+    (_, in_mems, replaced), _ = entry  # the generations' part is its own cache entry
+    return entry, in_mems.nbytes + replaced.nbytes
+
+
+_NEWER_PARTS = 2  # partition 0: the generations' rows; 1: the MemTables' and WAL tails'
+
+
 class DeduplicateExec(ExecNode):
     """Newest version per key across the base table and newer sources; tombstones remove keys.
 
-    Partition 0 yields the surviving newer rows; partition ``i >= 1`` yields base part ``i - 1``
-    (a group of the base table's fragments). The output columns can be chosen per call, because
+    Partition 0 yields the surviving rows of the flushed generations, partition 1 those of the
+    MemTables and WAL tails (so that the two run side by side), partition ``i >= 2`` base part
+    ``i - 2`` (fragments or row ranges of them). The output columns can be chosen per call, because
     DataFusion only names them when it executes a partition.
     """
 
@@ -195,7 +233,7 @@ class DeduplicateExec(ExecNode):
 
     @property
     def num_partitions(self) -> int:
-        return 1 + len(self.base_parts)
+        return _NEWER_PARTS + len(self.base_parts)
 
     def describe(self) -> str:
         return (
@@ -205,39 +243,57 @@ class DeduplicateExec(ExecNode):
 
     def versions(self) -> tuple[Versions, Versions, np.ndarray]:
         """The newest version of every key among the newer sources, in two parts: among the
-        flushed generations (kept per set of generations: they never change, so a new query
-        reuses it until a flush or merge changes the set) and among the MemTables and WAL
-        tails (this query's; they are small); and which generation winners a MemTable
-        version replaces (the scan's rule: highest ``_gen``, then ``_rowaddr``)."""
+        flushed generations and among the MemTables and WAL tails; and which generation
+        winners a MemTable version replaces (the scan's rule: highest ``_gen``, then
+        ``_rowaddr``). Kept per set of sources: generations never change, and a MemTable only
+        ever gains batches, so its first batch and batch count name its rows (a WAL tail is
+        read anew by every snapshot: a query with one computes its part itself)."""
         with self._lock:
             if self._split is None:
                 gens = [s for s in self.newer if isinstance(s, GenerationScanExec)]
                 mems = [s for s in self.newer if not isinstance(s, GenerationScanExec)]
-                cols = [*self.primary_key, TOMBSTONE]
-
-                def load() -> tuple[Versions, int]:
-                    # Lance releases the GIL: read the generations side by side.
-                    got = Versions.of(
-                        list(_READERS.map(lambda g: g.read_counted(cols), gens)),
-                        self.primary_key,
-                        self._key_fields(),
+                gens_key = "\n".join(sorted(g.uri for g in gens))
+                mems_key = _memtables_key(mems)
+                if mems_key is None:
+                    self._split = self._split_versions(gens, gens_key, mems)
+                else:
+                    firsts = [m.batches[0] for m in mems if isinstance(m, MemTableScanExec)]
+                    split, _ = CACHE.get(
+                        "split_versions",
+                        f"{gens_key}\n{mems_key}",
+                        lambda: _sized((self._split_versions(gens, gens_key, mems), firsts)),
+                        # the ids in the key are of batches the entry holds: never reused
+                        lambda entry: all(a is b for a, b in zip(entry[1], firsts)),
                     )
-                    return got, got.nbytes
-
-                key = "\n".join(sorted(g.uri for g in gens))
-                in_gens: Versions = CACHE.get("newest_versions", key, load)
-                in_mems = Versions.of(
-                    [m.read_counted(cols) for m in mems], self.primary_key, self._key_fields()
-                )
-                pos = in_gens.positions(in_mems.keys)
-                hit = pos >= 0
-                mem_wins = ~hit
-                if hit.any():
-                    mem_wins |= in_mems.rank > in_gens.rank[np.where(hit, pos, 0)]
-                replaced = np.zeros(len(in_gens), dtype=bool)
-                replaced[pos[hit & mem_wins]] = True
-                self._split = (in_gens, in_mems.take(mem_wins), replaced)
+                    self._split = split
             return self._split
+
+    def _split_versions(
+        self, gens: list[GenerationScanExec], gens_key: str, mems: list[SourceExec]
+    ) -> tuple[Versions, Versions, np.ndarray]:
+        cols = [*self.primary_key, TOMBSTONE]
+
+        def load() -> tuple[Versions, int]:
+            # Lance releases the GIL: read the generations side by side.
+            got = Versions.of(
+                list(_READERS.map(lambda g: g.read_counted(cols), gens)),
+                self.primary_key,
+                self._key_fields(),
+            )
+            return got, got.nbytes
+
+        in_gens: Versions = CACHE.get("newest_versions", gens_key, load)
+        in_mems = Versions.of(
+            [m.read_counted(cols) for m in mems], self.primary_key, self._key_fields()
+        )
+        pos = in_gens.positions(in_mems.keys)
+        hit = pos >= 0
+        mem_wins = ~hit
+        if hit.any():
+            mem_wins |= in_mems.rank > in_gens.rank[np.where(hit, pos, 0)]
+        replaced = np.zeros(len(in_gens), dtype=bool)
+        replaced[pos[hit & mem_wins]] = True
+        return in_gens, in_mems.take(mem_wins), replaced
 
     def _key_fields(self) -> list[pa.Field]:
         schema = self.newer[0].schema if self.newer else None
@@ -254,15 +310,17 @@ class DeduplicateExec(ExecNode):
     ) -> Iterator[pa.RecordBatch]:
         """Batches of partition ``i`` with the columns of ``output`` (default: the node's)."""
         output = output if output is not None else self.output
-        if i == 0:
-            yield from self._newer_rows(output)
+        if i < _NEWER_PARTS:
+            yield from self._newer_rows(output, generations=i == 0)
         else:
-            yield from self._base_rows(self.base_parts[i - 1], output)
+            yield from self._base_rows(self.base_parts[i - _NEWER_PARTS], output)
 
-    def _newer_rows(self, output: pa.Schema) -> Iterator[pa.RecordBatch]:
-        in_gens, in_mems, replaced = self.versions()
-        if len(in_gens) == 0 and len(in_mems) == 0:
+    def _newer_rows(self, output: pa.Schema, generations: bool) -> Iterator[pa.RecordBatch]:
+        """The surviving rows of the flushed generations, or of the MemTables and WAL tails."""
+        mine = [s for s in self.newer if isinstance(s, GenerationScanExec) == generations]
+        if not mine:
             return
+        in_gens, in_mems, replaced = self.versions()
         wanted = [f.name for f in output if f.name not in (GEN, ROWADDR)]
         columns = list(dict.fromkeys([*wanted, *self.primary_key, TOMBSTONE]))
         # With a filter, only matching rows are read in full (the filter goes into Lance for
@@ -270,7 +328,7 @@ class DeduplicateExec(ExecNode):
         read_columns = None if self.predicate is not None else columns
         # The generations held whole in memory are read as one table: one filter and one
         # probe for all of them (their rows carry their own _gen), not one per generation.
-        whole = [(g, g.whole_rows()) for g in self.newer if isinstance(g, GenerationScanExec)]
+        whole = [(g, g.whole_rows()) for g in mine if isinstance(g, GenerationScanExec)]
         held = [(g, rows) for g, rows in whole if rows is not None]
         parts: list[tuple[bool, pa.Table]] = []
         if held:
@@ -279,7 +337,7 @@ class DeduplicateExec(ExecNode):
             table = pa.concat_tables([rows for _, rows in held])
             names = [*read_columns, GEN, ROWADDR] if read_columns else table.column_names
             parts.append((True, matches(self.predicate, table).select(names)))
-        rest = [s for s in self.newer if not any(s is g for g, _ in held)]
+        rest = [s for s in mine if not any(s is g for g, _ in held)]
         for source in rest:
             parts.append(
                 (
@@ -330,11 +388,7 @@ class DeduplicateExec(ExecNode):
                     sorted(s.uri for s in self.newer if isinstance(s, GenerationScanExec))
                 )
                 from_gens = CACHE.get("base_mask", f"{ds.uri}@{ds.version}\n{gens}", load)
-                from_mems = (
-                    lookup.addresses_of(in_mems.keys)
-                    if len(in_mems)
-                    else np.zeros(0, dtype=np.uint64)
-                )
+                from_mems = in_mems.base_addresses(lookup)
                 if from_gens is None or from_mems is None:
                     self._masked = False
                 else:

@@ -292,7 +292,28 @@ def _float_bits(a: pa.Array) -> np.ndarray:
     return pc.fill_null(a, 0).to_numpy(zero_copy_only=False).astype(np.float64).view(np.int64)
 
 
+_NUMPY_COMPARE = {
+    "=": np.equal,
+    "!=": np.not_equal,
+    "<": np.less,
+    "<=": np.less_equal,
+    ">": np.greater,
+    ">=": np.greater_equal,
+}
+
+
 def _compare(left: pa.Array, op: str, right: pa.Array | pa.Scalar) -> pa.Array:
+    if pa.types.is_floating(left.type) and isinstance(right, pa.Scalar) and right.is_valid:
+        value = float(right.as_py())
+        if not np.isnan(value):
+            # Against a number: numpy's order, with NaN rows above it (and -0.0 == 0.0).
+            v = pc.fill_null(left, 0).to_numpy(zero_copy_only=False)
+            with np.errstate(invalid="ignore"):
+                result = _NUMPY_COMPARE[op](v, value)
+            if op in (">", ">=", "!="):
+                result |= np.isnan(v)
+            mask = None if left.null_count == 0 else ~left.is_valid().to_numpy(zero_copy_only=False)
+            return pa.array(result, pa.bool_(), mask=mask)
     if pa.types.is_floating(left.type):
         n = len(left)
         lnan, lv = _floats(left, n)

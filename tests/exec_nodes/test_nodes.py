@@ -286,3 +286,27 @@ def test_generation_index_answers_as_the_generations_one_by_one(tmp_path):
         (9, 3, False),
     ]
     assert node.probe(keys).hit.tolist() == [True] * 5 + [False]
+
+
+def test_memtable_versions_are_reused_until_the_memtable_grows(tmp_path):
+    import memwal_sql as mw
+    from memwal_sql.snapshot import take_snapshot
+    from planner.scan import plan_scan
+
+    tbl = mw.create_table(
+        str(tmp_path), wal_rows([1, 2, 3], "b").select(["id", "v", "f"]), primary_key="id"
+    )
+    tbl.upsert(wal_rows([2, 4], "m1").select(["id", "v", "f"]))
+
+    def plan():
+        return plan_scan(take_snapshot(tbl), tbl.region_spec, tbl.schema, None).root
+
+    first, again = plan(), plan()
+    assert first.versions()[1] is again.versions()[1]  # same MemTable rows: reused
+    assert check_contract(again).sort_by("id").column("v").to_pylist() == ["b", "m1", "b", "m1"]
+    tbl.upsert(wal_rows([1], "m2").select(["id", "v", "f"]))
+    tbl.delete(pa.table({"id": [4]}))
+    grown = plan()
+    assert grown.versions()[1] is not first.versions()[1]
+    assert check_contract(grown).sort_by("id").column("v").to_pylist() == ["m2", "m1", "b"]
+    assert grown.num_partitions == 3  # generations, MemTables, one base part
