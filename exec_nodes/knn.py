@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import lance
 import numpy as np
@@ -85,6 +86,24 @@ def distances(matrix: np.ndarray, query: np.ndarray, metric: str) -> np.ndarray:
     raise ValueError(f"unknown metric {metric!r}")
 
 
+@dataclass(frozen=True)
+class KnnQuery:
+    """What one vector search asks every source: the ``k`` rows nearest to ``vector`` by
+    ``column`` and ``metric``, among those matching ``predicate``, keyed by ``primary_key``.
+
+    Example:
+        >>> KnnQuery("vec", np.zeros(2, np.float32), "l2", None, 10, ("id",)).k
+        10
+    """
+
+    column: str
+    vector: np.ndarray
+    metric: str
+    predicate: Predicate | None
+    k: int
+    primary_key: tuple[str, ...]
+
+
 class KnnSource(ExecNode):
     """One source's nearest rows. ``top(n)`` is computed once per ``n`` and kept, so asking
     again for the same or fewer rows costs nothing."""
@@ -93,31 +112,22 @@ class KnnSource(ExecNode):
     _computed = ("_top",)
 
     def __init__(
-        self,
-        region_id: str | None,
-        generation: int,
-        schema: pa.Schema,
-        column: str,
-        query: np.ndarray,
-        metric: str,
-        predicate: Predicate | None,
-        k: int,
-        primary_key: Sequence[str],
+        self, region_id: str | None, generation: int, schema: pa.Schema, search: KnnQuery
     ) -> None:
         self.region_id = region_id
         self.generation = generation
         self.source_schema = schema
-        self.primary_key = list(primary_key)
+        self.primary_key = list(search.primary_key)
         # Candidates are light: which row (key, _gen, _rowaddr) and how near; the k that win
         # are read in full afterwards (:meth:`rows`), never every candidate's vector and text.
         self._schema = with_distance(
             pa.schema([schema.field(c) for c in (*self.primary_key, GEN, ROWADDR)])
         )
-        self.column = column
-        self.query = query
-        self.metric = metric
-        self.predicate = predicate
-        self.k = k
+        self.column = search.column
+        self.query = search.vector
+        self.metric = search.metric
+        self.predicate = search.predicate
+        self.k = search.k
         self._top: tuple[int, pa.Table] | None = None
         self._lock = threading.Lock()
 
@@ -181,17 +191,10 @@ class MemTableKnnExec(KnnSource):
         generation: int,
         batches: Sequence[pa.RecordBatch],
         schema: pa.Schema,
-        column: str,
-        query: np.ndarray,
-        metric: str,
-        predicate: Predicate | None,
-        k: int,
-        primary_key: Sequence[str],
+        search: KnnQuery,
         origin: str = "memtable",
     ) -> None:
-        super().__init__(
-            region_id, generation, schema, column, query, metric, predicate, k, primary_key
-        )
+        super().__init__(region_id, generation, schema, search)
         self.batches = list(batches)
         self.origin = origin
 
@@ -233,17 +236,10 @@ class GenerationKnnExec(KnnSource):
         generation: int,
         uri: str,
         schema: pa.Schema,
-        column: str,
-        query: np.ndarray,
-        metric: str,
-        predicate: Predicate | None,
-        k: int,
-        primary_key: Sequence[str],
+        search: KnnQuery,
         storage_options: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(
-            region_id, generation, schema, column, query, metric, predicate, k, primary_key
-        )
+        super().__init__(region_id, generation, schema, search)
         self.uri = uri
         self.storage_options = storage_options
 
@@ -292,20 +288,13 @@ class BaseKnnExec(KnnSource):
         self,
         dataset: lance.LanceDataset,
         schema: pa.Schema,
-        column: str,
-        query: np.ndarray,
-        metric: str,
-        predicate: Predicate | None,
-        k: int,
-        primary_key: Sequence[str],
+        search: KnnQuery,
         *,
         index: str | None,
         nprobes: int | None,
         refine_factor: int | None,
     ) -> None:
-        super().__init__(
-            None, BASE_GENERATION, schema, column, query, metric, predicate, k, primary_key
-        )
+        super().__init__(None, BASE_GENERATION, schema, search)
         self.dataset = dataset
         self.index = index
         self.nprobes = nprobes
@@ -372,6 +361,7 @@ __all__ = [
     "METRICS",
     "BaseKnnExec",
     "GenerationKnnExec",
+    "KnnQuery",
     "KnnSource",
     "MemTableKnnExec",
     "distances",

@@ -35,6 +35,7 @@ from exec_nodes.knn import (
     DISTANCE,
     BaseKnnExec,
     GenerationKnnExec,
+    KnnQuery,
     KnnSource,
     MemTableKnnExec,
 )
@@ -185,16 +186,12 @@ def plan_vector_search(
         nprobes = index.default_nprobes()
     kept, pruned, schema, opts, pk = _layout(snapshot, spec, base_schema, predicate)
     keep = set(kept)
+    search = KnnQuery(column, query, metric, predicate, k, tuple(pk))
     sources: list[KnnSource] = [
         BaseKnnExec(
             snapshot.dataset,
             schema,
-            column,
-            query,
-            metric,
-            predicate,
-            k,
-            pk,
+            search,
             index=index.name if index else None,
             nprobes=nprobes,
             refine_factor=refine_factor,
@@ -206,34 +203,12 @@ def plan_vector_search(
         for mem in region.unflushed:
             sources.append(
                 MemTableKnnExec(
-                    region.region_id,
-                    mem.generation,
-                    mem.batches,
-                    schema,
-                    column,
-                    query,
-                    metric,
-                    predicate,
-                    k,
-                    pk,
-                    mem.origin,
+                    region.region_id, mem.generation, mem.batches, schema, search, mem.origin
                 )
             )
         for gen in sorted(region.generations, key=lambda g: -g.generation):
             sources.append(
-                GenerationKnnExec(
-                    region.region_id,
-                    gen.generation,
-                    gen.uri,
-                    schema,
-                    column,
-                    query,
-                    metric,
-                    predicate,
-                    k,
-                    pk,
-                    opts,
-                )
+                GenerationKnnExec(region.region_id, gen.generation, gen.uri, schema, search, opts)
             )
 
     def newer_sources(keys: pa.Table) -> list:

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 from exec_nodes.base import BASE_GENERATION, TOMBSTONE, conform
-from exec_nodes.knn import DISTANCE, KnnSource, MemTableKnnExec, distances
+from exec_nodes.knn import DISTANCE, KnnQuery, KnnSource, MemTableKnnExec, distances
 from exec_nodes.lookup import CoalesceFirstExec, TakeLastExec
 from exec_nodes.scan import source_schema
 from exec_nodes.stale import FilterStaleExec, TopKExec
@@ -33,13 +33,17 @@ def rows(ids, xs, dead=None):
     )
 
 
+def knn_query(k: int) -> KnnQuery:
+    return KnnQuery("vec", Q, "l2", None, k, ("id",))
+
+
 class FixedBase(KnnSource):
     """A base table as a list of rows (a stand-in for Lance's ANN): exact, counted."""
 
     name = "FixedBase"
 
     def __init__(self, table: pa.Table) -> None:
-        super().__init__(None, BASE_GENERATION, SOURCE, "vec", Q, "l2", None, 2, ["id"])
+        super().__init__(None, BASE_GENERATION, SOURCE, knn_query(k=2))
         self.table = table
         self.asked: list[int] = []
 
@@ -65,12 +69,7 @@ def test_knn_leaf_is_exact_and_skips_tombstones():
         5,
         [rows([1, 2, 3], [3.0, 1.0, 2.0], [False, True, False]).to_batches()[0]],
         SOURCE,
-        "vec",
-        Q,
-        "l2",
-        None,
-        k=5,
-        primary_key=["id"],
+        knn_query(k=5),
     )
     out = check_contract(mem, 2)
     assert out.column("id").to_pylist() == [3, 1]
@@ -86,7 +85,7 @@ def test_filter_stale_keeps_latest_versions_only_and_asks_for_more():
     # key 2 deleted, key 7 written twice (the second version is the newer).
     base = FixedBase(rows([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]))
     batch = rows([1, 2, 7, 7], [10.0, 0.0, 0.5, 2.5], [False, True, False, False]).to_batches()[0]
-    mem = MemTableKnnExec("r1", 5, [batch], SOURCE, "vec", Q, "l2", None, k=2, primary_key=["id"])
+    mem = MemTableKnnExec("r1", 5, [batch], SOURCE, knn_query(k=2))
     stale = FilterStaleExec([base, mem], ["id"], memtable_lookup([batch]), 2, score=DISTANCE)
     top = TopKExec(stale, 2, DISTANCE, columns=["id", DISTANCE])
     out = check_contract(top, 2)
