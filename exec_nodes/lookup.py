@@ -799,6 +799,8 @@ def live_rows(rows: pa.Table) -> pa.Table:
     """Drop tombstones (a tombstone resolves its key as absent)."""
     if rows.num_rows == 0:
         return rows
+    # A lookup's rows come in one small chunk per source; filtering pays per chunk.
+    rows = rows.combine_chunks()
     return rows.filter(pc.invert(rows.column(TOMBSTONE)))
 
 
