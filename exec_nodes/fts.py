@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform
+from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform, empty_rows
 from exec_nodes.dedup import Versions
 from exec_nodes.lookup import CACHE, generation_rows
 from exec_nodes.memindex import Piece, text_index
@@ -422,7 +422,7 @@ class GlobalBM25Exec(ExecNode):
             rows = np.nonzero(touched)[0]
             scored.append((score[rows], np.full(len(rows), number), rows))
         if not scored:
-            return self.schema.empty_table()
+            return empty_rows(self.schema)
         scores = np.concatenate([s for s, _, _ in scored])
         numbers = np.concatenate([n for _, n, _ in scored])
         rows = np.concatenate([r for _, _, r in scored])
@@ -440,7 +440,7 @@ class GlobalBM25Exec(ExecNode):
                 table = table.filter(pc.fill_null(evaluate(self.predicate, table), False))
             picked.append(table)
             have += table.num_rows
-        out = pa.concat_tables(picked) if picked else self.schema.empty_table()
+        out = pa.concat_tables(picked) if picked else empty_rows(self.schema)
         return out.slice(0, self.k)
 
     def _rows(

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform
+from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform, empty_rows
 from exec_nodes.lookup import CACHE, generation_rows
 from exec_nodes.memindex import VectorIndex, vector_index
 from memwal_sql.compat.lance import take_rows
@@ -168,7 +168,7 @@ class KnnSource(ExecNode):
         dist[~live | np.isnan(dist)] = np.inf
         n = min(n, int(np.count_nonzero(np.isfinite(dist))))
         if n == 0:
-            return self.schema.empty_table()
+            return empty_rows(self.schema)
         best = np.argpartition(dist, n - 1)[:n] if n < len(dist) else np.arange(len(dist))
         best = best[np.lexsort((best, dist[best]))]
         out = rows.select(self.schema.names[:-1]).take(pa.array(best))
@@ -207,7 +207,7 @@ class MemTableKnnExec(KnnSource):
 
     def _nearest(self, n: int) -> pa.Table:
         if not self.batches:
-            return self.schema.empty_table()
+            return empty_rows(self.schema)
         return self._exact(*self._index().update(self.batches), n)
 
     def _index(self) -> VectorIndex:

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.base import BASE_GENERATION, ROWADDR, TOMBSTONE, ExecNode, conform
+from exec_nodes.base import BASE_GENERATION, ROWADDR, TOMBSTONE, ExecNode, conform, empty_rows
 from exec_nodes.keyset import KeySet, encode_keys, last_per_key
 from memwal_sql.compat.lance import take_rows
 from memwal_sql.errors import ObjectNotFoundError
@@ -224,7 +224,7 @@ class LookupSource(KeyedExec):
         with self._lock:
             self.probes += 1
         if keys.num_rows == 0:
-            return Probe(self.schema.empty_table(), np.zeros(0, dtype=bool))
+            return Probe(empty_rows(self.schema), np.zeros(0, dtype=bool))
         return self._probe(keys)
 
     def _probe(self, keys: pa.Table) -> Probe:
@@ -241,7 +241,7 @@ class LookupSource(KeyedExec):
         pos = keyset.positions(keys)
         hit = pos >= 0
         if not hit.any():
-            return Probe(self.schema.empty_table(), hit)
+            return Probe(empty_rows(self.schema), hit)
         return Probe(take(newest[pos[hit]]), hit)
 
 
@@ -328,7 +328,7 @@ class TakeLastExec(LookupSource):
     def _from_memtable(self, keys: pa.Table) -> Probe:
         batches, pk = self.batches, self.primary_key
         if not batches:
-            return Probe(self.schema.empty_table(), np.zeros(keys.num_rows, dtype=bool))
+            return Probe(empty_rows(self.schema), np.zeros(keys.num_rows, dtype=bool))
 
         def load() -> tuple[tuple[pa.RecordBatch, int, pa.Table, KeySet, np.ndarray], int]:
             table = conform(pa.Table.from_batches(batches), self.schema, self.generation)
@@ -415,22 +415,23 @@ class GenerationIndexExec(KeyedExec):
             offsets = best & 0xFFFFFFFF
             return (KeySet(keys), which, offsets), keys.nbytes + 3 * best.nbytes
 
-        return CACHE.get("generation_index", self._cache_key(gens), load)
+        return CACHE.get("generation_index", self.cache_key(gens), load)
 
     @staticmethod
-    def _cache_key(generations: Sequence[TakeLastExec]) -> str:
+    def cache_key(generations: Sequence[TakeLastExec]) -> str:
+        """The lookup-cache key of the merged index of ``generations``."""
         return "\n".join(g.uri or "" for g in generations)
 
     @classmethod
     def is_cached(cls, generations: Sequence[TakeLastExec]) -> bool:
         """Whether the merged key index of these generations is in the cache already (then
         probing it beats a bloom test per generation even for one key)."""
-        return CACHE.contains("generation_index", cls._cache_key(generations))
+        return CACHE.contains("generation_index", cls.cache_key(generations))
 
     def probe(self, keys: pa.Table) -> Probe:
         self.probes += 1
         if keys.num_rows == 0:
-            return Probe(self.schema.empty_table(), np.zeros(0, dtype=bool))
+            return Probe(empty_rows(self.schema), np.zeros(0, dtype=bool))
         keyset, which, offsets = self._index()
         pos = keyset.positions(_index_keys(keys, self.primary_key))
         hit = pos >= 0
@@ -439,7 +440,7 @@ class GenerationIndexExec(KeyedExec):
             self.generations[g].take_offsets(offsets[found[which[found] == g]])
             for g in np.unique(which[found])
         ]
-        rows = pa.concat_tables(parts) if parts else self.schema.empty_table()
+        rows = pa.concat_tables(parts) if parts else empty_rows(self.schema)
         return Probe(rows, hit)
 
 
@@ -536,7 +537,7 @@ class BaseLookupExec(LookupSource):
         )
         if fragments == []:
             rows = (
-                self.dataset.schema.empty_table()
+                empty_rows(self.dataset.schema)
                 .select(names)
                 .append_column(ROWADDR, pa.array([], pa.uint64()))
             )
@@ -563,6 +564,19 @@ class BaseLookupExec(LookupSource):
         """The rows at ``addrs``, in order: from cached whole fragments where small enough,
         else with one random ``take`` for the rest."""
         fragment_of = addrs >> 32
+        first = int(fragment_of[0])
+        kept = self._fragment_rows(first, names) if (fragment_of == first).all() else None
+        if kept is not None:  # one kept fragment (always so for one key): nothing to reorder
+            table = kept.take(pa.array(addrs & 0xFFFFFFFF))
+        else:
+            table = self._take_from_fragments(addrs, fragment_of, names)
+        return table.set_column(
+            table.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), pa.array(addrs)
+        )
+
+    def _take_from_fragments(
+        self, addrs: np.ndarray, fragment_of: np.ndarray, names: list[str]
+    ) -> pa.Table:
         parts, order, rest = [], [], []
         for fid in np.unique(fragment_of):
             at = np.nonzero(fragment_of == fid)[0]
@@ -586,9 +600,7 @@ class BaseLookupExec(LookupSource):
         positions = np.concatenate(order)
         if not np.array_equal(positions, np.arange(len(addrs))):
             table = table.take(pa.array(np.argsort(positions)))
-        return table.set_column(
-            table.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), pa.array(addrs)
-        )
+        return table
 
     def _fragment_rows(self, fragment_id: int, names: list[str]) -> pa.Table | None:
         fragment = self._fragment(fragment_id)
@@ -658,7 +670,7 @@ class BloomFilterGuardExec(KeyedExec):
         self.skipped += keys.num_rows - len(passed)
         self.passed += len(passed)
         if len(passed) == 0:
-            return Probe(self.schema.empty_table(), mask)
+            return Probe(empty_rows(self.schema), mask)
         rows, found = self.child.probe(keys.take(pa.array(passed)))
         hit = np.zeros(keys.num_rows, dtype=bool)
         hit[passed[found]] = True
@@ -710,7 +722,7 @@ class CoalesceFirstExec(KeyedExec):
                 open_rows = open_rows[~hit]
         resolved = np.ones(keys.num_rows, dtype=bool)
         resolved[open_rows] = False
-        table = pa.concat_tables(found) if found else self._schema.empty_table()
+        table = pa.concat_tables(found) if found else empty_rows(self._schema)
         return Probe(table, resolved)
 
 
@@ -757,7 +769,10 @@ class PointLookupExec(ExecNode):
         early = None
         if self.keys.num_rows >= self.parallel_keys:
             early = _POOL.submit(self.base.probe, self.keys)
-        found = [r.to_table() for r in self.regions]
+        found = []
+        for region in self.regions:
+            assert region.keys is not None  # region_lookups binds each region's keys
+            found.append(region.probe(region.keys).rows)
         # The base answers only the keys *no* region resolved (found or deleted there): a key
         # that could not be routed was asked of every region, and one region's answer is
         # newer than the base's.
@@ -774,7 +789,7 @@ class PointLookupExec(ExecNode):
             found.append(base_rows)
         elif rest.num_rows:
             found.append(self.base.probe(rest).rows)
-        rows = pa.concat_tables(found) if found else self.schema.empty_table()
+        rows = pa.concat_tables(found) if found else empty_rows(self.schema)
         yield from live_rows(rows).to_batches()
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from exec_nodes.base import ROWADDR, TOMBSTONE, conform
+from exec_nodes.base import ROWADDR, TOMBSTONE, conform, empty_rows
 from exec_nodes.keyset import KeySet
 from exec_nodes.lookup import CACHE
 from memwal_sql.index.tokenizer import GrowingTokens, Tokenizer, Tokens
@@ -101,7 +101,7 @@ class _Growing:
             self._rows = (
                 pa.concat_tables(self._parts).combine_chunks()
                 if self._parts
-                else self.schema.empty_table()
+                else empty_rows(self.schema)
             )
         return self._rows
 

@@ -17,7 +17,7 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, ExecNode, conform
+from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, ExecNode, conform, empty_rows
 from exec_nodes.lookup import CACHE
 from memwal_sql.compat.lance import row_addr_treemap
 from memwal_sql.writer.generation import open_generation
@@ -156,7 +156,7 @@ class MemTableScanExec(SourceExec):
 
     def read(self, schema: pa.Schema, predicate: Predicate | None) -> pa.Table:
         if not self.batches:
-            return schema.empty_table()
+            return empty_rows(schema)
         from exec_nodes.memindex import rows_index
 
         # The MemTable's rows in the source schema, extended as it grows (not rebuilt per

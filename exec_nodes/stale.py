@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode
+from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, empty_rows
 from exec_nodes.dedup import Versions
 from exec_nodes.knn import KnnSource
 from exec_nodes.lookup import CoalesceFirstExec, distinct_keys
@@ -114,7 +114,7 @@ class FilterStaleExec(ExecNode):
             candidates = (
                 pa.concat_tables(parts)
                 if parts
-                else self.schema.empty_table().append_column(SOURCE, pa.array([], pa.int64()))
+                else empty_rows(self.schema).append_column(SOURCE, pa.array([], pa.int64()))
             )
             candidates = candidates.append_column("__row", pa.array(np.arange(candidates.num_rows)))
             keep = self._latest(candidates)
@@ -143,10 +143,8 @@ class FilterStaleExec(ExecNode):
             parts.append(self._children[i].rows(addresses[at]))
             order.append(at)
         if not parts:
-            return (
-                self._children[0]
-                .source_schema.empty_table()
-                .append_column(candidates.schema.field(self.score), candidates.column(self.score))
+            return empty_rows(self._children[0].source_schema).append_column(
+                candidates.schema.field(self.score), candidates.column(self.score)
             )
         table = pa.concat_tables(parts)
         table = table.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))

@@ -20,6 +20,7 @@ rows an index does not cover yet.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -119,11 +120,15 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
     else:
         # A region the MemWAL index has merged from is one whose manifests must exist.
         rids = sorted(set(table.regions()) | set(merged))
-        # Each manifest read is a few small object reads: issue them side by side.
         known = table.known_manifests
-        manifests = list(
-            _POOL.map(lambda r: RegionManifestStore(table.store, r).refresh(known.get(r)), rids)
-        )
+
+        def refresh(rid: str) -> RegionManifest | None:
+            return RegionManifestStore(table.store, rid).refresh(known.get(rid))
+
+        # Each manifest read is a few small object reads: issue them side by side, except on
+        # local disk, where a check takes microseconds and a thread hand-off more.
+        local = table.store.is_local
+        manifests = [refresh(r) for r in rids] if local else list(_POOL.map(refresh, rids))
         for rid, manifest in zip(rids, manifests):
             if manifest is not None:
                 known[rid] = manifest
@@ -224,11 +229,18 @@ def _region_values(
 ) -> tuple[Any, ...] | None:
     """The region's values under ``spec`` (NULL where the manifest names no value), or None
     for a region the spec does not govern (a manual region may hold any rows)."""
+    entries = tuple((e.field_id, bytes(e.value)) for e in manifest.region_field_entries)
+    return _decoded_region_values(spec, region_id, entries)
+
+
+@functools.lru_cache(maxsize=4096)
+def _decoded_region_values(
+    spec: RegionSpec, region_id: str, entries: tuple[tuple[str, bytes], ...]
+) -> tuple[Any, ...] | None:
+    # Every snapshot of every query asks this of every region, and the answer never changes.
     from memwal_sql.table import region_id_for
 
-    values = spec.values_from_entries(
-        [(e.field_id, e.value) for e in manifest.region_field_entries], missing_as_null=True
-    )
+    values = spec.values_from_entries(list(entries), missing_as_null=True)
     if values is None or region_id_for(spec, values) != region_id:
         return None
     return values

@@ -9,6 +9,7 @@ probed. A tombstone in a newer source resolves a key as absent.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,11 @@ MAX_SQL_LOOKUP_KEYS = 65_536
 # From this many keys per region, a region's generations are probed through one merged key
 # index (GenerationIndexExec) rather than one by one behind their bloom filters.
 MERGED_INDEX_KEYS = 64
+# A region whose generations were probed this many times behind their bloom filters gets its
+# merged key index too: a bloom test per generation costs more than one probe of the merged
+# index once the same generations are looked up again and again.
+HOT_REGION_LOOKUPS = 3
+_bloom_lookups: Counter[str] = Counter()
 
 
 @dataclass
@@ -153,9 +159,7 @@ def region_lookups(
             )
             for gen in sorted([*region.generations, *extra], key=lambda g: -g.generation)
         ]
-        if len(gens) > 1 and (
-            region_keys.num_rows >= MERGED_INDEX_KEYS or GenerationIndexExec.is_cached(gens)
-        ):
+        if len(gens) > 1 and _merged_index_pays(gens, region_keys.num_rows):
             children.append(GenerationIndexExec(gens, pk, schema))
         else:  # a few keys: a bloom test per generation rules most of them out cheaper
             if HASH not in region_keys.column_names:
@@ -178,6 +182,18 @@ def region_lookups(
                 )
             )
     return regions
+
+
+def _merged_index_pays(gens: Sequence[TakeLastExec], keys: int) -> bool:
+    """Whether to probe ``gens`` through their merged key index (built on first use) rather
+    than one bloom filter each."""
+    if keys >= MERGED_INDEX_KEYS or GenerationIndexExec.is_cached(gens):
+        return True
+    if len(_bloom_lookups) > 4096:  # generation sets change with every flush: forget old ones
+        _bloom_lookups.clear()
+    key = GenerationIndexExec.cache_key(gens)
+    _bloom_lookups[key] += 1
+    return _bloom_lookups[key] > HOT_REGION_LOOKUPS
 
 
 def _pinned_values(term: Predicate) -> tuple[str, pa.Array] | None:

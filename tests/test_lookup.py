@@ -294,3 +294,27 @@ def test_keys_a_region_resolved_never_come_from_the_base_when_not_routable(tmp_p
     assert ctx.sql("SELECT * FROM t WHERE id IN (1, 2, 3) ORDER BY id").to_pydict() == want
     assert isinstance(ctx.last_plan("t"), LookupPlan)
     tbl.close()
+
+
+def test_a_region_looked_up_again_and_again_switches_to_its_merged_key_index(tmp_path):
+    from planner.lookup import HOT_REGION_LOOKUPS
+
+    tbl = mw.create_table(
+        str(tmp_path),
+        batch([1000], 0),
+        primary_key="k",
+        writer_config=mw.WriterConfig(max_memtable_rows=50),
+    )
+    with tbl.writer() as w:
+        for i in range(4):
+            w.upsert(batch(list(range(i * 50, i * 50 + 50)), i))
+        w.upsert(batch([7], 9))  # newer than generation 1's row of key 7
+    kinds = []
+    for k in [1000, 60, 7, 199, 1000, 60, 7, 199]:
+        want = {1000: "v1000-0", 60: "v60-1", 7: "v7-9", 199: "v199-3"}[k]
+        assert tbl.lookup([k]).to_pylist() == [{"k": k, "v": want}]
+        kinds.append({type(n).__name__ for n in _nodes(tbl._reads.last_lookup_plan)})
+    # The first lookups test a bloom filter per generation; later ones probe the merged index.
+    assert all(k == {"BloomFilterGuardExec"} for k in kinds[:HOT_REGION_LOOKUPS])
+    assert all(k == {"GenerationIndexExec"} for k in kinds[HOT_REGION_LOOKUPS:])
+    tbl.close()

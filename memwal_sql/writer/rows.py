@@ -198,7 +198,12 @@ class RowCoercer:
             >>> RowCoercer(pa.schema([pa.field("id", pa.int64(), False)]), ["id"]).keys([1]).schema
             id: int64 not null
         """
-        return pa.Table.from_batches([self.deletes(keys).select(self.primary_key)])
+        table = self.key_table(keys)
+        self._check_keys(table, set(table.column_names))
+        return pa.table(
+            [self._cast(table.column(k), self.base_schema.field(k)) for k in self.primary_key],
+            schema=pa.schema([self.schema.field(k) for k in self.primary_key]),
+        )
 
     def _check_keys(self, table: pa.Table, names: set[str]) -> None:
         missing = [k for k in self.primary_key if k not in names]
