@@ -384,6 +384,7 @@ class GenerationIndexExec(KeyedExec):
         keys: pa.Table | None = None,
     ) -> None:
         self.generations = list(generations)  # newest first
+        self._cache_key = self.cache_key(self.generations)
         self.primary_key = list(primary_key)
         self._schema = schema
         self.keys = keys
@@ -415,7 +416,7 @@ class GenerationIndexExec(KeyedExec):
             offsets = best & 0xFFFFFFFF
             return (KeySet(keys), which, offsets), keys.nbytes + 3 * best.nbytes
 
-        return CACHE.get("generation_index", self.cache_key(gens), load)
+        return CACHE.get("generation_index", self._cache_key, load)
 
     @staticmethod
     def cache_key(generations: Sequence[TakeLastExec]) -> str:

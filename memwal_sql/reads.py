@@ -190,7 +190,7 @@ class TableReads:
             for name in pk:
                 rows = rows.set_column(names.index(name), rows.field(name), key_table.column(name))
             return rows
-        if rows.num_rows:  # input order, first occurrence of each key
+        if rows.num_rows > 1:  # input order, first occurrence of each key
             where = KeySet(key_table).positions(rows.select(pk))
             rows = rows.take(pa.array(np.argsort(where, kind="stable")))
         return rows.select(names)
