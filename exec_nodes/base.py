@@ -31,7 +31,18 @@ __all__ = [
     "ExecNode",
     "conform",
     "empty_rows",
+    "stored_columns",
 ]
+
+
+def stored_columns(schema: pa.Schema, dataset: Any) -> list[str]:
+    """The columns of ``schema`` that ``dataset`` (a Lance dataset) stores, in schema order.
+
+    Example:
+        ``stored_columns(source_schema(tbl.wal_schema), tbl.dataset())  # no _gen, _rowaddr``
+    """
+    stored = set(dataset.schema.names)  # a Lance dataset builds its schema on each access
+    return [f.name for f in schema if f.name in stored]
 
 
 @functools.lru_cache(maxsize=256)

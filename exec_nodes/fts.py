@@ -29,7 +29,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform, empty_rows
+from exec_nodes.base import (
+    BASE_GENERATION,
+    GEN,
+    ROWADDR,
+    TOMBSTONE,
+    ExecNode,
+    conform,
+    empty_rows,
+    stored_columns,
+)
 from exec_nodes.dedup import Versions
 from exec_nodes.lookup import CACHE, generation_rows
 from exec_nodes.memindex import Piece, text_index
@@ -157,7 +166,7 @@ class GenerationFtsExec(FtsSource):
         table = generation_rows(self.uri, self.storage_options, self.generation, self._schema)
         if table is None:  # too big to keep whole: read it for this query
             ds = open_generation(self.uri, self.storage_options)
-            names = [f.name for f in self._schema if f.name in ds.schema.names]
+            names = stored_columns(self._schema, ds)
             rows = ds.to_table(columns=names, with_row_address=True)
             table = conform(rows, self._schema, self.generation)
         return table
@@ -242,7 +251,7 @@ class BaseFtsExec(FtsSource):
 
     def rows(self, piece: int, index: np.ndarray) -> pa.Table:
         addresses = self.pieces()[piece].addresses[index]
-        names = [f.name for f in self._schema if f.name in self.dataset.schema.names]
+        names = stored_columns(self._schema, self.dataset)
         out = conform(
             take_rows(self.dataset, pa.array(addresses.astype(np.uint64)), names),
             self._schema,

@@ -22,7 +22,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform, empty_rows
+from exec_nodes.base import (
+    BASE_GENERATION,
+    GEN,
+    ROWADDR,
+    TOMBSTONE,
+    ExecNode,
+    conform,
+    empty_rows,
+    stored_columns,
+)
 from exec_nodes.lookup import CACHE, generation_rows
 from exec_nodes.memindex import VectorIndex, vector_index
 from memwal_sql.compat.lance import take_rows
@@ -324,7 +333,7 @@ class BaseKnnExec(KnnSource):
 def _take(
     ds: lance.LanceDataset, addresses: np.ndarray, schema: pa.Schema, generation: int
 ) -> pa.Table:
-    names = [f.name for f in schema if f.name in ds.schema.names]
+    names = stored_columns(schema, ds)
     row_ids = pa.array(np.asarray(addresses).astype(np.uint64))
     out = conform(take_rows(ds, row_ids, names), schema, generation)
     return out.set_column(out.schema.get_field_index(ROWADDR), schema.field(ROWADDR), row_ids)
@@ -345,7 +354,7 @@ def _lance_nearest(
     if node.predicate is not None and not exact:
         # Lance cannot take this filter: search all rows, then filter (exact, but slower).
         nearest["k"] = ds.count_rows()
-        names = [f.name for f in node.source_schema if f.name in ds.schema.names]
+        names = stored_columns(node.source_schema, ds)
     table = ds.scanner(
         columns=names, nearest=nearest, filter=pushed, prefilter=True, with_row_address=True
     ).to_table()

@@ -28,7 +28,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.base import BASE_GENERATION, ROWADDR, TOMBSTONE, ExecNode, conform, empty_rows
+from exec_nodes.base import (
+    BASE_GENERATION,
+    ROWADDR,
+    TOMBSTONE,
+    ExecNode,
+    conform,
+    empty_rows,
+    stored_columns,
+)
 from exec_nodes.keyset import KeySet, encode_keys, last_per_key
 from memwal_sql.compat.lance import take_rows
 from memwal_sql.errors import ObjectNotFoundError
@@ -180,7 +188,7 @@ def generation_rows(
         frags = ds.get_fragments()
         if len(frags) != 1:
             return None, 64
-        names = [f.name for f in schema if f.name in ds.schema.names]
+        names = stored_columns(schema, ds)
         return _whole_fragment(frags[0], names, generation, schema)
 
     return CACHE.get("rows", uri, load)
@@ -309,7 +317,7 @@ class TakeLastExec(LookupSource):
         uri, opts = self.uri, self.storage_options
         assert uri is not None  # as in _generation_rows: only a flushed generation is read here
         ds = CACHE.get("dataset", uri, lambda: (open_generation(uri, opts), 4096))
-        names = [f.name for f in self.schema if f.name in ds.schema.names]
+        names = stored_columns(self.schema, ds)
         # Row addresses of fragment 0 are the offsets the _pk_index stores.
         row_ids = pa.array(offsets.astype(np.uint64))
         out = conform(
@@ -523,7 +531,7 @@ class BaseLookupExec(LookupSource):
         return CACHE.get("base_keys", f"{ds.uri}@{ds.version}:{files}", load)
 
     def _probe(self, keys: pa.Table) -> Probe:
-        names = [f.name for f in self.schema if f.name in self.dataset.schema.names]
+        names = stored_columns(self.schema, self.dataset)
         index = self._key_index()
         if index is not None:
             keyset, addrs = index
@@ -813,7 +821,8 @@ def _key_filter(keys: pa.Table, primary_key: Sequence[str]) -> pc.Expression:
 
 def live_rows(rows: pa.Table) -> pa.Table:
     """Drop tombstones (a tombstone resolves its key as absent)."""
-    if rows.num_rows == 0:
+    tombstones = rows.column(TOMBSTONE)
+    if rows.num_rows == 0 or not pc.any(tombstones).as_py():
         return rows
     # A lookup's rows come in one small chunk per source; filtering pays per chunk.
     rows = rows.combine_chunks()

@@ -17,7 +17,15 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, ExecNode, conform, empty_rows
+from exec_nodes.base import (
+    BASE_GENERATION,
+    GEN,
+    ROWADDR,
+    ExecNode,
+    conform,
+    empty_rows,
+    stored_columns,
+)
 from exec_nodes.lookup import CACHE
 from memwal_sql.compat.lance import row_addr_treemap
 from memwal_sql.writer.generation import open_generation
@@ -101,7 +109,7 @@ class GenerationScanExec(SourceExec):
             # key's newest version, so deduplication drops it like any stale row.
             return matches(predicate, whole).select(schema.names)
         ds = open_generation(self.uri, self.storage_options)
-        names = [f.name for f in schema if f.name in ds.schema.names]
+        names = stored_columns(schema, ds)
         pushed, exact = lance_filter(predicate, ds.schema)
         table = ds.to_table(columns=names, filter=pushed, with_row_address=True)
         if not exact:
@@ -122,7 +130,7 @@ class GenerationScanExec(SourceExec):
 
         def load() -> tuple[pa.Table, int]:
             ds = open_generation(uri, opts)
-            names = [f.name for f in schema if f.name in ds.schema.names]
+            names = stored_columns(schema, ds)
             table = conform(
                 ds.to_table(columns=names, with_row_address=True), schema, self.generation
             ).combine_chunks()
