@@ -292,13 +292,13 @@ def _float_bits(a: pa.Array) -> np.ndarray:
     return pc.fill_null(a, 0).to_numpy(zero_copy_only=False).astype(np.float64).view(np.int64)
 
 
-_NUMPY_COMPARE = {
-    "=": np.equal,
-    "!=": np.not_equal,
-    "<": np.less,
-    "<=": np.less_equal,
-    ">": np.greater,
-    ">=": np.greater_equal,
+_ARROW_COMPARE = {
+    "=": pc.equal,
+    "!=": pc.not_equal,
+    "<": pc.less,
+    "<=": pc.less_equal,
+    ">": pc.greater,
+    ">=": pc.greater_equal,
 }
 
 
@@ -306,14 +306,12 @@ def _compare(left: pa.Array, op: str, right: pa.Array | pa.Scalar) -> pa.Array:
     if pa.types.is_floating(left.type) and isinstance(right, pa.Scalar) and right.is_valid:
         value = float(right.as_py())
         if not np.isnan(value):
-            # Against a number: numpy's order, with NaN rows above it (and -0.0 == 0.0).
-            v = pc.fill_null(left, 0).to_numpy(zero_copy_only=False)
-            with np.errstate(invalid="ignore"):
-                result = _NUMPY_COMPARE[op](v, value)
+            # Against a number, IEEE order is DataFusion's (-0.0 == 0.0, NULL stays NULL)
+            # except for NaN rows, which sort above every number.
+            result = _ARROW_COMPARE[op](left, right)
             if op in (">", ">=", "!="):
-                result |= np.isnan(v)
-            mask = None if left.null_count == 0 else ~left.is_valid().to_numpy(zero_copy_only=False)
-            return pa.array(result, pa.bool_(), mask=mask)
+                result = pc.or_(result, pc.is_nan(left))
+            return result
     if pa.types.is_floating(left.type):
         n = len(left)
         lnan, lv = _floats(left, n)
@@ -326,15 +324,7 @@ def _compare(left: pa.Array, op: str, right: pa.Array | pa.Scalar) -> pa.Array:
         if not isinstance(right, pa.Scalar):
             valid = pc.and_(valid, right.is_valid())
         return pa.array(result, pa.bool_(), mask=~valid.to_numpy(zero_copy_only=False))
-    fn = {
-        "=": pc.equal,
-        "!=": pc.not_equal,
-        "<": pc.less,
-        "<=": pc.less_equal,
-        ">": pc.greater,
-        ">=": pc.greater_equal,
-    }[op]
-    return fn(left, right)
+    return _ARROW_COMPARE[op](left, right)
 
 
 def _in_list(column: pa.Array, values: pa.Array, has_null: bool) -> pa.Array:
