@@ -9,7 +9,6 @@ probed. A tombstone in a newer source resolves a key as absent.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from exec_nodes.lookup import (
+    CACHE,
     HASH,
     BaseLookupExec,
     BloomFilterGuardExec,
@@ -47,7 +47,6 @@ MERGED_INDEX_KEYS = 64
 # merged key index too: a bloom test per generation costs more than one probe of the merged
 # index once the same generations are looked up again and again.
 HOT_REGION_LOOKUPS = 3
-_bloom_lookups: Counter[str] = Counter()
 
 
 @dataclass
@@ -189,11 +188,10 @@ def _merged_index_pays(gens: Sequence[TakeLastExec], keys: int) -> bool:
     than one bloom filter each."""
     if keys >= MERGED_INDEX_KEYS or GenerationIndexExec.is_cached(gens):
         return True
-    if len(_bloom_lookups) > 4096:  # generation sets change with every flush: forget old ones
-        _bloom_lookups.clear()
-    key = GenerationIndexExec.cache_key(gens)
-    _bloom_lookups[key] += 1
-    return _bloom_lookups[key] > HOT_REGION_LOOKUPS
+    # Counted in the lookup cache: bounded like it, and forgotten with it.
+    count = CACHE.get("bloom_lookups", GenerationIndexExec.cache_key(gens), lambda: ([0], 64))
+    count[0] += 1
+    return count[0] > HOT_REGION_LOOKUPS
 
 
 def _pinned_values(term: Predicate) -> tuple[str, pa.Array] | None:
