@@ -70,7 +70,8 @@ def _pack(keys: pa.Table, packing: list[tuple[int, int]]) -> tuple[np.ndarray, n
 
 
 class KeySet:
-    """An immutable set of distinct primary keys that also tells where each key sits.
+    """An immutable set of primary keys that also tells where each key sits (for a key that
+    occurs more than once, its first occurrence).
 
     Example:
         >>> s = KeySet(pa.table({"id": [3, 1]}))
@@ -78,6 +79,8 @@ class KeySet:
         [True, False, True]
         >>> s.positions(pa.table({"id": [1, 2, 3]})).tolist()
         [1, -1, 0]
+        >>> KeySet(pa.table({"id": [5, 4, 5]})).positions(pa.table({"id": [5]})).tolist()
+        [0]
     """
 
     def __init__(self, keys: pa.Table) -> None:

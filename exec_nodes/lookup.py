@@ -334,26 +334,17 @@ class TakeLastExec(LookupSource):
         return generation_rows(self.uri, self.storage_options, self.generation, self.schema)
 
     def _from_memtable(self, keys: pa.Table) -> Probe:
-        batches, pk = self.batches, self.primary_key
+        from exec_nodes.memindex import keys_index
+
+        batches = self.batches
         if not batches:
             return Probe(empty_rows(self.schema), np.zeros(keys.num_rows, dtype=bool))
-
-        def load() -> tuple[tuple[pa.RecordBatch, int, pa.Table, KeySet, np.ndarray], int]:
-            table = conform(pa.Table.from_batches(batches), self.schema, self.generation)
-            table = table.combine_chunks()
-            keyset, newest = _key_index(table.select(pk), np.arange(table.num_rows))
-            return (batches[-1], len(batches), table, keyset, newest), table.nbytes
-
-        def current(entry: object) -> bool:
-            # A MemTable only grows: the same last batch object and count mean the same rows.
-            last, count = entry[0], entry[1]  # type: ignore[index]
-            return last is batches[-1] and count == len(batches)
-
-        key = f"{self.region_id}/{self.generation}/{self.origin}"
-        _, _, table, keyset, newest = CACHE.get("memtable", key, load, current)
-        return self._take_newest(
-            keys.select(pk), keyset, newest, lambda rows: table.take(pa.array(rows))
-        )
+        index = keys_index(batches, self.generation, self.origin, self.schema, self.primary_key)
+        at = index.find(keys.select(self.primary_key))
+        hit = at >= 0
+        if not hit.any():
+            return Probe(empty_rows(self.schema), hit)
+        return Probe(index.take(at[hit]), hit)
 
 
 def _stored_keys(index: pa.Table, primary_key: Sequence[str]) -> pa.Table:

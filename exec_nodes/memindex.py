@@ -208,6 +208,80 @@ class TextIndex(_Growing):
             return rows, self._piece
 
 
+class KeysIndex(_Growing):
+    """A MemTable's newest row per key, extended as it grows (what a point lookup probes).
+
+    Each update indexes only the new rows, as a run; a run as big as the one before it is
+    merged with it (a binary counter: at most log2(rows) runs), so a lookup after a write
+    costs an index of that write's rows, not of the whole MemTable. Runs are probed newest
+    first.
+
+    Example:
+        >>> s = pa.schema([("id", pa.int64()), ("v", pa.string()), (TOMBSTONE, pa.bool_()),
+        ...                ("_gen", pa.int64()), (ROWADDR, pa.uint64())])
+        >>> b = [pa.record_batch({"id": [1, 2], "v": ["a", "b"], TOMBSTONE: [False] * 2})]
+        >>> ix = KeysIndex(s, 3, ["id"]).update(b)
+        >>> ix.find(pa.table({"id": [2, 5]})).tolist()
+        [1, -1]
+    """
+
+    def __init__(self, schema: pa.Schema, generation: int, primary_key: Sequence[str]) -> None:
+        super().__init__(schema, generation)
+        self.primary_key = list(primary_key)
+        self._runs: list[tuple[int, int, KeySet, np.ndarray]] = []  # first row, rows, index
+
+    def update(self, batches: Sequence[pa.RecordBatch]) -> KeysIndex:
+        with self.lock:
+            new = self._new_rows(batches)
+            if new is not None and new.num_rows:
+                self._runs.append(self._run(self.num_rows - new.num_rows, new))
+                while len(self._runs) > 1 and self._runs[-1][1] >= self._runs[-2][1]:
+                    first = self._runs[-2][0]
+                    self._runs[-2:] = [self._run(first, self._slice(first, self.num_rows))]
+            return self
+
+    def find(self, keys: pa.Table) -> np.ndarray:
+        """For each row of ``keys``, the MemTable row of its newest version, or -1."""
+        out = np.full(keys.num_rows, -1, dtype=np.int64)
+        todo = np.arange(keys.num_rows)
+        for _, _, keyset, newest in reversed(self._runs):
+            asked = keys if len(todo) == keys.num_rows else keys.take(pa.array(todo))
+            pos = keyset.positions(asked)
+            hit = pos >= 0
+            out[todo[hit]] = newest[pos[hit]]
+            todo = todo[~hit]
+            if len(todo) == 0:
+                break
+        return out
+
+    def take(self, rows: np.ndarray) -> pa.Table:
+        """The MemTable's rows at ``rows`` (as :meth:`find` gives them), in that order."""
+        starts = np.cumsum([0] + [p.num_rows for p in self._parts[:-1]])
+        part = np.searchsorted(starts, rows, side="right") - 1
+        if (part == part[0]).all():
+            return self._parts[part[0]].take(pa.array(rows - starts[part[0]]))
+        return self.rows().take(pa.array(rows))
+
+    def _slice(self, start: int, stop: int) -> pa.Table:
+        """Rows ``start`` to ``stop`` (a run's rows start and end on part boundaries)."""
+        out, at = [], 0
+        for p in self._parts:
+            if p.num_rows and start <= at < stop:
+                out.append(p)
+            at += p.num_rows
+        return pa.concat_tables(out) if out else empty_rows(self.schema)
+
+    def _run(self, first: int, rows: pa.Table) -> tuple[int, int, KeySet, np.ndarray]:
+        # Newest row first: a KeySet finds the first occurrence of a repeated key.
+        order = np.arange(rows.num_rows - 1, -1, -1)
+        keys = rows.select(self.primary_key).take(pa.array(order))
+        return first, rows.num_rows, KeySet(keys), first + order
+
+    def _reset(self) -> None:
+        super()._reset()
+        self._runs = []
+
+
 def _cached(
     kind: str,
     batches: Sequence[pa.RecordBatch],
@@ -233,6 +307,20 @@ def forget(batches: Sequence[pa.RecordBatch]) -> None:
     so they do not hold its rows until the cache evicts them."""
     if batches:
         CACHE.discard(f"{id(batches[0])}#")
+
+
+def keys_index(
+    batches: Sequence[pa.RecordBatch],
+    generation: int,
+    origin: str,
+    schema: pa.Schema,
+    primary_key: Sequence[str],
+) -> KeysIndex:
+    """The MemTable's newest row per key, brought up to ``batches``."""
+    index = _cached(
+        "memtable_keys", batches, origin, "", lambda: KeysIndex(schema, generation, primary_key)
+    )
+    return index.update(batches)
 
 
 def rows_index(
@@ -270,11 +358,13 @@ def text_index(
 
 
 __all__ = [
+    "KeysIndex",
     "Piece",
     "RowsIndex",
     "TextIndex",
     "VectorIndex",
     "forget",
+    "keys_index",
     "rows_index",
     "text_index",
     "vector_index",

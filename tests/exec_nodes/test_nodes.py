@@ -7,6 +7,8 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, EmptyExec, ExecNode, conform
 from exec_nodes.dedup import DeduplicateExec, newest_per_key
@@ -310,3 +312,57 @@ def test_memtable_versions_are_reused_until_the_memtable_grows(tmp_path):
     assert grown.versions()[1] is not first.versions()[1]
     assert check_contract(grown).sort_by("id").column("v").to_pylist() == ["m2", "m1", "b"]
     assert grown.num_partitions == 3  # generations, MemTables, one base part
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    writes=st.lists(
+        st.lists(st.tuples(st.integers(0, 12), st.text("ab", max_size=1)), max_size=9),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_keys_index_finds_the_newest_row_of_each_key_as_the_memtable_grows(writes):
+    """KeysIndex against a dict model, after every write: runs merge, newest wins, composite
+    keys, empty writes."""
+    from exec_nodes.memindex import KeysIndex
+
+    schema = source_schema(
+        pa.schema(
+            [("a", pa.int64()), ("b", pa.string()), ("v", pa.int64()), (TOMBSTONE, pa.bool_())]
+        )
+    )
+    index = KeysIndex(schema, 5, ["a", "b"])
+    batches, latest, n = [], {}, 0
+    probe = pa.table({"a": [a for a in range(13) for _ in "ab"], "b": ["a", "b"] * 13})
+    for rows in writes:
+        batches.append(
+            pa.record_batch(
+                {
+                    "a": pa.array([a for a, _ in rows], pa.int64()),
+                    "b": pa.array([b for _, b in rows], pa.string()),
+                    "v": pa.array(range(n, n + len(rows)), pa.int64()),
+                    TOMBSTONE: pa.array([False] * len(rows)),
+                }
+            )
+        )
+        for i, key in enumerate(rows):
+            latest[key] = n + i
+        n += len(rows)
+        at = index.update(list(batches)).find(probe)
+        want = [
+            latest.get(k, -1)
+            for k in zip(probe.column("a").to_pylist(), probe.column("b").to_pylist())
+        ]
+        assert at.tolist() == want
+        assert len(index._runs) <= max(1, n).bit_length() + 1
+        found = at[at >= 0]
+        if len(found):
+            got = index.take(found)
+            assert got.column("v").to_pylist() == found.tolist()  # v is the row number
+            assert got.column(ROWADDR).to_pylist() == found.tolist()
+            assert set(got.column(GEN).to_pylist()) == {5}
+    # Batches that do not extend what the index saw (another MemTable's): it starts over.
+    other = [pa.record_batch({"a": [3], "b": ["a"], "v": [0], TOMBSTONE: [False]})]
+    at = index.update(other).find(pa.table({"a": [3, 4], "b": ["a", "a"]}))
+    assert at.tolist() == [0, -1]
