@@ -170,7 +170,8 @@ def test_a_hit_in_the_newest_memtable_opens_nothing_older(tmp_path):
         assert plan.base.probes == 0
 
 
-def test_a_key_every_bloom_filter_rules_out_touches_only_the_base_index(tmp_path):
+def _four_generations(tmp_path, *late):
+    """Key 1000 in the base; keys 0-199 in four generations of 50 (then ``late`` batches)."""
     tbl = mw.create_table(
         str(tmp_path),
         batch([1000], 0),
@@ -180,6 +181,13 @@ def test_a_key_every_bloom_filter_rules_out_touches_only_the_base_index(tmp_path
     with tbl.writer() as w:
         for i in range(4):
             w.upsert(batch(list(range(i * 50, i * 50 + 50)), i))
+        for b in late:
+            w.upsert(b)
+    return tbl
+
+
+def test_a_key_every_bloom_filter_rules_out_touches_only_the_base_index(tmp_path):
+    tbl = _four_generations(tmp_path)
     assert tbl.lookup([1000]).to_pylist() == [{"k": 1000, "v": "v1000-0"}]
     plan = tbl._reads.last_lookup_plan
     guards = [n for n in _nodes(plan) if isinstance(n, BloomFilterGuardExec)]
@@ -299,16 +307,7 @@ def test_keys_a_region_resolved_never_come_from_the_base_when_not_routable(tmp_p
 def test_a_region_looked_up_again_and_again_switches_to_its_merged_key_index(tmp_path):
     from planner.lookup import HOT_REGION_LOOKUPS
 
-    tbl = mw.create_table(
-        str(tmp_path),
-        batch([1000], 0),
-        primary_key="k",
-        writer_config=mw.WriterConfig(max_memtable_rows=50),
-    )
-    with tbl.writer() as w:
-        for i in range(4):
-            w.upsert(batch(list(range(i * 50, i * 50 + 50)), i))
-        w.upsert(batch([7], 9))  # newer than generation 1's row of key 7
+    tbl = _four_generations(tmp_path, batch([7], 9))  # newer than generation 1's key 7
     kinds = []
     for k in [1000, 60, 7, 199, 1000, 60, 7, 199]:
         want = {1000: "v1000-0", 60: "v60-1", 7: "v7-9", 199: "v199-3"}[k]
