@@ -228,16 +228,18 @@ class KeysIndex(_Growing):
     def __init__(self, schema: pa.Schema, generation: int, primary_key: Sequence[str]) -> None:
         super().__init__(schema, generation)
         self.primary_key = list(primary_key)
-        self._runs: list[tuple[int, int, KeySet, np.ndarray]] = []  # first row, rows, index
+        self._starts: list[int] = []  # first row of each part
+        self._runs: list[tuple[int, int, KeySet, np.ndarray]] = []  # first part, rows, index
 
     def update(self, batches: Sequence[pa.RecordBatch]) -> KeysIndex:
         with self.lock:
             new = self._new_rows(batches)
+            if new is not None:
+                self._starts.append(self.num_rows - new.num_rows)
             if new is not None and new.num_rows:
-                self._runs.append(self._run(self.num_rows - new.num_rows, new))
+                self._runs.append(self._run(len(self._parts) - 1))
                 while len(self._runs) > 1 and self._runs[-1][1] >= self._runs[-2][1]:
-                    first = self._runs[-2][0]
-                    self._runs[-2:] = [self._run(first, self._slice(first, self.num_rows))]
+                    self._runs[-2:] = [self._run(self._runs[-2][0])]
             return self
 
     def find(self, keys: pa.Table) -> np.ndarray:
@@ -255,31 +257,30 @@ class KeysIndex(_Growing):
         return out
 
     def take(self, rows: np.ndarray) -> pa.Table:
-        """The MemTable's rows at ``rows`` (as :meth:`find` gives them), in that order."""
-        starts = np.cumsum([0] + [p.num_rows for p in self._parts[:-1]])
-        part = np.searchsorted(starts, rows, side="right") - 1
+        """The MemTable's rows at ``rows`` (as :meth:`find` gives them), in that order: one
+        take per part that holds some, never a copy of the whole MemTable."""
+        part = np.searchsorted(self._starts, rows, side="right") - 1
         if (part == part[0]).all():
-            return self._parts[part[0]].take(pa.array(rows - starts[part[0]]))
-        return self.rows().take(pa.array(rows))
+            return self._parts[part[0]].take(pa.array(rows - self._starts[part[0]]))
+        order = np.argsort(part, kind="stable")
+        pieces = [
+            self._parts[p].take(pa.array(rows[order][part[order] == p] - self._starts[p]))
+            for p in np.unique(part)
+        ]
+        return pa.concat_tables(pieces).take(pa.array(np.argsort(order)))
 
-    def _slice(self, start: int, stop: int) -> pa.Table:
-        """Rows ``start`` to ``stop`` (a run's rows start and end on part boundaries)."""
-        out, at = [], 0
-        for p in self._parts:
-            if p.num_rows and start <= at < stop:
-                out.append(p)
-            at += p.num_rows
-        return pa.concat_tables(out) if out else empty_rows(self.schema)
-
-    def _run(self, first: int, rows: pa.Table) -> tuple[int, int, KeySet, np.ndarray]:
+    def _run(self, first_part: int) -> tuple[int, int, KeySet, np.ndarray]:
+        """The run of the rows from part ``first_part`` on."""
+        rows = pa.concat_tables(self._parts[first_part:])
+        first = self._starts[first_part]
         # Newest row first: a KeySet finds the first occurrence of a repeated key.
         order = np.arange(rows.num_rows - 1, -1, -1)
         keys = rows.select(self.primary_key).take(pa.array(order))
-        return first, rows.num_rows, KeySet(keys), first + order
+        return first_part, rows.num_rows, KeySet(keys), first + order
 
     def _reset(self) -> None:
         super()._reset()
-        self._runs = []
+        self._starts, self._runs = [], []
 
 
 def _cached(

@@ -124,13 +124,12 @@ class RowCoercer:
         ``keys`` is a table holding the key columns (other columns are ignored) or, for a
         single-column key, an array or list of key values.
         """
-        table = self.key_table(keys)
-        self._check_keys(table, set(table.column_names))
+        table = self.keys(keys)
         n = table.num_rows
         cols = []
         for f in self.schema:
             if f.name in self.primary_key:
-                cols.append(self._cast(table.column(f.name), self.base_schema.field(f.name)))
+                cols.append(table.column(f.name))
             elif f.name == TOMBSTONE:
                 cols.append(_constant_bool(True, n))
             else:
