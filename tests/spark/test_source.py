@@ -157,6 +157,9 @@ def test_streaming_applies_every_micro_batch_exactly_once(spark, table, tmp_path
     for i, (ids, tag) in enumerate([(range(50), 10.0), (range(25, 75), 20.0), (range(30), 30.0)]):
         batch = rows(ids, tag)
         pq.write_table(batch, src / f"part-{i:03d}.parquet")
+        # Spark takes files in order of modification time (milliseconds; ties in listing
+        # order): files written within one millisecond would be applied in any order.
+        os.utime(src / f"part-{i:03d}.parquet", (1_700_000_000 + i, 1_700_000_000 + i))
         model.update({r["id"]: r for r in batch.to_pylist()})
 
     def run():
