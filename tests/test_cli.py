@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -545,3 +547,31 @@ def test_entry_point_stops_quietly_on_a_broken_pipe(tmp_path):
     )
     os.close(w)
     assert p.stderr == "" and p.returncode == 1
+
+
+def test_ctrl_c_stops_a_long_sql_query_at_once(tmp_path):
+    uri = _table_with_generations(tmp_path)
+    # A nested-loop join that works for many seconds on each batch: DataFusion looks for a
+    # signal only between batches.
+    query = (
+        "SELECT count(*) FROM t, range(5000000) a, range(5000000) b WHERE a.value + b.value = t.id"
+    )
+    p = subprocess.Popen(
+        [MEMWAL, "sql", "--table", f"t={uri}", query],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    time.sleep(6)  # imports take 1-2 s: the query is running
+    assert p.poll() is None, p.communicate()
+    sent = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    try:
+        out, err = p.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail("memwal sql kept running after Ctrl-C")
+    assert time.monotonic() - sent < 5
+    assert p.returncode == 130 and err == "memwal: interrupted\n" and out == ""

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import TextIO
 
 from memwal_sql.cli import parser
-from memwal_sql.cli.failures import FAILED, describe, flatten
+from memwal_sql.cli.failures import FAILED, INTERRUPTED, describe, flatten
 
 # Lance's Rust logger reads LANCE_LOG once, when lance is imported. "off" itself would break
 # pylance's Python logger setup ("OFF" is no Python level); a spec of module directives only
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(FAILED) from None
     except KeyboardInterrupt:
         print("memwal: interrupted", file=sys.stderr)
-        raise SystemExit(130) from None
+        raise SystemExit(INTERRUPTED) from None
     except Exception as e:
         text = describe(e)
         if text is None:  # not a failure we expect: a bug

@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from tqdm import tqdm
 
 import memwal_sql as mw
 from memwal_sql.cli import region_specs, storage_options
-from memwal_sql.cli.failures import CliError, UsageError, flatten, one_line
+from memwal_sql.cli.failures import INTERRUPTED, CliError, UsageError, flatten, one_line
 from memwal_sql.cli.keys import parse_keys
 from memwal_sql.cli.output import write_rows
 from memwal_sql.cli.sources import Source, open_source
 from memwal_sql.errors import MemWalError, TableExistsError, TableNotFoundError
+
+_T = TypeVar("_T")
 
 
 def create(a: argparse.Namespace) -> None:
@@ -170,12 +174,42 @@ def sql(a: argparse.Namespace) -> None:
     for name, uri in _named_tables(a.table):
         ctx.register(name, mw.open_table(uri, options))
     try:
-        rows = ctx.sql(a.query).to_arrow_table()
+        rows = interruptible(lambda: ctx.sql(a.query).to_arrow_table())
     except MemWalError:
         raise
     except Exception as e:  # DataFusion's errors: ValueError, or a plain Exception
         raise CliError(f"query failed: {flatten(str(e))}") from None
     write_rows(rows, a.output)
+
+
+def interruptible(query: Callable[[], _T]) -> _T:
+    """``query()``, run on a thread of its own so that Ctrl-C stops the wait for it.
+
+    DataFusion's collect never returns to Python until the query ends, so a SIGINT would
+    wait for a query that may run for hours. On Ctrl-C the process ends at once with status
+    130: a read holds nothing to save, and a normal exit would wait for the query's threads.
+    """
+    done: list[_T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            done.append(query())
+        except BaseException as e:
+            failed.append(e)
+
+    worker = threading.Thread(target=run, name="memwal-sql-query", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.1)
+    except KeyboardInterrupt:
+        print("memwal: interrupted", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(INTERRUPTED)
+    if failed:
+        raise failed[0]
+    return done[0]
 
 
 def _named_tables(specs: Sequence[str]) -> list[tuple[str, str]]:
