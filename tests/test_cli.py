@@ -566,12 +566,10 @@ def test_ctrl_c_stops_a_long_sql_query_at_once(tmp_path):
     )
     time.sleep(6)  # imports take 1-2 s: the query is running
     assert p.poll() is None, p.communicate()
-    sent = time.monotonic()
     p.send_signal(signal.SIGINT)
     try:
         out, err = p.communicate(timeout=5)
     except subprocess.TimeoutExpired:
         p.kill()
         pytest.fail("memwal sql kept running after Ctrl-C")
-    assert time.monotonic() - sent < 5
     assert p.returncode == 130 and err == "memwal: interrupted\n" and out == ""

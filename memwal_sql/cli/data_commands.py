@@ -174,7 +174,7 @@ def sql(a: argparse.Namespace) -> None:
     for name, uri in _named_tables(a.table):
         ctx.register(name, mw.open_table(uri, options))
     try:
-        rows = interruptible(lambda: ctx.sql(a.query).to_arrow_table())
+        rows = _interruptible(lambda: ctx.sql(a.query).to_arrow_table())
     except MemWalError:
         raise
     except Exception as e:  # DataFusion's errors: ValueError, or a plain Exception
@@ -182,7 +182,7 @@ def sql(a: argparse.Namespace) -> None:
     write_rows(rows, a.output)
 
 
-def interruptible(query: Callable[[], _T]) -> _T:
+def _interruptible(query: Callable[[], _T]) -> _T:
     """``query()``, run on a thread of its own so that Ctrl-C stops the wait for it.
 
     DataFusion's collect never returns to Python until the query ends, so a SIGINT would
