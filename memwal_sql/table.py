@@ -50,6 +50,7 @@ from memwal_sql.index.details import (
 )
 from memwal_sql.index.region_snapshots import load_region_snapshots
 from memwal_sql.index.region_spec import RegionSpec
+from memwal_sql.maintenance.compaction import DELETION_THRESHOLD, TARGET_ROWS_PER_FRAGMENT
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import ObjectStore, layout, storage_failures
 from memwal_sql.storage.store import is_access_denied, with_default_timeouts
@@ -61,6 +62,7 @@ if TYPE_CHECKING:  # the maintenance and search modules import this one
     from memwal_sql.index.maintained import MaintainedIndex
     from memwal_sql.maintenance import (
         CatchupResult,
+        CompactionResult,
         GcResult,
         MaintenanceResult,
         MergeResult,
@@ -581,6 +583,30 @@ class MemWalTable:
         with storage_failures(f"catch up indexes of {self.uri}"):
             return catch_up_indexes(self)
 
+    def compact(
+        self,
+        *,
+        target_rows_per_fragment: int = TARGET_ROWS_PER_FRAGMENT,
+        deletion_threshold: float = DELETION_THRESHOLD,
+    ) -> CompactionResult:
+        """Rewrite the base table's small fragments into fragments of up to
+        ``target_rows_per_fragment`` rows, and those with ``deletion_threshold`` or more of
+        their rows deleted without them (merges leave both; Lance reads a fragment with a
+        deletion vector about 2.5x slower). Lagging indexes are caught up first; returns a
+        :class:`~memwal_sql.maintenance.CompactionResult`.
+
+        Example:
+            ``tbl.merge(); tbl.compact().fragments_removed``
+        """
+        from memwal_sql.maintenance import compact_base
+
+        with storage_failures(f"compaction of {self.uri}"):
+            return compact_base(
+                self,
+                target_rows_per_fragment=target_rows_per_fragment,
+                deletion_threshold=deletion_threshold,
+            )
+
     def build_region_snapshots(self) -> SnapshotResult:
         """Refresh the regions' WAL hints and snapshot every region into the MemWAL index, for
         eventual-consistency reads; returns a :class:`~memwal_sql.maintenance.SnapshotResult`.
@@ -598,8 +624,10 @@ class MemWalTable:
         *,
         base_versions_older_than: timedelta | None = None,
         keep_manifest_versions: int = 10,
+        target_rows_per_fragment: int = TARGET_ROWS_PER_FRAGMENT,
+        deletion_threshold: float = DELETION_THRESHOLD,
     ) -> MaintenanceResult:
-        """One maintenance pass: :meth:`merge`, :meth:`catch_up_indexes`,
+        """One maintenance pass: :meth:`merge`, :meth:`catch_up_indexes`, :meth:`compact`,
         :meth:`build_region_snapshots`, then :meth:`gc`; returns a
         :class:`~memwal_sql.maintenance.MaintenanceResult`.
 
@@ -613,6 +641,8 @@ class MemWalTable:
                 self,
                 base_versions_older_than=base_versions_older_than,
                 keep_manifest_versions=keep_manifest_versions,
+                target_rows_per_fragment=target_rows_per_fragment,
+                deletion_threshold=deletion_threshold,
             )
 
     def verify(self, progress: Callable[[int], Any] | None = None) -> VerifyReport:

@@ -160,6 +160,8 @@ def apply_op(
         tbl.merge()
     elif op == "gc":
         tbl.gc(base_versions_older_than=timedelta(0), keep_manifest_versions=2)
+    elif op == "compact":  # every deletion vector materialized, small fragments merged
+        tbl.compact(deletion_threshold=0.0)
     elif op == "catchup":
         tbl.catch_up_indexes()
     elif op == "snapshot":

@@ -320,13 +320,22 @@ def _table_with_generations(tmp_path: Path, delete: bool = True) -> str:
     return uri
 
 
+def test_compact_rewrites_what_a_merge_left(tmp_path, capsys):
+    uri = _table_with_generations(tmp_path, delete=False)
+    run(capsys, "merge", uri)  # row 2 deleted in the base fragment, rows 2 and 3 appended
+    out = run(capsys, "compact", uri, "--deletion-threshold", "0")
+    assert out.startswith("compacted 2 fragment(s) into 1 (base table version")
+    assert run(capsys, "compact", uri) == "nothing to compact\n"
+    assert lance_latest_rows(uri, ["id"]).column("v").to_pylist() == ["a", "B", "C"]
+
+
 def test_merge_maintain_watch_gc_verify(tmp_path, capsys):
     uri = _table_with_generations(tmp_path)
     assert run(capsys, "merge", uri).startswith("merged 1 generation(s) from 1 region(s)")
     out = run(capsys, "maintain", uri, "--watch", "0.01", "--iterations", "2")
     lines = out.splitlines()
     assert len(lines) == 2 and all(" pass " in line for line in lines)
-    assert "merged 0 generation(s)" in lines[1]
+    assert "merged 0 generation(s)" in lines[1] and "compacted 0 fragment(s)" in lines[1]
     (region,) = json.loads(run(capsys, "inspect", uri, "--json"))["regions"]
     assert region["flushed_generations"] == [1]  # base version 1 predates the merge
     out = run(capsys, "gc", uri, "--base-versions-older-than", "0", "--keep-manifest-versions", "1")
@@ -399,7 +408,7 @@ def test_storage_options_file_forms(tmp_path):
 
 @pytest.mark.parametrize(
     "command",
-    ["create", "ingest", "sql", "lookup", "inspect", "merge", "gc", "maintain", "verify",
+    ["create", "ingest", "sql", "lookup", "inspect", "merge", "compact", "gc", "maintain", "verify",
      "set-aside", "demo"],
 )  # fmt: skip
 def test_every_command_has_help_with_examples(capsys, command):

@@ -89,7 +89,7 @@ def base_rows() -> pa.Table:
 @settings(
     max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(ops=op_sequences(300, 50, ["flush", "merge", "catchup"]))
+@given(ops=op_sequences(300, 50, ["flush", "merge", "catchup", "compact"]))
 def test_fts_equals_lance_on_merged_copy_after_every_step(tmp_path_factory, base_rows, ops) -> None:
     uri = str(tmp_path_factory.mktemp("fts"))
     tbl = mw.create_table(

@@ -27,7 +27,7 @@ COMPOSITE = pa.schema(
 )
 
 ops = op_sequences(
-    25, 8, ["flush", "close", "crash", "reopen", "merge", "gc", "reindex", "catchup"]
+    25, 8, ["flush", "close", "crash", "reopen", "merge", "gc", "reindex", "catchup", "compact"]
 )
 
 

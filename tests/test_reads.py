@@ -33,7 +33,9 @@ ops = st.lists(
         st.tuples(st.just("upsert"), keys, st.integers(0, 100)),
         st.tuples(st.just("delete"), keys, st.just(0)),
         st.tuples(
-            st.sampled_from(["flush", "close", "crash", "reopen", "read"]), st.just([]), st.just(0)
+            st.sampled_from(["flush", "close", "crash", "reopen", "read", "merge", "compact"]),
+            st.just([]),
+            st.just(0),
         ),
     ),
     min_size=1,

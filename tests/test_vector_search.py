@@ -83,7 +83,7 @@ def base_rows() -> pa.Table:
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
-    ops=op_sequences(400, 60, ["flush", "merge", "catchup"]),
+    ops=op_sequences(400, 60, ["flush", "merge", "catchup", "compact"]),
     qseed=st.integers(0, 50),
     k=st.sampled_from([1, 5, 20]),
 )

@@ -125,6 +125,21 @@ def gc(a: argparse.Namespace) -> None:
         )
 
 
+def compact(a: argparse.Namespace) -> None:
+    tbl = _open(a)
+    r = tbl.compact(
+        target_rows_per_fragment=a.target_rows_per_fragment,
+        deletion_threshold=a.deletion_threshold,
+    )
+    if r.fragments_removed:
+        print(
+            f"compacted {r.fragments_removed} fragment(s) into {r.fragments_added} "
+            f"(base table version {r.base_version}, {r.seconds:.1f} s)"
+        )
+    else:
+        print("nothing to compact")
+
+
 def maintain(a: argparse.Namespace) -> None:
     tbl = _open(a)
     passes = 0
@@ -132,7 +147,10 @@ def maintain(a: argparse.Namespace) -> None:
     try:
         while True:
             r = tbl.maintain(
-                base_versions_older_than=_older(a), keep_manifest_versions=a.keep_manifest_versions
+                base_versions_older_than=_older(a),
+                keep_manifest_versions=a.keep_manifest_versions,
+                target_rows_per_fragment=a.target_rows_per_fragment,
+                deletion_threshold=a.deletion_threshold,
             )
             passes += 1
             stamp = time.strftime("%Y-%m-%d %H:%M:%S ") if a.watch is not None else ""
@@ -151,6 +169,8 @@ def _pass_summary(r: Any) -> str:
         f"merged {sum(len(g) for g in r.merge.merged.values())} generation(s) "
         f"({r.merge.rows_upserted:,} rows upserted, {r.merge.rows_deleted:,} deleted), "
         f"optimized {len(r.indexes.optimized)} index(es), "
+        f"compacted {r.compaction.fragments_removed} fragment(s) into "
+        f"{r.compaction.fragments_added}, "
         f"snapshotted {r.snapshots.regions} region(s), deleted {r.gc.objects} object(s)"
     )
 

@@ -10,6 +10,7 @@ from typing import Any
 from memwal_sql.cli import data_commands, ops_commands, region_specs, storage_options
 from memwal_sql.cli.output import OUTPUT_HELP, OUTPUTS
 from memwal_sql.cli.sources import FORMAT_HELP, FORMATS
+from memwal_sql.maintenance.compaction import DELETION_THRESHOLD, TARGET_ROWS_PER_FRAGMENT
 
 DESCRIPTION = """\
 memwal: streaming upserts into Lance tables through MemTables and a write-ahead log (MemWAL),
@@ -226,6 +227,24 @@ def _older_than(c: argparse.ArgumentParser) -> None:
     )
 
 
+def _compaction(c: argparse.ArgumentParser) -> None:
+    c.add_argument(
+        "--target-rows-per-fragment",
+        type=int,
+        default=TARGET_ROWS_PER_FRAGMENT,
+        metavar="N",
+        help=f"merge smaller base-table fragments up to N rows ({TARGET_ROWS_PER_FRAGMENT:,})",
+    )
+    c.add_argument(
+        "--deletion-threshold",
+        type=float,
+        default=DELETION_THRESHOLD,
+        metavar="SHARE",
+        help="rewrite a fragment once this share of its rows is deleted "
+        f"({DELETION_THRESHOLD}; 0 removes every deletion vector)",
+    )
+
+
 def _maintenance(command: Any) -> None:
     c = command(
         "merge",
@@ -234,6 +253,15 @@ def _maintenance(command: Any) -> None:
         "  memwal merge ./events",
     )
     _uri(c)
+    c = command(
+        "compact",
+        ops_commands.compact,
+        "rewrite the base table's small fragments into bigger ones, and those with deleted rows "
+        "(merges leave both; scans of them are slower) without them",
+        "  memwal compact ./events\n  memwal compact ./events --deletion-threshold 0",
+    )
+    _uri(c)
+    _compaction(c)
     c = command(
         "gc",
         ops_commands.gc,
@@ -246,7 +274,7 @@ def _maintenance(command: Any) -> None:
     c = command(
         "maintain",
         ops_commands.maintain,
-        "merge, index catch-up, region snapshots and gc: once, N times, or every SECONDS "
+        "merge, index catch-up, compaction, region snapshots and gc: once, N times, or every SECONDS "
         "alongside live writers (Ctrl-C stops --watch)",
         "  memwal maintain ./events\n"
         "  memwal maintain s3://bucket/events --watch 60 --storage-options-file s3.env\n"
@@ -258,6 +286,7 @@ def _maintenance(command: Any) -> None:
     )
     c.add_argument("--iterations", type=int, default=0, metavar="N", help="stop after N passes")
     _older_than(c)
+    _compaction(c)
 
 
 def _repair(command: Any) -> None:

@@ -1,6 +1,7 @@
-"""Background maintenance: merging generations into the base table, index catch-up, region
-snapshots, garbage collection, and a scrub for damage."""
+"""Background maintenance: merging generations into the base table, index catch-up, base-table
+compaction, region snapshots, garbage collection, and a scrub for damage."""
 
+from memwal_sql.maintenance.compaction import CompactionResult, compact_base
 from memwal_sql.maintenance.gc import GcResult, gc_table
 from memwal_sql.maintenance.indexes import CatchupResult, catch_up_indexes
 from memwal_sql.maintenance.merger import MergeResult, merge_region, merge_table
@@ -10,6 +11,7 @@ from memwal_sql.maintenance.verify import Problem, VerifyReport, verify_table
 
 __all__ = [
     "CatchupResult",
+    "CompactionResult",
     "GcResult",
     "MaintenanceResult",
     "MergeResult",
@@ -18,6 +20,7 @@ __all__ = [
     "VerifyReport",
     "build_region_snapshots",
     "catch_up_indexes",
+    "compact_base",
     "gc_table",
     "maintain_table",
     "merge_region",

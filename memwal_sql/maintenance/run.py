@@ -1,8 +1,9 @@
-"""One maintenance pass: merge, index catch-up, region snapshots, garbage collection.
+"""One maintenance pass: merge, index catch-up, compaction, region snapshots, garbage collection.
 
 The order matters: generations are merged first, the indexes then cover the merged rows, the
-region snapshot then lists what the merge left, and the collector last, so it can delete what
-the merge and the catch-up made obsolete in the same pass.
+base table is compacted once they do (so every index is remapped onto the rewritten
+fragments), the region snapshot then lists what the merge left, and the collector last, so it
+can delete what the merge and the catch-up made obsolete in the same pass.
 
 Example:
     ``maintain_table(tbl).merge.merged``
@@ -19,6 +20,12 @@ from typing import TYPE_CHECKING, TypeVar
 
 from memwal_sql.compat.lance import is_commit_conflict
 from memwal_sql.errors import CommitConflictError, MemWalError
+from memwal_sql.maintenance.compaction import (
+    DELETION_THRESHOLD,
+    TARGET_ROWS_PER_FRAGMENT,
+    CompactionResult,
+    compact_base,
+)
 from memwal_sql.maintenance.gc import GcResult, gc_table
 from memwal_sql.maintenance.indexes import CatchupResult, catch_up_indexes
 from memwal_sql.maintenance.merger import MergeResult, merge_table
@@ -37,6 +44,7 @@ class MaintenanceResult:
 
     merge: MergeResult
     indexes: CatchupResult
+    compaction: CompactionResult
     snapshots: SnapshotResult
     gc: GcResult
 
@@ -46,6 +54,8 @@ def maintain_table(
     *,
     base_versions_older_than: timedelta | None = None,
     keep_manifest_versions: int = 10,
+    target_rows_per_fragment: int = TARGET_ROWS_PER_FRAGMENT,
+    deletion_threshold: float = DELETION_THRESHOLD,
 ) -> MaintenanceResult:
     """Run every maintenance job once, in order (see the module docstring).
 
@@ -54,6 +64,13 @@ def maintain_table(
     """
     merge = _retrying(lambda: merge_table(table))
     indexes = _retrying(lambda: catch_up_indexes(table))
+    compaction = _retrying(
+        lambda: compact_base(
+            table,
+            target_rows_per_fragment=target_rows_per_fragment,
+            deletion_threshold=deletion_threshold,
+        )
+    )
     snapshots = _retrying(lambda: build_region_snapshots(table))
     gc = _retrying(
         lambda: gc_table(
@@ -62,7 +79,7 @@ def maintain_table(
             base_versions_older_than=base_versions_older_than,
         )
     )
-    return MaintenanceResult(merge, indexes, snapshots, gc)
+    return MaintenanceResult(merge, indexes, compaction, snapshots, gc)
 
 
 def _retrying(job: Callable[[], T], attempts: int = ATTEMPTS) -> T:

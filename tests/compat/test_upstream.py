@@ -393,3 +393,19 @@ def test_lance_scanners_take_row_address_lists_in_the_treemap_format(tmp_path):
     assert row_addr_treemap({0: range(3, 70_000)}) == row_addr_treemap({0: np.arange(3, 70_000)})
     with pytest.raises(ValueError, match="empty"):
         row_addr_treemap({0: []})
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=TypeError,
+    reason="pylance 14 cannot decode the transaction of a compaction that remapped an index "
+    "(LanceOperation.RewrittenIndex is built without three of its fields); index catch-up "
+    "reads such a version's fragments instead. Strict, so a fixed upstream shows",
+)
+def test_lance_reads_the_transaction_of_a_compaction_that_remapped_an_index(tmp_path):
+    ds = lance.write_dataset(pa.table({"k": list(range(10))}), str(tmp_path), max_rows_per_file=5)
+    ds.create_scalar_index("k", "BTREE")
+    ds.delete("k = 1")
+    ds.optimize.compact_files(materialize_deletions_threshold=0.0)
+    ds = lance.dataset(str(tmp_path))
+    ds.read_transaction(ds.version)

@@ -30,7 +30,7 @@ from tests.lsm import (
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
 ops = op_sequences(
-    20, 6, ["flush", "merge", "gc", "reindex", "catchup", "snapshot", "crash", "reopen"]
+    20, 6, ["flush", "merge", "gc", "reindex", "catchup", "snapshot", "crash", "reopen", "compact"]
 )
 
 
