@@ -32,7 +32,7 @@ def test_tpch_queries_equal_parquet_at_every_stage(tmp_path):
         if i < 2:
             for t in tables.values():
                 t.flush()
-                t.merge()
+                t.maintain()  # merged and compacted
         elif i == 2:
             for t in tables.values():
                 t.flush()
@@ -43,7 +43,7 @@ def test_tpch_queries_equal_parquet_at_every_stage(tmp_path):
             for t in tables.values():
                 t.flush()
                 if stage == "merged":
-                    t.merge()
+                    t.maintain()
         ctx = mw.connect()
         for name, t in tables.items():
             ctx.register(name, t)
