@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform
 from exec_nodes.keyset import KeySet, last_per_key
 from exec_nodes.lookup import CACHE, BaseLookupExec
+from exec_nodes.rowmask import RowMask
 from exec_nodes.scan import (
     BaseScanExec,
     FragmentRange,
@@ -86,6 +87,7 @@ def _newest_by_sort(table: pa.Table, primary_key: Sequence[str], dead: np.ndarra
     return s.filter(pa.array(first))
 
 
+_NO_ROWS = np.zeros(0, dtype=np.uint64)
 _READERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-read")
 
 
@@ -220,7 +222,7 @@ class DeduplicateExec(ExecNode):
         self.output = output
         self._lock = threading.Lock()
         self._split: tuple[Versions, Versions, np.ndarray] | None = None
-        self._masked: list[np.ndarray] | Literal[False] | None = None
+        self._masked: list[RowMask] | Literal[False] | None = None
         self._base_scans = [self._base_scan(p, output) for p in self.base_parts]
 
     @property
@@ -363,26 +365,24 @@ class DeduplicateExec(ExecNode):
         columns = list(dict.fromkeys([*wanted, *(self.primary_key if with_keys else [])]))
         return BaseScanExec(self.base_dataset, columns, self.predicate, ranges=part)
 
-    def superseded(self) -> list[np.ndarray] | None:
-        """The base table's deletion mask for this snapshot, as sorted arrays of row
-        addresses: base rows whose key has a version (or a tombstone) in a newer source. The
-        generations' part is kept per (set of generations, base version); the MemTables' part
-        is this query's. Found through the base's cached key index; None when the base is too
-        big to keep one (then each base batch's keys are probed instead)."""
+    def superseded(self) -> list[RowMask] | None:
+        """The base table's deletion mask for this snapshot: base rows whose key has a version
+        (or a tombstone) in a newer source. The generations' part is kept per (set of
+        generations, base version); the MemTables' part is this query's. Found through the
+        base's cached key index; None when the base is too big to keep one (then each base
+        batch's keys are probed instead)."""
         in_gens, in_mems, _ = self.versions()
         with self._lock:
             if self._masked is None:
                 assert self.base_dataset is not None
                 ds = self.base_dataset
                 lookup = BaseLookupExec(ds, ds.schema, self.primary_key)
+                rows = {f.fragment_id: f.metadata.physical_rows for f in ds.get_fragments()}
 
-                def load() -> tuple[np.ndarray | None, int]:
-                    got = (
-                        lookup.addresses_of(in_gens.keys)
-                        if len(in_gens)
-                        else np.zeros(0, dtype=np.uint64)
-                    )
-                    return got, 64 if got is None else got.nbytes
+                def load() -> tuple[RowMask | None, int]:
+                    got = lookup.addresses_of(in_gens.keys) if len(in_gens) else _NO_ROWS
+                    mask = None if got is None else RowMask(got, rows)
+                    return mask, 64 if mask is None else mask.nbytes
 
                 gens = "\n".join(
                     sorted(s.uri for s in self.newer if isinstance(s, GenerationScanExec))
@@ -392,7 +392,8 @@ class DeduplicateExec(ExecNode):
                 if from_gens is None or from_mems is None:
                     self._masked = False
                 else:
-                    self._masked = [m for m in (from_gens, from_mems) if len(m)]
+                    masks = [from_gens, RowMask(from_mems, rows)]
+                    self._masked = [m for m in masks if len(m)]
             return None if self._masked is False else self._masked
 
     def _base_rows(
@@ -405,12 +406,11 @@ class DeduplicateExec(ExecNode):
         for batch in self._base_scan(part, output, with_keys=masks is None).execute():
             if masks is not None:
                 addr = batch.column(ROWADDR).to_numpy()
-                hit = np.zeros(len(addr), dtype=bool)
-                for mask in masks:
-                    at = np.minimum(np.searchsorted(mask, addr), len(mask) - 1)
-                    hit |= mask[at] == addr
-                if hit.any():
-                    batch = batch.filter(pa.array(~hit))
+                hits = [h for h in (m.hits(addr) for m in masks) if h is not None]
+                if hits:
+                    hit = np.logical_or.reduce(hits) if len(hits) > 1 else hits[0]
+                    if hit.any():
+                        batch = batch.filter(pa.array(~hit))
             else:
                 assert in_gens is not None and in_mems is not None
                 keys = batch.select(self.primary_key)
