@@ -13,6 +13,13 @@ The default threshold is Delta Lake's (``optimize.maxDeletedRowsRatio``, 5%), be
 10%: rewriting a fragment costs a read and a write of it, paid once, where the penalty is paid
 by every scan until then. A pass over fragments already compact commits nothing.
 
+Lance bins every run of adjacent small fragments, so the newest one, still growing, is rewritten
+by every compaction that finds a new fragment beside it. A maintenance pass therefore compacts
+only once :data:`SMALL_FRAGMENT_TRIGGER` small fragments have gathered (or a fragment reached the
+deletion threshold), as Paimon waits for several sorted runs: with one merge per pass, the
+growing fragment is rewritten once per eight merges instead of after every merge. An explicit
+:func:`compact_base` compacts whatever there is.
+
 Indexes are brought over every fragment first (:func:`~memwal_sql.maintenance.catch_up_indexes`):
 Lance remaps an index onto the rewritten fragments only where it covered all of their rows, and
 an uncovered fragment a compaction wrote has no merge behind it, so the indexed read plan could
@@ -29,6 +36,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import lance
+
 from memwal_sql.compat.lance import is_commit_conflict
 from memwal_sql.errors import CommitConflictError, InvalidInputError
 from memwal_sql.index.catchup import index_coverage
@@ -39,6 +48,7 @@ if TYPE_CHECKING:
 
 TARGET_ROWS_PER_FRAGMENT = 1 << 20  # Lance's default
 DELETION_THRESHOLD = 0.05
+SMALL_FRAGMENT_TRIGGER = 8  # small fragments a maintenance pass waits for
 
 
 @dataclass
@@ -56,9 +66,11 @@ def compact_base(
     *,
     target_rows_per_fragment: int = TARGET_ROWS_PER_FRAGMENT,
     deletion_threshold: float = DELETION_THRESHOLD,
+    small_fragment_trigger: int = 1,
 ) -> CompactionResult:
     """Merge small base-table fragments and rewrite those with ``deletion_threshold`` or more
-    of their rows deleted (see the module docstring).
+    of their rows deleted (see the module docstring); nothing is done while fewer than
+    ``small_fragment_trigger`` fragments are small and none reaches the threshold.
 
     Example:
         ``compact_base(tbl, deletion_threshold=0.0)  # no deletion vector left``
@@ -73,9 +85,14 @@ def compact_base(
             f"not {deletion_threshold}"
         )
     t0 = time.perf_counter()
-    if not all(c.complete for c in index_coverage(table.store, table.dataset())):
-        catch_up_indexes(table)
     ds = table.dataset()
+    if not _worth_compacting(
+        ds.get_fragments(), target_rows_per_fragment, deletion_threshold, small_fragment_trigger
+    ):
+        return CompactionResult(base_version=ds.version, seconds=time.perf_counter() - t0)
+    if not all(c.complete for c in index_coverage(table.store, ds)):
+        catch_up_indexes(table)
+        ds = table.dataset()
     try:
         metrics = ds.optimize.compact_files(
             target_rows_per_fragment=target_rows_per_fragment,
@@ -95,3 +112,16 @@ def compact_base(
         base_version=table.dataset().version,
         seconds=time.perf_counter() - t0,
     )
+
+
+def _worth_compacting(
+    fragments: list[lance.LanceFragment], target_rows: int, threshold: float, trigger: int
+) -> bool:
+    small = 0
+    for f in fragments:
+        meta = f.metadata
+        deleted = meta.deletion_file.num_deleted_rows if meta.deletion_file else 0
+        if deleted and deleted >= threshold * meta.physical_rows:
+            return True
+        small += meta.physical_rows - deleted < target_rows
+    return small >= max(trigger, 2)

@@ -22,6 +22,7 @@ from memwal_sql.compat.lance import is_commit_conflict
 from memwal_sql.errors import CommitConflictError, MemWalError
 from memwal_sql.maintenance.compaction import (
     DELETION_THRESHOLD,
+    SMALL_FRAGMENT_TRIGGER,
     TARGET_ROWS_PER_FRAGMENT,
     CompactionResult,
     compact_base,
@@ -69,6 +70,7 @@ def maintain_table(
             table,
             target_rows_per_fragment=target_rows_per_fragment,
             deletion_threshold=deletion_threshold,
+            small_fragment_trigger=SMALL_FRAGMENT_TRIGGER,
         )
     )
     snapshots = _retrying(lambda: build_region_snapshots(table))

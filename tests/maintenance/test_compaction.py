@@ -11,6 +11,7 @@ import pytest
 import memwal_sql as mw
 from memwal_sql.errors import CommitConflictError, InvalidInputError
 from memwal_sql.index.catchup import index_coverage
+from memwal_sql.maintenance.compaction import SMALL_FRAGMENT_TRIGGER
 from memwal_sql.maintenance.status import region_status
 from tests.lsm import Model, lance_latest_rows
 
@@ -106,6 +107,23 @@ def test_compaction_materializes_deletions_at_the_threshold_and_merges_small_fra
     assert all(f.metadata.deletion_file is None for f in fragments(tbl))
     check(tbl, model)
     assert all(r.unmerged_generations == 0 and r.merged_generation >= 2 for r in region_status(tbl))
+    tbl.close()
+
+
+def test_a_maintenance_pass_waits_for_small_fragments_to_gather(tmp_path):
+    tbl, model = new_table(str(tmp_path))  # one base fragment, small (below 1M rows)
+    counts = []
+    for i in range(8):
+        upsert(tbl, model, batch(range(BASE + 10 * i, BASE + 10 * i + 10), f"n{i}"))  # no deletes
+        tbl.flush()
+        r = tbl.maintain()
+        counts.append((len(fragments(tbl)), r.compaction.fragments_removed))
+        if r.compaction.fragments_removed:
+            break
+    *waiting, (after, removed) = counts
+    assert waiting and all(n < SMALL_FRAGMENT_TRIGGER and not r for n, r in waiting)
+    assert removed >= SMALL_FRAGMENT_TRIGGER and after == 1
+    check(tbl, model)
     tbl.close()
 
 

@@ -35,9 +35,11 @@ def test_a_maintenance_pass_leaves_the_latest_rows_on_every_store(table_root, in
     result = tbl.maintain(base_versions_older_than=timedelta(0))
     assert sum(len(g) for g in result.merge.merged.values()) == flushed_gens
     assert result.indexes.optimized == ["k_pk_btree"]
-    # The merges' small fragments and the base fragment with deletions, rewritten as one.
-    assert result.compaction.fragments_removed > 1 and result.compaction.fragments_added == 1
-    assert [f.metadata.deletion_file for f in tbl.dataset().get_fragments()] == [None]
+    # The merges replaced every base row (Lance drops the emptied fragment) and left one small
+    # fragment per region: too few for a maintenance pass to compact.
+    frags = tbl.dataset().get_fragments()
+    assert result.compaction.fragments_removed == 0 and len(frags) == 2
+    assert all(f.metadata.deletion_file is None for f in frags)
     assert result.snapshots.regions == 2 and result.snapshots.inline == inline
     assert sum(len(g) for g in result.gc.generations.values()) == flushed_gens
     assert all(
