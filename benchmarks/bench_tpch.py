@@ -4,10 +4,11 @@ the same latest rows, at four stages of the LSM tree.
 The eight tables are generated with ``tpchgen-cli`` (``--scale``, 0.1 by default) and loaded as
 MemWAL tables (orders and lineitem bucketed into four regions). Change rounds on orders and
 lineitem (updates that move rows in and out of the queries' ranges, deletes of whole orders,
-re-inserts) are spread over the base table (merged by a maintenance pass, which also compacts
-it), flushed generations and live MemTables. At each stage (``live``: MemTables hold the last
-round; ``flushed``: everything in generations; ``merged``: everything in the base table, after
-a maintenance pass; ``compacted``: then every deletion vector removed by ``tbl.compact``) every query runs through
+re-inserts) are spread over the base table (merged by maintenance passes, which compact it once
+enough has gathered), flushed generations and live MemTables. At each stage (``live``:
+MemTables hold the last round; ``flushed``: everything in generations; ``merged``: everything
+in the base table, after a maintenance pass; ``compacted``: then every deletion vector removed
+by ``tbl.compact``) every query runs through
 ``mw.connect()`` and through a plain DataFusion session over Parquet files of the latest rows
 (kept by a pyarrow model that never reads the MemWAL tables); results are compared, each query
 is timed (median of ``--runs``), and the total ratio is printed and written as JSON.
