@@ -87,7 +87,16 @@ def _newest_by_sort(table: pa.Table, primary_key: Sequence[str], dead: np.ndarra
     return s.filter(pa.array(first))
 
 
-_NO_ROWS = np.zeros(0, dtype=np.uint64)
+def base_mask(lookup: BaseLookupExec, keys: pa.Table) -> RowMask | None:
+    """The base rows holding ``keys``, as a :class:`RowMask`; None when the base is too big
+    to keep a key index."""
+    ds = lookup.dataset
+    got = lookup.addresses_of(keys) if keys.num_rows else np.zeros(0, dtype=np.uint64)
+    if got is None:
+        return None
+    return RowMask(got, {f.fragment_id: f.metadata.physical_rows for f in ds.get_fragments()})
+
+
 _READERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-read")
 
 
@@ -101,7 +110,7 @@ class Versions:
         self.addr = newest.column(ROWADDR).to_numpy().astype(np.int64)
         self.dead = newest.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
         self._keyset = KeySet(self.keys)
-        self._base: dict[tuple[str, int], np.ndarray | None] = {}
+        self._base: dict[tuple[str, int], RowMask | None] = {}
 
     @classmethod
     def of(
@@ -136,14 +145,12 @@ class Versions:
         """For each of ``keys``, its entry here, or -1."""
         return self._keyset.positions(keys)
 
-    def base_addresses(self, lookup: BaseLookupExec) -> np.ndarray | None:
-        """The base rows of these keys (sorted row addresses; None: the base is too big to
-        keep a key index), kept per base version: a cached MemTable part asks again."""
+    def base_mask(self, lookup: BaseLookupExec) -> RowMask | None:
+        """The base rows of these keys (None: the base is too big to keep a key index), kept
+        per base version: a cached MemTable part asks again."""
         version = (lookup.dataset.uri, lookup.dataset.version)
         if version not in self._base:
-            self._base[version] = (
-                lookup.addresses_of(self.keys) if len(self) else np.zeros(0, dtype=np.uint64)
-            )
+            self._base[version] = base_mask(lookup, self.keys)
         return self._base[version]
 
     def take(self, mask: np.ndarray) -> Versions:
@@ -377,23 +384,20 @@ class DeduplicateExec(ExecNode):
                 assert self.base_dataset is not None
                 ds = self.base_dataset
                 lookup = BaseLookupExec(ds, ds.schema, self.primary_key)
-                rows = {f.fragment_id: f.metadata.physical_rows for f in ds.get_fragments()}
 
                 def load() -> tuple[RowMask | None, int]:
-                    got = lookup.addresses_of(in_gens.keys) if len(in_gens) else _NO_ROWS
-                    mask = None if got is None else RowMask(got, rows)
+                    mask = base_mask(lookup, in_gens.keys)
                     return mask, 64 if mask is None else mask.nbytes
 
                 gens = "\n".join(
                     sorted(s.uri for s in self.newer if isinstance(s, GenerationScanExec))
                 )
                 from_gens = CACHE.get("base_mask", f"{ds.uri}@{ds.version}\n{gens}", load)
-                from_mems = in_mems.base_addresses(lookup)
+                from_mems = in_mems.base_mask(lookup)
                 if from_gens is None or from_mems is None:
                     self._masked = False
                 else:
-                    masks = [from_gens, RowMask(from_mems, rows)]
-                    self._masked = [m for m in masks if len(m)]
+                    self._masked = [m for m in (from_gens, from_mems) if len(m)]
             return None if self._masked is False else self._masked
 
     def _base_rows(

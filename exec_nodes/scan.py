@@ -220,10 +220,11 @@ class BaseScanExec(ExecNode):
         self.dataset = dataset
         self.columns = list(columns)
         self.predicate = predicate
-        self.filter, self.exact = lance_filter(predicate, dataset.schema)
+        schema = dataset.schema  # Lance builds it anew on each access
+        self.filter, self.exact = lance_filter(predicate, schema)
         self.ranges = None if ranges is None else list(ranges)
         self.batch_size = batch_size
-        fields = [dataset.schema.field(c) for c in self.columns]
+        fields = [schema.field(c) for c in self.columns]
         self._schema = pa.schema([*fields, pa.field(ROWADDR, pa.uint64(), False)])
 
     @property
