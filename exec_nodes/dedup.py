@@ -111,6 +111,9 @@ class Versions:
         self.dead = newest.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
         self._keyset = KeySet(self.keys)
         self._base: dict[tuple[str, int], RowMask | None] = {}
+        # Per source (a generation's uri), the entry each physical row is the version of, or
+        # -1: a row is checked by its row address, never by hashing its key again.
+        self._at: dict[str, np.ndarray] = {}
 
     @classmethod
     def of(
@@ -134,7 +137,7 @@ class Versions:
 
     @property
     def nbytes(self) -> int:
-        return self.keys.nbytes + 3 * self.gen.nbytes
+        return self.keys.nbytes + 3 * self.gen.nbytes + sum(a.nbytes for a in self._at.values())
 
     @property
     def rank(self) -> np.ndarray:
@@ -159,14 +162,46 @@ class Versions:
         out.keys = self.keys.filter(pa.array(mask))
         out.gen, out.addr, out.dead = self.gen[mask], self.addr[mask], self.dead[mask]
         out._keyset = KeySet(out.keys)
-        out._base = {}
+        out._base, out._at = {}, {}
         return out
+
+    def index_source(self, uri: str, rows: pa.Table, primary_key: Sequence[str]) -> None:
+        """Remember which of the rows of source ``uri`` (every live row, with ``_gen`` and
+        ``_rowaddr``) are versions here, by row address (see :meth:`is_version_at`)."""
+        addr = rows.column(ROWADDR).to_numpy().astype(np.int64)
+        pos = self.positions(rows.select(list(primary_key)))
+        at = np.where(pos >= 0, pos, 0)
+        mine = (pos >= 0) & (self.gen[at] == rows.column(GEN).to_numpy()) & (self.addr[at] == addr)
+        index = np.full(int(addr.max()) + 1 if len(addr) else 0, -1, dtype=np.int32)
+        index[addr[mine]] = pos[mine]
+        self._at[uri] = index
+
+    def is_version_at(
+        self, uri: str, addr: np.ndarray, replaced: np.ndarray | None = None
+    ) -> np.ndarray | None:
+        """As :meth:`is_version`, for rows of source ``uri`` given by row address alone (a
+        gather, no hashing); None when the source was not indexed."""
+        index = self._at.get(uri)
+        if index is None:
+            return None
+        addr = np.asarray(addr, dtype=np.int64)
+        if not len(self):
+            return np.zeros(len(addr), dtype=bool)
+        pos = np.full(len(addr), -1, dtype=np.int64)
+        inside = addr < len(index)
+        pos[inside] = index[addr[inside]]
+        hit = pos >= 0
+        at = np.where(hit, pos, 0)
+        keep = hit & ~self.dead[at]
+        return keep if replaced is None else keep & ~replaced[at]
 
     def is_version(
         self, rows: pa.Table, primary_key: Sequence[str], replaced: np.ndarray | None = None
     ) -> np.ndarray:
         """Which of ``rows`` (with ``_gen`` and ``_rowaddr``) are their key's version here,
         live, and not ``replaced`` (entries a newer source's version replaces)."""
+        if not len(self):
+            return np.zeros(rows.num_rows, dtype=bool)
         pos = self.positions(rows.select(list(primary_key)))
         hit = pos >= 0
         at = np.where(hit, pos, 0)
@@ -188,6 +223,15 @@ def _memtables_key(mems: Sequence[SourceExec]) -> str | None:
             return None
         names.append(f"{id(m.batches[0])}:{len(m.batches)}")
     return ";".join(names)
+
+
+def _source_name(source: SourceExec) -> str:
+    """A newer source's name in :class:`Versions` (a generation: its uri; a MemTable: its
+    first batch, which the cached versions hold, so the name is never another's)."""
+    if isinstance(source, GenerationScanExec):
+        return source.uri
+    first = id(source.batches[0]) if isinstance(source, MemTableScanExec) and source.batches else 0
+    return f"{source.region_id}/{source.generation}/{first}"
 
 
 def _sized(entry: tuple[tuple[Versions, Versions, np.ndarray], list]) -> tuple[Any, int]:
@@ -284,17 +328,15 @@ class DeduplicateExec(ExecNode):
 
         def load() -> tuple[Versions, int]:
             # Lance releases the GIL: read the generations side by side.
-            got = Versions.of(
-                list(_READERS.map(lambda g: g.read_counted(cols), gens)),
-                self.primary_key,
-                self._key_fields(),
-            )
+            tables = list(_READERS.map(lambda g: g.read_counted(cols), gens))
+            got = Versions.of(tables, self.primary_key, self._key_fields())
+            for g, rows in zip(gens, tables):
+                got.index_source(_source_name(g), rows, self.primary_key)
             return got, got.nbytes
 
         in_gens: Versions = CACHE.get("newest_versions", gens_key, load)
-        in_mems = Versions.of(
-            [m.read_counted(cols) for m in mems], self.primary_key, self._key_fields()
-        )
+        mem_rows = [m.read_counted(cols) for m in mems]
+        in_mems = Versions.of(mem_rows, self.primary_key, self._key_fields())
         pos = in_gens.positions(in_mems.keys)
         hit = pos >= 0
         mem_wins = ~hit
@@ -302,7 +344,10 @@ class DeduplicateExec(ExecNode):
             mem_wins |= in_mems.rank > in_gens.rank[np.where(hit, pos, 0)]
         replaced = np.zeros(len(in_gens), dtype=bool)
         replaced[pos[hit & mem_wins]] = True
-        return in_gens, in_mems.take(mem_wins), replaced
+        won = in_mems.take(mem_wins)
+        for m, rows in zip(mems, mem_rows):
+            won.index_source(_source_name(m), rows, self.primary_key)
+        return in_gens, won, replaced
 
     def _key_fields(self) -> list[pa.Field]:
         schema = self.newer[0].schema if self.newer else None
@@ -339,30 +384,35 @@ class DeduplicateExec(ExecNode):
         # probe for all of them (their rows carry their own _gen), not one per generation.
         whole = [(g, g.whole_rows()) for g in mine if isinstance(g, GenerationScanExec)]
         held = [(g, rows) for g, rows in whole if rows is not None]
-        parts: list[tuple[bool, pa.Table]] = []
+
+        def keep_of(source: SourceExec, rows: pa.Table) -> np.ndarray:
+            addr = rows.column(ROWADDR).to_numpy()
+            if isinstance(source, GenerationScanExec):
+                keep = in_gens.is_version_at(_source_name(source), addr, replaced)
+                return keep if keep is not None else in_gens.is_version(rows, pk, replaced)
+            keep = in_mems.is_version_at(_source_name(source), addr)
+            return keep if keep is not None else in_mems.is_version(rows, pk)
+
+        pk = self.primary_key
+        parts: list[pa.Table] = []  # only rows that are their key's newest version
         if held:
             for g, _ in held:
                 g.count_open()
+            # Every physical row of each, in order: checked by row address before the filter
+            # runs, so only the columns the filter or the output needs are kept.
+            keep = np.concatenate([keep_of(g, rows) for g, rows in held])
             table = pa.concat_tables([rows for _, rows in held])
-            names = [*read_columns, GEN, ROWADDR] if read_columns else table.column_names
-            parts.append((True, matches(self.predicate, table).select(names)))
-        rest = [s for s in mine if not any(s is g for g, _ in held)]
-        for source in rest:
-            parts.append(
-                (
-                    isinstance(source, GenerationScanExec),
-                    source.read_counted(read_columns, self.predicate),
-                )
-            )
-        for from_generations, rows in parts:
-            if rows.num_rows == 0:
-                continue
-            if from_generations:
-                keep = in_gens.is_version(rows, self.primary_key, replaced)
-            else:
-                keep = in_mems.is_version(rows, self.primary_key)
-            if keep.any():
-                yield from conform(rows.filter(pa.array(keep)), output).to_batches()
+            if self.predicate is None:
+                table = table.select(list(dict.fromkeys([*wanted, GEN, ROWADDR])))
+            table = table.filter(pa.array(keep)) if not keep.all() else table
+            parts.append(matches(self.predicate, table))
+        for source in (s for s in mine if not any(s is g for g, _ in held)):
+            rows = source.read_counted(read_columns, self.predicate)
+            if rows.num_rows:
+                parts.append(rows.filter(pa.array(keep_of(source, rows))))
+        for rows in parts:
+            if rows.num_rows:
+                yield from conform(rows, output).to_batches()
 
     def _base_scan(
         self, part: Sequence[FragmentRange] | None, output: pa.Schema, with_keys: bool = True

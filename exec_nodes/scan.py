@@ -201,6 +201,11 @@ class FragmentRange:
         return f"{self.fragment_id}[{self.start}:{'' if self.end is None else self.end}]"
 
 
+# No column asked (``count(*)``): only row addresses, which cost nothing to make; bigger
+# batches mean fewer trips through Lance's stream and the mask.
+_ADDRESSES_BATCH = 1 << 16
+
+
 class BaseScanExec(ExecNode):
     """The base table at a pinned version, with projection and filter pushed into Lance;
     optionally only some fragments, or row ranges of them (a big fragment is split so that
@@ -259,7 +264,7 @@ class BaseScanExec(ExecNode):
             filter=self.filter,
             fragments=fragments,
             with_row_address=True,
-            batch_size=self.batch_size or 8192,
+            batch_size=self.batch_size or (8192 if columns != [] else _ADDRESSES_BATCH),
             scan_in_order=True,
             row_addr_allowlist=allow,
         )

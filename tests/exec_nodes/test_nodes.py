@@ -366,3 +366,46 @@ def test_keys_index_finds_the_newest_row_of_each_key_as_the_memtable_grows(write
     other = [pa.record_batch({"a": [3], "b": ["a"], "v": [0], TOMBSTONE: [False]})]
     at = index.update(other).find(pa.table({"a": [3, 4], "b": ["a", "a"]}))
     assert at.tolist() == [0, -1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sources=st.lists(
+        st.lists(st.tuples(st.integers(0, 12), st.booleans(), st.booleans()), max_size=25),
+        min_size=1,
+        max_size=4,
+    ),
+    replace=st.sets(st.integers(0, 12)),
+)
+def test_versions_by_row_address_agree_with_versions_by_key(sources, replace):
+    """Sources (per row: key, tombstone, whether Lance's deletion vector hides it) sharing
+    generation numbers, as regions' generations do: checking a row by its row address gives
+    what checking it by its key gives."""
+    from exec_nodes.dedup import Versions
+
+    tables, physical = [], []
+    for rows in sources:
+        gen = 1 + len(tables) % 2  # two sources per generation number
+        every = pa.table(
+            {
+                "id": pa.array([k for k, _, _ in rows], pa.int64()),
+                GEN: pa.array([gen] * len(rows), pa.int64()),
+                ROWADDR: pa.array(range(len(rows)), pa.uint64()),
+                TOMBSTONE: pa.array([t for _, t, _ in rows], pa.bool_()),
+            }
+        )
+        physical.append(every)
+        tables.append(every.filter(pa.array([not h for _, _, h in rows], pa.bool_())))
+    versions = Versions.of(tables, ["id"], [pa.field("id", pa.int64())])
+    for i, live in enumerate(tables):
+        versions.index_source(f"s{i}", live, ["id"])
+    replaced = np.isin(versions.keys.column("id").to_numpy(), sorted(replace))
+    for i, live in enumerate(tables):
+        by_key = versions.is_version(live, ["id"], replaced)
+        by_addr = versions.is_version_at(f"s{i}", live.column(ROWADDR).to_numpy(), replaced)
+        assert by_addr.tolist() == by_key.tolist()
+        # A hidden row is never a version (an older duplicate), whatever its key.
+        every = versions.is_version_at(f"s{i}", physical[i].column(ROWADDR).to_numpy())
+        hidden = np.array([h for _, _, h in sources[i]], dtype=bool)
+        assert not every[hidden].any()
+    assert versions.is_version_at("not indexed", np.zeros(1, np.int64)) is None
