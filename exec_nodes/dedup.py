@@ -33,7 +33,7 @@ from exec_nodes.scan import (
     MemTableScanExec,
     SourceExec,
 )
-from planner.predicate import Predicate, matches
+from planner.predicate import Predicate, evaluate
 
 
 def newest_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
@@ -398,14 +398,16 @@ class DeduplicateExec(ExecNode):
         if held:
             for g, _ in held:
                 g.count_open()
-            # Every physical row of each, in order: checked by row address before the filter
-            # runs, so only the columns the filter or the output needs are kept.
+            # Every physical row of each, in order: checked by row address (a gather), and
+            # with the filter, so that the table is filtered once.
             keep = np.concatenate([keep_of(g, rows) for g, rows in held])
             table = pa.concat_tables([rows for _, rows in held])
-            if self.predicate is None:
-                table = table.select(list(dict.fromkeys([*wanted, GEN, ROWADDR])))
-            table = table.filter(pa.array(keep)) if not keep.all() else table
-            parts.append(matches(self.predicate, table))
+            if self.predicate is not None:
+                keep &= pc.fill_null(evaluate(self.predicate, table), False).to_numpy(
+                    zero_copy_only=False
+                )
+            table = table.select(list(dict.fromkeys([*wanted, GEN, ROWADDR])))
+            parts.append(table.filter(pa.array(keep)) if not keep.all() else table)
         for source in (s for s in mine if not any(s is g for g, _ in held)):
             rows = source.read_counted(read_columns, self.predicate)
             if rows.num_rows:
