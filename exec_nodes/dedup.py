@@ -33,7 +33,7 @@ from exec_nodes.scan import (
     MemTableScanExec,
     SourceExec,
 )
-from planner.predicate import Predicate, evaluate
+from planner.predicate import Predicate
 
 
 def newest_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
@@ -380,41 +380,23 @@ class DeduplicateExec(ExecNode):
         # With a filter, only matching rows are read in full (the filter goes into Lance for
         # generations); either way a row is output only if it is its key's newest version.
         read_columns = None if self.predicate is not None else columns
-        # The generations held whole in memory are read as one table: one filter and one
-        # probe for all of them (their rows carry their own _gen), not one per generation.
-        whole = [(g, g.whole_rows()) for g in mine if isinstance(g, GenerationScanExec)]
-        held = [(g, rows) for g, rows in whole if rows is not None]
-
-        def keep_of(source: SourceExec, rows: pa.Table) -> np.ndarray:
+        pk = self.primary_key
+        for source in mine:
+            rows = source.read_counted(read_columns, self.predicate)
+            if not rows.num_rows:
+                continue
+            # By row address: a gather into what the versions know of the source's rows.
             addr = rows.column(ROWADDR).to_numpy()
             if isinstance(source, GenerationScanExec):
                 keep = in_gens.is_version_at(_source_name(source), addr, replaced)
-                return keep if keep is not None else in_gens.is_version(rows, pk, replaced)
-            keep = in_mems.is_version_at(_source_name(source), addr)
-            return keep if keep is not None else in_mems.is_version(rows, pk)
-
-        pk = self.primary_key
-        parts: list[pa.Table] = []  # only rows that are their key's newest version
-        if held:
-            for g, _ in held:
-                g.count_open()
-            # Every physical row of each, in order: checked by row address (a gather), and
-            # with the filter, so that the table is filtered once.
-            keep = np.concatenate([keep_of(g, rows) for g, rows in held])
-            table = pa.concat_tables([rows for _, rows in held])
-            if self.predicate is not None:
-                keep &= pc.fill_null(evaluate(self.predicate, table), False).to_numpy(
-                    zero_copy_only=False
-                )
-            table = table.select(list(dict.fromkeys([*wanted, GEN, ROWADDR])))
-            parts.append(table.filter(pa.array(keep)) if not keep.all() else table)
-        for source in (s for s in mine if not any(s is g for g, _ in held)):
-            rows = source.read_counted(read_columns, self.predicate)
-            if rows.num_rows:
-                parts.append(rows.filter(pa.array(keep_of(source, rows))))
-        for rows in parts:
-            if rows.num_rows:
-                yield from conform(rows, output).to_batches()
+                if keep is None:
+                    keep = in_gens.is_version(rows, pk, replaced)
+            else:
+                keep = in_mems.is_version_at(_source_name(source), addr)
+                if keep is None:
+                    keep = in_mems.is_version(rows, pk)
+            if keep.any():
+                yield from conform(rows.filter(pa.array(keep)), output).to_batches()
 
     def _base_scan(
         self, part: Sequence[FragmentRange] | None, output: pa.Schema, with_keys: bool = True
