@@ -195,6 +195,18 @@ class Versions:
         keep = hit & ~self.dead[at]
         return keep if replaced is None else keep & ~replaced[at]
 
+    def is_version_of(
+        self,
+        source: str,
+        rows: pa.Table,
+        primary_key: Sequence[str],
+        replaced: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """:meth:`is_version` for rows of one source: by row address when the source was
+        indexed (:meth:`index_source`), else by key."""
+        keep = self.is_version_at(source, rows.column(ROWADDR).to_numpy(), replaced)
+        return keep if keep is not None else self.is_version(rows, primary_key, replaced)
+
     def is_version(
         self, rows: pa.Table, primary_key: Sequence[str], replaced: np.ndarray | None = None
     ) -> np.ndarray:
@@ -385,16 +397,10 @@ class DeduplicateExec(ExecNode):
             rows = source.read_counted(read_columns, self.predicate)
             if not rows.num_rows:
                 continue
-            # By row address: a gather into what the versions know of the source's rows.
-            addr = rows.column(ROWADDR).to_numpy()
             if isinstance(source, GenerationScanExec):
-                keep = in_gens.is_version_at(_source_name(source), addr, replaced)
-                if keep is None:
-                    keep = in_gens.is_version(rows, pk, replaced)
+                keep = in_gens.is_version_of(_source_name(source), rows, pk, replaced)
             else:
-                keep = in_mems.is_version_at(_source_name(source), addr)
-                if keep is None:
-                    keep = in_mems.is_version(rows, pk)
+                keep = in_mems.is_version_of(_source_name(source), rows, pk)
             if keep.any():
                 yield from conform(rows.filter(pa.array(keep)), output).to_batches()
 

@@ -404,6 +404,8 @@ def test_versions_by_row_address_agree_with_versions_by_key(sources, replace):
         by_key = versions.is_version(live, ["id"], replaced)
         by_addr = versions.is_version_at(f"s{i}", live.column(ROWADDR).to_numpy(), replaced)
         assert by_addr.tolist() == by_key.tolist()
+        unindexed = versions.is_version_of("not indexed", live, ["id"], replaced)
+        assert unindexed.tolist() == by_key.tolist()  # falls back to the key
         # A hidden row is never a version (an older duplicate), whatever its key.
         every = versions.is_version_at(f"s{i}", physical[i].column(ROWADDR).to_numpy())
         hidden = np.array([h for _, _, h in sources[i]], dtype=bool)
