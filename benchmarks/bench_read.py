@@ -55,7 +55,13 @@ def rows_for(ids: np.ndarray, version: int, rng: np.random.Generator) -> pa.Tabl
     )
 
 
-def build(uri: str, base_rows: int, upserts: int, memtable_rows: int) -> mw.MemWalTable:
+def build(
+    uri: str,
+    base_rows: int,
+    upserts: int,
+    memtable_rows: int,
+    data_storage_version: str | None = None,
+) -> mw.MemWalTable:
     rng = np.random.default_rng(1)
     tbl = mw.create_table(
         uri,
@@ -63,6 +69,7 @@ def build(uri: str, base_rows: int, upserts: int, memtable_rows: int) -> mw.MemW
         primary_key="id",
         region_spec=mw.RegionSpec.identity("tenant"),
         writer_config=mw.WriterConfig(durable_write=False, max_memtable_rows=memtable_rows),
+        data_storage_version=data_storage_version,
     )
     next_id, version, done = base_rows, 0, 0
     while done < upserts:
@@ -97,13 +104,25 @@ def main() -> None:
     ap.add_argument("--upserts", type=int, default=500_000)
     ap.add_argument("--memtable-rows", type=int, default=40_000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--data-storage-version",
+        default=None,
+        help="Lance file format of the base table and generations (default: Lance's, 2.2)",
+    )
     ap.add_argument("--out", default="benchmarks/results/bench_read.json")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="memwal-bench-read-")
     try:
         t0 = time.perf_counter()
-        tbl = build(f"{work}/t", args.base_rows, args.upserts, args.memtable_rows)
+        tbl = build(
+            f"{work}/t",
+            args.base_rows,
+            args.upserts,
+            args.memtable_rows,
+            args.data_storage_version,
+        )
         build_s = time.perf_counter() - t0
+        fmt = tbl.dataset().data_storage_version
         # Make the WAL tail durable so both readers see a settled layout; keep the MemTables live.
         for w in tbl.live_writers().values():
             w._wal.flush()
@@ -115,7 +134,7 @@ def main() -> None:
         print(
             f"layout: {args.base_rows:,} base rows + {args.upserts:,} upserts in {build_s:.1f} s; "
             f"{len(tbl.regions())} regions, {gens} flushed generations, {live_rows:,} rows in "
-            "live MemTables"
+            f"live MemTables; Lance format {fmt}"
         )
         ctx = mw.connect()
         ctx.register("t", tbl)
@@ -183,6 +202,7 @@ def main() -> None:
             args.out,
             {
                 "layout": {
+                    "data_storage_version": fmt,
                     "base_rows": args.base_rows,
                     "upserts": args.upserts,
                     "generations": gens,

@@ -58,12 +58,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4, help="change rounds (at least 3)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--stages", default="live,flushed,merged,compacted")
+    ap.add_argument(
+        "--data-storage-version",
+        default=None,
+        help="Lance file format of the MemWAL tables (default: Lance's, 2.2)",
+    )
     ap.add_argument("--out", default="benchmarks/results/bench_tpch.json")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="memwal-bench-tpch-")
     try:
         tpch.generate(f"{work}/data", args.scale)
-        tables, latest = tpch.build(f"{work}/mw", f"{work}/data", max_memtable_rows=1 << 30)
+        tables, latest = tpch.build(
+            f"{work}/mw",
+            f"{work}/data",
+            max_memtable_rows=1 << 30,
+            data_storage_version=args.data_storage_version,
+        )
         rng = np.random.default_rng(3)
         deleted: dict = {}
         for i in range(args.rounds):
@@ -137,6 +147,7 @@ def main() -> None:
             {
                 "scale": args.scale,
                 "rounds": args.rounds,
+                "data_storage_version": args.data_storage_version or "default",
                 "stages": stages,
                 "all_results_equal": all_ok,
             },

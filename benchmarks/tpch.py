@@ -101,8 +101,11 @@ class Latest:
             pq.write_table(t, f"{directory}/{name}.parquet")
 
 
-def build(work: str, data: str, max_memtable_rows: int) -> tuple[dict[str, mw.MemWalTable], Latest]:
-    """The eight tables as MemWAL tables (base = the generated rows) and their model."""
+def build(
+    work: str, data: str, max_memtable_rows: int, data_storage_version: str | None = None
+) -> tuple[dict[str, mw.MemWalTable], Latest]:
+    """The eight tables as MemWAL tables (base = the generated rows, in Lance file format
+    ``data_storage_version``) and their model."""
     tables, model = {}, {}
     for name, keys in KEYS.items():
         rows = read(data, name)
@@ -113,6 +116,7 @@ def build(work: str, data: str, max_memtable_rows: int) -> tuple[dict[str, mw.Me
             primary_key=keys,
             region_spec=spec,
             writer_config=mw.WriterConfig(durable_write=False, max_memtable_rows=max_memtable_rows),
+            data_storage_version=data_storage_version,
         )
         model[name] = rows
     return tables, Latest(model)

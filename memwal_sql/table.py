@@ -856,6 +856,31 @@ def _index_details(
     return details
 
 
+def _write_base(
+    data: pa.Table,
+    uri: str,
+    schema: pa.Schema,
+    opts: dict[str, str] | None,
+    data_storage_version: str | None,
+) -> lance.LanceDataset:
+    """The new base table, in Lance file format ``data_storage_version`` (Lance's default
+    if None); an unknown version is the caller's error, raised before anything is written."""
+    versions = ("2.0", "2.1", "2.2", "stable", "legacy")
+    if data_storage_version is not None and data_storage_version not in versions:
+        raise InvalidInputError(
+            f"data_storage_version {data_storage_version!r} is not a Lance file format this "
+            f"table can use; pick one of {', '.join(versions)}"
+        )
+    return lance.write_dataset(
+        data,
+        uri,
+        schema=schema,
+        mode="create",
+        storage_options=opts,
+        data_storage_version=data_storage_version,  # type: ignore[arg-type]  # str in the stub's Literal
+    )
+
+
 def create_table(
     uri: str,
     data_or_schema: Any = None,
@@ -864,6 +889,7 @@ def create_table(
     region_spec: RegionSpec | None = None,
     storage_options: Mapping[str, str] | None = None,
     writer_config: WriterConfig | None = None,
+    data_storage_version: str | None = None,
 ) -> MemWalTable:
     """Create a MemWAL table: the base Lance table with the primary key and the MemWAL index.
 
@@ -871,7 +897,9 @@ def create_table(
     ``None`` to enable MemWAL on an existing Lance table at ``uri``. ``region_spec`` defaults to
     :meth:`RegionSpec.unsharded` (one region). ``writer_config`` is recorded in the MemWAL
     index as the table's writer defaults (``writer_config_defaults``), which every later
-    :func:`open_table` starts from.
+    :func:`open_table` starts from. ``data_storage_version`` is the Lance file format of the
+    new base table, and so of every generation and merge (default: Lance's, ``"2.2"``);
+    ``"2.0"`` scans 2-3x faster and takes 2.5x the bytes (measured in the README).
 
     Example:
         >>> import memwal_sql as mw, pyarrow as pa, tempfile
@@ -891,6 +919,11 @@ def create_table(
             )
         if has_mem_wal_index(existing):
             raise TableExistsError(f"{uri} already has MemWAL enabled; use mw.open_table")
+        if data_storage_version not in (None, existing.data_storage_version):
+            raise InvalidInputError(
+                f"{uri} is stored in Lance format {existing.data_storage_version}; an existing "
+                "table keeps its format: leave data_storage_version out"
+            )
         ds = existing
         current_pk = [f.name() for f in ds.lance_schema.unenforced_primary_key()]
         if current_pk and current_pk != keys:
@@ -926,7 +959,7 @@ def create_table(
             RowCoercer(schema, keys).upserts(data)  # same validation as every later write
             data = data.cast(schema)
         spec = spec.bind(schema)
-        ds = lance.write_dataset(data, uri, schema=schema, mode="create", storage_options=opts)
+        ds = _write_base(data, uri, schema, opts, data_storage_version)
     spec = spec.bind(_plain_schema(ds.schema))
     writer_config = writer_config or WriterConfig()
     ds = create_mem_wal_index(ds, _index_details(ds, spec, writer_config), opts)

@@ -111,6 +111,19 @@ def test_create_and_open_errors(tmp_path):
         mw.create_table(str(tmp_path / "w"), pa.table({"id": [1, None]}), primary_key="id")
 
 
+def test_the_file_format_is_chosen_at_creation_and_kept_by_an_existing_table(tmp_path):
+    with pytest.raises(InvalidInputError, match="pick one of"):
+        mw.create_table(str(tmp_path / "t"), SCHEMA, primary_key="id", data_storage_version="3")
+    assert not (tmp_path / "t").exists()
+    plain = str(tmp_path / "plain")
+    lance.write_dataset(rows([1]), plain, data_storage_version="2.1")
+    with pytest.raises(InvalidInputError, match="keeps its format"):
+        mw.create_table(plain, None, primary_key="id", data_storage_version="2.0")
+    assert lance.dataset(plain).mem_wal_index_details() is None
+    tbl = mw.create_table(plain, None, primary_key="id", data_storage_version="2.1")
+    assert tbl.dataset().data_storage_version == "2.1"
+
+
 @pytest.mark.parametrize(
     "key_type", [pa.float64(), pa.timestamp("us"), pa.date32(), pa.decimal128(10, 2)]
 )
