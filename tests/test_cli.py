@@ -186,6 +186,18 @@ def test_create_with_data_from_each_format(tmp_path, capsys, name, extra):
     assert out == "id,v\n1,a\n2,b\n"
 
 
+def test_create_in_a_chosen_file_format(tmp_path, capsys):
+    import lance
+
+    path = _write_inputs(tmp_path / "in")["t.parquet"]
+    uri = str(tmp_path / "t")
+    run(capsys, "create", uri, "--primary-key", "id", "--from", str(path), "--with-data",
+        "--data-storage-version", "2.0")  # fmt: skip
+    assert lance.dataset(uri).data_storage_version == "2.0"
+    out = run(capsys, "sql", "SELECT id, v FROM t ORDER BY id", "--table", f"t={uri}", "-o", "csv")
+    assert out == "id,v\n1,a\n2,b\n"
+
+
 def test_create_from_schema_only_then_ingest_keeps_csv_key_types(tmp_path, capsys):
     # The key is a string in the table: a CSV key "007" is read as the string, not 7.
     sample = tmp_path / "sample.jsonl"

@@ -46,6 +46,7 @@ def create(a: argparse.Namespace) -> None:
             primary_key=keys,
             region_spec=spec,
             storage_options=storage_options.from_args(a),
+            data_storage_version=a.data_storage_version,
         )
     except TableExistsError:
         raise CliError(

@@ -101,7 +101,8 @@ def _create(command: Any) -> None:
         "  memwal create s3://bucket/orders --primary-key tenant,order_id --from orders.jsonl \\\n"
         "      --region-spec identity:tenant+bucket:order_id:4 \\\n"
         "      --storage-options-file s3.env\n"
-        "  memwal create ./logs --primary-key id --from logs.arrow --region-spec day:ts\n"
+        "  memwal create ./logs --primary-key id --from logs.arrow --region-spec day:ts \\\n"
+        "      --data-storage-version 2.0\n"
         "  memwal create ./m --primary-key id --from m.csv \\\n"
         "      --region-spec 'expression:id:int64:col0 % 10'\n"
         "  memwal create ./existing-lance-table --primary-key id",
@@ -126,6 +127,12 @@ def _create(command: Any) -> None:
     )
     c.add_argument("--format", choices=FORMATS, help=FORMAT_HELP)
     c.add_argument("--region-spec", metavar="SPEC", help=region_specs.HELP)
+    c.add_argument(
+        "--data-storage-version",
+        choices=("2.0", "2.1", "2.2"),
+        help="Lance file format of the new table (default: Lance's, 2.2); 2.0 scans 2-3x "
+        "faster and takes 2.5x the bytes",
+    )
 
 
 def _ingest(command: Any) -> None:
