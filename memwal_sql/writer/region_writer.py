@@ -108,9 +108,11 @@ def _forget_indexes(memtable: MemTable) -> None:
     """Drop a flushed MemTable's in-memory search structures (only if reads built any)."""
     import sys
 
-    memindex = sys.modules.get("exec_nodes.memindex")
-    if memindex is not None:
-        memindex.forget(memtable.batches())
+    # Another thread may be importing the module right now: it is in sys.modules before
+    # ``forget`` exists, and then holds no structure yet.
+    forget = getattr(sys.modules.get("exec_nodes.memindex"), "forget", None)
+    if forget is not None:
+        forget(memtable.batches())
 
 
 class RegionWriter:
@@ -629,7 +631,15 @@ class RegionWriter:
                 memtable = self._frozen[0]
             try:
                 self._flush_memtable(memtable)
+                _forget_indexes(memtable)
+                with self._mutex:
+                    self._frozen.popleft()
+                    self._frozen_bytes -= memtable.nbytes
+                    self._memtables_by_gen.pop(memtable.generation, None)
+                    self._lock.notify_all()
             except BaseException as e:
+                # Whatever fails, the writer records it: a flush thread that died silently
+                # would leave every flush() and close() waiting for it forever.
                 if not isinstance(e, MemWalError):
                     failure = StorageError(
                         f"flushing generation {memtable.generation} of region {self.region_id} "
@@ -642,12 +652,6 @@ class RegionWriter:
                     self._error = e
                     self._lock.notify_all()
                 return
-            with self._mutex:
-                self._frozen.popleft()
-                self._frozen_bytes -= memtable.nbytes
-                self._memtables_by_gen.pop(memtable.generation, None)
-                self._lock.notify_all()
-            _forget_indexes(memtable)
 
     def _flush_memtable(self, memtable: MemTable) -> None:
         t0 = time.perf_counter()

@@ -325,6 +325,62 @@ def test_a_failed_flush_is_a_typed_error_and_the_next_writer_recovers(table_root
     assert lance_latest_rows(*table_root_key(table_root, ["id"])).column("id").to_pylist() == [1, 2]
 
 
+def _finishes(fn, timeout=60):
+    """Run ``fn`` in a thread; fail (instead of hanging the suite) if it does not return."""
+    box = {}
+
+    def run():
+        try:
+            box["result"] = fn()
+        except BaseException as e:
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"{fn} still waiting after {timeout} s"
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+def test_a_flush_beside_a_half_imported_memtable_index_module_completes(tmp_path, monkeypatch):
+    # A query importing exec_nodes.memindex while a flush ends: the module was in sys.modules
+    # without ``forget`` yet, the flush thread died on it, and close() waited forever.
+    import types
+
+    half = types.ModuleType("exec_nodes.memindex")  # what sys.modules holds mid-import
+    monkeypatch.setitem(sys.modules, "exec_nodes.memindex", half)
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    w = tbl.writer()
+    w.upsert(rows([1, 2]))
+    _finishes(w.flush)
+    w.upsert(rows([3]))
+    _finishes(w.close)
+    assert lance_latest_rows(str(tmp_path), ["id"]).column("id").to_pylist() == [1, 2, 3]
+
+
+def test_a_failure_after_the_flush_is_the_writers_error_not_a_hang(tmp_path, monkeypatch):
+    from memwal_sql.writer import region_writer
+
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    w = tbl.writer()
+    w.upsert(rows([1, 2]))
+    monkeypatch.setattr(
+        region_writer, "_forget_indexes", lambda m: (_ for _ in ()).throw(RuntimeError("boom"))
+    )
+    with pytest.raises(StorageError, match="Acknowledged writes are safe in the WAL"):
+        _finishes(w.flush)  # the generation itself was written and committed first
+    with pytest.raises(StorageError):
+        w.upsert(rows([3]))
+    with pytest.raises(StorageError):
+        _finishes(w.close)  # reports the failure, and returns
+    monkeypatch.undo()
+    assert manifest(tbl, w.region_id).flushed_generations
+    tbl.writer(region_id=w.region_id).close()
+    assert lance_latest_rows(str(tmp_path), ["id"]).column("id").to_pylist() == [1, 2]
+
+
 def test_slices_of_a_large_batch_count_and_keep_only_their_own_rows(tmp_path):
     # to_batches(max_chunksize) and slice() share the parent's buffers: counted whole, 1,000 rows
     # of a 100,000-row table looked 100x larger and froze a MemTable every few writes.
