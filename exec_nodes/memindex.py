@@ -29,6 +29,7 @@ from exec_nodes.base import ROWADDR, TOMBSTONE, conform, empty_rows
 from exec_nodes.keyset import KeySet
 from exec_nodes.lookup import CACHE
 from memwal_sql.index.tokenizer import GrowingTokens, Tokenizer, Tokens
+from memwal_sql.writer.memtable import on_flushed
 
 
 @dataclass
@@ -308,6 +309,9 @@ def forget(batches: Sequence[pa.RecordBatch]) -> None:
     so they do not hold its rows until the cache evicts them."""
     if batches:
         CACHE.discard(f"{id(batches[0])}#")
+
+
+on_flushed(forget)
 
 
 def keys_index(

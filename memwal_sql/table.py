@@ -856,29 +856,8 @@ def _index_details(
     return details
 
 
-def _write_base(
-    data: pa.Table,
-    uri: str,
-    schema: pa.Schema,
-    opts: dict[str, str] | None,
-    data_storage_version: str | None,
-) -> lance.LanceDataset:
-    """The new base table, in Lance file format ``data_storage_version`` (Lance's default
-    if None); an unknown version is the caller's error, raised before anything is written."""
-    versions = ("2.0", "2.1", "2.2", "stable", "legacy")
-    if data_storage_version is not None and data_storage_version not in versions:
-        raise InvalidInputError(
-            f"data_storage_version {data_storage_version!r} is not a Lance file format this "
-            f"table can use; pick one of {', '.join(versions)}"
-        )
-    return lance.write_dataset(
-        data,
-        uri,
-        schema=schema,
-        mode="create",
-        storage_options=opts,
-        data_storage_version=data_storage_version,  # type: ignore[arg-type]  # str in the stub's Literal
-    )
+# The Lance file formats a new base table can be written in (Lance 14's default is 2.2).
+DATA_STORAGE_VERSIONS = ("2.0", "2.1", "2.2")
 
 
 def create_table(
@@ -909,6 +888,11 @@ def create_table(
         ('id',)
     """
     keys = _normalise_pk(primary_key)
+    if data_storage_version not in (None, *DATA_STORAGE_VERSIONS):
+        raise InvalidInputError(
+            f"data_storage_version {data_storage_version!r} is not a Lance file format this "
+            f"table can use; pick one of {', '.join(DATA_STORAGE_VERSIONS)}"
+        )
     spec = region_spec if region_spec is not None else RegionSpec.unsharded()
     opts = with_default_timeouts(uri, storage_options) or None
     existing = _try_dataset(uri, opts)
@@ -959,7 +943,14 @@ def create_table(
             RowCoercer(schema, keys).upserts(data)  # same validation as every later write
             data = data.cast(schema)
         spec = spec.bind(schema)
-        ds = _write_base(data, uri, schema, opts, data_storage_version)
+        ds = lance.write_dataset(
+            data,
+            uri,
+            schema=schema,
+            mode="create",
+            storage_options=opts,
+            data_storage_version=data_storage_version,  # type: ignore[arg-type]  # the stub's Literal
+        )
     spec = spec.bind(_plain_schema(ds.schema))
     writer_config = writer_config or WriterConfig()
     ds = create_mem_wal_index(ds, _index_details(ds, spec, writer_config), opts)

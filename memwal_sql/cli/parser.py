@@ -11,6 +11,7 @@ from memwal_sql.cli import data_commands, ops_commands, region_specs, storage_op
 from memwal_sql.cli.output import OUTPUT_HELP, OUTPUTS
 from memwal_sql.cli.sources import FORMAT_HELP, FORMATS
 from memwal_sql.maintenance.compaction import DELETION_THRESHOLD, TARGET_ROWS_PER_FRAGMENT
+from memwal_sql.table import DATA_STORAGE_VERSIONS
 
 DESCRIPTION = """\
 memwal: streaming upserts into Lance tables through MemTables and a write-ahead log (MemWAL),
@@ -129,7 +130,7 @@ def _create(command: Any) -> None:
     c.add_argument("--region-spec", metavar="SPEC", help=region_specs.HELP)
     c.add_argument(
         "--data-storage-version",
-        choices=("2.0", "2.1", "2.2"),
+        choices=DATA_STORAGE_VERSIONS,
         help="Lance file format of the new table (default: Lance's, 2.2); 2.0 scans 2-3x "
         "faster and takes 2.5x the bytes",
     )

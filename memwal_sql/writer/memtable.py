@@ -15,12 +15,29 @@ Example:
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 _ROW = "__memwal_row"
+
+# What readers keep of a MemTable that a flush makes obsolete (exec_nodes.memindex registers
+# the release of its in-memory indexes): called with the flushed MemTable's batches. A reader
+# module registers once its function exists, so a flush never meets a half-imported one.
+_FLUSH_LISTENERS: list[Callable[[Sequence[pa.RecordBatch]], None]] = []
+
+
+def on_flushed(listener: Callable[[Sequence[pa.RecordBatch]], None]) -> None:
+    """Call ``listener(batches)`` whenever a MemTable of this process has been flushed."""
+    _FLUSH_LISTENERS.append(listener)
+
+
+def flushed(memtable: MemTable) -> None:
+    """Tell the listeners (:func:`on_flushed`) that ``memtable`` has been flushed."""
+    batches = memtable.batches()
+    for listener in list(_FLUSH_LISTENERS):
+        listener(batches)
 
 
 def last_per_key(keys: pa.Table, rank: np.ndarray) -> tuple[pa.Table, np.ndarray]:

@@ -42,7 +42,7 @@ from memwal_sql.manifest import RegionManifestStore, claim_region, commit_change
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.writer.config import WriterConfig
 from memwal_sql.writer.generation import write_generation
-from memwal_sql.writer.memtable import MemTable, latest_per_key
+from memwal_sql.writer.memtable import MemTable, flushed, latest_per_key
 from memwal_sql.writer.rows import RowCoercer
 from memwal_sql.writer.wal import (
     RECOVERY_LOOKS,
@@ -102,17 +102,6 @@ class WriterStats:
     backpressure_waits: int = 0
     backpressure_seconds: float = 0.0
     generations: list[int] = field(default_factory=list)
-
-
-def _forget_indexes(memtable: MemTable) -> None:
-    """Drop a flushed MemTable's in-memory search structures (only if reads built any)."""
-    import sys
-
-    # Another thread may be importing the module right now: it is in sys.modules before
-    # ``forget`` exists, and then holds no structure yet.
-    forget = getattr(sys.modules.get("exec_nodes.memindex"), "forget", None)
-    if forget is not None:
-        forget(memtable.batches())
 
 
 class RegionWriter:
@@ -631,7 +620,7 @@ class RegionWriter:
                 memtable = self._frozen[0]
             try:
                 self._flush_memtable(memtable)
-                _forget_indexes(memtable)
+                flushed(memtable)  # readers drop what they kept of it
                 with self._mutex:
                     self._frozen.popleft()
                     self._frozen_bytes -= memtable.nbytes

@@ -37,6 +37,16 @@ def rows(ids, tag):
     )
 
 
+def write_round(tbl, model, ids: range, tag: str, delete_every: int) -> None:
+    """Upsert ``ids``, then delete every ``delete_every``-th of them, in the table and model."""
+    batch = rows(list(ids), tag)
+    tbl.upsert(batch)
+    model.upsert(batch)
+    dels = pa.table({"id": list(ids[::delete_every])})
+    tbl.delete(dels)
+    model.delete(dels)
+
+
 def test_lance_reads_what_our_writer_produced(table_root, monkeypatch):
     uri, opts = table_root
     tbl = mw.create_table(
@@ -50,12 +60,7 @@ def test_lance_reads_what_our_writer_produced(table_root, monkeypatch):
     model = Model(["id"])
     model.upsert(rows(list(range(0, 300, 3)), "base"))
     for i in range(6):
-        batch = rows(list(range(i * 40, i * 40 + 60)), f"w{i}-")
-        tbl.upsert(batch)
-        model.upsert(batch)
-        dels = pa.table({"id": list(range(i * 40, i * 40 + 60, 7))})
-        tbl.delete(dels)
-        model.delete(dels)
+        write_round(tbl, model, range(i * 40, i * 40 + 60), f"w{i}-", delete_every=7)
     tbl.close()
     assert len(tbl.regions()) == 4
     expected = model.table(SCHEMA)
@@ -90,12 +95,7 @@ def test_every_file_format_reads_the_same_through_both_readers(tmp_path, file_fo
     model = Model(["id"])
     model.upsert(rows(list(range(0, 200, 2)), "base"))
     for i in range(4):
-        batch = rows(list(range(i * 30, i * 30 + 45)), f"w{i}-")
-        tbl.upsert(batch)
-        model.upsert(batch)
-        dels = pa.table({"id": list(range(i * 30, i * 30 + 45, 11))})
-        tbl.delete(dels)
-        model.delete(dels)
+        write_round(tbl, model, range(i * 30, i * 30 + 45), f"w{i}-", delete_every=11)
         if i == 1:
             tbl.flush()
             tbl.maintain()  # the base table gains merged rows and a deletion vector

@@ -344,19 +344,23 @@ def _finishes(fn, timeout=60):
     return box.get("result")
 
 
-def test_a_flush_beside_a_half_imported_memtable_index_module_completes(tmp_path, monkeypatch):
-    # A query importing exec_nodes.memindex while a flush ends: the module was in sys.modules
-    # without ``forget`` yet, the flush thread died on it, and close() waited forever.
-    import types
+def test_a_flush_tells_the_readers_what_it_made_obsolete(tmp_path, monkeypatch):
+    # The writer once found the reader module through sys.modules, where a query importing it
+    # put it before ``forget`` existed: the flush thread died and close() waited forever.
+    # Readers now register a listener once it exists.
+    import exec_nodes.memindex  # registers its listener
+    from memwal_sql.writer import memtable
 
-    half = types.ModuleType("exec_nodes.memindex")  # what sys.modules holds mid-import
-    monkeypatch.setitem(sys.modules, "exec_nodes.memindex", half)
+    assert exec_nodes.memindex.forget in memtable._FLUSH_LISTENERS
+    told: list[list] = []
+    monkeypatch.setattr(memtable, "_FLUSH_LISTENERS", [told.append])
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
     w = tbl.writer()
     w.upsert(rows([1, 2]))
     _finishes(w.flush)
     w.upsert(rows([3]))
     _finishes(w.close)
+    assert [pa.Table.from_batches(b).column("id").to_pylist() for b in told] == [[1, 2], [3]]
     assert lance_latest_rows(str(tmp_path), ["id"]).column("id").to_pylist() == [1, 2, 3]
 
 
@@ -367,7 +371,7 @@ def test_a_failure_after_the_flush_is_the_writers_error_not_a_hang(tmp_path, mon
     w = tbl.writer()
     w.upsert(rows([1, 2]))
     monkeypatch.setattr(
-        region_writer, "_forget_indexes", lambda m: (_ for _ in ()).throw(RuntimeError("boom"))
+        region_writer, "flushed", lambda m: (_ for _ in ()).throw(RuntimeError("boom"))
     )
     with pytest.raises(StorageError, match="Acknowledged writes are safe in the WAL"):
         _finishes(w.flush)  # the generation itself was written and committed first
