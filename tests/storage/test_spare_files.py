@@ -216,17 +216,20 @@ def test_a_store_collected_in_the_spare_thread_does_not_hang_it(tmp_path):
     # A store in a reference cycle is freed by whichever thread runs the cycle collector; when
     # that is the spare-file thread, holding its lock, the store's finalizer closes the spares
     # on the same thread: the lock must be re-entrant.
+    # The collector stays off from the store's creation: a collection before the test wants one
+    # would move the store to an older generation, which a full test run may not collect for
+    # many seconds (Python collects the oldest only when it has grown by a quarter).
     import gc
 
-    store = ObjectStore(str(tmp_path / "root"))
-    store.cycle = store
-    store.keep_spare_files("w")
-    spares = store._spares
-    spares.wait_idle()
-    directory = os.path.join(store.uri, "w")
     threshold = gc.get_threshold()
     gc.disable()
     try:
+        store = ObjectStore(str(tmp_path / "root"))
+        store.cycle = store
+        store.keep_spare_files("w")
+        spares = store._spares
+        spares.wait_idle()
+        directory = os.path.join(store.uri, "w")
         del store
         while not spares._lacks(spares._ready[directory]):
             spares.take(directory)  # the last take wakes the spare thread
