@@ -654,6 +654,9 @@ class WalWriter:
             t0 = time.perf_counter()
             self._put(position, data)
             elapsed = time.perf_counter() - t0
+            # Inside the try: a failing callback must become the WAL's error, or the waiters
+            # (and a dead background thread) would never learn the entry's fate.
+            self._on_entry_written(generation, position)
         except BaseException as e:
             with self._mutex:
                 self.error = e
@@ -667,7 +670,6 @@ class WalWriter:
             self.bytes_written += len(data)
             self.put_seconds += elapsed
             self._writing = False
-            self._on_entry_written(generation, position)
             self._cond.notify_all()
 
     def _put(self, position: int, data: bytes | memoryview) -> None:

@@ -352,3 +352,37 @@ def test_a_put_whose_directory_cannot_be_synced_is_not_acknowledged(tmp_path, mo
     with pytest.raises(SyncFailedError, match="Too many open files"):
         w.upsert({"id": [1], "v": ["a"]})
     assert not armed[0]
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_failure_after_the_put_fails_the_writer(tmp_path, durable):
+    # Whatever fails once the entry is stored (here the bookkeeping that follows the put) must
+    # reach the waiting put and every later call as the WAL's error; a waiter left without it
+    # would wait forever, and a background thread that died of it would write nothing again.
+    import threading
+
+    tbl = mw.create_table(str(tmp_path), BASE, primary_key="id")
+    w = tbl.writer(durable_write=durable)
+
+    def bookkeeping_fails(generation, position):
+        raise RuntimeError("bookkeeping failed")
+
+    w._wal._on_entry_written = bookkeeping_fails
+    outcome: list[BaseException | None] = []
+
+    def write_and_flush():
+        try:
+            w.upsert({"id": [1], "v": ["a"]})
+            w._wal.flush()
+            outcome.append(None)
+        except BaseException as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=write_and_flush, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the put is still waiting"
+    assert isinstance(outcome[0], RuntimeError)
+    with pytest.raises(RuntimeError, match="bookkeeping failed"):
+        w.upsert({"id": [2], "v": ["b"]})
+    assert [e.num_rows for e in iter_wal(w._wal.store, w._wal.region_id, 0)] == [1]  # stored once
