@@ -137,33 +137,39 @@ class VectorIndex(_Growing):
     def _reset_vectors(self) -> None:
         self._matrix: np.ndarray | None = None
         self._live = np.zeros(0, dtype=bool)
+        self._sq_norms = np.zeros(0, dtype=np.float32)
         self._count = 0
 
-    def update(self, batches: Sequence[pa.RecordBatch]) -> tuple[pa.Table, np.ndarray, np.ndarray]:
-        """(rows, vectors, live) of ``batches``, extended with what is new."""
+    def update(
+        self, batches: Sequence[pa.RecordBatch]
+    ) -> tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, vectors, live, squared norms) of ``batches``, extended with what is new."""
         from exec_nodes.knn import neighbours
 
         with self.lock:
             new = self._new_rows(batches)
             if new is not None:
-                matrix, live = neighbours(new, self.column)
-                self._append(matrix, live)
-            if self._matrix is None:
-                return self.rows(), np.zeros((0, 0), np.float32), np.zeros(0, dtype=bool)
+                self._append(*neighbours(new, self.column))
             n = self._count
-            return self.rows(), self._matrix[:n], self._live[:n]
+            if self._matrix is None:
+                empty = np.zeros(0, dtype=np.float32)
+                return self.rows(), np.zeros((0, 0), np.float32), np.zeros(0, dtype=bool), empty
+            return self.rows(), self._matrix[:n], self._live[:n], self._sq_norms[:n]
 
-    def _append(self, matrix: np.ndarray, live: np.ndarray) -> None:
+    def _append(self, matrix: np.ndarray, live: np.ndarray, sq_norms: np.ndarray) -> None:
         n, m = self._count, len(matrix)
         if self._matrix is None or n + m > len(self._matrix):
             capacity = max(2 * (n + m), 1024)
             grown = np.empty((capacity, matrix.shape[1]), dtype=np.float32)
             grown_live = np.zeros(capacity, dtype=bool)
+            grown_norms = np.zeros(capacity, dtype=np.float32)
             if self._matrix is not None:
                 grown[:n], grown_live[:n] = self._matrix[:n], self._live[:n]
-            self._matrix, self._live = grown, grown_live
+                grown_norms[:n] = self._sq_norms[:n]
+            self._matrix, self._live, self._sq_norms = grown, grown_live, grown_norms
         self._matrix[n : n + m] = matrix
         self._live[n : n + m] = live
+        self._sq_norms[n : n + m] = sq_norms
         self._count = n + m
 
 

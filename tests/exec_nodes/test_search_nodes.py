@@ -6,7 +6,15 @@ import numpy as np
 import pyarrow as pa
 
 from exec_nodes.base import BASE_GENERATION, TOMBSTONE, conform
-from exec_nodes.knn import DISTANCE, KnnQuery, KnnSource, MemTableKnnExec, distances
+from exec_nodes.knn import (
+    DISTANCE,
+    KnnQuery,
+    KnnSource,
+    MemTableKnnExec,
+    distances,
+    rough_distances,
+    squared_norms,
+)
 from exec_nodes.lookup import CoalesceFirstExec, TakeLastExec
 from exec_nodes.scan import source_schema
 from exec_nodes.stale import FilterStaleExec, TopKExec
@@ -103,3 +111,34 @@ def test_filter_stale_without_newer_versions_keeps_base_rows():
     stale = FilterStaleExec([base], ["id"], lambda keys: [], 2, score=DISTANCE)
     out = TopKExec(stale, 2, DISTANCE).to_table()
     assert out.column("id").to_pylist() == [3, 2] and stale.rounds == 1
+
+
+def test_exact_knn_picks_by_rough_distances_and_reports_lances_exact_ones():
+    # Candidates come from the norm-based form (one matrix-vector product); the rows returned
+    # and their distances are those of the exact form, even where the rough one rounds two
+    # near-equal rows the wrong way round.
+    rng = np.random.default_rng(3)
+    matrix = (rng.normal(size=(5000, 16)) * 100).astype(np.float32)
+    query = matrix[17] + np.float32(1e-3)  # far from the origin: the rough form rounds
+    for metric in ("l2", "cosine", "dot"):
+        exact = distances(matrix, query, metric)
+        rough = rough_distances(matrix, squared_norms(matrix), query, metric)
+        assert np.allclose(rough, exact, rtol=1e-4, atol=1e-2 * float(np.abs(exact).mean()))
+    wal = pa.schema(
+        [
+            pa.field("id", pa.int64(), False),
+            pa.field("vec", pa.list_(pa.float32(), 16)),
+            pa.field(TOMBSTONE, pa.bool_()),
+        ]
+    )
+    vecs = pa.FixedSizeListArray.from_arrays(pa.array(matrix.ravel()), 16)
+    ids = pa.array(np.arange(len(matrix)))
+    batch = pa.record_batch([ids, vecs, pa.array([False] * len(matrix))], schema=wal)
+    schema = source_schema(wal)
+    for metric in ("l2", "cosine"):
+        exact = distances(matrix, query, metric)
+        search = KnnQuery("vec", query, metric, None, 10, ("id",))
+        top = MemTableKnnExec("r", 1, [batch], schema, search).top(10)
+        want = np.lexsort((np.arange(len(exact)), exact))[:10]
+        assert top.column("id").to_pylist() == want.tolist()
+        assert np.array_equal(top.column(DISTANCE).to_numpy(), exact[want])
