@@ -62,6 +62,10 @@ MAX_SENTINEL_RACES = 16
 _OPEN_WRITERS: weakref.WeakSet[RegionWriter] = weakref.WeakSet()
 _log = logging.getLogger(__name__)
 
+# How long a flush() or close() waits for a MemTable flush before it logs a warning (and
+# again after each such wait).
+_SLOW_FLUSH_SECONDS = 60.0
+
 
 @atexit.register
 def _release_open_writers() -> None:
@@ -599,6 +603,7 @@ class RegionWriter:
     # ---- MemTable flush -----------------------------------------------------------------------
 
     def _wait_flushed(self, generation: int) -> None:
+        started = time.monotonic()
         with self._mutex:
             while (
                 self._frozen
@@ -606,7 +611,17 @@ class RegionWriter:
                 and self._error is None
                 and not self._closed  # released by another thread: its flush thread stopped
             ):
-                self._lock.wait()
+                if not self._lock.wait(_SLOW_FLUSH_SECONDS):
+                    # A flush writes a few MB and commits a manifest: minutes mean a stalled
+                    # object store or a stuck flush thread, which the operator should see.
+                    _log.warning(
+                        "region %s: still waiting for MemTable generation %d to flush after "
+                        "%.0f s (flush thread %s); acknowledged writes are safe in the WAL",
+                        self.region_id,
+                        self._frozen[0].generation,
+                        time.monotonic() - started,
+                        "running" if self._flush_thread.is_alive() else "stopped",
+                    )
             if self._frozen and self._frozen[0].generation <= generation:
                 self._check_open()  # failed, fenced or released before the flush
 

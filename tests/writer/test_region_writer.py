@@ -385,6 +385,30 @@ def test_a_failure_after_the_flush_is_the_writers_error_not_a_hang(tmp_path, mon
     assert lance_latest_rows(str(tmp_path), ["id"]).column("id").to_pylist() == [1, 2]
 
 
+def test_a_slow_flush_is_reported_while_flush_waits(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from memwal_sql.writer import region_writer
+
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    w = tbl.writer()
+    w.upsert(rows([1, 2]))
+    real = region_writer.flushed
+
+    def slow_flushed(memtable):
+        time.sleep(0.5)
+        real(memtable)
+
+    monkeypatch.setattr(region_writer, "_SLOW_FLUSH_SECONDS", 0.1)
+    monkeypatch.setattr(region_writer, "flushed", slow_flushed)
+    with caplog.at_level(logging.WARNING, logger=region_writer.__name__):
+        _finishes(w.flush)
+    waits = [r.getMessage() for r in caplog.records if "still waiting" in r.getMessage()]
+    assert waits and "generation 1 to flush" in waits[0] and "flush thread running" in waits[0]
+    _finishes(w.close)
+    assert sorted(tbl.to_arrow().column("id").to_pylist()) == [1, 2]
+
+
 def test_slices_of_a_large_batch_count_and_keep_only_their_own_rows(tmp_path):
     # to_batches(max_chunksize) and slice() share the parent's buffers: counted whole, 1,000 rows
     # of a 100,000-row table looked 100x larger and froze a MemTable every few writes.
