@@ -42,6 +42,10 @@ from planner.substrait import lance_filter
 DISTANCE = "_distance"
 METRICS = ("l2", "cosine", "dot")
 
+#: A source's rows with their vectors as a matrix, which rows may be neighbours, and each
+#: vector's squared norm: what :func:`neighbours` makes and the caches keep.
+SourceVectors = tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray]
+
 
 def with_distance(schema: pa.Schema) -> pa.Schema:
     """``schema`` plus ``_distance`` (float32, as Lance returns it)."""
@@ -203,9 +207,9 @@ class KnnSource(ExecNode):
     ) -> pa.Table:
         """The ``n`` nearest of ``rows`` (``matrix`` their vectors, ``live`` the rows that may
         be neighbours, ``sq_norms`` their squared norms), matching the predicate, computed in
-        numpy: candidates by :func:`rough_distances`, twice as many as asked (rounding can
-        only swap rows whose distances agree to about 1e-6), then ranked by Lance's exact
-        distance."""
+        numpy: candidates by :func:`rough_distances`, twice as many as asked (its rounding,
+        about 1e-7 of the squared norms, only swaps rows that near), then ranked by Lance's
+        exact distance."""
         if self.predicate is not None:
             live = live & evaluate(self.predicate, rows).fill_null(False).to_numpy(
                 zero_copy_only=False
@@ -225,7 +229,7 @@ class KnnSource(ExecNode):
         out = rows.select(self.schema.names[:-1]).take(pa.array(best))
         return out.append_column(self.schema.field(DISTANCE), pa.array(dist, pa.float32()))
 
-    def _vectors(self, rows: pa.Table) -> tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray]:
+    def _vectors(self, rows: pa.Table) -> SourceVectors:
         """``rows`` with their vectors, live mask and squared norms (:func:`neighbours`): what
         the cache keeps."""
         return (rows, *neighbours(rows, self.column))
@@ -314,8 +318,8 @@ class GenerationKnnExec(KnnSource):
         ds = open_generation(self.uri, self.storage_options)
         return _take(ds, addresses, self.source_schema, self.generation)
 
-    def _cached_vectors(self) -> tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray] | None:
-        def load() -> tuple[tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray] | None, int]:
+    def _cached_vectors(self) -> SourceVectors | None:
+        def load() -> tuple[SourceVectors | None, int]:
             # The rows are the entry lookups use: a generation read whole serves both.
             table = generation_rows(
                 self.uri, self.storage_options, self.generation, self.source_schema

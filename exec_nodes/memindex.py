@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +30,9 @@ from exec_nodes.keyset import KeySet
 from exec_nodes.lookup import CACHE
 from memwal_sql.index.tokenizer import GrowingTokens, Tokenizer, Tokens
 from memwal_sql.writer.memtable import on_flushed
+
+if TYPE_CHECKING:  # knn imports this module
+    from exec_nodes.knn import SourceVectors
 
 
 @dataclass
@@ -140,9 +143,7 @@ class VectorIndex(_Growing):
         self._sq_norms = np.zeros(0, dtype=np.float32)
         self._count = 0
 
-    def update(
-        self, batches: Sequence[pa.RecordBatch]
-    ) -> tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray]:
+    def update(self, batches: Sequence[pa.RecordBatch]) -> SourceVectors:
         """(rows, vectors, live, squared norms) of ``batches``, extended with what is new."""
         from exec_nodes.knn import neighbours
 
