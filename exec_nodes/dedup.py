@@ -100,6 +100,58 @@ def base_mask(lookup: BaseLookupExec, keys: pa.Table) -> RowMask | None:
 _READERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-read")
 
 
+class _ByAddress:
+    """An int32 value (or -1) per row address, one dense array per fragment: a generation of
+    more than Lance's 1,048,576 rows per file has addresses past 2**32, so one array indexed
+    by address would not fit in memory.
+
+    Example:
+        >>> ix = _ByAddress(np.array([5, (1 << 32) | 2], np.uint64), np.array([7, 8]))
+        >>> ix.get(np.array([5, 6, (1 << 32) | 2], np.uint64)).tolist()
+        [7, -1, 8]
+    """
+
+    def __init__(self, addresses: np.ndarray, values: np.ndarray) -> None:
+        fragment, offset = _split_addresses(addresses)
+        self._per_fragment: dict[int, np.ndarray] = {}
+        for f in np.unique(fragment).tolist():
+            at = fragment == f
+            index = np.full(int(offset[at].max()) + 1, -1, dtype=np.int32)
+            index[offset[at]] = values[at]
+            self._per_fragment[f] = index
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self._per_fragment.values())
+
+    def get(self, addresses: np.ndarray) -> np.ndarray:
+        """The value of each of ``addresses``; -1 where there is none."""
+        fragment, offset = _split_addresses(addresses)
+        out = np.full(len(offset), -1, dtype=np.int64)
+        if not len(offset):
+            return out
+        one = fragment.min() == fragment.max()  # the common case: a source of one fragment
+        for f in [int(fragment[0])] if one else np.unique(fragment).tolist():
+            index = self._per_fragment.get(f)
+            if index is None:
+                continue
+            at = slice(None) if one else fragment == f
+            mine = offset[at]
+            got = np.full(len(mine), -1, dtype=np.int64)
+            inside = mine < len(index)
+            got[inside] = index[mine[inside]]
+            out[at] = got
+        return out
+
+
+def _split_addresses(addresses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row addresses as (fragment id, offset in the fragment)."""
+    addresses = np.asarray(addresses).astype(np.uint64, copy=False)
+    return (addresses >> np.uint64(32)).astype(np.int64), (
+        addresses & np.uint64(0xFFFFFFFF)
+    ).astype(np.int64)
+
+
 class Versions:
     """The newest version of each key among some sources: the key columns, and per key its
     ``_gen``, ``_rowaddr`` and whether it is a tombstone (see :func:`newest_per_key`)."""
@@ -113,7 +165,7 @@ class Versions:
         self._base: dict[tuple[str, int], RowMask | None] = {}
         # Per source (a generation's uri), the entry each physical row is the version of, or
         # -1: a row is checked by its row address, never by hashing its key again.
-        self._at: dict[str, np.ndarray] = {}
+        self._at: dict[str, _ByAddress] = {}
 
     @classmethod
     def of(
@@ -172,9 +224,7 @@ class Versions:
         pos = self.positions(rows.select(list(primary_key)))
         at = np.where(pos >= 0, pos, 0)
         mine = (pos >= 0) & (self.gen[at] == rows.column(GEN).to_numpy()) & (self.addr[at] == addr)
-        index = np.full(int(addr.max()) + 1 if len(addr) else 0, -1, dtype=np.int32)
-        index[addr[mine]] = pos[mine]
-        self._at[uri] = index
+        self._at[uri] = _ByAddress(addr, np.where(mine, pos, -1))
 
     def is_version_at(
         self, uri: str, addr: np.ndarray, replaced: np.ndarray | None = None
@@ -184,12 +234,9 @@ class Versions:
         index = self._at.get(uri)
         if index is None:
             return None
-        addr = np.asarray(addr, dtype=np.int64)
         if not len(self):
             return np.zeros(len(addr), dtype=bool)
-        pos = np.full(len(addr), -1, dtype=np.int64)
-        inside = addr < len(index)
-        pos[inside] = index[addr[inside]]
+        pos = index.get(addr)
         hit = pos >= 0
         at = np.where(hit, pos, 0)
         keep = hit & ~self.dead[at]

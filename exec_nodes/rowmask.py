@@ -31,11 +31,12 @@ class RowMask:
         fragment = (addresses >> np.uint64(32)).astype(np.int64)
         offset = (addresses & _OFFSET).astype(np.int64)
         self._bits: dict[int, np.ndarray] = {}
+        self.count = 0
         for f in np.unique(fragment).tolist():
             bits = np.zeros(physical_rows[f], dtype=bool)
             bits[offset[fragment == f]] = True
+            self.count += int(np.count_nonzero(bits))
             self._bits[f] = np.packbits(bits)
-        self.count = len(np.unique(addresses))
 
     def __len__(self) -> int:
         return self.count

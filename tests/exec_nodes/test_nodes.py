@@ -390,7 +390,11 @@ def test_versions_by_row_address_agree_with_versions_by_key(sources, replace):
             {
                 "id": pa.array([k for k, _, _ in rows], pa.int64()),
                 GEN: pa.array([gen] * len(rows), pa.int64()),
-                ROWADDR: pa.array(range(len(rows)), pa.uint64()),
+                # The second half in a second fragment (addresses past 2**32), as in a
+                # generation of more rows than Lance puts in one file.
+                ROWADDR: pa.array(
+                    [(j >= len(rows) // 2) << 32 | j for j in range(len(rows))], pa.uint64()
+                ),
                 TOMBSTONE: pa.array([t for _, t, _ in rows], pa.bool_()),
             }
         )
@@ -399,6 +403,7 @@ def test_versions_by_row_address_agree_with_versions_by_key(sources, replace):
     versions = Versions.of(tables, ["id"], [pa.field("id", pa.int64())])
     for i, live in enumerate(tables):
         versions.index_source(f"s{i}", live, ["id"])
+    assert versions.nbytes < 1 << 20  # per fragment, never one array up to address 2**32
     replaced = np.isin(versions.keys.column("id").to_numpy(), sorted(replace))
     for i, live in enumerate(tables):
         by_key = versions.is_version(live, ["id"], replaced)
