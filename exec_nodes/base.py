@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ __all__ = [
     "ExecNode",
     "conform",
     "empty_rows",
+    "gather",
     "stored_columns",
 ]
 
@@ -43,6 +44,24 @@ def stored_columns(schema: pa.Schema, dataset: Any) -> list[str]:
     """
     stored = set(dataset.schema.names)  # a Lance dataset builds its schema on each access
     return [f.name for f in schema if f.name in stored]
+
+
+def gather(owners: np.ndarray, read: Callable[[Any, np.ndarray], pa.Table]) -> pa.Table:
+    """Rows read from several owners, in the order asked: row ``i`` belongs to ``owners[i]``,
+    and ``read(owner, at)`` gives that owner's rows for the positions ``at``, in order.
+    Each owner reads once.
+
+    Example:
+        >>> gather(np.array([1, 0, 1]), lambda o, at: pa.table({"v": [f"{o}@{i}" for i in at]}))["v"].to_pylist()
+        ['1@0', '0@1', '1@2']
+    """
+    parts, order = [], []
+    for owner in np.unique(owners):
+        at = np.nonzero(owners == owner)[0]
+        parts.append(read(owner, at))
+        order.append(at)
+    table = pa.concat_tables(parts)
+    return table.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
 
 
 @functools.lru_cache(maxsize=256)

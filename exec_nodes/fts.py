@@ -37,6 +37,7 @@ from exec_nodes.base import (
     ExecNode,
     conform,
     empty_rows,
+    gather,
     stored_columns,
 )
 from exec_nodes.dedup import Versions
@@ -455,16 +456,11 @@ class GlobalBM25Exec(ExecNode):
     def _rows(
         self, postings: list, numbers: np.ndarray, rows: np.ndarray, scores: np.ndarray
     ) -> pa.Table:
-        parts, order = [], []
-        for number in np.unique(numbers):
-            at = np.nonzero(numbers == number)[0]
+        def read(number: int, at: np.ndarray) -> pa.Table:
             child, i = postings[number][0], postings[number][1]
-            parts.append(child.rows(i, rows[at]))
-            order.append(at)
-        table = pa.concat_tables(parts)
-        positions = np.concatenate(order)
-        table = table.take(pa.array(np.argsort(positions, kind="stable")))
-        return table.append_column(
+            return child.rows(i, rows[at])
+
+        return gather(numbers, read).append_column(
             pa.field(SCORE, pa.float32()), pa.array(scores.astype(np.float32))
         )
 

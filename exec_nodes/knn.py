@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import lance
 import numpy as np
@@ -30,8 +31,10 @@ from exec_nodes.base import (
     ExecNode,
     conform,
     empty_rows,
+    gather,
     stored_columns,
 )
+from exec_nodes.keyset import last_per_key
 from exec_nodes.lookup import CACHE, generation_rows
 from exec_nodes.memindex import VectorIndex, vector_index
 from memwal_sql.compat.lance import take_rows
@@ -107,6 +110,27 @@ def rough_distances(
     return distances(matrix, query, metric)
 
 
+def smallest(values: np.ndarray, m: int) -> np.ndarray:
+    """Positions of the ``m`` smallest ``values``, in no order (a tie at the cut broken
+    either way). On many values, only those at or below a strided sample's minimum are
+    partitioned: about 8x cheaper than a full ``argpartition`` of a generation set.
+
+    Example:
+        >>> sorted(smallest(np.array([5.0, 1.0, 4.0, 2.0]), 2).tolist())
+        [1, 3]
+    """
+    n = len(values)
+    if m >= n:
+        return np.arange(n)
+    if n >= 64 * m:
+        # Each of the ~16m sampled values stands for n / 16m values, so about that many
+        # (at least 4) lie at or below the sample's minimum; if fewer than m do, partition all.
+        below = np.flatnonzero(values <= values[:: n // (16 * m)].min())
+        if len(below) >= m:
+            return below[np.argpartition(values[below], m - 1)[:m]]
+    return np.argpartition(values, m - 1)[:m]
+
+
 def distances(matrix: np.ndarray, query: np.ndarray, metric: str) -> np.ndarray:
     """Lance's distance of every row of ``matrix`` to ``query`` (float32).
 
@@ -124,6 +148,47 @@ def distances(matrix: np.ndarray, query: np.ndarray, metric: str) -> np.ndarray:
         with np.errstate(invalid="ignore", divide="ignore"):
             return (1.0 - (matrix @ query) / norms).astype(np.float32)
     raise ValueError(f"unknown metric {metric!r}")
+
+
+class OneBlasThread:
+    """A context in which numpy's BLAS runs one thread, process-wide, while any search runs.
+
+    OpenBLAS spreads a matrix-vector product of a generation-sized matrix over every core,
+    and its threads spin while they wait. Beside Lance's own threads (the base table's ANN
+    runs concurrently) that oversubscribed the cores: on 2 cores a search over 36 generations
+    took 17-21 ms with BLAS threaded and 14.7 ms with one thread. Entries are counted, so
+    concurrent searches set it once and the last one out restores it.
+
+    Example:
+        >>> with ONE_BLAS_THREAD:
+        ...     _ = np.ones((4, 2), np.float32) @ np.ones(2, np.float32)
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active = 0
+        self._controller: Any = None
+        self._restore: Any = None
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self._active += 1
+            if self._active == 1:
+                if self._controller is None:
+                    from threadpoolctl import ThreadpoolController
+
+                    self._controller = ThreadpoolController()
+                self._restore = self._controller.limit(limits=1, user_api="blas")
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._active -= 1
+            if self._active == 0 and self._restore is not None:
+                self._restore.restore_original_limits()
+                self._restore = None
+
+
+ONE_BLAS_THREAD = OneBlasThread()
 
 
 @dataclass(frozen=True)
@@ -193,8 +258,9 @@ class KnnSource(ExecNode):
     def _nearest(self, n: int) -> pa.Table:
         raise NotImplementedError
 
-    def rows(self, addresses: np.ndarray) -> pa.Table:
-        """The source's full rows (its source schema) at ``addresses``, in that order."""
+    def rows(self, candidates: pa.Table) -> pa.Table:
+        """The source's full rows (its source schema) of ``candidates`` it returned (by their
+        ``_gen`` and ``_rowaddr``), in that order."""
         raise NotImplementedError
 
     def _exact(
@@ -219,8 +285,7 @@ class KnnSource(ExecNode):
         n = min(n, int(np.count_nonzero(np.isfinite(rough))))
         if n == 0:
             return empty_rows(self.schema)
-        m = min(2 * n, len(rough))
-        chosen = np.argpartition(rough, m - 1)[:m] if m < len(rough) else np.arange(len(rough))
+        chosen = smallest(rough, 2 * n)
         chosen = chosen[np.isfinite(rough[chosen])]
         dist = distances(matrix[chosen], self.query, self.metric)
         dist[np.isnan(dist)] = np.inf
@@ -228,11 +293,6 @@ class KnnSource(ExecNode):
         best, dist = chosen[order], dist[order]
         out = rows.select(self.schema.names[:-1]).take(pa.array(best))
         return out.append_column(self.schema.field(DISTANCE), pa.array(dist, pa.float32()))
-
-    def _vectors(self, rows: pa.Table) -> SourceVectors:
-        """``rows`` with their vectors, live mask and squared norms (:func:`neighbours`): what
-        the cache keeps."""
-        return (rows, *neighbours(rows, self.column))
 
 
 class MemTableKnnExec(KnnSource):
@@ -270,13 +330,13 @@ class MemTableKnnExec(KnnSource):
             self.batches, self.generation, self.origin, self.column, self.source_schema
         )
 
-    def rows(self, addresses: np.ndarray) -> pa.Table:
-        return self._index().update(self.batches)[0].take(pa.array(addresses))
+    def rows(self, candidates: pa.Table) -> pa.Table:
+        return self._index().update(self.batches)[0].take(candidates.column(ROWADDR))
 
 
 class GenerationKnnExec(KnnSource):
-    """Exact KNN over a flushed generation: in numpy over its rows when the lookup cache
-    keeps them (a generation is MemTable-sized), else a flat search through Lance.
+    """Flat KNN through Lance over a flushed generation too big for the lookup cache (the
+    ones it keeps are searched by :class:`GenerationsKnnExec`).
 
     Rows a generation's deletion vector hides (older duplicates of a key in the same flush)
     may be candidates here; they are never their key's newest version, so
@@ -301,35 +361,105 @@ class GenerationKnnExec(KnnSource):
     def describe(self) -> str:
         return (
             f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} "
-            f"{self.uri.rsplit('/', 1)[-1]} exact k={self.k}"
+            f"{self.uri.rsplit('/', 1)[-1]} flat k={self.k}"
         )
 
     def _nearest(self, n: int) -> pa.Table:
-        cached = self._cached_vectors()
-        if cached is not None:
-            return self._exact(*cached, n)
         ds = open_generation(self.uri, self.storage_options)
         return _lance_nearest(ds, self, n, {"use_index": False}, self.generation)
 
-    def rows(self, addresses: np.ndarray) -> pa.Table:
-        cached = self._cached_vectors()
-        if cached is not None:
-            return cached[0].take(pa.array(addresses))
+    def rows(self, candidates: pa.Table) -> pa.Table:
         ds = open_generation(self.uri, self.storage_options)
-        return _take(ds, addresses, self.source_schema, self.generation)
+        return _take(ds, candidates.column(ROWADDR).to_numpy(), self.source_schema, self.generation)
 
-    def _cached_vectors(self) -> SourceVectors | None:
-        def load() -> tuple[SourceVectors | None, int]:
-            # The rows are the entry lookups use: a generation read whole serves both.
-            table = generation_rows(
-                self.uri, self.storage_options, self.generation, self.source_schema
+
+class GenerationsKnnExec(KnnSource):
+    """Exact KNN over a region's flushed generations that the lookup cache keeps (each is
+    MemTable-sized), searched as one matrix: one matrix-vector product for all of them
+    instead of one per generation, whose fixed costs dominated with many generations.
+
+    A row that a newer generation of the set, or a later row of its own flush, supersedes is
+    never a neighbour: it cannot be its key's latest version. Leaving it out is query-independent
+    (kept with the matrix) and spares :class:`~exec_nodes.stale.FilterStaleExec` rounds; that
+    node still checks every candidate against the sources newer than the set.
+    """
+
+    name = "GenerationsKnnExec"
+
+    def __init__(
+        self,
+        region_id: str,
+        generations: Sequence[tuple[int, str]],
+        schema: pa.Schema,
+        search: KnnQuery,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        ordered = sorted(generations)  # oldest first: a row's position follows its version
+        super().__init__(region_id, ordered[-1][0], schema, search)
+        self.generations = [g for g, _ in ordered]
+        self.uris = [u for _, u in ordered]
+        self.storage_options = storage_options
+
+    def describe(self) -> str:
+        return (
+            f"{self.name}: region={(self.region_id or '')[:8]} "
+            f"gen={self.generations[0]}..{self.generations[-1]} "
+            f"({len(self.generations)} generations) exact k={self.k}"
+        )
+
+    def _nearest(self, n: int) -> pa.Table:
+        return self._exact(*self._vectors(), n)
+
+    def rows(self, candidates: pa.Table) -> pa.Table:
+        # Read from each generation's own rows: a take from the concatenation of them all
+        # costs 30x more (pyarrow gathers over its chunks). A kept generation has one
+        # fragment, its row i at offset i.
+        offsets = candidates.column(ROWADDR).to_numpy().astype(np.int64) & 0xFFFFFFFF
+        uris = dict(zip(self.generations, self.uris, strict=True))
+
+        def read(generation: int, at: np.ndarray) -> pa.Table:
+            table = _kept_rows(
+                uris[generation], self.storage_options, generation, self.source_schema
             )
-            if table is None:
-                return None, 64
-            vectors = self._vectors(table)
-            return vectors, sum(a.nbytes for a in vectors[1:])
+            return table.take(pa.array(offsets[at]))
 
-        return CACHE.get("vectors", f"{self.uri}#{self.column}", load)
+        return gather(candidates.column(GEN).to_numpy(), read)
+
+    def _vectors(self) -> SourceVectors:
+        uris = tuple(self.uris)
+
+        def load() -> tuple[tuple[tuple[str, ...], SourceVectors], int]:
+            # The rows are the entries lookups use: a generation read whole serves both.
+            table = pa.concat_tables(
+                _kept_rows(uri, self.storage_options, g, self.source_schema)
+                for g, uri in zip(self.generations, uris, strict=True)
+            )
+            matrix, live, sq_norms = neighbours(table, self.column)
+            if table.num_rows:
+                _, newest = last_per_key(
+                    table.select(self.primary_key), np.arange(table.num_rows, dtype=np.int64)
+                )
+                latest = np.zeros(table.num_rows, dtype=bool)
+                latest[newest] = True
+                live &= latest
+            nbytes = matrix.nbytes + live.nbytes + sq_norms.nbytes
+            return (uris, (table, matrix, live, sq_norms)), nbytes
+
+        # One entry per region and column, replaced when its set of generations changes (a
+        # flush adds one, a merge removes some): sets that no snapshot reads do not pile up.
+        region_dir = uris[-1].rsplit("/", 1)[0]
+        return CACHE.get("vectors", f"{region_dir}#{self.column}", load, lambda v: v[0] == uris)[1]
+
+
+def _kept_rows(
+    uri: str, storage_options: dict[str, str] | None, generation: int, schema: pa.Schema
+) -> pa.Table:
+    table = generation_rows(uri, storage_options, generation, schema)
+    if table is None:
+        raise ValueError(
+            f"generation {uri} is not kept in memory: search it with GenerationKnnExec"
+        )
+    return table
 
 
 class BaseKnnExec(KnnSource):
@@ -372,8 +502,10 @@ class BaseKnnExec(KnnSource):
                 options["refine_factor"] = self.refine_factor
         return _lance_nearest(self.dataset, self, n, options, BASE_GENERATION)
 
-    def rows(self, addresses: np.ndarray) -> pa.Table:
-        return _take(self.dataset, addresses, self.source_schema, BASE_GENERATION)
+    def rows(self, candidates: pa.Table) -> pa.Table:
+        return _take(
+            self.dataset, candidates.column(ROWADDR).to_numpy(), self.source_schema, BASE_GENERATION
+        )
 
 
 def _take(
@@ -414,12 +546,16 @@ def _lance_nearest(
 __all__ = [
     "DISTANCE",
     "METRICS",
+    "ONE_BLAS_THREAD",
     "BaseKnnExec",
     "GenerationKnnExec",
+    "GenerationsKnnExec",
     "KnnQuery",
     "KnnSource",
     "MemTableKnnExec",
     "distances",
+    "neighbours",
+    "smallest",
     "vectors_of",
     "with_distance",
 ]

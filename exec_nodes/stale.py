@@ -27,9 +27,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, empty_rows
+from exec_nodes.base import (
+    BASE_GENERATION,
+    GEN,
+    ROWADDR,
+    TOMBSTONE,
+    ExecNode,
+    empty_rows,
+    gather,
+)
 from exec_nodes.dedup import Versions
-from exec_nodes.knn import KnnSource
+from exec_nodes.knn import ONE_BLAS_THREAD, KnnSource
 from exec_nodes.lookup import CoalesceFirstExec, distinct_keys
 
 SOURCE = "__memwal_source"  # which child a candidate came from
@@ -90,6 +98,10 @@ class FilterStaleExec(ExecNode):
 
     def valid(self) -> pa.Table:
         """Every valid candidate found (at least the best ``k`` of them), unsorted."""
+        with ONE_BLAS_THREAD:  # numpy here, Lance's threads beside it
+            return self._valid()
+
+    def _valid(self) -> pa.Table:
         # The base table's best rows are the likeliest to be stale (every newer source may
         # hold a newer version of them): ask it for twice as many up front, which saves a
         # second round for most searches.
@@ -135,19 +147,13 @@ class FilterStaleExec(ExecNode):
     def rows_of(self, candidates: pa.Table) -> pa.Table:
         """The full rows of ``candidates`` (as :meth:`valid` gives them), in their order,
         with their score: each source reads its own."""
-        sources = candidates.column(SOURCE).to_numpy()
-        addresses = candidates.column(ROWADDR).to_numpy()
-        parts, order = [], []
-        for i in np.unique(sources):
-            at = np.nonzero(sources == i)[0]
-            parts.append(self._children[i].rows(addresses[at]))
-            order.append(at)
-        if not parts:
-            return empty_rows(self._children[0].source_schema).append_column(
-                candidates.schema.field(self.score), candidates.column(self.score)
+        if candidates.num_rows == 0:
+            table = empty_rows(self._children[0].source_schema)
+        else:
+            table = gather(
+                candidates.column(SOURCE).to_numpy(),
+                lambda i, at: self._children[i].rows(candidates.take(pa.array(at))),
             )
-        table = pa.concat_tables(parts)
-        table = table.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
         return table.append_column(
             candidates.schema.field(self.score), candidates.column(self.score)
         )

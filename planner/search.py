@@ -1,7 +1,8 @@
 """Plan searches over a snapshot (spec, "Vector Search Queries", "Full-Text Search Queries").
 
-One KNN node per source: the base table through Lance (its vector index, refined), each flushed
-generation and each MemTable exactly; :class:`~exec_nodes.stale.FilterStaleExec` over them keeps
+One KNN node per source: the base table through Lance (its vector index, refined), each MemTable
+exactly, and per region its flushed generations exactly as one matrix (a generation too big to
+keep in memory through Lance, on its own); :class:`~exec_nodes.stale.FilterStaleExec` over them keeps
 only each key's latest version, checked against *every* region (a region the filter prunes may
 still hold a newer version of a base row's key, one that no longer matches); a global
 :class:`~exec_nodes.stale.TopKExec` ranks what is left. The filter goes into every source, so it
@@ -35,11 +36,12 @@ from exec_nodes.knn import (
     DISTANCE,
     BaseKnnExec,
     GenerationKnnExec,
+    GenerationsKnnExec,
     KnnQuery,
     KnnSource,
     MemTableKnnExec,
 )
-from exec_nodes.lookup import CACHE
+from exec_nodes.lookup import CACHE, generation_rows
 from exec_nodes.scan import source_schema
 from exec_nodes.stale import FilterStaleExec, TopKExec
 from memwal_sql.index.region_spec import RegionSpec
@@ -206,9 +208,19 @@ def plan_vector_search(
                     region.region_id, mem.generation, mem.batches, schema, search, mem.origin
                 )
             )
+        kept_in_memory = []
         for gen in sorted(region.generations, key=lambda g: -g.generation):
+            if generation_rows(gen.uri, opts, gen.generation, schema) is not None:
+                kept_in_memory.append((gen.generation, gen.uri))
+            else:
+                sources.append(
+                    GenerationKnnExec(
+                        region.region_id, gen.generation, gen.uri, schema, search, opts
+                    )
+                )
+        if kept_in_memory:
             sources.append(
-                GenerationKnnExec(region.region_id, gen.generation, gen.uri, schema, search, opts)
+                GenerationsKnnExec(region.region_id, kept_in_memory, schema, search, opts)
             )
 
     def newer_sources(keys: pa.Table) -> list:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import memwal_sql as mw
 from exec_nodes.knn import distances, vectors_of
+from exec_nodes.lookup import CACHE
 from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMismatchError
 from tests.lsm import Model, apply_op, op_sequences
 
@@ -86,12 +87,29 @@ def base_rows() -> pa.Table:
     ops=op_sequences(400, 60, ["flush", "merge", "catchup", "compact"]),
     qseed=st.integers(0, 50),
     k=st.sampled_from([1, 5, 20]),
+    cached=st.booleans(),
 )
 def test_search_equals_brute_force_after_every_step(
-    tmp_path_factory: pytest.TempPathFactory, base_rows: pa.Table, ops: list, qseed: int, k: int
+    tmp_path_factory: pytest.TempPathFactory,
+    base_rows: pa.Table,
+    ops: list,
+    qseed: int,
+    k: int,
+    cached: bool,
 ) -> None:
     """Exact search (an IVF_FLAT index probed everywhere, or flat): after every step the top k
-    are the brute-force top k of the latest rows; no stale or deleted row ever comes back."""
+    are the brute-force top k of the latest rows; no stale or deleted row ever comes back.
+    With the lookup cache on, each region's generations are searched as one matrix; with it
+    off, each generation through Lance."""
+    saved = CACHE.max_bytes
+    CACHE.max_bytes = saved if cached else 0
+    try:
+        _search_after_every_step(tmp_path_factory, base_rows, ops, qseed, k)
+    finally:
+        CACHE.max_bytes = saved
+
+
+def _search_after_every_step(tmp_path_factory, base_rows, ops, qseed, k) -> None:
     uri = str(tmp_path_factory.mktemp("vs"))
     tbl = mw.create_table(
         uri,

@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from exec_nodes.base import BASE_GENERATION, TOMBSTONE, conform
+from exec_nodes.base import BASE_GENERATION, GEN, TOMBSTONE, conform
 from exec_nodes.knn import (
     DISTANCE,
+    GenerationsKnnExec,
     KnnQuery,
     KnnSource,
     MemTableKnnExec,
     distances,
+    neighbours,
     rough_distances,
+    smallest,
     squared_norms,
 )
-from exec_nodes.lookup import CoalesceFirstExec, TakeLastExec
+from exec_nodes.lookup import CACHE, CoalesceFirstExec, TakeLastExec
 from exec_nodes.scan import source_schema
 from exec_nodes.stale import FilterStaleExec, TopKExec
+from memwal_sql.storage import ObjectStore
+from memwal_sql.writer.generation import write_generation
 from tests.exec_nodes.test_nodes import check_contract
 
 WAL = pa.schema(
@@ -57,13 +64,14 @@ class FixedBase(KnnSource):
 
     def _nearest(self, n: int) -> pa.Table:
         self.asked.append(n)
-        return self._exact(*self._vectors(self._rows()), n)
+        table = self._rows()
+        return self._exact(table, *neighbours(table, "vec"), n)
 
     def _rows(self) -> pa.Table:
         return conform(self.table, SOURCE, BASE_GENERATION)
 
-    def rows(self, addresses):
-        return self._rows().take(pa.array(addresses))
+    def rows(self, candidates):
+        return self._rows().take(candidates.column("_rowaddr"))
 
 
 def memtable_lookup(batches):
@@ -81,11 +89,49 @@ def test_knn_leaf_is_exact_and_skips_tombstones():
     )
     out = check_contract(mem, 2)
     assert out.column("id").to_pylist() == [3, 1]
-    assert mem.rows(out.column("_rowaddr").to_numpy()).column("id").to_pylist() == [3, 1]
+    assert mem.rows(out).column("id").to_pylist() == [3, 1]
     assert out.column(DISTANCE).to_pylist() == [4.0, 9.0]
     assert distances(
         np.array([[1.0, 0.0]], np.float32), np.array([0.0, 1.0], np.float32), "cosine"
     ).tolist() == [1.0]
+
+
+def test_generations_are_searched_as_one_matrix_without_superseded_rows(tmp_path):
+    store = ObjectStore(str(tmp_path / "table"))
+    generations = []
+    for gen, table in (
+        (1, rows([1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0])),
+        # Key 1 moved far away, key 2 deleted, key 5 written twice in one flush.
+        (2, rows([1, 2, 5, 5], [10.0, 0.0, 0.5, 6.0], [False, True, False, False])),
+    ):
+        written = conform(table, WAL)
+        entry = write_generation(
+            store,
+            "r",
+            gen,
+            written,
+            ["id"],
+            data_storage_version="stable",
+            in_memory_bytes=written.nbytes,
+        )
+        generations.append((gen, store.uri_for(f"_mem_wal/r/{entry.path}")))
+    older = GenerationsKnnExec("r", generations[:1], SOURCE, knn_query(k=4))
+    assert older.top(4).column("id").to_pylist() == [1, 2, 3, 4]
+    node = GenerationsKnnExec("r", generations[::-1], SOURCE, knn_query(k=4))
+    out = check_contract(node, 4)
+    # The region's matrix was replaced when its set of generations grew, not kept beside it.
+    assert [k for k in CACHE._entries if k[0] == "vectors" and "/r#" in k[1]] == [
+        ("vectors", generations[0][1].rsplit("/", 1)[0] + "#vec")
+    ]
+    # Not 1 at distance 1 (gen 2 supersedes it), not 2 (deleted), not 5 at 0.25 (its own
+    # flush wrote it again): what is left, nearest first, from both generations.
+    assert out.column("id").to_pylist() == [3, 4, 5, 1]
+    assert out.column(GEN).to_pylist() == [1, 1, 2, 2]
+    assert out.column(DISTANCE).to_pylist() == [9.0, 16.0, 36.0, 100.0]
+    full = node.rows(out.take([3, 0, 2]))
+    assert full.column("id").to_pylist() == [1, 3, 5]
+    assert [v[0] for v in full.column("vec").to_pylist()] == [10.0, 3.0, 6.0]
+    assert "2 generations" in node.explain()
 
 
 def test_filter_stale_keeps_latest_versions_only_and_asks_for_more():
@@ -142,3 +188,18 @@ def test_exact_knn_picks_by_rough_distances_and_reports_lances_exact_ones():
         want = np.lexsort((np.arange(len(exact)), exact))[:10]
         assert top.column("id").to_pylist() == want.tolist()
         assert np.array_equal(top.column(DISTANCE).to_numpy(), exact[want])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(st.floats(-4, 4, width=32), st.just(float("inf"))), min_size=1, max_size=3000
+    ),
+    m=st.integers(1, 40),
+)
+def test_smallest_finds_the_m_smallest_values(values, m):
+    # Long inputs take the sampled threshold (and its fallback when too few lie below it).
+    v = np.array(values, np.float32)
+    got = smallest(v, m)
+    assert len(np.unique(got)) == len(got) == min(m, len(v))
+    assert np.array_equal(np.sort(v[got]), np.sort(v)[: min(m, len(v))])
