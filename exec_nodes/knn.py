@@ -445,10 +445,9 @@ class GenerationsKnnExec(KnnSource):
             nbytes = matrix.nbytes + live.nbytes + sq_norms.nbytes
             return (uris, (table, matrix, live, sq_norms)), nbytes
 
-        # One entry per region and column, replaced when its set of generations changes (a
-        # flush adds one, a merge removes some): sets that no snapshot reads do not pile up.
-        region_dir = uris[-1].rsplit("/", 1)[0]
-        return CACHE.get("vectors", f"{region_dir}#{self.column}", load, lambda v: v[0] == uris)[1]
+        # One entry per run of generations, named by its oldest, and replaced when a flush
+        # adds a generation to the run: sets that no snapshot reads do not pile up.
+        return CACHE.get("vectors", f"{uris[0]}#{self.column}", load, lambda v: v[0] == uris)[1]
 
 
 def _kept_rows(

@@ -46,7 +46,7 @@ from exec_nodes.scan import source_schema
 from exec_nodes.stale import FilterStaleExec, TopKExec
 from memwal_sql.index.region_spec import RegionSpec
 from memwal_sql.index.tokenizer import Tokenizer
-from memwal_sql.snapshot import TableSnapshot
+from memwal_sql.snapshot import RegionSnapshot, TableSnapshot
 from memwal_sql.storage import ObjectStore
 from planner.lookup import region_lookups
 from planner.predicate import Predicate
@@ -208,20 +208,7 @@ def plan_vector_search(
                     region.region_id, mem.generation, mem.batches, schema, search, mem.origin
                 )
             )
-        kept_in_memory = []
-        for gen in sorted(region.generations, key=lambda g: -g.generation):
-            if generation_rows(gen.uri, opts, gen.generation, schema) is not None:
-                kept_in_memory.append((gen.generation, gen.uri))
-            else:
-                sources.append(
-                    GenerationKnnExec(
-                        region.region_id, gen.generation, gen.uri, schema, search, opts
-                    )
-                )
-        if kept_in_memory:
-            sources.append(
-                GenerationsKnnExec(region.region_id, kept_in_memory, schema, search, opts)
-            )
+        sources.extend(_generation_sources(region, schema, search, opts))
 
     def newer_sources(keys: pa.Table) -> list:
         return region_lookups(snapshot, store, spec, keys)
@@ -231,6 +218,45 @@ def plan_vector_search(
     )
     root = TopKExec(stale, k, DISTANCE, columns=[*base_schema.names, DISTANCE])
     return SearchPlan(snapshot, kept, pruned, root)
+
+
+#: A region's generations searched as one matrix hold at most this share of the lookup cache
+#: (their vectors, norms and masks), so a set never outgrows the cache and is rebuilt per query.
+_GENERATION_SET_SHARE = 8
+
+
+def _generation_sources(
+    region: RegionSnapshot, schema: pa.Schema, search: KnnQuery, opts: dict[str, str] | None
+) -> list[KnnSource]:
+    """A region's flushed generations as KNN sources: those the lookup cache keeps, in runs of
+    consecutive generations (oldest first, so a flush changes only the newest run) searched as
+    one matrix each; any other through Lance on its own."""
+    sources: list[KnnSource] = []
+    run: list[tuple[int, str]] = []
+    run_bytes, budget = 0, CACHE.max_bytes // _GENERATION_SET_SHARE
+    row_bytes = 4 * (schema.field(search.column).type.list_size + 2)  # vector, norm, masks
+
+    def close_run() -> None:
+        nonlocal run_bytes
+        if run:
+            sources.append(GenerationsKnnExec(region.region_id, run.copy(), schema, search, opts))
+            run.clear()
+        run_bytes = 0
+
+    for gen in sorted(region.generations, key=lambda g: g.generation):
+        rows = generation_rows(gen.uri, opts, gen.generation, schema)
+        if rows is None:
+            close_run()
+            sources.append(
+                GenerationKnnExec(region.region_id, gen.generation, gen.uri, schema, search, opts)
+            )
+            continue
+        if run and run_bytes + rows.num_rows * row_bytes > budget:
+            close_run()
+        run.append((gen.generation, gen.uri))
+        run_bytes += rows.num_rows * row_bytes
+    close_run()
+    return sources[::-1]  # newest first, as the other sources are listed
 
 
 def text_index(dataset: lance.LanceDataset, column: str) -> tuple[str, dict] | None:

@@ -129,6 +129,31 @@ def _search_after_every_step(tmp_path_factory, base_rows, ops, qseed, k) -> None
     tbl.close()
 
 
+def test_generations_beyond_a_runs_share_of_the_cache_are_searched_in_runs(tmp_path) -> None:
+    # A 64 KiB cache: each generation is kept (its file is under 1/16 of it), but a run of
+    # generations searched as one matrix holds at most 1/8 of it: 12 generations of 30 rows
+    # make several runs, and keys updated across them are still found at their latest.
+    saved = CACHE.max_bytes
+    CACHE.max_bytes = 64 << 10
+    try:
+        tbl = mw.create_table(str(tmp_path), vec_batch(list(range(50)), 0), primary_key="k")
+        model = Model(["k"])
+        model.upsert(vec_batch(list(range(50)), 0))
+        for seed in range(1, 13):
+            rows = vec_batch([(seed * 7 + i) % 60 for i in range(30)], seed)
+            tbl.upsert(rows)
+            model.upsert(rows)
+            tbl.flush()
+        query = np.random.default_rng(5).normal(size=DIM).astype(np.float32)
+        runs = tbl.explain_search(query, k=10).count("GenerationsKnnExec")
+        assert 2 <= runs < 12
+        for k in (1, 10, 40):
+            check(tbl, model, query, k)
+        tbl.close()
+    finally:
+        CACHE.max_bytes = saved
+
+
 def test_fresh_write_found_at_once_and_deleted_never(tmp_path, base_rows) -> None:
     tbl = mw.create_table(
         str(tmp_path), base_rows, primary_key="k", region_spec=mw.RegionSpec.bucket("k", 2)

@@ -119,9 +119,9 @@ def test_generations_are_searched_as_one_matrix_without_superseded_rows(tmp_path
     assert older.top(4).column("id").to_pylist() == [1, 2, 3, 4]
     node = GenerationsKnnExec("r", generations[::-1], SOURCE, knn_query(k=4))
     out = check_contract(node, 4)
-    # The region's matrix was replaced when its set of generations grew, not kept beside it.
-    assert [k for k in CACHE._entries if k[0] == "vectors" and "/r#" in k[1]] == [
-        ("vectors", generations[0][1].rsplit("/", 1)[0] + "#vec")
+    # The run's matrix was replaced when the run grew, not kept beside it.
+    assert [k for k in CACHE._entries if k[0] == "vectors" and "/r/" in k[1]] == [
+        ("vectors", generations[0][1] + "#vec")
     ]
     # Not 1 at distance 1 (gen 2 supersedes it), not 2 (deleted), not 5 at 0.25 (its own
     # flush wrote it again): what is left, nearest first, from both generations.
