@@ -1,8 +1,8 @@
-"""KNN leaves of a vector search: the nearest rows of *one* source, by a vector column.
+"""KNN leaves of a vector search: the nearest rows of one source, by a vector column.
 
-Each source of a snapshot (the base table, a flushed generation, a MemTable or WAL tail) answers
-``top(n)``: its ``n`` nearest rows matching the search's filter, every column of the source plus
-``_gen``, ``_rowaddr`` and ``_distance``, nearest first. A source does not know whether a row is
+Each source of a snapshot (the base table, a run of a region's flushed generations, a MemTable or
+WAL tail) answers ``top(n)``: its ``n`` nearest rows matching the search's filter, every column of
+the source plus ``_gen``, ``_rowaddr`` and ``_distance``, nearest first. A source does not know whether a row is
 its key's latest version: :class:`~exec_nodes.stale.FilterStaleExec` decides that, and asks a
 source for more rows (a larger ``n``) when stale ones took the places of valid ones.
 
@@ -442,7 +442,9 @@ class GenerationsKnnExec(KnnSource):
                 latest = np.zeros(table.num_rows, dtype=bool)
                 latest[newest] = True
                 live &= latest
-            nbytes = matrix.nbytes + live.nbytes + sq_norms.nbytes
+            # The rows are shared with the generations' own entries, but this one keeps them
+            # alive after those are evicted: counted here too.
+            nbytes = table.nbytes + matrix.nbytes + live.nbytes + sq_norms.nbytes
             return (uris, (table, matrix, live, sq_norms)), nbytes
 
         # One entry per run of generations, named by its oldest, and replaced when a flush

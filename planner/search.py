@@ -220,8 +220,9 @@ def plan_vector_search(
     return SearchPlan(snapshot, kept, pruned, root)
 
 
-#: A region's generations searched as one matrix hold at most this share of the lookup cache
-#: (their vectors, norms and masks), so a set never outgrows the cache and is rebuilt per query.
+#: A run of a region's generations searched as one matrix holds at most this share of the lookup
+#: cache (rows, vectors, norms and masks), so a run never outgrows the cache and is rebuilt per
+#: query.
 _GENERATION_SET_SHARE = 8
 
 
@@ -234,7 +235,7 @@ def _generation_sources(
     sources: list[KnnSource] = []
     run: list[tuple[int, str]] = []
     run_bytes, budget = 0, CACHE.max_bytes // _GENERATION_SET_SHARE
-    row_bytes = 4 * (schema.field(search.column).type.list_size + 2)  # vector, norm, masks
+    vector_bytes = 4 * (schema.field(search.column).type.list_size + 2)  # vector, norm, masks
 
     def close_run() -> None:
         nonlocal run_bytes
@@ -251,10 +252,11 @@ def _generation_sources(
                 GenerationKnnExec(region.region_id, gen.generation, gen.uri, schema, search, opts)
             )
             continue
-        if run and run_bytes + rows.num_rows * row_bytes > budget:
+        nbytes = rows.nbytes + rows.num_rows * vector_bytes  # as the run's entry counts it
+        if run and run_bytes + nbytes > budget:
             close_run()
         run.append((gen.generation, gen.uri))
-        run_bytes += rows.num_rows * row_bytes
+        run_bytes += nbytes
     close_run()
     return sources[::-1]  # newest first, as the other sources are listed
 
