@@ -59,6 +59,7 @@ from memwal_sql.writer.wal import (
 _FLUSH_ATTEMPTS = 3
 # Races a claim may lose for a WAL position before it gives up; each leaps twice as far ahead.
 MAX_SENTINEL_RACES = 16
+SENTINEL_PUT_ATTEMPTS = 5  # a sentinel's put, retried on store errors
 _OPEN_WRITERS: weakref.WeakSet[RegionWriter] = weakref.WeakSet()
 _log = logging.getLogger(__name__)
 
@@ -416,16 +417,25 @@ class RegionWriter:
         return position
 
     def _put_sentinel(self, position: int) -> bool:
-        """Put a fence sentinel at ``position``; False if the position is taken."""
-        try:
-            self._store.put_if_not_exists(
-                layout.wal_entry_path(self.region_id, position),
-                encode_fence_sentinel(self.epoch, position),
-                checksummed=True,
-            )
-            return True
-        except ObjectExistsError:
-            return False
+        """Put a fence sentinel at ``position``; False if the position is taken.
+
+        A store error is retried: a claim that stops after leaping over positions leaves them
+        empty below its sentinel, and every later claim would read that hole as a lost write.
+        A put whose reply was lost is recognised by reading back this writer's sentinel."""
+        path = layout.wal_entry_path(self.region_id, position)
+        for attempt in range(SENTINEL_PUT_ATTEMPTS):
+            try:
+                self._store.put_if_not_exists(
+                    path, encode_fence_sentinel(self.epoch, position), checksummed=True
+                )
+                return True
+            except ObjectExistsError:
+                entry = self._entry_at(position) if attempt else None
+                return entry is not None and entry.is_sentinel and entry.writer_epoch == self.epoch
+            except StorageError:
+                if attempt == SENTINEL_PUT_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def _replay(self, tail: int, sentinel: int | None) -> int:
         """Replay the WAL entries after ``tail`` (up to ``sentinel``, or all there are);
