@@ -55,8 +55,11 @@ def gather(owners: np.ndarray, read: Callable[[Any, np.ndarray], pa.Table]) -> p
         >>> gather(np.array([1, 0, 1]), lambda o, at: pa.table({"v": [f"{o}@{i}" for i in at]}))["v"].to_pylist()
         ['1@0', '0@1', '1@2']
     """
+    distinct = np.unique(owners)
+    if len(distinct) == 1:  # one owner (a lookup of one key, say): its rows are in order
+        return read(distinct[0], np.arange(len(owners)))
     parts, order = [], []
-    for owner in np.unique(owners):
+    for owner in distinct:
         at = np.nonzero(owners == owner)[0]
         parts.append(read(owner, at))
         order.append(at)

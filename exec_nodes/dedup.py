@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform
 from exec_nodes.keyset import KeySet, last_per_key
 from exec_nodes.lookup import CACHE, BaseLookupExec
-from exec_nodes.rowmask import RowMask
+from exec_nodes.rowmask import RowMask, split_addresses
 from exec_nodes.scan import (
     BaseScanExec,
     FragmentRange,
@@ -112,7 +112,7 @@ class _ByAddress:
     """
 
     def __init__(self, addresses: np.ndarray, values: np.ndarray) -> None:
-        fragment, offset = _split_addresses(addresses)
+        fragment, offset = split_addresses(addresses)
         self._per_fragment: dict[int, np.ndarray] = {}
         for f in np.unique(fragment).tolist():
             at = fragment == f
@@ -126,7 +126,7 @@ class _ByAddress:
 
     def get(self, addresses: np.ndarray) -> np.ndarray:
         """The value of each of ``addresses``; -1 where there is none."""
-        fragment, offset = _split_addresses(addresses)
+        fragment, offset = split_addresses(addresses)
         out = np.full(len(offset), -1, dtype=np.int64)
         if not len(offset):
             return out
@@ -142,14 +142,6 @@ class _ByAddress:
             got[inside] = index[mine[inside]]
             out[at] = got
         return out
-
-
-def _split_addresses(addresses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Row addresses as (fragment id, offset in the fragment)."""
-    addresses = np.asarray(addresses).astype(np.uint64, copy=False)
-    return (addresses >> np.uint64(32)).astype(np.int64), (
-        addresses & np.uint64(0xFFFFFFFF)
-    ).astype(np.int64)
 
 
 class Versions:

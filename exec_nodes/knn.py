@@ -37,6 +37,7 @@ from exec_nodes.base import (
 from exec_nodes.keyset import last_per_key
 from exec_nodes.lookup import CACHE, generation_rows
 from exec_nodes.memindex import VectorIndex, vector_index
+from exec_nodes.rowmask import split_addresses
 from memwal_sql.compat.lance import take_rows
 from memwal_sql.writer.generation import open_generation
 from planner.predicate import Predicate, evaluate, matches
@@ -414,7 +415,7 @@ class GenerationsKnnExec(KnnSource):
         # Read from each generation's own rows: a take from the concatenation of them all
         # costs 30x more (pyarrow gathers over its chunks). A kept generation has one
         # fragment, its row i at offset i.
-        offsets = candidates.column(ROWADDR).to_numpy().astype(np.int64) & 0xFFFFFFFF
+        offsets = split_addresses(candidates.column(ROWADDR).to_numpy())[1]
         uris = dict(zip(self.generations, self.uris, strict=True))
 
         def read(generation: int, at: np.ndarray) -> pa.Table:

@@ -35,9 +35,11 @@ from exec_nodes.base import (
     ExecNode,
     conform,
     empty_rows,
+    gather,
     stored_columns,
 )
 from exec_nodes.keyset import KeySet, encode_keys, last_per_key
+from exec_nodes.rowmask import split_addresses
 from memwal_sql.compat.lance import take_rows
 from memwal_sql.errors import ObjectNotFoundError
 from memwal_sql.storage import ObjectStore
@@ -563,44 +565,23 @@ class BaseLookupExec(LookupSource):
     def _take_addresses(self, addrs: np.ndarray, names: list[str]) -> pa.Table:
         """The rows at ``addrs``, in order: from cached whole fragments where small enough,
         else with one random ``take`` for the rest."""
-        fragment_of = addrs >> 32
-        first = int(fragment_of[0])
-        kept = self._fragment_rows(first, names) if (fragment_of == first).all() else None
-        if kept is not None:  # one kept fragment (always so for one key): nothing to reorder
-            table = kept.take(pa.array(addrs & 0xFFFFFFFF))
-        else:
-            table = self._take_from_fragments(addrs, fragment_of, names)
+        fragment, offset = split_addresses(addrs)
+        kept = {int(f): self._fragment_rows(int(f), names) for f in np.unique(fragment)}
+        # Fragments too big to keep are one owner (-1): one take for all of their rows.
+        too_big = [f for f, rows in kept.items() if rows is None]
+        owners = np.where(np.isin(fragment, too_big), -1, fragment)
+
+        def read(owner: int, at: np.ndarray) -> pa.Table:
+            rows = kept.get(int(owner))
+            if rows is not None:
+                return rows.take(pa.array(offset[at]))
+            taken = take_rows(self.dataset, pa.array(addrs[at]), names)
+            return conform(taken, self.schema, BASE_GENERATION)
+
+        table = gather(owners, read)
         return table.set_column(
             table.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), pa.array(addrs)
         )
-
-    def _take_from_fragments(
-        self, addrs: np.ndarray, fragment_of: np.ndarray, names: list[str]
-    ) -> pa.Table:
-        parts, order, rest = [], [], []
-        for fid in np.unique(fragment_of):
-            at = np.nonzero(fragment_of == fid)[0]
-            rows = self._fragment_rows(int(fid), names)
-            if rows is None:
-                rest.append(at)
-                continue
-            parts.append(rows.take(pa.array(addrs[at] & 0xFFFFFFFF)))
-            order.append(at)
-        if rest:
-            at = np.concatenate(rest)
-            parts.append(
-                conform(
-                    take_rows(self.dataset, pa.array(addrs[at]), names),
-                    self.schema,
-                    BASE_GENERATION,
-                )
-            )
-            order.append(at)
-        table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-        positions = np.concatenate(order)
-        if not np.array_equal(positions, np.arange(len(addrs))):
-            table = table.take(pa.array(np.argsort(positions)))
-        return table
 
     def _fragment_rows(self, fragment_id: int, names: list[str]) -> pa.Table | None:
         fragment = self._fragment(fragment_id)

@@ -17,6 +17,17 @@ import numpy as np
 _OFFSET = np.uint64(0xFFFFFFFF)
 
 
+def split_addresses(addresses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row addresses as (fragment id, offset in the fragment), both int64.
+
+    Example:
+        >>> [a.tolist() for a in split_addresses(np.array([(1 << 32) | 2, 5], np.uint64))]
+        [[1, 0], [2, 5]]
+    """
+    addresses = np.asarray(addresses).astype(np.uint64, copy=False)
+    return (addresses >> np.uint64(32)).astype(np.int64), (addresses & _OFFSET).astype(np.int64)
+
+
 class RowMask:
     """Row addresses as a packed bitmap per fragment.
 
@@ -27,9 +38,7 @@ class RowMask:
     """
 
     def __init__(self, addresses: np.ndarray, physical_rows: Mapping[int, int]) -> None:
-        addresses = np.asarray(addresses, dtype=np.uint64)
-        fragment = (addresses >> np.uint64(32)).astype(np.int64)
-        offset = (addresses & _OFFSET).astype(np.int64)
+        fragment, offset = split_addresses(addresses)
         self._bits: dict[int, np.ndarray] = {}
         self.count = 0
         for f in np.unique(fragment).tolist():
