@@ -235,7 +235,7 @@ class MemWalDataset(pds.Dataset):
             partitions=self._partitions,
         )
         self.last_plan = plan
-        # Partition 0 (the newer sources) always exists: DataFusion breaks on zero fragments.
+        # The newer rows' partition always exists: DataFusion breaks on zero fragments.
         return [_PartitionFragment(self, plan, i) for i in range(plan.root.num_partitions)]
 
 
