@@ -14,8 +14,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import lance
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from lance.file import LanceFileReader
 
 from exec_nodes.base import (
     BASE_GENERATION,
@@ -27,9 +29,10 @@ from exec_nodes.base import (
     stored_columns,
 )
 from exec_nodes.lookup import CACHE
-from memwal_sql.compat.lance import row_addr_treemap
+from exec_nodes.rowmask import RowMask, split_addresses
+from memwal_sql.compat.lance import row_addr_treemap, single_data_file, storage_options_of
 from memwal_sql.writer.generation import open_generation
-from planner.predicate import Predicate, evaluate, matches
+from planner.predicate import Predicate, evaluate, matches, referenced_columns
 from planner.substrait import lance_filter
 
 _FEW_COLUMNS = 6  # up to this many columns of a generation are kept (key columns, tombstone)
@@ -206,6 +209,38 @@ class FragmentRange:
 # No column asked (``count(*)``): only row addresses, which cost nothing to make.
 _ROWS_BATCH = 1 << 15
 _ADDRESSES_BATCH = 1 << 16
+# Batches Lance's file reader decodes ahead: 2-4 measured fastest (one fragment of 600k rows,
+# five columns: 12.8 ms with 1, 7.7 with 4, 9.5 with 16), and each holds a batch in memory.
+_FILE_READAHEAD = 4
+
+
+def _deleted_rows(dataset: lance.LanceDataset, fragment: lance.LanceFragment) -> RowMask:
+    """The rows of ``fragment`` that its deletion vector deletes, kept in the lookup cache (a
+    deletion file never changes: a new one gets a new id). Found once from the row addresses
+    Lance's scanner returns for the fragment, which skip them."""
+    dv = fragment.metadata.deletion_file
+    assert dv is not None
+    fid, rows = fragment.fragment_id, fragment.physical_rows
+
+    def load() -> tuple[RowMask, int]:
+        live = (
+            dataset.scanner(
+                columns=[],
+                with_row_address=True,
+                fragments=[fragment],
+                batch_size=_ADDRESSES_BATCH,
+            )
+            .to_table()
+            .column(ROWADDR)
+            .to_numpy()
+        )
+        deleted = np.ones(rows, dtype=bool)
+        deleted[split_addresses(live)[1]] = False
+        addresses = (np.uint64(fid) << np.uint64(32)) | np.flatnonzero(deleted).astype(np.uint64)
+        mask = RowMask(addresses, {fid: rows})
+        return mask, mask.nbytes + 64
+
+    return CACHE.get("deletions", f"{dataset.uri}#{fid}#{dv.id}-{dv.read_version}", load)
 
 
 class BaseScanExec(ExecNode):
@@ -239,26 +274,37 @@ class BaseScanExec(ExecNode):
         return self._schema
 
     def execute(self) -> Iterator[pa.RecordBatch]:
-        fragments: list[lance.LanceFragment] | None = None
+        parts: list[tuple[lance.LanceFragment, FragmentRange | None]] = []
+        if self.ranges is None:
+            parts = [(f, None) for f in self.dataset.get_fragments()]
+        for r in self.ranges or []:
+            fragment = self.dataset.get_fragment(r.fragment_id)
+            # The planner splits this very version's fragments into partitions.
+            assert fragment is not None, f"fragment {r} not in version {self.dataset.version}"
+            parts.append((fragment, r))
+        files = [self._direct_file(f) for f, _ in parts]
+        rest = [p for p, uri in zip(parts, files) if uri is None]
+        if rest:
+            every = self.ranges is None and len(rest) == len(parts)  # Lance lists them itself
+            yield from self._lance_scan(None if every else rest)
+        for (fragment, part), uri in zip(parts, files):
+            if uri is not None:
+                yield from self._file_scan(fragment, part, uri)
+
+    def _lance_scan(
+        self, parts: list[tuple[lance.LanceFragment, FragmentRange | None]] | None
+    ) -> Iterator[pa.RecordBatch]:
+        fragments = None if parts is None else [f for f, _ in parts]
         allow: bytes | None = None
-        if self.ranges is not None:
-            if not self.ranges:
-                return
-            fragments = []
-            for r in self.ranges:
-                fragment = self.dataset.get_fragment(r.fragment_id)
-                # The planner splits this very version's fragments into partitions.
-                assert fragment is not None, f"fragment {r} not in version {self.dataset.version}"
-                fragments.append(fragment)
-            if not all(r.whole for r in self.ranges):
-                allow = row_addr_treemap(
-                    {
-                        r.fragment_id: None
-                        if r.whole
-                        else range(r.start, r.end or fragments[i].physical_rows)
-                        for i, r in enumerate(self.ranges)
-                    }
-                )
+        if parts is not None and not all(r is None or r.whole for _, r in parts):
+            allow = row_addr_treemap(
+                {
+                    f.fragment_id: None
+                    if r is None or r.whole
+                    else range(r.start, r.end or f.physical_rows)
+                    for f, r in parts
+                }
+            )
         # A filter Lance cannot take is applied here, on every column it may read.
         columns = self.columns if self.exact else None
         scanner = self.dataset.scanner(
@@ -279,6 +325,89 @@ class BaseScanExec(ExecNode):
                 yield pa.RecordBatch.from_arrays(
                     batch.select(self._schema.names).columns, schema=self._schema
                 )
+
+    def _direct_file(self, fragment: lance.LanceFragment) -> str | None:
+        """The data file of a fragment with a deletion vector that is read here, not through
+        Lance's scanner, or None.
+
+        Lance's scanner reads a fragment that has a deletion vector (what every merge leaves)
+        2.5-4x slower than one without, whatever the number of deleted rows (TPC-H
+        ``lineitem``, 600k rows, 4% deleted, five columns: 28 ms; its data file read with
+        Lance's file reader, deleted rows dropped here: 8 ms). Only a fragment whose one data
+        file holds exactly the table's columns (names and types, in order: no column added,
+        dropped or renamed since) is read so, only while the lookup cache keeps its deleted
+        rows (finding them costs a scan of its row addresses), and not for a filter on an
+        indexed column.
+        """
+        if fragment.metadata.deletion_file is None or CACHE.max_bytes == 0:
+            return None
+        if self.predicate is not None:
+            # Lance answers a filter on an indexed column from the index, reading only the
+            # matching rows; the file would be read whole.
+            indexed = {f for i in self.dataset.list_indices() for f in i["fields"]}
+            if indexed & referenced_columns(self.predicate):
+                return None
+        uri = single_data_file(self.dataset, fragment)
+        if uri is None:
+            return None
+        options = storage_options_of(self.dataset)
+
+        def load() -> tuple[pa.Schema, int]:
+            file_schema = LanceFileReader(uri, storage_options=options).metadata().schema
+            return file_schema, 64 * len(file_schema)
+
+        stored = CACHE.get("file_schema", uri, load)
+        table = self.dataset.schema
+        same = stored.names == table.names and stored.types == table.types
+        return uri if same else None
+
+    def _file_scan(
+        self, fragment: lance.LanceFragment, part: FragmentRange | None, uri: str
+    ) -> Iterator[pa.RecordBatch]:
+        """The live rows of ``fragment`` (or of a row range of it) read from its data file:
+        the deletion vector's rows dropped here, the filter evaluated here."""
+        deleted = _deleted_rows(self.dataset, fragment)
+        fid = fragment.fragment_id
+        start = 0 if part is None else part.start
+        end = fragment.physical_rows if part is None or part.end is None else part.end
+        wanted = [c for c in self._schema.names if c != ROWADDR]
+        if self.predicate is None:
+            names = wanted
+        elif self.exact:
+            names = list(dict.fromkeys([*wanted, *sorted(referenced_columns(self.predicate))]))
+        else:  # an opaque part may address columns by position: every column, in order
+            names = self.dataset.schema.names
+        if names:
+            reader = LanceFileReader(
+                uri, storage_options=storage_options_of(self.dataset), columns=names
+            )
+            batches = reader.read_range(
+                start, end - start, batch_size=_ROWS_BATCH, batch_readahead=_FILE_READAHEAD
+            ).to_batches()
+        else:  # count(*): the row addresses are all there is to read
+            batches = (
+                pa.RecordBatch.from_arrays(
+                    [pa.nulls(min(_ADDRESSES_BATCH, end - o))], ["_"]
+                ).select([])
+                for o in range(start, end, _ADDRESSES_BATCH)
+            )
+        offset = start
+        for batch in batches:
+            n = batch.num_rows
+            addresses = (np.uint64(fid) << np.uint64(32)) | np.arange(
+                offset, offset + n, dtype=np.uint64
+            )
+            offset += n
+            hit = deleted.hits(addresses)
+            keep = np.ones(n, dtype=bool) if hit is None else ~hit
+            if self.predicate is not None:
+                true = pc.fill_null(evaluate(self.predicate, batch), False)
+                keep &= true.to_numpy(zero_copy_only=False)
+            if not keep.any():
+                continue
+            columns = [batch.column(c) for c in wanted] + [pa.array(addresses)]
+            out = pa.RecordBatch.from_arrays(columns, schema=self._schema)
+            yield out if keep.all() else out.filter(pa.array(keep))
 
     def describe(self) -> str:
         frags = "all" if self.ranges is None else f"[{', '.join(map(str, self.ranges))}]"

@@ -30,6 +30,23 @@ def take_rows(
     return dataset._take_rows(row_addresses, columns=list(columns))
 
 
+def storage_options_of(dataset: lance.LanceDataset) -> dict[str, str] | None:
+    """The storage options ``dataset`` was opened with (pylance keeps them privately)."""
+    return getattr(dataset, "_storage_options", None)
+
+
+def single_data_file(dataset: lance.LanceDataset, fragment: lance.LanceFragment) -> str | None:
+    """The URI of the one data file that holds every stored column of ``fragment``, or None
+    (several files, after columns were added; or a file under another base path).
+
+    Lance keeps a fragment's data files under ``<dataset>/data/``, named relative to it.
+    """
+    files = fragment.data_files()
+    if len(files) != 1 or files[0].base_id is not None:
+        return None
+    return f"{dataset.uri.rstrip('/')}/data/{files[0].path}"
+
+
 def row_addr_treemap(rows: Mapping[int, np.ndarray | range | None]) -> bytes:
     """Row addresses as a scanner's ``row_addr_allowlist``/``row_addr_blocklist`` takes them:
     per fragment id, its row offsets (sorted, or a ``range``; None: the whole fragment).
