@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument("--base-rows", type=int, default=500_000)
     ap.add_argument("--upserts", type=int, default=500_000)
     ap.add_argument("--memtable-rows", type=int, default=40_000)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument(
         "--data-storage-version",
         default=None,
