@@ -419,13 +419,11 @@ class DeduplicateExec(ExecNode):
         if i < len(self.base_parts):
             yield from self._base_rows(self.base_parts[i], output)
         else:
-            yield from self._newer_rows(output, generations=True)
-            yield from self._newer_rows(output, generations=False)
+            yield from self._newer_rows(output)
 
-    def _newer_rows(self, output: pa.Schema, generations: bool) -> Iterator[pa.RecordBatch]:
-        """The surviving rows of the flushed generations, or of the MemTables and WAL tails."""
-        mine = [s for s in self.newer if isinstance(s, GenerationScanExec) == generations]
-        if not mine:
+    def _newer_rows(self, output: pa.Schema) -> Iterator[pa.RecordBatch]:
+        """The surviving rows of the flushed generations, the MemTables and the WAL tails."""
+        if not self.newer:
             return
         in_gens, in_mems, replaced = self.versions()
         wanted = [f.name for f in output if f.name not in (GEN, ROWADDR)]
@@ -434,7 +432,7 @@ class DeduplicateExec(ExecNode):
         # generations); either way a row is output only if it is its key's newest version.
         read_columns = None if self.predicate is not None else columns
         pk = self.primary_key
-        for source in mine:
+        for source in self.newer:
             rows = source.read_counted(read_columns, self.predicate)
             if not rows.num_rows:
                 continue
