@@ -1,10 +1,11 @@
 """KNN leaves of a vector search: the nearest rows of one source, by a vector column.
 
-Each source of a snapshot (the base table, a run of a region's flushed generations, a MemTable or
-WAL tail) answers ``top(n)``: its ``n`` nearest rows matching the search's filter, every column of
-the source plus ``_gen``, ``_rowaddr`` and ``_distance``, nearest first. A source does not know whether a row is
-its key's latest version: :class:`~exec_nodes.stale.FilterStaleExec` decides that, and asks a
-source for more rows (a larger ``n``) when stale ones took the places of valid ones.
+Each source of a snapshot (the base table, a run of a region's flushed generations, a MemTable
+or WAL tail) answers ``top(n)``: its ``n`` nearest rows matching the search's filter, every
+column of the source plus ``_gen``, ``_rowaddr`` and ``_distance``, nearest first. A source does
+not know whether a row is its key's latest version: :class:`~exec_nodes.stale.FilterStaleExec`
+decides that, and asks a source for more rows (a larger ``n``) when stale ones took the places
+of valid ones.
 
 Distances are Lance's: ``l2`` is the squared Euclidean distance, ``cosine`` is ``1 - cos``,
 ``dot`` is ``1 - a·b``; the newer sources compute them exactly in numpy (a MemTable or a

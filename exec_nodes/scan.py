@@ -4,7 +4,9 @@ Every leaf below the base table yields rows of its source (base columns and ``_t
 tagged with ``_gen`` and ``_rowaddr``, optionally only some columns or only rows matching a
 filter: deduplication reads the key columns of every row (it must see every newer version of a
 key, whatever the filter) and, for a filtered query, only the matching rows in full. The base
-table is the large one; it takes the projection and the filter directly in Lance.
+table is the large one; it takes the projection and the filter directly in Lance, except for
+a fragment with a deletion vector, which is read from its data file (see
+:meth:`BaseScanExec._direct_file`).
 """
 
 from __future__ import annotations
