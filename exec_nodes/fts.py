@@ -43,7 +43,7 @@ from exec_nodes.base import (
 from exec_nodes.dedup import Versions
 from exec_nodes.lookup import CACHE, generation_rows
 from exec_nodes.memindex import Piece, text_index
-from memwal_sql.compat.lance import take_rows
+from memwal_sql.compat.lance import data_file_paths, take_rows
 from memwal_sql.compat.lance_fts import BM25_B, BM25_K1
 from memwal_sql.index.tokenizer import Tokenizer
 from memwal_sql.writer.generation import open_generation
@@ -221,7 +221,7 @@ class BaseFtsExec(FtsSource):
             return self._pieces
 
     def _fragment_piece(self, fragment: lance.LanceFragment) -> Piece:
-        files = ",".join(f.path for f in fragment.data_files())
+        files = ",".join(data_file_paths(fragment))
         fid = fragment.fragment_id
         columns = list(dict.fromkeys([*self.primary_key, self.column]))
 

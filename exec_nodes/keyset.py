@@ -121,6 +121,11 @@ class KeySet:
         if self._integer:
             if self._packing is None:
                 probe, inside = keys.column(0).to_numpy(), None
+                if n == 1:  # a point lookup asks every source for one key: skip the vector ops
+                    i = int(self._sorted.searchsorted(probe[0]))
+                    if i < len(self._sorted) and self._sorted[i] == probe[0]:
+                        out[0] = self._order[i]
+                    return out
             else:
                 probe, inside = _pack(keys.select(self.columns), self._packing)
             # A big key set is cold in the CPU caches; probing in key order halves the misses.

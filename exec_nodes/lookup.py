@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 import lance
@@ -40,7 +42,7 @@ from exec_nodes.base import (
 )
 from exec_nodes.keyset import KeySet, encode_keys, last_per_key
 from exec_nodes.rowmask import split_addresses
-from memwal_sql.compat.lance import take_rows
+from memwal_sql.compat.lance import data_file_paths, take_rows
 from memwal_sql.errors import ObjectNotFoundError
 from memwal_sql.storage import ObjectStore
 from memwal_sql.writer.bloom import BloomFilter, pk_hashes
@@ -194,6 +196,28 @@ def generation_rows(
         return _whole_fragment(frags[0], names, generation, schema)
 
     return CACHE.get("rows", uri, load)
+
+
+@dataclass(frozen=True)
+class _BaseFacts:
+    rows: int
+    cache_key: str  # names the version's rows in the lookup cache
+
+
+# Per opened dataset (the planner and every probe of a lookup ask): its row count and
+# cache key cost a deletion-file read and a fragment listing.
+_BASE_FACTS: weakref.WeakKeyDictionary[lance.LanceDataset, _BaseFacts] = weakref.WeakKeyDictionary()
+
+
+def _base_facts(ds: lance.LanceDataset) -> _BaseFacts:
+    facts = _BASE_FACTS.get(ds)
+    if facts is None:
+        frags = ds.get_fragments()
+        # Data file names are random: they tell a table recreated at the same uri apart.
+        files = [data_file_paths(fr)[0] for fr in (frags[0], frags[-1])] if frags else []
+        facts = _BaseFacts(ds.count_rows(), f"{ds.uri}@{ds.version}:{files}")
+        _BASE_FACTS[ds] = facts
+    return facts
 
 
 def _key_index(values: pa.Table, ids: np.ndarray) -> tuple[KeySet, np.ndarray]:
@@ -469,7 +493,6 @@ class BaseLookupExec(LookupSource):
         super().__init__(None, BASE_GENERATION, schema, primary_key, keys)
         self.dataset = dataset
         self.fragment_ids = None if fragment_ids is None else list(fragment_ids)
-        self._rows: int | None = None
 
     def describe(self) -> str:
         indexed = any(
@@ -488,10 +511,7 @@ class BaseLookupExec(LookupSource):
         return self._fits_cache()
 
     def _fits_cache(self) -> bool:
-        # Asked by the planner and again per probe: count the rows (deletion files) once.
-        if self._rows is None:
-            self._rows = self.dataset.count_rows()
-        return self._rows * _KEY_INDEX_ROW_BYTES <= CACHE.max_bytes // 4
+        return _base_facts(self.dataset).rows * _KEY_INDEX_ROW_BYTES <= CACHE.max_bytes // 4
 
     def addresses_of(self, keys: pa.Table) -> np.ndarray | None:
         """The sorted row addresses of the base rows holding ``keys`` (keys it does not hold
@@ -518,10 +538,7 @@ class BaseLookupExec(LookupSource):
             keys = table.select(pk)
             return (KeySet(keys), addrs), keys.nbytes + 2 * addrs.nbytes
 
-        # Data file names are random: they tell a table recreated at the same uri apart.
-        frags = ds.get_fragments()
-        files = [fr.data_files()[0].path for fr in (frags[0], frags[-1])] if frags else []
-        return CACHE.get("base_keys", f"{ds.uri}@{ds.version}:{files}", load)
+        return CACHE.get("base_keys", _base_facts(ds).cache_key, load)
 
     def _probe(self, keys: pa.Table) -> Probe:
         names = stored_columns(self.schema, self.dataset)
@@ -586,7 +603,7 @@ class BaseLookupExec(LookupSource):
     def _fragment_rows(self, fragment_id: int, names: list[str]) -> pa.Table | None:
         fragment = self._fragment(fragment_id)
         # Data files are immutable and uniquely named: the same files hold the same rows.
-        key = f"{self.dataset.uri}#{','.join(f.path for f in fragment.data_files())}"
+        key = f"{self.dataset.uri}#{','.join(data_file_paths(fragment))}"
         return CACHE.get(
             "rows",
             key,
@@ -779,6 +796,8 @@ _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-lookup")
 
 def distinct_keys(keys: pa.Table) -> pa.Table:
     """The distinct rows of a table of key columns."""
+    if keys.num_rows <= 1:
+        return keys
     if keys.num_columns == 1:
         return pa.table({keys.column_names[0]: pc.unique(keys.column(0).combine_chunks())})
     return keys.group_by(keys.column_names, use_threads=False).aggregate([])

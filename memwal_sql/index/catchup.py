@@ -36,6 +36,7 @@ from typing import Any
 
 import lance
 
+from memwal_sql.compat.lance import data_file_paths
 from memwal_sql.compat.lance_manifest import read_mem_wal_details
 from memwal_sql.errors import MemWalError
 from memwal_sql.index.details import INDEX_NAME, region_generations
@@ -106,7 +107,9 @@ def _compute(store: ObjectStore, ds: lance.LanceDataset) -> list[IndexCoverage]:
             caught_up: Mapping[str, int] | None = merged_now
         else:
             caught_up = _caught_up_before(
-                store, ds, {p: fid for fid in uncovered for p in _paths(fragments[fid].metadata)}
+                store,
+                ds,
+                {p: fid for fid in uncovered for p in data_file_paths(fragments[fid].metadata)},
             )
         out.append(IndexCoverage(d.name, tuple(d.field_names), covered, not uncovered, caught_up))
     return out
@@ -146,15 +149,13 @@ def _caught_up_before(
     return merged_after
 
 
-def _paths(fragment: Any) -> list[str]:
-    return [f.path for f in fragment.data_files()]
-
-
 def _added_paths(ds: lance.LanceDataset, version: int) -> set[str]:
     """Data files of the fragments of ``version`` that ``version - 1`` does not have."""
 
     def paths(v: int) -> set[str]:
-        return {p for f in ds.checkout_version(v).get_fragments() for p in _paths(f.metadata)}
+        return {
+            p for f in ds.checkout_version(v).get_fragments() for p in data_file_paths(f.metadata)
+        }
 
     return paths(version) - paths(version - 1)
 
@@ -169,7 +170,7 @@ def _created_paths(op: Any) -> Iterable[str]:
         *(getattr(op, "fragments", None) or []),
         *(f for g in groups for f in getattr(g, "new_fragments", [])),
     ]
-    return [p for f in frags for p in _paths(f)]
+    return [p for f in frags for p in data_file_paths(f)]
 
 
 def min_caught_up(coverages: Iterable[IndexCoverage], region_id: str) -> int | None:
