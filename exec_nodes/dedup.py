@@ -33,7 +33,7 @@ from exec_nodes.scan import (
     MemTableScanExec,
     SourceExec,
 )
-from planner.predicate import Predicate
+from planner.predicate import Predicate, evaluate
 
 
 def newest_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
@@ -218,21 +218,29 @@ class Versions:
         mine = (pos >= 0) & (self.gen[at] == rows.column(GEN).to_numpy()) & (self.addr[at] == addr)
         self._at[uri] = _ByAddress(addr, np.where(mine, pos, -1))
 
-    def is_version_at(
-        self, uri: str, addr: np.ndarray, replaced: np.ndarray | None = None
-    ) -> np.ndarray | None:
-        """As :meth:`is_version`, for rows of source ``uri`` given by row address alone (a
-        gather, no hashing); None when the source was not indexed."""
+    def entries_at(self, uri: str, addr: np.ndarray) -> np.ndarray | None:
+        """For rows of source ``uri`` given by row address, the entry each is the live
+        version of, or -1 (a gather, no hashing); None when the source was not indexed."""
         index = self._at.get(uri)
         if index is None:
             return None
         if not len(self):
-            return np.zeros(len(addr), dtype=bool)
+            return np.full(len(addr), -1, dtype=np.int64)
         pos = index.get(addr)
-        hit = pos >= 0
-        at = np.where(hit, pos, 0)
-        keep = hit & ~self.dead[at]
-        return keep if replaced is None else keep & ~replaced[at]
+        return np.where(~self.dead[np.where(pos >= 0, pos, 0)], pos, -1)
+
+    def is_version_at(
+        self, uri: str, addr: np.ndarray, replaced: np.ndarray | None = None
+    ) -> np.ndarray | None:
+        """As :meth:`is_version`, for rows of source ``uri`` given by row address alone;
+        None when the source was not indexed."""
+        pos = self.entries_at(uri, addr)
+        if pos is None:
+            return None
+        keep = pos >= 0
+        if replaced is None or not keep.any():
+            return keep
+        return keep & ~replaced[np.where(keep, pos, 0)]
 
     def is_version_of(
         self,
@@ -432,7 +440,22 @@ class DeduplicateExec(ExecNode):
         # generations); either way a row is output only if it is its key's newest version.
         read_columns = None if self.predicate is not None else columns
         pk = self.primary_key
-        for source in self.newer:
+        sources = self.newer
+        latest = self._generation_versions(in_gens)
+        if latest is not None:
+            rows, pos = latest
+            at = None  # the rows to output, or None for all
+            if self.predicate is not None and rows.num_rows:
+                hit = pc.fill_null(evaluate(self.predicate, rows), False)
+                at = pc.indices_nonzero(hit).to_numpy()
+            if replaced.any():  # a MemTable holds a newer version of some of them
+                at = np.flatnonzero(~replaced[pos]) if at is None else at[~replaced[pos[at]]]
+            if at is not None:
+                rows = rows.take(pa.array(at))
+            if rows.num_rows:
+                yield from conform(rows, output).to_batches()
+            sources = [s for s in self.newer if not isinstance(s, GenerationScanExec)]
+        for source in sources:
             rows = source.read_counted(read_columns, self.predicate)
             if not rows.num_rows:
                 continue
@@ -442,6 +465,41 @@ class DeduplicateExec(ExecNode):
                 keep = in_mems.is_version_of(_source_name(source), rows, pk)
             if keep.any():
                 yield from conform(rows.filter(pa.array(keep)), output).to_batches()
+
+    def _generation_versions(self, in_gens: Versions) -> tuple[pa.Table, np.ndarray] | None:
+        """The rows of the flushed generations that are their key's live version among them,
+        as one table, with each row's entry in ``in_gens``; None when a generation is too big
+        to keep whole. Kept per ``in_gens`` (generations never change): a query then
+        evaluates its filter once over one table, where one pass per generation cost ~0.3 ms
+        of Arrow calls each (``bench_read``'s filtered scan has 12 generations)."""
+        gens = [s for s in self.newer if isinstance(s, GenerationScanExec)]
+        if not gens:
+            return None
+
+        def load() -> tuple[tuple[Versions, pa.Table, np.ndarray] | None, int]:
+            tables, entries = [], []
+            for g in gens:
+                whole = g.whole_rows()
+                pos = (
+                    None
+                    if whole is None
+                    else in_gens.entries_at(_source_name(g), whole.column(ROWADDR).to_numpy())
+                )
+                if whole is None or pos is None:
+                    return None, 64
+                tables.append(whole.filter(pa.array(pos >= 0)))
+                entries.append(pos[pos >= 0])
+            rows = pa.concat_tables(tables).combine_chunks()
+            at = np.concatenate(entries)
+            return (in_gens, rows, at), rows.nbytes + at.nbytes
+
+        got = CACHE.get(
+            "generation_versions",
+            "\n".join(sorted(g.uri for g in gens)),
+            load,
+            lambda entry: entry is None or entry[0] is in_gens,  # its entries index in_gens
+        )
+        return None if got is None else (got[1], got[2])
 
     def _base_scan(
         self, part: Sequence[FragmentRange] | None, output: pa.Schema, with_keys: bool = True

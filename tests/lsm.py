@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import lance
 import pyarrow as pa
 from lance.mem_wal import LsmScanner, ShardSnapshot
+
+
+@contextlib.contextmanager
+def cache_budget(max_bytes: int) -> Iterator[None]:
+    """The lookup cache limited to ``max_bytes`` (0: off) inside the block."""
+    from exec_nodes.lookup import CACHE
+
+    saved = CACHE.max_bytes
+    CACHE.max_bytes = max_bytes
+    try:
+        yield
+    finally:
+        CACHE.max_bytes = saved
 
 
 def lance_snapshots(uri: str, storage_options: dict | None = None) -> list[ShardSnapshot]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 import threading
 
@@ -19,7 +18,7 @@ from exec_nodes.lookup import (
     TakeLastExec,
 )
 from planner.lookup import LookupPlan
-from tests.lsm import apply_op, op_sequences, seeded_table
+from tests.lsm import apply_op, cache_budget, op_sequences, seeded_table
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
 COMPOSITE = pa.schema(
@@ -55,7 +54,7 @@ def test_lookups_match_the_model(ops, bucketed, cache):
     reused across base versions and growing MemTables), with one so tight that only some
     fragments fit whole (the rest taken at random), and without it (btree, ``_take_rows``)."""
     budget = {"default": CACHE.max_bytes, "tight": 12 << 10, "off": 0}[cache]
-    with tempfile.TemporaryDirectory() as d, _cache_budget(budget):
+    with tempfile.TemporaryDirectory() as d, cache_budget(budget):
         tbl, model = seeded_table(
             d,
             batch(list(range(0, 26, 2)), 0),
@@ -71,16 +70,6 @@ def test_lookups_match_the_model(ops, bucketed, cache):
         check(tbl, model, probe)
         check(mw.open_table(d), model, probe)  # another handle: WAL tails
         tbl.close()
-
-
-@contextlib.contextmanager
-def _cache_budget(max_bytes):
-    saved = CACHE.max_bytes
-    CACHE.max_bytes = max_bytes
-    try:
-        yield
-    finally:
-        CACHE.max_bytes = saved
 
 
 def test_lookup_cache_stays_within_its_budget_and_evicts_oldest():
@@ -262,7 +251,7 @@ def test_base_rows_come_back_in_key_order_across_cached_and_taken_fragments(tmp_
     want = [{"k": k, "v": f"big{k}-{noise[k]}" if k < 4000 else f"v{k}-1"} for k in probe]
     only_big = [k for k in probe if k < 4000]
     for budget in (CACHE.max_bytes, 1 << 20, 0):  # all whole; only the small one; btree
-        with _cache_budget(budget):
+        with cache_budget(budget):
             CACHE.clear()
             reopened = mw.open_table(str(tmp_path))
             assert reopened.lookup(probe).to_pylist() == want
