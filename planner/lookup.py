@@ -85,6 +85,10 @@ def plan_lookup(
     """Build the lookup plan of ``keys`` (a table of the primary-key columns)."""
     pk = list(snapshot.primary_key)
     keys = distinct_keys(keys.select(pk))
+    if keys.num_rows > 64:
+        # Every source probes them in key order (KeySet sorts them for its cache-friendly
+        # search): sorted once here, each of those sorts runs over sorted input.
+        keys = keys.sort_by([(k, "ascending") for k in pk])
     base = BaseLookupExec(snapshot.dataset, source_schema(snapshot.wal_schema), pk)
     # Probed through its btree, the base table stays on the index while it catches up: the
     # generations of the gap are probed like newer ones and the base only where it is indexed.
