@@ -8,6 +8,9 @@ insert the rest):
   task's MemTables flushed), against the in-process writer (``tbl.upsert`` of the same rows,
   flushed), and against Spark writing into a plain Lance table with ``merge_insert`` per Arrow
   batch (the usual alternative; a lost commit race is retried);
+* the floor of any Python-side sink: the same rows shuffled into one task per region and
+  handed to Python workers as Arrow batches that are only counted (what ``memwal_sql.spark.write``
+  and the ``merge_insert`` anchor both pay before writing anything);
 * read rows/s through ``spark.read.format("memwal")`` (rows reach Spark: ``count`` of every
   column), against ``tbl.to_arrow()``.
 
@@ -84,6 +87,11 @@ def merge_insert_partitions(uri: str):
     return write
 
 
+def count_batches(batches):
+    """A mapInArrow function that only counts its rows: Spark's cost of reaching Python."""
+    yield pa.RecordBatch.from_pydict({"n": [sum(b.num_rows for b in batches)]})
+
+
 def best(fn, runs: int, *, warm_up: bool = True) -> float:
     if warm_up:
         fn()
@@ -118,6 +126,9 @@ def main() -> None:
                 for batch in data.to_batches(max_chunksize=10_000):
                     tbl.upsert(batch)
 
+        def python_floor() -> None:
+            df.repartition(4, "id").mapInArrow(count_batches, "n long").collect()
+
         def merge_insert() -> None:
             uri = tempfile.mkdtemp(dir=work) + "/plain"
             lance.write_dataset(base, uri)
@@ -137,6 +148,7 @@ def main() -> None:
         seconds = {
             "spark_write": best(spark_ingest, args.runs),
             "in_process_write": best(in_process, args.runs),
+            "spark_python_floor": best(python_floor, args.runs),
             "spark_read": best(spark_read, args.runs),
             "to_arrow_read": best(arrow_read, args.runs),
         }
@@ -149,6 +161,9 @@ def main() -> None:
         ratios = {
             "spark_write_vs_in_process": rps["spark_write"] / rps["in_process_write"],
             "spark_write_vs_merge_insert": rps["spark_write"] / rps["spark_merge_insert"],
+            "spark_write_vs_python_floor": rps["spark_write"] / rps["spark_python_floor"],
+            # No Python-side sink can beat merge_insert by more than this on this machine.
+            "python_floor_vs_merge_insert": rps["spark_python_floor"] / rps["spark_merge_insert"],
             "spark_read_vs_to_arrow": rps["spark_read"] / rps["to_arrow_read"],
         }
         print(f"\n{args.rows:,} rows upserted into {args.base_rows:,}, local[2], bucket(id, 4)")
