@@ -441,20 +441,18 @@ class DeduplicateExec(ExecNode):
         read_columns = None if self.predicate is not None else columns
         pk = self.primary_key
         sources = self.newer
-        latest = self._generation_versions(in_gens)
-        if latest is not None:
-            rows, pos = latest
-            at = None  # the rows to output, or None for all
-            if self.predicate is not None and rows.num_rows:
-                hit = pc.fill_null(evaluate(self.predicate, rows), False)
-                at = pc.indices_nonzero(hit).to_numpy()
-            if replaced.any():  # a MemTable holds a newer version of some of them
-                at = np.flatnonzero(~replaced[pos]) if at is None else at[~replaced[pos[at]]]
-            if at is not None:
-                rows = rows.take(pa.array(at))
+        kept = self._generation_entries(in_gens)
+        if kept is not None:
+            sources = [s for s in self.newer if not isinstance(s, GenerationScanExec)]
+            # _rowaddr always: a count(*) still takes a column's worth of rows.
+            names = [f.name for f in output] or [ROWADDR]
+            taken = []
+            for g, whole, entry in kept:
+                g.count_open()
+                taken.append(self._versions_in(whole, names, entry, replaced))
+            rows = pa.concat_tables(taken)
             if rows.num_rows:
                 yield from conform(rows, output).to_batches()
-            sources = [s for s in self.newer if not isinstance(s, GenerationScanExec)]
         for source in sources:
             rows = source.read_counted(read_columns, self.predicate)
             if not rows.num_rows:
@@ -466,40 +464,50 @@ class DeduplicateExec(ExecNode):
             if keep.any():
                 yield from conform(rows.filter(pa.array(keep)), output).to_batches()
 
-    def _generation_versions(self, in_gens: Versions) -> tuple[pa.Table, np.ndarray] | None:
-        """The rows of the flushed generations that are their key's live version among them,
-        as one table, with each row's entry in ``in_gens``; None when a generation is too big
-        to keep whole. Kept per ``in_gens`` (generations never change): a query then
-        evaluates its filter once over one table, where one pass per generation cost ~0.3 ms
-        of Arrow calls each (``bench_read``'s filtered scan has 12 generations)."""
+    def _generation_entries(
+        self, in_gens: Versions
+    ) -> list[tuple[GenerationScanExec, pa.Table, np.ndarray]] | None:
+        """Per flushed generation: its rows (every physical row, kept whole in the lookup
+        cache and shared with lookups) and the entry in ``in_gens`` each is the live version
+        of, or -1; None when a generation is too big to keep whole. The entries are kept per
+        ``in_gens`` (generations never change), 4 bytes a row: a query then selects a
+        generation's rows with one filter evaluation and one ``take``."""
         gens = [s for s in self.newer if isinstance(s, GenerationScanExec)]
-        if not gens:
+        wholes = [g.whole_rows() for g in gens]
+        if not gens or any(w is None for w in wholes):
             return None
 
-        def load() -> tuple[tuple[Versions, pa.Table, np.ndarray] | None, int]:
-            tables, entries = [], []
-            for g in gens:
-                whole = g.whole_rows()
-                pos = (
-                    None
-                    if whole is None
-                    else in_gens.entries_at(_source_name(g), whole.column(ROWADDR).to_numpy())
-                )
-                if whole is None or pos is None:
-                    return None, 64
-                tables.append(whole.filter(pa.array(pos >= 0)))
-                entries.append(pos[pos >= 0])
-            rows = pa.concat_tables(tables).combine_chunks()
-            at = np.concatenate(entries)
-            return (in_gens, rows, at), rows.nbytes + at.nbytes
+        def load() -> tuple[tuple[Versions, list[np.ndarray]], int]:
+            entries = []
+            for g, whole in zip(gens, wholes):
+                assert whole is not None
+                pos = in_gens.entries_at(_source_name(g), whole.column(ROWADDR).to_numpy())
+                assert pos is not None  # in_gens indexed every generation it was built from
+                entries.append(pos.astype(np.int32))
+            return (in_gens, entries), sum(e.nbytes for e in entries)
 
-        got = CACHE.get(
-            "generation_versions",
+        _, entries = CACHE.get(
+            "generation_entries",
             "\n".join(sorted(g.uri for g in gens)),
             load,
-            lambda entry: entry is None or entry[0] is in_gens,  # its entries index in_gens
+            lambda entry: entry[0] is in_gens,  # they index this in_gens
         )
-        return None if got is None else (got[1], got[2])
+        return [(g, w, e) for g, w, e in zip(gens, wholes, entries)]
+
+    def _versions_in(
+        self, whole: pa.Table, names: list[str], entry: np.ndarray, replaced: np.ndarray
+    ) -> pa.Table:
+        """Columns ``names`` of the rows of one generation that are live versions no MemTable
+        replaces and that match the predicate."""
+        if self.predicate is not None and whole.num_rows:
+            hit = pc.fill_null(evaluate(self.predicate, whole), False)
+            at = pc.indices_nonzero(hit).to_numpy()
+            at = at[entry[at] >= 0]
+        else:
+            at = np.flatnonzero(entry >= 0)
+        if len(at) and replaced.any():  # a MemTable holds a newer version of some of them
+            at = at[~replaced[entry[at]]]
+        return whole.select(names).take(pa.array(at))
 
     def _base_scan(
         self, part: Sequence[FragmentRange] | None, output: pa.Schema, with_keys: bool = True

@@ -187,6 +187,16 @@ def test_deduplicate_merges_base_and_newer_sources(base, generation):
         predicate=Compare("v", "=", pa.scalar("b1")),
     )
     assert check_contract(filtered, want_rows=0).num_rows == 0
+    # Nor does a generation's version that a MemTable replaced (key 5, v='g1').
+    replaced = DeduplicateExec(
+        newer,
+        base,
+        [None],
+        primary_key=["id"],
+        output=out_schema,
+        predicate=Compare("v", "=", pa.scalar("g1")),
+    )
+    assert check_contract(replaced).column("id").to_pylist() == [2]
 
 
 def test_take_last_of_a_memtable_returns_the_newest_duplicate():
