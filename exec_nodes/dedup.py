@@ -449,10 +449,11 @@ class DeduplicateExec(ExecNode):
             taken = []
             for g, whole, entry in kept:
                 g.count_open()
-                taken.append(self._versions_in(whole, names, entry, replaced))
-            rows = pa.concat_tables(taken)
-            if rows.num_rows:
-                yield from conform(rows, output).to_batches()
+                rows = self._versions_in(whole, names, entry, replaced)
+                if rows.num_rows:  # no empty batches: a consumer may stop at one
+                    taken.append(rows)
+            if taken:
+                yield from conform(pa.concat_tables(taken), output).to_batches()
         for source in sources:
             rows = source.read_counted(read_columns, self.predicate)
             if not rows.num_rows:

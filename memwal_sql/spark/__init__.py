@@ -91,6 +91,10 @@ def to_spark(spark: Any, result: Any) -> Any:
         ``to_spark(spark, ctx.sql("SELECT tenant, count(*) FROM t GROUP BY 1"))``
     """
     table = as_arrow_table(result)
+    # PySpark 4.3 builds no rows from a table whose first batch is empty (a query's result
+    # may start with one): only batches with rows are handed over.
+    batches = [b for b in table.to_batches() if b.num_rows]
+    table = pa.Table.from_batches(batches, schema=table.schema)
     return spark.createDataFrame(table.cast(spark_compatible(table.schema)))
 
 

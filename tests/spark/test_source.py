@@ -124,6 +124,16 @@ def test_write_sends_each_region_to_exactly_one_task(spark, table):
     assert sorted_rows(got).equals(sorted_rows(new))
 
 
+def test_a_result_that_starts_with_empty_batches_reaches_spark_whole(spark):
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string())])
+    rows = pa.table({"id": [7, 8], "name": ["a", None]}, schema=schema)
+    empty = pa.RecordBatch.from_pylist([], schema=schema)
+    table = pa.Table.from_batches([empty, empty, *rows.to_batches(), empty, *rows.to_batches()])
+    got = mws.to_spark(spark, table).toArrow()
+    assert got.column("id").to_pylist() == [7, 8, 7, 8]
+    assert got.column("name").to_pylist() == ["a", None, "a", None]
+
+
 def test_a_sql_result_reaches_spark_with_the_same_rows_and_types(spark, table):
     ctx = mw.connect()
     ctx.register("t", mw.open_table(table))
