@@ -14,11 +14,14 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
+
+_log = logging.getLogger(__name__)
 
 _ROW = "__memwal_row"
 
@@ -34,10 +37,17 @@ def on_flushed(listener: Callable[[Sequence[pa.RecordBatch]], None]) -> None:
 
 
 def flushed(memtable: MemTable) -> None:
-    """Tell the listeners (:func:`on_flushed`) that ``memtable`` has been flushed."""
+    """Tell the listeners (:func:`on_flushed`) that ``memtable`` has been flushed.
+
+    A listener only releases what a reader kept: one that fails is logged, and the flush,
+    already committed, still counts as done (the writer must not fail over a cache).
+    """
     batches = memtable.batches()
     for listener in list(_FLUSH_LISTENERS):
-        listener(batches)
+        try:
+            listener(batches)
+        except Exception:
+            _log.exception("a flush listener failed after generation %d", memtable.generation)
 
 
 def last_per_key(keys: pa.Table, rank: np.ndarray) -> tuple[pa.Table, np.ndarray]:

@@ -760,3 +760,19 @@ def test_a_sentinel_left_in_torn_wal_still_fences_its_older_writer(tmp_path):
         3,
         200,
     ]
+
+
+def test_a_failing_flush_listener_leaves_the_flush_done(table, monkeypatch, caplog):
+    from memwal_sql.writer import memtable
+
+    def broken(batches):
+        raise RuntimeError("listener bug")
+
+    monkeypatch.setattr(memtable, "_FLUSH_LISTENERS", [broken, *memtable._FLUSH_LISTENERS])
+    with table.writer() as w:
+        w.upsert(rows([1, 2]))
+        w.flush()
+        w.upsert(rows([3]))  # the writer took no failure from the listener
+    assert [g.generation for g in manifest(table, w.region_id).flushed_generations] == [1, 2]
+    assert table.to_arrow().sort_by("id").column("id").to_pylist() == [1, 2, 3]
+    assert "flush listener failed after generation 1" in caplog.text
