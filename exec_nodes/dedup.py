@@ -192,6 +192,10 @@ class Versions:
         """For each of ``keys``, its entry here, or -1."""
         return self._keyset.positions(keys)
 
+    def contains(self, keys: pa.Table | pa.RecordBatch) -> np.ndarray:
+        """Which of ``keys`` have a version here."""
+        return self._keyset.contains(keys)
+
     def base_mask(self, lookup: BaseLookupExec) -> RowMask | None:
         """The base rows of these keys (None: the base is too big to keep a key index), kept
         per base version: a cached MemTable part asks again."""
@@ -564,7 +568,7 @@ class DeduplicateExec(ExecNode):
             else:
                 assert in_gens is not None and in_mems is not None
                 keys = batch.select(self.primary_key)
-                newer = (in_gens.positions(keys) >= 0) | (in_mems.positions(keys) >= 0)
+                newer = in_gens.contains(keys) | in_mems.contains(keys)
                 if newer.any():
                     batch = batch.filter(pa.array(~newer))
             if batch.num_rows:

@@ -8,6 +8,8 @@ and probing it per batch avoids Arrow's ``is_in``, which rebuilds its hash table
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -69,6 +71,13 @@ def _pack(keys: pa.Table, packing: list[tuple[int, int]]) -> tuple[np.ndarray, n
     return packed, inside
 
 
+# A membership bitset (KeySet._bitset) is built for sets of at least this many integer keys
+# spanning at most this many values (16 MiB of bits), at a test of at least this many keys.
+_BITSET_MIN_KEYS = 4096
+_BITSET_MAX_BITS = 1 << 27
+_BITSET_MIN_PROBES = 4096
+
+
 class KeySet:
     """An immutable set of primary keys that also tells where each key sits (for a key that
     occurs more than once, its first occurrence).
@@ -86,6 +95,7 @@ class KeySet:
     def __init__(self, keys: pa.Table) -> None:
         self.columns = keys.column_names
         self._size = keys.num_rows
+        self._bits: np.ndarray | Literal[False] | None = None  # see _bitset
         col = keys.column(0) if keys.num_columns == 1 else None
         self._integer = col is not None and pa.types.is_integer(col.type)
         self._packing = None if self._integer else _packing(keys)
@@ -110,7 +120,40 @@ class KeySet:
 
     def contains(self, keys: pa.Table | pa.RecordBatch) -> np.ndarray:
         """A boolean mask: which rows of ``keys`` (same key columns) are in the set."""
-        return self.positions(keys) >= 0
+        bits = self._bitset() if keys.num_rows >= _BITSET_MIN_PROBES else None
+        if bits is None:
+            return self.positions(keys) >= 0
+        if self._packing is None:
+            probe, inside = keys.column(0).to_numpy().astype(np.int64), None
+        else:
+            probe, inside = _pack(keys.select(self.columns), self._packing)
+        rel = probe - int(self._sorted[0])
+        ok = (rel >= 0) & (rel < len(bits) * 8)
+        if inside is not None:
+            ok &= inside
+        at = np.where(ok, rel, 0)
+        return ok & ((bits[at >> 3] >> (at & 7)) & 1).astype(bool)
+
+    def _bitset(self) -> np.ndarray | None:
+        """One bit per value between the set's smallest and largest integer key, built at the
+        first big membership test; None for a set too small to need it or too sparse.
+
+        A scan whose base table is too big for a cached key index tests every base row
+        against the newer keys: in random key order, a binary search over a big set misses
+        the CPU caches at every step (6M probes of a 1.3M-key set: 1.4 s), one bit each does
+        not (50 ms).
+        """
+        if not self._integer or self._size < _BITSET_MIN_KEYS or self._sorted.dtype == np.uint64:
+            return None
+        if self._bits is None:
+            span = int(self._sorted[-1]) - int(self._sorted[0]) + 1
+            if span > _BITSET_MAX_BITS:
+                self._bits = False
+            else:
+                flags = np.zeros(span, dtype=bool)
+                flags[self._sorted.astype(np.int64) - self._sorted[0]] = True
+                self._bits = np.packbits(flags, bitorder="little")
+        return None if self._bits is False else self._bits
 
     def positions(self, keys: pa.Table | pa.RecordBatch) -> np.ndarray:
         """For each row of ``keys``, the row of the set's input holding that key, or -1."""
@@ -128,18 +171,26 @@ class KeySet:
                     return out
             else:
                 probe, inside = _pack(keys.select(self.columns), self._packing)
-            # A big key set is cold in the CPU caches; probing in key order halves the misses.
+            # Only the set's keys within the probes' range can match: batches of a table kept
+            # in key order then search a small window, not the whole set (6M ordered probes
+            # of a 1.3M-key set: 231 -> 187 ms).
+            lo, hi = np.searchsorted(self._sorted, [probe.min(), probe.max()])
+            hi = min(int(hi) + 1, len(self._sorted))
+            if hi <= lo:  # every probe is above every key of the set
+                return out
+            window = self._sorted[lo:hi]
+            # A big window is cold in the CPU caches; probing in key order halves the misses.
             order = np.argsort(probe, kind="stable") if n > 64 else None
             idx = np.empty(n, dtype=np.intp)
             if order is None:
-                idx[:] = np.searchsorted(self._sorted, probe)
+                idx[:] = np.searchsorted(window, probe)
             else:
-                idx[order] = np.searchsorted(self._sorted, probe[order])
-            idx[idx == len(self._sorted)] = 0
-            hit = self._sorted[idx] == probe
+                idx[order] = np.searchsorted(window, probe[order])
+            idx[idx == len(window)] = 0
+            hit = window[idx] == probe
             if inside is not None:
                 hit &= inside
-            out[hit] = self._order[idx[hit]]
+            out[hit] = self._order[lo + idx[hit]]
             return out
         table = keys if isinstance(keys, pa.Table) else pa.Table.from_batches([keys])
         encoded = encode_keys(table.select(self.columns))

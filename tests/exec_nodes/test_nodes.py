@@ -110,6 +110,53 @@ def test_keyset_and_last_per_key():
     assert dict(zip(keys.column("id").to_pylist(), best.tolist())) == {5: 20, 7: 3}
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    keys=st.lists(st.integers(-50, 50), unique=True),
+    probes=st.lists(st.integers(-80, 80), max_size=200),
+    composite=st.booleans(),
+)
+def test_keyset_positions_match_a_dict(keys, probes, composite):
+    """Integer and packed composite keys, probes below, inside and above the set's range
+    (the search is confined to the probes' window of the set)."""
+
+    def table(values):
+        cols = {"k": pa.array(values, pa.int64())}
+        if composite:
+            cols["j"] = pa.array([v % 3 for v in values], pa.int32())
+        return pa.table(cols)
+
+    where = {k: i for i, k in enumerate(keys)}
+    got = KeySet(table(keys)).positions(table(probes)).tolist()
+    assert got == [where.get(p, -1) for p in probes]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    spread=st.sampled_from([10_000, 1 << 20, 1 << 40]),  # dense, sparse, too wide for bits
+    composite=st.booleans(),
+    probe_dtype=st.sampled_from([pa.int64(), pa.int32()]),
+)
+def test_keyset_contains_of_big_sets_matches_numpy(seed, spread, composite, probe_dtype):
+    """Sets and probe batches big enough for the membership bitset, keys of the set at its
+    edges, probes outside its range and outside a composite key's packed range."""
+    rng = np.random.default_rng(seed)
+    keys = np.unique(rng.integers(-spread, spread, 6000))
+    probes = np.concatenate([rng.choice(keys, 3000), rng.integers(-2 * spread, 2 * spread, 3000)])
+    if probe_dtype == pa.int32():
+        keys, probes = keys // (1 << 12), probes // (1 << 12)
+
+    def table(values):
+        cols = {"k": pa.array(values, probe_dtype)}
+        if composite:
+            cols["j"] = pa.array(np.abs(values) % 5, pa.int32())
+        return pa.table(cols)
+
+    got = KeySet(table(keys)).contains(table(probes))
+    assert got.tolist() == np.isin(probes, keys).tolist()
+
+
 def test_memtable_scan_reads_tagged_rows_and_applies_sql_semantics():
     rows = wal_rows([1, 2, 3, 4], "m", f=[1.0, 2.0, None, -0.0])
     node = MemTableScanExec("r", 7, rows.to_batches(), SOURCE)
