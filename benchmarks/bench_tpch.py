@@ -56,7 +56,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--scale", type=float, default=0.1)
     ap.add_argument("--rounds", type=int, default=4, help="change rounds (at least 3)")
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--stages", default="live,flushed,merged,compacted")
     ap.add_argument(
         "--data-storage-version",
