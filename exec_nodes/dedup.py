@@ -454,7 +454,7 @@ class DeduplicateExec(ExecNode):
             for g, whole, entry in kept:
                 g.count_open()
                 rows = self._versions_in(whole, names, entry, replaced)
-                if rows.num_rows:  # no empty batches: a consumer may stop at one
+                if rows.num_rows:  # no empty batches (PySpark's createDataFrame stops at one)
                     taken.append(rows)
             if taken:
                 yield from conform(pa.concat_tables(taken), output).to_batches()

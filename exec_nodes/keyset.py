@@ -123,11 +123,8 @@ class KeySet:
         bits = self._bitset() if keys.num_rows >= _BITSET_MIN_PROBES else None
         if bits is None:
             return self.positions(keys) >= 0
-        if self._packing is None:
-            probe, inside = keys.column(0).to_numpy().astype(np.int64), None
-        else:
-            probe, inside = _pack(keys.select(self.columns), self._packing)
-        rel = probe - int(self._sorted[0])
+        probe, inside = self._integer_probe(keys)
+        rel = probe.astype(np.int64, copy=False) - int(self._sorted[0])
         ok = (rel >= 0) & (rel < len(bits) * 8)
         if inside is not None:
             ok &= inside
@@ -140,8 +137,8 @@ class KeySet:
 
         A scan whose base table is too big for a cached key index tests every base row
         against the newer keys: in random key order, a binary search over a big set misses
-        the CPU caches at every step (6M probes of a 1.3M-key set: 1.4 s), one bit each does
-        not (50 ms).
+        the CPU caches at every step (6M shuffled probes of a 1.3M-key set: 0.9-1.1 s), one bit
+        each does not (90 ms). The bits are built without a bool array of the whole range.
         """
         if not self._integer or self._size < _BITSET_MIN_KEYS or self._sorted.dtype == np.uint64:
             return None
@@ -150,10 +147,24 @@ class KeySet:
             if span > _BITSET_MAX_BITS:
                 self._bits = False
             else:
-                flags = np.zeros(span, dtype=bool)
-                flags[self._sorted.astype(np.int64) - self._sorted[0]] = True
-                self._bits = np.packbits(flags, bitorder="little")
+                # The keys are sorted: OR each byte's bits together, byte by byte in order.
+                rel = self._sorted.astype(np.int64) - int(self._sorted[0])
+                byte = rel >> 3
+                starts = np.flatnonzero(np.r_[True, byte[1:] != byte[:-1]])
+                bits = np.zeros((span + 7) // 8, dtype=np.uint8)
+                masks = np.left_shift(1, rel & 7).astype(np.uint8)
+                bits[byte[starts]] = np.bitwise_or.reduceat(masks, starts)
+                self._bits = bits
         return None if self._bits is False else self._bits
+
+    def _integer_probe(
+        self, keys: pa.Table | pa.RecordBatch
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """``keys`` as the integers the set is sorted by, and which of them lie inside a
+        composite key's packed ranges (None: a one-column key, all of them)."""
+        if self._packing is None:
+            return keys.column(0).to_numpy(), None
+        return _pack(keys.select(self.columns), self._packing)
 
     def positions(self, keys: pa.Table | pa.RecordBatch) -> np.ndarray:
         """For each row of ``keys``, the row of the set's input holding that key, or -1."""
@@ -162,15 +173,12 @@ class KeySet:
         if n == 0 or self._size == 0:
             return out
         if self._integer:
-            if self._packing is None:
-                probe, inside = keys.column(0).to_numpy(), None
-                if n == 1:  # a point lookup asks every source for one key: skip the vector ops
-                    i = int(self._sorted.searchsorted(probe[0]))
-                    if i < len(self._sorted) and self._sorted[i] == probe[0]:
-                        out[0] = self._order[i]
-                    return out
-            else:
-                probe, inside = _pack(keys.select(self.columns), self._packing)
+            probe, inside = self._integer_probe(keys)
+            if n == 1 and inside is None:  # a point lookup asks every source for one key
+                i = int(self._sorted.searchsorted(probe[0]))
+                if i < len(self._sorted) and self._sorted[i] == probe[0]:
+                    out[0] = self._order[i]
+                return out
             # Only the set's keys within the probes' range can match: batches of a table kept
             # in key order then search a small window, not the whole set (6M ordered probes
             # of a 1.3M-key set: 231 -> 187 ms).
