@@ -19,6 +19,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from decimal import Decimal
+from operator import attrgetter
 from typing import Any
 
 import pyarrow as pa
@@ -174,15 +175,16 @@ class _Decoder:
             raise _Undecodable
         column = self._column(s.value.selection)
         typ = self.schema.field(column).type
-        literals = [o.literal for o in s.options if o.WhichOneof("rex_type") == "literal"]
-        if len(literals) != len(s.options):
-            raise _Undecodable
-        # A deprecated literal kind (read from unknown fields) has no name here: kind None.
+        # An option that is not a literal reads as an empty literal (kind None), as does a
+        # deprecated literal kind (read from unknown fields): both take the checked path.
+        literals = [o.literal for o in s.options]
         kinds = {lit.WhichOneof("literal_type") for lit in literals}
-        if len(kinds) == 1:  # one array for the whole list, not a scalar per value
+        if len(kinds) == 1 and None not in kinds:  # one array for the list, not a scalar each
             fast = _plain_literals(literals, kinds.pop(), typ)
             if fast is not None:
                 return InList(column, fast)
+        if any(o.WhichOneof("rex_type") != "literal" for o in s.options):
+            raise _Undecodable
         values = [self._literal(lit, typ) for lit in literals]
         present = [v for v in values if v is not None]
         array = (
@@ -237,7 +239,7 @@ def _plain_literals(literals: list[Any], kind: str, typ: pa.DataType) -> pa.Arra
     ):
         return None
     try:
-        return pa.array([getattr(lit, kind) for lit in literals]).cast(typ)  # safe: overflow raises
+        return pa.array(list(map(attrgetter(kind), literals))).cast(typ)  # safe: overflow raises
     except (pa.ArrowException, ValueError, OverflowError):
         return None
 

@@ -103,15 +103,17 @@ def write(
 ) -> WriteSummary:
     """Write a Spark DataFrame into the table at ``uri`` with one task per region.
 
-    Each row's region is computed in Arrow exactly as the table's writer routes it (Spark's
-    own ``hash()`` is another murmur3), the rows are repartitioned so that every region is
-    written by one task, and each task returns once its rows are durable. Returns what was
-    written (the tasks' reports, gathered by the job's commit).
+    Each row's region is computed exactly as the table's writer routes it: by Spark itself
+    for bucket specs on columns Spark hashes as Lance does (integers, strings, dates,
+    booleans), otherwise in Arrow on the executors. The rows are repartitioned so that every
+    region is written by one task, and each task returns once its rows are durable. Returns
+    what was written (the tasks' reports, gathered by the job's commit).
 
     Example:
         ``write(spark.read.parquet("events/"), "/data/events")``
     """
     import memwal_sql as mw
+    from memwal_sql.table import region_id_for
 
     if operation not in ("upsert", "delete"):
         raise InvalidInputError(f"operation must be 'upsert' or 'delete', not {operation!r}")
@@ -124,20 +126,21 @@ def write(
     out = df
     if routable:
         assert spec is not None
-        tagged = df.mapInArrow(_tagger(uri, options), _with_column(df.schema, _REGION))
-        regions = _every_region(spec)
-        if regions is None:  # values that only the data tells: one pass to find them
-            regions = sorted(r[_REGION] for r in tagged.select(_REGION).distinct().collect())
-        if regions:
-            part = {r: _partition_value(i, len(regions)) for i, r in enumerate(regions)}
-            from pyspark.sql import functions as F
+        combinations = _bucket_combinations(spec)
+        in_spark = _combination_in_spark(df, spec, table.schema) if combinations else None
+        if in_spark is not None:  # no Python pass before the shuffle
+            assert combinations is not None
+            out = _one_task_per_value(df, in_spark, list(range(len(combinations))))
+        else:
+            tagged = df.mapInArrow(_tagger(uri, options), _with_column(df.schema, _REGION))
+            if combinations is not None:
+                regions = sorted(region_id_for(spec, values) for values in combinations)
+            else:  # values that only the data tells: one pass to find them
+                regions = sorted(r[_REGION] for r in tagged.select(_REGION).distinct().collect())
+            if regions:
+                from pyspark.sql import functions as F
 
-            mapping = F.create_map(*[x for r, v in part.items() for x in (F.lit(r), F.lit(v))])
-            out = (
-                tagged.withColumn(_PART, mapping[F.col(_REGION)])
-                .repartition(len(regions), _PART)
-                .drop(_REGION, _PART)
-            )
+                out = _one_task_per_value(tagged, F.col(_REGION), regions).drop(_REGION)
     with tempfile.TemporaryDirectory() as d:
         summary_path = os.path.join(d, "summary.json")
         writer = (
@@ -181,11 +184,10 @@ def _tagger(uri: str, options: dict[str, str]) -> Any:
     return tag
 
 
-def _every_region(spec: Any) -> list[str] | None:
-    """Every region id a spec of bucket and unsharded fields can route to; None for others."""
+def _bucket_combinations(spec: Any) -> list[tuple[int, ...]] | None:
+    """Every region-value tuple of a spec of bucket and unsharded fields (None for others),
+    in the order :func:`_combination_in_spark` numbers them."""
     from itertools import product
-
-    from memwal_sql.table import region_id_for
 
     ranges = []
     for f in spec.fields:
@@ -195,7 +197,60 @@ def _every_region(spec: Any) -> list[str] | None:
             ranges.append(range(1))
         else:
             return None
-    return sorted(region_id_for(spec, values) for values in product(*ranges))
+    return list(product(*ranges))
+
+
+# Spark's hash() is Lance's bucket hash (murmur3 x86_32, strings hashed as Spark's
+# hashUnsafeBytes) with seed 42 instead of 0, and hashes each further argument with the
+# previous result as its seed. This int hashes to 0 under seed 42, so
+# hash(lit(_SEED_ZERO), c) is Lance's hash of c.
+_SEED_ZERO = -1693959553
+
+# Arrow types whose values Spark hashes exactly as Lance 14 does, and their Spark type names.
+_HASHED_ALIKE = {
+    pa.int8(): "tinyint",
+    pa.int16(): "smallint",
+    pa.int32(): "int",
+    pa.int64(): "bigint",
+    pa.string(): "string",
+    pa.large_string(): "string",
+    pa.date32(): "date",
+    pa.bool_(): "boolean",
+}
+
+
+def _combination_in_spark(df: Any, spec: Any, schema: pa.Schema) -> Any:
+    """A Spark column with each row's index in :func:`_bucket_combinations`, computed by Spark
+    bit-exactly as the writer routes the row; None when a bucket column's type is not one
+    Spark hashes as Lance does (or differs from the table's)."""
+    from pyspark.sql import functions as F
+
+    spark_types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    index, stride = F.lit(0), 1
+    for f in reversed(spec.fields):
+        if f.transform == "unsharded":
+            continue
+        (column,) = f.source_columns
+        if column not in schema.names:
+            return None
+        arrow_type = schema.field(column).type
+        if arrow_type not in _HASHED_ALIKE or spark_types.get(column) != _HASHED_ALIKE[arrow_type]:
+            return None
+        h = F.hash(F.lit(_SEED_ZERO), F.col(column)).bitwiseAND(F.lit(0x7FFFFFFF))
+        n = int(f.params["num_buckets"])
+        index = index + (h % F.lit(n)) * F.lit(stride)
+        stride *= n
+    return index
+
+
+def _one_task_per_value(df: Any, value: Any, values: list[Any]) -> Any:
+    """``df`` repartitioned so that the rows of each of ``values`` (of the column ``value``)
+    land in a partition of their own."""
+    from pyspark.sql import functions as F
+
+    part = {v: _partition_value(i, len(values)) for i, v in enumerate(values)}
+    mapping = F.create_map(*[x for v, p in part.items() for x in (F.lit(v), F.lit(p))])
+    return df.withColumn(_PART, mapping[value]).repartition(len(values), _PART).drop(_PART)
 
 
 def _with_column(schema: Any, name: str) -> Any:

@@ -114,21 +114,29 @@ def test_keyset_and_last_per_key():
 @given(
     keys=st.lists(st.integers(-50, 50), unique=True),
     probes=st.lists(st.integers(-80, 80), max_size=200),
-    composite=st.booleans(),
+    kind=st.sampled_from(["int", "composite", "string"]),
 )
-def test_keyset_positions_match_a_dict(keys, probes, composite):
-    """Integer and packed composite keys, probes below, inside and above the set's range
-    (the search is confined to the probes' window of the set)."""
+def test_keyset_positions_match_a_dict(keys, probes, kind):
+    """Integer, packed composite and hashed string keys, probes below, inside and above the
+    set's range (the search is confined to the probes' window of the set); a set built by
+    ``indexing`` finds each probe's value."""
 
     def table(values):
+        if kind == "string":
+            return pa.table({"k": pa.array([f"k{v}" for v in values], pa.string())})
         cols = {"k": pa.array(values, pa.int64())}
-        if composite:
+        if kind == "composite":
             cols["j"] = pa.array([v % 3 for v in values], pa.int32())
         return pa.table(cols)
 
     where = {k: i for i, k in enumerate(keys)}
     got = KeySet(table(keys)).positions(table(probes)).tolist()
     assert got == [where.get(p, -1) for p in probes]
+    s, values = KeySet.indexing(table(keys), np.array(keys, dtype=np.int64) * 10)
+    pos = s.positions(table(probes))
+    assert [int(values[i]) if i >= 0 else None for i in pos] == [
+        p * 10 if p in where else None for p in probes
+    ]
 
 
 @settings(max_examples=30, deadline=None)

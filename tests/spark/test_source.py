@@ -8,6 +8,7 @@ import pytest
 
 import memwal_sql as mw
 import memwal_sql.spark as mws
+from memwal_sql.index.region_spec import RegionField
 from tests.lsm import lance_latest_rows
 
 pytestmark = pytest.mark.spark
@@ -122,6 +123,48 @@ def test_write_sends_each_region_to_exactly_one_task(spark, table):
     assert written == [1] * len(summary.regions) and len(summary.regions) == 4
     got = mw.open_table(table).to_arrow(filter="id >= 1000")
     assert sorted_rows(got).equals(sorted_rows(new))
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pa.array([0, -1, 7, 2**63 - 1, -(2**63), None], pa.int64()),
+        pa.array([0, -1, 2**31 - 1, -(2**31), None], pa.int32()),
+        pa.array([-32768, -1, 5, None], pa.int16()),
+        pa.array([-128, 3, None], pa.int8()),
+        # Every tail length (Spark hashes the last len % 4 bytes one by one), multi-byte.
+        pa.array(["", "a", "ab", "abc", "abcd", "abcde", "é", "ß€", "日本語の", None]),
+        pa.array(["x", "yy", "zzz", None], pa.large_string()),
+        pa.array([-719162, 0, 19000, None], pa.date32()),
+        pa.array([True, False, None]),
+    ],
+    ids=lambda a: str(a.type),
+)
+def test_spark_routes_each_row_to_the_bucket_the_writer_does(spark, values):
+    rng = np.random.default_rng(len(values))
+    pad = pa.array(rng.integers(-1000, 1000, 200), pa.int32()).cast(values.type, safe=False)
+    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        pad = pa.array([f"k{i}é" * (i % 5) for i in range(200)], values.type)
+    data = pa.table({"c": pa.concat_arrays([values, pad]), "id": np.arange(len(values) + 200)})
+    spec = mw.RegionSpec.compose(
+        RegionField.bucket("c", 7, field_id="b1"), RegionField.bucket("id", 3, field_id="b2")
+    )
+    index = mws._combination_in_spark(spark.createDataFrame(data), spec, data.schema)
+    got = spark.createDataFrame(data).select(index.alias("i")).toArrow().column("i")
+    combinations = mws._bucket_combinations(spec)
+    expect = [combinations.index(tuple(r.values())) for r in spec.region_values(data).to_pylist()]
+    assert got.to_pylist() == expect
+
+
+def test_write_routes_in_python_when_spark_hashes_the_column_otherwise(spark, table):
+    # An int column for the table's bigint key: Spark would hash it as 4 bytes, the writer
+    # as 8, so the regions are computed in Arrow on the executors instead.
+    new = rows(range(5000, 6000), 5.0)
+    df = spark.createDataFrame(new).selectExpr("cast(id as int) as id", "tenant", "v")
+    assert mws._combination_in_spark(df, mw.open_table(table).region_spec, SCHEMA) is None
+    summary = mws.write(df.repartition(3), table)
+    assert [n for n in summary.regions_per_task if n] == [1] * 4
+    assert sorted_rows(mw.open_table(table).to_arrow(filter="id >= 5000")).equals(sorted_rows(new))
 
 
 def test_a_result_that_starts_with_empty_batches_reaches_spark_whole(spark):
