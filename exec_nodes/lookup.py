@@ -132,6 +132,12 @@ class LookupCache:
                     self.nbytes -= n
         return value
 
+    def peek(self, kind: str, uri: str) -> Any:
+        """The cached value of ``(kind, uri)``, or None; loads nothing, evicts nothing."""
+        with self._lock:
+            entry = self._entries.get((kind, uri))
+        return None if entry is None else entry[0]
+
     def contains(self, kind: str, uri: str) -> bool:
         """Whether ``(kind, uri)`` is cached (it may be evicted the next moment)."""
         with self._lock:
@@ -151,11 +157,14 @@ class LookupCache:
 
 
 _KEY_INDEX_ROW_BYTES = 16  # a cached base key index entry: key and row address, in key order
-# A base's key index may take an eighth of the cache. A bigger base also has more small
-# fragments than the cache holds next to its index: a batch of lookups touching all of them
-# would evict what the next batch needs (allowed a quarter, SQL IN of 1,000 keys over 8M
-# rows took 280 ms; through the btree it takes 76 ms over 10M).
-_KEY_INDEX_SHARE = 8
+_KEY_INDEX_SHARE = 4  # a base's key index may take a quarter of the cache
+# Lookups read a base's fragments whole only while all of them, with its key index, fit in
+# half the cache: a batch of lookups touches every fragment, and a plain LRU cache over
+# budget evicts what the next batch needs (an 8M-row base with its key index: SQL IN of 1,000
+# keys took 280 ms, against about 60 with random takes). Their size in memory is estimated at
+# 3x their stored size (bench_read's rows: 18 MB stored, 49 MB in Arrow).
+_WHOLE_BASE_SHARE = 2
+_MEMORY_PER_STORED_BYTE = 3
 _WHOLE_FRAGMENT_SHARE = 16  # a fragment read whole takes at most 1/16 of the cache
 CACHE = LookupCache(int(os.environ.get("MEMWAL_LOOKUP_CACHE_BYTES", 512 << 20)))
 
@@ -207,6 +216,7 @@ def generation_rows(
 class _BaseFacts:
     rows: int
     cache_key: str  # names the version's rows in the lookup cache
+    stored_bytes: int | None  # of every data file; None when a file's size is not recorded
 
 
 # Per opened dataset (the planner and every probe of a lookup ask): its row count and
@@ -220,7 +230,9 @@ def _base_facts(ds: lance.LanceDataset) -> _BaseFacts:
         frags = ds.get_fragments()
         # Data file names are random: they tell a table recreated at the same uri apart.
         files = [data_file_paths(fr)[0] for fr in (frags[0], frags[-1])] if frags else []
-        facts = _BaseFacts(ds.count_rows(), f"{ds.uri}@{ds.version}:{files}")
+        sizes = [f.file_size_bytes for fr in frags for f in fr.data_files()]
+        stored = sum(n for n in sizes if n is not None) if None not in sizes else None
+        facts = _BaseFacts(ds.count_rows(), f"{ds.uri}@{ds.version}:{files}", stored)
         _BASE_FACTS[ds] = facts
     return facts
 
@@ -504,7 +516,11 @@ class BaseLookupExec(LookupSource):
             d.field_names == [self.primary_key[0]] and d.index_type == "BTree"
             for d in self.dataset.describe_indices()
         )
-        how = "cached key index" if self._fits_cache() else "btree"
+        how = "btree"
+        if self._fits_cache():
+            how = "cached key index, " + (
+                "rows from whole fragments" if self._fragments_fit_cache() else "random takes"
+            )
         frags = "" if self.fragment_ids is None else f" fragments={self.fragment_ids}"
         return (
             f"{self.name}: version={self.dataset.version} gen={BASE_GENERATION} "
@@ -590,7 +606,11 @@ class BaseLookupExec(LookupSource):
         """The rows at ``addrs``, in order: from cached whole fragments where small enough,
         else with one random ``take`` for the rest."""
         fragment, offset = split_addresses(addrs)
-        kept = {int(f): self._fragment_rows(int(f), names) for f in np.unique(fragment)}
+        whole = self._fragments_fit_cache()
+        kept = {
+            int(f): self._fragment_rows(int(f), names) if whole else None
+            for f in np.unique(fragment)
+        }
         # Fragments too big to keep are one owner (-1): one take for all of their rows.
         too_big = [f for f, rows in kept.items() if rows is None]
         owners = np.where(np.isin(fragment, too_big), -1, fragment)
@@ -606,6 +626,14 @@ class BaseLookupExec(LookupSource):
         return table.set_column(
             table.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), pa.array(addrs)
         )
+
+    def _fragments_fit_cache(self) -> bool:
+        facts = _base_facts(self.dataset)
+        if facts.stored_bytes is None:
+            return False
+        index = facts.rows * _KEY_INDEX_ROW_BYTES if self._fits_cache() else 0
+        memory = facts.stored_bytes * _MEMORY_PER_STORED_BYTE + index
+        return memory <= CACHE.max_bytes // _WHOLE_BASE_SHARE
 
     def _fragment_rows(self, fragment_id: int, names: list[str]) -> pa.Table | None:
         fragment = self._fragment(fragment_id)

@@ -17,6 +17,7 @@ from exec_nodes.lookup import (
     LookupCache,
     TakeLastExec,
 )
+from memwal_sql.compat.lance import data_file_paths
 from planner.lookup import LookupPlan
 from tests.lsm import apply_op, cache_budget, op_sequences, seeded_table
 
@@ -250,17 +251,68 @@ def test_base_rows_come_back_in_key_order_across_cached_and_taken_fragments(tmp_
     probe = [3999, 5, 9001, 2000, 1999, 9000, 0, 2500]
     want = [{"k": k, "v": f"big{k}-{noise[k]}" if k < 4000 else f"v{k}-1"} for k in probe]
     only_big = [k for k in probe if k < 4000]
-    for budget in (CACHE.max_bytes, 1 << 20, 0):  # all whole; only the small one; btree
+    ds = lance.dataset(str(tmp_path))
+    sizes = [sum(f.file_size_bytes for f in fr.data_files()) for fr in ds.get_fragments()]
+    # Too small for a big fragment (a 16th of it each), big enough for all of them (3x their
+    # stored size and the key index in half of it): only the small fragment is read whole.
+    small_only = 16 * min(sizes[:2]) - 16
+    assert 3 * sum(sizes) + 16 * ds.count_rows() <= small_only // 2
+    budgets = {
+        "all whole": (CACHE.max_bytes, [True, True, True]),
+        "the small one whole": (small_only, [False, False, True]),
+        "btree": (0, [False, False, False]),
+    }
+    for budget, whole in budgets.values():
         with cache_budget(budget):
             CACHE.clear()
             reopened = mw.open_table(str(tmp_path))
             assert reopened.lookup(probe).to_pylist() == want
+            assert [
+                CACHE.peek("rows", f"{ds.uri}#{','.join(data_file_paths(fr))}") is not None
+                for fr in ds.get_fragments()
+            ] == whole
             assert reopened.lookup(only_big).to_pylist() == [r for r in want if r["k"] < 4000]
             for keys in (probe, only_big):  # row addresses name each row's own place
                 rows = reopened.lookup(keys, with_system_columns=True)
                 assert rows.column("_rowaddr").to_pylist() == [
                     (k // 2000 << 32) + k % 2000 if k < 4000 else (2 << 32) + k - 9000 for k in keys
                 ]
+
+
+def test_a_base_too_big_for_the_cache_as_a_whole_is_taken_at_random(tmp_path):
+    """Each fragment alone is small enough to keep whole, all of them are not: a lookup of
+    keys in every fragment would evict what the next needs, so none is kept and the rows are
+    taken at random (and come back right)."""
+    import random
+
+    import lance
+
+    rnd = random.Random(3)
+    rows = pa.table(
+        {"k": list(range(4000)), "v": [rnd.randbytes(32).hex() for _ in range(4000)]},
+        schema=SCHEMA,
+    )
+    mw.create_table(str(tmp_path), rows.slice(0, 500), primary_key="k")
+    for start in range(500, 4000, 500):  # eight fragments
+        lance.write_dataset(rows.slice(start, 500), str(tmp_path), mode="append")
+    ds = lance.dataset(str(tmp_path))
+    sizes = [sum(f.file_size_bytes for f in fr.data_files()) for fr in ds.get_fragments()]
+    each_fits = 16 * max(sizes) + 16
+    in_memory = 3 * sum(sizes) + 16 * ds.count_rows()
+    assert in_memory > each_fits // 2  # but not all of them
+    keys = list(range(7, 4000, 250))  # two keys in every fragment
+    want = rows.take(keys).to_pylist()
+    for budget, whole in ((each_fits, False), (2 * in_memory + 16, True)):
+        with cache_budget(budget):
+            CACHE.clear()
+            table = mw.open_table(str(tmp_path))
+            for _ in range(2):
+                assert table.lookup(keys).to_pylist() == want
+            kept = [
+                CACHE.peek("rows", f"{ds.uri}#{','.join(data_file_paths(fr))}") is not None
+                for fr in ds.get_fragments()
+            ]
+            assert kept == [whole] * len(sizes)
 
 
 def test_keys_a_region_resolved_never_come_from_the_base_when_not_routable(tmp_path):
