@@ -98,9 +98,9 @@ def best(fn, runs: int, *, setup=None, warm_up: bool = True) -> float:
     is given, whose own time (creating a fresh table) is not counted."""
 
     def once() -> float:
-        arg = setup() if setup else None
+        args = (setup(),) if setup else ()
         t0 = time.perf_counter()
-        fn(arg) if setup else fn()
+        fn(*args)
         return time.perf_counter() - t0
 
     if warm_up:
