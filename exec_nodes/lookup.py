@@ -239,11 +239,11 @@ def _base_facts(ds: lance.LanceDataset) -> _BaseFacts:
 
 def _key_index(values: pa.Table, ids: np.ndarray) -> tuple[KeySet, np.ndarray]:
     """KeySet over distinct keys and, per key, the highest row id (a later duplicate that
-    Lance's writer masked with a deletion vector is always the higher id)."""
+    Lance's writer masked with a deletion vector is always the higher id), as
+    :meth:`KeySet.indexing` pairs them."""
     if values.num_rows == 0:
-        return KeySet(values), ids
-    keys, newest = last_per_key(values, ids)
-    return KeySet(keys), newest
+        return KeySet.indexing(values, ids)
+    return KeySet.indexing(*last_per_key(values, ids))
 
 
 class LookupSource(KeyedExec):
@@ -344,7 +344,7 @@ class TakeLastExec(LookupSource):
         def load_index() -> tuple[tuple[KeySet, np.ndarray], int]:
             index = read_generation_pk_index(uri, opts)
             keyset, ids = _key_index(_stored_keys(index, pk), index.column("ids").to_numpy())
-            return (keyset, ids), index.nbytes + ids.nbytes
+            return (keyset, ids), keyset.nbytes + ids.nbytes
 
         keyset, ids = CACHE.get("pk_index", uri, load_index)
         return self._take_newest(_index_keys(keys, pk), keyset, ids, self.take_offsets)
@@ -453,10 +453,12 @@ class GenerationIndexExec(KeyedExec):
                 parts.append(_stored_keys(index, pk))
                 ids = index.column("ids").to_numpy().astype(np.int64)
                 ranks.append(((len(gens) - i) << 32) | ids)  # newer generation ranks higher
-            keys, best = last_per_key(pa.concat_tables(parts), np.concatenate(ranks))
+            keyset, best = KeySet.indexing(
+                *last_per_key(pa.concat_tables(parts), np.concatenate(ranks))
+            )
             which = (len(gens) - (best >> 32)).astype(np.int64)  # position, newest first
             offsets = best & 0xFFFFFFFF
-            return (KeySet(keys), which, offsets), keys.nbytes + 3 * best.nbytes
+            return (keyset, which, offsets), keyset.nbytes + which.nbytes + offsets.nbytes
 
         return CACHE.get("generation_index", self._cache_key, load)
 
