@@ -390,15 +390,25 @@ def _block_and_masks(hashes: np.ndarray, num_blocks: int) -> tuple[np.ndarray, n
     return block.astype(np.int64), bits
 
 
+_SET_BITS_CHUNK = 1 << 15
+
+
 def _set_bits(words: np.ndarray, hashes: np.ndarray) -> None:
     """OR the SBBF bits of ``hashes`` into the little-endian u32 ``words`` (in place)."""
     if len(hashes) == 0:
         return
-    block, bits = _block_and_masks(hashes, len(words) // 8)
     # Bit b of word w is bit (b % 8) of byte 4w + b // 8 in the little-endian file layout, i.e.
     # global bit 32w + b; packbits(bitorder="little") turns a flat bit array into those bytes.
     flat = np.zeros(len(words) * 32, dtype=bool)
-    flat[((block[:, None] * 8 + np.arange(8)) * 32 + bits).ravel()] = True
+    lanes = np.arange(0, 256, 32, dtype=np.int64)  # word j of a block starts at bit 32j
+    # In chunks: the (n, 8) positions of a million hashes are 64 MB of temporaries, which cost
+    # more to allocate than to compute.
+    for start in range(0, len(hashes), _SET_BITS_CHUNK):
+        block, bits = _block_and_masks(hashes[start : start + _SET_BITS_CHUNK], len(words) // 8)
+        positions = bits.astype(np.int64)
+        positions += lanes
+        positions += (block * 256)[:, None]
+        flat[positions.ravel()] = True
     words |= np.packbits(flat, bitorder="little").view("<u4")
 
 

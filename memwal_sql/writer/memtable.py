@@ -2,8 +2,8 @@
 
 A MemTable is an append-only list of WAL-schema record batches of one generation. Appends are
 immediately visible to readers in the same process (they copy the batch list). Deduplication is
-deferred to the flush (and to readers), where it is one vectorised group-by instead of per-row
-Python work on the write path.
+deferred to the flush (and to readers), where it is one vectorised sort (a group-by for
+readers) instead of per-row Python work on the write path.
 
 Example:
     >>> import pyarrow as pa
@@ -20,6 +20,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal_sql.writer.pk_index import key_order, key_values
 
 _log = logging.getLogger(__name__)
 
@@ -74,6 +77,46 @@ def latest_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
     if keys.num_rows == n:
         return table
     return table.take(pa.array(np.sort(last)))
+
+
+def latest_per_key_in_key_order(
+    table: pa.Table, primary_key: Sequence[str]
+) -> tuple[pa.Table, np.ndarray]:
+    """:func:`latest_per_key`, found by one sort of the keys, and the kept rows' order by key
+    (their :func:`~memwal_sql.writer.pk_index.key_order`), which a flushed generation's key
+    index needs: a flush sorts its keys once instead of grouping them, then sorting them.
+
+    Example:
+        >>> t = pa.table({"id": [1, 2, 1], "v": ["a", "b", "c"]})
+        >>> rows, order = latest_per_key_in_key_order(t, ["id"])
+        >>> rows.to_pydict(), order.tolist()
+        ({'id': [2, 1], 'v': ['b', 'c']}, [1, 0])
+    """
+    values = key_values(table.select(list(primary_key)))
+    order = key_order(values)
+    n = len(order)
+    if n <= 1:
+        return table, order
+    # In key order, each key's rows are in write order (the sort is stable): its last one wins.
+    last = np.ones(n, dtype=bool)
+    if pa.types.is_integer(values.type) and values.null_count == 0:
+        ordered = values.to_numpy()[order]
+        last[:-1] = ordered[1:] != ordered[:-1]
+    else:
+        ordered = values.take(pa.array(order))
+        head, tail = ordered.slice(0, n - 1), ordered.slice(1)
+        differs = pc.not_equal(head, tail).to_numpy(zero_copy_only=False)
+        head_null = pc.is_null(head).to_numpy(zero_copy_only=False)
+        tail_null = pc.is_null(tail).to_numpy(zero_copy_only=False)
+        # Nulls sort first: a null then a value differ, two nulls are one key.
+        last[:-1] = np.where(head_null, ~tail_null, differs)
+    kept = order[last]  # one row per key, in key order
+    if len(kept) == n:
+        return table, order
+    in_write_order = np.sort(kept)
+    offset = np.empty(n, dtype=np.int64)
+    offset[in_write_order] = np.arange(len(kept))
+    return table.take(pa.array(in_write_order)), offset[kept]
 
 
 class MemTable:

@@ -185,14 +185,49 @@ def _index_path(generation_uri: str, name: str) -> str:
     return f"{generation_uri.rstrip('/')}/{PK_INDEX_DIR}/{name}"
 
 
+def key_values(keys: pa.Table | pa.RecordBatch) -> pa.Array:
+    """The values a primary-key index orders: the key column itself, or, for a composite key,
+    :func:`encode_composite_keys` of its columns.
+
+    Example:
+        >>> key_values(pa.table({"id": [3, 1]})).to_pylist()
+        [3, 1]
+    """
+    table = _as_table(keys)
+    if table.num_columns == 1:
+        return table.column(0).combine_chunks()
+    return encode_composite_keys(table)
+
+
+def key_order(values: pa.Array) -> np.ndarray:
+    """The stable ascending order of ``values``, nulls first: the (value, row id) order of
+    Lance's primary-key index (equal values keep ascending row ids).
+
+    Example:
+        >>> key_order(pa.array([3, 1, 3, None])).tolist()
+        [3, 1, 0, 2]
+    """
+    if pa.types.is_integer(values.type) and values.null_count == 0:
+        # numpy's stable sort of integers is faster than Arrow's.
+        return np.argsort(values.to_numpy(), kind="stable")
+    order = pc.array_sort_indices(values, order="ascending", null_placement="at_start")
+    return order.to_numpy()
+
+
 def write_pk_index(
-    generation_uri: str, keys: pa.Table | pa.RecordBatch, storage_options: dict | None = None
+    generation_uri: str,
+    keys: pa.Table | pa.RecordBatch,
+    storage_options: dict | None = None,
+    *,
+    order: np.ndarray | None = None,
 ) -> None:
     """Write ``{generation_uri}/_pk_index/`` for a generation whose rows have these keys.
 
     ``keys`` holds the primary-key column(s), in primary-key order, of every physical row of the
     generation's fragment 0 in row-offset order (row i gets id i), including rows a deletion
-    vector hides and ``_tombstone`` rows, exactly as Lance indexes them.
+    vector hides and ``_tombstone`` rows, exactly as Lance indexes them. ``order`` is their
+    :func:`key_order`, when the caller has it already (a flush sorts its keys once, to
+    deduplicate them).
 
     Example:
         >>> import tempfile
@@ -201,18 +236,13 @@ def write_pk_index(
         >>> read_pk_index(gen).column("ids").to_pylist()
         [1, 0]
     """
-    table = _as_table(keys)
-    if table.num_columns == 1:
-        values = table.column(0).combine_chunks()
-    else:
-        values = encode_composite_keys(table)
+    values = key_values(keys)
     n = len(values)
     data_schema, lookup_schema = pk_index_schemas(values.type)
-    # Arrow's sort is stable, so equal values keep ascending ids (= row offsets), which is the
-    # (value, id) order Lance writes. Nulls first, like Lance's OrderableScalarValue ordering.
-    order = pc.array_sort_indices(values, order="ascending", null_placement="at_start")
+    if order is None:
+        order = key_order(values)
     sorted_data = pa.Table.from_arrays(
-        [values.take(order), pc.cast(order, pa.uint64())], schema=data_schema
+        [values.take(pa.array(order)), pa.array(order.astype(np.uint64))], schema=data_schema
     )
     lookup: dict[str, list] = {"min": [], "max": [], "null_count": [], "page_idx": []}
     # Deferred import: pylance is heavy and only needed when files are really written.

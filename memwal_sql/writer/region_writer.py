@@ -42,7 +42,7 @@ from memwal_sql.manifest import RegionManifestStore, claim_region, commit_change
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.writer.config import WriterConfig
 from memwal_sql.writer.generation import write_generation
-from memwal_sql.writer.memtable import MemTable, flushed, latest_per_key
+from memwal_sql.writer.memtable import MemTable, flushed, latest_per_key_in_key_order
 from memwal_sql.writer.rows import RowCoercer
 from memwal_sql.writer.wal import (
     RECOVERY_LOOKS,
@@ -672,7 +672,7 @@ class RegionWriter:
         if memtable.last_seq:
             self._wal.wait(memtable.last_seq)  # the generation must be in the WAL first
         covered = max(memtable.wal_position, self._replay_floor)
-        rows = latest_per_key(memtable.to_table(), self._table.primary_key)
+        rows, key_order = latest_per_key_in_key_order(memtable.to_table(), self._table.primary_key)
         last_error: BaseException | None = None
         for _ in range(_FLUSH_ATTEMPTS):
             try:
@@ -686,6 +686,7 @@ class RegionWriter:
                     in_memory_bytes=memtable.nbytes,
                     indexes=self._table.maintained_indexes(),
                     wal_entry_position=covered,
+                    key_order=key_order,
                 )
                 break
             except (OSError, MemWalError) as e:  # a retry writes a fresh directory

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from lance.file import LanceFileReader
 
 from memwal_sql.errors import InvalidInputError, SchemaMismatchError, StorageError
+from memwal_sql.writer import bloom
 from memwal_sql.writer.bloom import (
     LANCE_BLOOM_BYTES,
     BloomFilter,
@@ -346,7 +347,11 @@ def test_pk_hashes_matches_reference(rows: list[dict], columns: list[str], cut: 
     assert bloom_filter_bytes(pk_hashes(table), 64) == sbbf_ref(expected, 64)
 
 
-def test_bloom_filter_bytes_matches_reference_and_validates() -> None:
+@pytest.mark.parametrize("chunk", [1000, bloom._SET_BITS_CHUNK])
+def test_bloom_filter_bytes_matches_reference_and_validates(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bloom, "_SET_BITS_CHUNK", chunk)  # 1000: hashes set in 5 chunks
     hashes = np.random.default_rng(3).integers(0, 2**64 - 1, 5000, dtype=np.uint64, endpoint=True)
     for nbytes in (32, 1024, LANCE_BLOOM_BYTES):
         assert bloom_filter_bytes(hashes, nbytes) == sbbf_ref([int(h) for h in hashes], nbytes)

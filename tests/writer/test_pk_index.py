@@ -19,9 +19,12 @@ from hypothesis import strategies as st
 from lance.file import LanceFileReader
 
 from memwal_sql.errors import SchemaMismatchError
+from memwal_sql.writer.memtable import latest_per_key, latest_per_key_in_key_order
 from memwal_sql.writer.pk_index import (
     PK_INDEX_PAGE_SIZE,
     encode_composite_keys,
+    key_order,
+    key_values,
     pk_index_schemas,
     read_pk_index,
     write_pk_index,
@@ -177,6 +180,26 @@ def test_composite_encoding_preserves_tuple_order(data: st.DataObject, kinds: li
         for j in range(len(rows)):
             assert (enc[i] < enc[j]) == (sort_key(rows[i]) < sort_key(rows[j]))
             assert (enc[i] == enc[j]) == (rows[i] == rows[j])
+
+
+@settings(max_examples=120, deadline=None)
+@given(data=st.data(), kinds=st.lists(_KEY_COLUMN, min_size=1, max_size=2))
+def test_a_flush_sorts_once_to_deduplicate_and_to_index(
+    data: st.DataObject, kinds: list[str]
+) -> None:
+    """The flush's one sort keeps each key's last row, as the group-by of latest_per_key does,
+    and gives the key index the order a fresh sort of the kept keys gives."""
+    keys = st.tuples(*[st.none() | _GEN[k][1] for k in kinds])
+    pool = data.draw(st.lists(keys, min_size=1, max_size=6))
+    rows = data.draw(st.lists(st.sampled_from(pool), max_size=40))  # keys repeat
+    names = [f"c{i}" for i in range(len(kinds))]
+    columns = {
+        n: pa.array([r[i] for r in rows], _GEN[k][0]) for i, (n, k) in enumerate(zip(names, kinds))
+    }
+    table = pa.table({**columns, "seq": pa.array(range(len(rows)), pa.int64())})
+    kept, order = latest_per_key_in_key_order(table, names)
+    assert kept.equals(latest_per_key(table, names))
+    assert order.tolist() == key_order(key_values(kept.select(names))).tolist()
 
 
 def test_single_column_nulls_first_and_page_stats(tmp_path: str) -> None:
