@@ -132,11 +132,11 @@ def failing_first_flush(monkeypatch: Any) -> list[str]:
     real = generation.write_pk_index
     calls: list[str] = []
 
-    def flaky(uri: str, keys: Any, opts: Any = None, **kw: Any) -> None:
+    def flaky(uri: str, keys: Any, opts: Any = None) -> None:
         calls.append(uri)
         if len(calls) == 1:
             raise OSError("injected failure after the data files were written")
-        real(uri, keys, opts, **kw)
+        real(uri, keys, opts)
 
     monkeypatch.setattr(generation, "write_pk_index", flaky)
     return calls

@@ -13,7 +13,6 @@ import logging
 from collections.abc import Sequence
 
 import lance
-import numpy as np
 import pyarrow as pa
 
 from memwal_sql._proto.memwal_pb2 import FlushedGeneration
@@ -32,7 +31,13 @@ from memwal_sql.storage.checksums import (
     verify_generation_once,
 )
 from memwal_sql.writer.bloom import bloom_filter_bytes, pk_hashes
-from memwal_sql.writer.pk_index import PK_INDEX_DIR, PK_INDEX_FILES, read_pk_index, write_pk_index
+from memwal_sql.writer.pk_index import (
+    PK_INDEX_DIR,
+    PK_INDEX_FILES,
+    SortedKeys,
+    read_pk_index,
+    write_pk_index,
+)
 
 BLOOM_FILTER = "bloom_filter.bin"
 _log = logging.getLogger(__name__)
@@ -49,7 +54,7 @@ def write_generation(
     in_memory_bytes: int,
     indexes: Sequence[MaintainedIndex] = (),
     wal_entry_position: int | None = None,
-    key_order: np.ndarray | None = None,
+    sorted_keys: SortedKeys | None = None,
 ) -> FlushedGeneration:
     """Write deduplicated ``rows`` as generation ``generation``; return its manifest entry.
 
@@ -57,8 +62,8 @@ def write_generation(
     names; one that cannot be built (say, a vector index over a generation of deletes only)
     is left out, and readers search that generation without it. Every call writes a fresh
     directory, so a retried flush never meets a failed one's files. ``wal_entry_position``
-    is the last WAL position the rows came from, recorded for GC; ``key_order`` is the rows'
-    order by key, when the caller has it (see :func:`~memwal_sql.writer.pk_index.key_order`).
+    is the last WAL position the rows came from, recorded for GC; ``sorted_keys`` are the rows'
+    keys sorted, when the caller has them.
     """
     name = layout.new_generation_dir_name(generation)
     path = f"{layout.region_dir(region_id)}/{name}"
@@ -85,7 +90,7 @@ def write_generation(
                     e,
                 )
     keys = rows.select(list(primary_key))
-    write_pk_index(uri, keys, store.storage_options or None, order=key_order)
+    write_pk_index(uri, sorted_keys or keys, store.storage_options or None)
     store.put(f"{path}/{BLOOM_FILTER}", bloom_filter_bytes(pk_hashes(keys)))
     record_checksums(store, path, wal_entry_position=wal_entry_position)
     # Lance writes without fsync; the manifest commit that follows lets GC delete the WAL

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_sql.writer.pk_index import key_order, key_values
+from memwal_sql.writer.pk_index import SortedKeys, key_order, key_values
 
 _log = logging.getLogger(__name__)
 
@@ -81,22 +81,22 @@ def latest_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
 
 def latest_per_key_in_key_order(
     table: pa.Table, primary_key: Sequence[str]
-) -> tuple[pa.Table, np.ndarray]:
-    """:func:`latest_per_key`, found by one sort of the keys, and the kept rows' order by key
-    (their :func:`~memwal_sql.writer.pk_index.key_order`), which a flushed generation's key
-    index needs: a flush sorts its keys once instead of grouping them, then sorting them.
+) -> tuple[pa.Table, SortedKeys]:
+    """:func:`latest_per_key`, found by one sort of the keys, and the kept rows' keys sorted,
+    which a flushed generation's key index is written from: a flush sorts its keys once
+    instead of grouping them, then sorting them.
 
     Example:
         >>> t = pa.table({"id": [1, 2, 1], "v": ["a", "b", "c"]})
-        >>> rows, order = latest_per_key_in_key_order(t, ["id"])
-        >>> rows.to_pydict(), order.tolist()
+        >>> rows, keys = latest_per_key_in_key_order(t, ["id"])
+        >>> rows.to_pydict(), keys.order.tolist()
         ({'id': [2, 1], 'v': ['b', 'c']}, [1, 0])
     """
     values = key_values(table.select(list(primary_key)))
     order = key_order(values)
     n = len(order)
     if n <= 1:
-        return table, order
+        return table, SortedKeys(values, order)
     # In key order, each key's rows are in write order (the sort is stable): its last one wins.
     last = np.ones(n, dtype=bool)
     if pa.types.is_integer(values.type) and values.null_count == 0:
@@ -112,11 +112,12 @@ def latest_per_key_in_key_order(
         last[:-1] = np.where(head_null, ~tail_null, differs)
     kept = order[last]  # one row per key, in key order
     if len(kept) == n:
-        return table, order
+        return table, SortedKeys(values, order)
     in_write_order = np.sort(kept)
     offset = np.empty(n, dtype=np.int64)
     offset[in_write_order] = np.arange(len(kept))
-    return table.take(pa.array(in_write_order)), offset[kept]
+    positions = pa.array(in_write_order)
+    return table.take(positions), SortedKeys(values.take(positions), offset[kept])
 
 
 class MemTable:

@@ -23,6 +23,8 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -214,20 +216,36 @@ def key_order(values: pa.Array) -> np.ndarray:
     return order.to_numpy()
 
 
+@dataclass(frozen=True)
+class SortedKeys:
+    """Each row's :func:`key_values` and their :func:`key_order`: what a key index is written
+    from. A flush finds them while deduplicating its rows and hands them on.
+
+    Example:
+        >>> SortedKeys.of(pa.table({"id": [3, 1]})).order.tolist()
+        [1, 0]
+    """
+
+    values: pa.Array
+    order: np.ndarray
+
+    @classmethod
+    def of(cls, keys: pa.Table | pa.RecordBatch) -> SortedKeys:
+        values = key_values(keys)
+        return cls(values, key_order(values))
+
+
 def write_pk_index(
     generation_uri: str,
-    keys: pa.Table | pa.RecordBatch,
+    keys: pa.Table | pa.RecordBatch | SortedKeys,
     storage_options: dict | None = None,
-    *,
-    order: np.ndarray | None = None,
 ) -> None:
     """Write ``{generation_uri}/_pk_index/`` for a generation whose rows have these keys.
 
     ``keys`` holds the primary-key column(s), in primary-key order, of every physical row of the
     generation's fragment 0 in row-offset order (row i gets id i), including rows a deletion
-    vector hides and ``_tombstone`` rows, exactly as Lance indexes them. ``order`` is their
-    :func:`key_order`, when the caller has it already (a flush sorts its keys once, to
-    deduplicate them).
+    vector hides and ``_tombstone`` rows, exactly as Lance indexes them; or those keys already
+    :class:`SortedKeys` (a flush sorts its keys once, to deduplicate them).
 
     Example:
         >>> import tempfile
@@ -236,11 +254,10 @@ def write_pk_index(
         >>> read_pk_index(gen).column("ids").to_pylist()
         [1, 0]
     """
-    values = key_values(keys)
+    sorted_keys = keys if isinstance(keys, SortedKeys) else SortedKeys.of(keys)
+    values, order = sorted_keys.values, sorted_keys.order
     n = len(values)
     data_schema, lookup_schema = pk_index_schemas(values.type)
-    if order is None:
-        order = key_order(values)
     sorted_data = pa.Table.from_arrays(
         [values.take(pa.array(order)), pa.array(order.astype(np.uint64))], schema=data_schema
     )

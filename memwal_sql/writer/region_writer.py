@@ -672,7 +672,9 @@ class RegionWriter:
         if memtable.last_seq:
             self._wal.wait(memtable.last_seq)  # the generation must be in the WAL first
         covered = max(memtable.wal_position, self._replay_floor)
-        rows, key_order = latest_per_key_in_key_order(memtable.to_table(), self._table.primary_key)
+        rows, sorted_keys = latest_per_key_in_key_order(
+            memtable.to_table(), self._table.primary_key
+        )
         last_error: BaseException | None = None
         for _ in range(_FLUSH_ATTEMPTS):
             try:
@@ -686,7 +688,7 @@ class RegionWriter:
                     in_memory_bytes=memtable.nbytes,
                     indexes=self._table.maintained_indexes(),
                     wal_entry_position=covered,
-                    key_order=key_order,
+                    sorted_keys=sorted_keys,
                 )
                 break
             except (OSError, MemWalError) as e:  # a retry writes a fresh directory

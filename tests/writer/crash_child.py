@@ -36,8 +36,8 @@ def main() -> None:
 
         real = generation.write_pk_index
 
-        def stalling(uri_, keys, opts=None, **kw):
-            real(uri_, keys, opts, **kw)
+        def stalling(uri_, keys, opts=None):
+            real(uri_, keys, opts)
             emit("FLUSHING")
             time.sleep(3600)
 
@@ -47,9 +47,9 @@ def main() -> None:
 
         real = generation.write_pk_index
 
-        def reporting(uri_, keys, opts=None, **kw):
+        def reporting(uri_, keys, opts=None):
             emit("FLUSHING")
-            real(uri_, keys, opts, **kw)
+            real(uri_, keys, opts)
 
         generation.write_pk_index = reporting
     tbl = mw.open_table(uri, options)

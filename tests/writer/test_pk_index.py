@@ -22,9 +22,8 @@ from memwal_sql.errors import SchemaMismatchError
 from memwal_sql.writer.memtable import latest_per_key, latest_per_key_in_key_order
 from memwal_sql.writer.pk_index import (
     PK_INDEX_PAGE_SIZE,
+    SortedKeys,
     encode_composite_keys,
-    key_order,
-    key_values,
     pk_index_schemas,
     read_pk_index,
     write_pk_index,
@@ -197,9 +196,11 @@ def test_a_flush_sorts_once_to_deduplicate_and_to_index(
         n: pa.array([r[i] for r in rows], _GEN[k][0]) for i, (n, k) in enumerate(zip(names, kinds))
     }
     table = pa.table({**columns, "seq": pa.array(range(len(rows)), pa.int64())})
-    kept, order = latest_per_key_in_key_order(table, names)
+    kept, keys = latest_per_key_in_key_order(table, names)
     assert kept.equals(latest_per_key(table, names))
-    assert order.tolist() == key_order(key_values(kept.select(names))).tolist()
+    fresh = SortedKeys.of(kept.select(names))
+    assert keys.values.equals(fresh.values)
+    assert keys.order.tolist() == fresh.order.tolist()
 
 
 def test_single_column_nulls_first_and_page_stats(tmp_path: str) -> None:

@@ -226,9 +226,9 @@ def test_backpressure_blocks_until_flushes_catch_up(table_root, monkeypatch):
 
     real = generation.write_pk_index
 
-    def slow(uri, keys, opts=None, **kw):
+    def slow(uri, keys, opts=None):
         time.sleep(0.01)
-        real(uri, keys, opts, **kw)
+        real(uri, keys, opts)
 
     monkeypatch.setattr(generation, "write_pk_index", slow)
     tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id", storage_options=table_root[1])
@@ -447,10 +447,10 @@ def test_a_writer_released_by_another_thread_wakes_its_waiters(tmp_path, monkeyp
     started, proceed = threading.Event(), threading.Event()
     real = generation.write_pk_index
 
-    def stalled(uri, keys, opts=None, **kw):
+    def stalled(uri, keys, opts=None):
         started.set()
         proceed.wait(10)
-        real(uri, keys, opts, **kw)
+        real(uri, keys, opts)
 
     monkeypatch.setattr(generation, "write_pk_index", stalled)
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
