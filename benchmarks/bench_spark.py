@@ -15,9 +15,11 @@ insert the rest):
   about a third of the job;
 * the floor of any Python-side sink: the same rows shuffled into one task per region and
   handed to Python workers as Arrow batches that are only counted (what ``memwal_sql.spark.write``
-  and the ``merge_insert`` anchor both pay before writing anything);
+  pays before writing anything; the ``merge_insert`` anchor skips the shuffle);
 * read rows/s through ``spark.read.format("memwal")`` (rows reach Spark: ``count`` of every
-  column), against ``tbl.to_arrow()``.
+  column), against ``tbl.to_arrow()`` and against the floor of any Python data source: one
+  that only yields the same rows' Arrow batches from a memory-mapped file, in as many
+  partitions.
 
 Each measurement is the best of ``--runs`` after one warm-up (Spark's first jobs start its
 Python workers); each ingest starts from a freshly created table, whose creation is not timed. Prints a table of ratios and writes JSON (``--out``).
@@ -33,6 +35,8 @@ import time
 import lance
 import numpy as np
 import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.pandas.types import from_arrow_schema
 from results_file import write_results
 
 import memwal_sql as mw
@@ -90,6 +94,35 @@ def merge_insert_partitions(uri: str):
             yield pa.RecordBatch.from_pydict({"n": [batch.num_rows]})
 
     return write
+
+
+class ArrowFileSource(DataSource):
+    """``format("arrow_file")``: the record batches of the Arrow IPC file ``path`` (rows of
+    ``SCHEMA``), dealt round-robin to ``partitions`` partitions, and nothing else done."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "arrow_file"
+
+    def schema(self):
+        return from_arrow_schema(SCHEMA)
+
+    def reader(self, schema):
+        return ArrowFileReader(self.options["path"], int(self.options["partitions"]))
+
+
+class ArrowFileReader(DataSourceReader):
+    def __init__(self, path: str, partitions: int) -> None:
+        self.path, self.count = path, partitions
+
+    def partitions(self):
+        return [InputPartition(i) for i in range(self.count)]
+
+    def read(self, partition):
+        with pa.memory_map(self.path) as f:
+            batches = pa.ipc.open_file(f)
+            for k in range(partition.value, batches.num_record_batches, self.count):
+                yield batches.get_batch(k)
 
 
 def count_batches(batches):
@@ -169,6 +202,20 @@ def main() -> None:
         def arrow_read() -> None:
             mw.open_table(read_uri).to_arrow()
 
+        spark.dataSource.register(ArrowFileSource)
+        latest_file = f"{work}/latest.arrow"
+        with pa.OSFile(latest_file, "wb") as f, pa.ipc.new_file(f, SCHEMA) as out:
+            for batch in mw.open_table(read_uri).to_arrow().cast(SCHEMA).to_batches(65_536):
+                out.write_batch(batch)
+        partitions = spark.read.format("memwal").load(read_uri).rdd.getNumPartitions()
+
+        def python_source_floor_read() -> None:
+            spark.read.format("arrow_file").option("path", latest_file).option(
+                "partitions", partitions
+            ).load().selectExpr(
+                "count(id)", "count(user)", "count(amount)", "count(version)"
+            ).collect()
+
         seconds = {
             "spark_write": best(spark_ingest, args.runs, setup=fresh_table),
             "in_process_write": best(in_process, args.runs, setup=fresh_table),
@@ -178,6 +225,7 @@ def main() -> None:
             "spark_python_floor": best(python_floor, args.runs),
             "spark_read": best(spark_read, args.runs),
             "to_arrow_read": best(arrow_read, args.runs),
+            "python_source_floor_read": best(python_source_floor_read, args.runs),
         }
         # Slow, and slower as the table grows: one run, the Python workers already warm.
         seconds["spark_merge_insert"] = best(
@@ -197,6 +245,8 @@ def main() -> None:
             # No Python-side sink can beat merge_insert by more than this on this machine.
             "python_floor_vs_merge_insert": rps["spark_python_floor"] / rps["spark_merge_insert"],
             "spark_read_vs_to_arrow": rps["spark_read"] / rps["to_arrow_read"],
+            "spark_read_vs_python_source_floor": rps["spark_read"]
+            / rps["python_source_floor_read"],
         }
         print(f"\n{args.rows:,} rows upserted into {args.base_rows:,}, local[2], bucket(id, 4)")
         print(f"{'path':<32}{'rows/s':>14}")
