@@ -12,7 +12,7 @@ insert the rest):
   race is retried). Also shown, not a bar: the in-process writer given 65,536-row batches;
 * the fixed cost of a Spark write job: ``memwal_sql.spark.write`` of 10 rows, in seconds. The
   default job of 4M rows is large enough that this cost does not dominate; at 1M rows it is
-  about a third of the job;
+  a fifth of the job;
 * the floor of any Python-side sink: the same rows shuffled into one task per region and
   handed to Python workers as Arrow batches that are only counted (what ``memwal_sql.spark.write``
   pays before writing anything; the ``merge_insert`` anchor skips the shuffle);
@@ -22,7 +22,8 @@ insert the rest):
   partitions.
 
 Each measurement is the best of ``--runs`` after one warm-up (Spark's first jobs start its
-Python workers); each ingest starts from a freshly created table, whose creation is not timed. Prints a table of ratios and writes JSON (``--out``).
+Python workers); each ingest starts from a freshly created table, whose creation is not
+timed. Prints a table of ratios and writes JSON (``--out``).
 """
 
 from __future__ import annotations
