@@ -212,6 +212,12 @@ def generation_rows(
     return CACHE.get("rows", uri, load)
 
 
+def fragment_rows_key(uri: str, fragment: lance.LanceFragment) -> str:
+    """The lookup cache's key (kind ``"rows"``) of a base fragment's rows kept whole: data
+    files are immutable and uniquely named, so the same files hold the same rows."""
+    return f"{uri}#{','.join(data_file_paths(fragment))}"
+
+
 @dataclass(frozen=True)
 class _BaseFacts:
     rows: int
@@ -639,11 +645,9 @@ class BaseLookupExec(LookupSource):
 
     def _fragment_rows(self, fragment_id: int, names: list[str]) -> pa.Table | None:
         fragment = self._fragment(fragment_id)
-        # Data files are immutable and uniquely named: the same files hold the same rows.
-        key = f"{self.dataset.uri}#{','.join(data_file_paths(fragment))}"
         return CACHE.get(
             "rows",
-            key,
+            fragment_rows_key(self.dataset.uri, fragment),
             lambda: _whole_fragment(fragment, names, BASE_GENERATION, self.schema),
         )
 

@@ -16,8 +16,8 @@ from exec_nodes.lookup import (
     BloomFilterGuardExec,
     LookupCache,
     TakeLastExec,
+    fragment_rows_key,
 )
-from memwal_sql.compat.lance import data_file_paths
 from planner.lookup import LookupPlan
 from tests.lsm import apply_op, cache_budget, op_sequences, seeded_table
 
@@ -252,7 +252,7 @@ def test_base_rows_come_back_in_key_order_across_cached_and_taken_fragments(tmp_
     want = [{"k": k, "v": f"big{k}-{noise[k]}" if k < 4000 else f"v{k}-1"} for k in probe]
     only_big = [k for k in probe if k < 4000]
     ds = lance.dataset(str(tmp_path))
-    sizes = [sum(f.file_size_bytes for f in fr.data_files()) for fr in ds.get_fragments()]
+    sizes = _stored_sizes(ds)
     # Too small for a big fragment (a 16th of it each), big enough for all of them (3x their
     # stored size and the key index in half of it): only the small fragment is read whole.
     small_only = 16 * min(sizes[:2]) - 16
@@ -267,16 +267,25 @@ def test_base_rows_come_back_in_key_order_across_cached_and_taken_fragments(tmp_
             CACHE.clear()
             reopened = mw.open_table(str(tmp_path))
             assert reopened.lookup(probe).to_pylist() == want
-            assert [
-                CACHE.peek("rows", f"{ds.uri}#{','.join(data_file_paths(fr))}") is not None
-                for fr in ds.get_fragments()
-            ] == whole
+            assert _kept_whole(ds) == whole
             assert reopened.lookup(only_big).to_pylist() == [r for r in want if r["k"] < 4000]
             for keys in (probe, only_big):  # row addresses name each row's own place
                 rows = reopened.lookup(keys, with_system_columns=True)
                 assert rows.column("_rowaddr").to_pylist() == [
                     (k // 2000 << 32) + k % 2000 if k < 4000 else (2 << 32) + k - 9000 for k in keys
                 ]
+
+
+def _stored_sizes(ds) -> list[int]:
+    """Bytes of each fragment's data files."""
+    return [sum(f.file_size_bytes for f in fr.data_files()) for fr in ds.get_fragments()]
+
+
+def _kept_whole(ds) -> list[bool]:
+    """Which fragments of ``ds`` the lookup cache holds whole."""
+    return [
+        CACHE.peek("rows", fragment_rows_key(ds.uri, fr)) is not None for fr in ds.get_fragments()
+    ]
 
 
 def test_a_base_too_big_for_the_cache_as_a_whole_is_taken_at_random(tmp_path):
@@ -296,7 +305,7 @@ def test_a_base_too_big_for_the_cache_as_a_whole_is_taken_at_random(tmp_path):
     for start in range(500, 4000, 500):  # eight fragments
         lance.write_dataset(rows.slice(start, 500), str(tmp_path), mode="append")
     ds = lance.dataset(str(tmp_path))
-    sizes = [sum(f.file_size_bytes for f in fr.data_files()) for fr in ds.get_fragments()]
+    sizes = _stored_sizes(ds)
     each_fits = 16 * max(sizes) + 16
     in_memory = 3 * sum(sizes) + 16 * ds.count_rows()
     assert in_memory > each_fits // 2  # but not all of them
@@ -308,11 +317,7 @@ def test_a_base_too_big_for_the_cache_as_a_whole_is_taken_at_random(tmp_path):
             table = mw.open_table(str(tmp_path))
             for _ in range(2):
                 assert table.lookup(keys).to_pylist() == want
-            kept = [
-                CACHE.peek("rows", f"{ds.uri}#{','.join(data_file_paths(fr))}") is not None
-                for fr in ds.get_fragments()
-            ]
-            assert kept == [whole] * len(sizes)
+            assert _kept_whole(ds) == [whole] * len(sizes)
 
 
 def test_keys_a_region_resolved_never_come_from_the_base_when_not_routable(tmp_path):
