@@ -728,12 +728,14 @@ class CoalesceFirstExec(KeyedExec):
         schema: pa.Schema,
         label: str = "",
         keys: pa.Table | None = None,
+        region_id: str | None = None,
     ) -> None:
         self._children = list(children)
         self.primary_key = list(primary_key)
         self._schema = schema
         self.label = label
         self.keys = keys
+        self.region_id = region_id
 
     @property
     def schema(self) -> pa.Schema:

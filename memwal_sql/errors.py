@@ -42,6 +42,16 @@ class PrimaryKeyError(InvalidInputError):
     """A primary-key column is missing or holds nulls."""
 
 
+class DuplicateKeyError(PrimaryKeyError):
+    """An existing Lance table holds a primary key more than once, so MemWAL cannot be
+    enabled on it until the duplicates are removed."""
+
+
+class KeyRegionChangeError(PrimaryKeyError):
+    """A write would give a key versions in two regions: its region columns changed while
+    its previous region still holds an unmerged version of it (merge that region first)."""
+
+
 class WrongRegionError(InvalidInputError):
     """Rows were handed to a region writer whose region does not own them."""
 
@@ -110,6 +120,16 @@ class TornWalEntryWarning(UserWarning):
 
 class CorruptManifestError(StorageError):
     """A region manifest or MemWAL index entry cannot be decoded, or manifests were lost."""
+
+
+class CorruptTableError(StorageError):
+    """The table breaks an invariant of the format that no single file shows: a key with
+    versions in two regions, or a primary key held twice by the base table."""
+
+
+class KeyInTwoRegionsError(CorruptTableError):
+    """A key has unmerged versions in two regions, so no read can tell which is newer and a
+    merge would let whichever region merges last win (the spec's data-corruption case)."""
 
 
 class CorruptGenerationError(StorageError):

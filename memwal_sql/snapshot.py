@@ -37,13 +37,13 @@ from memwal_sql.errors import (
     InvalidInputError,
     MissingWalEntryError,
 )
+from memwal_sql.index.region_spec import RegionSpec, region_id_for
 from memwal_sql.manifest import RegionManifestStore, check_not_behind_index
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.writer.region_writer import conform_batch
 from memwal_sql.writer.wal import iter_wal, wal_positions
 
 if TYPE_CHECKING:
-    from memwal_sql.index.region_spec import RegionSpec
     from memwal_sql.table import MemWalTable
 
 Consistency = Literal["strong", "eventual"]
@@ -167,7 +167,7 @@ def take_snapshot(table: MemWalTable, consistency: Consistency = "strong") -> Ta
             unflushed.append(MemRows(manifest.current_generation, tail, "wal"))
         values = None
         if spec is not None:
-            values = _region_values(spec, rid, manifest)
+            values = region_values(spec, rid, manifest)
         # A region snapshot may list generations collected since: none for the indexed read.
         merged_refs = (
             () if snapshotted is not None else tuple(g for g in refs if g.generation <= floor)
@@ -224,7 +224,7 @@ def _wal_tail(table: MemWalTable, region_id: str, after: int) -> tuple[pa.Record
     return tuple(out)
 
 
-def _region_values(
+def region_values(
     spec: RegionSpec, region_id: str, manifest: RegionManifest
 ) -> tuple[Any, ...] | None:
     """The region's values under ``spec`` (NULL where the manifest names no value), or None
@@ -238,8 +238,6 @@ def _decoded_region_values(
     spec: RegionSpec, region_id: str, entries: tuple[tuple[str, bytes], ...]
 ) -> tuple[Any, ...] | None:
     # Every snapshot of every query asks this of every region, and the answer never changes.
-    from memwal_sql.table import region_id_for
-
     values = spec.values_from_entries(list(entries), missing_as_null=True)
     if values is None or region_id_for(spec, values) != region_id:
         return None

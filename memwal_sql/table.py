@@ -32,7 +32,9 @@ from memwal_sql.compat.lance import is_not_found
 from memwal_sql.compat.lance_manifest import read_mem_wal_details
 from memwal_sql.errors import (
     AuthenticationError,
+    DuplicateKeyError,
     InvalidInputError,
+    InvalidRegionSpecError,
     MemWalError,
     PrimaryKeyError,
     SchemaMismatchError,
@@ -49,13 +51,14 @@ from memwal_sql.index.details import (
     region_generations,
 )
 from memwal_sql.index.region_snapshots import load_region_snapshots
-from memwal_sql.index.region_spec import RegionSpec
+from memwal_sql.index.region_spec import REGION_NAMESPACE, RegionSpec, region_id_for
 from memwal_sql.maintenance.compaction import DELETION_THRESHOLD, TARGET_ROWS_PER_FRAGMENT
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import ObjectStore, layout, storage_failures
 from memwal_sql.storage.store import is_access_denied, with_default_timeouts
 from memwal_sql.writer.bloom import is_supported_pk_type
 from memwal_sql.writer.config import WriterConfig
+from memwal_sql.writer.memtable import duplicate_keys, latest_per_key
 from memwal_sql.writer.region_writer import RegionWriter, TableLayout
 
 if TYPE_CHECKING:  # the maintenance and search modules import this one
@@ -74,26 +77,9 @@ from memwal_sql.writer.rows import RowCoercer, to_arrow_table
 from memwal_sql.writer.wal import TOMBSTONE
 
 PK_METADATA = b"lance-schema:unenforced-primary-key"
-# Region ids of spec-governed regions are derived from the region values, so every process that
-# routes a key computes the same region (and the writers fence each other instead of splitting a
-# key over two regions).
-_REGION_NAMESPACE = uuid.UUID("6f2e1c7a-3b1d-4d8e-9a55-6d656d77616c")
-
 
 #: The region ``table.writer()`` and routed writes use on a table without a region spec.
-DEFAULT_REGION_ID = str(uuid.uuid5(_REGION_NAMESPACE, "default-region"))
-
-
-def region_id_for(spec: RegionSpec, values: Sequence[Any]) -> str:
-    """The deterministic region id of the region holding ``values`` under ``spec``.
-
-    Example:
-        >>> s = RegionSpec.bucket("id", 4)
-        >>> region_id_for(s, (1,)) == region_id_for(s, (1,)) != region_id_for(s, (2,))
-        True
-    """
-    parts = [f"{fid}={v.hex()}" for fid, v in spec.field_entries(tuple(values))]
-    return str(uuid.uuid5(_REGION_NAMESPACE, f"spec{spec.spec_id}/" + "/".join(parts)))
+DEFAULT_REGION_ID = str(uuid.uuid5(REGION_NAMESPACE, "default-region"))
 
 
 class MemWalTable:
@@ -533,9 +519,18 @@ class MemWalTable:
 
     # ---- maintenance --------------------------------------------------------------------------
 
-    def merge(self, *, max_generations_per_region: int | None = None) -> MergeResult:
+    def merge(
+        self,
+        *,
+        max_generations_per_region: int | None = None,
+        regions: Sequence[str] | None = None,
+    ) -> MergeResult:
         """Merge flushed generations into the base table (oldest first, progress recorded
         atomically with the data); returns a :class:`~memwal_sql.maintenance.MergeResult`.
+
+        ``regions`` merges only those regions, in that order: where two of them hold
+        versions of one key (a :class:`~memwal_sql.errors.KeyInTwoRegionsError`), the last
+        one's win. Otherwise such regions are left unmerged and the error raised.
 
         Example:
             ``tbl.flush(); tbl.merge().merged``
@@ -543,7 +538,9 @@ class MemWalTable:
         from memwal_sql.maintenance import merge_table
 
         with storage_failures(f"merge of {self.uri}"):
-            return merge_table(self, max_generations_per_region=max_generations_per_region)
+            return merge_table(
+                self, max_generations_per_region=max_generations_per_region, regions=regions
+            )
 
     def gc(
         self,
@@ -671,6 +668,7 @@ class MemWalTable:
         """
         self._check_open()
         rows = self._rows.upserts(data)
+        self._refuse_region_changes(rows, rows)
         self._append_all(self._route(rows, rows), "upserts")
 
     def delete(self, keys: Any) -> None:
@@ -681,7 +679,15 @@ class MemWalTable:
         """
         self._check_open()
         rows, routing = self._rows.deletes_for_regions(keys, self.region_spec)
+        self._refuse_region_changes(rows, routing)
         self._append_all(self._route(rows, routing), "deletes")
+
+    def _refuse_region_changes(self, rows: pa.RecordBatch, routing: pa.RecordBatch) -> None:
+        spec = self.region_spec
+        if spec is not None and not spec.routes_by_key(self.primary_key) and rows.num_rows:
+            from memwal_sql.key_regions import refuse_region_changes
+
+            refuse_region_changes(self, rows, routing)
 
     def _append_all(self, prepared: list[tuple[RegionWriter, pa.RecordBatch]], kind: str) -> None:
         pending, errors = [], []
@@ -837,6 +843,18 @@ def _check_key_types(schema: pa.Schema, primary_key: Sequence[str]) -> None:
             )
 
 
+def _refuse_duplicate_keys(stored: pa.Table, keys: Sequence[str], uri: str) -> None:
+    """:class:`DuplicateKeyError` naming the keys ``stored`` holds more than once."""
+    repeated = duplicate_keys(stored, keys)
+    if repeated.num_rows:
+        shown = repeated.slice(0, 5).to_pylist()
+        raise DuplicateKeyError(
+            f"{uri} holds {repeated.num_rows} primary key(s) more than once, e.g. {shown}; a "
+            "MemWAL table holds each key once. Remove the duplicates first (keep one row per key, "
+            "say with lance's merge_insert or delete), then enable MemWAL"
+        )
+
+
 def _normalise_pk(primary_key: str | Sequence[str]) -> list[str]:
     keys = [primary_key] if isinstance(primary_key, str) else list(primary_key)
     if not keys or len(set(keys)) != len(keys):
@@ -869,12 +887,21 @@ def create_table(
     storage_options: Mapping[str, str] | None = None,
     writer_config: WriterConfig | None = None,
     data_storage_version: str | None = None,
+    allow_non_key_region_spec: bool = False,
 ) -> MemWalTable:
     """Create a MemWAL table: the base Lance table with the primary key and the MemWAL index.
 
-    ``data_or_schema`` is initial data (any Arrow-convertible table) or a ``pa.Schema``. Pass
-    ``None`` to enable MemWAL on an existing Lance table at ``uri``. ``region_spec`` defaults to
-    :meth:`RegionSpec.unsharded` (one region). ``writer_config`` is recorded in the MemWAL
+    ``data_or_schema`` is initial data (any Arrow-convertible table) or a ``pa.Schema``; as in
+    one upsert, the last row of a key given twice wins. Pass ``None`` to enable MemWAL on an
+    existing Lance table at ``uri``; one that holds a key twice is refused
+    (:class:`~memwal_sql.errors.DuplicateKeyError`), never deduplicated.
+
+    ``region_spec`` defaults to :meth:`RegionSpec.unsharded` (one region). It may read only
+    primary-key columns, so a key stays in one region for good (Paimon's rule for
+    primary-key tables); ``allow_non_key_region_spec=True`` admits other columns for a table
+    whose rows never change them (say, an event's day): a routed write that moves a key while
+    its old region holds an unmerged version is then refused, and reads check that no key has
+    versions in two regions. ``writer_config`` is recorded in the MemWAL
     index as the table's writer defaults (``writer_config_defaults``), which every later
     :func:`open_table` starts from. ``data_storage_version`` is the Lance file format of the
     new base table, and so of every generation and merge (default: Lance's, ``"2.2"``);
@@ -888,12 +915,23 @@ def create_table(
         ('id',)
     """
     keys = _normalise_pk(primary_key)
+    spec = region_spec if region_spec is not None else RegionSpec.unsharded()
+    if not allow_non_key_region_spec and not spec.routes_by_key(keys):
+        others = [c for c in spec.source_columns if c not in keys]
+        raise InvalidRegionSpecError(
+            f"region spec {spec.describe()} reads column(s) {others} outside the primary key "
+            f"{keys}: a key whose {', '.join(others)} changed would have versions in two "
+            "regions, and the region merged last would win (the MemWAL spec's data-corruption "
+            "case). Add the column(s) to the primary key, or region by key columns (say "
+            f"RegionSpec.bucket({keys[0]!r}, 8)); if no key's {', '.join(others)} ever "
+            "changes, pass allow_non_key_region_spec=True (writes that move a key are then "
+            "refused, and every read checks that no key is in two regions)"
+        )
     if data_storage_version not in (None, *DATA_STORAGE_VERSIONS):
         raise InvalidInputError(
             f"data_storage_version {data_storage_version!r} is not a Lance file format this "
             f"table can use; pick one of {', '.join(DATA_STORAGE_VERSIONS)}"
         )
-    spec = region_spec if region_spec is not None else RegionSpec.unsharded()
     opts = with_default_timeouts(uri, storage_options) or None
     existing = _try_dataset(uri, opts)
     if data_or_schema is None:
@@ -914,9 +952,13 @@ def create_table(
             raise PrimaryKeyError(f"{uri} already has primary key {current_pk}, not {keys}")
         if not current_pk:
             _check_key_types(_plain_schema(ds.schema), keys)
+        stored = ds.to_table(columns=keys)
+        for k in keys:
+            if stored.column(k).null_count:
+                raise PrimaryKeyError(f"column {k!r} of {uri} holds nulls; it cannot be a key")
+        _refuse_duplicate_keys(stored, keys, uri)
+        if not current_pk:
             for k in keys:
-                if ds.to_table(columns=[k]).column(k).null_count:
-                    raise PrimaryKeyError(f"column {k!r} of {uri} holds nulls; it cannot be a key")
                 if ds.schema.field(k).nullable:  # Lance requires a key column not nullable
                     ds.alter_columns({"path": k, "nullable": False})  # type: ignore[dict-item]  # stub
                 meta = dict(ds.schema.field(k).metadata or {})
@@ -941,7 +983,8 @@ def create_table(
             data = to_arrow_table(data_or_schema)
             schema = _with_primary_key(data.schema, keys)
             RowCoercer(schema, keys).upserts(data)  # same validation as every later write
-            data = data.cast(schema)
+            # As in one upsert, the last row of a key wins: the base holds each key once.
+            data = latest_per_key(data.cast(schema), keys)
         spec = spec.bind(schema)
         ds = lance.write_dataset(
             data,

@@ -36,6 +36,7 @@ from memwal_sql.writer.bloom import pk_hashes
 from memwal_sql.writer.generation import BLOOM_FILTER
 from planner.indexed import IndexedRead, plan_indexed_read
 from planner.predicate import And, Compare, InList, Or, Predicate, conjuncts
+from planner.regions import check_one_region_per_key
 
 # SQL `pk IN (...)` lists up to this many keys run as a point lookup; a longer list is a scan
 # (pruned by region), which reads sequentially what so many random reads would touch anyway.
@@ -83,6 +84,7 @@ def plan_lookup(
     snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | None, keys: pa.Table
 ) -> LookupPlan:
     """Build the lookup plan of ``keys`` (a table of the primary-key columns)."""
+    check_one_region_per_key(snapshot, spec)
     pk = list(snapshot.primary_key)
     keys = distinct_keys(keys.select(pk))
     if keys.num_rows > 64:
@@ -122,7 +124,7 @@ def region_lookups(
     routable = (
         spec is not None
         and bool(spec.fields)
-        and set(spec.source_columns) <= set(pk)
+        and spec.routes_by_key(pk)
         and all(
             f.transform_impl.evaluable_in_callbacks(
                 [keys.schema.field(c).type for c in f.source_columns]
@@ -181,7 +183,12 @@ def region_lookups(
         if children:
             regions.append(
                 CoalesceFirstExec(
-                    children, pk, schema, keys=region_keys, label=f"region {region.region_id[:8]}"
+                    children,
+                    pk,
+                    schema,
+                    keys=region_keys,
+                    label=f"region {region.region_id[:8]}",
+                    region_id=region.region_id,
                 )
             )
     return regions

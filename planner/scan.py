@@ -20,6 +20,7 @@ from memwal_sql.index.region_spec import RegionSpec
 from memwal_sql.snapshot import TableSnapshot
 from planner.predicate import Predicate
 from planner.pruning import prune_regions
+from planner.regions import check_one_region_per_key
 
 
 @dataclass
@@ -113,6 +114,7 @@ def plan_scan(
     Example:
         ``plan = plan_scan(take_snapshot(tbl), tbl.region_spec, tbl.schema, pred)``
     """
+    check_one_region_per_key(snapshot, spec)
     kept, pruned = prune_regions(
         predicate, spec, base_schema, [(r.region_id, r.region_values) for r in snapshot.regions]
     )

@@ -51,6 +51,7 @@ from memwal_sql.storage import ObjectStore
 from planner.lookup import region_lookups
 from planner.predicate import Predicate
 from planner.pruning import prune_regions
+from planner.regions import check_one_region_per_key
 
 #: A PQ- or SQ-quantized index ranks by approximate distances: its candidates are re-ranked by
 #: exact distance over this many times ``k`` rows unless the caller says otherwise.
@@ -103,6 +104,7 @@ def _layout(
 ) -> tuple[list[str], list[str], pa.Schema, dict[str, str] | None, list[str]]:
     """What both searches start from: the regions kept and pruned by the filter, the newer
     sources' schema, the storage options and the primary key."""
+    check_one_region_per_key(snapshot, spec)
     kept, pruned = prune_regions(
         predicate, spec, base_schema, [(r.region_id, r.region_values) for r in snapshot.regions]
     )

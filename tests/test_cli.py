@@ -263,7 +263,7 @@ def test_composed_region_spec_and_composite_key(tmp_path, capsys):
     uri = str(tmp_path / "t")
     run(
         capsys, "create", uri, "--primary-key", "tenant,id", "--schema-from", str(src),
-        "--region-spec", "identity:tenant+month:ts",
+        "--region-spec", "identity:tenant+month:ts", "--allow-non-key-region-spec",
     )  # fmt: skip
     out = run(capsys, "ingest", uri, str(src))
     assert "upserted 6 row(s) from 1 file(s) in 6 region(s)" in out

@@ -334,6 +334,7 @@ def test_keys_a_region_resolved_never_come_from_the_base_when_not_routable(tmp_p
         ),
         primary_key="id",
         region_spec=mw.RegionSpec.identity("tenant"),
+        allow_non_key_region_spec=True,
     )
     tbl.upsert(
         pa.table({"id": pa.array([1], pa.int64()), "tenant": pa.array([0], pa.int32()), "v": ["A"]})

@@ -92,6 +92,7 @@ def check_reads(tbl: mw.MemWalTable, model: Model) -> None:
     )
     assert tbl.count_rows() == len(model.rows)
     assert tbl.count_rows("n > 40") == expected(model, "n > 40").num_rows
+    assert tbl.lookup(list(range(31))).sort_by("k").to_pylist() == expected(model, None).to_pylist()
     sys_cols = tbl.to_arrow(["k"], with_system_columns=True)
     assert len(set(sys_cols.column("k").to_pylist())) == sys_cols.num_rows  # no duplicates
 
@@ -101,26 +102,32 @@ def check_reads(tbl: mw.MemWalTable, model: Model) -> None:
     ops=ops,
     spec=st.sampled_from(["bucket", "identity", "none"]),
     cached=st.booleans(),
+    initial=st.lists(st.tuples(st.integers(0, 8), st.integers(0, 100)), max_size=12),
 )
-def test_reads_match_the_model(ops, spec, cached):
+def test_reads_match_the_model(ops, spec, cached, initial):
     """With the lookup cache (generations kept whole: their latest rows filtered as one
     table; the base masked by its key index) and without it (each generation read from
-    Lance with the filter pushed; the base's keys probed per batch)."""
+    Lance with the filter pushed; the base's keys probed per batch). The table is created
+    with ``initial`` rows, whose keys repeat: as in one upsert, the last row of a key wins."""
     region_spec = {
         "bucket": mw.RegionSpec.bucket("k", 3),
         "identity": mw.RegionSpec.identity("grp"),
         "none": None,
     }[spec]
     with tempfile.TemporaryDirectory() as d, cache_budget(CACHE.max_bytes if cached else 0):
+        first = pa.concat_tables(
+            [batch([0, 1, 2, 3], 1), *(batch([k], seed) for k, seed in initial)]
+        )
         tbl = mw.create_table(
             d,
-            batch([0, 1, 2, 3], 1),
+            first,
             primary_key="k",
             region_spec=region_spec,
             writer_config=mw.WriterConfig(max_memtable_rows=6),
+            allow_non_key_region_spec=True,
         )
         model = Model(["k"])
-        model.upsert(batch([0, 1, 2, 3], 1))
+        model.upsert(first)
         for op, ks, seed in ops:
             if op == "read":
                 check_reads(tbl, model)

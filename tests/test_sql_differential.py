@@ -208,6 +208,7 @@ def built(request: Any, tmp_path_factory: Any) -> Any:
         primary_key="id",
         region_spec=SPECS[name](),
         writer_config=mw.WriterConfig(max_memtable_rows=100_000),
+        allow_non_key_region_spec=True,
     )
     latest.update({r["id"]: r for r in base.to_pylist()})
     deleted: list[int] = []

@@ -270,7 +270,11 @@ def test_a_region_writer_refuses_to_delete_another_regions_keys(tmp_path):
 def test_deletes_need_the_region_columns_that_are_not_keys(tmp_path):
     schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("country", pa.string())])
     tbl = mw.create_table(
-        str(tmp_path), schema, primary_key="id", region_spec=mw.RegionSpec.identity("country")
+        str(tmp_path),
+        schema,
+        primary_key="id",
+        region_spec=mw.RegionSpec.identity("country"),
+        allow_non_key_region_spec=True,
     )
     tbl.upsert(pa.table({"id": [1, 2, 3], "country": ["us", "de", "us"]}, schema=schema))
     with pytest.raises(InvalidInputError, match="country"):

@@ -204,7 +204,11 @@ def test_region_pruned_sources_still_make_base_rows_stale(tmp_path) -> None:
     key has a newer version in a pruned region must still be dropped."""
     rows = vec_batch(list(range(40)), 0)
     tbl = mw.create_table(
-        str(tmp_path), rows, primary_key="k", region_spec=mw.RegionSpec.identity("tag")
+        str(tmp_path),
+        rows,
+        primary_key="k",
+        region_spec=mw.RegionSpec.identity("tag"),
+        allow_non_key_region_spec=True,
     )
     query = np.random.default_rng(1).normal(size=DIM).astype(np.float32)
     best = tbl.vector_search(query, k=1, filter="tag = 't0'").to_pylist()[0]

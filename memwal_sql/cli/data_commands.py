@@ -47,6 +47,7 @@ def create(a: argparse.Namespace) -> None:
             region_spec=spec,
             storage_options=storage_options.from_args(a),
             data_storage_version=a.data_storage_version,
+            allow_non_key_region_spec=a.allow_non_key_region_spec,
         )
     except TableExistsError:
         raise CliError(
@@ -61,7 +62,12 @@ def create(a: argparse.Namespace) -> None:
             "--from FILE to create a new table"
         ) from None
     with tbl:
-        rows = f", {data.num_rows:,} rows" if isinstance(data, pa.Table) else ""
+        rows = ""
+        if isinstance(data, pa.Table):
+            stored = tbl.dataset().count_rows()
+            rows = f", {stored:,} rows"
+            if stored < data.num_rows:  # create_table keeps the last row of a repeated key
+                rows += f" ({data.num_rows - stored:,} earlier rows of repeated keys replaced)"
         regions = tbl.region_spec.describe() if tbl.region_spec else "manual regions"
         print(f"created {tbl.uri}: primary key ({', '.join(tbl.primary_key)}), {regions}{rows}")
 

@@ -97,7 +97,7 @@ def _catchup(indexes: dict[str, int | None], merged: int) -> str:
 
 
 def merge(a: argparse.Namespace) -> None:
-    r = _open(a).merge()
+    r = _open(a).merge(regions=a.regions)
     gens = sum(len(g) for g in r.merged.values())
     print(
         f"merged {gens} generation(s) from {len(r.merged)} region(s): {r.rows_upserted:,} rows "

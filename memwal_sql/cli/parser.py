@@ -103,7 +103,7 @@ def _create(command: Any) -> None:
         "      --region-spec identity:tenant+bucket:order_id:4 \\\n"
         "      --storage-options-file s3.env\n"
         "  memwal create ./logs --primary-key id --from logs.arrow --region-spec day:ts \\\n"
-        "      --data-storage-version 2.0\n"
+        "      --allow-non-key-region-spec --data-storage-version 2.0\n"
         "  memwal create ./m --primary-key id --from m.csv \\\n"
         "      --region-spec 'expression:id:int64:col0 % 10'\n"
         "  memwal create ./existing-lance-table --primary-key id",
@@ -128,6 +128,13 @@ def _create(command: Any) -> None:
     )
     c.add_argument("--format", choices=FORMATS, help=FORMAT_HELP)
     c.add_argument("--region-spec", metavar="SPEC", help=region_specs.HELP)
+    c.add_argument(
+        "--allow-non-key-region-spec",
+        action="store_true",
+        help="let --region-spec read columns outside the primary key, for rows that never "
+        "change them: a write that moves a key to another region is then refused, and reads "
+        "check that no key is in two regions",
+    )
     c.add_argument(
         "--data-storage-version",
         choices=DATA_STORAGE_VERSIONS,
@@ -258,9 +265,18 @@ def _maintenance(command: Any) -> None:
         "merge",
         ops_commands.merge,
         "merge flushed generations into the base table",
-        "  memwal merge ./events",
+        "  memwal merge ./events\n"
+        "  memwal merge ./events --region 0b7c...-older-region --region 5e1f...-newer-region",
     )
     _uri(c)
+    c.add_argument(
+        "--region",
+        dest="regions",
+        action="append",
+        metavar="REGION",
+        help="merge only this region (repeatable), in the order given: where two of them hold "
+        "one key (KeyInTwoRegionsError), the last one's version wins",
+    )
     c = command(
         "compact",
         ops_commands.compact,

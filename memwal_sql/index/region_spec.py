@@ -38,6 +38,7 @@ Example:
 from __future__ import annotations
 
 import numbers
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -95,6 +96,7 @@ __all__ = [
     "encode_region_value",
     "murmur3_bucket",
     "parse_arrow_type",
+    "region_id_for",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -125,6 +127,24 @@ _INT32_TRANSFORMS = frozenset({BUCKET, MULTI_BUCKET, UNSHARDED, *_DATE_PARTS})
 # ``region_values(..., missing_as_null=True)`` reads them as NULL, as the seed spec requires.
 # ``to_proto`` turns the placeholder back into the original field id.
 _REMOVED_PREFIX = "\x00removed_field:"
+
+
+# Region ids of spec-governed regions are derived from the region values, so every process that
+# routes a key computes the same region (and the writers fence each other instead of splitting a
+# key over two regions).
+REGION_NAMESPACE = uuid.UUID("6f2e1c7a-3b1d-4d8e-9a55-6d656d77616c")
+
+
+def region_id_for(spec: RegionSpec, values: Sequence[Any]) -> str:
+    """The deterministic region id of the region holding ``values`` under ``spec``.
+
+    Example:
+        >>> s = RegionSpec.bucket("id", 4)
+        >>> region_id_for(s, (1,)) == region_id_for(s, (1,)) != region_id_for(s, (2,))
+        True
+    """
+    parts = [f"{fid}={v.hex()}" for fid, v in spec.field_entries(tuple(values))]
+    return str(uuid.uuid5(REGION_NAMESPACE, f"spec{spec.spec_id}/" + "/".join(parts)))
 
 
 def _removed_column_name(field_id: int) -> str:
@@ -652,6 +672,18 @@ class RegionSpec:
             ('a', 'b')
         """
         return tuple(dict.fromkeys(c for f in self.fields for c in f.source_columns))
+
+    def routes_by_key(self, primary_key: Sequence[str]) -> bool:
+        """Whether the spec reads only ``primary_key`` columns, so each key has one region
+        for good (Paimon's rule: partition columns are part of the primary key).
+
+        Example:
+            >>> RegionSpec.bucket("id", 4).routes_by_key(["id"])
+            True
+            >>> RegionSpec.day("ts").routes_by_key(["id"])
+            False
+        """
+        return set(self.source_columns) <= set(primary_key)
 
     @property
     def num_regions(self) -> int:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -29,13 +31,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance.mem_wal import CompactedSsTable
 
+from exec_nodes.regions import OTHER_REGION, REGION
 from memwal_sql.compat.lance import is_commit_conflict
-from memwal_sql.errors import CommitConflictError, InvalidInputError
+from memwal_sql.errors import CommitConflictError, InvalidInputError, UnknownRegionError
 from memwal_sql.manifest import RegionManifestStore, check_not_behind_index
+from memwal_sql.snapshot import region_values, take_snapshot
 from memwal_sql.storage import layout
 from memwal_sql.writer.generation import open_generation
 from memwal_sql.writer.memtable import latest_per_key
 from memwal_sql.writer.wal import TOMBSTONE
+from planner.regions import key_in_two_regions, keys_in_two_regions_of
 
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
@@ -167,19 +172,33 @@ def _sql_literals(col: pa.Array) -> list[str]:
 
 
 def merge_table(
-    table: MemWalTable, *, max_generations_per_region: int | None = None
+    table: MemWalTable,
+    *,
+    max_generations_per_region: int | None = None,
+    regions: Sequence[str] | None = None,
 ) -> MergeResult:
-    """One merge pass over every region. The base table's indexes then lag behind the merged
-    rows until :func:`~memwal_sql.maintenance.indexes.catch_up_indexes` runs (reads stay
-    indexed meanwhile through the generations of the gap).
+    """One merge pass over every region (or over ``regions``, in that order). The base
+    table's indexes then lag behind the merged rows until
+    :func:`~memwal_sql.maintenance.indexes.catch_up_indexes` runs (reads stay indexed
+    meanwhile through the generations of the gap).
+
+    A region holding an unmerged version of a key that another region holds too is not merged
+    (whichever merged last would win): the other regions are, and then
+    :class:`~memwal_sql.errors.KeyInTwoRegionsError` names the keys. Naming both regions in
+    ``regions`` merges them in that order, so the last one's versions win: the repair when
+    the order of their writes is known (their unflushed rows must be flushed first).
 
     Example:
         ``tbl.merge().merged``
     """
     result = MergeResult()
     # A region the index has merged from but whose directory is gone fails the pass loudly.
-    for rid in sorted(set(table.regions()) | set(table.merged_generations())):
-        merge_region(table, rid, max_generations=max_generations_per_region, result=result)
+    known = sorted(set(table.regions()) | set(table.merged_generations()))
+    order = known if regions is None else _named_regions(regions, known)
+    shared, held = _shared_keys(table, order if regions is not None else ())
+    for rid in order:
+        if rid not in held:
+            merge_region(table, rid, max_generations=max_generations_per_region, result=result)
     _log.info(
         "merge of %s: %d generation(s) of %d region(s), %d rows upserted, %d deleted, "
         "%d conflict(s), %.2f s",
@@ -191,7 +210,52 @@ def merge_table(
         result.conflicts,
         result.seconds,
     )
+    if shared is not None and held:
+        raise key_in_two_regions(shared, table.primary_key, table.region_spec)
     return result
+
+
+def _shared_keys(table: MemWalTable, named: Sequence[str]) -> tuple[pa.Table | None, set[str]]:
+    """The keys with unmerged versions in two regions (see :mod:`planner.regions`) and the
+    regions that must not be merged for them: every such region, but where both of a key's
+    regions are ``named`` (an ordered merge). A strong snapshot (every WAL tail) is read only
+    where the spec lets two regions hold a key."""
+    spec = table.region_spec
+    if (
+        spec is not None
+        and spec.routes_by_key(table.primary_key)
+        and all(region_values(spec, rid, m) is not None for rid, m in table.region_manifests())
+    ):
+        return None, set()
+    snapshot = take_snapshot(table, "strong")
+    shared = keys_in_two_regions_of(snapshot, spec)
+    if shared is None:
+        return None, set()
+    pairs = list(zip(shared.column(REGION).to_pylist(), shared.column(OTHER_REGION).to_pylist()))
+    ordered = {r for a, b in pairs if {a, b} <= set(named) for r in (a, b)}
+    unflushed = [r.region_id for r in snapshot.regions if r.unflushed and r.region_id in ordered]
+    if unflushed:
+        raise InvalidInputError(
+            f"region(s) {', '.join(unflushed)} hold unflushed rows: an ordered merge of regions "
+            "that share keys needs their versions flushed first (`with "
+            "tbl.writer(region_id=...): pass` flushes a region); nothing was merged"
+        )
+    return shared, {r for a, b in pairs if not {a, b} <= set(named) for r in (a, b)}
+
+
+def _named_regions(regions: Sequence[str], known: Sequence[str]) -> list[str]:
+    if isinstance(regions, str):
+        raise InvalidInputError("regions is a list of region ids, not one string")
+    out = []
+    for r in regions:
+        try:
+            rid = str(uuid.UUID(str(r)))
+        except ValueError as e:
+            raise InvalidInputError(f"region id {r!r} is not a UUID") from e
+        if rid not in known:
+            raise UnknownRegionError(f"no region {rid} in this table; its regions are {known}")
+        out.append(rid)
+    return out
 
 
 __all__ = ["MergeResult", "merge_region", "merge_table"]

@@ -7,7 +7,9 @@ at once, so that damage is found (and restored from a backup) before anything ne
   region is not behind the MemWAL index (a region the index merged from has its manifests);
 * WAL: every entry decodes and passes its checksum, with no hole after the replay position;
 * generations: every flushed generation's files match the checksums recorded at flush (a
-  generation Lance's writer flushed has none: it is opened and counted instead).
+  generation Lance's writer flushed has none: it is opened and counted instead);
+* keys: no key has unmerged versions in two regions (possible only when the region spec reads
+  non-key columns, or with manual regions), and the base table holds each key once.
 
 Example:
     ``report = tbl.verify(); print(report.summary()); assert report.ok``
@@ -19,12 +21,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memwal_sql.errors import MemWalError, StorageError
+from memwal_sql.errors import CorruptTableError, MemWalError, StorageError
 from memwal_sql.manifest import RegionManifestStore, check_not_behind_index
+from memwal_sql.snapshot import take_snapshot
 from memwal_sql.storage import layout
 from memwal_sql.storage.checksums import verify_generation
 from memwal_sql.writer.generation import open_generation
+from memwal_sql.writer.memtable import duplicate_keys
 from memwal_sql.writer.wal import decode_wal_entry, missing_wal_entry, wal_positions
+from planner.regions import key_in_two_regions, keys_in_two_regions_of
 
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
@@ -34,8 +39,8 @@ if TYPE_CHECKING:
 class Problem:
     """One damaged or lost object."""
 
-    region_id: str
-    kind: str  # "manifest", "wal" or "generation"
+    region_id: str  # "" for the table as a whole
+    kind: str  # "manifest", "wal", "generation" or "keys"
     error: str  # the typed error's class name
     message: str
 
@@ -64,7 +69,10 @@ class VerifyReport:
         if self.ok:
             return f"{head}; no damage found"
         lines = [f"{head}; {len(self.problems)} problem(s):"]
-        lines += [f"  region {p.region_id} {p.kind}: {p.error}: {p.message}" for p in self.problems]
+        lines += [
+            f"  {f'region {p.region_id} ' if p.region_id else ''}{p.kind}: {p.error}: {p.message}"
+            for p in self.problems
+        ]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -100,7 +108,31 @@ def verify_table(table: MemWalTable, progress: Callable[[int], None] | None = No
             except Exception as e:
                 _found(report, rid, "generation", StorageError(f"{path}: {e}"))
             tick(1)
+    _check_keys(table, report)
     return report
+
+
+def _check_keys(table: MemWalTable, report: VerifyReport) -> None:
+    """Keys in two regions, and keys the base table holds twice."""
+    pk = list(table.primary_key)
+    repeated = duplicate_keys(table.dataset().to_table(columns=pk), pk)
+    if repeated.num_rows:
+        _found(
+            report,
+            "",
+            "keys",
+            CorruptTableError(
+                f"the base table holds {repeated.num_rows} key(s) more than once, e.g. "
+                f"{repeated.slice(0, 5).to_pylist()}: every read returns each of their rows. "
+                "Delete all but one row of each with Lance (the base table is a Lance dataset)"
+            ),
+        )
+    try:
+        shared = keys_in_two_regions_of(take_snapshot(table, "strong"), table.region_spec)
+    except MemWalError:
+        return  # a damaged or lost object, reported above: the keys cannot all be read
+    if shared is not None:
+        _found(report, "", "keys", key_in_two_regions(shared, table.primary_key, table.region_spec))
 
 
 def _check_manifests(

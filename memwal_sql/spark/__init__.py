@@ -113,16 +113,14 @@ def write(
         ``write(spark.read.parquet("events/"), "/data/events")``
     """
     import memwal_sql as mw
-    from memwal_sql.table import region_id_for
+    from memwal_sql.index.region_spec import region_id_for
 
     if operation not in ("upsert", "delete"):
         raise InvalidInputError(f"operation must be 'upsert' or 'delete', not {operation!r}")
     options = dict(storage_options or {})
     table = mw.open_table(uri, options or None)
     spec = table.region_spec
-    routable = spec is not None and (
-        operation == "upsert" or set(spec.source_columns) <= set(table.primary_key)
-    )
+    routable = spec is not None and (operation == "upsert" or spec.routes_by_key(table.primary_key))
     out = df
     if routable:
         assert spec is not None
@@ -167,7 +165,7 @@ def _tagger(uri: str, options: dict[str, str]) -> Any:
 
     def tag(batches: Any) -> Any:
         import memwal_sql as mw
-        from memwal_sql.table import region_id_for
+        from memwal_sql.index.region_spec import region_id_for
 
         table = mw.open_table(uri, options or None)
         spec = table.region_spec

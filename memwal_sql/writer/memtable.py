@@ -68,6 +68,19 @@ def last_per_key(keys: pa.Table, rank: np.ndarray) -> tuple[pa.Table, np.ndarray
     return best.select(names), best.column(f"{_ROW}_max").to_numpy()
 
 
+def duplicate_keys(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
+    """The keys ``table`` holds more than once, with their ``count``.
+
+    Example:
+        >>> duplicate_keys(pa.table({"id": [1, 2, 1]}), ["id"]).to_pylist()
+        [{'id': 1, 'count': 2}]
+    """
+    pk = list(primary_key)
+    counts = table.select(pk).group_by(pk, use_threads=False).aggregate([([], "count_all")])
+    counts = counts.select([*pk, "count_all"]).rename_columns([*pk, "count"])
+    return counts.filter(pc.greater(counts.column("count"), 1))
+
+
 def latest_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
     """Keep the last row of every key, in insertion order (tombstones are kept: they are rows)."""
     n = table.num_rows

@@ -151,7 +151,11 @@ def test_a_pruned_query_opens_only_the_matching_regions_sources(tmp_path):
         )
 
     tbl = mw.create_table(
-        str(tmp_path), schema, primary_key="id", region_spec=mw.RegionSpec.identity("grp")
+        str(tmp_path),
+        schema,
+        primary_key="id",
+        region_spec=mw.RegionSpec.identity("grp"),
+        allow_non_key_region_spec=True,
     )
     ids = list(range(200))
     tbl.upsert(rows(ids, "a"))

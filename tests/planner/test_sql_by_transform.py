@@ -84,7 +84,9 @@ def rows(ids: range, version: int) -> pa.Table:
 def build(path: str, spec: mw.RegionSpec) -> tuple[mw.MemWalTable, pa.Table]:
     """A table of ``spec`` spread over the base, two generations per region, MemTables and
     deletes, and its latest rows (from a model of the writes, not from the table)."""
-    tbl = mw.create_table(path, rows(range(N), 0), primary_key="id", region_spec=spec)
+    tbl = mw.create_table(
+        path, rows(range(N), 0), primary_key="id", region_spec=spec, allow_non_key_region_spec=True
+    )
     model = {r["id"]: r for r in rows(range(N), 0).to_pylist()}
     for version, ids in ((1, range(0, N, 3)), (2, range(1, N, 5))):
         tbl.upsert(rows(ids, version))
@@ -120,7 +122,11 @@ def test_sql_matches_plain_datafusion(table_and_model, where):
 
 def test_equality_on_the_spec_column_reads_only_matching_regions(tmp_path):
     tbl = mw.create_table(
-        str(tmp_path), rows(range(N), 0), primary_key="id", region_spec=mw.RegionSpec.year("d")
+        str(tmp_path),
+        rows(range(N), 0),
+        primary_key="id",
+        region_spec=mw.RegionSpec.year("d"),
+        allow_non_key_region_spec=True,
     )
     tbl.upsert(rows(range(N), 1))
     ctx = mw.connect()

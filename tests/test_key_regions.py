@@ -1,0 +1,280 @@
+"""The primary key holds: one region per key, and each key once in the base table.
+
+A key whose region columns change would have versions in two regions, and the region merged
+last would win (the spec's data-corruption case). Region specs on non-key columns are refused
+at create; a table that has one anyway (opted in, or made by Lance) refuses routed writes that
+move a key too early, and reads, merges and ``verify`` detect a key in two regions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import memwal_sql as mw
+from memwal_sql.errors import (
+    DuplicateKeyError,
+    InvalidRegionSpecError,
+    KeyInTwoRegionsError,
+    KeyRegionChangeError,
+)
+from memwal_sql.index.region_spec import RegionField, region_id_for
+from tests.lsm import lance_latest_rows
+
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), False),
+        pa.field("ts", pa.timestamp("us")),
+        pa.field("tenant", pa.string()),
+        pa.field("day", pa.int32()),
+        pa.field("v", pa.string()),
+    ]
+)
+JAN1, JAN2 = dt.datetime(2024, 1, 1, 9), dt.datetime(2024, 1, 2, 9)
+# The issue's three specs, and a row of key 1 in two of their regions each.
+SPECS = {
+    "day": (lambda: mw.RegionSpec.day("ts"), {"ts": JAN1}, {"ts": JAN2}),
+    "identity": (lambda: mw.RegionSpec.identity("tenant"), {"tenant": "a"}, {"tenant": "b"}),
+    "bucket_of_a_non_key": (lambda: mw.RegionSpec.bucket("day", 4), {"day": 1}, {"day": 2}),
+}
+
+
+def row(key: int, v: str, **cols: object) -> pa.Table:
+    values = {"id": key, "ts": JAN1, "tenant": "a", "day": 1, "v": v, **cols}
+    return pa.Table.from_pylist([values], schema=SCHEMA)
+
+
+def opted_in(tmp_path, spec: mw.RegionSpec) -> mw.MemWalTable:
+    return mw.create_table(
+        str(tmp_path / "t"),
+        SCHEMA,
+        primary_key="id",
+        region_spec=spec,
+        allow_non_key_region_spec=True,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_create_refuses_a_spec_on_columns_outside_the_key(tmp_path, name):
+    spec = SPECS[name][0]()
+    with pytest.raises(InvalidRegionSpecError, match="outside the primary key"):
+        mw.create_table(str(tmp_path / "t"), SCHEMA, primary_key="id", region_spec=spec)
+    assert not (tmp_path / "t").exists()  # nothing was written
+    if name == "day":
+        return  # a timestamp cannot be part of a key (Lance 14 indexes no such key)
+    # With the column in the key, the same spec is safe.
+    tbl = mw.create_table(
+        str(tmp_path / "k"), SCHEMA, primary_key=["id", *spec.source_columns], region_spec=spec
+    )
+    assert tbl.region_spec is not None
+    tbl.close()
+
+
+def test_enabling_memwal_refuses_a_spec_on_columns_outside_the_key(tmp_path):
+    uri = str(tmp_path / "t")
+    lance.write_dataset(row(1, "x"), uri)
+    with pytest.raises(InvalidRegionSpecError):
+        mw.create_table(uri, None, primary_key="id", region_spec=mw.RegionSpec.identity("tenant"))
+    assert lance.dataset(uri).mem_wal_index_details() is None
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_a_routed_write_that_moves_a_key_is_refused(tmp_path, name):
+    make, old, new = SPECS[name]
+    tbl = opted_in(tmp_path, make())
+    tbl.upsert(row(1, "first", **old))
+    with pytest.raises(KeyRegionChangeError, match="id=1"):
+        tbl.upsert(row(1, "second", **new))
+    # Nothing of the refused call was written: one row, the first.
+    assert tbl.to_arrow(["id", "v"]).to_pylist() == [{"id": 1, "v": "first"}]
+    assert tbl.lookup([1], columns=["v"]).to_pylist() == [{"id": 1, "v": "first"}]
+    # A delete routed to the wrong region is refused too.
+    with pytest.raises(KeyRegionChangeError):
+        tbl.delete(row(1, "", **new).select(["id", *tbl.region_spec.source_columns]))
+    # Once the old region is merged, the key may move: its only other version is in the base.
+    tbl.flush()
+    tbl.merge()
+    tbl.upsert(row(1, "second", **new))
+    assert tbl.to_arrow(["id", "v"]).to_pylist() == [{"id": 1, "v": "second"}]
+    tbl.flush()
+    tbl.maintain()
+    assert tbl.to_arrow(["id", "v"]).to_pylist() == [{"id": 1, "v": "second"}]
+    tbl.close()
+    assert lance_latest_rows(str(tmp_path / "t"), ["id"]).column("v").to_pylist() == ["second"]
+
+
+def test_one_call_with_a_key_in_two_regions_is_refused(tmp_path):
+    tbl = opted_in(tmp_path, mw.RegionSpec.day("ts"))
+    with pytest.raises(KeyRegionChangeError):
+        tbl.upsert(pa.concat_tables([row(1, "a", ts=JAN1), row(2, "b"), row(1, "c", ts=JAN2)]))
+    assert tbl.count_rows() == 0
+    tbl.close()
+
+
+def test_a_deleted_key_moves_only_once_its_delete_is_merged(tmp_path):
+    tbl = opted_in(tmp_path, mw.RegionSpec.day("ts"))
+    tbl.upsert(row(1, "first", ts=JAN1))
+    tbl.delete(row(1, "").select(["id", "ts"]))
+    # Its tombstone is an unmerged version in the old region: merging both in either order
+    # would decide whether the key exists.
+    with pytest.raises(KeyRegionChangeError):
+        tbl.upsert(row(1, "again", ts=JAN2))
+    tbl.flush()
+    tbl.merge()
+    tbl.upsert(row(1, "again", ts=JAN2))
+    assert tbl.to_arrow(["id", "v"]).to_pylist() == [{"id": 1, "v": "again"}]
+    tbl.close()
+
+
+def two_regions_hold_key_1(tmp_path) -> tuple[mw.MemWalTable, str, str]:
+    """Versions of key 1 in two regions, through explicit region writers (not checked): the
+    older one flushed, the newer one only in its WAL (its writer died); another key flushed
+    in a third region."""
+    tbl = opted_in(tmp_path, mw.RegionSpec.day("ts"))
+    spec = tbl.region_spec
+    old, new = region_id_for(spec, (1,)), region_id_for(spec, (2,))
+    with tbl.writer(region_values=(1,)) as w:
+        w.upsert(pa.concat_tables([row(1, "first", ts=JAN1), row(5, "five", ts=JAN1)]))
+    w = tbl.writer(region_values=(2,))
+    w.upsert(row(1, "second", ts=JAN2))
+    w._release_at_exit()  # as a dying process: no flush
+    with tbl.writer(region_values=(3,)) as w:
+        w.upsert(row(7, "seven", ts=dt.datetime(2024, 1, 3)))
+    return tbl, old, new
+
+
+def test_reads_of_a_key_in_two_regions_fail(tmp_path):
+    tbl, _, _ = two_regions_hold_key_1(tmp_path)
+    ctx = mw.connect()
+    ctx.register("t", tbl)
+    reads = {
+        "to_arrow": lambda: tbl.to_arrow(),
+        "lookup": lambda: tbl.lookup([1]),
+        "count": lambda: tbl.count_rows(),
+        # The filter prunes the newer version's region: the older must not be returned.
+        "pruned": lambda: tbl.to_arrow(filter="ts < TIMESTAMP '2024-01-01 23:00:00'"),
+        "sql": lambda: ctx.sql("SELECT * FROM t WHERE id = 5").to_arrow_table(),
+        "other_process": lambda: mw.open_table(tbl.uri).to_arrow(),
+    }
+    for name, read in reads.items():
+        with pytest.raises(KeyInTwoRegionsError, match="id=1"):
+            read()
+            pytest.fail(name)
+    tbl.close()
+
+
+def test_a_merge_leaves_a_key_in_two_regions_unmerged_and_an_ordered_merge_repairs_it(tmp_path):
+    tbl, old, new = two_regions_hold_key_1(tmp_path)
+    w = tbl.writer(region_id=new)  # flushes the newer version's WAL tail
+    w.close()
+    with pytest.raises(KeyInTwoRegionsError):
+        tbl.merge()
+    # The third region merged; key 1's regions did not (their order is unknown).
+    merged = tbl.merged_generations()
+    assert old not in merged and new not in merged and len(merged) == 1
+    report = tbl.verify()
+    assert [p.error for p in report.problems] == ["KeyInTwoRegionsError"]
+    # The user knows the order of the writes: the old region first, the newer last.
+    tbl.merge(regions=[old, new])
+    assert tbl.verify().ok
+    got = tbl.to_arrow(["id", "v"]).sort_by("id").to_pylist()
+    assert got == [{"id": 1, "v": "second"}, {"id": 5, "v": "five"}, {"id": 7, "v": "seven"}]
+    tbl.close()
+
+
+def test_an_ordered_merge_needs_the_versions_flushed(tmp_path):
+    tbl, old, new = two_regions_hold_key_1(tmp_path)  # the newer version is unflushed
+    with pytest.raises(mw.errors.InvalidInputError, match="unflushed"):
+        tbl.merge(regions=[old, new])
+    assert tbl.merged_generations() == {}
+    tbl.close()
+
+
+def test_lance_written_regions_sharing_a_key_are_detected(tmp_path):
+    """Lance 14 makes an identity spec on a non-key column, and its writer puts key 1 in two
+    shards: our reads and verify see it."""
+    uri = str(tmp_path / "t")
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64(), False, {"lance-schema:unenforced-primary-key": "true"}),
+            pa.field("tenant", pa.string()),
+            pa.field("v", pa.string()),
+        ]
+    )
+    ds = lance.write_dataset(pa.table({"id": [9], "tenant": ["z"], "v": ["base"]}, schema), uri)
+    ds.initialize_mem_wal(identity_column="tenant")
+    for shard, tenant, v in ((str(uuid.uuid4()), "a", "first"), (str(uuid.uuid4()), "b", "2nd")):
+        with lance.dataset(uri).mem_wal_writer(shard) as w:
+            w.put(pa.table({"id": [1], "tenant": [tenant], "v": [v]}, schema))
+    tbl = mw.open_table(uri)
+    with pytest.raises(KeyInTwoRegionsError):
+        tbl.to_arrow()
+    with pytest.raises(KeyInTwoRegionsError):
+        tbl.lookup([1])
+    assert [p.error for p in tbl.verify().problems] == ["KeyInTwoRegionsError"]
+
+
+def test_key_routed_specs_never_run_the_check(tmp_path, monkeypatch):
+    import exec_nodes.regions
+
+    def boom(*a, **k):
+        raise AssertionError("checked a key-routed table")
+
+    monkeypatch.setattr(exec_nodes.regions, "keys_in_two_regions", boom)
+    spec = mw.RegionSpec.compose(
+        RegionField.identity("tenant"), RegionField.bucket("id", 2, field_id="b")
+    )
+    tbl = mw.create_table(
+        str(tmp_path / "t"), SCHEMA, primary_key=["tenant", "id"], region_spec=spec
+    )
+    tbl.upsert(pa.concat_tables([row(i, "x", tenant=t) for i in range(4) for t in "ab"]))
+    tbl.flush()
+    tbl.upsert(row(1, "y", tenant="b"))
+    assert tbl.count_rows() == 8
+    tbl.merge()
+    tbl.close()
+
+
+# ---- duplicate keys at create ------------------------------------------------------------------
+
+
+def test_create_keeps_the_last_row_of_a_repeated_key(tmp_path):
+    """The issue's case: the base held key 1 twice, and a merge then updated both rows."""
+    uri = str(tmp_path / "t")
+    tbl = mw.create_table(uri, {"id": [1, 1, 2], "v": ["a", "b", "c"]}, primary_key="id")
+    assert tbl.to_arrow().sort_by("id").to_pylist() == [{"id": 1, "v": "b"}, {"id": 2, "v": "c"}]
+    tbl.upsert({"id": [1], "v": ["new"]})
+    tbl.flush()
+    tbl.maintain()
+    assert tbl.dataset().to_table().sort_by("id").to_pylist() == [
+        {"id": 1, "v": "new"},
+        {"id": 2, "v": "c"},
+    ]
+    assert tbl.verify().ok
+    tbl.close()
+
+
+def test_enabling_memwal_on_a_table_with_repeated_keys_is_refused(tmp_path):
+    uri = str(tmp_path / "t")
+    lance.write_dataset(pa.table({"id": [1, 1, 2, 3, 3], "v": list("abcde")}), uri)
+    with pytest.raises(DuplicateKeyError, match=r"2 primary key\(s\).*'id': 1"):
+        mw.create_table(uri, None, primary_key="id")
+    ds = lance.dataset(uri)  # untouched: no MemWAL, no key metadata
+    assert ds.mem_wal_index_details() is None
+    assert ds.lance_schema.unenforced_primary_key() == []
+
+
+def test_verify_reports_keys_the_base_holds_twice(tmp_path):
+    uri = str(tmp_path / "t")
+    tbl = mw.create_table(uri, {"id": np.arange(10), "v": ["x"] * 10}, primary_key="id")
+    assert tbl.verify().ok
+    lance.write_dataset(tbl.dataset().to_table().slice(3, 2), uri, mode="append")
+    report = tbl.verify()
+    assert [(p.kind, p.error) for p in report.problems] == [("keys", "CorruptTableError")]
+    assert "2 key(s) more than once" in report.problems[0].message
+    tbl.close()
