@@ -176,17 +176,79 @@ def test_a_damaged_generation_file_fails_reads_lookups_and_merges(tmp_path, dama
     verify_finds(uri, "generation", "CorruptGenerationError")
 
 
-def test_a_zero_byte_pk_index_without_checksums_is_a_typed_error_not_a_panic(tmp_path):
-    # As in a generation Lance's own writer flushed: no checksum record to check against.
-    from memwal_sql.errors import CorruptGenerationError
-    from memwal_sql.storage.checksums import CHECKSUMS
+def lance_flushed_table(root: Path) -> tuple[str, Path]:
+    """A table with a generation Lance's own writer flushed (no checksum record, no
+    checksums in the manifest), and that generation's directory."""
+    import lance
 
-    uri, rid = merged_table(tmp_path)
-    gen_dir = unmerged_generation_dir(uri, rid)
-    (gen_dir / CHECKSUMS).unlink()
+    uri = str(root)
+    tbl = mw.create_table(uri, SCHEMA, primary_key="id")
+    with lance.dataset(uri).mem_wal_writer(mw.DEFAULT_REGION_ID) as w:
+        w.put(rows(list(range(20))))
+    manifest = RegionManifestStore(tbl.store, mw.DEFAULT_REGION_ID).latest()
+    assert manifest is not None
+    [gen] = manifest.flushed_generations
+    assert not gen.HasField("checksums_crc32c")
+    return uri, root / layout.region_dir(mw.DEFAULT_REGION_ID) / gen.path
+
+
+def test_a_generation_lance_flushed_is_read_unverified(tmp_path):
+    uri, _ = lance_flushed_table(tmp_path)
+    assert mw.open_table(uri).count_rows() == 20
+    report = mw.open_table(uri).verify()
+    assert report.ok and report.unverifiable_generations == 1
+
+
+def test_a_zero_byte_pk_index_without_checksums_is_a_typed_error_not_a_panic(tmp_path):
+    # A generation Lance's own writer flushed: no checksum record to check against.
+    from memwal_sql.errors import CorruptGenerationError
+
+    uri, gen_dir = lance_flushed_table(tmp_path)
     (gen_dir / "_pk_index" / "page_data.lance").write_bytes(b"")
     with pytest.raises(CorruptGenerationError, match="panicked"):
         mw.open_table(uri).lookup(list(range(200)))
+
+
+def drop_record(gen_dir: Path) -> None:
+    from memwal_sql.storage.checksums import CHECKSUMS
+
+    (gen_dir / CHECKSUMS).unlink()
+
+
+def drop_data_entry(gen_dir: Path) -> None:
+    import json
+
+    from memwal_sql.storage.checksums import CHECKSUMS
+
+    record = json.loads((gen_dir / CHECKSUMS).read_bytes())
+    name = str(data_file(gen_dir).relative_to(gen_dir))
+    del record["files"][name]
+    (gen_dir / CHECKSUMS).write_text(json.dumps(record, sort_keys=True))
+
+
+@pytest.mark.parametrize("lose", [drop_record, drop_data_entry], ids=["record", "entry"])
+def test_losing_the_checksum_record_cannot_hide_a_flipped_bit(tmp_path, lose):
+    """The record gone (or its entry of the data file), a bit flipped at any of 24 offsets of
+    the data file: every read, lookup and merge fails typed, and verify reports it."""
+    from memwal_sql.errors import CorruptGenerationError
+
+    uri, rid = merged_table(tmp_path / "pristine")
+    size = data_file(unmerged_generation_dir(uri, rid)).stat().st_size
+    for i, offset in enumerate(range(0, size, max(1, size // 24))[:24]):
+        copy = tmp_path / f"at{offset}"
+        shutil.copytree(uri, copy)
+        gen_dir = unmerged_generation_dir(str(copy), rid)
+        lose(gen_dir)
+        flip_bit(data_file(gen_dir), offset)
+        base_before = mw.open_table(str(copy)).dataset().to_table().sort_by("id")
+        for name, access in every_access(str(copy), rid).items():
+            if name == "writer":
+                continue  # a writer reads no generation
+            with pytest.raises(CorruptGenerationError, match="_memwal_checksums.json"):
+                access()
+        assert mw.open_table(str(copy)).dataset().to_table().sort_by("id").equals(base_before)
+        if i % 8 == 0:  # verify (and its CLI) on a third of them: each takes a while
+            verify_finds(str(copy), "generation", "CorruptGenerationError")
 
 
 def test_verify_finds_a_damaged_and_a_missing_wal_entry(tmp_path):

@@ -53,18 +53,20 @@ class RegionFieldEntry(_message.Message):
     def __init__(self, field_id: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class FlushedGeneration(_message.Message):
-    __slots__ = ("generation", "path", "in_memory_bytes", "physical_rows", "primary_key_bytes")
+    __slots__ = ("generation", "path", "in_memory_bytes", "physical_rows", "primary_key_bytes", "checksums_crc32c")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     IN_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     PHYSICAL_ROWS_FIELD_NUMBER: _ClassVar[int]
     PRIMARY_KEY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_CRC32C_FIELD_NUMBER: _ClassVar[int]
     generation: int
     path: str
     in_memory_bytes: int
     physical_rows: int
     primary_key_bytes: int
-    def __init__(self, generation: _Optional[int] = ..., path: _Optional[str] = ..., in_memory_bytes: _Optional[int] = ..., physical_rows: _Optional[int] = ..., primary_key_bytes: _Optional[int] = ...) -> None: ...
+    checksums_crc32c: int
+    def __init__(self, generation: _Optional[int] = ..., path: _Optional[str] = ..., in_memory_bytes: _Optional[int] = ..., physical_rows: _Optional[int] = ..., primary_key_bytes: _Optional[int] = ..., checksums_crc32c: _Optional[int] = ...) -> None: ...
 
 class MergedGeneration(_message.Message):
     __slots__ = ("region_id", "generation")

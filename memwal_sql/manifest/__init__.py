@@ -35,6 +35,7 @@ from memwal_sql.errors import (
     WriterFencedError,
 )
 from memwal_sql.storage import ObjectStore, layout
+from memwal_sql.storage.checksums import expect_checksums
 
 __all__ = [
     "RegionManifest",
@@ -76,7 +77,15 @@ class RegionManifestStore:
             raise CorruptManifestError(
                 f"region {self.region_id}: file of v{version} holds version {m.version}"
             )
+        self._expect_checksums(m)
         return m
+
+    def _expect_checksums(self, manifest: RegionManifest) -> None:
+        """Tell the checksum module which generations must have their checksum record."""
+        for g in manifest.flushed_generations:
+            if g.HasField("checksums_crc32c"):
+                path = f"{layout.region_dir(self.region_id)}/{g.path}"
+                expect_checksums(self.store.uri_for(path), g.checksums_crc32c)
 
     def latest_version(self) -> int:
         """Newest committed version, 0 if the region has no manifest."""

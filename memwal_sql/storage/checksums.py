@@ -7,14 +7,17 @@ Lance 14 does not read. Readers verify a generation's files once per process bef
 it (the small ``_pk_index`` and ``bloom_filter.bin`` included), and the merger before it copies
 rows into the base table, so damage is a :class:`CorruptGenerationError` naming the file.
 
-A generation without the record (written by Lance's own writer) cannot be verified; it is
-read as it is.
+The region manifest that lists the generation records the CRC32C of that record
+(``FlushedGeneration.checksums_crc32c``), and every manifest read tells this module
+(:func:`expect_checksums`): a missing record, a record edited or missing a file's entry, is
+then damage too, so deleting a file cannot switch the checks off. A generation without either
+(written by Lance's own writer) cannot be verified; it is read as it is.
 
 Example:
     >>> from memwal_sql.storage import ObjectStore
     >>> store = ObjectStore("memory://checksums-doc")
     >>> store.put("gen/data/a.lance", b"rows")
-    >>> record_checksums(store, "gen")
+    >>> crc = record_checksums(store, "gen")
     >>> verify_generation(store, "gen")
     True
     >>> store.put("gen/data/a.lance", b"rowz")
@@ -41,15 +44,20 @@ _VERIFIED_MAX = 4096
 
 _verified: OrderedDict[str, bool] = OrderedDict()
 _verified_lock = threading.Lock()
+# Generation uri -> the CRC32C of its record, as the region manifest listing it says. Kept for
+# more generations than any process reads between a manifest read and the generation's.
+_EXPECTED_MAX = 1 << 16
+_expected: OrderedDict[str, int] = OrderedDict()
 _stores: dict[tuple[str, tuple[tuple[str, str], ...]], ObjectStore] = {}
 
 
 def record_checksums(
     store: ObjectStore, directory: str, *, wal_entry_position: int | None = None
-) -> None:
+) -> int:
     """Record the size and CRC32C of every file under ``directory`` (read back as stored), and
     for a generation the last WAL position its rows came from (GC keeps WAL entries until the
-    generation holding them is collected)."""
+    generation holding them is collected). Returns the CRC32C of the record, for the region
+    manifest."""
     files = {}
     for meta in store.list(f"{directory}/"):
         name = meta.path[len(directory) + 1 :]
@@ -60,15 +68,51 @@ def record_checksums(
     body: dict[str, object] = {"format": 1, "algorithm": "crc32c", "files": files}
     if wal_entry_position is not None:
         body["wal_entry_position"] = wal_entry_position
-    store.put(f"{directory}/{CHECKSUMS}", json.dumps(body, sort_keys=True).encode())
+    raw = json.dumps(body, sort_keys=True).encode()
+    store.put(f"{directory}/{CHECKSUMS}", raw)
+    crc: int = google_crc32c.value(raw)
+    expect_checksums(store.uri_for(directory), crc)
+    return crc
+
+
+def expect_checksums(uri: str, record_crc32c: int) -> None:
+    """Note that the generation at ``uri`` was flushed with a checksum record whose CRC32C is
+    ``record_crc32c`` (a region manifest says so): its record must then exist and match.
+
+    Example:
+        ``expect_checksums(store.uri_for(gen_dir), flushed_generation.checksums_crc32c)``
+    """
+    with _verified_lock:
+        _expected[uri] = record_crc32c
+        _expected.move_to_end(uri)
+        while len(_expected) > _EXPECTED_MAX:
+            _expected.popitem(last=False)
+
+
+def _expected_crc(store: ObjectStore, directory: str) -> int | None:
+    with _verified_lock:
+        return _expected.get(store.uri_for(directory))
 
 
 def recorded_checksums(store: ObjectStore, directory: str) -> dict[str, tuple[int, int]] | None:
-    """``{file: (size, crc32c)}`` as recorded at flush; None if nothing was recorded."""
+    """``{file: (size, crc32c)}`` as recorded at flush; None if nothing was recorded and no
+    manifest says a record was written (:func:`expect_checksums`)."""
+    expected = _expected_crc(store, directory)
     try:
         raw = store.get(f"{directory}/{CHECKSUMS}")
-    except ObjectNotFoundError:
-        return None
+    except ObjectNotFoundError as e:
+        if expected is None:
+            return None
+        raise _damaged(
+            store,
+            directory,
+            CHECKSUMS,
+            "it is missing, though the region manifest says it was written",
+        ) from e
+    if expected is not None and google_crc32c.value(raw) != expected:
+        raise _damaged(
+            store, directory, CHECKSUMS, "it does not match the CRC32C its region manifest records"
+        )
     try:
         files = json.loads(raw)["files"]
         return {name: (int(f["size"]), int(f["crc32c"])) for name, f in files.items()}
@@ -92,9 +136,12 @@ def verify_generation(store: ObjectStore, directory: str, names: list[str] | Non
     record = recorded_checksums(store, directory)
     if record is None:
         return False
+    strict = _expected_crc(store, directory) is not None
     for name in names if names is not None else sorted(record):
         if name not in record:
-            continue
+            if not strict:
+                continue
+            raise _damaged(store, directory, name, "the checksum record has no entry for it")
         size, crc = record[name]
         try:
             data = store.get(f"{directory}/{name}")

@@ -92,7 +92,7 @@ def write_generation(
     keys = rows.select(list(primary_key))
     write_pk_index(uri, sorted_keys or keys, store.storage_options or None)
     store.put(f"{path}/{BLOOM_FILTER}", bloom_filter_bytes(pk_hashes(keys)))
-    record_checksums(store, path, wal_entry_position=wal_entry_position)
+    record_crc32c = record_checksums(store, path, wal_entry_position=wal_entry_position)
     # Lance writes without fsync; the manifest commit that follows lets GC delete the WAL
     # entries these rows came from, so the files must be on disk first.
     store.sync_tree(path)
@@ -102,6 +102,7 @@ def write_generation(
         in_memory_bytes=in_memory_bytes,
         physical_rows=rows.num_rows,
         primary_key_bytes=keys.nbytes,
+        checksums_crc32c=record_crc32c,
     )
 
 

@@ -7,13 +7,15 @@ import os
 import time
 from datetime import timedelta
 
+import google_crc32c
 import lance
 import pyarrow as pa
 import pytest
 
 import memwal_sql as mw
 from memwal_sql.errors import WriterFencedError
-from memwal_sql.manifest import RegionManifestStore
+from memwal_sql._proto.memwal_pb2 import RegionManifest
+from memwal_sql.manifest import RegionManifestStore, commit_change
 from memwal_sql.storage import layout
 from memwal_sql.storage.checksums import CHECKSUMS, recorded_wal_entry_position
 from memwal_sql.writer.wal import iter_wal, read_wal_entry, wal_positions
@@ -125,11 +127,19 @@ def test_wal_entries_go_with_the_generation_holding_their_rows(tmp_path):
     assert left and min(left) > bounds[1] and result.wal_entries == 4
     assert [k.what for k in result.kept] == ["generations 3-4", f"{len(left)} flushed WAL entries"]
 
-    # Generation 3 without its record: nothing more goes until generation 4 is merged too.
+    # Generation 3 without its WAL position (its record rewritten, and the manifest's
+    # checksum of it): nothing more goes until generation 4 is merged too.
     path = f"{layout.region_dir(rid)}/{gens[2].path}/{CHECKSUMS}"
     record = json.loads(store.get(path))
     del record["wal_entry_position"]
     store.put(path, json.dumps(record).encode())
+
+    def new_record(m: RegionManifest) -> bool:
+        [g] = [g for g in m.flushed_generations if g.path == gens[2].path]
+        g.checksums_crc32c = google_crc32c.value(store.get(path))
+        return True
+
+    commit_change(RegionManifestStore(store, rid), new_record)
     tbl.merge(max_generations_per_region=1)
     tbl.catch_up_indexes()
     assert tbl.gc(base_versions_older_than=NOW).wal_entries == 0
