@@ -60,6 +60,12 @@ class InvalidFilterError(InvalidInputError):
     """A ``filter=`` string is not one boolean SQL expression over the table's columns."""
 
 
+class StatementNotAllowedError(InvalidInputError):
+    """A SQL statement that a session of ``mw.connect()`` refuses: DDL (``CREATE``,
+    ``DROP``, ``CREATE EXTERNAL TABLE``), ``COPY``, ``INSERT``, ``SET`` and any other that
+    reads or writes a path or changes the session; ``mw.connect(trusted=True)`` allows them."""
+
+
 class InvalidRegionSpecError(InvalidInputError):
     """A region spec is malformed or does not fit the table schema."""
 

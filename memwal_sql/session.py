@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+import re
 import threading
 import time
 import weakref
@@ -33,11 +34,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
-from datafusion import DataFrame, SessionConfig, SessionContext, Table, udtf
+from datafusion import DataFrame, SessionConfig, SessionContext, SQLOptions, Table, udtf
 from datafusion import catalog as dfc
 
 from exec_nodes.base import conform
-from memwal_sql.errors import InvalidInputError, MemWalError
+from memwal_sql.errors import InvalidInputError, MemWalError, StatementNotAllowedError
 from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
 from memwal_sql.storage import storage_failures
 from planner.lookup import LookupPlan, lookup_keys, plan_lookup
@@ -408,10 +409,20 @@ class _Catalog(dfc.CatalogProvider):
         raise ValueError("memwal-sql sessions have one schema")
 
 
-class MemWalContext(SessionContext):
-    """A DataFusion SessionContext that also resolves MemWAL tables (see :func:`connect`)."""
+# What an untrusted session's SQL may not do: define or drop tables (CREATE EXTERNAL TABLE
+# reads any file the process can), write (COPY ... TO writes anywhere, a WAL entry included),
+# or change the session (SET). Queries, EXPLAIN, SHOW and DESCRIBE remain.
+SAFE_SQL = SQLOptions().with_allow_ddl(False).with_allow_dml(False).with_allow_statements(False)
+_REFUSED = re.compile(r"(DDL|DML|Statement) not supported: (\w+)")
 
-    def __init__(self, config: SessionConfig | None = None) -> None:
+
+class MemWalContext(SessionContext):
+    """A DataFusion SessionContext that also resolves MemWAL tables (see :func:`connect`).
+
+    Unless ``trusted``, :meth:`sql` runs queries only (see :data:`SAFE_SQL`)."""
+
+    def __init__(self, config: SessionConfig | None = None, *, trusted: bool = False) -> None:
+        self.trusted = trusted
         config = (
             (config or SessionConfig())
             .with_default_catalog_and_schema(CATALOG, SCHEMA)
@@ -445,11 +456,26 @@ class MemWalContext(SessionContext):
             table = open_table(table, storage_options)
         self.memwal_schema.add(name, table, consistency=consistency, system_columns=system_columns)
 
-    def sql(self, query: str, *args: Any, **kwargs: Any) -> DataFrame:
+    def sql(
+        self, query: str, options: SQLOptions | None = None, *args: Any, **kwargs: Any
+    ) -> DataFrame:
         """Like :meth:`SessionContext.sql`; a memwal-sql error while the query (or a
         DataFrame derived from it) runs is raised as itself, not as DataFusion's plain
-        ``Exception``."""
-        df = super().sql(query, *args, **kwargs)
+        ``Exception``. Without ``options``, an untrusted session refuses every statement
+        but a query (:class:`~memwal_sql.errors.StatementNotAllowedError`)."""
+        if options is None and not self.trusted:
+            options = SAFE_SQL
+        try:
+            df = super().sql(query, options, *args, **kwargs)
+        except Exception as e:
+            refused = _REFUSED.search(str(e)) if options is SAFE_SQL else None
+            if refused is None:
+                raise
+            raise StatementNotAllowedError(
+                f"{refused.group(2)} is not allowed in this session: a session of mw.connect() "
+                "runs queries only (no DDL, COPY, INSERT or SET, nothing that reads or writes "
+                "a path). mw.connect(trusted=True), or `memwal sql --trusted`, allows them"
+            ) from None
         df.df = _Typed(df.df, self.memwal_schema)
         return df
 
@@ -648,10 +674,12 @@ class _Typed:
             return str(self._inner._repr_html_())
 
 
-def connect(config: SessionConfig | None = None) -> MemWalContext:
-    """A DataFusion session with MemWAL support.
+def connect(config: SessionConfig | None = None, *, trusted: bool = False) -> MemWalContext:
+    """A DataFusion session with MemWAL support. Its SQL runs queries only, so SQL text from
+    anyone cannot read or write files (``CREATE EXTERNAL TABLE``, ``COPY``), drop tables or
+    change settings; ``trusted=True`` gives DataFusion's every statement.
 
     Example:
         ``ctx = mw.connect(); ctx.register("events", tbl); ctx.sql("SELECT ...").to_arrow_table()``
     """
-    return MemWalContext(config)
+    return MemWalContext(config, trusted=trusted)

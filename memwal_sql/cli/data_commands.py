@@ -177,7 +177,7 @@ def _close_quietly(tbl: Any) -> None:
 
 def sql(a: argparse.Namespace) -> None:
     options = storage_options.from_args(a)
-    ctx = mw.connect()
+    ctx = mw.connect(trusted=a.trusted)
     for name, uri in _named_tables(a.table):
         ctx.register(name, mw.open_table(uri, options))
     try:

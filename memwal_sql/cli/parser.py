@@ -191,6 +191,12 @@ def _sql(command: Any) -> None:
         metavar="NAME=URI",
         help="register the table at URI under NAME (repeat for more tables)",
     )
+    c.add_argument(
+        "--trusted",
+        action="store_true",
+        help="allow every DataFusion statement (CREATE EXTERNAL TABLE, COPY, SET, ...), "
+        "not only queries: they read and write any path this process can",
+    )
     _output(c)
 
 
