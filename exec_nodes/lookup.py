@@ -41,6 +41,7 @@ from exec_nodes.base import (
     stored_columns,
 )
 from exec_nodes.keyset import KeySet, encode_keys, last_per_key
+from exec_nodes.regions import raise_if_shared
 from exec_nodes.rowmask import split_addresses
 from memwal_sql.compat.lance import data_file_paths, take_rows
 from memwal_sql.errors import ObjectNotFoundError
@@ -814,6 +815,7 @@ class PointLookupExec(ExecNode):
         for region in self.regions:
             assert region.keys is not None  # region_lookups binds each region's keys
             found.append(region.probe(region.keys).rows)
+        raise_if_shared([(r.region_id, rows) for r, rows in zip(self.regions, found)], pk)
         # The base answers only the keys *no* region resolved (found or deleted there): a key
         # that could not be routed was asked of every region, and one region's answer is
         # newer than the base's.

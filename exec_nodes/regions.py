@@ -4,139 +4,138 @@ A region spec that reads only primary-key columns puts each key in exactly one r
 other spec (or with manual regions) that holds only while no write changes a key's region
 columns. If one does, two regions hold unmerged versions of the key: no read can tell which is
 newer, and the region merged last wins, so an acknowledged write can be lost (the spec's
-data-corruption case). Such a table is read only after this check finds no key with unmerged
-versions in two regions.
+data-corruption case). Reads of such a table fail instead:
 
-The flushed generations' part is kept in the lookup cache per set of generations (they never
-change); the MemTables and WAL tails are checked per query, against it.
+* a point lookup or a search probes every region for its keys anyway, and fails when two
+  regions resolve one key (:func:`raise_if_shared`, at no cost);
+* a scan may prune regions by a filter, so it checks every key of every region first
+  (:mod:`planner.regions`, with :class:`KeyRegions`).
 
 Example:
     >>> import pyarrow as pa
-    >>> a = RegionKeys("a", (), (pa.record_batch({"id": [1, 2]}),))
-    >>> b = RegionKeys("b", (), (pa.record_batch({"id": [2, 3]}),))
-    >>> keys_in_two_regions([a, b], ["id"], None).to_pylist()
+    >>> held = KeyRegions([("a", pa.table({"id": [1, 2]})), ("b", pa.table({"id": [2, 3]}))], ["id"])
+    >>> held.shared().to_pylist()
     [{'id': 2, 'region': 'a', 'other_region': 'b'}]
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import hashlib
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.keyset import KeySet
-from exec_nodes.lookup import CACHE
-from memwal_sql.writer.generation import open_generation
+from memwal_sql.errors import KeyInTwoRegionsError
 
 REGION = "region"
 OTHER_REGION = "other_region"
+_SHOWN = 5  # keys named in the error
 
 
-@dataclass(frozen=True)
-class RegionKeys:
-    """Where one region's unmerged versions are: its flushed generations (uris) and its
-    unflushed rows (MemTables, WAL tail)."""
-
-    region_id: str
-    generations: Sequence[str]
-    unflushed: Sequence[pa.RecordBatch]
+def _number(region_id: str) -> int:
+    """A region's number in the aggregation (grouping with its id, a string, costs 10x): a
+    64-bit hash of the id."""
+    digest = hashlib.blake2b(region_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
-def keys_in_two_regions(
-    regions: Sequence[RegionKeys],
-    primary_key: Sequence[str],
-    storage_options: Mapping[str, str] | None,
-) -> pa.Table | None:
-    """The keys with versions (rows or tombstones) in more than one of ``regions``: the key
-    columns, then two of the regions holding each; None when every key is in one region.
+class KeyRegions:
+    """The distinct keys of some regions' rows, each with the lowest and the highest region
+    holding it (by :func:`_number`): ``parts`` are ``(region id, table of key columns)``."""
 
-    Example:
-        ``keys_in_two_regions([RegionKeys(rid, uris, batches), ...], ["id"], None)``
-    """
-    pk = list(primary_key)
-    found = []
-    in_gens = _generation_regions(regions, pk, storage_options)
-    if in_gens is not None:
-        found.append(_shared(in_gens.spread, pk))
-    mems = [
-        _tagged(pa.Table.from_batches([b]).select(pk), r.region_id)
-        for r in regions
-        for b in r.unflushed
-        if b.num_rows
-    ]
-    if mems:
-        in_mems = _spread(pa.concat_tables(mems), pk)
-        found.append(_shared(in_mems, pk))
-        if in_gens is not None:
-            # A MemTable key the generations hold in another region.
-            pos = in_gens.keyset.positions(in_mems.select(pk))
-            hit = pos >= 0
-            theirs = in_gens.spread.column("lo").take(pa.array(pos[hit]))
-            mine = in_mems.column("lo").filter(pa.array(hit))
-            moved = pa.array(pc.not_equal(theirs, mine).to_numpy(zero_copy_only=False))
-            found.append(
-                in_mems.select(pk)
-                .filter(pa.array(hit))
-                .filter(moved)
-                .append_column(REGION, theirs.filter(moved))
-                .append_column(OTHER_REGION, mine.filter(moved))
+    def __init__(self, parts: Sequence[tuple[str, pa.Table]], primary_key: Sequence[str]) -> None:
+        self.primary_key = list(primary_key)
+        self.region_ids = {_number(rid): rid for rid, _ in parts}
+        tagged = [
+            keys.select(self.primary_key).append_column(
+                REGION, pa.array(np.full(keys.num_rows, _number(rid), dtype=np.int64))
             )
-    found = [t for t in found if t.num_rows]
-    return pa.concat_tables(found) if found else None
-
-
-@dataclass(frozen=True)
-class _GenerationRegions:
-    spread: pa.Table  # every distinct key of the generations, with its regions (see _spread)
-    keyset: KeySet
+            for rid, keys in parts
+            if keys.num_rows
+        ]
+        self.keys: pa.Table | None = None
+        if tagged:
+            out = (
+                pa.concat_tables(tagged)
+                .group_by(self.primary_key, use_threads=False)
+                .aggregate([(REGION, "min"), (REGION, "max")])
+            )
+            self.keys = out.select([*self.primary_key, f"{REGION}_min", f"{REGION}_max"])
+        self._keyset: KeySet | None = None
 
     @property
     def nbytes(self) -> int:
-        return self.spread.nbytes + self.keyset.nbytes
+        held = 0 if self.keys is None else self.keys.nbytes
+        return held + (0 if self._keyset is None else self._keyset.nbytes)
+
+    def shared(self) -> pa.Table | None:
+        """The keys held by two regions: key columns, ``region`` and ``other_region``."""
+        if self.keys is None:
+            return None
+        lo, hi = self.keys.column(f"{REGION}_min"), self.keys.column(f"{REGION}_max")
+        two = pc.not_equal(lo, hi)
+        keys = self.keys.select(self.primary_key).filter(two)
+        return _named(keys, lo.filter(two), hi.filter(two), self.region_ids)
+
+    def shared_with(self, other: KeyRegions) -> pa.Table | None:
+        """The keys of ``other`` that these regions hold in another region."""
+        if self.keys is None or other.keys is None:
+            return None
+        if self._keyset is None:
+            self._keyset = KeySet(self.keys.select(self.primary_key))
+        pos = self._keyset.positions(other.keys.select(self.primary_key))
+        hit = pa.array(pos >= 0)
+        mine = self.keys.column(f"{REGION}_min").take(pa.array(pos[pos >= 0]))
+        theirs = other.keys.column(f"{REGION}_min").filter(hit)
+        moved = pc.not_equal(mine, theirs)
+        keys = other.keys.select(self.primary_key).filter(hit).filter(moved)
+        ids = {**self.region_ids, **other.region_ids}
+        return _named(keys, mine.filter(moved), theirs.filter(moved), ids)
 
 
-def _generation_regions(
-    regions: Sequence[RegionKeys], pk: list[str], opts: Mapping[str, str] | None
-) -> _GenerationRegions | None:
-    gens = sorted((uri, r.region_id) for r in regions for uri in r.generations)
-    if not gens:
+def _named(
+    keys: pa.Table, region: pa.Array, other: pa.Array, ids: dict[int, str]
+) -> pa.Table | None:
+    """``keys`` with the ids of the two regions holding each (few: the error's keys)."""
+    if keys.num_rows == 0:
         return None
-
-    def load() -> tuple[_GenerationRegions, int]:
-        tagged = [_tagged(_generation_keys(uri, pk, opts), rid) for uri, rid in gens]
-        spread = _spread(pa.concat_tables(tagged), pk)
-        got = _GenerationRegions(spread, KeySet(spread.select(pk)))
-        return got, got.nbytes
-
-    return CACHE.get("generation_regions", "\n".join(f"{u} {r}" for u, r in gens), load)
+    first = [ids[n] for n in region.to_pylist()]
+    second = [ids[n] for n in other.to_pylist()]
+    return keys.append_column(REGION, pa.array(first, pa.string())).append_column(
+        OTHER_REGION, pa.array(second, pa.string())
+    )
 
 
-def _generation_keys(uri: str, pk: list[str], opts: Mapping[str, str] | None) -> pa.Table:
-    def load() -> tuple[pa.Table, int]:
-        keys = open_generation(uri, dict(opts or {}) or None).to_table(columns=pk)
-        return keys, keys.nbytes
-
-    return CACHE.get("generation_keys", uri, load)
-
-
-def _tagged(keys: pa.Table, region_id: str) -> pa.Table:
-    return keys.append_column(REGION, pa.array(np.full(keys.num_rows, region_id), pa.string()))
-
-
-def _spread(tagged: pa.Table, pk: list[str]) -> pa.Table:
-    """Per distinct key, the lowest and the highest region holding it (``lo``, ``hi``)."""
-    out = tagged.group_by(pk, use_threads=False).aggregate([(REGION, "min"), (REGION, "max")])
-    return out.select([*pk, f"{REGION}_min", f"{REGION}_max"]).rename_columns([*pk, "lo", "hi"])
+def raise_if_shared(
+    found: Sequence[tuple[str | None, pa.Table]], primary_key: Sequence[str]
+) -> None:
+    """:class:`KeyInTwoRegionsError` if two regions' probe results (``(region id, rows)``:
+    each region's newest version of the keys it holds) hold one key."""
+    parts = [(rid, rows) for rid, rows in found if rid is not None and rows.num_rows]
+    if len(parts) > 1:
+        shared = KeyRegions(parts, primary_key).shared()
+        if shared is not None:
+            raise key_in_two_regions(shared, primary_key)
 
 
-def _shared(spread: pa.Table, pk: list[str]) -> pa.Table:
-    """The keys of ``spread`` held by two regions."""
-    two = spread.filter(pc.not_equal(spread.column("lo"), spread.column("hi")))
-    return (
-        two.select(pk)
-        .append_column(REGION, two.column("lo"))
-        .append_column(OTHER_REGION, two.column("hi"))
+def key_in_two_regions(shared: pa.Table, primary_key: Sequence[str]) -> KeyInTwoRegionsError:
+    """The error naming the keys of ``shared`` (as :meth:`KeyRegions.shared` gives them) and
+    how to repair the table."""
+    rows = shared.to_pylist()
+    regions = sorted({r[REGION] for r in rows} | {r[OTHER_REGION] for r in rows})
+    shown = "; ".join(
+        ", ".join(f"{k}={r[k]!r}" for k in primary_key)
+        + f" in regions {r[REGION][:8]} and {r[OTHER_REGION][:8]}"
+        for r in rows[:_SHOWN]
+    )
+    more = f" (and {len(rows) - _SHOWN} more)" if len(rows) > _SHOWN else ""
+    return KeyInTwoRegionsError(
+        f"key {shown}{more} has unmerged versions in two regions: its region values changed "
+        "between writes, so no read can tell which version is newer, and a merge would let "
+        "the region merged last win. Merge the regions in the order their writes happened, the "
+        f"newest last: tbl.merge(regions=[...]) with regions {', '.join(regions)} (flush a "
+        "region's unflushed rows first: `with tbl.writer(region_id=...): pass`)"
     )

@@ -39,6 +39,7 @@ from exec_nodes.base import (
 from exec_nodes.dedup import Versions
 from exec_nodes.knn import ONE_BLAS_THREAD, KnnSource
 from exec_nodes.lookup import CoalesceFirstExec, distinct_keys
+from exec_nodes.regions import raise_if_shared
 
 SOURCE = "__memwal_source"  # which child a candidate came from
 _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memwal-search")
@@ -188,9 +189,9 @@ class FilterStaleExec(ExecNode):
         if n == 0:
             return np.zeros(0, dtype=bool)
         keys = distinct_keys(candidates.select(self.primary_key))
-        found = [
-            node.probe(node.keys).rows for node in self.newer_sources(keys) if node.keys is not None
-        ]
+        regions = [node for node in self.newer_sources(keys) if node.keys is not None]
+        found = [node.probe(node.keys).rows for node in regions]
+        raise_if_shared([(r.region_id, rows) for r, rows in zip(regions, found)], self.primary_key)
         found = [f for f in found if f.num_rows]
         gen = candidates.column(GEN).to_numpy()
         is_base = gen == BASE_GENERATION

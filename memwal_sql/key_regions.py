@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.regions import OTHER_REGION, REGION, RegionKeys, keys_in_two_regions
+from exec_nodes.regions import OTHER_REGION, REGION, KeyRegions
 from memwal_sql.errors import KeyRegionChangeError
 from memwal_sql.index.region_spec import region_id_for
 from memwal_sql.session import read_failures
@@ -68,17 +68,15 @@ def refuse_region_changes(
     pk = list(table.primary_key)
     keys = pa.Table.from_batches([rows]).select(pk)
     mine = [
-        RegionKeys(region_id_for(spec, tuple(values)), (), tuple(keys.take(idx).to_batches()))
+        (region_id_for(spec, tuple(values)), keys.take(idx))
         for values, idx in spec.group_rows(routing).items()
     ]
     held = unmerged_regions(table, keys)
     theirs = [
-        RegionKeys(
-            rid, (), tuple(held.filter(pc.equal(held[REGION_ID], rid)).select(pk).to_batches())
-        )
+        (rid, held.filter(pc.equal(held[REGION_ID], rid)).select(pk))
         for rid in pc.unique(held[REGION_ID]).to_pylist()
     ]
-    shared = keys_in_two_regions([*mine, *theirs], pk, None)
+    shared = KeyRegions([*mine, *theirs], pk).shared()
     if shared is None:
         return
     first = shared.slice(0, 1).to_pylist()[0]

@@ -36,7 +36,6 @@ from memwal_sql.writer.bloom import pk_hashes
 from memwal_sql.writer.generation import BLOOM_FILTER
 from planner.indexed import IndexedRead, plan_indexed_read
 from planner.predicate import And, Compare, InList, Or, Predicate, conjuncts
-from planner.regions import check_one_region_per_key
 
 # SQL `pk IN (...)` lists up to this many keys run as a point lookup; a longer list is a scan
 # (pruned by region), which reads sequentially what so many random reads would touch anyway.
@@ -84,7 +83,6 @@ def plan_lookup(
     snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | None, keys: pa.Table
 ) -> LookupPlan:
     """Build the lookup plan of ``keys`` (a table of the primary-key columns)."""
-    check_one_region_per_key(snapshot, spec)
     pk = list(snapshot.primary_key)
     keys = distinct_keys(keys.select(pk))
     if keys.num_rows > 64:

@@ -1,10 +1,11 @@
-"""One region per key: the check every plan of a table whose regions may share keys runs first.
+"""One region per key: the check a scan of a table whose regions may share keys runs first.
 
 See :mod:`exec_nodes.regions` for why. A spec whose fields read only primary-key columns keeps
 each key in one region by construction, so its tables skip the check, unless a region the spec
 does not govern (a manual region, as Lance's shard ids make) holds unmerged rows. The check
 looks at every region of the snapshot, pruned or not: a filter on a region column that prunes
-one of the two regions would otherwise return the other's version, possibly the older.
+one of the two regions would otherwise return the other's version, possibly the older. Point
+lookups and searches probe every region for their keys and check there.
 
 Example:
     ``check_one_region_per_key(take_snapshot(tbl), tbl.region_spec)  # or KeyInTwoRegionsError``
@@ -14,12 +15,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from exec_nodes.regions import OTHER_REGION, REGION, RegionKeys, keys_in_two_regions
-from memwal_sql.errors import KeyInTwoRegionsError
+from exec_nodes.lookup import CACHE
+from exec_nodes.regions import KeyRegions, key_in_two_regions
 from memwal_sql.index.region_spec import RegionSpec
-from memwal_sql.snapshot import TableSnapshot
-
-_SHOWN = 5  # keys named in the error
+from memwal_sql.snapshot import RegionSnapshot, TableSnapshot
+from memwal_sql.writer.generation import open_generation
 
 
 def may_share_keys(snapshot: TableSnapshot, spec: RegionSpec | None) -> bool:
@@ -37,48 +37,82 @@ def keys_in_two_regions_of(snapshot: TableSnapshot, spec: RegionSpec | None) -> 
     """The keys of ``snapshot`` with unmerged versions in two regions (key columns,
     ``region``, ``other_region``), or None.
 
+    The flushed generations' part is kept per set of generations (they never change); the
+    MemTables' part per set of MemTable batches (a MemTable only ever gains batches), against
+    it. A WAL tail is read anew by each snapshot: its query checks anew.
+
     Example:
         ``keys_in_two_regions_of(take_snapshot(tbl), tbl.region_spec)``
     """
     if not may_share_keys(snapshot, spec):
         return None
-    regions = [
-        RegionKeys(
-            r.region_id,
-            tuple(g.uri for g in r.generations),
-            tuple(b for m in r.unflushed for b in m.batches),
+    pk = list(snapshot.primary_key)
+    in_gens = _generation_regions(snapshot)
+    unflushed = [r for r in snapshot.regions if r.unflushed]
+    firsts = [m.batches[0] for r in unflushed for m in r.unflushed if m.batches]
+
+    def check() -> pa.Table | None:
+        in_mems = KeyRegions(
+            [
+                (r.region_id, pa.Table.from_batches(b for m in r.unflushed for b in m.batches))
+                for r in unflushed
+            ],
+            pk,
         )
-        for r in snapshot.regions
-        if r.num_sources
-    ]
-    return keys_in_two_regions(regions, snapshot.primary_key, snapshot.storage_options)
+        found = [
+            t
+            for t in (in_gens.shared(), in_mems.shared(), in_gens.shared_with(in_mems))
+            if t is not None
+        ]
+        return pa.concat_tables(found) if found else None
+
+    if any(m.origin != "memtable" for r in unflushed for m in r.unflushed):
+        return check()
+
+    def load() -> tuple[tuple[pa.Table | None, KeyRegions, list[pa.RecordBatch]], int]:
+        shared = check()
+        return (shared, in_gens, firsts), 64 if shared is None else shared.nbytes
+
+    key = "\n".join(
+        [f"{g.uri}" for r in snapshot.regions for g in r.generations]
+        + [f"{r.region_id} {id(r.unflushed[0].batches[0])}:{_batches(r)}" for r in unflushed]
+    )
+    shared, *_ = CACHE.get(
+        "keys_in_two_regions",
+        key,
+        load,
+        # the ids in the key are of batches the entry holds: never reused
+        lambda entry: entry[1] is in_gens and all(a is b for a, b in zip(entry[2], firsts)),
+    )
+    return shared
+
+
+def _batches(region: RegionSnapshot) -> int:
+    return sum(len(m.batches) for m in region.unflushed)
+
+
+def _generation_regions(snapshot: TableSnapshot) -> KeyRegions:
+    gens = sorted((g.uri, r.region_id) for r in snapshot.regions for g in r.generations)
+    opts = dict(snapshot.storage_options or {}) or None
+    pk = list(snapshot.primary_key)
+
+    def keys_of(uri: str) -> pa.Table:
+        def load() -> tuple[pa.Table, int]:
+            keys = open_generation(uri, opts).to_table(columns=pk)
+            return keys, keys.nbytes
+
+        return CACHE.get("generation_keys", uri, load)
+
+    def load() -> tuple[KeyRegions, int]:
+        held = KeyRegions([(rid, keys_of(uri)) for uri, rid in gens], pk)
+        return held, held.nbytes + 64
+
+    return CACHE.get("generation_regions", "\n".join(f"{u} {r}" for u, r in gens), load)
 
 
 def check_one_region_per_key(snapshot: TableSnapshot, spec: RegionSpec | None) -> None:
-    """Raise :class:`KeyInTwoRegionsError` if a key has unmerged versions in two regions."""
+    """Raise :class:`~memwal_sql.errors.KeyInTwoRegionsError` if a key has unmerged versions
+    in two regions of ``snapshot``."""
     shared = keys_in_two_regions_of(snapshot, spec)
     if shared is not None:
-        raise key_in_two_regions(shared, snapshot.primary_key, spec)
-
-
-def key_in_two_regions(
-    shared: pa.Table, primary_key: tuple[str, ...], spec: RegionSpec | None
-) -> KeyInTwoRegionsError:
-    """The error naming the first of ``shared`` (see :func:`keys_in_two_regions_of`)."""
-    rows = shared.to_pylist()
-    regions = sorted({r[REGION] for r in rows} | {r[OTHER_REGION] for r in rows})
-    shown = "; ".join(
-        ", ".join(f"{k}={r[k]!r}" for k in primary_key)
-        + f" in regions {r[REGION][:8]} and {r[OTHER_REGION][:8]}"
-        for r in rows[:_SHOWN]
-    )
-    more = f" (and {len(rows) - _SHOWN} more)" if len(rows) > _SHOWN else ""
-    columns = f" (columns {', '.join(spec.source_columns)})" if spec is not None else ""
-    return KeyInTwoRegionsError(
-        f"key {shown}{more} has unmerged versions in two regions: its region values"
-        f"{columns} changed between writes, so no read can tell which version is newer, and a "
-        "merge would let the region merged last win. Merge the regions in the order their "
-        f"writes happened, the newest last: tbl.merge(regions=[...]) with regions "
-        f"{', '.join(regions)} (flush a region's unflushed rows first: "
-        "`with tbl.writer(region_id=...): pass`)"
-    )
+        raise key_in_two_regions(shared, snapshot.primary_key)

@@ -104,7 +104,6 @@ def _layout(
 ) -> tuple[list[str], list[str], pa.Schema, dict[str, str] | None, list[str]]:
     """What both searches start from: the regions kept and pruned by the filter, the newer
     sources' schema, the storage options and the primary key."""
-    check_one_region_per_key(snapshot, spec)
     kept, pruned = prune_regions(
         predicate, spec, base_schema, [(r.region_id, r.region_values) for r in snapshot.regions]
     )
@@ -297,6 +296,8 @@ def plan_fts(
         ``plan_fts(take_snapshot(tbl), tbl.region_spec, tbl.schema, column="text",
         query="red fox", k=10, predicate=None).execute()``
     """
+    # BM25 counts every source's latest documents: a key in two regions has no latest one.
+    check_one_region_per_key(snapshot, spec)
     index = text_index(snapshot.dataset, column)
     tokenizer = tokenizer_for(index[1] if index else {})
     kept, pruned, schema, opts, pk = _layout(snapshot, spec, base_schema, predicate)

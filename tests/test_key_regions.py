@@ -158,13 +158,19 @@ def test_reads_of_a_key_in_two_regions_fail(tmp_path):
         "count": lambda: tbl.count_rows(),
         # The filter prunes the newer version's region: the older must not be returned.
         "pruned": lambda: tbl.to_arrow(filter="ts < TIMESTAMP '2024-01-01 23:00:00'"),
-        "sql": lambda: ctx.sql("SELECT * FROM t WHERE id = 5").to_arrow_table(),
+        "sql": lambda: ctx.sql("SELECT * FROM t WHERE v <> 'x'").to_arrow_table(),
+        "sql lookup": lambda: ctx.sql("SELECT * FROM t WHERE id IN (1, 5)").to_arrow_table(),
         "other_process": lambda: mw.open_table(tbl.uri).to_arrow(),
     }
     for name, read in reads.items():
         with pytest.raises(KeyInTwoRegionsError, match="id=1"):
             read()
             pytest.fail(name)
+    # A lookup of other keys is unambiguous: it answers.
+    assert tbl.lookup([5, 7], columns=["v"]).to_pylist() == [
+        {"id": 5, "v": "five"},
+        {"id": 7, "v": "seven"},
+    ]
     tbl.close()
 
 
@@ -219,13 +225,13 @@ def test_lance_written_regions_sharing_a_key_are_detected(tmp_path):
     assert [p.error for p in tbl.verify().problems] == ["KeyInTwoRegionsError"]
 
 
-def test_key_routed_specs_never_run_the_check(tmp_path, monkeypatch):
+def test_key_routed_specs_never_check_every_key(tmp_path, monkeypatch):
     import exec_nodes.regions
 
     def boom(*a, **k):
         raise AssertionError("checked a key-routed table")
 
-    monkeypatch.setattr(exec_nodes.regions, "keys_in_two_regions", boom)
+    monkeypatch.setattr(exec_nodes.regions.KeyRegions, "__init__", boom)
     spec = mw.RegionSpec.compose(
         RegionField.identity("tenant"), RegionField.bucket("id", 2, field_id="b")
     )
@@ -277,4 +283,38 @@ def test_verify_reports_keys_the_base_holds_twice(tmp_path):
     report = tbl.verify()
     assert [(p.kind, p.error) for p in report.problems] == [("keys", "CorruptTableError")]
     assert "2 key(s) more than once" in report.problems[0].message
+    tbl.close()
+
+
+def test_searches_of_a_key_in_two_regions_fail(tmp_path):
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64(), False),
+            pa.field("tenant", pa.string()),
+            pa.field("body", pa.string()),
+            pa.field("vec", pa.list_(pa.float32(), 2)),
+        ]
+    )
+
+    def doc(key: int, tenant: str, body: str, x: float) -> pa.Table:
+        return pa.table(
+            {"id": [key], "tenant": [tenant], "body": [body], "vec": [[x, x]]}, schema=schema
+        )
+
+    tbl = mw.create_table(
+        str(tmp_path / "t"),
+        pa.concat_tables([doc(i, "a", f"filler {i}", 10.0 + i) for i in range(2, 20)]),
+        primary_key="id",
+        region_spec=mw.RegionSpec.identity("tenant"),
+        allow_non_key_region_spec=True,
+    )
+    tbl.create_index("body", "INVERTED")
+    with tbl.writer(region_values=("a",)) as w:
+        w.upsert(doc(1, "a", "heron estuary", 0.0))
+    with tbl.writer(region_values=("b",)) as w:
+        w.upsert(doc(1, "b", "heron river", 0.1))
+    with pytest.raises(KeyInTwoRegionsError):
+        tbl.vector_search([0.0, 0.0], k=3)
+    with pytest.raises(KeyInTwoRegionsError):
+        tbl.fts("heron", k=3)
     tbl.close()

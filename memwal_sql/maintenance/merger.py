@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance.mem_wal import CompactedSsTable
 
-from exec_nodes.regions import OTHER_REGION, REGION
+from exec_nodes.regions import OTHER_REGION, REGION, key_in_two_regions
 from memwal_sql.compat.lance import is_commit_conflict
 from memwal_sql.errors import CommitConflictError, InvalidInputError, UnknownRegionError
 from memwal_sql.manifest import RegionManifestStore, check_not_behind_index
@@ -40,7 +40,7 @@ from memwal_sql.storage import layout
 from memwal_sql.writer.generation import open_generation
 from memwal_sql.writer.memtable import latest_per_key
 from memwal_sql.writer.wal import TOMBSTONE
-from planner.regions import key_in_two_regions, keys_in_two_regions_of
+from planner.regions import keys_in_two_regions_of
 
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
@@ -211,7 +211,7 @@ def merge_table(
         result.seconds,
     )
     if shared is not None and held:
-        raise key_in_two_regions(shared, table.primary_key, table.region_spec)
+        raise key_in_two_regions(shared, table.primary_key)
     return result
 
 

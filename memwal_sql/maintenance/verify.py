@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from exec_nodes.regions import key_in_two_regions
 from memwal_sql.errors import CorruptTableError, MemWalError, StorageError
 from memwal_sql.manifest import RegionManifestStore, check_not_behind_index
 from memwal_sql.snapshot import take_snapshot
@@ -29,7 +30,7 @@ from memwal_sql.storage.checksums import verify_generation
 from memwal_sql.writer.generation import open_generation
 from memwal_sql.writer.memtable import duplicate_keys
 from memwal_sql.writer.wal import decode_wal_entry, missing_wal_entry, wal_positions
-from planner.regions import key_in_two_regions, keys_in_two_regions_of
+from planner.regions import keys_in_two_regions_of
 
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
@@ -132,7 +133,7 @@ def _check_keys(table: MemWalTable, report: VerifyReport) -> None:
     except MemWalError:
         return  # a damaged or lost object, reported above: the keys cannot all be read
     if shared is not None:
-        _found(report, "", "keys", key_in_two_regions(shared, table.primary_key, table.region_spec))
+        _found(report, "", "keys", key_in_two_regions(shared, table.primary_key))
 
 
 def _check_manifests(

@@ -1,4 +1,4 @@
-"""keys_in_two_regions against a plain Python reference."""
+"""KeyRegions and the scan's check (planner.regions) against a plain Python reference."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memwal_sql as mw
-from exec_nodes.regions import OTHER_REGION, REGION, RegionKeys, keys_in_two_regions
+from exec_nodes.regions import OTHER_REGION, REGION, KeyRegions
 from memwal_sql.snapshot import take_snapshot
+from planner.regions import keys_in_two_regions_of
 
 # (region, composite key) pairs: which region holds a version of which key.
 placements = st.lists(
@@ -44,8 +45,17 @@ def test_unflushed_keys_in_two_regions(pairs):
         )
         for region in "abc"
     }
-    regions = [RegionKeys(r, (), (b,)) for r, b in batches.items()]
-    assert found(keys_in_two_regions(regions, ["a", "b"], None)) == reference(pairs)
+    held = KeyRegions([(r, pa.Table.from_batches([b])) for r, b in batches.items()], ["a", "b"])
+    assert found(held.shared()) == reference(pairs)
+    # The same pairs split in two parts, one checked against the other.
+    first = KeyRegions(
+        [(r, pa.table({"a": [k[0]], "b": [k[1]]})) for r, k in pairs[::2]], ["a", "b"]
+    )
+    second = KeyRegions(
+        [(r, pa.table({"a": [k[0]], "b": [k[1]]})) for r, k in pairs[1::2]], ["a", "b"]
+    )
+    parts = [first.shared(), second.shared(), first.shared_with(second)]
+    assert set().union(*(found(p) for p in parts)) == reference(pairs)
 
 
 def test_generations_and_memtables_together(tmp_path):
@@ -77,13 +87,14 @@ def test_generations_and_memtables_together(tmp_path):
     write("r", [(3, "y"), (5, "x")], flush=False)  # (3, y): a generation and a MemTable
     write("p", [(5, "x"), (6, "y")], flush=False)  # (5, x): two MemTables
     snap = take_snapshot(tbl)
-    regions = [
-        RegionKeys(
-            r.region_id,
-            tuple(g.uri for g in r.generations),
-            tuple(b for m in r.unflushed for b in m.batches),
-        )
-        for r in snap.regions
-    ]
-    assert found(keys_in_two_regions(regions, ["a", "b"], None)) == {(2, "x"), (3, "y"), (5, "x")}
+    assert found(keys_in_two_regions_of(snap, tbl.region_spec)) == {(2, "x"), (3, "y"), (5, "x")}
+    # Kept while nothing changes; a write to a MemTable is seen.
+    assert found(keys_in_two_regions_of(take_snapshot(tbl), tbl.region_spec)) == {
+        (2, "x"),
+        (3, "y"),
+        (5, "x"),
+    }
+    write("q", [(6, "y")], flush=False)
+    got = found(keys_in_two_regions_of(take_snapshot(tbl), tbl.region_spec))
+    assert got == {(2, "x"), (3, "y"), (5, "x"), (6, "y")}
     tbl.close()

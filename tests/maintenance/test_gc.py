@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 
 import memwal_sql as mw
-from memwal_sql.errors import WriterFencedError
 from memwal_sql._proto.memwal_pb2 import RegionManifest
+from memwal_sql.errors import WriterFencedError
 from memwal_sql.manifest import RegionManifestStore, commit_change
 from memwal_sql.storage import layout
 from memwal_sql.storage.checksums import CHECKSUMS, recorded_wal_entry_position
