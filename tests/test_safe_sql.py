@@ -82,3 +82,20 @@ def test_explicit_options_are_the_callers(table):
     ctx.register("t", tbl)
     ctx.sql(REFUSED["copy"].format(**paths), SQLOptions()).collect()
     assert paths["out"].exists()
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_no_table_function_or_table_name_reads_a_file(table, trusted):
+    """DataFusion 55 registers no file table functions (read_csv, parquet_metadata), and a
+    quoted path is a table name the session's catalog does not hold (no URL tables)."""
+    tbl, paths = table
+    ctx = mw.connect(trusted=trusted)
+    ctx.register("t", tbl)
+    for query in (
+        f"SELECT * FROM read_csv('{paths['secret']}')",
+        f"SELECT * FROM parquet_metadata('{paths['secret']}')",
+        f"SELECT * FROM '{paths['secret']}'",
+    ):
+        with pytest.raises(Exception, match="not found") as e:
+            ctx.sql(query).collect()
+        assert "hunter2" not in str(e.value)

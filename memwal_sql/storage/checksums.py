@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import google_crc32c
 
@@ -52,18 +52,24 @@ _stores: dict[tuple[str, tuple[tuple[str, str], ...]], ObjectStore] = {}
 
 
 def record_checksums(
-    store: ObjectStore, directory: str, *, wal_entry_position: int | None = None
+    store: ObjectStore,
+    directory: str,
+    *,
+    wal_entry_position: int | None = None,
+    required: Sequence[str] = (),
 ) -> int:
     """Record the size and CRC32C of every file under ``directory`` (read back as stored), and
     for a generation the last WAL position its rows came from (GC keeps WAL entries until the
     generation holding them is collected). Returns the CRC32C of the record, for the region
-    manifest."""
+    manifest.
+
+    ``required`` names files (relative to ``directory``) recorded even if a listing left them
+    out: an object store's listing may come back short, and a file missing from a record the
+    manifest vouches for could never be read (or never be checked)."""
+    listed = {meta.path[len(directory) + 1 :] for meta in store.list(f"{directory}/")}
     files = {}
-    for meta in store.list(f"{directory}/"):
-        name = meta.path[len(directory) + 1 :]
-        if name == CHECKSUMS:
-            continue
-        data = store.get(meta.path)
+    for name in sorted((listed | set(required)) - {CHECKSUMS}):
+        data = store.get(f"{directory}/{name}")
         files[name] = {"size": len(data), "crc32c": google_crc32c.value(data)}
     body: dict[str, object] = {"format": 1, "algorithm": "crc32c", "files": files}
     if wal_entry_position is not None:

@@ -16,6 +16,7 @@ import lance
 import pyarrow as pa
 
 from memwal_sql._proto.memwal_pb2 import FlushedGeneration
+from memwal_sql.compat.lance import data_file_paths
 from memwal_sql.errors import (
     CorruptGenerationError,
     GenerationCollectedError,
@@ -77,8 +78,8 @@ def write_generation(
         data_storage_version=data_storage_version,  # type: ignore[arg-type]
         storage_options=store.storage_options or None,
     )
+    dataset = lance.dataset(uri, storage_options=store.storage_options or None)
     if indexes:
-        dataset = lance.dataset(uri, storage_options=store.storage_options or None)
         for index in indexes:
             try:
                 index.build(dataset)
@@ -92,7 +93,15 @@ def write_generation(
     keys = rows.select(list(primary_key))
     write_pk_index(uri, sorted_keys or keys, store.storage_options or None)
     store.put(f"{path}/{BLOOM_FILTER}", bloom_filter_bytes(pk_hashes(keys)))
-    record_crc32c = record_checksums(store, path, wal_entry_position=wal_entry_position)
+    # What readers open by name must be in the record, however short a listing came back.
+    required = [
+        BLOOM_FILTER,
+        *(f"{PK_INDEX_DIR}/{f}" for f in PK_INDEX_FILES),
+        *(f"data/{p}" for fragment in dataset.get_fragments() for p in data_file_paths(fragment)),
+    ]
+    record_crc32c = record_checksums(
+        store, path, wal_entry_position=wal_entry_position, required=required
+    )
     # Lance writes without fsync; the manifest commit that follows lets GC delete the WAL
     # entries these rows came from, so the files must be on disk first.
     store.sync_tree(path)
