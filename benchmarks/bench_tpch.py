@@ -8,9 +8,9 @@ re-inserts) are spread over the base table (merged by maintenance passes, which 
 enough has gathered), flushed generations and live MemTables. At each stage (``live``:
 MemTables hold the last round; ``flushed``: everything in generations; ``merged``: everything
 in the base table, after a maintenance pass; ``compacted``: then every deletion vector removed
-by ``tbl.compact``) every query runs through
-``mw.connect(trusted=True)`` (q15 creates a view) and through a plain DataFusion session over Parquet files of the latest rows
-(kept by a pyarrow model that never reads the MemWAL tables); results are compared, each query
+by ``tbl.compact``) every query runs through ``mw.connect(trusted=True)`` (q15 creates a
+view) and through a plain DataFusion session over Parquet files of the latest rows (kept by a
+pyarrow model that never reads the MemWAL tables); results are compared, each query
 is timed (median of ``--runs``), and the total ratio is printed and written as JSON.
 """
 
