@@ -397,6 +397,25 @@ def test_set_aside_gives_up_a_damaged_last_wal_entry_and_refuses_anything_else(t
     assert sorted(mw.open_table(uri).to_arrow().column("id").to_pylist()) == [1, 2, 4]
 
 
+def test_set_aside_refuses_a_region_or_position_that_cannot_name_an_entry(tmp_path, capsys):
+    import memwal_sql as mw
+
+    uri = str(tmp_path / "t")
+    mw.create_table(uri, pa.schema([pa.field("id", pa.int64(), False)]), primary_key="id")
+    rid = "0b7c0000-0000-0000-0000-000000000000"
+    for args, says in (
+        (["../../etc", "1"], "region id '../../etc' is not a UUID"),
+        ([rid, "0"], "WAL position 0 is out of range"),
+        ([rid, "-1"], "WAL position -1 is out of range"),
+        ([rid, str(2**64)], f"WAL position {2**64} is out of range"),
+    ):
+        line = fails(capsys, "set-aside", uri, *args)
+        assert says in line and "unexpected" not in line, line
+    assert not (tmp_path / "etc").exists() and not (tmp_path / "t" / "_mem_wal").exists()
+    # The largest position names an entry: there is none, which is said as such.
+    assert "has no WAL entry" in fails(capsys, "set-aside", uri, rid.upper(), str(2**64 - 1))
+
+
 def test_demo_checks_what_it_wrote(capsys):
     main(["demo", "--rows", "5000", "--regions", "2"])
     assert "MATCH" in capsys.readouterr().out
