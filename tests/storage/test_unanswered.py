@@ -77,9 +77,10 @@ def test_every_operation_of_an_open_table_fails_typed_when_the_endpoint_stops_an
         # One table object per writer, each with a region of its own and a live writer
         # holding unflushed rows, so that no operation finds another's writer closed.
         writers = {}
-        for tenant in ("upsert", "delete", "flush", "close"):
+        for tenant in ("upsert", "delete", "flush", "close", "claim"):
             writers[tenant] = mw.open_table(uri, opts)
-            writers[tenant].upsert(_rows(tenant, [1, 2]))
+            if tenant != "claim":
+                writers[tenant].upsert(_rows(tenant, [1, 2]))
         reader = mw.open_table(uri, opts)
         assert reader.count_rows() == 64 + 2 + 4 * 2
         ctx = mw.connect()
@@ -93,7 +94,10 @@ def test_every_operation_of_an_open_table_fails_typed_when_the_endpoint_stops_an
             "lookup": lambda: reader.lookup(pa.table({"tenant": ["base"], "id": [1]})),
             "vector_search": lambda: reader.vector_search(query, k=3),
             "fts": lambda: reader.fts("common", k=3),
+            "open_table": lambda: mw.open_table(uri, opts),
+            "create_index": lambda: reader.create_index("id", "BTREE"),
             "upsert": lambda: writers["upsert"].upsert(_rows("upsert", [3])),
+            "upsert claiming a region": lambda: writers["claim"].upsert(_rows("claim", [1])),
             "delete": lambda: writers["delete"].delete(pa.table({"tenant": ["delete"], "id": [1]})),
             "flush": writers["flush"].flush,
             "close": writers["close"].close,
