@@ -436,9 +436,9 @@ class MemWalTable:
         """
         from memwal_sql.search import create_index
 
-        return self.store.while_answering(
-            lambda: create_index(self, column, index_type, name=name, replace=replace, **params),
+        return self.store.run_io(
             f"creating an index on {self.uri}",
+            lambda: create_index(self, column, index_type, name=name, replace=replace, **params),
         )
 
     def list_indexes(self) -> list[IndexInfo]:

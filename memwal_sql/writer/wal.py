@@ -687,7 +687,7 @@ class WalWriter:
                     return
                 raise self._fenced_at(position) from None
             except (SyncFailedError, StorageUnavailableError):
-                raise  # the store already retried what it did not answer
+                raise  # never retry an fsync; the store already retried what it did not answer
             except StorageError:
                 if attempt == _PUT_ATTEMPTS - 1:
                     raise
