@@ -94,6 +94,13 @@ class StorageError(MemWalError):
     """The object store failed or holds something it should not."""
 
 
+class StorageUnavailableError(StorageError):
+    """The object store did not answer: a connection failed or a request timed out after the
+    retries ``storage_options`` allow (``timeout``, ``client_max_retries``,
+    ``client_retry_timeout``). Nothing above the store retries it again; check that the
+    endpoint is up and reachable, then run the operation again."""
+
+
 class AuthenticationError(StorageError):
     """The object store refused the credentials; the message says which call."""
 

@@ -178,10 +178,14 @@ class TableReads:
         else:  # the key columns always, so rows can be matched to the keys asked for
             asked = self._checked(columns, system_columns)
             names = pk + [c for c in asked if c not in pk]
-        plan, key_table = self._lookup_plan(keys, consistency)
-        self.last_lookup_plan = plan
-        with read_failures(f"lookup in {self.table.uri}"):
-            rows = plan.execute()
+
+        def find() -> tuple[pa.Table, pa.Table]:
+            plan, key_table = self._lookup_plan(keys, consistency)
+            self.last_lookup_plan = plan
+            with read_failures(f"lookup in {self.table.uri}"):
+                return plan.execute(), key_table
+
+        rows, key_table = self.table.store.while_answering(find, f"lookup in {self.table.uri}")
         if system_columns:
             names += [c for c in (GEN, ROWADDR) if c not in names]
         if align:  # one row per key asked for, in its place; nulls for a missing key

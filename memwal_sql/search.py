@@ -8,6 +8,7 @@ snapshot, searches every source and keeps each key's latest version (:mod:`plann
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -290,16 +291,20 @@ class TableSearch:
         )
 
     def fts(self, *args: Any) -> pa.Table:
-        plan = self.plan_fts(*args)
-        self.last_plan = plan
-        with storage_failures(f"full-text search of {self.table.uri}"):
-            return plan.execute()
+        return self._run(f"full-text search of {self.table.uri}", self.plan_fts, args)
 
     def vector_search(self, *args: Any) -> pa.Table:
-        plan = self.plan_vector_search(*args)
-        self.last_plan = plan
-        with storage_failures(f"vector search of {self.table.uri}"):
+        return self._run(f"vector search of {self.table.uri}", self.plan_vector_search, args)
+
+    def _run(self, what: str, plan_search: Callable[..., Any], args: tuple[Any, ...]) -> pa.Table:
+        """Plan and run a search, bounded if the object store stops answering."""
+
+        def search() -> pa.Table:
+            plan = plan_search(*args)
+            self.last_plan = plan
             return plan.execute()
+
+        return self.table.store.run_io(what, search)
 
 
 __all__ = ["IndexInfo", "TableSearch", "create_index", "list_indexes"]

@@ -40,7 +40,7 @@ from datafusion import catalog as dfc
 from exec_nodes.base import conform
 from memwal_sql.errors import InvalidInputError, MemWalError, StatementNotAllowedError
 from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
-from memwal_sql.storage import storage_failures
+from memwal_sql.storage import ObjectStore, storage_failures
 from planner.lookup import LookupPlan, lookup_keys, plan_lookup
 from planner.predicate import Predicate, matches
 from planner.scan import ScanPlan, output_schema, plan_scan
@@ -72,7 +72,10 @@ class _PartitionScanner:
     def to_batches(self) -> Iterator[pa.RecordBatch]:
         with self.dataset.recording_errors():
             yield from _EXIT.steps(
-                self.plan.root.execute_partition(self.index, self.projected_schema)
+                self.dataset.store.steps_while_answering(
+                    self.plan.root.execute_partition(self.index, self.projected_schema),
+                    f"reading {self.dataset.store.uri}",
+                )
             )
 
 
@@ -91,7 +94,10 @@ class _LookupScanner:
 
     def to_batches(self) -> Iterator[pa.RecordBatch]:
         with self.dataset.recording_errors():
-            yield from _EXIT.steps(self._batches())
+            store = self.dataset.store
+            yield from _EXIT.steps(
+                store.steps_while_answering(self._batches(), f"a lookup in {store.uri}")
+            )
 
     def _batches(self) -> Iterator[pa.RecordBatch]:
         # The rest of the (Exact) pushed filter: the key terms hold for every row found.
@@ -193,6 +199,10 @@ class MemWalDataset(pds.Dataset):
     @property
     def schema(self) -> pa.Schema:
         return self._schema
+
+    @property
+    def store(self) -> ObjectStore:
+        return self._table.store
 
     def project(self, columns: list[str] | None) -> pa.Schema:
         if columns is None:
@@ -331,7 +341,8 @@ class SearchDataset(pds.Dataset):
                     pushed=_all_of(on_rows),
                 )
             self.last_plan = plan
-            rows = matches(_all_of(on_score), plan.execute())
+            found = table.store.while_answering(plan.execute, f"{self._kind} of {table.uri}")
+            rows = matches(_all_of(on_score), found)
         return [_RowsFragment(rows)]
 
 

@@ -140,11 +140,15 @@ class MemWalTable:
         Every open shares one Lance session, so index and metadata caches (the primary-key
         btree that point lookups probe) survive from one snapshot to the next.
         """
-        return lance.dataset(
-            self.uri,
-            version=version,
-            storage_options=self.storage_options or None,
-            session=self._session,
+        what = f"opening {self.uri}" + (f" at version {version}" if version else "")
+        return self.store.run_io(
+            what,
+            lambda: lance.dataset(
+                self.uri,
+                version=version,
+                storage_options=self.storage_options or None,
+                session=self._session,
+            ),
         )
 
     # ---- regions ------------------------------------------------------------------------------
@@ -198,14 +202,11 @@ class MemWalTable:
                 raise InvalidInputError("region_values needs a table with a region spec")
             values = tuple(region_values)
             rid = region_id_for(spec, values)
-            if region_id is not None and str(uuid.UUID(region_id)) != rid:
+            if region_id is not None and layout.region_id_of(region_id) != rid:
                 raise InvalidInputError(f"region {region_id} does not hold values {values}")
             return self._track(RegionWriter(self._layout, rid, region_values=values, config=cfg))
         if region_id is not None:
-            try:
-                rid = str(uuid.UUID(region_id))
-            except (TypeError, ValueError, AttributeError) as e:
-                raise InvalidInputError(f"region_id {region_id!r} is not a UUID") from e
+            rid = layout.region_id_of(region_id)
             # Without a region spec, regions are manual (as Lance's shard ids): any id may be
             # claimed. With one, a region exists once a writer of its values claimed it.
             if (
@@ -435,7 +436,10 @@ class MemWalTable:
         """
         from memwal_sql.search import create_index
 
-        return create_index(self, column, index_type, name=name, replace=replace, **params)
+        return self.store.run_io(
+            f"creating an index on {self.uri}",
+            lambda: create_index(self, column, index_type, name=name, replace=replace, **params),
+        )
 
     def list_indexes(self) -> list[IndexInfo]:
         """The base table's indexes: type, columns, whether writers maintain them, and how
@@ -537,10 +541,12 @@ class MemWalTable:
         """
         from memwal_sql.maintenance import merge_table
 
-        with storage_failures(f"merge of {self.uri}"):
-            return merge_table(
+        return self.store.run_io(
+            f"merge of {self.uri}",
+            lambda: merge_table(
                 self, max_generations_per_region=max_generations_per_region, regions=regions
-            )
+            ),
+        )
 
     def gc(
         self,
@@ -561,12 +567,14 @@ class MemWalTable:
         """
         from memwal_sql.maintenance import gc_table
 
-        with storage_failures(f"gc of {self.uri}"):
-            return gc_table(
+        return self.store.run_io(
+            f"gc of {self.uri}",
+            lambda: gc_table(
                 self,
                 keep_manifest_versions=keep_manifest_versions,
                 base_versions_older_than=base_versions_older_than,
-            )
+            ),
+        )
 
     def catch_up_indexes(self) -> CatchupResult:
         """Optimize the base table's indexes that lag behind merged rows; returns a
@@ -577,8 +585,7 @@ class MemWalTable:
         """
         from memwal_sql.maintenance import catch_up_indexes
 
-        with storage_failures(f"catch up indexes of {self.uri}"):
-            return catch_up_indexes(self)
+        return self.store.run_io(f"catch up indexes of {self.uri}", lambda: catch_up_indexes(self))
 
     def compact(
         self,
@@ -597,12 +604,14 @@ class MemWalTable:
         """
         from memwal_sql.maintenance import compact_base
 
-        with storage_failures(f"compaction of {self.uri}"):
-            return compact_base(
+        return self.store.run_io(
+            f"compaction of {self.uri}",
+            lambda: compact_base(
                 self,
                 target_rows_per_fragment=target_rows_per_fragment,
                 deletion_threshold=deletion_threshold,
-            )
+            ),
+        )
 
     def build_region_snapshots(self) -> SnapshotResult:
         """Refresh the regions' WAL hints and snapshot every region into the MemWAL index, for
@@ -613,8 +622,9 @@ class MemWalTable:
         """
         from memwal_sql.maintenance import build_region_snapshots
 
-        with storage_failures(f"build region snapshots of {self.uri}"):
-            return build_region_snapshots(self)
+        return self.store.run_io(
+            f"build region snapshots of {self.uri}", lambda: build_region_snapshots(self)
+        )
 
     def maintain(
         self,
@@ -633,14 +643,16 @@ class MemWalTable:
         """
         from memwal_sql.maintenance import maintain_table
 
-        with storage_failures(f"maintain of {self.uri}"):
-            return maintain_table(
+        return self.store.run_io(
+            f"maintain of {self.uri}",
+            lambda: maintain_table(
                 self,
                 base_versions_older_than=base_versions_older_than,
                 keep_manifest_versions=keep_manifest_versions,
                 target_rows_per_fragment=target_rows_per_fragment,
                 deletion_threshold=deletion_threshold,
-            )
+            ),
+        )
 
     def verify(self, progress: Callable[[int], Any] | None = None) -> VerifyReport:
         """Scrub every region manifest version, WAL entry and generation file for damage;
@@ -652,8 +664,7 @@ class MemWalTable:
         """
         from memwal_sql.maintenance import verify_table
 
-        with storage_failures(f"verify of {self.uri}"):
-            return verify_table(self, progress)
+        return self.store.run_io(f"verify of {self.uri}", lambda: verify_table(self, progress))
 
     # ---- routed writes -----------------------------------------------------------------------
 
@@ -1089,13 +1100,22 @@ def _try_dataset(uri: str, storage_options: dict[str, str] | None) -> lance.Lanc
             f"unsupported uri scheme {scheme!r} in {uri!r}; a table lives at a local path, "
             "file:// or s3://"
         )
-    if scheme == "s3":
-        # One request of our own first: a wrong key or an endpoint that never answers is a
-        # typed error now, not after Lance's many requests, or a "table not found".
-        with storage_failures(f"reaching {uri}"):
-            ObjectStore(uri, storage_options, durable=False).exists("_versions/")
-    try:
+
+    def open_dataset() -> lance.LanceDataset:
         return lance.dataset(uri, storage_options=storage_options)
+
+    store = None  # on local disk none: a store would create the directory
+    if scheme == "s3":
+        # One request of our own first: a wrong key, a missing bucket or an endpoint that
+        # never answers is a typed error now, not after Lance's many requests, or a "table
+        # not found" (a listing, as a HEAD cannot tell a missing bucket from a missing key).
+        store = ObjectStore(uri, storage_options, durable=False)
+        with storage_failures(f"reaching {uri}"):
+            store.list_dirs(layout.VERSIONS_DIR)
+    try:
+        if store is None:
+            return open_dataset()
+        return store.while_answering(open_dataset, f"opening {uri}")
     except (ValueError, OSError, FileNotFoundError) as e:
         if is_access_denied(e):
             raise AuthenticationError(

@@ -1,5 +1,6 @@
 """A fault-injecting object store for tests: latency, failed requests, lost replies (the put
-landed, the caller was told it failed) and partial listings, on every ObjectStore call.
+landed, the caller was told it failed) and partial listings, on every ObjectStore call; and a
+proxy to an S3 endpoint that stops answering (:class:`Tarpit`).
 
 Example:
     ``with FaultyStore(seed=3, error=0.05, lost_reply=0.05, partial_list=0.1): tbl.upsert(...)``
@@ -8,9 +9,11 @@ Example:
 from __future__ import annotations
 
 import random
+import socket
 import threading
 import time
 from typing import Any
+from urllib.parse import urlparse
 
 from memwal_sql.errors import StorageError
 from memwal_sql.storage import ObjectStore
@@ -92,3 +95,59 @@ class FaultyStore:
     def __exit__(self, *exc: Any) -> None:
         for name, real in self._real.items():
             setattr(ObjectStore, name, real)
+
+
+class Tarpit:
+    """A TCP proxy to an S3 endpoint that can be switched to accept and never answer, on new
+    connections and on the ones already open (an endpoint that hangs, not one that refuses).
+
+    Example:
+        ``pit = Tarpit(opts["aws_endpoint"]); t = mw.open_table(uri, {**opts,
+        "aws_endpoint": pit.endpoint}); pit.stop_answering(); t.count_rows()  # StorageError``
+    """
+
+    def __init__(self, upstream: str) -> None:
+        host, port = urlparse(upstream).hostname, urlparse(upstream).port
+        self._upstream = (host or "127.0.0.1", port or 80)
+        self._silent = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self._server = socket.create_server(("127.0.0.1", 0), backlog=128)
+        self.endpoint = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def stop_answering(self) -> None:
+        self._silent.set()
+
+    def close(self) -> None:
+        """Close every connection: calls still waiting on the endpoint fail at once."""
+        for s in [self._server, *self._sockets]:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            self._sockets.append(client)
+            if self._silent.is_set():
+                continue  # held open, never answered
+            upstream = socket.create_connection(self._upstream)
+            self._sockets.append(upstream)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        while True:
+            try:
+                data = source.recv(1 << 16)
+                if not data:
+                    sink.shutdown(socket.SHUT_WR)
+                    return
+                if not self._silent.is_set():  # once silent, nothing more gets through
+                    sink.sendall(data)
+            except OSError:
+                return

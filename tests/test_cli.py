@@ -3,6 +3,7 @@ pipe and Lance's log, as the installed entry point."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -95,7 +96,7 @@ def test_round_trip(table_root, files, tmp_path, capsys):
 
     expected = [
         {"id": 2, "user": "BOB", "amount": 20.0},
-        {"id": 3, "user": None, "amount": 3.0},  # an empty CSV field is NULL
+        {"id": 3, "user": "", "amount": 3.0},  # an empty CSV field of a string column is text
         {"id": 4, "user": "dan", "amount": 4.0},
         {"id": 5, "user": "eve", "amount": 5.0},
     ]
@@ -213,6 +214,47 @@ def test_create_from_schema_only_then_ingest_keeps_csv_key_types(tmp_path, capsy
     run(capsys, "ingest", uri, str(rows), "--batch-rows", "1", "--no-durable")
     out = run(capsys, "lookup", uri, "007", "", "-o", "json")
     assert json_lines(out) == [{"sku": "007", "n": 1}, {"sku": "", "n": 2}]
+
+
+def test_csv_values_are_read_as_written_unless_null_values_are_named(tmp_path, capsys):
+    import memwal_sql as mw
+
+    rows = tmp_path / "rows.csv"
+    rows.write_text('id,f,s,d\n1,NaN,NA,2024-01-02\n2,,,\n3,nan,null,\n4,1.5,N/A,\n5,-2,"",\n')
+
+    def stored(uri: str) -> dict[str, list]:
+        got = mw.open_table(uri).to_arrow().sort_by("id").to_pydict()
+        return {k: ["NaN" if v != v else v for v in vs] for k, vs in got.items()}  # NaN != NaN
+
+    # By default every field of a string column is text, NaN is a float, and an empty field of
+    # a number or date column is NULL (pyarrow has nothing else for it).
+    created = str(tmp_path / "created")
+    run(capsys, "create", created, "--primary-key", "id", "--from", str(rows), "--with-data")
+    read_as_written = {
+        "id": [1, 2, 3, 4, 5],
+        "f": ["NaN", None, "NaN", 1.5, -2.0],
+        "s": ["NA", "", "null", "N/A", ""],
+        "d": [datetime.date(2024, 1, 2), None, None, None, None],
+    }
+    assert stored(created) == read_as_written
+    # Ingest reads the same way, in the table's types.
+    ingested = str(tmp_path / "ingested")
+    run(capsys, "create", ingested, "--primary-key", "id", "--schema-from", str(rows))
+    run(capsys, "ingest", ingested, str(rows))
+    assert stored(ingested) == read_as_written
+    # Named markers (exactly as written), and then an empty field, are NULL in every column;
+    # quoted text stays text.
+    run(capsys, "ingest", ingested, str(rows), "--null-values", "NA,null,NaN")
+    assert stored(ingested) == {
+        **read_as_written,
+        "f": [None, None, "NaN", 1.5, -2.0],
+        "s": [None, None, None, "N/A", ""],
+    }
+    # Only CSV has such markers.
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_text('{"id": 1, "f": 1.0, "s": "x", "d": null}\n')
+    line = fails(capsys, "ingest", ingested, str(jsonl), "--null-values", "NA", code=2)
+    assert "--null-values applies to CSV input" in line
 
 
 def test_create_enables_memwal_on_an_existing_lance_table(tmp_path, capsys):
@@ -395,6 +437,25 @@ def test_set_aside_gives_up_a_damaged_last_wal_entry_and_refuses_anything_else(t
     with mw.open_table(uri).writer(region_id=rid) as w2:
         w2.upsert({"id": [4], "v": ["v4"]})
     assert sorted(mw.open_table(uri).to_arrow().column("id").to_pylist()) == [1, 2, 4]
+
+
+def test_set_aside_refuses_a_region_or_position_that_cannot_name_an_entry(tmp_path, capsys):
+    import memwal_sql as mw
+
+    uri = str(tmp_path / "t")
+    mw.create_table(uri, pa.schema([pa.field("id", pa.int64(), False)]), primary_key="id")
+    rid = "0b7c0000-0000-0000-0000-000000000000"
+    for args, says in (
+        (["../../etc", "1"], "region id '../../etc' is not a UUID"),
+        ([rid, "0"], "WAL position 0 is out of range"),
+        ([rid, "-1"], "WAL position -1 is out of range"),
+        ([rid, str(2**64)], f"WAL position {2**64} is out of range"),
+    ):
+        line = fails(capsys, "set-aside", uri, *args)
+        assert says in line and "unexpected" not in line, line
+    assert not (tmp_path / "etc").exists() and not (tmp_path / "t" / "_mem_wal").exists()
+    # The largest position names an entry: there is none, which is said as such.
+    assert "has no WAL entry" in fails(capsys, "set-aside", uri, rid.upper(), str(2**64 - 1))
 
 
 def test_demo_checks_what_it_wrote(capsys):

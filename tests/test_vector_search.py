@@ -253,16 +253,21 @@ def test_bad_input_is_typed(tmp_path, base_rows) -> None:
     tbl.close()
 
 
-def test_create_index_is_maintained_and_listed(tmp_path, base_rows) -> None:
+def test_create_index_is_maintained_and_listed(table_root, base_rows) -> None:
     import lance
 
+    uri, opts = table_root
     tbl = mw.create_table(
-        str(tmp_path), base_rows, primary_key="k", region_spec=mw.RegionSpec.bucket("k", 2)
+        uri,
+        base_rows,
+        primary_key="k",
+        region_spec=mw.RegionSpec.bucket("k", 2),
+        storage_options=opts,
     )
     info = tbl.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=2)
     assert (info.name, info.index_type, info.maintained) == ("vec_idx", "IVF_PQ", True)
     # Lance reads the record as its own.
-    details = lance.dataset(str(tmp_path)).mem_wal_index_details()
+    details = lance.dataset(uri, storage_options=opts).mem_wal_index_details()
     assert "vec_idx" in details["maintained_indexes"]
     tbl.upsert(vec_batch([1, 2, 500], 3))
     tbl.flush()

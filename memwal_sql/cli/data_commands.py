@@ -17,7 +17,7 @@ from memwal_sql.cli import region_specs, storage_options
 from memwal_sql.cli.failures import INTERRUPTED, CliError, UsageError, flatten, one_line
 from memwal_sql.cli.keys import parse_keys
 from memwal_sql.cli.output import write_rows
-from memwal_sql.cli.sources import Source, open_source
+from memwal_sql.cli.sources import Source, null_values, open_source
 from memwal_sql.errors import MemWalError, TableExistsError, TableNotFoundError
 
 _T = TypeVar("_T")
@@ -31,7 +31,7 @@ def create(a: argparse.Namespace) -> None:
     path = a.source or a.schema_from
     data: pa.Schema | pa.Table | None = None
     if path is not None:
-        src = open_source(path, a.format)
+        src = open_source(path, a.format, nulls=null_values(a.null_values))
         missing = [k for k in keys if k not in src.schema.names]
         if missing:
             raise CliError(
@@ -97,7 +97,8 @@ def ingest(a: argparse.Namespace) -> None:
     types = {f.name: f.type for f in tbl.schema}
     # Every file is opened (and its columns checked) before anything is written.
     plan = [
-        (src, _ingest_columns(tbl, src, a.delete)) for src in _sources(a.files, a.format, types)
+        (src, _ingest_columns(tbl, src, a.delete))
+        for src in (open_source(p, a.format, types, null_values(a.null_values)) for p in a.files)
     ]
     known = [src.known_rows() for src, _ in plan]
     total = None if None in known else sum(n or 0 for n in known)
@@ -132,10 +133,6 @@ def ingest(a: argparse.Namespace) -> None:
     what = f"deleted {written:,} key(s)" if a.delete else f"upserted {written:,} row(s)"
     durable = "" if not a.no_durable else " (not durable: acknowledged before the WAL put)"
     print(f"{what} from {len(plan)} file(s) in {regions} region(s) of {a.uri}{durable}")
-
-
-def _sources(paths: Sequence[str], fmt: str | None, types: dict[str, pa.DataType]) -> list[Source]:
-    return [open_source(p, fmt, types) for p in paths]
 
 
 def _ingest_columns(tbl: Any, src: Source, delete: bool) -> list[str] | None:

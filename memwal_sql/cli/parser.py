@@ -9,7 +9,7 @@ from typing import Any
 
 from memwal_sql.cli import data_commands, ops_commands, region_specs, storage_options
 from memwal_sql.cli.output import OUTPUT_HELP, OUTPUTS
-from memwal_sql.cli.sources import FORMAT_HELP, FORMATS
+from memwal_sql.cli.sources import FORMAT_HELP, FORMATS, NULL_VALUES_HELP
 from memwal_sql.maintenance.compaction import DELETION_THRESHOLD, TARGET_ROWS_PER_FRAGMENT
 from memwal_sql.table import DATA_STORAGE_VERSIONS
 
@@ -127,6 +127,7 @@ def _create(command: Any) -> None:
         "--with-data", action="store_true", help="also load the rows of --from FILE as the table"
     )
     c.add_argument("--format", choices=FORMATS, help=FORMAT_HELP)
+    c.add_argument("--null-values", metavar="LIST", help=NULL_VALUES_HELP)
     c.add_argument("--region-spec", metavar="SPEC", help=region_specs.HELP)
     c.add_argument(
         "--allow-non-key-region-spec",
@@ -152,11 +153,13 @@ def _ingest(command: Any) -> None:
         "  memwal ingest ./events day1.parquet day2.parquet\n"
         "  memwal ingest ./events exports/ --format csv --batch-rows 50000\n"
         "  memwal ingest ./events gone.csv --delete\n"
+        "  memwal ingest ./events export.csv --null-values 'NA,null'\n"
         "  memwal ingest s3://bucket/events new.jsonl --storage-options aws_region=eu-west-1",
     )
     _uri(c)
     c.add_argument("files", nargs="+", metavar="FILE", help="a file or a directory of files")
     c.add_argument("--format", choices=FORMATS, help=FORMAT_HELP)
+    c.add_argument("--null-values", metavar="LIST", help=NULL_VALUES_HELP)
     c.add_argument(
         "--delete", action="store_true", help="delete the keys in FILE (only key columns needed)"
     )

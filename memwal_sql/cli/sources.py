@@ -1,8 +1,13 @@
 """Input files: Parquet, CSV, JSON Lines or Arrow IPC, one file or a directory of them, the
 format told by the extension unless ``--format`` names it.
 
-CSV reads an empty unquoted field as NULL and ``""`` as the empty string (as PostgreSQL's
-``COPY ... CSV`` does); JSON means JSON Lines, one object per line.
+CSV values are read as they are written: ``NaN`` is NaN in a float column, and a string column
+keeps every field as text (``NA``, ``null``, an empty field: pyarrow would read these and more
+as NULL). An empty field in a column of any other type (a number, a date) is NULL: pyarrow has
+no other value for it, and refusing such files would refuse most exports. ``--null-values``
+names the markers of NULL instead (:func:`null_values`): then a field equal to one, or empty,
+is NULL in every column, as SQL reads CSV; a quoted field is always text (``""`` is the empty
+string). JSON means JSON Lines, one object per line.
 
 Example:
     >>> format_of("events.ndjson"), format_of("events.feather"), format_of("x.txt", "csv")
@@ -35,6 +40,11 @@ EXTENSIONS = {
     ".feather": "arrow",
     ".ipc": "arrow",
 }
+NULL_VALUES_HELP = (
+    "comma-separated CSV values that mean NULL, e.g. 'NA,null,N/A'; then these and an empty "
+    "field are NULL in every column, and a quoted field is always text. Default: none, every "
+    "field of a string column is text (NaN is NaN; an empty number or date is NULL)"
+)
 FORMAT_HELP = (
     "input format: parquet, csv, json (JSON Lines) or arrow (IPC file or stream); default: "
     "from the extension (.parquet .pq .csv .jsonl .ndjson .json .arrow .feather .ipc)"
@@ -118,23 +128,44 @@ def reading(path: str, fmt: str) -> Iterator[None]:
         raise CliError(f"no such file or directory: {path}") from None
 
 
+def null_values(text: str | None) -> list[str] | None:
+    """The ``--null-values`` list (None: not given).
+
+    Example:
+        >>> null_values("NA,null,N/A"), null_values(""), null_values(None)
+        (['NA', 'null', 'N/A'], [''], None)
+    """
+    return None if text is None else text.split(",")
+
+
 def open_source(
-    path: str, fmt: str | None = None, column_types: Mapping[str, pa.DataType] | None = None
+    path: str,
+    fmt: str | None = None,
+    column_types: Mapping[str, pa.DataType] | None = None,
+    nulls: Sequence[str] | None = None,
 ) -> Source:
     """Open ``path`` (reading its schema). ``column_types`` are the types CSV columns are read
-    as (a key ``007`` stays a string when the table says so)."""
+    as (a key ``007`` stays a string when the table says so); ``nulls`` the CSV values that
+    mean NULL (see the module docstring)."""
     if not os.path.exists(path):
         raise CliError(f"no such file or directory: {path}")
     fmt = format_of(path, fmt)
+    if nulls is not None and fmt != "csv":
+        raise UsageError(f"--null-values applies to CSV input; {path} is {fmt}")
     with reading(path, fmt):
-        return Source(path, fmt, _dataset(path, fmt, column_types or {}))
+        return Source(path, fmt, _dataset(path, fmt, column_types or {}, nulls))
 
 
-def _dataset(path: str, fmt: str, column_types: Mapping[str, pa.DataType]) -> pads.Dataset:
+def _dataset(
+    path: str, fmt: str, column_types: Mapping[str, pa.DataType], nulls: Sequence[str] | None
+) -> pads.Dataset:
     if fmt == "csv":
         convert = pacsv.ConvertOptions(
             column_types=dict(column_types),
-            strings_can_be_null=True,
+            # An empty field is NULL where a type has no empty value; string columns take
+            # nulls only from markers the user names (pyarrow's own list has NA, NaN, null...).
+            null_values=["", *(nulls or ())],
+            strings_can_be_null=nulls is not None,
             quoted_strings_can_be_null=False,
         )
         return pads.dataset(path, format=pads.CsvFileFormat(convert_options=convert))

@@ -128,6 +128,45 @@ def is_not_found(error: BaseException) -> bool:
     return isinstance(error, FileNotFoundError) or "not found" in text or "does not exist" in text
 
 
+def is_io_error(error: BaseException) -> bool:
+    """Whether a pylance error is a failure of its object store (pylance raises those as a
+    plain ``ValueError`` or ``OSError`` whose text starts ``LanceError(IO)``).
+
+    Example:
+        >>> is_io_error(ValueError("LanceError(IO): Generic S3 error: ..."))
+        True
+    """
+    return isinstance(error, (ValueError, OSError, RuntimeError)) and "LanceError(IO)" in str(error)
+
+
+def is_unanswered(error: BaseException) -> bool:
+    """Whether an object-store error (Lance's or obstore's: both are Rust ``object_store``)
+    means the endpoint never answered: a connection failed or a request timed out.
+
+    Example:
+        >>> is_unanswered(OSError("Generic S3 error: ... HTTP error: error sending request"))
+        True
+    """
+    text = str(error)
+    return any(mark in text for mark in _UNANSWERED)
+
+
+# object_store's words for a request that got no response (reqwest's connect or timeout
+# errors), in pylance's and obstore's error text alike.
+_UNANSWERED = ("error sending request", "operation timed out")
+
+
+def is_version_gone(error: BaseException) -> bool:
+    """Whether a pylance error is a base-table version (its manifest) missing: listed, then
+    removed by a cleanup of old versions before it was read.
+
+    Example:
+        >>> is_version_gone(ValueError("Not found: t/_versions/18446744073709551613.manifest"))
+        True
+    """
+    return is_not_found(error) and "_versions/" in str(error)
+
+
 # Lance's commit retry gave up: another writer kept committing first.
 _RETRIES_EXHAUSTED = "Too many concurrent writers"
 

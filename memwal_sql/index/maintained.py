@@ -99,7 +99,9 @@ def maintained_indexes(
                 "ivf_centroids": centroids,
             }
             if kind == "IVF_PQ":
-                codebook, _ = ivf_pq_model(first["uri"], storage_options)
+                # The statistics' "uri" is a path without the store's scheme and bucket.
+                index_dir = f"{dataset.uri.rstrip('/')}/_indices/{first['uuid']}"
+                codebook, _ = ivf_pq_model(f"{index_dir}/index.idx", storage_options)
                 params.update(pq_codebook=codebook, num_sub_vectors=codebook.shape[0])
             out.append(MaintainedIndex(d.name, column, kind, True, params))
         elif "Inverted" in d.type_url:

@@ -42,7 +42,13 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from memwal_sql._proto.memwal_pb2 import FlushedGeneration, RegionManifest
-from memwal_sql.errors import CorruptWalEntryError, ObjectNotFoundError
+from memwal_sql.compat.lance import is_version_gone
+from memwal_sql.errors import (
+    CommitConflictError,
+    CorruptWalEntryError,
+    MemWalError,
+    ObjectNotFoundError,
+)
 from memwal_sql.index.catchup import index_coverage, min_caught_up
 from memwal_sql.manifest import RegionManifestStore, commit_change
 from memwal_sql.storage import ObjectStore, layout
@@ -54,6 +60,7 @@ if TYPE_CHECKING:
 
 
 _CLOCK_SLACK = 60.0
+_VERSION_ATTEMPTS = 5
 _log = logging.getLogger(__name__)
 
 
@@ -105,6 +112,25 @@ class _Collectable:
 
 
 def _collectable(table: MemWalTable) -> dict[str, _Collectable]:
+    """Per region, what GC may delete, read from the latest and the oldest retained version.
+
+    Another maintainer's cleanup of old versions may remove the oldest between its listing and
+    its reading: a lost race, so it is read again from a new listing (a retryable
+    :class:`CommitConflictError` if that keeps happening).
+    """
+    for _ in range(_VERSION_ATTEMPTS):
+        try:
+            return _collectable_once(table)
+        except (ValueError, OSError, MemWalError) as e:
+            if not is_version_gone(e):
+                raise
+    raise CommitConflictError(
+        f"other maintainers' cleanups removed the oldest base version of {table.uri} "
+        f"{_VERSION_ATTEMPTS} times while this gc pass read it; run it again"
+    )
+
+
+def _collectable_once(table: MemWalTable) -> dict[str, _Collectable]:
     ds = table.dataset()
     oldest_version = min(v["version"] for v in ds.versions())
     oldest = table.dataset(oldest_version)

@@ -31,6 +31,7 @@ from memwal_sql.errors import (
     ObjectNotFoundError,
     RegionSealedError,
     StorageError,
+    StorageUnavailableError,
     SyncFailedError,
     WriterFencedError,
 )
@@ -281,6 +282,8 @@ def commit_change(
             continue
         except SyncFailedError:
             raise  # a retry would find the manifest it could not make durable, and take it
+        except StorageUnavailableError:
+            raise  # the store already retried what it did not answer
         except StorageError:
             transient += 1
             if transient >= _COMMIT_ATTEMPTS:

@@ -23,14 +23,50 @@ from __future__ import annotations
 
 import re
 import secrets
+import uuid
+
+from memwal_sql.errors import InvalidInputError
 
 MEM_WAL_DIR = "_mem_wal"
+VERSIONS_DIR = "_versions"  # Lance's manifests of the base table
 BASE_SYNCED = f"{MEM_WAL_DIR}/base_synced.json"  # GC: when base-table files were last fsynced
 WAL_SUFFIX = ".arrow"  # Lance 14 ignores `.lance` WAL entries and rejects IPC *file* format
 MANIFEST_SUFFIX = ".binpb"
 VERSION_HINT = "version_hint.json"
 
 _GEN_DIR = re.compile(r"^([0-9a-f]{8})_gen_(\d+)$")
+
+
+def region_id_of(region_id: object) -> str:
+    """``region_id`` in its canonical form (a region id is a UUID);
+    :class:`~memwal_sql.errors.InvalidInputError` if it is none (it names a directory).
+
+    Example:
+        >>> region_id_of("0B7C0000000000000000000000000000")
+        '0b7c0000-0000-0000-0000-000000000000'
+    """
+    try:
+        return str(uuid.UUID(str(region_id)))
+    except ValueError:
+        raise InvalidInputError(
+            f"region id {region_id!r} is not a UUID; `memwal inspect` lists the table's regions"
+        ) from None
+
+
+def wal_position_of(position: object) -> int:
+    """``position`` if it is a WAL position (an integer from 1 to 2**64 - 1);
+    :class:`~memwal_sql.errors.InvalidInputError` otherwise.
+
+    Example:
+        >>> wal_position_of(17)
+        17
+    """
+    if isinstance(position, bool) or not isinstance(position, int) or not 0 < position < 1 << 64:
+        raise InvalidInputError(
+            f"WAL position {position!r} is out of range: positions run from 1 to 2**64 - 1; "
+            "`memwal inspect` shows each region's positions"
+        )
+    return position
 
 
 def bitrev64(n: int) -> str:

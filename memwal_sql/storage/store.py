@@ -25,15 +25,17 @@ import builtins
 import ctypes
 import errno
 import os
+import re
 import shutil
 import sys
+import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import urlparse
 
 import obstore as obs
@@ -46,14 +48,16 @@ from obstore.exceptions import (
 )
 from obstore.store import LocalStore, MemoryStore, S3Store
 
-from memwal_sql.compat.lance import is_commit_conflict
+from memwal_sql.compat.lance import is_commit_conflict, is_io_error, is_unanswered
 from memwal_sql.errors import (
     AuthenticationError,
     CommitConflictError,
+    InvalidInputError,
     MemWalError,
     ObjectExistsError,
     ObjectNotFoundError,
     StorageError,
+    StorageUnavailableError,
     SyncFailedError,
 )
 from memwal_sql.storage import layout
@@ -81,6 +85,8 @@ _CLIENT_KEYS = {
     "proxy_url",
 }
 _MEMORY_STORES: dict[str, MemoryStore] = {}
+T = TypeVar("T")
+_worker = threading.local()  # marks the threads ObjectStore.while_answering runs calls on
 # Lance's names for its object-store retries (obstore takes them as a retry config).
 _LANCE_RETRY_KEYS = {"client_max_retries", "client_retry_timeout"}
 #: Timeouts and retries of every object-store request, unless ``storage_options`` set them:
@@ -102,7 +108,28 @@ def is_access_denied(error: BaseException) -> bool:
     return any(code in text for code in _ACCESS_DENIED)
 
 
+_NO_BUCKET = "NoSuchBucket"  # S3's error code, in Lance's and obstore's error text
 _ACCESS_DENIED = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403 Forbidden")
+
+
+def _seconds(duration: str) -> float:
+    """Seconds of a duration as object_store takes it ("10s", "500ms", "2m"; a bare number
+    is seconds).
+
+    Example:
+        >>> _seconds("500ms"), _seconds("2m"), _seconds("7")
+        (0.5, 120.0, 7.0)
+    """
+    text = duration.strip().lower()
+    for unit, scale in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
+        if text.endswith(unit) and text[: -len(unit)].strip().replace(".", "", 1).isdigit():
+            return float(text[: -len(unit)]) * scale
+    try:
+        return float(text)
+    except ValueError:
+        raise InvalidInputError(
+            f"storage option timeout={duration!r} is not a duration; write it as 10s or 500ms"
+        ) from None
 
 
 def with_default_timeouts(uri: str, storage_options: Mapping[str, str] | None) -> dict[str, str]:
@@ -155,6 +182,8 @@ class ObjectStore:
         self._local_root: Path | None = None
         self._spares: SpareFiles | None = None
         self._name_syncs_with_file: bool | None = None  # known after the first checksummed put
+        self._probe: S3Store | None = None  # object stores: see while_answering
+        self._answer_within = 0.0
         if parsed.scheme in ("", "file"):
             root = Path(parsed.path if parsed.scheme else uri).expanduser().resolve()
             root.mkdir(parents=True, exist_ok=True)
@@ -177,27 +206,121 @@ class ObjectStore:
                 if k not in _CLIENT_KEYS and k not in _LANCE_RETRY_KEYS
             }
             client = {k.removeprefix("aws_"): v for k, v in options.items() if k in _CLIENT_KEYS}
-            self._store = S3Store(
-                parsed.netloc,
-                prefix=parsed.path.strip("/") or None,
-                # Keys come from the caller's storage_options; obstore checks them at runtime.
-                config=cast("S3Config", config),
-                client_options=cast("ClientConfig", client),
-                retry_config={
-                    "max_retries": int(options["client_max_retries"]),
-                    "retry_timeout": timedelta(seconds=float(options["client_retry_timeout"])),
-                    "backoff": {
-                        "init_backoff": timedelta(milliseconds=100),
-                        "max_backoff": timedelta(seconds=2),
-                        "base": 2.0,
+
+            def s3_store(max_retries: int) -> S3Store:
+                return S3Store(
+                    parsed.netloc,
+                    prefix=parsed.path.strip("/") or None,
+                    # Keys come from the caller's storage_options; obstore checks them at runtime.
+                    config=cast("S3Config", config),
+                    client_options=cast("ClientConfig", client),
+                    retry_config={
+                        "max_retries": max_retries,
+                        "retry_timeout": timedelta(seconds=float(options["client_retry_timeout"])),
+                        "backoff": {
+                            "init_backoff": timedelta(milliseconds=100),
+                            "max_backoff": timedelta(seconds=2),
+                            "base": 2.0,
+                        },
                     },
-                },
-            )
+                )
+
+            self._store = s3_store(int(options["client_max_retries"]))
+            # One request, never retried: whether the endpoint answers at all.
+            self._probe = s3_store(0)
+            self._answer_within = _seconds(options["timeout"])
         else:
             raise StorageError(
                 f"unsupported uri scheme {parsed.scheme!r} in {uri!r}; "
                 "use a local path, file://, memory:// or s3://"
             )
+
+    def while_answering(self, call: Callable[[], T], what: str) -> T:
+        """``call()``, for Lance I/O against this store: on an object store it runs on a
+        worker thread while this thread checks, every ``timeout`` (of ``storage_options``) that
+        it runs, that the store still answers one request; if it does not,
+        :class:`StorageUnavailableError` is raised at once and ``call`` is left to fail on its
+        own. Local and memory stores just call it.
+
+        Lance retries a request the endpoint never answers several times over (a listing six
+        times, each with the client's own retries): minutes against an endpoint that stopped
+        answering. A call that runs long against a store that answers is left to run. The
+        worker is not a daemon thread: an interpreter that exits while a call it left is still
+        inside Lance waits for Lance to give up (a daemon thread coming back into a finalizing
+        interpreter would abort the process).
+
+        Example:
+            >>> ObjectStore("memory://doc-answering").while_answering(lambda: 42, "a call")
+            42
+        """
+        if self._probe is None or getattr(_worker, "answering", False):
+            return call()  # an outer call is already watched
+        outcome: list[Any] = []
+
+        def run() -> None:
+            _worker.answering = True
+            try:
+                outcome.append((True, call()))
+            except BaseException as e:
+                outcome.append((False, e))
+
+        worker = threading.Thread(target=run, name="memwal-store-call")
+        worker.start()
+        while True:
+            worker.join(self._answer_within)
+            if outcome:
+                ok, value = outcome[0]
+                if ok:
+                    return cast("T", value)
+                raise value
+            if not self._answers():
+                raise StorageUnavailableError(
+                    f"{what} failed: {self.uri} did not answer a request within "
+                    f"{self._answer_within:g} s (storage_options' timeout); check that the "
+                    "endpoint is up and reachable, then run it again"
+                )
+
+    def run_io(self, what: str, call: Callable[[], T]) -> T:
+        """``call()`` (I/O against this store, Lance's too) with its storage failures typed
+        (:class:`storage_failures`) and bounded if the store stops answering
+        (:meth:`while_answering`).
+
+        Example:
+            >>> ObjectStore("memory://doc-run-io").run_io("a merge", lambda: "merged")
+            'merged'
+        """
+        with storage_failures(what):
+            return self.while_answering(call, what)
+
+    def steps_while_answering(self, items: Iterable[T], what: str) -> Iterator[T]:
+        """``items``, each step taken as :meth:`while_answering` takes a call (for a stream of
+        batches read by Lance).
+
+        Example:
+            >>> list(ObjectStore("memory://doc-steps").steps_while_answering([1, 2], "a read"))
+            [1, 2]
+        """
+        if self._probe is None:
+            yield from items
+            return
+        it = iter(items)
+        end = object()
+        while True:
+            item = self.while_answering(lambda: next(it, end), what)
+            if item is end:
+                return
+            yield cast("T", item)
+
+    def _answers(self) -> bool:
+        """Whether the object store answers one request (any answer: a missing key, a refusal)."""
+        assert self._probe is not None
+        try:
+            obs.head(self._probe, layout.MEM_WAL_DIR)
+        except FileNotFoundError:
+            pass
+        except BaseError as e:
+            return not is_unanswered(e)
+        return True
 
     @property
     def is_local(self) -> bool:
@@ -575,7 +698,9 @@ class storage_failures:
         return None
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if exc is None or isinstance(exc, MemWalError) or not isinstance(exc, self.kinds):
+        if exc is None or isinstance(exc, MemWalError):
+            return
+        if not (isinstance(exc, self.kinds) or is_io_error(exc)):
             return
         if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)) or is_access_denied(exc):
             raise AuthenticationError(
@@ -586,6 +711,21 @@ class storage_failures:
         if is_commit_conflict(exc):
             raise CommitConflictError(
                 f"{self.what} lost a race to another commit ({exc}); run it again"
+            ) from exc
+        if _NO_BUCKET in str(exc):
+            named = re.search(r"<BucketName>([^<]+)</BucketName>", str(exc))
+            bucket = named.group(1) if named else "BUCKET"
+            raise StorageError(
+                f"{self.what} failed: the bucket {bucket!r} does not exist ({_NO_BUCKET}); "
+                f"create it first (for example `aws s3 mb s3://{bucket}`), or check the uri "
+                "and aws_endpoint in storage_options"
+            ) from exc
+        if is_unanswered(exc):
+            first_line = str(exc).partition("\n")[0]  # not obstore's debug dump
+            raise StorageUnavailableError(
+                f"{self.what} failed: the object store did not answer ({first_line}); check "
+                "that the endpoint is up and reachable (storage_options' timeout and retries "
+                "bound the wait), then run it again"
             ) from exc
         advice = f". {self.advice}" if self.advice else ""
         raise StorageError(f"{self.what} failed: {exc}{advice}") from exc

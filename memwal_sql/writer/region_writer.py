@@ -31,6 +31,7 @@ from memwal_sql.errors import (
     MemWalError,
     ObjectExistsError,
     StorageError,
+    StorageUnavailableError,
     TornWalEntryWarning,
     WriterClosedError,
     WriterFencedError,
@@ -678,19 +679,24 @@ class RegionWriter:
         last_error: BaseException | None = None
         for _ in range(_FLUSH_ATTEMPTS):
             try:
-                entry = write_generation(
-                    self._store,
-                    self.region_id,
-                    memtable.generation,
-                    rows,
-                    self._table.primary_key,
-                    data_storage_version=self._table.data_storage_version,
-                    in_memory_bytes=memtable.nbytes,
-                    indexes=self._table.maintained_indexes(),
-                    wal_entry_position=covered,
-                    sorted_keys=sorted_keys,
+                entry = self._store.while_answering(
+                    lambda: write_generation(
+                        self._store,
+                        self.region_id,
+                        memtable.generation,
+                        rows,
+                        self._table.primary_key,
+                        data_storage_version=self._table.data_storage_version,
+                        in_memory_bytes=memtable.nbytes,
+                        indexes=self._table.maintained_indexes(),
+                        wal_entry_position=covered,
+                        sorted_keys=sorted_keys,
+                    ),
+                    f"flushing generation {memtable.generation} of region {self.region_id}",
                 )
                 break
+            except StorageUnavailableError:
+                raise  # the store already retried what it did not answer
             except (OSError, MemWalError) as e:  # a retry writes a fresh directory
                 last_error = e
         else:

@@ -52,6 +52,7 @@ from memwal_sql.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
     StorageError,
+    StorageUnavailableError,
     SyncFailedError,
     TornWalEntryWarning,
     WriterFencedError,
@@ -472,8 +473,10 @@ def set_aside_damaged_entry(store: ObjectStore, region_id: str, position: int) -
     since the machine started, or on a volume from another machine), after checking why.
 
     Refuses an entry that reads well (:class:`InvalidInputError`) and one with entries after it
-    (:class:`CorruptWalEntryError`: setting it aside would make a hole before them).
+    (:class:`CorruptWalEntryError`: setting it aside would make a hole before them); a
+    ``region_id`` that is no UUID or a position out of range is :class:`InvalidInputError`.
     """
+    region_id, position = layout.region_id_of(region_id), layout.wal_position_of(position)
     try:
         entry = read_wal_entry(store, region_id, position)
     except CorruptWalEntryError:
@@ -683,8 +686,8 @@ class WalWriter:
                 if attempt and self._holds(position, data):
                     return
                 raise self._fenced_at(position) from None
-            except SyncFailedError:
-                raise
+            except (SyncFailedError, StorageUnavailableError):
+                raise  # never retry an fsync; the store already retried what it did not answer
             except StorageError:
                 if attempt == _PUT_ATTEMPTS - 1:
                     raise

@@ -284,3 +284,31 @@ def test_a_read_of_a_generation_gc_collected_after_its_snapshot_is_retryable(tmp
     assert isinstance(e.value, RetryableError)
     assert sorted(tbl.to_arrow().column("id").to_pylist()) == [1, 2]
     tbl.close()
+
+
+def test_a_version_another_maintainer_cleans_up_while_gc_reads_it_is_read_again(
+    tmp_path, monkeypatch
+):
+    # Another maintainer's cleanup (base_versions_older_than=0) lands between this pass's
+    # listing of base versions and its reading of the oldest: a lost race, not a failure.
+    tbl = mw.create_table(str(tmp_path), batch([1, 2], 0), primary_key="k")
+    with tbl.writer() as w:
+        w.upsert(batch([1], 1))
+        rid = w.region_id
+    tbl.merge()
+    tbl.catch_up_indexes()
+    other = mw.open_table(str(tmp_path))
+    real = lance.LanceDataset.versions
+    cleaned = []
+
+    def versions(ds):
+        listed = real(ds)
+        if not cleaned:
+            cleaned.append(other.dataset().cleanup_old_versions(older_than=NOW).old_versions)
+        return listed
+
+    monkeypatch.setattr(lance.LanceDataset, "versions", versions)
+    result = tbl.gc()
+    assert cleaned[0] >= 2  # the oldest version listed was gone when it was read
+    assert result.generations == {rid: [1]}  # merged as of the oldest version left
+    assert sorted(tbl.to_arrow().column("v").to_pylist()) == ["v1-1", "v2-0"]

@@ -407,6 +407,47 @@ def test_an_endpoint_that_never_answers_is_a_typed_error_within_30_seconds(silen
         assert time.monotonic() - t0 < 30
 
 
+def test_a_call_into_a_store_that_stopped_answering_is_left_behind(silent_endpoint):
+    """A call (standing in for Lance's I/O, which retries for minutes) is given up on once
+    the store does not answer a probe within its timeout."""
+    from memwal_sql.errors import StorageUnavailableError
+
+    store = ObjectStore("s3://bucket/t", {**silent_endpoint, "timeout": "1s"})
+    stop = threading.Event()
+    try:
+        with pytest.raises(StorageUnavailableError, match="did not answer a request within 1 s"):
+            store.while_answering(lambda: stop.wait(60), "a hung call")
+    finally:
+        stop.set()  # the call left behind ends
+
+
+@pytest.mark.s3
+def test_a_long_call_into_a_store_that_answers_runs_to_its_end(s3_server):
+    store = ObjectStore(f"s3://memwal/{uuid.uuid4().hex}", {**s3_server, "timeout": "1s"})
+    assert store.while_answering(lambda: time.sleep(2.5) or "done", "a long call") == "done"
+    with pytest.raises(KeyError):  # the call's own error, as it raised it
+        store.while_answering(lambda: {}["missing"], "a failing call")
+    assert list(store.steps_while_answering(iter([1, 2, 3]), "a read")) == [1, 2, 3]
+
+
+def test_storage_failures_type_lance_io_errors_and_leave_other_value_errors():
+    from memwal_sql.errors import StorageUnavailableError
+    from memwal_sql.storage import storage_failures
+
+    unanswered = ValueError(
+        "LanceError(IO): Generic S3 error: Error performing GET http://h/b/k in 10s - "
+        "HTTP error: error sending request, rust/lance-io/src/object_store.rs:1:1"
+    )
+    with pytest.raises(StorageUnavailableError, match="did not answer"), storage_failures("a"):
+        raise unanswered
+    with pytest.raises(StorageError, match="a failed") as failed, storage_failures("a"):
+        raise ValueError("LanceError(IO): Generic S3 error: 500 Internal Server Error")
+    assert not isinstance(failed.value, StorageUnavailableError)
+    with pytest.raises(ValueError, match="bad filter") as other, storage_failures("a read"):
+        raise ValueError("bad filter")
+    assert not isinstance(other.value, StorageError)
+
+
 def test_default_timeouts_fill_in_what_storage_options_leave_out():
     from memwal_sql.storage.store import DEFAULT_TIMEOUTS, with_default_timeouts
 
@@ -430,3 +471,20 @@ def test_unknown_credentials_are_an_authentication_error(s3_server):
     for wrong in ({"aws_access_key_id": "nobody"}, {"aws_secret_access_key": "wrong"}):
         with pytest.raises(AuthenticationError, match="credentials"):
             mw.open_table(uri, {**s3_server, **wrong})
+
+
+@pytest.mark.s3
+def test_a_missing_bucket_is_a_storage_error_that_says_so(s3_server):
+    import memwal_sql as mw
+
+    uri = "s3://no-such-bucket/t"
+    for call in (
+        lambda: mw.create_table(uri, {"id": [1]}, primary_key="id", storage_options=s3_server),
+        lambda: mw.create_table(
+            uri, pa.schema([("id", pa.int64())]), primary_key="id", storage_options=s3_server
+        ),
+        lambda: mw.open_table(uri, s3_server),
+    ):
+        with pytest.raises(StorageError, match="bucket 'no-such-bucket' does not exist") as e:
+            call()
+        assert "aws s3 mb s3://no-such-bucket" in str(e.value)
