@@ -29,6 +29,13 @@ from planner.search import SearchPlan, plan_fts, plan_vector_search
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
 
+#: The largest ``k`` (and ``nprobes``, ``refine_factor``) a search takes. Below it ``k`` is
+#: capped at the rows each source holds before it reaches Lance or numpy (a search never returns
+#: more), so memory follows the data, never ``k``. Above it the value cannot be honoured by any
+#: machine (over two billion rows in one in-memory answer) and overflows Lance's parameter types
+#: (``refine_factor`` is a u32, ``k * refine_factor`` a usize), so it is refused.
+MAX_SEARCH_K = 2**31 - 1
+
 VECTOR_INDEX_TYPES = ("IVF_PQ", "IVF_FLAT", "IVF_HNSW_SQ", "IVF_HNSW_PQ", "IVF_SQ")
 SCALAR_INDEX_TYPES = ("INVERTED", "BTREE", "BITMAP", "LABEL_LIST", "FTS")
 
@@ -199,6 +206,17 @@ def query_vector(query: Any, dim: int) -> np.ndarray:
     return q
 
 
+def _check_count(name: str, value: Any) -> None:
+    """``value`` is a positive integer no larger than :data:`MAX_SEARCH_K`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(f"{name} must be a positive integer, not {value!r}")
+    if value > MAX_SEARCH_K:
+        raise InvalidInputError(
+            f"{name}={value} is above the limit of {MAX_SEARCH_K}; pass a smaller value "
+            "(a search never returns more rows than the table holds)"
+        )
+
+
 class TableSearch:
     """Searches of one table (see the MemWalTable methods of the same names)."""
 
@@ -240,13 +258,11 @@ class TableSearch:
     ) -> SearchPlan:
         t = self.table
         col = vector_column(t, column)
-        if not isinstance(k, int) or k < 1:
-            raise InvalidInputError(f"k must be a positive integer, not {k!r}")
         if metric is not None and metric.lower() not in METRICS:
             raise InvalidInputError(f"unknown metric {metric!r}: one of {', '.join(METRICS)}")
-        for name, v in (("nprobes", nprobes), ("refine_factor", refine_factor)):
-            if v is not None and (not isinstance(v, int) or v < 1):
-                raise InvalidInputError(f"{name} must be a positive integer, not {v!r}")
+        for name, v in (("k", k), ("nprobes", nprobes), ("refine_factor", refine_factor)):
+            if v is not None:
+                _check_count(name, v)
         q = query_vector(query, t.schema.field(col).type.list_size)
         snapshot, predicate, post = self._filtered_snapshot(filter, consistency, pushed)
         return plan_vector_search(
@@ -277,8 +293,7 @@ class TableSearch:
         col = text_column(t, column)
         if not isinstance(query, str):
             raise InvalidInputError(f"a full-text query is text, not {type(query).__name__}")
-        if not isinstance(k, int) or k < 1:
-            raise InvalidInputError(f"k must be a positive integer, not {k!r}")
+        _check_count("k", k)
         snapshot, predicate, post = self._filtered_snapshot(filter, consistency, pushed)
         if post is not None:
             raise InvalidFilterError(
@@ -307,4 +322,4 @@ class TableSearch:
         return self.table.store.run_io(what, search)
 
 
-__all__ = ["IndexInfo", "TableSearch", "create_index", "list_indexes"]
+__all__ = ["MAX_SEARCH_K", "IndexInfo", "TableSearch", "create_index", "list_indexes"]
