@@ -36,6 +36,11 @@ if TYPE_CHECKING:
 #: (``refine_factor`` is a u32, ``k * refine_factor`` a usize), so it is refused.
 MAX_SEARCH_K = 2**31 - 1
 
+#: The longest full-text query, in UTF-8 bytes: a whole long document as the query ("more like
+#: this") fits. Its handling is linear in its length (about 1 s per MiB of distinct words on
+#: one core, ``benchmarks/bench_inputs.py``); a longer one is refused rather than stall a reader.
+MAX_FTS_QUERY_BYTES = 1 << 20
+
 VECTOR_INDEX_TYPES = ("IVF_PQ", "IVF_FLAT", "IVF_HNSW_SQ", "IVF_HNSW_PQ", "IVF_SQ")
 SCALAR_INDEX_TYPES = ("INVERTED", "BTREE", "BITMAP", "LABEL_LIST", "FTS")
 
@@ -217,6 +222,24 @@ def _check_count(name: str, value: Any) -> None:
         )
 
 
+def _check_text_query(query: Any) -> None:
+    """``query`` is text of at most :data:`MAX_FTS_QUERY_BYTES`."""
+    if not isinstance(query, str):
+        raise InvalidInputError(f"a full-text query is text, not {type(query).__name__}")
+    try:  # a text of more characters than the limit has more bytes: not encoded
+        too_long = len(query) > MAX_FTS_QUERY_BYTES or len(query.encode()) > MAX_FTS_QUERY_BYTES
+    except UnicodeEncodeError as e:
+        raise InvalidInputError(
+            f"the full-text query is not valid text ({e.reason} at position {e.start}); "
+            "pass it without lone surrogates"
+        ) from e
+    if too_long:
+        raise InvalidInputError(
+            f"the full-text query is longer than the limit of {MAX_FTS_QUERY_BYTES} bytes "
+            "(UTF-8); search with its most telling part"
+        )
+
+
 class TableSearch:
     """Searches of one table (see the MemWalTable methods of the same names)."""
 
@@ -291,8 +314,7 @@ class TableSearch:
     ) -> SearchPlan:
         t = self.table
         col = text_column(t, column)
-        if not isinstance(query, str):
-            raise InvalidInputError(f"a full-text query is text, not {type(query).__name__}")
+        _check_text_query(query)
         _check_count("k", k)
         snapshot, predicate, post = self._filtered_snapshot(filter, consistency, pushed)
         if post is not None:
@@ -322,4 +344,11 @@ class TableSearch:
         return self.table.store.run_io(what, search)
 
 
-__all__ = ["MAX_SEARCH_K", "IndexInfo", "TableSearch", "create_index", "list_indexes"]
+__all__ = [
+    "MAX_FTS_QUERY_BYTES",
+    "MAX_SEARCH_K",
+    "IndexInfo",
+    "TableSearch",
+    "create_index",
+    "list_indexes",
+]

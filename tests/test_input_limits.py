@@ -15,7 +15,7 @@ import pytest
 
 import memwal_sql as mw
 from memwal_sql.errors import InvalidInputError
-from memwal_sql.search import MAX_SEARCH_K
+from memwal_sql.search import MAX_FTS_QUERY_BYTES, MAX_SEARCH_K
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -89,4 +89,37 @@ def test_search_counts_are_positive_integers_up_to_the_bound(tmp_path) -> None:
             tbl.vector_search(q, **bad)
     with pytest.raises(InvalidInputError, match="limit"):
         tbl.fts("b", k=MAX_SEARCH_K + 1)
+    tbl.close()
+
+
+def test_a_long_full_text_query_is_answered_as_its_terms_say_and_one_past_the_bound_refused(
+    tmp_path,
+) -> None:
+    # Words the corpus never holds add nothing to a BM25 score: a query padded with them to
+    # the bound ranks and scores exactly as its corpus words alone (one named twice counts
+    # twice), whatever source the documents live in.
+    docs = [f"red fox number{i} " + ("hen " * (i % 3)) for i in range(300)]
+    rows = pa.table({"id": pa.array(range(300), pa.int64()), "text": docs})
+    tbl = mw.create_table(str(tmp_path), rows, primary_key="id")
+    tbl.create_index("text", "INVERTED")
+    tbl.upsert(pa.table({"id": pa.array([5, 400], pa.int64()), "text": ["hen hen", "red"]}))
+    tbl.flush()
+    tbl.upsert(pa.table({"id": pa.array([7], pa.int64()), "text": ["fox hen number8"]}))
+    words = "red hen hen number8"
+    rng = np.random.default_rng(0)
+    padding = []
+    size = len(words)
+    while size < MAX_FTS_QUERY_BYTES - 16:
+        padding.append("q" + "".join(rng.choice(list("bcdfgjkvwxz"), 8)))
+        size += len(padding[-1]) + 1
+    query = " ".join([*padding[: len(padding) // 2], words, *padding[len(padding) // 2 :]])
+    assert len(query.encode()) <= MAX_FTS_QUERY_BYTES
+    want = tbl.fts(words, k=20)
+    got = tbl.fts(query, k=20)
+    assert got.column("id").to_pylist() == want.column("id").to_pylist()
+    assert got.column("_score").to_pylist() == want.column("_score").to_pylist()
+    with pytest.raises(InvalidInputError, match="limit"):
+        tbl.fts(query + " " + "x" * (MAX_FTS_QUERY_BYTES - len(query)))
+    with pytest.raises(InvalidInputError, match="surrogate"):
+        tbl.fts("red \ud800")
     tbl.close()
