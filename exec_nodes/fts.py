@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import lance
@@ -283,8 +283,9 @@ class CorpusStats:
 
 class GlobalBM25Exec(ExecNode):
     """The ``k`` best latest documents for ``terms`` by BM25 over the latest corpus (see the
-    module docstring); ``predicate`` filters the candidates, ``searched`` names the children
-    whose rows may be returned (the others, pruned by the filter, still count in the
+    module docstring); ``predicate`` filters the candidates, then ``post_filter`` (optional:
+    what of a filter the predicate tree cannot say, on full rows); ``searched`` names the
+    children whose rows may be returned (the others, pruned by the filter, still count in the
     statistics)."""
 
     name = "GlobalBM25Exec"
@@ -297,12 +298,15 @@ class GlobalBM25Exec(ExecNode):
         k: int,
         predicate: Predicate | None,
         searched: Sequence[bool] | None = None,
+        *,
+        post_filter: Callable[[pa.Table], pa.Table] | None = None,
     ) -> None:
         self._children = list(children)
         self.primary_key = list(primary_key)
         self.terms = list(terms)
         self.k = k
         self.predicate = predicate
+        self.post_filter = post_filter
         self.searched = list(searched) if searched is not None else [True] * len(children)
         self.stats = CorpusStats()
 
@@ -449,6 +453,8 @@ class GlobalBM25Exec(ExecNode):
             table = self._rows(postings, numbers[chunk], rows[chunk], scores[chunk])
             if self.predicate is not None:
                 table = table.filter(pc.fill_null(evaluate(self.predicate, table), False))
+            if self.post_filter is not None and table.num_rows:
+                table = self.post_filter(table)
             picked.append(table)
             have += table.num_rows
         out = pa.concat_tables(picked) if picked else empty_rows(self.schema)

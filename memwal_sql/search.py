@@ -18,7 +18,7 @@ from datafusion import SessionContext
 
 from exec_nodes.knn import METRICS
 from memwal_sql.compat.datafusion import plain_strings
-from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMismatchError
+from memwal_sql.errors import InvalidInputError, SchemaMismatchError
 from memwal_sql.index.catchup import index_coverage
 from memwal_sql.index.details import INDEX_NAME, update_mem_wal_details
 from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
@@ -317,14 +317,15 @@ class TableSearch:
         _check_text_query(query)
         _check_count("k", k)
         snapshot, predicate, post = self._filtered_snapshot(filter, consistency, pushed)
-        if post is not None:
-            raise InvalidFilterError(
-                f"invalid filter {filter!r} for a full-text search: it uses a function the "
-                "search cannot apply to its candidates; use plain comparisons, IN, IS NULL, "
-                "AND/OR/NOT"
-            )
         return plan_fts(
-            snapshot, t.region_spec, t.schema, column=col, query=query, k=k, predicate=predicate
+            snapshot,
+            t.region_spec,
+            t.schema,
+            column=col,
+            query=query,
+            k=k,
+            predicate=predicate,
+            post_filter=post,
         )
 
     def fts(self, *args: Any) -> pa.Table:
