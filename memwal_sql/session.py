@@ -38,6 +38,7 @@ from datafusion import DataFrame, SessionConfig, SessionContext, SQLOptions, Tab
 from datafusion import catalog as dfc
 
 from exec_nodes.base import conform
+from memwal_sql.compat.datafusion import MAX_SQL_OPERATORS, sql_operators
 from memwal_sql.errors import InvalidInputError, MemWalError, StatementNotAllowedError
 from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
 from memwal_sql.storage import ObjectStore, storage_failures
@@ -374,9 +375,17 @@ class MemWalSchema(dfc.SchemaProvider):
         self._planning = threading.local()
 
     @contextmanager
-    def planning_errors(self) -> Iterator[None]:
-        """Re-raise the memwal-sql error a table function raised while DataFusion planned a
-        statement (DataFusion hands it back as a plain error holding only its text)."""
+    def planning(self, statement: str) -> Iterator[None]:
+        """Around DataFusion's planning of ``statement``: refuse one too big for its parser,
+        and re-raise the memwal-sql error a table function raised (DataFusion hands it back
+        as a plain error holding only its text)."""
+        operators = sql_operators(statement) if isinstance(statement, str) else 0
+        if operators > MAX_SQL_OPERATORS:
+            raise InvalidInputError(
+                f"the statement holds {operators} operators, above the limit of "
+                f"{MAX_SQL_OPERATORS} (DataFusion's parser fails on long chains of them); "
+                "write a long OR of equalities as an IN list, which holds any number of values"
+            )
         self._planning.error = None
         try:
             yield
@@ -506,7 +515,7 @@ class MemWalContext(SessionContext):
         but a query (:class:`~memwal_sql.errors.StatementNotAllowedError`)."""
         if options is None and not self.trusted:
             options = SAFE_SQL
-        with self.memwal_schema.planning_errors():
+        with self.memwal_schema.planning(query):
             try:
                 df = super().sql(query, options, *args, **kwargs)
             except Exception as e:

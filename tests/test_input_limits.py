@@ -123,3 +123,47 @@ def test_a_long_full_text_query_is_answered_as_its_terms_say_and_one_past_the_bo
     with pytest.raises(InvalidInputError, match="surrogate"):
         tbl.fts("red \ud800")
     tbl.close()
+
+
+FILTERS = """
+    import sys, tempfile, numpy as np, pyarrow as pa, memwal_sql as mw
+    from memwal_sql.errors import InvalidFilterError, InvalidInputError
+    n = 600
+    vecs = np.random.default_rng(0).normal(size=(n, 2)).astype(np.float32)
+    rows = pa.table({"id": pa.array(range(n), pa.int64()), "v": pa.array(range(n), pa.int64()),
+                     "s": [str(i % 50) for i in range(n)],
+                     "vec": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), 2),
+                     "text": ["red fox"] * n})
+    tbl = mw.create_table(tempfile.mkdtemp(), rows, primary_key="id",
+                          region_spec=mw.RegionSpec.bucket("id", 2))
+    tbl.upsert(rows.slice(0, 100))
+    ctx = mw.connect()
+    ctx.register("t", tbl)
+    q = np.zeros(2, np.float32)
+    huge = " OR ".join(f"v = {i}" for i in range(12_000))
+    for call in (lambda: tbl.to_arrow(filter=huge), lambda: tbl.count_rows(filter=huge),
+                 lambda: tbl.scan(filter=huge), lambda: tbl.vector_search(q, filter=huge),
+                 lambda: tbl.fts("fox", "text", filter=huge),
+                 lambda: ctx.sql("SELECT id FROM t WHERE " + huge).to_arrow_table(),
+                 lambda: ctx.sql("SELECT id FROM vector_search('t', 'vec', [0.0, 0.0], 5) "
+                                 "WHERE " + huge).to_arrow_table()):
+        try:
+            call()
+            print("accepted")
+        except InvalidInputError as e:
+            print(type(e).__name__)
+    # At the bound (1,019 operators), pairs of terms DataFusion cannot merge into an IN list:
+    # a tree 255 deep, which pyarrow's Substrait would make 2**255 big.
+    terms = [f"(v = {i} AND s = '{i % 50}')" for i in range(0, 510, 2)]
+    bound = " OR ".join(terms)
+    print(tbl.to_arrow(filter=bound).num_rows, tbl.count_rows(filter=bound))
+    print(ctx.sql("SELECT count(*) AS n FROM t WHERE " + bound).to_pydict()["n"][0])
+    print(tbl.vector_search(q, k=1000, filter=bound).num_rows)
+"""
+
+
+def test_a_huge_filter_is_refused_typed_and_one_at_the_bound_runs() -> None:
+    out = run_isolated(FILTERS)
+    refusals = ["InvalidFilterError"] * 5 + ["InvalidInputError"] * 2
+    # v = i and s = i % 50 hold together for even i below 510 with i % 50 == i % 50: all 255.
+    assert out == [*refusals, "255", "255", "255", "255"]
