@@ -124,6 +124,17 @@ def vector_checks(rng: np.random.Generator) -> dict:
     }
 
 
+def print_scaling(title: str, rows: list[dict], size: str, unit: str, per: str) -> None:
+    """Each row's time, and its time per unit of size against the first row's (the anchor):
+    handling linear in the size keeps the ratio at 1 or below."""
+    anchor = rows[0][per]
+    print(f"\n{title:<20}{'seconds':>10}{per:>14}{'/ anchor':>10}")
+    for r in rows:
+        print(
+            f"{r[size]:>9} {unit:<10}{r['seconds']:>10.3f}{r[per]:>14.3f}{r[per] / anchor:>10.2f}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", default="benchmarks/results/bench_inputs.json")
@@ -136,21 +147,8 @@ def main() -> None:
         vectors = vector_checks(rng)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    anchor = fts[0]["ms_per_kib"]
-    print(f"\n{'full-text query':<20}{'seconds':>10}{'ms / KiB':>10}{'/ 16 KiB':>10}")
-    for r in fts:
-        ratio = r["ms_per_kib"] / anchor
-        print(
-            f"{r['query_kib']:>9} KiB{'':<7}{r['seconds']:>10.3f}{r['ms_per_kib']:>10.3f}{ratio:>10.2f}"
-        )
-    anchor = filters[0]["ms_per_pair"]
-    print(f"\n{'filter':<20}{'operators':>10}{'seconds':>10}{'ms / pair':>10}{'/ 16':>8}")
-    for r in filters:
-        ratio = r["ms_per_pair"] / anchor
-        print(
-            f"{r['pairs']:>9} pairs{'':<5}{r['operators']:>10}{r['seconds']:>10.3f}"
-            f"{r['ms_per_pair']:>10.2f}{ratio:>8.2f}"
-        )
+    print_scaling("full-text query", fts, "query_kib", "KiB", "ms_per_kib")
+    print_scaling("filter", filters, "pairs", "pairs", "ms_per_pair")
     print(
         f"\nvector check at write: {vectors['rows']:,} x {vectors['dimensions']} float32 upsert "
         f"{vectors['upsert_ms']:.2f} ms, of which the check {vectors['check_ms']:.2f} ms"
