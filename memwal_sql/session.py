@@ -512,7 +512,8 @@ class MemWalContext(SessionContext):
         """Like :meth:`SessionContext.sql`; a memwal-sql error while the query (or a
         DataFrame derived from it) runs is raised as itself, not as DataFusion's plain
         ``Exception``. Without ``options``, an untrusted session refuses every statement
-        but a query (:class:`~memwal_sql.errors.StatementNotAllowedError`)."""
+        but a query (:class:`~memwal_sql.errors.StatementNotAllowedError`); any session
+        refuses one of more than ``MAX_SQL_OPERATORS`` operators (``InvalidInputError``)."""
         if options is None and not self.trusted:
             options = SAFE_SQL
         with self.memwal_schema.planning(query):
