@@ -21,7 +21,8 @@ document would have in the fully merged table (Lance's scorer, ``memwal_sql.comp
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import lance
@@ -282,8 +283,9 @@ class CorpusStats:
 
 class GlobalBM25Exec(ExecNode):
     """The ``k`` best latest documents for ``terms`` by BM25 over the latest corpus (see the
-    module docstring); ``predicate`` filters the candidates, ``searched`` names the children
-    whose rows may be returned (the others, pruned by the filter, still count in the
+    module docstring); ``predicate`` filters the candidates, then ``post_filter`` (optional:
+    what of a filter the predicate tree cannot say, on full rows); ``searched`` names the
+    children whose rows may be returned (the others, pruned by the filter, still count in the
     statistics)."""
 
     name = "GlobalBM25Exec"
@@ -296,12 +298,15 @@ class GlobalBM25Exec(ExecNode):
         k: int,
         predicate: Predicate | None,
         searched: Sequence[bool] | None = None,
+        *,
+        post_filter: Callable[[pa.Table], pa.Table] | None = None,
     ) -> None:
         self._children = list(children)
         self.primary_key = list(primary_key)
         self.terms = list(terms)
         self.k = k
         self.predicate = predicate
+        self.post_filter = post_filter
         self.searched = list(searched) if searched is not None else [True] * len(children)
         self.stats = CorpusStats()
 
@@ -315,9 +320,10 @@ class GlobalBM25Exec(ExecNode):
 
     def describe(self) -> str:
         s = self.stats
+        shown = self.terms if len(self.terms) <= 10 else [*self.terms[:10], "..."]
         return (
-            f"{self.name}: terms={self.terms} k={self.k} over the latest corpus: "
-            f"{s.documents} documents, average length {s.average_length:.2f}, left out "
+            f"{self.name}: terms={shown} ({len(self.terms)}) k={self.k} over the latest "
+            f"corpus: {s.documents} documents, average length {s.average_length:.2f}, left out "
             f"{s.superseded} superseded and {s.deleted} deleted"
         )
 
@@ -329,22 +335,26 @@ class GlobalBM25Exec(ExecNode):
         searched = {id(c) for c, ok in zip(self._children, self.searched) if ok}
         pieces = [(c, i, p) for c in self._children for i, p in enumerate(c.pieces())]
         live = self._latest(pieces)
-        stats = CorpusStats(document_frequency=dict.fromkeys(self.terms, 0))
+        # Each distinct term once, weighted by how often the query names it (as in Lance).
+        counts = Counter(self.terms)
+        query = pa.array(list(counts), pa.string())
+        weights = np.array(list(counts.values()), dtype=np.float64)
+        stats = CorpusStats()
+        frequency = np.zeros(len(query), dtype=np.int64)
         postings = []
         for (child, i, piece), ok in zip(pieces, live):
             lengths = piece.tokens.lengths
             stats.documents += int(np.count_nonzero(ok & (lengths > 0)))
             stats.tokens += int(lengths[ok].sum())
-            per_term = []
-            for t in dict.fromkeys(self.terms):
-                docs = piece.tokens.documents_of(t)
-                ids, tf = _runs(docs[ok[docs]])
-                stats.document_frequency[t] += len(ids)  # type: ignore[index]
-                per_term.append((t, ids, tf))
-            postings.append((child, i, piece, per_term, id(child) in searched))
+            term, doc = piece.tokens.occurrences(query)
+            kept = ok[doc]
+            term, doc, tf = _pairs(term[kept], doc[kept])
+            frequency += np.bincount(term, minlength=len(query))
+            postings.append((child, i, piece, (term, doc, tf), id(child) in searched))
+        stats.document_frequency = dict(zip(counts, frequency.tolist()))
         stats.superseded, stats.deleted = self._left_out
         self.stats = stats
-        return self._best(postings, stats)
+        return self._best(postings, stats, weights, frequency)
 
     def _latest(self, pieces: list[tuple[FtsSource, int, Piece]]) -> list[np.ndarray]:
         """Per piece, which rows are their key's latest live version; the same pieces (no
@@ -410,26 +420,21 @@ class GlobalBM25Exec(ExecNode):
         self._left_out = (superseded, deleted)
         return out
 
-    def _best(self, postings: list, stats: CorpusStats) -> pa.Table:
+    def _best(
+        self, postings: list, stats: CorpusStats, weights: np.ndarray, frequency: np.ndarray
+    ) -> pa.Table:
         n_docs = stats.documents
         avgdl = stats.average_length
+        idf = np.log(1 + (n_docs - frequency + 0.5) / (frequency + 0.5))
         scored = []  # (score, piece number, row)
-        # A term listed twice in the query counts twice, as in Lance.
-        counts = {t: self.terms.count(t) for t in self.terms}
-        for number, (_child, _i, piece, per_term, searched) in enumerate(postings):
-            if not searched:
+        for number, (_child, _i, piece, (term, doc, tf), searched) in enumerate(postings):
+            if not searched or len(doc) == 0:
                 continue
-            score = np.zeros(len(piece.present), dtype=np.float64)
-            touched = np.zeros(len(piece.present), dtype=bool)
             norm = BM25_K1 * (1 - BM25_B + BM25_B * piece.tokens.lengths / max(avgdl, 1e-12))
-            for t, ids, tf in per_term:
-                if len(ids) == 0:
-                    continue
-                df = stats.document_frequency[t]  # type: ignore[index]
-                idf = np.log(1 + (n_docs - df + 0.5) / (df + 0.5))
-                score[ids] += counts[t] * idf * tf * (BM25_K1 + 1) / (tf + norm[ids])
-                touched[ids] = True
-            rows = np.nonzero(touched)[0]
+            part = weights[term] * idf[term] * tf * (BM25_K1 + 1) / (tf + norm[doc])
+            # A document's parts are added in the query's order of terms.
+            score = np.bincount(doc, weights=part, minlength=len(piece.present))
+            rows = np.unique(doc)
             scored.append((score[rows], np.full(len(rows), number), rows))
         if not scored:
             return empty_rows(self.schema)
@@ -448,6 +453,8 @@ class GlobalBM25Exec(ExecNode):
             table = self._rows(postings, numbers[chunk], rows[chunk], scores[chunk])
             if self.predicate is not None:
                 table = table.filter(pc.fill_null(evaluate(self.predicate, table), False))
+            if self.post_filter is not None and table.num_rows:
+                table = self.post_filter(table)
             picked.append(table)
             have += table.num_rows
         out = pa.concat_tables(picked) if picked else empty_rows(self.schema)
@@ -469,14 +476,15 @@ _LATEST: dict[tuple[int, ...], tuple[list[Piece], list[np.ndarray], tuple[int, i
 _LATEST_LOCK = threading.Lock()
 
 
-def _runs(sorted_docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct values of a sorted array and how often each occurs (np.unique without
-    its sort)."""
-    if len(sorted_docs) == 0:
-        return sorted_docs, sorted_docs
-    starts = np.flatnonzero(np.diff(sorted_docs)) + 1
-    starts = np.concatenate([[0], starts])
-    return sorted_docs[starts], np.diff(np.concatenate([starts, [len(sorted_docs)]]))
+def _pairs(term: np.ndarray, doc: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (term, document) pairs of occurrences ordered by term, then document, and
+    how often each occurs (the term's frequency in the document)."""
+    if len(doc) == 0:
+        return term, doc, doc
+    new = np.ones(len(doc), dtype=bool)
+    new[1:] = (term[1:] != term[:-1]) | (doc[1:] != doc[:-1])
+    starts = np.flatnonzero(new)
+    return term[starts], doc[starts], np.diff(np.append(starts, len(doc)))
 
 
 def _best_first(scores: np.ndarray, n: int) -> np.ndarray:

@@ -531,11 +531,20 @@ def _lance_nearest(
     if TOMBSTONE in ds.schema.names:  # a generation's tombstones are never neighbours
         live = ~pc.field(TOMBSTONE)
         pushed = live if pushed is None else pushed & live
-    nearest = {"column": node.column, "q": node.query, "k": n, "metric": node.metric, **options}
+    # Lance allocates for k (and k * refine_factor) candidates up front, whatever the rows: a
+    # k past the rows it holds would abort the process, and asks for nothing more.
+    rows = ds.count_rows()
+    if rows == 0:
+        return empty_rows(node.schema)
+    k = min(n, rows)
     if node.predicate is not None and not exact:
         # Lance cannot take this filter: search all rows, then filter (exact, but slower).
-        nearest["k"] = ds.count_rows()
+        k = rows
         names = stored_columns(node.source_schema, ds)
+    refine = options.get("refine_factor")
+    if isinstance(refine, int) and refine * k > rows:
+        options = {**options, "refine_factor": -(-rows // k)}  # already every row refined
+    nearest = {"column": node.column, "q": node.query, "k": k, "metric": node.metric, **options}
     table = ds.scanner(
         columns=names, nearest=nearest, filter=pushed, prefilter=True, with_row_address=True
     ).to_table()

@@ -150,6 +150,13 @@ class CorruptGenerationError(StorageError):
     it was flushed; nothing was read from it or merged."""
 
 
+class IndexCatchupError(MemWalError):
+    """A base-table index cannot be brought over some merged rows (a vector no index can
+    place, written before vectors were checked at write, or by another writer); the message
+    names the rows. The other indexes and maintenance steps go on, and the index catches up
+    on the first pass after the rows are fixed."""
+
+
 class TableNotFoundError(MemWalError, FileNotFoundError):
     """No table at the uri, or it has no MemWAL index; create it with ``mw.create_table``."""
 

@@ -18,7 +18,7 @@ from datafusion import SessionContext
 
 from exec_nodes.knn import METRICS
 from memwal_sql.compat.datafusion import plain_strings
-from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMismatchError
+from memwal_sql.errors import InvalidInputError, SchemaMismatchError
 from memwal_sql.index.catchup import index_coverage
 from memwal_sql.index.details import INDEX_NAME, update_mem_wal_details
 from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
@@ -28,6 +28,18 @@ from planner.search import SearchPlan, plan_fts, plan_vector_search
 
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
+
+#: The largest ``k`` (and ``nprobes``, ``refine_factor``) a search takes. Below it ``k`` is
+#: capped at the rows each source holds before it reaches Lance or numpy (a search never returns
+#: more), so memory follows the data, never ``k``. Above it the value cannot be honoured by any
+#: machine (over two billion rows in one in-memory answer) and overflows Lance's parameter types
+#: (``refine_factor`` is a u32, ``k * refine_factor`` a usize), so it is refused.
+MAX_SEARCH_K = 2**31 - 1
+
+#: The longest full-text query, in UTF-8 bytes: a whole long document as the query ("more like
+#: this") fits. Its handling is linear in its length (about 1 s per MiB of distinct words on
+#: one core, ``benchmarks/bench_inputs.py``); a longer one is refused rather than stall a reader.
+MAX_FTS_QUERY_BYTES = 1 << 20
 
 VECTOR_INDEX_TYPES = ("IVF_PQ", "IVF_FLAT", "IVF_HNSW_SQ", "IVF_HNSW_PQ", "IVF_SQ")
 SCALAR_INDEX_TYPES = ("INVERTED", "BTREE", "BITMAP", "LABEL_LIST", "FTS")
@@ -199,6 +211,35 @@ def query_vector(query: Any, dim: int) -> np.ndarray:
     return q
 
 
+def _check_count(name: str, value: Any) -> None:
+    """``value`` is a positive integer no larger than :data:`MAX_SEARCH_K`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(f"{name} must be a positive integer, not {value!r}")
+    if value > MAX_SEARCH_K:
+        raise InvalidInputError(
+            f"{name}={value} is above the limit of {MAX_SEARCH_K}; pass a smaller value "
+            "(a search never returns more rows than the table holds)"
+        )
+
+
+def _check_text_query(query: Any) -> None:
+    """``query`` is text of at most :data:`MAX_FTS_QUERY_BYTES`."""
+    if not isinstance(query, str):
+        raise InvalidInputError(f"a full-text query is text, not {type(query).__name__}")
+    try:  # a text of more characters than the limit has more bytes: not encoded
+        too_long = len(query) > MAX_FTS_QUERY_BYTES or len(query.encode()) > MAX_FTS_QUERY_BYTES
+    except UnicodeEncodeError as e:
+        raise InvalidInputError(
+            f"the full-text query is not valid text ({e.reason} at position {e.start}); "
+            "pass it without lone surrogates"
+        ) from e
+    if too_long:
+        raise InvalidInputError(
+            f"the full-text query is longer than the limit of {MAX_FTS_QUERY_BYTES} bytes "
+            "(UTF-8); search with its most telling part"
+        )
+
+
 class TableSearch:
     """Searches of one table (see the MemWalTable methods of the same names)."""
 
@@ -240,13 +281,11 @@ class TableSearch:
     ) -> SearchPlan:
         t = self.table
         col = vector_column(t, column)
-        if not isinstance(k, int) or k < 1:
-            raise InvalidInputError(f"k must be a positive integer, not {k!r}")
         if metric is not None and metric.lower() not in METRICS:
             raise InvalidInputError(f"unknown metric {metric!r}: one of {', '.join(METRICS)}")
-        for name, v in (("nprobes", nprobes), ("refine_factor", refine_factor)):
-            if v is not None and (not isinstance(v, int) or v < 1):
-                raise InvalidInputError(f"{name} must be a positive integer, not {v!r}")
+        for name, v in (("k", k), ("nprobes", nprobes), ("refine_factor", refine_factor)):
+            if v is not None:
+                _check_count(name, v)
         q = query_vector(query, t.schema.field(col).type.list_size)
         snapshot, predicate, post = self._filtered_snapshot(filter, consistency, pushed)
         return plan_vector_search(
@@ -275,19 +314,18 @@ class TableSearch:
     ) -> SearchPlan:
         t = self.table
         col = text_column(t, column)
-        if not isinstance(query, str):
-            raise InvalidInputError(f"a full-text query is text, not {type(query).__name__}")
-        if not isinstance(k, int) or k < 1:
-            raise InvalidInputError(f"k must be a positive integer, not {k!r}")
+        _check_text_query(query)
+        _check_count("k", k)
         snapshot, predicate, post = self._filtered_snapshot(filter, consistency, pushed)
-        if post is not None:
-            raise InvalidFilterError(
-                f"invalid filter {filter!r} for a full-text search: it uses a function the "
-                "search cannot apply to its candidates; use plain comparisons, IN, IS NULL, "
-                "AND/OR/NOT"
-            )
         return plan_fts(
-            snapshot, t.region_spec, t.schema, column=col, query=query, k=k, predicate=predicate
+            snapshot,
+            t.region_spec,
+            t.schema,
+            column=col,
+            query=query,
+            k=k,
+            predicate=predicate,
+            post_filter=post,
         )
 
     def fts(self, *args: Any) -> pa.Table:
@@ -307,4 +345,11 @@ class TableSearch:
         return self.table.store.run_io(what, search)
 
 
-__all__ = ["IndexInfo", "TableSearch", "create_index", "list_indexes"]
+__all__ = [
+    "MAX_FTS_QUERY_BYTES",
+    "MAX_SEARCH_K",
+    "IndexInfo",
+    "TableSearch",
+    "create_index",
+    "list_indexes",
+]

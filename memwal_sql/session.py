@@ -38,6 +38,7 @@ from datafusion import DataFrame, SessionConfig, SessionContext, SQLOptions, Tab
 from datafusion import catalog as dfc
 
 from exec_nodes.base import conform
+from memwal_sql.compat.datafusion import MAX_SQL_OPERATORS, sql_operators
 from memwal_sql.errors import InvalidInputError, MemWalError, StatementNotAllowedError
 from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
 from memwal_sql.storage import ObjectStore, storage_failures
@@ -158,7 +159,27 @@ def base_partitions() -> int:
     return max(1, (os.cpu_count() or 2) // 4)
 
 
-class MemWalDataset(pds.Dataset):
+class _RecordsErrors:
+    """A dataset that remembers the first memwal-sql error its planning or reading raised:
+    DataFusion hands it back as a plain Exception holding only its text, so the session
+    re-raises this one (see :func:`typed_errors` and :class:`_Typed`)."""
+
+    _reading: str  # what the dataset does, for a storage error's message
+    _lock: threading.Lock
+    error: MemWalError | None = None
+
+    @contextmanager
+    def recording_errors(self) -> Iterator[None]:
+        try:
+            with read_failures(self._reading):
+                yield
+        except MemWalError as e:
+            with self._lock:
+                self.error = self.error or e
+            raise
+
+
+class MemWalDataset(_RecordsErrors, pds.Dataset):
     """A MemWAL table as a pyarrow Dataset that DataFusion scans through our exec nodes.
 
     The snapshot is taken at the first planning and pinned for the dataset's life.
@@ -179,22 +200,10 @@ class MemWalDataset(pds.Dataset):
         self._schema = output_schema(table.schema, system_columns)
         self._snapshot: TableSnapshot | None = None
         self._lock = threading.Lock()
+        self._reading = f"reading {table.uri}"
         self.last_plan: ScanPlan | LookupPlan | None = None
         #: The filter DataFusion pushed into the last plan, decoded (None: no filter).
         self.last_predicate: Predicate | None = None
-        #: The first memwal-sql error a query of this dataset raised; DataFusion hands it back
-        #: as a plain Exception, so the table API re-raises this one (see :func:`typed_errors`).
-        self.error: MemWalError | None = None
-
-    @contextmanager
-    def recording_errors(self) -> Iterator[None]:
-        try:
-            with read_failures(f"reading {self._table.uri}"):
-                yield
-        except MemWalError as e:
-            with self._lock:
-                self.error = self.error or e
-            raise
 
     @property
     def schema(self) -> pa.Schema:
@@ -270,7 +279,7 @@ class _RowsScanner:
         yield from self.rows.to_batches()
 
 
-class SearchDataset(pds.Dataset):
+class SearchDataset(_RecordsErrors, pds.Dataset):
     """What SQL's ``vector_search('table', 'column', [...], k)`` and
     ``fts('table', 'column', 'query', k)`` read: the search's ``k`` rows. A ``WHERE`` on it is
     pushed here and becomes the search's filter (on each row's latest version, before
@@ -293,6 +302,8 @@ class SearchDataset(pds.Dataset):
         self._consistency = consistency
         self._score = "_distance" if kind == "vector_search" else "_score"
         self._schema = table.schema.append(pa.field(self._score, pa.float32()))
+        self._lock = threading.Lock()
+        self._reading = f"{kind} of {table.uri}"
         self.last_plan: Any = None
 
     @property
@@ -316,7 +327,7 @@ class SearchDataset(pds.Dataset):
         predicate = decode_filter(filter, self._schema)
         on_rows = [t for t in conjuncts(predicate) if score not in referenced_columns(t)]
         on_score = [t for t in conjuncts(predicate) if score in referenced_columns(t)]
-        with read_failures(f"{self._kind} of {table.uri}"):
+        with self.recording_errors():
             # The table's own search API plans it (same checks), with the pushed filter.
             search = table._search
             if self._kind == "vector_search":
@@ -360,7 +371,35 @@ class MemWalSchema(dfc.SchemaProvider):
         self._tables: dict[str, Any] = {}
         self._lock = threading.Lock()
         self.last_datasets: dict[str, MemWalDataset] = {}
-        self.datasets: weakref.WeakSet[MemWalDataset] = weakref.WeakSet()
+        self.datasets: weakref.WeakSet[_RecordsErrors] = weakref.WeakSet()
+        self._planning = threading.local()
+
+    @contextmanager
+    def planning(self, statement: str) -> Iterator[None]:
+        """Around DataFusion's planning of ``statement``: refuse one too big for its parser,
+        and re-raise the memwal-sql error a table function raised (DataFusion hands it back
+        as a plain error holding only its text)."""
+        operators = sql_operators(statement) if isinstance(statement, str) else 0
+        if operators > MAX_SQL_OPERATORS:
+            raise InvalidInputError(
+                f"the statement holds {operators} operators, above the limit of "
+                f"{MAX_SQL_OPERATORS} (DataFusion's parser fails on long chains of them); "
+                "write a long OR of equalities as an IN list, which holds any number of values"
+            )
+        self._planning.error = None
+        try:
+            yield
+        except MemWalError:
+            raise
+        except Exception as e:
+            error, self._planning.error = self._planning.error, None
+            if error is not None and type(error).__name__ in str(e):
+                raise error from e
+            raise
+
+    def planning_failed(self, error: MemWalError) -> None:
+        """Note ``error``, which a table function is about to raise to DataFusion."""
+        self._planning.error = error
 
     def add(self, name: str, table: MemWalTable, **options: Any) -> None:
         with self._lock:
@@ -473,20 +512,23 @@ class MemWalContext(SessionContext):
         """Like :meth:`SessionContext.sql`; a memwal-sql error while the query (or a
         DataFrame derived from it) runs is raised as itself, not as DataFusion's plain
         ``Exception``. Without ``options``, an untrusted session refuses every statement
-        but a query (:class:`~memwal_sql.errors.StatementNotAllowedError`)."""
+        but a query (:class:`~memwal_sql.errors.StatementNotAllowedError`); any session
+        refuses one of more than ``MAX_SQL_OPERATORS`` operators (``InvalidInputError``)."""
         if options is None and not self.trusted:
             options = SAFE_SQL
-        try:
-            df = super().sql(query, options, *args, **kwargs)
-        except Exception as e:
-            refused = _REFUSED.search(str(e)) if options is SAFE_SQL else None
-            if refused is None:
-                raise
-            raise StatementNotAllowedError(
-                f"{refused.group(2)} is not allowed in this session: a session of mw.connect() "
-                "runs queries only (no DDL, COPY, INSERT or SET, nothing that reads or writes "
-                "a path). mw.connect(trusted=True), or `memwal sql --trusted`, allows them"
-            ) from None
+        with self.memwal_schema.planning(query):
+            try:
+                df = super().sql(query, options, *args, **kwargs)
+            except Exception as e:
+                refused = _REFUSED.search(str(e)) if options is SAFE_SQL else None
+                if refused is None:
+                    raise
+                raise StatementNotAllowedError(
+                    f"{refused.group(2)} is not allowed in this session: a session of "
+                    "mw.connect() runs queries only (no DDL, COPY, INSERT or SET, nothing that "
+                    "reads or writes a path). mw.connect(trusted=True), or `memwal sql "
+                    "--trusted`, allows them"
+                ) from None
         df.df = _Typed(df.df, self.memwal_schema)
         return df
 
@@ -511,7 +553,7 @@ def _search_function(schema: weakref.ref[MemWalSchema], kind: str) -> Any:
         else "fts('table', 'column', 'query text', k)"
     )
 
-    def search(*args: Any) -> Table:
+    def dataset(provider: MemWalSchema | None, args: tuple[Any, ...]) -> SearchDataset:
         values = []
         for a in args:
             try:
@@ -521,14 +563,22 @@ def _search_function(schema: weakref.ref[MemWalSchema], kind: str) -> Any:
         if len(values) != 4 or not isinstance(values[0], str) or not isinstance(values[3], int):
             raise InvalidInputError(f"usage: {usage}")
         name, column, query, k = values
-        provider = schema()
         entry = provider._memwal.get(name) if provider is not None else None
-        if entry is None:
+        if provider is None or entry is None:
             raise InvalidInputError(f"{kind}: no MemWAL table {name!r} is registered")
         table, options = entry
-        return Table(
-            SearchDataset(table, kind, column, query, k, options.get("consistency", "strong"))
-        )
+        found = SearchDataset(table, kind, column, query, k, options.get("consistency", "strong"))
+        provider.datasets.add(found)  # its errors are raised typed (see _Typed)
+        return found
+
+    def search(*args: Any) -> Table:
+        provider = schema()
+        try:
+            return Table(dataset(provider, args))
+        except MemWalError as e:
+            if provider is not None:
+                provider.planning_failed(e)
+            raise
 
     return search
 

@@ -636,10 +636,12 @@ class MemWalTable:
     ) -> MaintenanceResult:
         """One maintenance pass: :meth:`merge`, :meth:`catch_up_indexes`, :meth:`compact`,
         :meth:`build_region_snapshots`, then :meth:`gc`; returns a
-        :class:`~memwal_sql.maintenance.MaintenanceResult`.
+        :class:`~memwal_sql.maintenance.MaintenanceResult`. A step that fails does not stop
+        the others: its typed error, which names the row or file behind it, is in the
+        result's ``failures`` (and logged), and the next pass runs it again.
 
         Example:
-            ``tbl.maintain().merge.merged``
+            ``r = tbl.maintain(); assert r.ok, r.failures``
         """
         from memwal_sql.maintenance import maintain_table
 

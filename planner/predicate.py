@@ -372,11 +372,14 @@ def _arrow(p: Predicate) -> pc.Expression:
     if isinstance(p, Const):
         return pc.scalar(bool(p.value))
     if isinstance(p, (And, Or)):
+        # Pairwise, so the tree is balanced: pyarrow's Substrait (Lance's way in) doubles in
+        # size with each level of nesting, and a chain of n terms is n levels deep.
         parts = [_arrow(c) for c in p.children]
-        out = parts[0]
-        for part in parts[1:]:
-            out = (out & part) if isinstance(p, And) else (out | part)
-        return out
+        while len(parts) > 1:
+            pairs = zip(parts[::2], parts[1::2])
+            joined = [(a & b) if isinstance(p, And) else (a | b) for a, b in pairs]
+            parts = joined + parts[len(joined) * 2 :]
+        return parts[0]
     if isinstance(p, Compare):
         return _ARROW_OPS[p.op](pc.field(p.column), pc.scalar(p.value))
     if isinstance(p, ColumnCompare):

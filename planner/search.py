@@ -288,9 +288,11 @@ def plan_fts(
     query: str,
     k: int,
     predicate: Predicate | None,
+    post_filter: Callable[[pa.Table], pa.Table] | None = None,
 ) -> SearchPlan:
     """Build the full-text search plan of ``snapshot``: an FTS leaf per source, every region's
-    sources counted in the statistics, the filter's regions searched.
+    sources counted in the statistics, the filter's regions searched (``post_filter`` applies
+    what of the filter the predicate could not say, as in :func:`plan_vector_search`).
 
     Example:
         ``plan_fts(take_snapshot(tbl), tbl.region_spec, tbl.schema, column="text",
@@ -326,6 +328,8 @@ def plan_fts(
                 )
             )
             searched.append(region.region_id in keep)
-    bm25 = GlobalBM25Exec(sources, pk, tokenizer.terms(query), k, predicate, searched)
+    bm25 = GlobalBM25Exec(
+        sources, pk, tokenizer.terms(query), k, predicate, searched, post_filter=post_filter
+    )
     root = TopKExec(bm25, k, SCORE, descending=True, columns=[*base_schema.names, SCORE])
     return SearchPlan(snapshot, kept, pruned, root)

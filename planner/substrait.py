@@ -1,11 +1,12 @@
-"""Pushed filters in and out of Substrait: DataFusion's filter decoded into the predicate
-tree (:func:`decode_filter`), and the tree handed to Lance (:func:`lance_filter`).
+"""Pushed filters in and out of Arrow: DataFusion's filter decoded into the predicate tree
+(:func:`decode_filter`), and the tree handed to Lance as Substrait (:func:`lance_filter`).
 
 DataFusion hands a table's pushed filter to the dataset protocol as a ``pyarrow.compute``
-Expression, which has no introspection API; its Substrait form
-(``Expression.to_substrait``, parsed with the ``substrait`` package's classes) has every
-value of every ``IN`` list and every literal typed. What pyarrow writes there that newer
-Substrait no longer names is in :mod:`memwal_sql.compat.arrow`.
+Expression, which has no introspection API. Its Arrow serialization (what pickling writes,
+:func:`memwal_sql.compat.arrow.expression_parts`) lists every node in prefix order with every
+literal and ``IN`` list as a typed Arrow value, and is linear in the filter's size; its
+Substrait form is not (see :mod:`memwal_sql.compat.arrow`), so a filter is never decoded from
+Substrait, and one too big for it is applied after Lance reads (:data:`MAX_LANCE_FILTER_WEIGHT`).
 
 Example:
     >>> import pyarrow as pa, pyarrow.compute as pc
@@ -16,25 +17,13 @@ Example:
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
-from decimal import Decimal
-from operator import attrgetter
-from typing import Any
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from google.protobuf import wrappers_pb2
-from google.protobuf.unknown_fields import UnknownFieldSet
-from substrait.algebra_pb2 import Expression as SubstraitExpression
-from substrait.extended_expression_pb2 import ExtendedExpression
 
-from memwal_sql.compat.arrow import (
-    DEPRECATED_TIME,
-    DEPRECATED_TIMESTAMP,
-    DEPRECATED_TIMESTAMP_TZ,
-    substrait_schema,
-)
+from memwal_sql.compat.arrow import expression_of_parts, expression_parts, substrait_schema
 from planner.predicate import (
     FLIP,
     And,
@@ -52,20 +41,25 @@ from planner.predicate import (
     to_arrow_filter,
 )
 
-__all__ = ["decode_filter", "lance_filter"]
+__all__ = ["MAX_LANCE_FILTER_WEIGHT", "decode_filter", "lance_filter", "substrait_weight"]
 
-
-class _Undecodable(Exception):
-    pass
+#: A filter whose Substrait would weigh more is not pushed into Lance's scan but applied to
+#: what it reads. pyarrow's Substrait, Lance's only way in, repeats a leaf (column, literal, IN
+#: list) once per call it is nested in, doubling at each level: it holds about 32 bytes per
+#: unit of weight, the sum over the leaves of 2 ** depth (measured to within 3%). 2 ** 14 is
+#: 0.5 MB, 10-25 ms to write on every scan: 64 comparisons in one AND or OR (written as a
+#: balanced tree), or 12 nested levels.
+MAX_LANCE_FILTER_WEIGHT = 1 << 14
 
 
 def decode_filter(
     expr: pc.Expression | pa.Scalar | bool | None, schema: pa.Schema
 ) -> Predicate | None:
-    """The predicate tree of a pushed filter (None for no filter).
+    """The predicate tree of a pushed filter (None for no filter), in time linear in its size.
 
     A constant-folded filter (DataFusion passes ``v = 1 AND v = 2`` as a boolean scalar) is a
-    :class:`Const`.
+    :class:`Const`. A chain of ``AND`` (or of ``OR``) becomes one node, however deep
+    DataFusion nests it.
 
     Example:
         >>> decode_filter(pa.scalar(False), pa.schema([("v", pa.int64())]))
@@ -78,257 +72,163 @@ def decode_filter(
     if isinstance(expr, pa.Scalar):
         return Const(None) if not expr.is_valid else Const(bool(expr.as_py()))
     try:
-        message = ExtendedExpression()
-        message.ParseFromString(bytes(expr.to_substrait(substrait_schema(schema))))
+        parts, batch = expression_parts(expr)
     except (pa.ArrowException, TypeError, ValueError):
-        return Opaque(expr)  # e.g. a timestamp[ns] literal: pyarrow has no Substrait form
-    return _Decoder(message, schema).decode(message.referred_expr[0].expression)
-
-
-class _Decoder:
-    def __init__(self, message: ExtendedExpression, schema: pa.Schema) -> None:
-        self.message = message
-        self.schema = schema
-        self.functions = {
-            e.extension_function.function_anchor: e.extension_function.name
-            for e in message.extensions
-        }
-
-    def decode(self, e: SubstraitExpression) -> Predicate:
-        try:
-            return self._decode(e)
-        except _Undecodable:
-            return self._opaque(e)
-
-    def _opaque(self, e: SubstraitExpression) -> Predicate:
-        """The subtree as an Arrow expression again (pyarrow reads its own Substrait)."""
-        sub = ExtendedExpression()
-        sub.CopyFrom(self.message)
-        del sub.referred_expr[:]
-        sub.referred_expr.add(output_names=["p"]).expression.CopyFrom(e)
-        bound = pa.substrait.deserialize_expressions(sub.SerializeToString())
-        return Opaque(
-            bound.expressions["p"],
-            tuple(sorted(self._columns(e))),
-            positional=tuple(self.schema.names),
-        )
-
-    def _columns(self, e: Any) -> set[str]:
-        out: set[str] = set()
-        for desc, value in e.ListFields():
-            if desc.name == "selection":
-                out.add(self._column(value))
-            elif desc.message_type is not None:
-                for v in value if desc.label == desc.LABEL_REPEATED else [value]:
-                    if hasattr(v, "ListFields"):
-                        out |= self._columns(v)
-        return out
-
-    def _decode(self, e: SubstraitExpression) -> Predicate:
-        kind = e.WhichOneof("rex_type")
-        if kind == "literal":
-            value = self._literal(e.literal, pa.bool_())
-            return Const(None if value is None else bool(value.as_py()))
-        if kind == "selection":
-            name = self._column(e.selection)
-            if not pa.types.is_boolean(self.schema.field(name).type):
-                raise _Undecodable
-            return Compare(name, "=", pa.scalar(True))
-        if kind == "singular_or_list":
-            return self._in_list(e.singular_or_list)
-        if kind != "scalar_function":
-            raise _Undecodable
-        fn = e.scalar_function
-        name = self.functions.get(fn.function_reference, "")
-        args = [a.value for a in fn.arguments]
-        if name in ("and", "or"):
-            children = tuple(self.decode(a) for a in args)
-            return And(children) if name == "and" else Or(children)
-        if name == "not" and len(args) == 1:
-            return Not(self.decode(args[0]))
-        if (
-            name in ("is_null", "is_not_null")
-            and len(args) == 1
-            and args[0].WhichOneof("rex_type") == "selection"
-        ):
-            node = IsNull(self._column(args[0].selection))
-            return node if name == "is_null" else Not(node)
-        op = _COMPARISONS.get(name)
-        if op is None or len(args) != 2:
-            raise _Undecodable
-        kinds = [a.WhichOneof("rex_type") for a in args]
-        if kinds == ["selection", "selection"]:
-            left, right = (self._column(a.selection) for a in args)
-            if self.schema.field(left).type != self.schema.field(right).type:
-                raise _Undecodable
-            return ColumnCompare(left, op, right)
-        if kinds == ["literal", "selection"]:
-            args, op = args[::-1], FLIP[op]
-        elif kinds != ["selection", "literal"]:
-            raise _Undecodable
-        column = self._column(args[0].selection)
-        value = self._literal(args[1].literal, self.schema.field(column).type)
-        return Const(None) if value is None else Compare(column, op, value)
-
-    def _in_list(self, s: Any) -> Predicate:
-        if s.value.WhichOneof("rex_type") != "selection":
-            raise _Undecodable
-        column = self._column(s.value.selection)
-        typ = self.schema.field(column).type
-        # An option that is not a literal reads as an empty literal (kind None), as does a
-        # deprecated literal kind (read from unknown fields): both take the checked path.
-        literals = [o.literal for o in s.options]
-        kinds = {lit.WhichOneof("literal_type") for lit in literals}
-        if len(kinds) == 1 and None not in kinds:  # one array for the list, not a scalar each
-            fast = _plain_literals(literals, kinds.pop(), typ)
-            if fast is not None:
-                return InList(column, fast)
-        if any(o.WhichOneof("rex_type") != "literal" for o in s.options):
-            raise _Undecodable
-        values = [self._literal(lit, typ) for lit in literals]
-        present = [v for v in values if v is not None]
-        array = (
-            pa.array([v.as_py() for v in present], type=typ) if present else pa.array([], type=typ)
-        )
-        return InList(column, array, has_null=len(present) != len(values))
-
-    def _column(self, selection: Any) -> str:
-        if selection.WhichOneof(
-            "root_type"
-        ) != "root_reference" or selection.direct_reference.struct_field.HasField("child"):
-            raise _Undecodable
-        index = selection.direct_reference.struct_field.field
-        if not 0 <= index < len(self.schema):
-            raise _Undecodable
-        return self.schema.field(index).name
-
-    def _literal(self, lit: Any, typ: pa.DataType) -> pa.Scalar | None:
-        """The literal as a scalar of ``typ`` (None for NULL)."""
-        value = _literal_value(lit)
-        if value is None:
-            return None
-        try:
-            if isinstance(value, _Micros):
-                scalar = pa.scalar(value.micros, pa.timestamp("us", getattr(typ, "tz", None)))
-                return scalar.cast(typ)
-            if isinstance(value, _TimeMicros):
-                return pa.scalar(value.micros, pa.time64("us")).cast(typ)
-            if isinstance(value, _Days):
-                return pa.scalar(value.days, pa.date32()).cast(typ)
-            if pa.types.is_dictionary(typ):
-                raise _Undecodable
-            return pa.scalar(value, type=typ)
-        except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
-            raise _Undecodable from e
-
-
-# Literal kinds that convert to a column type by a plain cast of the whole list.
-_PLAIN_KINDS = {"i8", "i16", "i32", "i64", "string", "binary"}
-
-
-def _plain_literals(literals: list[Any], kind: str, typ: pa.DataType) -> pa.Array | None:
-    """The values of an IN list whose literals are all of one plain ``kind`` (integers,
-    strings, binaries; no NULL), cast to ``typ`` as a whole; None otherwise."""
-    if kind not in _PLAIN_KINDS or not (
-        pa.types.is_integer(typ)
-        or pa.types.is_string(typ)
-        or pa.types.is_large_string(typ)
-        or pa.types.is_binary(typ)
-        or pa.types.is_large_binary(typ)
-        or pa.types.is_string_view(typ)
-    ):
-        return None
-    try:
-        return pa.array(list(map(attrgetter(kind), literals))).cast(typ)  # safe: overflow raises
-    except (pa.ArrowException, ValueError, OverflowError):
-        return None
-
-
-_COMPARISONS = {"equal": "=", "not_equal": "!=", "lt": "<", "lte": "<=", "gt": ">", "gte": ">="}
+        return Opaque(expr)  # e.g. a nested field reference: Arrow does not serialize it
+    return _Decoder(parts, batch, schema).decode()
 
 
 @dataclass(frozen=True)
-class _Micros:
-    micros: int
+class _Other:
+    """A node the tree does not model: parts ``start`` to ``end`` (inclusive) of the filter."""
+
+    start: int
+    end: int
 
 
 @dataclass(frozen=True)
-class _TimeMicros:
-    micros: int
+class _Field(_Other):
+    name: str
 
 
 @dataclass(frozen=True)
-class _Days:
-    days: int
+class _Literal(_Other):
+    value: pa.Scalar
 
 
-_WRAPPERS = {
-    f"type.googleapis.com/{w.DESCRIPTOR.full_name}": w
-    for w in (
-        wrappers_pb2.Int32Value,
-        wrappers_pb2.Int64Value,
-        wrappers_pb2.UInt32Value,
-        wrappers_pb2.UInt64Value,
-        wrappers_pb2.StringValue,
-        wrappers_pb2.BytesValue,
-        wrappers_pb2.FloatValue,
-        wrappers_pb2.DoubleValue,
-        wrappers_pb2.BoolValue,
-    )
+_Node = Predicate | _Other
+ScalarOrArray = TypeVar("ScalarOrArray", pa.Scalar, pa.Array)
+
+_COMPARISONS = {
+    "equal": "=",
+    "not_equal": "!=",
+    "less": "<",
+    "less_equal": "<=",
+    "greater": ">",
+    "greater_equal": ">=",
 }
 
 
-def _literal_value(lit: Any) -> Any:
-    kind = lit.WhichOneof("literal_type")
-    if kind is None:
-        for f in UnknownFieldSet(lit):
-            if f.field_number in (DEPRECATED_TIMESTAMP, DEPRECATED_TIMESTAMP_TZ):
-                return _Micros(_signed64(f.data))
-            if f.field_number == DEPRECATED_TIME:
-                return _TimeMicros(_signed64(f.data))
-        raise _Undecodable
-    if kind == "null":
-        return None
-    if kind in (
-        "boolean",
-        "i8",
-        "i16",
-        "i32",
-        "i64",
-        "fp32",
-        "fp64",
-        "string",
-        "binary",
-        "fixed_binary",
-        "fixed_char",
-        "var_char",
-    ):
-        value = getattr(lit, kind)
-        return value.value if kind == "var_char" else value
-    if kind == "date":
-        return _Days(lit.date)
-    if kind == "decimal":
-        unscaled = int.from_bytes(lit.decimal.value, "little", signed=True)
-        return Decimal(unscaled).scaleb(-lit.decimal.scale)
-    if kind == "user_defined" and lit.user_defined.HasField("value"):
-        wrapper = _WRAPPERS.get(lit.user_defined.value.type_url)
-        if wrapper is not None:
-            message = wrapper()
-            lit.user_defined.value.Unpack(message)
-            return message.value
-    raise _Undecodable
+class _Decoder:
+    """Turns the prefix-ordered parts of a filter into the tree with one pass and a stack
+    (no recursion: a chain of thousands of ``OR`` s is as deep)."""
 
+    def __init__(self, parts: list[tuple[str, str]], batch: pa.RecordBatch, schema: pa.Schema):
+        self.parts = parts
+        self.batch = batch
+        self.schema = schema
 
-def _signed64(data: int) -> int:
-    return struct.unpack("<q", struct.pack("<Q", data & (2**64 - 1)))[0]
+    def decode(self) -> Predicate:
+        calls: list[tuple[str, int, list[_Node], pa.Scalar | None]] = []
+        done: list[_Node] = []
+        for at, (kind, value) in enumerate(self.parts):
+            if kind == "call":
+                calls.append((value, at, [], None))
+                continue
+            if kind == "options":
+                name, start, args, _ = calls[-1]
+                calls[-1] = (name, start, args, self.batch.column(int(value))[0])
+                continue
+            node: _Node
+            if kind == "field_ref":
+                node = _Field(at, at, value) if value in self.schema.names else _Other(at, at)
+            elif kind == "literal":
+                node = _Literal(at, at, self.batch.column(int(value))[0])
+            else:  # "end"
+                name, start, args, options = calls.pop()
+                node = self._call(name, args, options) or _Other(start, at)
+            (calls[-1][2] if calls else done).append(node)
+        return self._predicate(done[0])
+
+    def _call(self, name: str, args: list[_Node], options: pa.Scalar | None) -> Predicate | None:
+        """The call as a predicate, or None if the tree does not model it."""
+        if name in ("and_kleene", "or_kleene"):
+            kind = And if name == "and_kleene" else Or
+            children: list[Predicate] = []
+            for arg in args:
+                p = self._predicate(arg)
+                children.extend(p.children if isinstance(p, kind) else [p])
+            return kind(tuple(children))
+        if name == "invert" and len(args) == 1:
+            return Not(self._predicate(args[0]))
+        if name in ("is_null", "is_valid") and len(args) == 1 and isinstance(args[0], _Field):
+            if options is not None and options.get("nan_is_null", pa.scalar(False)).as_py():
+                return None  # NaN counted as NULL: not SQL's IS NULL
+            node = IsNull(args[0].name)
+            return node if name == "is_null" else Not(node)
+        if name == "is_in" and len(args) == 1 and isinstance(args[0], _Field):
+            return self._in_list(args[0].name, options)
+        op = _COMPARISONS.get(name)
+        if op is None or len(args) != 2:
+            return None
+        left, right = args
+        if isinstance(left, _Field) and isinstance(right, _Field):
+            same = self.schema.field(left.name).type == self.schema.field(right.name).type
+            return ColumnCompare(left.name, op, right.name) if same else None
+        if isinstance(left, _Literal) and isinstance(right, _Field):
+            left, right, op = right, left, FLIP[op]
+        if not (isinstance(left, _Field) and isinstance(right, _Literal)):
+            return None
+        if not right.value.is_valid:
+            return Const(None)
+        value = self._cast(right.value, left.name)
+        return None if value is None else Compare(left.name, op, value)
+
+    def _in_list(self, column: str, options: pa.Scalar | None) -> Predicate | None:
+        # SQL's IN, whatever the options say of NULLs: a NULL in the list makes a miss NULL.
+        if options is None or options.type.get_field_index("value_set") < 0:
+            return None
+        values = options["value_set"].values
+        present = None if values is None else self._cast(values.drop_null(), column)
+        if present is None:
+            return None
+        return InList(column, present, has_null=len(present) < len(values))
+
+    def _cast(self, value: ScalarOrArray, column: str) -> ScalarOrArray | None:
+        """``value`` in ``column``'s type (None if it does not convert exactly)."""
+        typ = self.schema.field(column).type
+        if value.type == typ:
+            return value
+        if pa.types.is_dictionary(typ):
+            return None
+        try:
+            return value.cast(typ)  # safe: a value that would change raises
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            return None
+
+    def _predicate(self, node: _Node) -> Predicate:
+        """``node`` where a boolean is expected."""
+        if isinstance(node, Predicate):
+            return node
+        if isinstance(node, _Literal) and pa.types.is_boolean(node.value.type):
+            return Const(node.value.as_py())
+        if isinstance(node, _Field) and pa.types.is_boolean(self.schema.field(node.name).type):
+            return Compare(node.name, "=", pa.scalar(True))
+        return self._opaque(node.start, node.end)
+
+    def _opaque(self, start: int, end: int) -> Opaque:
+        """Parts ``start`` to ``end`` as an Arrow expression again, for Arrow to evaluate."""
+        parts: list[tuple[str, str]] = []
+        columns: list[pa.Array] = []
+        renumbered: dict[str, str] = {}
+        for kind, value in self.parts[start : end + 1]:
+            if kind in ("literal", "options"):
+                if value not in renumbered:
+                    renumbered[value] = str(len(columns))
+                    columns.append(self.batch.column(int(value)))
+                value = renumbered[value]
+            parts.append((kind, value))
+        names = sorted({v for k, v in parts if k == "field_ref"})
+        return Opaque(expression_of_parts(parts, columns), tuple(names))
 
 
 def lance_filter(p: Predicate | None, schema: pa.Schema) -> tuple[pc.Expression | None, bool]:
     """(the filter to push into a Lance scan of ``schema``, whether it is exact).
 
     Lance turns the filter into Substrait itself; a filter pyarrow cannot express there (a
-    timestamp[ns] literal), or one Lance would evaluate differently (an IN list of floats), is
-    not pushed, and the caller evaluates ``p`` on what it reads.
+    timestamp[ns] literal), one Lance would evaluate differently (an IN list of floats), or
+    one whose Substrait would weigh more than :data:`MAX_LANCE_FILTER_WEIGHT` is not pushed,
+    and the caller evaluates ``p`` on what it reads.
 
     Example:
         >>> lance_filter(Compare("id", ">", pa.scalar(3)), pa.schema([("id", pa.int64())]))[1]
@@ -336,11 +236,38 @@ def lance_filter(p: Predicate | None, schema: pa.Schema) -> tuple[pc.Expression 
     """
     if p is None:
         return None, True
-    if has_opaque(p) or has_float_in_list(p, schema):
-        return None, False
+    if has_opaque(p) or has_float_in_list(p, schema) or 2 * _leaves(p) > MAX_LANCE_FILTER_WEIGHT:
+        return None, False  # (each leaf of a filter weighs 2 at least: no need to write it)
     expr = to_arrow_filter(p)
+    if substrait_weight(expr) > MAX_LANCE_FILTER_WEIGHT:
+        return None, False
     try:
         expr.to_substrait(substrait_schema(schema))
     except (pa.ArrowException, TypeError, ValueError):
         return None, False
     return expr, True
+
+
+def _leaves(p: Predicate) -> int:
+    if isinstance(p, (And, Or)):
+        return sum(_leaves(c) for c in p.children)
+    return _leaves(p.child) if isinstance(p, Not) else 1
+
+
+def substrait_weight(expr: pc.Expression) -> int:
+    """The sum over the leaves of ``expr`` of 2 ** their depth: what the size of pyarrow's
+    Substrait of it follows (see :data:`MAX_LANCE_FILTER_WEIGHT`), found in linear time.
+
+    Example:
+        >>> substrait_weight((pc.field("a") > 1) | (pc.field("b") > 2))
+        16
+    """
+    depth = weight = 0
+    for kind, _ in expression_parts(expr)[0]:
+        if kind == "call":
+            depth += 1
+        elif kind == "end":
+            depth -= 1
+        else:
+            weight += 1 << depth
+    return weight

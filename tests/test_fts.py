@@ -187,6 +187,28 @@ def test_bad_input_is_typed(tmp_path, base_rows) -> None:
     tbl.close()
 
 
+def test_every_filter_vector_search_takes_filters_a_full_text_search(tmp_path, base_rows) -> None:
+    # A filter the predicate tree cannot say (``g % 2``, ``lower()``) goes the vector search's
+    # way: applied to each candidate's latest version before ranking, so k rows still come back.
+    tbl = mw.create_table(
+        str(tmp_path), base_rows, primary_key="k", region_spec=mw.RegionSpec.bucket("k", 2)
+    )
+    tbl.upsert(text_batch([1, 2, 3, 500, 501], 3))
+    everything = tbl.fts("class attribute", k=10_000)
+    for text, keep in [
+        ("g % 2 = 1", lambda r: r["g"] % 2 == 1),
+        (
+            "lower(body) LIKE '%class%' AND k > 3",
+            lambda r: "class" in r["body"].lower() and r["k"] > 3,
+        ),
+    ]:
+        want = [r["k"] for r in everything.to_pylist() if keep(r)][:5]
+        assert len(want) == 5
+        got = tbl.fts("class attribute", k=5, filter=text)
+        assert got.column("k").to_pylist() == want, text
+    tbl.close()
+
+
 def test_sql_fts_function_joins_with_the_table(tmp_path, base_rows) -> None:
     tbl = mw.create_table(
         str(tmp_path), base_rows, primary_key="k", region_spec=mw.RegionSpec.bucket("k", 2)

@@ -102,7 +102,7 @@ def test_a_routed_write_that_moves_a_key_is_refused(tmp_path, name):
     tbl.upsert(row(1, "second", **new))
     assert tbl.to_arrow(["id", "v"]).to_pylist() == [{"id": 1, "v": "second"}]
     tbl.flush()
-    tbl.maintain()
+    assert tbl.maintain().ok
     assert tbl.to_arrow(["id", "v"]).to_pylist() == [{"id": 1, "v": "second"}]
     tbl.close()
     assert lance_latest_rows(str(tmp_path / "t"), ["id"]).column("v").to_pylist() == ["second"]
@@ -256,7 +256,7 @@ def test_create_keeps_the_last_row_of_a_repeated_key(tmp_path):
     assert tbl.to_arrow().sort_by("id").to_pylist() == [{"id": 1, "v": "b"}, {"id": 2, "v": "c"}]
     tbl.upsert({"id": [1], "v": ["new"]})
     tbl.flush()
-    tbl.maintain()
+    assert tbl.maintain().ok
     assert tbl.dataset().to_table().sort_by("id").to_pylist() == [
         {"id": 1, "v": "new"},
         {"id": 2, "v": "c"},

@@ -1,4 +1,5 @@
-"""The DataFusion session: exits cleanly with streams left partly read."""
+"""The DataFusion session: exits cleanly with streams left partly read; its table functions
+raise the typed errors of the API."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 import memwal_sql as mw
+from memwal_sql.errors import InvalidInputError, MemWalError, SchemaMismatchError
 
 # Reads one batch of a big query and exits with the rest in flight. ``unguarded`` turns the
 # session's exit guard off, to show the scenario does reach the upstream abort.
@@ -83,3 +85,32 @@ def test_dataframes_of_a_session_keep_working_as_datafusion_dataframes(tmp_path)
     assert "k" in repr(left) and left.union(ctx.sql("SELECT id, v FROM t")).count() == 6
     batches = list(ctx.sql("SELECT * FROM t").execute_stream())
     assert sum(b.to_pyarrow().num_rows for b in batches) == 3
+
+
+def test_errors_of_the_search_table_functions_are_the_typed_errors_of_the_api(tmp_path):
+    rows = pa.table(
+        {
+            "id": pa.array([1, 2], pa.int64()),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(np.ones(4, np.float32)), 2),
+            "text": ["red fox", "red hen"],
+        }
+    )
+    tbl = mw.create_table(str(tmp_path), rows, primary_key="id")
+    ctx = mw.connect()
+    ctx.register("t", tbl)
+    cases = [  # (SQL, the error the Python API raises for the same mistake)
+        ("vector_search('t', 'text', [0.0, 0.0], 2)", SchemaMismatchError),
+        ("vector_search('t', 'vec', [0.0, 0.0], 0)", InvalidInputError),
+        ("vector_search('t', 'vec', [0.0, 0.0, 0.0], 2)", InvalidInputError),
+        ("vector_search('t', 'vec', [0.0, 0.0], 4294967296)", InvalidInputError),
+        ("fts('t', 'vec', 'red', 2)", SchemaMismatchError),
+        ("fts('t', 'text', 'red', 0)", InvalidInputError),
+        ("fts('t', 'text', 'red', id)", InvalidInputError),  # not a literal: SQL's own
+        ("fts('nope', 'text', 'red', 2)", InvalidInputError),  # no such table: SQL's own
+    ]
+    for call, error in cases:
+        with pytest.raises(MemWalError) as raised:
+            ctx.sql(f"SELECT * FROM {call}").to_arrow_table()
+        assert raised.type is error, call
+    assert ctx.sql("SELECT id FROM fts('t', 'text', 'red', 2)").to_arrow_table().num_rows == 2
+    tbl.close()

@@ -414,3 +414,24 @@ def test_every_vector_index_type_is_built_on_generations(tmp_path, index_type, p
     got = tbl.vector_search(query, k=5, nprobes=2, refine_factor=50).column("k").to_pylist()
     assert got == brute_force(model, query, 5, metric)
     tbl.close()
+
+
+def test_unusable_vectors_are_refused_at_write_and_null_ones_never_match(tmp_path, base_rows):
+    overflowing = pa.array([3e38, -3e38] + [0.0] * 6, pa.float32())
+    bad = vec_batch([900], 0).set_column(
+        3, SCHEMA.field("vec"), pa.FixedSizeListArray.from_arrays(overflowing, DIM)
+    )
+    with pytest.raises(InvalidInputError, match="squared norm"):
+        mw.create_table(str(tmp_path / "a"), pa.concat_tables([base_rows, bad]), primary_key="k")
+    tbl = mw.create_table(str(tmp_path / "b"), base_rows, primary_key="k")
+    before = tbl.to_arrow()
+    with pytest.raises(InvalidInputError, match="'k': 900"):
+        tbl.upsert(pa.concat_tables([vec_batch([1, 2], 5), bad]))  # nothing of it is written
+    assert tbl.to_arrow().equals(before)
+    null = vec_batch([901], 0).set_column(
+        3, SCHEMA.field("vec"), pa.nulls(1, SCHEMA.field("vec").type)
+    )
+    tbl.upsert(null)
+    assert 901 not in tbl.vector_search(np.zeros(DIM, np.float32), k=1000).column("k").to_pylist()
+    assert tbl.lookup([901]).column("vec").to_pylist() == [None]
+    tbl.close()

@@ -155,6 +155,10 @@ def maintain(a: argparse.Namespace) -> None:
             passes += 1
             stamp = time.strftime("%Y-%m-%d %H:%M:%S ") if a.watch is not None else ""
             print(f"{stamp}pass {passes}: {_pass_summary(r)}", flush=True)
+            for failure in r.failures:  # the next pass runs the step again
+                print(f"  {failure}", flush=True)
+            for name, why in r.skipped.items():
+                print(f"  {name} skipped: {why}", flush=True)
             if not repeat or (a.iterations and passes >= a.iterations):
                 break
             time.sleep(a.watch or 0)
@@ -162,6 +166,9 @@ def maintain(a: argparse.Namespace) -> None:
         if a.watch is None:
             raise
         print(f"stopped after {passes} pass(es)")
+        return
+    if r.failures:
+        raise SystemExit(1)  # the last pass left a step failed: say so to a script
 
 
 def _pass_summary(r: Any) -> str:

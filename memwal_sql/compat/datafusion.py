@@ -10,11 +10,54 @@
 * A pushed filter is *Exact*: DataFusion never re-checks it, and it pushes SQL ``NOT IN`` as
   pyarrow's ``~is_in``, which is true for NULL; :mod:`planner.predicate` evaluates it with
   SQL semantics instead.
+* Its SQL parser nests a chain of binary operators (``a OR b OR ...``, ``a + b + ...``) one
+  level per operator and walks it recursively: about 9,000 of them overflow an 8 MB thread
+  stack and kill the process (SIGSEGV), and planning one takes time quadratic in its length
+  (1,000 ``OR`` s of ``v * 2 = i``: 1.3 s; 4,000: 34 s). Nesting (parentheses, ``NOT``,
+  function calls) is already bounded by its parser (50 levels). :func:`sql_operators` counts
+  the operators of a text before DataFusion sees it.
 """
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
+
+#: The most operators a filter or a SQL statement may hold: far below where DataFusion's
+#: parser overflows its stack (about 9,000), and where its planning takes at most about a
+#: second. Lucene's default limit of clauses in a query is the same.
+MAX_SQL_OPERATORS = 1024
+
+# SQL text as DataFusion lexes it, as far as operators go: string literals, quoted names and
+# comments hold none (a text that fools this count the other way only counts more).
+_SQL_TOKENS = re.compile(
+    r"'(?:[^']|'')*'?"  # a string literal ('' inside), unterminated to the end
+    r'|"(?:[^"]|"")*"?'  # a quoted name
+    r"|--[^\n]*|/\*.*?(?:\*/|\Z)"  # comments
+    r"|(?P<word>[A-Za-z_][A-Za-z0-9_$]*)"
+    r"|(?P<symbol>[-+*/%<>=!|&^~@#:]+)",
+    re.DOTALL,
+)
+_OPERATOR_WORDS = frozenset({"AND", "OR", "NOT", "IS", "LIKE", "ILIKE", "SIMILAR", "BETWEEN"})
+
+
+def sql_operators(text: str) -> int:
+    """How many operators ``text`` holds outside its literals and comments: each run of
+    operator symbols (``=``, ``<>``, ``+``, ``||`` ...) and each ``AND``, ``OR``, ``NOT``,
+    ``IS``, ``LIKE``, ``ILIKE``, ``SIMILAR``, ``BETWEEN``. An ``IN`` list's values are not
+    operators.
+
+    Example:
+        >>> sql_operators("a = 1 OR b IN (1, 2) OR c LIKE 'x OR y' -- AND")
+        4
+    """
+    count = 0
+    for m in _SQL_TOKENS.finditer(text):
+        word = m.group("word")
+        if m.group("symbol") or (word is not None and word.upper() in _OPERATOR_WORDS):
+            count += 1
+    return count
 
 
 def plain_strings(table: pa.Table) -> pa.Table:

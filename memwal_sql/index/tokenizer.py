@@ -57,6 +57,7 @@ _FOLD = str.maketrans(
 
 
 _MAX_KNOWN_TOKENS = 1 << 20  # distinct tokens whose final term a tokenizer remembers
+_MAX_KEPT_QUERY = 4096  # longer query texts are not kept: 1024 of them would hold too much
 
 
 @dataclass(frozen=True)
@@ -69,13 +70,12 @@ class Tokens:
     vocabulary: list[str]
     lengths: np.ndarray
     sort_postings: bool = True
-    """Find a term's documents in a term-sorted copy (built once: for tokens that live long)
+    """Find terms' documents in a term-sorted copy (built once: for tokens that live long)
     rather than by scanning every token (for tokens rebuilt often, as a MemTable's are)."""
 
     @cached_property
-    def term_index(self) -> dict[str, int]:
-        """Term -> its index in ``vocabulary``."""
-        return {t: i for i, t in enumerate(self.vocabulary)}
+    def _vocabulary_array(self) -> pa.Array:
+        return pa.array(self.vocabulary, pa.string())
 
     @cached_property
     def _postings(self) -> tuple[np.ndarray, np.ndarray]:
@@ -84,16 +84,36 @@ class Tokens:
         np.cumsum(np.bincount(self.term_ids, minlength=len(self.vocabulary)), out=bounds[1:])
         return self.docs[order], bounds
 
-    def documents_of(self, term: str) -> np.ndarray:
-        """The document of every occurrence of ``term`` (a document once per occurrence),
-        in document order: one slice of a term-sorted copy, built on first use."""
-        tid = self.term_index.get(term)
-        if tid is None:
-            return np.zeros(0, dtype=np.int64)
-        if not self.sort_postings:
-            return self.docs[self.term_ids == tid]
-        docs, bounds = self._postings
-        return docs[bounds[tid] : bounds[tid + 1]]
+    def occurrences(self, terms: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """Every occurrence of any of ``terms`` (distinct strings): the position in ``terms``
+        of its term and its document, ordered by that position, then by document. Linear in
+        the vocabulary, the terms and the occurrences found, whatever the number of terms.
+
+        Example:
+            >>> t = Tokenizer().tokenize(pa.array(["red fox", "red hen", "fox"]))
+            >>> [x.tolist() for x in t.occurrences(pa.array(["fox", "red"]))]
+            [[0, 0, 1, 1], [0, 2, 0, 1]]
+        """
+        empty = np.zeros(0, dtype=np.int64)
+        if not self.vocabulary or not len(terms):
+            return empty, empty
+        found = pc.index_in(self._vocabulary_array, value_set=terms)
+        position = pc.fill_null(found, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        if not self.sort_postings:  # one pass over the tokens, then grouped by term
+            wanted = position[self.term_ids]
+            hit = wanted >= 0
+            which, docs = wanted[hit], self.docs[hit]
+            order = np.argsort(which, kind="stable")  # a term's documents stay in order
+            return which[order], docs[order]
+        # The slices of the term-sorted copy that hold the wanted terms, gathered at once.
+        sorted_docs, bounds = self._postings
+        ids = np.flatnonzero(position >= 0)
+        ids = ids[np.argsort(position[ids], kind="stable")]
+        starts, counts = bounds[ids], bounds[ids + 1] - bounds[ids]
+        total = int(counts.sum())
+        first = np.repeat(np.cumsum(counts) - counts, counts)
+        at = np.repeat(starts, counts) + np.arange(total, dtype=np.int64) - first
+        return np.repeat(position[ids], counts), sorted_docs[at]
 
 
 class Tokenizer:
@@ -178,14 +198,16 @@ class Tokenizer:
         )
 
     def terms(self, text: str) -> list[str]:
-        """The terms of one text, in order (what a query becomes); recent texts are kept."""
+        """The terms of one text, in order (what a query becomes); recent short texts are
+        kept."""
         terms = self._queries.get(text)
         if terms is None:
             tokens = self.tokenize(pa.array([text], pa.string()))
             terms = [tokens.vocabulary[i] for i in tokens.term_ids]
-            if len(self._queries) >= 1024:
-                self._queries.clear()
-            self._queries[text] = terms
+            if len(text) <= _MAX_KEPT_QUERY:
+                if len(self._queries) >= 1024:
+                    self._queries.clear()
+                self._queries[text] = terms
         return list(terms)
 
     def _finals(self, tokens: list[str]) -> list[str | None]:
@@ -226,7 +248,7 @@ class GrowingTokens:
     Example:
         >>> g = GrowingTokens(Tokenizer())
         >>> g.extend(pa.array(["red fox"])); g.extend(pa.array(["red hen"]))
-        >>> g.tokens().documents_of("red").tolist()
+        >>> g.tokens().occurrences(pa.array(["red"]))[1].tolist()
         [0, 1]
     """
 

@@ -5,7 +5,7 @@ from memwal_sql.maintenance.compaction import CompactionResult, compact_base
 from memwal_sql.maintenance.gc import GcResult, gc_table
 from memwal_sql.maintenance.indexes import CatchupResult, catch_up_indexes
 from memwal_sql.maintenance.merger import MergeResult, merge_region, merge_table
-from memwal_sql.maintenance.run import MaintenanceResult, maintain_table
+from memwal_sql.maintenance.run import MaintenanceResult, StepFailure, maintain_table
 from memwal_sql.maintenance.snapshots import SnapshotResult, build_region_snapshots
 from memwal_sql.maintenance.verify import Problem, VerifyReport, verify_table
 
@@ -17,6 +17,7 @@ __all__ = [
     "MergeResult",
     "Problem",
     "SnapshotResult",
+    "StepFailure",
     "VerifyReport",
     "build_region_snapshots",
     "catch_up_indexes",

@@ -8,6 +8,14 @@ the catch-up progress (``index_catchup`` in the MemWAL index details) in that sa
 readers and the garbage collector derive it from what each index covers instead
 (:mod:`memwal_sql.index.catchup`), which stays exact even for an index rebuilt by other means.
 
+When Lance fails, each lagging index is tried on its own, so one cannot hold the others back.
+A vector index whose new rows all have NULL vectors is one Lance 14 cannot optimize (it looks
+for IVF partition files it never wrote): it is committed as covering them without adding a row
+(:func:`~memwal_sql.compat.lance_manifest.cover_fragments`), which is exact, as a NULL vector
+never matches a search. One whose new rows hold a vector no index can place (written before
+vectors were checked at write: :func:`~memwal_sql.writer.rows.unusable_vectors`) stays behind,
+and :class:`~memwal_sql.errors.IndexCatchupError` names the row.
+
 Example:
     ``catch_up_indexes(tbl).caught_up  # {"id_pk_btree": {"<region id>": 7}}``
 """
@@ -19,8 +27,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails
+from memwal_sql.compat.lance import is_commit_conflict
+from memwal_sql.compat.lance_manifest import cover_fragments
+from memwal_sql.errors import IndexCatchupError
 from memwal_sql.index.catchup import index_coverage
 from memwal_sql.index.details import region_generations
+from memwal_sql.writer.rows import is_vector_type, unusable_vectors
 
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
@@ -36,7 +48,8 @@ class CatchupResult:
 
 
 def catch_up_indexes(table: MemWalTable) -> CatchupResult:
-    """Optimize every base-table index that does not cover all merged rows.
+    """Optimize every base-table index that does not cover all merged rows; if one of them
+    cannot be, the others still are, then :class:`IndexCatchupError` names it and why.
 
     Example:
         ``tbl.merge(); catch_up_indexes(tbl).optimized``
@@ -45,17 +58,69 @@ def catch_up_indexes(table: MemWalTable) -> CatchupResult:
     result = CatchupResult()
     ds = table.dataset()
     behind = [c.name for c in index_coverage(table.store, ds) if not c.complete]
-    if behind:
-        ds.optimize.optimize_indices(index_names=behind)
+    problems: list[str] = []
+    try:
+        if behind:
+            ds.optimize.optimize_indices(index_names=behind)
+    except (OSError, ValueError, RuntimeError) as e:
+        if is_commit_conflict(e):
+            raise
+        for name in behind:  # one at a time: one Lance cannot optimize holds none back
+            problem = _catch_up_one(table, name)
+            if problem is None:
+                result.optimized.append(name)
+            else:
+                problems.append(problem)
+    else:
         result.optimized = behind
-        ds = table.dataset()
     result.caught_up = {
         c.name: dict(c.caught_up)
-        for c in index_coverage(table.store, ds)
+        for c in index_coverage(table.store, table.dataset())
         if c.caught_up is not None
     }
     result.seconds = time.perf_counter() - t0
+    if problems:
+        raise IndexCatchupError(
+            f"{len(problems)} index(es) of {table.uri} could not be caught up "
+            f"({', '.join(result.optimized) or 'none'} could): " + "; ".join(problems)
+        )
     return result
+
+
+def _catch_up_one(table: MemWalTable, name: str) -> str | None:
+    """Bring index ``name`` over the merged rows; None when done, else what stops it."""
+    ds = table.dataset()
+    coverage = next((c for c in index_coverage(table.store, ds) if c.name == name), None)
+    if coverage is None or coverage.complete:
+        return None  # dropped, or caught up by someone else meanwhile
+    try:
+        ds.optimize.optimize_indices(index_names=[name])
+        return None
+    except (OSError, ValueError, RuntimeError) as e:
+        if is_commit_conflict(e):
+            raise
+        failure = e
+    column = coverage.columns[0]
+    if len(coverage.columns) != 1 or not is_vector_type(table.schema.field(column).type):
+        return f"{name}: {failure}"
+    uncovered = [f for f in ds.get_fragments() if f.fragment_id not in coverage.fragment_ids]
+    rows = ds.scanner(
+        columns=[*table.primary_key, column], fragments=uncovered, with_row_address=True
+    ).to_table()
+    vectors = rows.column(column)
+    if vectors.null_count == len(vectors):  # nothing to index, which Lance 14 cannot do
+        cover_fragments(ds, table.store, name, [f.fragment_id for f in uncovered])
+        return None
+    bad = unusable_vectors(vectors)
+    if bad is None:
+        return f"{name}: {failure}"
+    row, why = bad
+    key = {k: rows.column(k)[row].as_py() for k in table.primary_key}
+    fragment = rows.column("_rowaddr")[row].as_py() >> 32
+    return (
+        f"{name}: the vector of key {key} (base fragment {fragment}) {why}, which no index "
+        f"can place; upsert that key with a usable vector, or NULL, and maintain again"
+    )
 
 
 def recorded_catchup(details: MemWalIndexDetails) -> dict[str, dict[str, int]]:

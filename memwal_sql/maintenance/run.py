@@ -5,16 +5,27 @@ base table is compacted once they do (so every index is remapped onto the rewrit
 fragments), the region snapshot then lists what the merge left, and the collector last, so it
 can delete what the merge and the catch-up made obsolete in the same pass.
 
+A step that fails does not stop the pass: its error (which names the row or file behind it) is
+kept in :attr:`MaintenanceResult.failures` and logged, the next steps run, and the next pass
+runs the step again. Each later step stays safe after any earlier failure, because none trusts
+what an earlier step claims to have done: a merge that failed merged nothing the others see;
+the collector keeps every generation an index does not cover, from what Lance records each
+index covers, not from whether the catch-up ran; the region snapshot lists what the manifests
+say. Only compaction is skipped after a failed catch-up: it would try the same catch-up again,
+and compacting rows an index does not cover would leave its catch-up unknown, so that the
+collector could free no generation until the index caught up.
+
 Example:
     ``maintain_table(tbl).merge.merged``
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, TypeVar
 
@@ -31,23 +42,46 @@ from memwal_sql.maintenance.gc import GcResult, gc_table
 from memwal_sql.maintenance.indexes import CatchupResult, catch_up_indexes
 from memwal_sql.maintenance.merger import MergeResult, merge_table
 from memwal_sql.maintenance.snapshots import SnapshotResult, build_region_snapshots
+from memwal_sql.storage import storage_failures
 
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
 
 T = TypeVar("T")
 ATTEMPTS = 6
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepFailure:
+    """A step of a maintenance pass that failed: ``step`` (``merge``, ``indexes``,
+    ``compaction``, ``snapshots`` or ``gc``) and the error, which says what stopped it."""
+
+    step: str
+    error: MemWalError
+
+    def __str__(self) -> str:
+        return f"{self.step} failed: {self.error}"
 
 
 @dataclass
 class MaintenanceResult:
-    """What one maintenance pass did, job by job."""
+    """What one maintenance pass did, job by job; ``failures`` lists the steps that failed
+    (their results are empty; the next pass runs them again) and ``skipped`` the steps not run,
+    with why."""
 
     merge: MergeResult
     indexes: CatchupResult
     compaction: CompactionResult
     snapshots: SnapshotResult
     gc: GcResult
+    failures: list[StepFailure] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Every step ran and succeeded."""
+        return not self.failures and not self.skipped
 
 
 def maintain_table(
@@ -63,25 +97,48 @@ def maintain_table(
     Example:
         ``maintain_table(tbl, base_versions_older_than=timedelta(hours=1)).gc.objects``
     """
-    merge = _retrying(lambda: merge_table(table))
-    indexes = _retrying(lambda: catch_up_indexes(table))
-    compaction = _retrying(
-        lambda: compact_base(
-            table,
-            target_rows_per_fragment=target_rows_per_fragment,
-            deletion_threshold=deletion_threshold,
-            small_fragment_trigger=SMALL_FRAGMENT_TRIGGER,
+    failures: list[StepFailure] = []
+
+    def step(name: str, job: Callable[[], T], empty: Callable[[], T]) -> T:
+        try:
+            # Lance's own errors (a file it cannot read, a row it cannot index) fail the step.
+            with storage_failures(
+                f"{name} of {table.uri}", kinds=(OSError, ValueError, RuntimeError)
+            ):
+                return _retrying(job)
+        except MemWalError as e:
+            failures.append(StepFailure(name, e))
+            _log.warning("maintenance of %s: %s; the other steps go on", table.uri, failures[-1])
+            return empty()
+
+    merge = step("merge", lambda: merge_table(table), MergeResult)
+    indexes = step("indexes", lambda: catch_up_indexes(table), CatchupResult)
+    skipped = {}
+    if any(f.step == "indexes" for f in failures):
+        skipped["compaction"] = "an index could not be caught up (see the indexes failure)"
+        compaction = CompactionResult()
+    else:
+        compaction = step(
+            "compaction",
+            lambda: compact_base(
+                table,
+                target_rows_per_fragment=target_rows_per_fragment,
+                deletion_threshold=deletion_threshold,
+                small_fragment_trigger=SMALL_FRAGMENT_TRIGGER,
+            ),
+            CompactionResult,
         )
-    )
-    snapshots = _retrying(lambda: build_region_snapshots(table))
-    gc = _retrying(
+    snapshots = step("snapshots", lambda: build_region_snapshots(table), SnapshotResult)
+    gc = step(
+        "gc",
         lambda: gc_table(
             table,
             keep_manifest_versions=keep_manifest_versions,
             base_versions_older_than=base_versions_older_than,
-        )
+        ),
+        GcResult,
     )
-    return MaintenanceResult(merge, indexes, compaction, snapshots, gc)
+    return MaintenanceResult(merge, indexes, compaction, snapshots, gc, failures, skipped)
 
 
 def _retrying(job: Callable[[], T], attempts: int = ATTEMPTS) -> T:

@@ -13,7 +13,11 @@ Example:
 
 Both ``upserts`` and ``deletes`` return one record batch: the unit the MemTable holds and a WAL
 entry serializes. Input already in the table's exact column order and types (the common case of a
-stream of same-shaped batches) takes a fast path that only checks nulls.
+stream of same-shaped batches) takes a fast path that only checks nulls and vectors.
+
+Vectors (every fixed-size list of floats) must be usable by a vector index and search: finite,
+no missing element, and a squared norm of at most a quarter of the largest float
+(:func:`unusable_vectors`). A NULL vector is fine: it never matches a vector search.
 """
 
 from __future__ import annotations
@@ -91,6 +95,9 @@ class RowCoercer:
             if f.name in self.primary_key or f.name in self._not_null
         ]
         self._tombstone_field = self.schema.field(TOMBSTONE)
+        self._vectors = [
+            (i, f.name) for i, f in enumerate(self._exact_input) if is_vector_type(f.type)
+        ]
 
     def upserts(self, data: Any) -> pa.RecordBatch:
         """Rows to insert or replace, with ``_tombstone = false``."""
@@ -99,6 +106,7 @@ class RowCoercer:
             batch = _one_batch(table)
             for i, name in self._required:
                 self._check_not_null(batch.column(i), name)
+            self._check_vectors(batch)
             return batch.append_column(self._tombstone_field, self._live(batch.num_rows))
         table = to_arrow_table(table)
         names = set(table.schema.names)
@@ -116,7 +124,9 @@ class RowCoercer:
         for name in self._not_null:
             self._check_not_null(table.column(name), name)
         cols.append(self._live(table.num_rows))
-        return _one_batch(pa.Table.from_arrays(cols, schema=self.schema))
+        batch = _one_batch(pa.Table.from_arrays(cols, schema=self.schema))
+        self._check_vectors(batch)
+        return batch
 
     def deletes(self, keys: Any) -> pa.RecordBatch:
         """Tombstone rows: the key columns, every other column null, ``_tombstone = true``.
@@ -211,6 +221,21 @@ class RowCoercer:
         for k in self.primary_key:
             self._check_not_null(table.column(k), k)
 
+    def _check_vectors(self, batch: pa.RecordBatch) -> None:
+        """Refuse the batch if a vector in it is unusable (see :func:`unusable_vectors`)."""
+        for i, name in self._vectors:
+            bad = unusable_vectors(batch.column(i))
+            if bad is None:
+                continue
+            row, why = bad
+            key = {k: batch.column(k)[row].as_py() for k in self.primary_key}
+            raise InvalidInputError(
+                f"column {name!r}: the vector of row {row} (key {key}) {why}; a vector must "
+                f"be finite with a squared norm of at most {_max_squared_norm(batch.column(i)):.3g} "
+                "(so that a vector index can place it and distances stay finite). Fix it, or "
+                "write NULL for a row without a vector; nothing was written"
+            )
+
     def _check_not_null(self, column: pa.Array | pa.ChunkedArray, name: str) -> None:
         nulls = column.null_count
         if not nulls:
@@ -245,6 +270,61 @@ class RowCoercer:
             ) from e
         _check_lossless(column, out, field.name)
         return out
+
+
+def is_vector_type(t: pa.DataType) -> bool:
+    """A vector column's type: a fixed-size list of floats.
+
+    Example:
+        >>> is_vector_type(pa.list_(pa.float32(), 8)), is_vector_type(pa.list_(pa.int8(), 8))
+        (True, False)
+    """
+    return pa.types.is_fixed_size_list(t) and pa.types.is_floating(t.value_type)
+
+
+def _max_squared_norm(column: pa.Array) -> float:
+    # A quarter of the largest float (float32 for half floats, which distances are computed
+    # in): then every squared distance between two such vectors, ||a||² + ||b||² + 2|a·b|,
+    # and to an index centroid (a mean of them), stays finite.
+    big = np.float64 if column.type.value_type == pa.float64() else np.float32
+    return float(np.finfo(big).max) / 4
+
+
+def unusable_vectors(column: pa.Array | pa.ChunkedArray) -> tuple[int, str] | None:
+    """The first row of a vector ``column`` whose vector no index or search can use, and why
+    (None if there is none): one with a missing element, a NaN or an infinity, or a squared
+    norm above a quarter of the largest float (``[3e38, -3e38, 0, 0]``: Lance's IVF cannot
+    place it, and its catch-up fails). NULL vectors are fine. Vectorised over the rows.
+
+    Example:
+        >>> v = pa.FixedSizeListArray.from_arrays(pa.array([1, 2, 3e38, 0], pa.float32()), 2)
+        >>> unusable_vectors(v)
+        (1, 'has a squared norm of inf')
+    """
+    col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    n, dim = len(col), col.type.list_size
+    if n == 0 or col.null_count == n:
+        return None
+    values = col.values.slice(col.offset * dim, n * dim)
+    valid = np.ones(n, dtype=bool)
+    if col.null_count:
+        valid = col.is_valid().to_numpy(zero_copy_only=False)
+    if values.null_count:
+        missing = values.is_null().to_numpy(zero_copy_only=False).reshape(n, dim).any(axis=1)
+        missing &= valid
+        if missing.any():
+            return int(np.argmax(missing)), "has a missing element"
+    dtype = np.float64 if values.type == pa.float64() else np.float32
+    matrix = values.to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(n, dim)
+    with np.errstate(over="ignore", invalid="ignore"):
+        squared = np.einsum("ij,ij->i", matrix, matrix)
+    bad = ~(squared <= _max_squared_norm(col)) & valid  # NaN and inf elements make it NaN/inf
+    if not bad.any():
+        return None
+    row = int(np.argmax(bad))
+    if not np.isfinite(matrix[row]).all():
+        return row, "holds a NaN or an infinity"
+    return row, f"has a squared norm of {squared[row]:.3g}"
 
 
 _KINDS = (

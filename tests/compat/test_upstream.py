@@ -10,11 +10,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 import pytest
 from datafusion import SessionContext
-from google.protobuf.unknown_fields import UnknownFieldSet
-from substrait.extended_expression_pb2 import ExtendedExpression
 
 import memwal_sql as mw
-from memwal_sql.compat.arrow import DEPRECATED_TIMESTAMP, substrait_schema
+from memwal_sql.compat.arrow import expression_of_parts, expression_parts, substrait_schema
 from memwal_sql.compat.datafusion import plain_strings
 from memwal_sql.compat.lance import (
     is_commit_conflict,
@@ -23,6 +21,7 @@ from memwal_sql.compat.lance import (
     take_rows,
 )
 from memwal_sql.compat.lance_manifest import read_mem_wal_details
+from planner.substrait import substrait_weight
 
 
 def test_lance_take_rows_reads_rows_by_address(tmp_path):
@@ -53,16 +52,37 @@ def test_lance_manifest_layout_holds_the_mem_wal_details(tmp_path):
     tbl.close()
 
 
-def test_pyarrow_writes_timestamps_in_a_removed_substrait_field():
-    schema = pa.schema([("t", pa.timestamp("us"))])
-    expr = pc.field("t") == pa.scalar(5, pa.timestamp("us"))
-    message = ExtendedExpression()
-    message.ParseFromString(bytes(expr.to_substrait(schema)))
-    literal = message.referred_expr[0].expression.scalar_function.arguments[1].value.literal
-    assert literal.WhichOneof("literal_type") is None
-    assert [(f.field_number, f.data) for f in UnknownFieldSet(literal)] == [
-        (DEPRECATED_TIMESTAMP, 5)
+def test_pyarrow_serializes_an_expression_as_prefix_ordered_metadata_and_one_row():
+    expr = (pc.field("a") > pa.scalar(5, pa.timestamp("ns"))) & pc.field("s").isin(["x", None])
+    parts, batch = expression_parts(expr)
+    assert parts == [
+        ("call", "and_kleene"),
+        ("call", "greater"),
+        ("field_ref", "a"),
+        ("literal", "0"),
+        ("end", "greater"),
+        ("call", "is_in"),
+        ("field_ref", "s"),
+        ("options", "1"),
+        ("end", "is_in"),
+        ("end", "and_kleene"),
     ]
+    assert batch.num_rows == 1 and batch.column(0)[0] == pa.scalar(5, pa.timestamp("ns"))
+    assert batch.column(1)[0]["value_set"].values.to_pylist() == ["x", None]
+    assert expression_of_parts(parts, batch.columns).equals(expr)
+
+
+def test_pyarrow_substrait_doubles_with_each_level_of_nesting():
+    """Why a filter is never decoded from Substrait, and a deep one not handed to Lance."""
+    schema = pa.schema([("v", pa.int64())])
+    sizes = []
+    for n in (8, 9, 10):
+        expr = pc.field("v") == 0
+        for i in range(1, n):
+            expr = expr | (pc.field("v") == i)
+        sizes.append(len(bytes(expr.to_substrait(schema))))
+        assert abs(sizes[-1] - 32 * substrait_weight(expr)) < 0.03 * sizes[-1]
+    assert sizes[1] > 1.9 * sizes[0] and sizes[2] > 1.9 * sizes[1]
 
 
 def test_pyarrow_cannot_put_vectors_or_ns_timestamp_literals_in_substrait():

@@ -117,6 +117,7 @@ def test_a_maintenance_pass_waits_for_small_fragments_to_gather(tmp_path):
         upsert(tbl, model, batch(range(BASE + 10 * i, BASE + 10 * i + 10), f"n{i}"))  # no deletes
         tbl.flush()
         r = tbl.maintain()
+        assert r.ok, r.failures
         counts.append((len(fragments(tbl)), r.compaction.fragments_removed))
         if r.compaction.fragments_removed:
             break
@@ -168,7 +169,7 @@ def test_compaction_racing_merges_loses_nothing(tmp_path):
             tbl.delete(doomed)
             model.delete(pa.table({"k": doomed}))
             tbl.flush()
-            tbl.maintain()  # merge and compaction retry a lost commit race
+            assert tbl.maintain().ok  # merge and compaction retry a lost commit race
     finally:
         stop.set()
         compactor.join()

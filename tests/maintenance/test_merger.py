@@ -311,6 +311,7 @@ def test_maintain_watch_runs_beside_a_live_writer(tmp_path):
     assert tbl.merged_generations() and tbl.region_snapshots() is not None  # it did its work
     tbl.close()
     result = tbl.maintain()
+    assert result.ok, result.failures
     assert tbl.to_arrow().sort_by("k") == model.table(SCHEMA)
     assert tbl.to_arrow(consistency="eventual").sort_by("k") == model.table(SCHEMA)
     assert lance_latest_rows(uri, ["k"]) == model.table(SCHEMA)

@@ -227,3 +227,46 @@ def test_an_empty_or_all_null_column_of_another_type_is_taken(rows):
 def test_maps_and_list_views_are_checked_too(table_type, value, match):
     with pytest.raises(SchemaMismatchError, match=match):
         one_column(table_type).upserts(pa.table({"id": [1], "c": value}))
+
+
+VECTORS = pa.schema([pa.field("id", pa.int64(), False), ("vec", pa.list_(pa.float32(), 2))])
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        ([float("nan"), 0.0], "NaN or an infinity"),
+        ([float("-inf"), 0.0], "NaN or an infinity"),
+        ([3e38, -3e38], "squared norm of inf"),  # each value finite, its squared norm not
+        ([1e19, 0.0], "squared norm of 1e\\+38"),  # finite, but a distance to it overflows
+        ([1.0, None], "missing element"),
+    ],
+)
+def test_a_vector_no_index_can_place_is_refused_naming_its_row(bad, why):
+    rows = RowCoercer(VECTORS, ["id"])
+    good = [0.5, 0.5]
+    vec = pa.array([good, None, bad], pa.list_(pa.float32(), 2))
+    for data in (  # the fast path (exact schema) and the cast path (float64 input)
+        pa.table({"id": pa.array([1, 2, 3], pa.int64()), "vec": vec}, schema=VECTORS),
+        {"id": [3, 1, 2], "vec": pa.array([bad, good, None], pa.list_(pa.float64(), 2))},
+    ):
+        with pytest.raises(InvalidInputError, match=f"column 'vec'.*\\{{'id': 3\\}}.*{why}"):
+            rows.upserts(data)
+
+
+def test_null_vectors_and_big_but_usable_ones_are_accepted_in_any_layout():
+    rows = RowCoercer(VECTORS, ["id"])
+    vec = pa.array([[1e18, -1e18], None, [0.0, 0.0], [9e18, 0.0]], pa.list_(pa.float32(), 2))
+    table = pa.table({"id": pa.array(range(4), pa.int64()), "vec": vec}, schema=VECTORS)
+    assert rows.upserts(table).num_rows == 4
+    # A slice whose hidden neighbour is unusable, and chunks: only the rows given count.
+    bad = pa.table({"id": [9], "vec": pa.array([[float("nan"), 0.0]], vec.type)}, schema=VECTORS)
+    both = pa.concat_tables([bad, table]).combine_chunks()
+    assert rows.upserts(both.slice(1)).num_rows == 4
+    assert rows.upserts(pa.concat_tables([table, table.slice(1, 1)])).num_rows == 5
+    with pytest.raises(InvalidInputError, match="row 4"):
+        rows.upserts(pa.concat_tables([table, bad]))
+    # Float64 vectors are checked against float64's range.
+    wide = pa.schema([pa.field("id", pa.int64(), False), ("vec", pa.list_(pa.float64(), 2))])
+    big = pa.table({"id": [1], "vec": pa.array([[1e100, 0.0]], wide.field("vec").type)})
+    assert RowCoercer(wide, ["id"]).upserts(big.cast(wide)).num_rows == 1
