@@ -97,6 +97,8 @@ class WalEntry:
     generation: int | None
     is_sentinel: bool
     batches: tuple[pa.RecordBatch, ...]
+    checksummed: bool = False
+    """Written by memwal-sql (it carries a checksum), whose writers fsync every entry they put."""
 
     @property
     def num_rows(self) -> int:
@@ -278,6 +280,7 @@ def decode_wal_entry(data: bytes | memoryview, position: int) -> WalEntry:
         generation=generation,
         is_sentinel=meta.get(_SENTINEL) == b"true",
         batches=batches,
+        checksummed=_CHECKSUM in meta,
     )
 
 
@@ -297,6 +300,7 @@ def iter_wal(
     *,
     list_for_gaps: bool = False,
     warn_torn_tail: bool = True,
+    last_seen: int | None = None,
 ) -> Iterator[WalEntry]:
     """Entries at ``after + 1, after + 2, ...`` until the first missing position (WAL replay).
 
@@ -310,12 +314,17 @@ def iter_wal(
     unless ``warn_torn_tail`` is False (a claiming writer sets it aside and warns itself). A
     hole whose entry is found whole in ``torn_wal/`` (set aside by a claiming writer that lost
     a race) is filled from there, and so is the first free position when a writer claims.
+
+    ``last_seen``: the region manifest's ``wal_entry_position_last_seen``. Past it, a hole or
+    a torn entry followed by nothing but fence sentinels ends the WAL too
+    (:func:`only_sentinels_after`): a claim that did not finish leaves that.
     """
     position, recheck = after + 1, RECOVERY_LOOKS
     while True:
-        entry, torn = read_wal_position(store, region_id, position)
+        entry, torn = read_wal_position(store, region_id, position, last_seen)
         if torn is not None:
-            if _later_positions(store, region_id, position, list_for_gaps):
+            later = _later_positions(store, region_id, position, list_for_gaps)
+            if later and not _claim_left(store, region_id, position, last_seen):
                 if (recheck := recheck - 1) > 0:
                     continue  # a writer may have just recovered it and appended: look again
                 raise torn  # entries after it: a damaged stored entry
@@ -345,6 +354,8 @@ def iter_wal(
                     and (recheck := recheck - 1) > 0
                 ):
                     continue  # put just now: read it
+                if _claim_left(store, region_id, position, last_seen):
+                    return
                 raise missing_wal_entry(region_id, position, max(later))
         yield entry
         position, recheck = position + 1, RECOVERY_LOOKS
@@ -360,11 +371,11 @@ def missing_wal_entry(region_id: str, position: int, last: int) -> MissingWalEnt
 
 
 def read_wal_position(
-    store: ObjectStore, region_id: str, position: int
+    store: ObjectStore, region_id: str, position: int, last_seen: int | None = None
 ) -> tuple[WalEntry | None, CorruptWalEntryError | None]:
     """What the WAL holds at ``position``: ``(entry, None)``, ``(None, None)`` if nothing, or
-    ``(None, damage)`` if a torn tail (:func:`is_torn_tail`); a damaged entry that is not one
-    raises :class:`CorruptWalEntryError`.
+    ``(None, damage)`` if a torn tail (:func:`is_torn_tail`, given ``last_seen``); a damaged
+    entry that is not one raises :class:`CorruptWalEntryError`.
 
     Damage is judged by looking at the position again, so it is only confirmed on bytes that
     are still there afterwards: a claiming writer may be setting a torn tail aside and putting
@@ -380,7 +391,7 @@ def read_wal_position(
     except CorruptWalEntryError as damage:
         error = damage
     for _ in range(RECOVERY_LOOKS):
-        torn = is_torn_tail(store, region_id, position)
+        torn = is_torn_tail(store, region_id, position, last_seen)
         try:
             again = store.get(path)
         except ObjectNotFoundError:
@@ -406,6 +417,36 @@ def _later_positions(
     return [position + 1] if store.exists(layout.wal_entry_path(region_id, position + 1)) else []
 
 
+def only_sentinels_after(store: ObjectStore, region_id: str, position: int) -> bool:
+    """True if every WAL entry after ``position`` is a whole fence sentinel.
+
+    What a claim leaves that did not finish (its process killed, or the machine crashed) before
+    its sentinels were synced and recorded in the region manifest (``last_seen``): it may have
+    leapt ahead of the previous writer and not yet filled the positions it leapt over, and the
+    previous writer's last put, or positions it filled, may not be durable. Past the manifest's
+    ``last_seen``, a hole or a torn entry followed by such sentinels only is where the WAL's
+    rows end, not a lost write (see docs/durability.md); the next claim fills it.
+    """
+    later = [p for p in wal_positions(store, region_id) if p > position]
+    for p in later:
+        try:
+            entry = read_wal_entry(store, region_id, p)
+        except CorruptWalEntryError:
+            return False
+        if entry is None or not entry.is_sentinel:
+            return False
+    return bool(later)
+
+
+def _claim_left(store: ObjectStore, region_id: str, position: int, last_seen: int | None) -> bool:
+    """Whether the hole or torn entry at ``position`` is one an unfinished claim left."""
+    return (
+        last_seen is not None
+        and position > last_seen
+        and only_sentinels_after(store, region_id, position)
+    )
+
+
 def put_back_set_aside(store: ObjectStore, region_id: str, position: int) -> WalEntry | None:
     """A whole entry for ``position`` found in the region's ``torn_wal/``, put back into the WAL,
     or None. Only for a hole before later entries: a claiming writer that set aside another's
@@ -429,13 +470,21 @@ def put_back_set_aside(store: ObjectStore, region_id: str, position: int) -> Wal
     return None
 
 
-def is_torn_tail(store: ObjectStore, region_id: str, position: int) -> bool:
+def is_torn_tail(
+    store: ObjectStore, region_id: str, position: int, last_seen: int | None = None
+) -> bool:
     """True if the damaged entry at ``position`` is a put that a crash of the machine cut short:
     the last entry, on local disk, last written before the machine started (or gone since: set
     aside). Its writer died with the machine before the put returned, so nobody was told it
     was stored. Anything else damaged is real corruption of a stored entry.
+
+    With ``last_seen`` (the manifest's ``wal_entry_position_last_seen``), "the last entry" may
+    also be followed by fence sentinels past ``last_seen``: a claim that the crash cut short
+    (:func:`only_sentinels_after`).
     """
-    if store.exists(layout.wal_entry_path(region_id, position + 1)):
+    if store.exists(layout.wal_entry_path(region_id, position + 1)) and not _claim_left(
+        store, region_id, position, last_seen
+    ):
         return False
     try:
         return store.written_before_boot(layout.wal_entry_path(region_id, position))
