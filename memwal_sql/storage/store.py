@@ -465,6 +465,31 @@ class ObjectStore:
         out.sort(key=lambda m: m.path)
         return out
 
+    def list_names(self, directory: str) -> builtins.list[str]:
+        """Names (last component) of the objects directly in ``directory``, unsorted.
+
+        A listing that needs neither sizes nor sub-directories (the positions of a WAL of
+        thousands of entries, which a claim lists): one directory read on local disk, at a
+        tenth of :meth:`list`'s cost there.
+
+        Example:
+            >>> store = ObjectStore("memory://doc-names")
+            >>> store.put("d/a", b""); store.put("d/e/b", b"")
+            >>> store.list_names("d")
+            ['a']
+        """
+        if self._local_root is None:
+            prefix = directory.strip("/") + "/"
+            return [
+                m.path[len(prefix) :] for m in self.list(prefix) if "/" not in m.path[len(prefix) :]
+            ]
+        with storage_failures(f"list of {directory}"):
+            try:
+                with os.scandir(self._local_root / directory.strip("/")) as entries:
+                    return [e.name for e in entries if e.is_file() and not is_temp_file(e.name)]
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+
     def list_dirs(self, prefix: str) -> builtins.list[str]:
         """Names (last component) of the immediate sub-directories of ``prefix``, sorted."""
         if self._local_root is not None:  # as obstore lists them, at a fifth of its cost

@@ -50,8 +50,10 @@ from memwal_sql.writer.rows import RowCoercer
 from memwal_sql.writer.wal import (
     RECOVERY_LOOKS,
     WalEntry,
+    WalRun,
     WalWriter,
     decode_wal_entry,
+    decode_wal_runs,
     encode_fence_sentinel,
     iter_wal,
     missing_wal_entry,
@@ -374,9 +376,9 @@ class RegionWriter:
         with self._timed("fence"):
             sentinel = self._place_sentinel(tail, last_seen)
         with self._timed("replay"):
-            entries = self._replay_below(tail, sentinel, last_seen)
+            runs = self._replay_below(tail, sentinel, last_seen)
         with self._timed("sync"):
-            self._sync_replayed(entries, sentinel)
+            self._sync_replayed(runs, sentinel)
         if sentinel > last_seen:
 
             def see_sentinel(m: RegionManifest) -> bool:
@@ -491,40 +493,45 @@ class RegionWriter:
                     raise
         raise AssertionError("unreachable")
 
-    def _replay_below(self, tail: int, sentinel: int, last_seen: int) -> list[WalEntry]:
+    def _replay_below(self, tail: int, sentinel: int, last_seen: int) -> list[WalRun]:
         """Replay the entries after ``tail`` and before ``sentinel`` into the MemTable; return
         them. A free position among them gets a sentinel of this writer (the previous writer
         can no longer pass ``sentinel``, but may stop short of it: no hole is left), unless
         the previous writer takes it first (then its entry is replayed)."""
-        positions = range(tail + 1, sentinel)
-        datas = self._store.get_many([layout.wal_entry_path(self.region_id, p) for p in positions])
-        entries: list[WalEntry] = []
+        paths = [layout.wal_entry_path(self.region_id, p) for p in range(tail + 1, sentinel)]
+        datas = self._store.get_many(paths)
+        runs: list[WalRun] = []
         batches: list[pa.RecordBatch] = []
-        for position, data in zip(positions, datas, strict=True):
-            entry = self._entry_for_replay(position, data, last_seen)
-            entries.append(entry)
-            if entry.writer_epoch > self.epoch:
+        position = tail + 1
+        for run in decode_wal_runs(datas, position):
+            if run is None:  # missing or damaged: looked at alone
+                i = position - tail - 1
+                run = WalRun.of(self._entry_for_replay(position, paths[i], datas[i], last_seen))
+            runs.append(run)
+            position += run.count
+            if run.writer_epoch > self.epoch:
                 raise WriterFencedError(
-                    f"region {self.region_id}: WAL entry {entry.position} has writer epoch "
-                    f"{entry.writer_epoch} > {self.epoch}; a newer writer owns the region"
+                    f"region {self.region_id}: WAL entry {run.first} has writer epoch "
+                    f"{run.writer_epoch} > {self.epoch}; a newer writer owns the region"
                 )
-            if entry.is_sentinel:
+            if run.is_sentinel:
                 continue
-            batches.extend(conform_batch(b, self._rows.schema) for b in entry.batches)
-            self._active.wal_position = entry.position
-            self._stats.replayed_entries += 1
+            batches.extend(conform_batch(b, self._rows.schema) for b in run.batches)
+            self._active.wal_position = run.last
+            self._stats.replayed_entries += run.count
         if batches:
             # One batch, not one per entry: a writer of single-row puts leaves thousands.
             rows = pa.Table.from_batches(batches, schema=self._rows.schema).combine_chunks()
             for batch in rows.to_batches():
                 self._active.append(batch, 0)
             self._stats.replayed_rows += rows.num_rows
-        return entries
+        return runs
 
-    def _entry_for_replay(self, position: int, data: bytes | None, last_seen: int) -> WalEntry:
-        """The entry at ``position`` (read as ``data``) below this writer's sentinel; a free
-        position gets a sentinel of this writer."""
-        path = layout.wal_entry_path(self.region_id, position)
+    def _entry_for_replay(
+        self, position: int, path: str, data: bytes | None, last_seen: int
+    ) -> WalEntry:
+        """The entry at ``position`` (``path``, read as ``data``) below this writer's sentinel;
+        a free position gets a sentinel of this writer."""
         for _ in range(RECOVERY_LOOKS):
             if data is not None:
                 try:
@@ -550,7 +557,7 @@ class RegionWriter:
             "writer again"
         )
 
-    def _sync_replayed(self, entries: list[WalEntry], sentinel: int) -> None:
+    def _sync_replayed(self, runs: list[WalRun], sentinel: int) -> None:
         """Make durable what this writer replayed and may not be durable, with its sentinel,
         before it appends after them: so that a crash of the machine can only ever tear the
         last entry before a claim's sentinels (see docs/durability.md).
@@ -560,11 +567,11 @@ class RegionWriter:
         Sentinels are put without one, and Lance's writer never fsyncs."""
         last_of: dict[int, int] = {}
         positions = [sentinel]
-        for e in entries:
-            if e.is_sentinel or not e.checksummed:
-                positions.append(e.position)
+        for run in runs:
+            if run.is_sentinel or not run.checksummed:
+                positions.extend(range(run.first, run.last + 1))
             else:
-                last_of[e.writer_epoch] = e.position
+                last_of[run.writer_epoch] = run.last
         positions.extend(last_of.values())
         self._store.sync_objects(
             [layout.wal_entry_path(self.region_id, p) for p in sorted(positions)]

@@ -284,6 +284,154 @@ def decode_wal_entry(data: bytes | memoryview, position: int) -> WalEntry:
     )
 
 
+@dataclass(frozen=True)
+class WalRun:
+    """Entries at consecutive positions with one schema message (a writer's entries of one
+    MemTable generation, a claim's sentinels, or a single entry), decoded together: their rows
+    in order, not told apart by entry."""
+
+    first: int
+    count: int
+    writer_epoch: int
+    generation: int | None
+    is_sentinel: bool
+    checksummed: bool
+    batches: tuple[pa.RecordBatch, ...]
+
+    @property
+    def last(self) -> int:
+        return self.first + self.count - 1
+
+    @classmethod
+    def of(cls, entry: WalEntry) -> WalRun:
+        """The run of one entry."""
+        return cls(
+            entry.position,
+            1,
+            entry.writer_epoch,
+            entry.generation,
+            entry.is_sentinel,
+            entry.checksummed,
+            entry.batches,
+        )
+
+
+def decode_wal_runs(datas: Sequence[bytes | None], first: int) -> list[WalRun | None]:
+    """The entries at positions ``first``, ``first + 1``, ... read as ``datas``, decoded in
+    runs (:class:`WalRun`), in order; a None stands for one position to look at alone: its
+    entry is missing, not whole, or not memwal-sql's (:func:`decode_wal_entry` says which).
+
+    For the thousands of entries a claim replays, at a fraction of :func:`decode_wal_entry`'s
+    cost: the entries of a run share their schema message but for the checksum's digits, so
+    it is parsed once; each entry's checksum is checked on its raw bytes; and the record
+    batches of the whole run are decoded as one IPC stream.
+
+    Example:
+        >>> b = pa.record_batch({"id": [1], "_tombstone": [False]})
+        >>> datas = [encode_wal_entry([b], b.schema, writer_epoch=2, generation=1, position=p)
+        ...          for p in (5, 6)]
+        >>> [(r.first, r.count, r.batches[0].num_rows) if r else None
+        ...  for r in decode_wal_runs([*datas, None], 5)]
+        [(5, 2, 2), None]
+    """
+    headers: dict[bytes, _Header] = {}
+    out: list[WalRun | None] = []
+    run: list[pa.Buffer] = []  # the record batch messages of each entry of the run
+    run_header: _Header | None = None
+    for position, data in enumerate(datas, first):
+        header, body = _checked_parts(data, position, headers) if data else (None, None)
+        if run and header is not run_header:
+            out += _decode_run(run_header, position - len(run), run)
+            run = []
+        if header is None or body is None or (header.is_sentinel and body.size):
+            out.append(None)
+        else:
+            run.append(body)
+            run_header = header
+    return out + _decode_run(run_header, first + len(datas) - len(run), run)
+
+
+@dataclass(frozen=True)
+class _Header:
+    """An entry's schema message, parsed: what :func:`decode_wal_runs` decodes once."""
+
+    message: bytes
+    schema: pa.Schema
+    writer_epoch: int
+    generation: int | None
+    is_sentinel: bool
+
+
+def _checked_parts(
+    data: bytes, position: int, headers: dict[bytes, _Header]
+) -> tuple[_Header | None, pa.Buffer | None]:
+    """The parsed header and the record batch messages (without the end-of-stream marker) of
+    memwal-sql's entry ``data`` at ``position``, once its checksum holds; Nones otherwise."""
+    nothing = None, None
+    if len(data) < 16 or not data.endswith(_END_OF_STREAM):
+        return nothing
+    marker, length = struct.unpack_from("<Ii", data)
+    n = 8 + length if marker == 0xFFFFFFFF else 4 + marker
+    if not 8 <= n <= len(data) - len(_END_OF_STREAM):
+        return nothing
+    message = data[:n]
+    if _CHECKSUM_STRING not in message:
+        return nothing
+    body = pa.py_buffer(data).slice(n)
+    at_position = google_crc32c.value(_position_bytes(position))
+    for m in _DIGITS_STRING.finditer(message):
+        zeroed = message[: m.start(1)] + _ZEROS + message[m.end(1) :]
+        crc = google_crc32c.extend(google_crc32c.extend(at_position, zeroed), body)
+        if b"%08x" % crc == m.group(1):
+            break
+        # Entries of memwal-sql before the checksum included the position.
+        if b"%08x" % google_crc32c.extend(google_crc32c.value(zeroed), body) == m.group(1):
+            break
+    else:
+        return nothing
+    header = headers.get(zeroed)
+    if header is None:
+        try:
+            schema = pa.ipc.read_schema(pa.py_buffer(message))
+            meta = schema.metadata or {}
+            header = _Header(
+                message,
+                schema,
+                int(meta[_EPOCH]),
+                int(meta[_GENERATION]) if _GENERATION in meta else None,
+                meta.get(_SENTINEL) == b"true",
+            )
+        except (pa.ArrowException, KeyError, ValueError):
+            return nothing
+        headers[zeroed] = header
+    return header, body.slice(0, body.size - len(_END_OF_STREAM))
+
+
+def _decode_run(header: _Header | None, first: int, run: list[pa.Buffer]) -> list[WalRun | None]:
+    """The run of entries from ``first`` with ``header`` and the record batch messages
+    ``run``, as one :class:`WalRun` (a None per entry if they do not decode)."""
+    if not run or header is None:
+        return []
+    batches: tuple[pa.RecordBatch, ...] = ()
+    if not header.is_sentinel:
+        try:
+            stream = b"".join([header.message, *run, _END_OF_STREAM])
+            batches = tuple(pa.ipc.open_stream(stream).read_all().combine_chunks().to_batches())
+        except (pa.ArrowException, OSError):
+            return [None] * len(run)
+    return [
+        WalRun(
+            first,
+            len(run),
+            header.writer_epoch,
+            header.generation,
+            header.is_sentinel,
+            True,
+            batches,
+        )
+    ]
+
+
 def read_wal_entry(store: ObjectStore, region_id: str, position: int) -> WalEntry | None:
     """The entry at ``position``, or None if there is none."""
     try:
@@ -556,9 +704,9 @@ def set_aside_damaged_entry(store: ObjectStore, region_id: str, position: int) -
 def wal_positions(store: ObjectStore, region_id: str) -> list[int]:
     """Every position that holds a WAL entry (data or sentinel), ascending."""
     out = []
-    for meta in store.list(layout.wal_dir(region_id) + "/"):
+    for name in store.list_names(layout.wal_dir(region_id)):
         try:
-            out.append(layout.parse_bitrev64(meta.path))
+            out.append(layout.parse_bitrev64(name))
         except ValueError:
             continue
     return sorted(out)
