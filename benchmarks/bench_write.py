@@ -316,6 +316,7 @@ def measure_claims(args: argparse.Namespace, workdir: str) -> list[dict]:
                         k: 1e3 * float(np.median([r["phases"][k] for r in runs]))
                         for k in (*CLAIM_PHASES, "other")
                     },
+                    "runs": runs,
                 }
                 results.append(row)
                 print(

@@ -1,10 +1,11 @@
 """RegionWriter: the single writer of one region.
 
-Opening a writer claims the region (a new manifest version with the next writer epoch), replays
-the WAL after the last flushed generation into the MemTable, and puts a fence sentinel at the WAL
-tail so the previous writer's next put fails. Each ``upsert``/``delete`` is validated, appended to
-the MemTable (visible at once to readers in this process) and to the WAL; in durable mode the call
-returns only once a WAL entry holding it is stored. Full MemTables are frozen and flushed to
+Opening a writer claims the region (a new manifest version with the next writer epoch), puts a
+fence sentinel at the WAL tail so the previous writer's next put fails, and replays the WAL after
+the last flushed generation into the MemTable (docs/durability.md, "Claims"). Each
+``upsert``/``delete`` is validated, appended to the MemTable (visible at once to readers in
+this process) and to the WAL; in durable mode the call returns only once a WAL entry holding it
+is stored. Full MemTables are frozen and flushed to
 generations by a background thread, each flush ending in an epoch-checked manifest commit.
 """
 
@@ -434,11 +435,11 @@ class RegionWriter:
         )
 
     def _check_holes(self, holes: list[int], last_seen: int) -> None:
-        """Raise :class:`MissingWalEntryError` before anything is written if a listed WAL
-        position below others lost its entry. A whole entry set aside by a claim that lost a race (a sentinel
-        that fences an older writer still appending) goes back to its position; holes past
-        ``last_seen`` before nothing but sentinels are an unfinished claim's (the replay
-        fills them). The previous writer may write into them meanwhile: look again."""
+        """Raise :class:`MissingWalEntryError` before anything is written if a WAL position
+        below listed ones lost its entry. A whole entry set aside by a claim that lost a race
+        (a sentinel that fences an older writer still appending) goes back to its position;
+        holes past ``last_seen`` before nothing but sentinels are an unfinished claim's (the
+        replay fills them). The previous writer may write into them meanwhile: look again."""
         for _ in range(RECOVERY_LOOKS):
             holes = [
                 h

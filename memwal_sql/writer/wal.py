@@ -19,7 +19,9 @@ A damaged entry is a :class:`CorruptWalEntryError`, with one exception: the *las
 WAL, on local disk, last written before the machine started. Its put was cut short by the
 machine's crash (a put of an entry makes its name and data durable in one flush, see
 :mod:`memwal_sql.storage.store`), so it was never acknowledged: :func:`iter_wal` ends before it
-and a claiming writer moves it aside (:func:`set_aside_torn_entry`).
+and a claiming writer moves it aside (:func:`set_aside_torn_entry`). "Last" allows fence
+sentinels after it past the manifest's ``last_seen``, which is what a claim that the crash cut
+short leaves (:func:`only_sentinels_after`, docs/durability.md).
 
 Example:
     >>> import pyarrow as pa
@@ -166,11 +168,7 @@ def _schema_message_length(stream: pa.Buffer) -> int:
 
 
 def _check_checksum(data: bytes | memoryview, position: int) -> None:
-    """Raise :class:`CorruptWalEntryError` unless the entry's checksum holds, if it has one.
-
-    Found in the raw schema message, before pyarrow parses anything: the key as flatbuffers
-    stores a string, then the 8-digit string values whose zeroing gives back the checksum.
-    """
+    """Raise :class:`CorruptWalEntryError` unless the entry's checksum holds, if it has one."""
     buf = pa.py_buffer(data)
     n = _schema_message_length(buf)
     if not 8 <= n <= len(buf) - len(_END_OF_STREAM):
@@ -178,19 +176,32 @@ def _check_checksum(data: bytes | memoryview, position: int) -> None:
     header = buf.slice(0, n).to_pybytes()
     if _CHECKSUM_STRING not in header:
         return  # Lance's, or an older memwal-sql's
-    body = buf.slice(n)
+    if _checked_header(header, buf.slice(n), position) is None:
+        raise CorruptWalEntryError(
+            f"WAL entry at position {position} fails its checksum: its bytes changed after it "
+            "was written, or it was written for another position. Restore it from a backup"
+            + _SET_ASIDE
+        )
+
+
+def _checked_header(header: bytes, body: pa.Buffer, position: int) -> bytes | None:
+    """The schema message ``header`` with its checksum's digits zeroed, if the checksum holds
+    for it, the rest of the entry (``body``) and ``position``; None if it does not.
+
+    The checksum is found in the raw schema message, before pyarrow parses anything: the key
+    as flatbuffers stores a string, then the 8-digit string values whose zeroing gives it back.
+    """
+    at_position = google_crc32c.value(_position_bytes(position))
     for m in _DIGITS_STRING.finditer(header):
         zeroed = header[: m.start(1)] + _ZEROS + header[m.end(1) :]
-        at_position = google_crc32c.extend(google_crc32c.value(_position_bytes(position)), zeroed)
-        if b"%08x" % google_crc32c.extend(at_position, body) == m.group(1):
-            return
+        if b"%08x" % google_crc32c.extend(
+            google_crc32c.extend(at_position, zeroed), body
+        ) == m.group(1):
+            return zeroed
         # Entries of memwal-sql before the checksum included the position.
         if b"%08x" % google_crc32c.extend(google_crc32c.value(zeroed), body) == m.group(1):
-            return
-    raise CorruptWalEntryError(
-        f"WAL entry at position {position} fails its checksum: its bytes changed after it was "
-        "written, or it was written for another position. Restore it from a backup" + _SET_ASIDE
-    )
+            return zeroed
+    return None
 
 
 class WalEntryEncoder:
@@ -368,26 +379,16 @@ def _checked_parts(
     """The parsed header and the record batch messages (without the end-of-stream marker) of
     memwal-sql's entry ``data`` at ``position``, once its checksum holds; Nones otherwise."""
     nothing = None, None
-    if len(data) < 16 or not data.endswith(_END_OF_STREAM):
+    if not data.endswith(_END_OF_STREAM):
         return nothing
-    marker, length = struct.unpack_from("<Ii", data)
-    n = 8 + length if marker == 0xFFFFFFFF else 4 + marker
+    buf = pa.py_buffer(data)
+    n = _schema_message_length(buf)
     if not 8 <= n <= len(data) - len(_END_OF_STREAM):
         return nothing
     message = data[:n]
-    if _CHECKSUM_STRING not in message:
-        return nothing
-    body = pa.py_buffer(data).slice(n)
-    at_position = google_crc32c.value(_position_bytes(position))
-    for m in _DIGITS_STRING.finditer(message):
-        zeroed = message[: m.start(1)] + _ZEROS + message[m.end(1) :]
-        crc = google_crc32c.extend(google_crc32c.extend(at_position, zeroed), body)
-        if b"%08x" % crc == m.group(1):
-            break
-        # Entries of memwal-sql before the checksum included the position.
-        if b"%08x" % google_crc32c.extend(google_crc32c.value(zeroed), body) == m.group(1):
-            break
-    else:
+    body = buf.slice(n)
+    zeroed = _checked_header(message, body, position) if _CHECKSUM_STRING in message else None
+    if zeroed is None:
         return nothing
     header = headers.get(zeroed)
     if header is None:
