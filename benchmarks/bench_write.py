@@ -18,11 +18,12 @@ Reported per configuration: rows/s over the put phase (the sum of put latencies)
 including the final close (which flushes the MemTable to a generation), and put latency p50/p99.
 Ratios are against the anchors in the same run. Prints a table and writes JSON (``--out``).
 
-Claims: another process upserts one row at a time, durably, as fast as it can; after a warm-up
-(1 s and 8 s: the WAL tail the claim replays grows with it, up to a MemTable's
-``max_memtable_batches``), this process claims the region (``tbl.writer(region_id=...)``),
-which fences it. Reported per warm-up, idle and beside two busy processes (2 cores): the median
-and the longest of several claims, the WAL entries replayed, and where the time went
+Claims: another process upserts one row at a time, durably, as fast as it can; once it has
+had 1,000 or 7,500 upserts acknowledged, this process claims the region
+(``tbl.writer(region_id=...)``), which fences it and replays what it wrote (7,500 is about the
+longest WAL tail of the default ``max_memtable_batches=8000``, after which the writer flushes a
+generation). Reported per tail, idle and beside two busy processes (2 cores): the median and
+the longest of several claims, the WAL entries replayed, and where the time went
 (``stats()["claim_seconds"]``: manifest commit, fence sentinel, replay, sync, last_seen commit,
 the rest).
 
@@ -254,8 +255,9 @@ except WriterFencedError:
 CLAIM_PHASES = ("manifest", "fence", "replay", "sync", "commit")
 
 
-def one_claim(root: str, warmup: float) -> dict:
-    """Claim a region from a writer process appending flat out for ``warmup`` seconds."""
+def one_claim(root: str, acked: int) -> dict:
+    """Claim a region from a writer process appending flat out, once it had ``acked`` upserts
+    acknowledged."""
     tbl = mw.create_table(f"{root}/t", SCHEMA, primary_key="id")
     with tbl.writer() as w:
         w.upsert(make_batches(1, 1)[0])
@@ -266,9 +268,9 @@ def one_claim(root: str, warmup: float) -> dict:
     assert child.stdout is not None
     try:
         child.stdout.readline()
-        t0, acked = time.perf_counter(), 1
-        while time.perf_counter() - t0 < warmup:
-            acked += bool(child.stdout.readline())
+        t0 = time.perf_counter()
+        for _ in range(acked - 1):
+            child.stdout.readline()
         rate = acked / (time.perf_counter() - t0)
         claimer_table = mw.open_table(f"{root}/t")
         t1 = time.perf_counter()
@@ -297,15 +299,15 @@ def measure_claims(args: argparse.Namespace, workdir: str) -> list[dict]:
     for load in (0, 2):
         busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(load)]
         try:
-            for warmup in (1.0,) if args.quick else (1.0, 8.0):
+            for acked in (1_000,) if args.quick else (1_000, 7_500):
                 runs = [
-                    one_claim(tempfile.mkdtemp(prefix="memwal-claim-", dir=workdir), warmup)
+                    one_claim(tempfile.mkdtemp(prefix="memwal-claim-", dir=workdir), acked)
                     for _ in range(args.claims)
                 ]
                 seconds = [r["seconds"] for r in runs]
                 row = {
                     "load": f"{load} busy processes" if load else "idle",
-                    "warmup_s": warmup,
+                    "acked": acked,
                     "claims": len(runs),
                     "median_s": float(np.median(seconds)),
                     "max_s": max(seconds),
@@ -320,7 +322,7 @@ def measure_claims(args: argparse.Namespace, workdir: str) -> list[dict]:
                 }
                 results.append(row)
                 print(
-                    f"  claim {row['load']:<18} warm-up {warmup:>4.1f} s: "
+                    f"  claim {row['load']:<18} after {acked:>5} upserts: "
                     f"{row['median_s']:.3f} s (max {row['max_s']:.3f})",
                     flush=True,
                 )
@@ -337,13 +339,13 @@ def print_claims(claims: list[dict]) -> None:
         "(median; breakdown in ms)"
     )
     print(
-        f"{'load':<18}{'warm-up':>8}{'tail':>7}{'claim s':>9}{'max s':>7}"
+        f"{'load':<18}{'acked':>7}{'tail':>7}{'claim s':>9}{'max s':>7}"
         + "".join(f"{k:>9}" for k in (*CLAIM_PHASES, "other"))
         + f"{'fsyncs':>7}{'puts/s':>8}"
     )
     for c in claims:
         print(
-            f"{c['load']:<18}{c['warmup_s']:>7.0f}s{c['replayed_median']:>7.0f}"
+            f"{c['load']:<18}{c['acked']:>7}{c['replayed_median']:>7.0f}"
             f"{c['median_s']:>9.3f}{c['max_s']:>7.3f}"
             + "".join(f"{v:>9.1f}" for v in c["phases_median_ms"].values())
             + f"{c['synced_median']:>7.0f}{c['appender_puts_per_s']:>8.0f}"

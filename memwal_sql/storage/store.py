@@ -88,7 +88,7 @@ _CLIENT_KEYS = {
 _MEMORY_STORES: dict[str, MemoryStore] = {}
 T = TypeVar("T")
 _worker = threading.local()  # marks the threads ObjectStore.while_answering runs calls on
-GET_MANY_REQUESTS = 16
+GET_MANY_REQUESTS = 64
 """Requests :meth:`ObjectStore.get_many` keeps in flight on an object store."""
 # Lance's names for its object-store retries (obstore takes them as a retry config).
 _LANCE_RETRY_KEYS = {"client_max_retries", "client_retry_timeout"}
@@ -421,7 +421,7 @@ class ObjectStore:
             [b'x', None]
         """
         if isinstance(self._store, S3Store) and len(paths) > 1:
-            with ThreadPoolExecutor(GET_MANY_REQUESTS) as pool:
+            with ThreadPoolExecutor(min(GET_MANY_REQUESTS, len(paths))) as pool:
                 return list(pool.map(self._get_or_none, paths))
         if self._local_root is None:
             return [self._get_or_none(path) for path in paths]
