@@ -421,8 +421,21 @@ class ObjectStore:
             [b'x', None]
         """
         if isinstance(self._store, S3Store) and len(paths) > 1:
+            # After a failure the rest is not read: against an endpoint that stopped answering
+            # only the requests in flight wait out its timeouts, not every one queued.
+            failed = threading.Event()
+
+            def get(path: str) -> bytes | None:
+                if failed.is_set():
+                    raise StorageError(f"get of {path} not sent: an earlier get failed")
+                try:
+                    return self._get_or_none(path)
+                except BaseException:
+                    failed.set()
+                    raise
+
             with ThreadPoolExecutor(min(GET_MANY_REQUESTS, len(paths))) as pool:
-                return list(pool.map(self._get_or_none, paths))
+                return list(pool.map(get, paths))
         if self._local_root is None:
             return [self._get_or_none(path) for path in paths]
         out: builtins.list[bytes | None] = []

@@ -428,6 +428,10 @@ def test_an_endpoint_that_never_answers_is_a_typed_error_within_30_seconds(silen
     for call in (
         lambda: mw.open_table("s3://bucket/t", silent_endpoint),
         lambda: ObjectStore("s3://bucket/t", silent_endpoint).get("x"),
+        # A claim's WAL replay: the requests in flight fail, the rest are not sent.
+        lambda: ObjectStore("s3://bucket/t", silent_endpoint).get_many(
+            [f"w/{i}" for i in range(500)]
+        ),
     ):
         t0 = time.monotonic()
         with pytest.raises(StorageError):
