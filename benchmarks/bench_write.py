@@ -18,7 +18,17 @@ Reported per configuration: rows/s over the put phase (the sum of put latencies)
 including the final close (which flushes the MemTable to a generation), and put latency p50/p99.
 Ratios are against the anchors in the same run. Prints a table and writes JSON (``--out``).
 
-Usage: ``python benchmarks/bench_write.py [--quick] [--out benchmarks/results/bench_write.json]``
+Claims: another process upserts one row at a time, durably, as fast as it can; once it has
+had 1,000 or 7,500 upserts acknowledged, this process claims the region
+(``tbl.writer(region_id=...)``), which fences it and replays what it wrote (7,500 is about the
+longest WAL tail of the default ``max_memtable_batches=8000``, after which the writer flushes a
+generation). Reported per tail, idle and beside two busy processes (2 cores): the median and
+the longest of several claims, the WAL entries replayed, and where the time went
+(``stats()["claim_seconds"]``: manifest commit, fence sentinel, replay, sync, last_seen commit,
+the rest).
+
+Usage: ``python benchmarks/bench_write.py [--quick] [--claims-only]
+[--out benchmarks/results/bench_write.json]``
 """
 
 from __future__ import annotations
@@ -26,6 +36,8 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -225,10 +237,127 @@ def measure(batch_rows: int, args: argparse.Namespace, workdir: str) -> list[dic
     return results
 
 
+# Single-row durable upserts as fast as they go; each id is printed once acknowledged.
+_APPENDER = """
+import sys
+import memwal_sql as mw
+from memwal_sql.errors import WriterFencedError
+w = mw.open_table(sys.argv[1]).writer(region_id=sys.argv[2], durable_write=True)
+i = 0
+try:
+    while True:
+        w.upsert({"id": [i], "name": ["a"], "score": [0.0], "ts": [i]})
+        print(i, flush=True)
+        i += 1
+except WriterFencedError:
+    print("FENCED", flush=True)
+"""
+CLAIM_PHASES = ("manifest", "fence", "replay", "sync", "commit")
+
+
+def one_claim(root: str, acked: int) -> dict:
+    """Claim a region from a writer process appending flat out, once it had ``acked`` upserts
+    acknowledged."""
+    tbl = mw.create_table(f"{root}/t", SCHEMA, primary_key="id")
+    with tbl.writer() as w:
+        w.upsert(make_batches(1, 1)[0])
+        rid = w.region_id
+    child = subprocess.Popen(
+        [sys.executable, "-c", _APPENDER, f"{root}/t", rid], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    try:
+        child.stdout.readline()
+        t0 = time.perf_counter()
+        for _ in range(acked - 1):
+            child.stdout.readline()
+        rate = acked / (time.perf_counter() - t0)
+        claimer_table = mw.open_table(f"{root}/t")
+        t1 = time.perf_counter()
+        claimer = claimer_table.writer(region_id=rid)
+        seconds = time.perf_counter() - t1
+        out, _ = child.communicate(timeout=60)
+        assert out.split()[-1] == "FENCED", "the appending writer was not fenced"
+    finally:
+        child.kill()
+    stats = claimer.stats()
+    claimer.close()
+    phases = {k: stats["claim_seconds"].get(k, 0.0) for k in CLAIM_PHASES}
+    phases["other"] = seconds - sum(phases.values())
+    return {
+        "seconds": seconds,
+        "phases": phases,
+        "replayed": stats["replayed_entries"],
+        "synced": stats["claim_synced_entries"],
+        "rate": rate,
+    }
+
+
+def measure_claims(args: argparse.Namespace, workdir: str) -> list[dict]:
+    """Claims idle and beside two busy processes, per warm-up: median of several."""
+    results = []
+    for load in (0, 2):
+        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(load)]
+        try:
+            for acked in (1_000,) if args.quick else (1_000, 7_500):
+                runs = [
+                    one_claim(tempfile.mkdtemp(prefix="memwal-claim-", dir=workdir), acked)
+                    for _ in range(args.claims)
+                ]
+                seconds = [r["seconds"] for r in runs]
+                row = {
+                    "load": f"{load} busy processes" if load else "idle",
+                    "acked": acked,
+                    "claims": len(runs),
+                    "median_s": float(np.median(seconds)),
+                    "max_s": max(seconds),
+                    "replayed_median": float(np.median([r["replayed"] for r in runs])),
+                    "synced_median": float(np.median([r["synced"] for r in runs])),
+                    "appender_puts_per_s": float(np.median([r["rate"] for r in runs])),
+                    "phases_median_ms": {
+                        k: 1e3 * float(np.median([r["phases"][k] for r in runs]))
+                        for k in (*CLAIM_PHASES, "other")
+                    },
+                    "runs": runs,
+                }
+                results.append(row)
+                print(
+                    f"  claim {row['load']:<18} after {acked:>5} upserts: "
+                    f"{row['median_s']:.3f} s (max {row['max_s']:.3f})",
+                    flush=True,
+                )
+        finally:
+            for p in busy:
+                p.kill()
+                p.wait()
+    return results
+
+
+def print_claims(claims: list[dict]) -> None:
+    print(
+        "\nclaims against a flat-out single-row durable writer in another process "
+        "(median; breakdown in ms)"
+    )
+    print(
+        f"{'load':<18}{'acked':>7}{'tail':>7}{'claim s':>9}{'max s':>7}"
+        + "".join(f"{k:>9}" for k in (*CLAIM_PHASES, "other"))
+        + f"{'fsyncs':>7}{'puts/s':>8}"
+    )
+    for c in claims:
+        print(
+            f"{c['load']:<18}{c['acked']:>7}{c['replayed_median']:>7.0f}"
+            f"{c['median_s']:>9.3f}{c['max_s']:>7.3f}"
+            + "".join(f"{v:>9.1f}" for v in c["phases_median_ms"].values())
+            + f"{c['synced_median']:>7.0f}{c['appender_puts_per_s']:>8.0f}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer batches (a smoke run)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per configuration (pooled)")
+    ap.add_argument("--claims", type=int, default=5, help="claims per claim line (median)")
+    ap.add_argument("--claims-only", action="store_true", help="only the claim lines")
     ap.add_argument("--out", default="benchmarks/results/bench_write.json")
     args = ap.parse_args()
     results: list[dict] = []
@@ -237,10 +366,15 @@ def main() -> None:
     # would make each configuration pay for the clean-up of the one before it.
     workdir = tempfile.mkdtemp(prefix="memwal-bench-write-")
     try:
-        for batch_rows in (100, 1_000, 10_000):
+        claims = measure_claims(args, workdir)
+        for batch_rows in () if args.claims_only else (100, 1_000, 10_000):
             results += measure(batch_rows, args, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    print_claims(claims)
+    if args.claims_only:
+        write_results(args.out, {"claims": claims})
+        return
 
     def get(cfg: str, br: int) -> dict:
         return next(r for r in results if r["config"] == cfg and r["batch_rows"] == br)
@@ -280,6 +414,7 @@ def main() -> None:
         {
             "results": results,
             "ratios": ratios,
+            "claims": claims,
         },
     )
 

@@ -198,7 +198,7 @@ def _consistent_wal_tail(
     manifests = RegionManifestStore(table.store, region_id)
     for _ in range(_TAIL_ATTEMPTS):
         try:
-            tail = _wal_tail(table, region_id, manifest.replay_after_wal_entry_position)
+            tail = _wal_tail(table, region_id, manifest)
         except MissingWalEntryError:
             newer = manifests.refresh(manifest)
             if newer is manifest or newer is None:
@@ -215,9 +215,16 @@ def _consistent_wal_tail(
     )
 
 
-def _wal_tail(table: MemWalTable, region_id: str, after: int) -> tuple[pa.RecordBatch, ...]:
+def _wal_tail(
+    table: MemWalTable, region_id: str, manifest: RegionManifest
+) -> tuple[pa.RecordBatch, ...]:
     out: list[pa.RecordBatch] = []
-    for entry in iter_wal(table.store, region_id, after):
+    for entry in iter_wal(
+        table.store,
+        region_id,
+        manifest.replay_after_wal_entry_position,
+        last_seen=manifest.wal_entry_position_last_seen,
+    ):
         if entry.is_sentinel:
             continue
         out.extend(conform_batch(b, table.wal_schema) for b in entry.batches)

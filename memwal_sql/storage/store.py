@@ -31,7 +31,8 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -87,6 +88,8 @@ _CLIENT_KEYS = {
 _MEMORY_STORES: dict[str, MemoryStore] = {}
 T = TypeVar("T")
 _worker = threading.local()  # marks the threads ObjectStore.while_answering runs calls on
+GET_MANY_REQUESTS = 64
+"""Requests :meth:`ObjectStore.get_many` keeps in flight on an object store."""
 # Lance's names for its object-store retries (obstore takes them as a retry config).
 _LANCE_RETRY_KEYS = {"client_max_retries", "client_retry_timeout"}
 #: Timeouts and retries of every object-store request, unless ``storage_options`` set them:
@@ -332,7 +335,7 @@ class ObjectStore:
         return f"{self.uri}/{path}" if path else self.uri
 
     def put_if_not_exists(
-        self, path: str, data: bytes | memoryview, *, checksummed: bool = False
+        self, path: str, data: bytes | memoryview, *, checksummed: bool = False, sync: bool = True
     ) -> None:
         """Create ``path`` atomically; raise :class:`ObjectExistsError` if it exists.
 
@@ -340,6 +343,10 @@ class ObjectStore:
         the put may make its name and data durable in one device flush, with no order between
         them. Once the put returns both are durable; a machine crash before that may leave a
         torn object under the name (see the module docstring).
+
+        ``sync=False``: on local disk, no fsync at all; the object is visible to every process
+        at once but survives a power loss only once :meth:`sync_objects` has synced it (for
+        several puts that one sync makes durable together). Object stores ignore it.
 
         Example:
             >>> store = ObjectStore("memory://doc-put")
@@ -350,7 +357,7 @@ class ObjectStore:
         """
         with storage_failures(f"put of {path}"):
             if self._local_root is not None and self.durable:
-                self._durable_local_create(path, data, checksummed)
+                self._durable_local_create(path, data, checksummed, sync)
                 return
             try:
                 obs.put(self._store, path, _as_bytes(data), mode="create")
@@ -399,6 +406,54 @@ class ObjectStore:
             except FileNotFoundError as e:
                 raise ObjectNotFoundError(f"{self.uri_for(path)} does not exist") from e
 
+    def get_many(self, paths: Sequence[str]) -> builtins.list[bytes | None]:
+        """Read whole objects, each one's bytes or None if it is missing, in the order given.
+
+        For thousands of small objects (a claim's WAL replay): on local disk a plain read of
+        each (a third of obstore's cost per call), on object stores up to
+        :data:`GET_MANY_REQUESTS` requests at a time, so that the time is not the sum of
+        their latencies.
+
+        Example:
+            >>> store = ObjectStore("memory://doc-get-many")
+            >>> store.put("a", b"x")
+            >>> store.get_many(["a", "b"])
+            [b'x', None]
+        """
+        if isinstance(self._store, S3Store) and len(paths) > 1:
+            # After a failure the rest is not read: against an endpoint that stopped answering
+            # only the requests in flight wait out its timeouts, not every one queued.
+            failed = threading.Event()
+
+            def get(path: str) -> bytes | None:
+                if failed.is_set():
+                    raise StorageError(f"get of {path} not sent: an earlier get failed")
+                try:
+                    return self._get_or_none(path)
+                except BaseException:
+                    failed.set()
+                    raise
+
+            with ThreadPoolExecutor(min(GET_MANY_REQUESTS, len(paths))) as pool:
+                return list(pool.map(get, paths))
+        if self._local_root is None:
+            return [self._get_or_none(path) for path in paths]
+        out: builtins.list[bytes | None] = []
+        with storage_failures(f"reading {len(paths)} objects from {self.uri}"):
+            for path in paths:
+                try:
+                    with open(f"{self.uri}/{path}", "rb") as f:
+                        out.append(f.read())
+                except FileNotFoundError:
+                    out.append(None)
+        return out
+
+    def _get_or_none(self, path: str) -> bytes | None:
+        try:
+            return self.get(path)
+        except ObjectNotFoundError:
+            return None
+
     def exists(self, path: str) -> bool:
         """True if an object exists at ``path`` (a HEAD request)."""
         if self._local_root is not None:  # a stat: a tenth of obstore's head on local disk
@@ -422,6 +477,31 @@ class ObjectStore:
             ]
         out.sort(key=lambda m: m.path)
         return out
+
+    def list_names(self, directory: str) -> builtins.list[str]:
+        """Names (last component) of the objects directly in ``directory``, unsorted.
+
+        A listing that needs neither sizes nor sub-directories (the positions of a WAL of
+        thousands of entries, which a claim lists): one directory read on local disk, at a
+        tenth of :meth:`list`'s cost there.
+
+        Example:
+            >>> store = ObjectStore("memory://doc-names")
+            >>> store.put("d/a", b""); store.put("d/e/b", b"")
+            >>> store.list_names("d")
+            ['a']
+        """
+        if self._local_root is None:
+            prefix = directory.strip("/") + "/"
+            return [
+                m.path[len(prefix) :] for m in self.list(prefix) if "/" not in m.path[len(prefix) :]
+            ]
+        with storage_failures(f"list of {directory}"):
+            try:
+                with os.scandir(self._local_root / directory.strip("/")) as entries:
+                    return [e.name for e in entries if e.is_file() and not is_temp_file(e.name)]
+            except (FileNotFoundError, NotADirectoryError):
+                return []
 
     def list_dirs(self, prefix: str) -> builtins.list[str]:
         """Names (last component) of the immediate sub-directories of ``prefix``, sorted."""
@@ -458,10 +538,16 @@ class ObjectStore:
             shutil.rmtree(self._local_root / prefix.strip("/"), ignore_errors=True)
         return len(paths)
 
-    def _durable_local_create(self, path: str, data: bytes | memoryview, checksummed: bool) -> None:
+    def _durable_local_create(
+        self, path: str, data: bytes | memoryview, checksummed: bool, sync: bool
+    ) -> None:
         assert self._local_root is not None
         dst = f"{self.uri}/{path}"
         directory, _, name = dst.rpartition("/")
+        if not sync:
+            self._make_dirs(directory)
+            self._publish(*create_temp_file(directory, name), data, dst, path, None)
+            return
         if checksummed and self._name_syncs_with_file is None:
             self._make_dirs(directory)
             self._name_syncs_with_file = _file_sync_writes_new_name(directory)
@@ -478,18 +564,18 @@ class ObjectStore:
 
     @staticmethod
     def _publish(
-        tmp: str, fd: int, data: bytes | memoryview, dst: str, path: str, one_flush: bool
+        tmp: str, fd: int, data: bytes | memoryview, dst: str, path: str, one_flush: bool | None
     ) -> None:
         """Write the temporary file ``tmp`` (open as ``fd``) and rename it to ``dst`` unless that
         exists. Ordered: fsync it before the rename and the directory after, so that a name
         never becomes durable before its data. ``one_flush``: fsync it after the rename, one
-        flush for its data, its inode and its new name."""
+        flush for its data, its inode and its new name; None: no fsync (the caller syncs)."""
         try:
             try:
                 _write_all(fd, data)
                 if one_flush:
                     _start_writeback(fd)
-                else:
+                elif one_flush is not None:
                     _sync(fd, path)
                 _rename_no_replace(tmp, dst)
             except BaseException as e:
@@ -509,7 +595,7 @@ class ObjectStore:
                     raise
         finally:
             os.close(fd)
-        if not one_flush:
+        if one_flush is False:
             try:
                 _fsync_path(dst.rpartition("/")[0])  # the new name must survive a power loss
             except OSError as e:  # not a retryable StorageError: a retry would find the name

@@ -1,23 +1,25 @@
 """RegionWriter: the single writer of one region.
 
-Opening a writer claims the region (a new manifest version with the next writer epoch), replays
-the WAL after the last flushed generation into the MemTable, and puts a fence sentinel at the WAL
-tail so the previous writer's next put fails. Each ``upsert``/``delete`` is validated, appended to
-the MemTable (visible at once to readers in this process) and to the WAL; in durable mode the call
-returns only once a WAL entry holding it is stored. Full MemTables are frozen and flushed to
+Opening a writer claims the region (a new manifest version with the next writer epoch), puts a
+fence sentinel at the WAL tail so the previous writer's next put fails, and replays the WAL after
+the last flushed generation into the MemTable (docs/durability.md, "Claims"). Each
+``upsert``/``delete`` is validated, appended to the MemTable (visible at once to readers in
+this process) and to the WAL; in durable mode the call returns only once a WAL entry holding it
+is stored. Full MemTables are frozen and flushed to
 generations by a background thread, each flush ending in an epoch-checked manifest commit.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import threading
 import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +32,7 @@ from memwal_sql.errors import (
     CorruptWalEntryError,
     MemWalError,
     ObjectExistsError,
+    ObjectNotFoundError,
     StorageError,
     StorageUnavailableError,
     TornWalEntryWarning,
@@ -47,10 +50,15 @@ from memwal_sql.writer.memtable import MemTable, flushed, latest_per_key_in_key_
 from memwal_sql.writer.rows import RowCoercer
 from memwal_sql.writer.wal import (
     RECOVERY_LOOKS,
+    WalEntry,
+    WalRun,
     WalWriter,
+    decode_wal_entry,
+    decode_wal_runs,
     encode_fence_sentinel,
     iter_wal,
     missing_wal_entry,
+    only_sentinels_after,
     put_back_set_aside,
     read_wal_position,
     set_aside_torn_entry,
@@ -101,6 +109,9 @@ class WriterStats:
     rows_written: int = 0
     replayed_entries: int = 0
     replayed_rows: int = 0
+    claim_seconds: dict[str, float] = field(default_factory=dict)
+    """Where the claim's time went: manifest, fence, replay, sync, commit, total."""
+    claim_synced_entries: int = 0
     torn_entries_set_aside: int = 0
     memtable_flushes: int = 0
     flushed_rows: int = 0
@@ -153,12 +164,14 @@ class RegionWriter:
         field_entries = None
         if table.region_spec is not None and region_values is not None:
             field_entries = table.region_spec.field_entries(region_values)
-        manifest = claim_region(
-            self._manifests,
-            region_spec_id=table.region_spec.spec_id if table.region_spec else 0,
-            field_entries=field_entries,
-            merged_generation=table.merged_generations().get(self.region_id, 0),
-        )
+        claim_started = time.perf_counter()
+        with self._timed("manifest"):
+            manifest = claim_region(
+                self._manifests,
+                region_spec_id=table.region_spec.spec_id if table.region_spec else 0,
+                field_entries=field_entries,
+                merged_generation=table.merged_generations().get(self.region_id, 0),
+            )
         self.epoch = manifest.writer_epoch
         if region_values is None and table.region_spec is not None:
             # A region opened by id still only takes its own rows.
@@ -195,6 +208,7 @@ class RegionWriter:
         )
         self._flush_thread.start()
         _OPEN_WRITERS.add(self)
+        self._stats.claim_seconds["total"] = time.perf_counter() - claim_started
         _log.info(
             "claimed region %s of %s at epoch %d (generation %d, %d WAL entries replayed)",
             self.region_id,
@@ -305,6 +319,7 @@ class RegionWriter:
                 next_wal_position=self._wal.next_position,
             )
             out["generations"] = list(self._stats.generations)
+            out["claim_seconds"] = dict(self._stats.claim_seconds)
         return out
 
     @property
@@ -336,6 +351,15 @@ class RegionWriter:
 
     # ---- claim and replay -------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        """Add the time the block takes to the claim's ``phase`` (see :meth:`stats`)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._stats.claim_seconds[phase] = time.perf_counter() - t0
+
     def _replay_and_fence(self, manifest: RegionManifest) -> int:
         """Fence the previous writer, then replay the WAL tail into the MemTable.
 
@@ -349,85 +373,117 @@ class RegionWriter:
             # Nobody wrote this region before: nobody to fence, and nothing but set-aside
             # leftovers of a failed claim to replay.
             return self._replay(tail, None)
-        sentinel = self._place_sentinel(tail)
-        self._replay(tail, sentinel)
-        if sentinel > manifest.wal_entry_position_last_seen:
+        last_seen = manifest.wal_entry_position_last_seen
+        with self._timed("fence"):
+            sentinel = self._place_sentinel(tail, last_seen)
+        with self._timed("replay"):
+            runs = self._replay_below(tail, sentinel, last_seen)
+        with self._timed("sync"):
+            self._sync_replayed(runs, sentinel)
+        if sentinel > last_seen:
 
             def see_sentinel(m: RegionManifest) -> bool:
                 m.wal_entry_position_last_seen = max(m.wal_entry_position_last_seen, sentinel)
                 return True
 
-            self._commit(see_sentinel)
+            # Only now: past last_seen, a hole or a torn entry before nothing but sentinels
+            # is what an unfinished claim leaves (wal.only_sentinels_after), not a lost write.
+            with self._timed("commit"):
+                self._commit(see_sentinel)
         return sentinel
 
-    def _place_sentinel(self, tail: int) -> int:
+    def _place_sentinel(self, tail: int, last_seen: int) -> int:
         """Put this writer's fence sentinel at the first free WAL position after ``tail``;
-        return that position."""
+        return that position.
+
+        The sentinel is put without an fsync (:meth:`_sync_replayed` syncs it with what it
+        fences): it fences a writer of this machine as soon as it has a name, and one that a
+        power loss takes fenced nobody, as every writer of the machine died with it.
+        """
         listed = [p for p in wal_positions(self._store, self.region_id) if p > tail]
         position = max(listed, default=tail) + 1
-        if listed and self._entry_at(position - 1) is None:
+        if listed and self._entry_at(position - 1, last_seen) is None:
             position -= 1  # a torn last entry, set aside: its position is free again
             listed.pop()
-        # A whole entry set aside by a claim that lost a race (a sentinel that fences an older
-        # writer still appending) goes back to its position first. A hole with none is a lost
-        # entry: the claim fails before it writes anything.
-        for hole in sorted(set(range(tail + 1, position)) - set(listed)):
-            if put_back_set_aside(
-                self._store, self.region_id, hole
-            ) is None and not self._store.exists(layout.wal_entry_path(self.region_id, hole)):
-                raise missing_wal_entry(self.region_id, hole, position - 1)
+        self._check_holes(sorted(set(range(tail + 1, position)) - set(listed)), last_seen)
         while put_back_set_aside(self._store, self.region_id, position) is not None:
-            listed.append(position)
             position += 1
-        # What precedes the sentinel may not be durable yet: the previous writer may have died
-        # between the rename of a put and its fsync, and Lance's writer never fsyncs. Sync it
-        # first, so that a crash of the machine can only ever tear the last entry.
-        self._store.sync_objects([layout.wal_entry_path(self.region_id, p) for p in listed])
-        skipped: list[int] = []
-        empty_looks, stride = 0, 1
+        # The previous writer appends on while the WAL is listed: look for its frontier (a
+        # few existence checks), put the sentinel there, and after each race lost look again
+        # and leap further ahead: 1, 3, 7, ... positions past it. The replay fills the
+        # positions leapt over that the previous writer did not reach.
+        empty_looks, lead = 0, 0
+        position = self._free_position(position)
         for _ in range(MAX_SENTINEL_RACES):
             if self._put_sentinel(position):
-                break
+                return position
             path = layout.wal_entry_path(self.region_id, position)
-            if not self._store.exists(path):
-                empty_looks += 1
-                if empty_looks > RECOVERY_LOOKS:  # taken, yet no object: not a race
-                    raise CorruptWalEntryError(
-                        f"region {self.region_id}: WAL position {position} is taken but holds "
-                        f"no entry that can be read ({self._store.uri_for(path)}); remove what "
-                        "is there, then open the writer again"
-                    )
+            if self._store.exists(path):
+                empty_looks, lead = 0, 2 * lead + 1
+                position = self._free_position(position + 1) + lead
                 continue
-            # The previous writer put one more entry there (acknowledged, so replayed below),
-            # or a newer writer its sentinel (the replay then fences this one). A writer
-            # appending flat out wins every race for the next position: leap ahead, further
-            # each time, and fill the positions leapt over afterwards.
-            self._store.sync_objects([path])
-            skipped.extend(range(position + 1, position + stride))
-            position, empty_looks, stride = position + stride, 0, stride * 2
-        else:
-            raise CommitConflictError(
-                f"region {self.region_id}: lost {MAX_SENTINEL_RACES} races for a free WAL "
-                "position to the previous writer; open the writer again"
-            )
-        # The previous writer can no longer pass the sentinel, but may stop short of it: a
-        # sentinel in each position it has not reached leaves no hole, and fences it there.
-        for p in skipped:
-            if not self._put_sentinel(p):
-                self._store.sync_objects([layout.wal_entry_path(self.region_id, p)])
-        return position
+            empty_looks += 1
+            if empty_looks > RECOVERY_LOOKS:  # taken, yet no object: not a race
+                raise CorruptWalEntryError(
+                    f"region {self.region_id}: WAL position {position} is taken but holds "
+                    f"no entry that can be read ({self._store.uri_for(path)}); remove what "
+                    "is there, then open the writer again"
+                )
+        raise CommitConflictError(
+            f"region {self.region_id}: lost {MAX_SENTINEL_RACES} races for a free WAL "
+            "position to the previous writer; open the writer again"
+        )
+
+    def _check_holes(self, holes: list[int], last_seen: int) -> None:
+        """Raise :class:`MissingWalEntryError` before anything is written if a WAL position
+        below listed ones lost its entry. A whole entry set aside by a claim that lost a race
+        (a sentinel that fences an older writer still appending) goes back to its position;
+        holes past ``last_seen`` before nothing but sentinels are an unfinished claim's (the
+        replay fills them). The previous writer may write into them meanwhile: look again."""
+        for _ in range(RECOVERY_LOOKS):
+            holes = [
+                h
+                for h in holes
+                if put_back_set_aside(self._store, self.region_id, h) is None and not self._taken(h)
+            ]
+            if not holes or (
+                holes[0] > last_seen and only_sentinels_after(self._store, self.region_id, holes[0])
+            ):
+                return
+        raise missing_wal_entry(
+            self.region_id, holes[0], max(wal_positions(self._store, self.region_id))
+        )
+
+    def _taken(self, position: int) -> bool:
+        return self._store.exists(layout.wal_entry_path(self.region_id, position))
+
+    def _free_position(self, position: int) -> int:
+        """The first position from ``position`` on with no WAL entry, after a taken one:
+        where a writer appending there will put next. Gallops ahead, then bisects (a few
+        existence checks however far it has got)."""
+        taken = self._taken
+        if not taken(position):
+            return position
+        step = 1
+        while taken(position + step):
+            position, step = position + step, step * 2
+        free = position + step
+        while free - position > 1:
+            mid = (position + free) // 2
+            position, free = (mid, free) if taken(mid) else (position, mid)
+        return free
 
     def _put_sentinel(self, position: int) -> bool:
-        """Put a fence sentinel at ``position``; False if the position is taken.
+        """Put a fence sentinel at ``position`` (no fsync); False if the position is taken.
 
         A store error is retried: a claim that stops after leaping over positions leaves them
-        empty below its sentinel, and every later claim would read that hole as a lost write.
-        A put whose reply was lost is recognised by reading back this writer's sentinel."""
+        empty below its sentinel. A put whose reply was lost is recognised by reading back
+        this writer's sentinel."""
         path = layout.wal_entry_path(self.region_id, position)
         for attempt in range(SENTINEL_PUT_ATTEMPTS):
             try:
                 self._store.put_if_not_exists(
-                    path, encode_fence_sentinel(self.epoch, position), checksummed=True
+                    path, encode_fence_sentinel(self.epoch, position), checksummed=True, sync=False
                 )
                 return True
             except ObjectExistsError:
@@ -437,6 +493,91 @@ class RegionWriter:
                 if attempt == SENTINEL_PUT_ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")
+
+    def _replay_below(self, tail: int, sentinel: int, last_seen: int) -> list[WalRun]:
+        """Replay the entries after ``tail`` and before ``sentinel`` into the MemTable; return
+        them. A free position among them gets a sentinel of this writer (the previous writer
+        can no longer pass ``sentinel``, but may stop short of it: no hole is left), unless
+        the previous writer takes it first (then its entry is replayed)."""
+        paths = [layout.wal_entry_path(self.region_id, p) for p in range(tail + 1, sentinel)]
+        datas = self._store.get_many(paths)
+        runs: list[WalRun] = []
+        batches: list[pa.RecordBatch] = []
+        position = tail + 1
+        for run in decode_wal_runs(datas, position):
+            if run is None:  # missing or damaged: looked at alone
+                i = position - tail - 1
+                run = WalRun.of(self._entry_for_replay(position, paths[i], datas[i], last_seen))
+            runs.append(run)
+            position += run.count
+            if run.writer_epoch > self.epoch:
+                raise WriterFencedError(
+                    f"region {self.region_id}: WAL entry {run.first} has writer epoch "
+                    f"{run.writer_epoch} > {self.epoch}; a newer writer owns the region"
+                )
+            if run.is_sentinel:
+                continue
+            batches.extend(conform_batch(b, self._rows.schema) for b in run.batches)
+            self._active.wal_position = run.last
+            self._stats.replayed_entries += run.count
+        if batches:
+            # One batch, not one per entry: a writer of single-row puts leaves thousands.
+            rows = pa.Table.from_batches(batches, schema=self._rows.schema).combine_chunks()
+            for batch in rows.to_batches():
+                self._active.append(batch, 0)
+            self._stats.replayed_rows += rows.num_rows
+        return runs
+
+    def _entry_for_replay(
+        self, position: int, path: str, data: bytes | None, last_seen: int
+    ) -> WalEntry:
+        """The entry at ``position`` (``path``, read as ``data``) below this writer's sentinel;
+        a free position gets a sentinel of this writer."""
+        for _ in range(RECOVERY_LOOKS):
+            if data is not None:
+                try:
+                    return decode_wal_entry(data, position)
+                except CorruptWalEntryError:
+                    # Raises unless torn by a crash of the machine; a torn one is set aside.
+                    entry = self._entry_at(position, last_seen)
+                    if entry is not None:
+                        return entry
+            else:
+                entry = put_back_set_aside(self._store, self.region_id, position)
+                if entry is not None:
+                    return entry
+            if self._put_sentinel(position):
+                return WalEntry(position, self.epoch, None, True, (), checksummed=True)
+            try:
+                data = self._store.get(path)
+            except ObjectNotFoundError:
+                data = None
+        raise CommitConflictError(
+            f"region {self.region_id}: WAL position {position} changed {RECOVERY_LOOKS} times "
+            "while the claim read it (other writers are recovering the region); open the "
+            "writer again"
+        )
+
+    def _sync_replayed(self, runs: list[WalRun], sentinel: int) -> None:
+        """Make durable what this writer replayed and may not be durable, with its sentinel,
+        before it appends after them: so that a crash of the machine can only ever tear the
+        last entry before a claim's sentinels (see docs/durability.md).
+
+        memwal-sql's writers fsync every entry they put, so the one entry of a writer that
+        may not be durable is its last (it may have died between its rename and its fsync).
+        Sentinels are put without one, and Lance's writer never fsyncs."""
+        last_of: dict[int, int] = {}
+        positions = [sentinel]
+        for run in runs:
+            if run.is_sentinel or not run.checksummed:
+                positions.extend(range(run.first, run.last + 1))
+            else:
+                last_of[run.writer_epoch] = run.last
+        positions.extend(last_of.values())
+        self._store.sync_objects(
+            [layout.wal_entry_path(self.region_id, p) for p in sorted(positions)]
+        )
+        self._stats.claim_synced_entries = len(positions)
 
     def _replay(self, tail: int, sentinel: int | None) -> int:
         """Replay the WAL entries after ``tail`` (up to ``sentinel``, or all there are);
@@ -450,10 +591,11 @@ class RegionWriter:
             tail = entry.position
         return tail
 
-    def _entry_at(self, position: int) -> Any:
+    def _entry_at(self, position: int, last_seen: int | None = None) -> WalEntry | None:
         """The WAL entry at ``position`` for the claim, or None if there is none now: a torn
-        tail is set aside first (or was, by another claiming writer)."""
-        entry, torn = read_wal_position(self._store, self.region_id, position)
+        tail (given the manifest's ``last_seen``) is set aside first (or was, by another
+        claiming writer)."""
+        entry, torn = read_wal_position(self._store, self.region_id, position, last_seen)
         if torn is None:
             return entry
         to, entry = set_aside_torn_entry(self._store, self.region_id, position)

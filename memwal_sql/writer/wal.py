@@ -19,7 +19,9 @@ A damaged entry is a :class:`CorruptWalEntryError`, with one exception: the *las
 WAL, on local disk, last written before the machine started. Its put was cut short by the
 machine's crash (a put of an entry makes its name and data durable in one flush, see
 :mod:`memwal_sql.storage.store`), so it was never acknowledged: :func:`iter_wal` ends before it
-and a claiming writer moves it aside (:func:`set_aside_torn_entry`).
+and a claiming writer moves it aside (:func:`set_aside_torn_entry`). "Last" allows fence
+sentinels after it past the manifest's ``last_seen``, which is what a claim that the crash cut
+short leaves (:func:`only_sentinels_after`, docs/durability.md).
 
 Example:
     >>> import pyarrow as pa
@@ -97,6 +99,8 @@ class WalEntry:
     generation: int | None
     is_sentinel: bool
     batches: tuple[pa.RecordBatch, ...]
+    checksummed: bool = False
+    """Written by memwal-sql (it carries a checksum), whose writers fsync every entry they put."""
 
     @property
     def num_rows(self) -> int:
@@ -164,11 +168,7 @@ def _schema_message_length(stream: pa.Buffer) -> int:
 
 
 def _check_checksum(data: bytes | memoryview, position: int) -> None:
-    """Raise :class:`CorruptWalEntryError` unless the entry's checksum holds, if it has one.
-
-    Found in the raw schema message, before pyarrow parses anything: the key as flatbuffers
-    stores a string, then the 8-digit string values whose zeroing gives back the checksum.
-    """
+    """Raise :class:`CorruptWalEntryError` unless the entry's checksum holds, if it has one."""
     buf = pa.py_buffer(data)
     n = _schema_message_length(buf)
     if not 8 <= n <= len(buf) - len(_END_OF_STREAM):
@@ -176,19 +176,32 @@ def _check_checksum(data: bytes | memoryview, position: int) -> None:
     header = buf.slice(0, n).to_pybytes()
     if _CHECKSUM_STRING not in header:
         return  # Lance's, or an older memwal-sql's
-    body = buf.slice(n)
+    if _checked_header(header, buf.slice(n), position) is None:
+        raise CorruptWalEntryError(
+            f"WAL entry at position {position} fails its checksum: its bytes changed after it "
+            "was written, or it was written for another position. Restore it from a backup"
+            + _SET_ASIDE
+        )
+
+
+def _checked_header(header: bytes, body: pa.Buffer, position: int) -> bytes | None:
+    """The schema message ``header`` with its checksum's digits zeroed, if the checksum holds
+    for it, the rest of the entry (``body``) and ``position``; None if it does not.
+
+    The checksum is found in the raw schema message, before pyarrow parses anything: the key
+    as flatbuffers stores a string, then the 8-digit string values whose zeroing gives it back.
+    """
+    at_position = google_crc32c.value(_position_bytes(position))
     for m in _DIGITS_STRING.finditer(header):
         zeroed = header[: m.start(1)] + _ZEROS + header[m.end(1) :]
-        at_position = google_crc32c.extend(google_crc32c.value(_position_bytes(position)), zeroed)
-        if b"%08x" % google_crc32c.extend(at_position, body) == m.group(1):
-            return
+        if b"%08x" % google_crc32c.extend(
+            google_crc32c.extend(at_position, zeroed), body
+        ) == m.group(1):
+            return zeroed
         # Entries of memwal-sql before the checksum included the position.
         if b"%08x" % google_crc32c.extend(google_crc32c.value(zeroed), body) == m.group(1):
-            return
-    raise CorruptWalEntryError(
-        f"WAL entry at position {position} fails its checksum: its bytes changed after it was "
-        "written, or it was written for another position. Restore it from a backup" + _SET_ASIDE
-    )
+            return zeroed
+    return None
 
 
 class WalEntryEncoder:
@@ -278,7 +291,146 @@ def decode_wal_entry(data: bytes | memoryview, position: int) -> WalEntry:
         generation=generation,
         is_sentinel=meta.get(_SENTINEL) == b"true",
         batches=batches,
+        checksummed=_CHECKSUM in meta,
     )
+
+
+@dataclass(frozen=True)
+class WalRun:
+    """Entries at consecutive positions with one schema message (a writer's entries of one
+    MemTable generation, a claim's sentinels, or a single entry), decoded together: their rows
+    in order, not told apart by entry."""
+
+    first: int
+    count: int
+    writer_epoch: int
+    generation: int | None
+    is_sentinel: bool
+    checksummed: bool
+    batches: tuple[pa.RecordBatch, ...]
+
+    @property
+    def last(self) -> int:
+        return self.first + self.count - 1
+
+    @classmethod
+    def of(cls, entry: WalEntry) -> WalRun:
+        """The run of one entry."""
+        return cls(
+            entry.position,
+            1,
+            entry.writer_epoch,
+            entry.generation,
+            entry.is_sentinel,
+            entry.checksummed,
+            entry.batches,
+        )
+
+
+def decode_wal_runs(datas: Sequence[bytes | None], first: int) -> list[WalRun | None]:
+    """The entries at positions ``first``, ``first + 1``, ... read as ``datas``, decoded in
+    runs (:class:`WalRun`), in order; a None stands for one position to look at alone: its
+    entry is missing, not whole, or not memwal-sql's (:func:`decode_wal_entry` says which).
+
+    For the thousands of entries a claim replays, at a fraction of :func:`decode_wal_entry`'s
+    cost: the entries of a run share their schema message but for the checksum's digits, so
+    it is parsed once; each entry's checksum is checked on its raw bytes; and the record
+    batches of the whole run are decoded as one IPC stream.
+
+    Example:
+        >>> b = pa.record_batch({"id": [1], "_tombstone": [False]})
+        >>> datas = [encode_wal_entry([b], b.schema, writer_epoch=2, generation=1, position=p)
+        ...          for p in (5, 6)]
+        >>> [(r.first, r.count, r.batches[0].num_rows) if r else None
+        ...  for r in decode_wal_runs([*datas, None], 5)]
+        [(5, 2, 2), None]
+    """
+    headers: dict[bytes, _Header] = {}
+    out: list[WalRun | None] = []
+    run: list[pa.Buffer] = []  # the record batch messages of each entry of the run
+    run_header: _Header | None = None
+    for position, data in enumerate(datas, first):
+        header, body = _checked_parts(data, position, headers) if data else (None, None)
+        if run and header is not run_header:
+            out += _decode_run(run_header, position - len(run), run)
+            run = []
+        if header is None or body is None or (header.is_sentinel and body.size):
+            out.append(None)
+        else:
+            run.append(body)
+            run_header = header
+    return out + _decode_run(run_header, first + len(datas) - len(run), run)
+
+
+@dataclass(frozen=True)
+class _Header:
+    """An entry's schema message, parsed: what :func:`decode_wal_runs` decodes once."""
+
+    message: bytes
+    schema: pa.Schema
+    writer_epoch: int
+    generation: int | None
+    is_sentinel: bool
+
+
+def _checked_parts(
+    data: bytes, position: int, headers: dict[bytes, _Header]
+) -> tuple[_Header | None, pa.Buffer | None]:
+    """The parsed header and the record batch messages (without the end-of-stream marker) of
+    memwal-sql's entry ``data`` at ``position``, once its checksum holds; Nones otherwise."""
+    nothing = None, None
+    if not data.endswith(_END_OF_STREAM):
+        return nothing
+    buf = pa.py_buffer(data)
+    n = _schema_message_length(buf)
+    if not 8 <= n <= len(data) - len(_END_OF_STREAM):
+        return nothing
+    message = data[:n]
+    body = buf.slice(n)
+    zeroed = _checked_header(message, body, position) if _CHECKSUM_STRING in message else None
+    if zeroed is None:
+        return nothing
+    header = headers.get(zeroed)
+    if header is None:
+        try:
+            schema = pa.ipc.read_schema(pa.py_buffer(message))
+            meta = schema.metadata or {}
+            header = _Header(
+                message,
+                schema,
+                int(meta[_EPOCH]),
+                int(meta[_GENERATION]) if _GENERATION in meta else None,
+                meta.get(_SENTINEL) == b"true",
+            )
+        except (pa.ArrowException, KeyError, ValueError):
+            return nothing
+        headers[zeroed] = header
+    return header, body.slice(0, body.size - len(_END_OF_STREAM))
+
+
+def _decode_run(header: _Header | None, first: int, run: list[pa.Buffer]) -> list[WalRun | None]:
+    """The run of entries from ``first`` with ``header`` and the record batch messages
+    ``run``, as one :class:`WalRun` (a None per entry if they do not decode)."""
+    if not run or header is None:
+        return []
+    batches: tuple[pa.RecordBatch, ...] = ()
+    if not header.is_sentinel:
+        try:
+            stream = b"".join([header.message, *run, _END_OF_STREAM])
+            batches = tuple(pa.ipc.open_stream(stream).read_all().combine_chunks().to_batches())
+        except (pa.ArrowException, OSError):
+            return [None] * len(run)
+    return [
+        WalRun(
+            first,
+            len(run),
+            header.writer_epoch,
+            header.generation,
+            header.is_sentinel,
+            True,
+            batches,
+        )
+    ]
 
 
 def read_wal_entry(store: ObjectStore, region_id: str, position: int) -> WalEntry | None:
@@ -297,6 +449,7 @@ def iter_wal(
     *,
     list_for_gaps: bool = False,
     warn_torn_tail: bool = True,
+    last_seen: int | None = None,
 ) -> Iterator[WalEntry]:
     """Entries at ``after + 1, after + 2, ...`` until the first missing position (WAL replay).
 
@@ -310,12 +463,17 @@ def iter_wal(
     unless ``warn_torn_tail`` is False (a claiming writer sets it aside and warns itself). A
     hole whose entry is found whole in ``torn_wal/`` (set aside by a claiming writer that lost
     a race) is filled from there, and so is the first free position when a writer claims.
+
+    ``last_seen``: the region manifest's ``wal_entry_position_last_seen``. Past it, a hole or
+    a torn entry followed by nothing but fence sentinels ends the WAL too
+    (:func:`only_sentinels_after`): a claim that did not finish leaves that.
     """
     position, recheck = after + 1, RECOVERY_LOOKS
     while True:
-        entry, torn = read_wal_position(store, region_id, position)
+        entry, torn = read_wal_position(store, region_id, position, last_seen)
         if torn is not None:
-            if _later_positions(store, region_id, position, list_for_gaps):
+            later = _later_positions(store, region_id, position, list_for_gaps)
+            if later and not _claim_left(store, region_id, position, last_seen):
                 if (recheck := recheck - 1) > 0:
                     continue  # a writer may have just recovered it and appended: look again
                 raise torn  # entries after it: a damaged stored entry
@@ -345,6 +503,8 @@ def iter_wal(
                     and (recheck := recheck - 1) > 0
                 ):
                     continue  # put just now: read it
+                if _claim_left(store, region_id, position, last_seen):
+                    return
                 raise missing_wal_entry(region_id, position, max(later))
         yield entry
         position, recheck = position + 1, RECOVERY_LOOKS
@@ -360,11 +520,11 @@ def missing_wal_entry(region_id: str, position: int, last: int) -> MissingWalEnt
 
 
 def read_wal_position(
-    store: ObjectStore, region_id: str, position: int
+    store: ObjectStore, region_id: str, position: int, last_seen: int | None = None
 ) -> tuple[WalEntry | None, CorruptWalEntryError | None]:
     """What the WAL holds at ``position``: ``(entry, None)``, ``(None, None)`` if nothing, or
-    ``(None, damage)`` if a torn tail (:func:`is_torn_tail`); a damaged entry that is not one
-    raises :class:`CorruptWalEntryError`.
+    ``(None, damage)`` if a torn tail (:func:`is_torn_tail`, given ``last_seen``); a damaged
+    entry that is not one raises :class:`CorruptWalEntryError`.
 
     Damage is judged by looking at the position again, so it is only confirmed on bytes that
     are still there afterwards: a claiming writer may be setting a torn tail aside and putting
@@ -380,7 +540,7 @@ def read_wal_position(
     except CorruptWalEntryError as damage:
         error = damage
     for _ in range(RECOVERY_LOOKS):
-        torn = is_torn_tail(store, region_id, position)
+        torn = is_torn_tail(store, region_id, position, last_seen)
         try:
             again = store.get(path)
         except ObjectNotFoundError:
@@ -406,6 +566,36 @@ def _later_positions(
     return [position + 1] if store.exists(layout.wal_entry_path(region_id, position + 1)) else []
 
 
+def only_sentinels_after(store: ObjectStore, region_id: str, position: int) -> bool:
+    """True if every WAL entry after ``position`` is a whole fence sentinel.
+
+    What a claim leaves that did not finish (its process killed, or the machine crashed) before
+    its sentinels were synced and recorded in the region manifest (``last_seen``): it may have
+    leapt ahead of the previous writer and not yet filled the positions it leapt over, and the
+    previous writer's last put, or positions it filled, may not be durable. Past the manifest's
+    ``last_seen``, a hole or a torn entry followed by such sentinels only is where the WAL's
+    rows end, not a lost write (see docs/durability.md); the next claim fills it.
+    """
+    later = [p for p in wal_positions(store, region_id) if p > position]
+    for p in later:
+        try:
+            entry = read_wal_entry(store, region_id, p)
+        except CorruptWalEntryError:
+            return False
+        if entry is None or not entry.is_sentinel:
+            return False
+    return bool(later)
+
+
+def _claim_left(store: ObjectStore, region_id: str, position: int, last_seen: int | None) -> bool:
+    """Whether the hole or torn entry at ``position`` is one an unfinished claim left."""
+    return (
+        last_seen is not None
+        and position > last_seen
+        and only_sentinels_after(store, region_id, position)
+    )
+
+
 def put_back_set_aside(store: ObjectStore, region_id: str, position: int) -> WalEntry | None:
     """A whole entry for ``position`` found in the region's ``torn_wal/``, put back into the WAL,
     or None. Only for a hole before later entries: a claiming writer that set aside another's
@@ -429,13 +619,21 @@ def put_back_set_aside(store: ObjectStore, region_id: str, position: int) -> Wal
     return None
 
 
-def is_torn_tail(store: ObjectStore, region_id: str, position: int) -> bool:
+def is_torn_tail(
+    store: ObjectStore, region_id: str, position: int, last_seen: int | None = None
+) -> bool:
     """True if the damaged entry at ``position`` is a put that a crash of the machine cut short:
     the last entry, on local disk, last written before the machine started (or gone since: set
     aside). Its writer died with the machine before the put returned, so nobody was told it
     was stored. Anything else damaged is real corruption of a stored entry.
+
+    With ``last_seen`` (the manifest's ``wal_entry_position_last_seen``), "the last entry" may
+    also be followed by fence sentinels past ``last_seen``: a claim that the crash cut short
+    (:func:`only_sentinels_after`).
     """
-    if store.exists(layout.wal_entry_path(region_id, position + 1)):
+    if store.exists(layout.wal_entry_path(region_id, position + 1)) and not _claim_left(
+        store, region_id, position, last_seen
+    ):
         return False
     try:
         return store.written_before_boot(layout.wal_entry_path(region_id, position))
@@ -507,9 +705,9 @@ def set_aside_damaged_entry(store: ObjectStore, region_id: str, position: int) -
 def wal_positions(store: ObjectStore, region_id: str) -> list[int]:
     """Every position that holds a WAL entry (data or sentinel), ascending."""
     out = []
-    for meta in store.list(layout.wal_dir(region_id) + "/"):
+    for name in store.list_names(layout.wal_dir(region_id)):
         try:
-            out.append(layout.parse_bitrev64(meta.path))
+            out.append(layout.parse_bitrev64(name))
         except ValueError:
             continue
     return sorted(out)

@@ -63,6 +63,34 @@ def test_get_exists_list_delete(store):
     assert store.list("d/") == []
 
 
+def test_get_many_and_list_names(store):
+    # What a claim reads its WAL tail with: many objects at once, missing ones as None; and
+    # the names in one directory, without its sub-directories or local puts' temporary files.
+    for name in ["d/3", "d/1", "d/sub/2"]:
+        store.put_if_not_exists(name, name.encode())
+    paths = [f"d/{i}" for i in range(1, 40)]
+    assert store.get_many(paths) == [b"d/1", None, b"d/3"] + [None] * 36
+    assert sorted(store.list_names("d")) == ["1", "3"]
+    assert store.list_names("nothing") == []
+
+
+def test_a_put_without_sync_is_there_until_synced(tmp_path, monkeypatch):
+    # A claim's sentinels: visible to every process at once, fsynced later with what they
+    # fence (sync_objects), not one device flush each.
+    store = ObjectStore(str(tmp_path))
+    store.put_if_not_exists("w/0", b"")  # the directory, durable
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    store.put_if_not_exists("w/1", b"x", checksummed=True, sync=False)
+    assert synced == [] and store.get("w/1") == b"x"
+    with pytest.raises(ObjectExistsError):
+        store.put_if_not_exists("w/1", b"y", sync=False)
+    store.sync_objects(["w/1"])
+    assert len(synced) == 2  # the object, then its directory
+    assert sorted(os.listdir(tmp_path / "w")) == ["0", "1"]  # no temporary file left
+
+
 def test_put_overwrites(store):
     store.put("h", b"1")
     store.put("h", b"2")
@@ -400,6 +428,10 @@ def test_an_endpoint_that_never_answers_is_a_typed_error_within_30_seconds(silen
     for call in (
         lambda: mw.open_table("s3://bucket/t", silent_endpoint),
         lambda: ObjectStore("s3://bucket/t", silent_endpoint).get("x"),
+        # A claim's WAL replay: the requests in flight fail, the rest are not sent.
+        lambda: ObjectStore("s3://bucket/t", silent_endpoint).get_many(
+            [f"w/{i}" for i in range(500)]
+        ),
     ):
         t0 = time.monotonic()
         with pytest.raises(StorageError):

@@ -6,6 +6,9 @@ prints FLUSHING and then stalls inside the generation write, so the parent can k
 MODE "flushes": like "puts" with small MemTables, flushed one after another while the writes go
 on; each flush prints FLUSHING midway through its generation write (between the data files and
 the ``_pk_index``) and carries on, so generations keep being committed until the kill.
+MODE "claim": claims the table's region as a writer whose sentinel leaps two positions ahead of
+the WAL (as against a writer appending flat out), prints SENTINEL once it is put and stalls
+there: before the claim fills the positions leapt over, syncs and records its sentinel.
 """
 
 from __future__ import annotations
@@ -52,6 +55,24 @@ def main() -> None:
             real(uri_, keys, opts)
 
         generation.write_pk_index = reporting
+    elif mode == "claim":
+        from memwal_sql.writer.region_writer import RegionWriter
+
+        free, put = RegionWriter._free_position, RegionWriter._put_sentinel
+
+        def leaping(self, position):
+            return free(self, position) + 2
+
+        def stalling(self, position):
+            if put(self, position):
+                emit("SENTINEL")
+                time.sleep(3600)
+            return False
+
+        RegionWriter._free_position = leaping
+        RegionWriter._put_sentinel = stalling
+        tbl = mw.open_table(uri, options)
+        tbl.writer(region_id=tbl.regions()[0])
     tbl = mw.open_table(uri, options)
     w = tbl.writer(max_memtable_rows={"flush": 400, "flushes": 120}.get(mode, 1_000_000))
     emit("READY")

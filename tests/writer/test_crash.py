@@ -19,6 +19,7 @@ from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import layout
 from memwal_sql.writer.generation import BLOOM_FILTER
 from memwal_sql.writer.pk_index import read_pk_index
+from memwal_sql.writer.wal import wal_positions
 from tests.lsm import lance_latest_rows
 from tests.writer.crash_plan import SCHEMA, apply_batch, model_after
 
@@ -141,4 +142,19 @@ def test_sigkill_while_generations_are_committed_references_only_whole_ones(tabl
             assert_whole_generation(tbl, rid, g)
         dirs = [d for d in tbl.store.list_dirs(layout.region_dir(rid)) if "_gen_" in d]
         assert len(set(dirs) - {g.path for g in gens}) <= 1  # only the flush the kill cut short
+        recover_and_check(uri, acked, options)
+
+
+def test_sigkill_of_a_claim_after_its_sentinel_leapt_loses_nothing(table_root):
+    # The writer is killed while it appends; a new writer claims the region, its sentinel
+    # leaping two positions ahead, and is killed right after that put: the positions it leapt
+    # over stay empty, its sentinel unsynced and unrecorded. The next claim reads that as the
+    # end of the WAL, fills the holes and loses no acknowledged write.
+    for uri, options in fresh_tables(table_root, rounds=2):
+        acked = run_and_kill(uri, "puts", until="ACK 20", options=options)
+        run_and_kill(uri, "claim", until="SENTINEL", options=options)
+        tbl = mw.open_table(uri, options)
+        (rid,) = tbl.regions()
+        positions = wal_positions(tbl.store, rid)
+        assert len(positions) < positions[-1] - positions[0] + 1  # the claim left holes
         recover_and_check(uri, acked, options)

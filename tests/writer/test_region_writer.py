@@ -551,35 +551,6 @@ def test_a_torn_last_wal_entry_is_left_out_by_reads_and_set_aside_by_the_next_wr
     assert got.column("v").to_pylist() == ["a1", "a2", "a3", "again4", "again5"]
 
 
-def test_a_claiming_writer_syncs_what_it_replays_before_it_appends(tmp_path, monkeypatch):
-    # The previous writer may have died between the rename and the fsync of its last put (and
-    # Lance's writer never fsyncs): what the new writer replays must be durable before anything
-    # is written after it, or a later power loss could tear an entry in the middle of the WAL.
-    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
-    w = tbl.writer()
-    for i in range(1, 4):
-        w.upsert(rows([i]))
-    rid = w.region_id
-    w._release_at_exit()
-    entries = {
-        os.path.realpath(os.path.join(tbl.store.uri, layout.wal_entry_path(rid, p)))
-        for p in wal_positions(tbl.store, rid)
-    }
-    order = []
-    real = os.fsync
-    monkeypatch.setattr(
-        os, "fsync", lambda fd: (order.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1]
-    )
-    w2 = mw.open_table(str(tmp_path)).writer(region_id=rid)
-    monkeypatch.undo()
-    sentinel = os.path.realpath(
-        os.path.join(tbl.store.uri, layout.wal_entry_path(rid, w2.stats()["next_wal_position"] - 1))
-    )
-    assert entries <= set(order) and sentinel in order
-    assert max(order.index(e) for e in entries) < order.index(sentinel)
-    w2.close()
-
-
 @pytest.mark.parametrize("meanwhile", ["set aside", "sentinel put", "write acknowledged"])
 def test_a_reader_racing_the_recovery_of_a_torn_tail_reads_on(tmp_path, meanwhile):
     # The reader holds the torn bytes while the next writer sets them aside (and puts its

@@ -386,3 +386,85 @@ def test_a_failure_after_the_put_fails_the_writer(tmp_path, durable):
     with pytest.raises(RuntimeError, match="bookkeeping failed"):
         w.upsert({"id": [2], "v": ["b"]})
     assert [e.num_rows for e in iter_wal(w._wal.store, w._wal.region_id, 0)] == [1]  # stored once
+
+
+def _run_fixture():
+    """WAL entries of every kind a claim replays, by position (None: missing)."""
+    import google_crc32c
+
+    from memwal_sql.writer.wal import _entry_metadata, _header_template
+
+    s = wal_schema(BASE, ["id"])
+
+    def batch(*ids):
+        return pa.record_batch(
+            [pa.array(ids), pa.array([f"v{i}" for i in ids]), pa.array([False] * len(ids))],
+            schema=s,
+        )
+
+    one, two = WalEntryEncoder(s, writer_epoch=1), WalEntryEncoder(s, writer_epoch=2)
+    lance = pa.BufferOutputStream()
+    with pa.ipc.new_stream(lance, s.with_metadata({"writer_epoch": "2"})) as w:
+        w.write_batch(batch(70))
+    old = encode_wal_entry([batch(100)], s, writer_epoch=2, generation=3, position=10)
+    header, at = _header_template(s, _entry_metadata(2, 3))
+    old = old[:at] + b"%08x" % google_crc32c.value(header + old[len(header) :]) + old[at + 8 :]
+    damaged = bytearray(two.encode([batch(90)], 3, 9))
+    damaged[-12] ^= 1
+    return {
+        1: bytes(one.encode([batch(1)], 1, 1)),
+        2: bytes(one.encode([batch(2)], 1, 2)),
+        3: bytes(one.encode([batch(3), batch(4, 5)], 1, 3)),  # a group of two puts
+        4: bytes(one.encode([batch(6)], 2, 4)),  # the next generation: a new run
+        5: encode_fence_sentinel(2, 5),
+        6: encode_fence_sentinel(2, 6),
+        7: lance.getvalue().to_pybytes(),  # Lance's: no checksum
+        8: None,
+        9: bytes(damaged),
+        10: old,  # checksummed before the position was included
+        11: bytes(two.encode([batch(110)], 3, 12)),  # written for another position
+        12: bytes(one.encode([batch(120)], 1, 12)),
+    }
+
+
+def test_runs_decode_what_each_entry_decodes_to():
+    from memwal_sql.writer.wal import decode_wal_runs
+
+    datas = _run_fixture()
+    runs = decode_wal_runs(list(datas.values()), 1)
+    by_position, position = {}, 1
+    for run in runs:
+        if run is None:
+            by_position[position] = None
+            position += 1
+            continue
+        for p in range(run.first, run.last + 1):
+            by_position[p] = run
+        position = run.last + 1
+    assert position == 13
+    assert [p for p, r in by_position.items() if r is None] == [7, 8, 9, 11]
+    assert [(r.first, r.count) for r in runs if r] == [(1, 3), (4, 1), (5, 2), (10, 1), (12, 1)]
+    for run in filter(None, runs):
+        entries = [decode_wal_entry(datas[p], p) for p in range(run.first, run.last + 1)]
+        assert {(e.writer_epoch, e.generation, e.is_sentinel) for e in entries} == {
+            (run.writer_epoch, run.generation, run.is_sentinel)
+        }
+        rows = [r for b in run.batches for r in b.to_pylist()]
+        assert rows == [r for e in entries for b in e.batches for r in b.to_pylist()]
+        assert run.checksummed
+    with pytest.raises(CorruptWalEntryError):
+        decode_wal_entry(datas[9], 9)
+    with pytest.raises(CorruptWalEntryError):
+        decode_wal_entry(datas[11], 11)
+
+
+def test_a_changed_bit_in_a_run_leaves_its_entry_to_be_looked_at_alone():
+    # Entries decoded in runs are checked as decode_wal_entry checks them: a changed bit never
+    # replays as different rows; the entry is left to decode_wal_entry, which says what is wrong.
+    from memwal_sql.writer.wal import decode_wal_runs
+
+    datas = _run_fixture()
+    for i, changed in changed_bits(datas[2]):
+        runs = decode_wal_runs([datas[1], changed, datas[3]], 1)
+        assert runs[1] is None, i
+        assert [(r.first, r.count) for r in runs if r] == [(1, 1), (3, 1)], i
