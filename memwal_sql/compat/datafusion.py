@@ -29,16 +29,24 @@ import pyarrow as pa
 #: second. Lucene's default limit of clauses in a query is the same.
 MAX_SQL_OPERATORS = 1024
 
-# SQL text as DataFusion lexes it, as far as operators go: string literals, quoted names and
-# comments hold none (a text that fools this count the other way only counts more).
+# SQL text as DataFusion (sqlparser's generic dialect) lexes it, as far as operators go:
+# literals, quoted names and comments hold none. Every way its lexer lets a text hide a quote is
+# here (E'\'' escape strings, `backtick` names, $tag$ dollar strings, nested /* */
+# comments): one missed would let a quote start a "string" that hides the operators after it.
+# A symbol run stops before a comment, as the lexer's does.
 _SQL_TOKENS = re.compile(
-    r"'(?:[^']|'')*'?"  # a string literal ('' inside), unterminated to the end
+    r"(?P<skip>[eE]'(?:[^'\\]|\\.|'')*'?"  # an escape string: backslash escapes, '' too
+    r"|'(?:[^']|'')*'?"  # a string literal ('' inside), unterminated to the end
     r'|"(?:[^"]|"")*"?'  # a quoted name
-    r"|--[^\n]*|/\*.*?(?:\*/|\Z)"  # comments
+    r"|`(?:[^`]|``)*`?"  # a quoted name, MySQL's way
+    r"|--[^\n]*)"  # a line comment
+    r"|(?P<comment>/\*)"  # a block comment, nested ones inside
+    r"|(?P<dollar>\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$)"  # a dollar-quoted string: $$..$$, $t$..$t$
     r"|(?P<word>[A-Za-z_][A-Za-z0-9_$]*)"
-    r"|(?P<symbol>[-+*/%<>=!|&^~@#:]+)",
+    r"|(?P<symbol>(?:(?!/\*|--)[-+*/%<>=!|&^~@#:])+)",
     re.DOTALL,
 )
+_COMMENT_ENDS = re.compile(r"/\*|\*/")
 _OPERATOR_WORDS = frozenset({"AND", "OR", "NOT", "IS", "LIKE", "ILIKE", "SIMILAR", "BETWEEN"})
 
 
@@ -46,18 +54,42 @@ def sql_operators(text: str) -> int:
     """How many operators ``text`` holds outside its literals and comments: each run of
     operator symbols (``=``, ``<>``, ``+``, ``||`` ...) and each ``AND``, ``OR``, ``NOT``,
     ``IS``, ``LIKE``, ``ILIKE``, ``SIMILAR``, ``BETWEEN``. An ``IN`` list's values are not
-    operators.
+    operators, nor their signs.
 
     Example:
-        >>> sql_operators("a = 1 OR b IN (1, 2) OR c LIKE 'x OR y' -- AND")
+        >>> sql_operators("a = 1 OR b IN (1, -2) OR c LIKE 'x OR y' -- AND")
         4
+        >>> sql_operators("E'\\'' = '' /* /* */ ' */ OR a = `'` OR $$'$$ = b")
+        5
     """
-    count = 0
-    for m in _SQL_TOKENS.finditer(text):
-        word = m.group("word")
-        if m.group("symbol") or (word is not None and word.upper() in _OPERATOR_WORDS):
+    count, at = 0, 0
+    while (m := _SQL_TOKENS.search(text, at)) is not None:
+        at = m.end()
+        if m.group("comment"):
+            depth = 1
+            while depth and (end := _COMMENT_ENDS.search(text, at)) is not None:
+                depth += 1 if end.group() == "/*" else -1
+                at = end.end()
+            if depth:
+                return count  # unterminated: the rest is comment
+        elif m.group("dollar"):
+            close = text.find(m.group("dollar"), at)
+            if close < 0:
+                return count  # unterminated: the rest is the string
+            at = close + len(m.group("dollar"))
+        elif m.group("symbol") in ("-", "+") and _after_list_start(text, m.start()):
+            continue  # a sign of a list's value (IN (-1, -2)): no chain
+        elif m.group("symbol") or (m.group("word") or "").upper() in _OPERATOR_WORDS:
             count += 1
     return count
+
+
+def _after_list_start(text: str, at: int) -> bool:
+    """Whether the last character before ``at`` that is not white space is ``(`` or ``,``."""
+    at -= 1
+    while at >= 0 and text[at].isspace():
+        at -= 1
+    return at >= 0 and text[at] in "(,"
 
 
 def plain_strings(table: pa.Table) -> pa.Table:
