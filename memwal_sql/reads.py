@@ -18,7 +18,7 @@ from datafusion import col
 
 from exec_nodes.base import GEN, ROWADDR
 from exec_nodes.keyset import KeySet
-from memwal_sql.compat.datafusion import MAX_SQL_OPERATORS, plain_strings, sql_operators
+from memwal_sql.compat.datafusion import plain_strings, refuse_long_sql
 from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMismatchError
 from memwal_sql.session import (
     MemWalContext,
@@ -227,13 +227,7 @@ def _filtered(df: Any, text: str, table_name: str) -> Any:
     columns, or :class:`InvalidFilterError` saying what the text is instead."""
     if not isinstance(text, str):
         raise InvalidFilterError(f"a filter is SQL text, not {type(text).__name__}")
-    operators = sql_operators(text)
-    if operators > MAX_SQL_OPERATORS:
-        raise InvalidFilterError(
-            f"invalid filter: it holds {operators} operators, above the limit of "
-            f"{MAX_SQL_OPERATORS} (DataFusion's parser fails on long chains of them); write a "
-            "long OR of equalities as an IN list, which holds any number of values"
-        )
+    refuse_long_sql(text, "the filter", InvalidFilterError)
     try:
         expr = df.parse_sql_expr(text)
     except Exception as e:

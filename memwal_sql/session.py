@@ -38,7 +38,7 @@ from datafusion import DataFrame, SessionConfig, SessionContext, SQLOptions, Tab
 from datafusion import catalog as dfc
 
 from exec_nodes.base import conform
-from memwal_sql.compat.datafusion import MAX_SQL_OPERATORS, sql_operators
+from memwal_sql.compat.datafusion import refuse_long_sql
 from memwal_sql.errors import InvalidInputError, MemWalError, StatementNotAllowedError
 from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
 from memwal_sql.storage import ObjectStore, storage_failures
@@ -379,13 +379,8 @@ class MemWalSchema(dfc.SchemaProvider):
         """Around DataFusion's planning of ``statement``: refuse one too big for its parser,
         and re-raise the memwal-sql error a table function raised (DataFusion hands it back
         as a plain error holding only its text)."""
-        operators = sql_operators(statement) if isinstance(statement, str) else 0
-        if operators > MAX_SQL_OPERATORS:
-            raise InvalidInputError(
-                f"the statement holds {operators} operators, above the limit of "
-                f"{MAX_SQL_OPERATORS} (DataFusion's parser fails on long chains of them); "
-                "write a long OR of equalities as an IN list, which holds any number of values"
-            )
+        if isinstance(statement, str):
+            refuse_long_sql(statement, "the statement", InvalidInputError)
         self._planning.error = None
         try:
             yield

@@ -13,6 +13,9 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import Any
+
 import pyarrow as pa
 
 from exec_nodes.lookup import CACHE
@@ -22,15 +25,29 @@ from memwal_sql.snapshot import RegionSnapshot, TableSnapshot
 from memwal_sql.writer.generation import open_generation
 
 
-def may_share_keys(snapshot: TableSnapshot, spec: RegionSpec | None) -> bool:
-    """Whether two regions of ``snapshot`` could hold the same key: they have unmerged rows,
-    and the spec does not route keys by key columns alone (or one of them is ungoverned)."""
-    busy = [r for r in snapshot.regions if r.num_sources]
-    if len(busy) < 2:
-        return False
-    if spec is None or not spec.routes_by_key(snapshot.primary_key):
+def regions_may_share_keys(
+    spec: RegionSpec | None,
+    primary_key: Sequence[str],
+    region_values: Iterable[tuple[Any, ...] | None],
+) -> bool:
+    """Whether regions of these values (None: a region the spec does not govern) could hold
+    one key: the spec does not route keys by key columns alone, or a region is ungoverned.
+
+    Example:
+        >>> regions_may_share_keys(RegionSpec.bucket("id", 2), ["id"], [(0,), (1,)])
+        False
+    """
+    if spec is None or not spec.routes_by_key(primary_key):
         return True
-    return any(r.region_values is None for r in busy)
+    return any(values is None for values in region_values)
+
+
+def may_share_keys(snapshot: TableSnapshot, spec: RegionSpec | None) -> bool:
+    """Whether two regions of ``snapshot`` with unmerged rows could hold the same key."""
+    busy = [r for r in snapshot.regions if r.num_sources]
+    return len(busy) > 1 and regions_may_share_keys(
+        spec, snapshot.primary_key, (r.region_values for r in busy)
+    )
 
 
 def keys_in_two_regions_of(snapshot: TableSnapshot, spec: RegionSpec | None) -> pa.Table | None:

@@ -295,3 +295,54 @@ def test_out_of_range_keys_are_typed_errors_and_write_nothing(tmp_path, key_type
             call()
     assert tbl.to_arrow().to_pydict() == {"id": [1], "v": ["a"]}
     tbl.close()
+
+
+EVENTUAL_SWEEP = """
+import shutil, sys
+from pathlib import Path
+import memwal_sql as mw
+from memwal_sql.errors import CorruptGenerationError
+from tests.test_damage import data_file, drop_record, flip_bit
+pristine, rid, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+# Found by name: reading a region manifest here would tell this process of the record.
+[gen] = Path(pristine, "_mem_wal", rid).glob("*_gen_1")
+size = data_file(gen).stat().st_size
+for offset in range(0, size, max(1, size // 24))[:24]:
+    copy = work / f"at{offset}"
+    shutil.copytree(pristine, copy)
+    gen_dir = copy / "_mem_wal" / rid / gen.name
+    drop_record(gen_dir)
+    flip_bit(data_file(gen_dir), offset)
+    tbl = mw.open_table(str(copy))
+    for consistency in ("eventual", "strong"):  # the eventual read first: nothing known yet
+        try:
+            tbl.to_arrow(consistency=consistency)
+            print("read", offset, consistency)
+        except CorruptGenerationError as e:
+            print("refused" if "_memwal_checksums.json" in str(e) else f"other:{e}")
+"""
+
+
+def test_an_eventual_read_in_a_fresh_process_also_needs_the_record(tmp_path):
+    """An eventual read takes its regions from the MemWAL index's region snapshot, which
+    carries no checksums: it must still learn from the region manifest that the generation
+    has a record, in a process that has read no manifest yet (and not let a strong read after
+    it skip the check)."""
+    import subprocess
+    import sys
+
+    uri = str(tmp_path / "pristine")
+    tbl = mw.create_table(uri, SCHEMA, primary_key="id")
+    with tbl.writer() as w:  # a generation of 100 rows: most flipped bits still decode
+        w.upsert(rows(list(range(100))))
+        rid = w.region_id
+    tbl.build_region_snapshots()
+    out = subprocess.run(
+        [sys.executable, "-c", EVENTUAL_SWEEP, uri, rid, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+        timeout=300,
+        check=True,
+    ).stdout.split("\n")
+    assert [line for line in out if line] == ["refused"] * 48

@@ -24,6 +24,8 @@ import re
 
 import pyarrow as pa
 
+from memwal_sql.errors import InvalidInputError
+
 #: The most operators a filter or a SQL statement may hold: far below where DataFusion's
 #: parser overflows its stack (about 9,000), and where its planning takes at most about a
 #: second. Lucene's default limit of clauses in a query is the same.
@@ -82,6 +84,21 @@ def sql_operators(text: str) -> int:
         elif m.group("symbol") or (m.group("word") or "").upper() in _OPERATOR_WORDS:
             count += 1
     return count
+
+
+def refuse_long_sql(text: str, what: str, error: type[InvalidInputError]) -> None:
+    """Raise ``error`` if ``text`` holds more than :data:`MAX_SQL_OPERATORS` operators.
+
+    Example:
+        >>> refuse_long_sql("a = 1", "the filter", InvalidInputError)
+    """
+    operators = sql_operators(text)
+    if operators > MAX_SQL_OPERATORS:
+        raise error(
+            f"{what} holds {operators} operators, above the limit of {MAX_SQL_OPERATORS} "
+            "(DataFusion's parser fails on long chains of them); write a long OR of "
+            "equalities as an IN list, which holds any number of values"
+        )
 
 
 def _after_list_start(text: str, at: int) -> bool:

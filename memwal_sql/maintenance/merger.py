@@ -40,7 +40,7 @@ from memwal_sql.storage import layout
 from memwal_sql.writer.generation import open_generation
 from memwal_sql.writer.memtable import latest_per_key
 from memwal_sql.writer.wal import TOMBSTONE
-from planner.regions import keys_in_two_regions_of
+from planner.regions import keys_in_two_regions_of, regions_may_share_keys
 
 if TYPE_CHECKING:
     from memwal_sql.table import MemWalTable
@@ -65,9 +65,11 @@ def merge_region(
     region_id: str,
     *,
     max_generations: int | None = None,
+    up_to: int | None = None,
     result: MergeResult | None = None,
 ) -> MergeResult:
-    """Merge ``region_id``'s unmerged generations into the base table, oldest first.
+    """Merge ``region_id``'s unmerged generations (up to generation ``up_to``) into the base
+    table, oldest first.
 
     Example:
         ``merge_region(tbl, tbl.regions()[0]).merged``
@@ -84,7 +86,11 @@ def merge_region(
         manifest = manifests.latest()
         check_not_behind_index(region_id, manifest, floor)
         pending = sorted(
-            (g for g in (manifest.flushed_generations if manifest else []) if g.generation > floor),
+            (
+                g
+                for g in (manifest.flushed_generations if manifest else [])
+                if floor < g.generation <= (up_to if up_to is not None else g.generation)
+            ),
             key=lambda g: g.generation,
         )
         if not pending:
@@ -195,10 +201,16 @@ def merge_table(
     # A region the index has merged from but whose directory is gone fails the pass loudly.
     known = sorted(set(table.regions()) | set(table.merged_generations()))
     order = known if regions is None else _named_regions(regions, known)
-    shared, held = _shared_keys(table, order if regions is not None else ())
+    shared, held, checked = _shared_keys(table, order if regions is not None else ())
     for rid in order:
         if rid not in held:
-            merge_region(table, rid, max_generations=max_generations_per_region, result=result)
+            merge_region(
+                table,
+                rid,
+                max_generations=max_generations_per_region,
+                up_to=checked.get(rid, 0) if checked is not None else None,
+                result=result,
+            )
     _log.info(
         "merge of %s: %d generation(s) of %d region(s), %d rows upserted, %d deleted, "
         "%d conflict(s), %.2f s",
@@ -215,22 +227,29 @@ def merge_table(
     return result
 
 
-def _shared_keys(table: MemWalTable, named: Sequence[str]) -> tuple[pa.Table | None, set[str]]:
-    """The keys with unmerged versions in two regions (see :mod:`planner.regions`) and the
-    regions that must not be merged for them: every such region, but where both of a key's
-    regions are ``named`` (an ordered merge). A strong snapshot (every WAL tail) is read only
-    where the spec lets two regions hold a key."""
+def _shared_keys(
+    table: MemWalTable, named: Sequence[str]
+) -> tuple[pa.Table | None, set[str], dict[str, int] | None]:
+    """The keys with unmerged versions in two regions (see :mod:`planner.regions`), the
+    regions that must not be merged for them (every such region, but where both of a key's
+    regions are ``named``: an ordered merge), and the newest generation of each region the
+    check saw (a generation flushed after it waits for the next pass's check); None for the
+    last where no check is needed. A strong snapshot (every WAL tail) is read only where the
+    spec lets two regions hold a key."""
     spec = table.region_spec
-    if (
-        spec is not None
-        and spec.routes_by_key(table.primary_key)
-        and all(region_values(spec, rid, m) is not None for rid, m in table.region_manifests())
+    if spec is not None and not regions_may_share_keys(
+        spec,
+        table.primary_key,
+        (region_values(spec, rid, m) for rid, m in table.region_manifests()),
     ):
-        return None, set()
+        return None, set(), None
     snapshot = take_snapshot(table, "strong")
+    checked = {
+        r.region_id: max((g.generation for g in r.generations), default=0) for r in snapshot.regions
+    }
     shared = keys_in_two_regions_of(snapshot, spec)
     if shared is None:
-        return None, set()
+        return None, set(), checked
     pairs = list(zip(shared.column(REGION).to_pylist(), shared.column(OTHER_REGION).to_pylist()))
     ordered = {r for a, b in pairs if {a, b} <= set(named) for r in (a, b)}
     unflushed = [r.region_id for r in snapshot.regions if r.unflushed and r.region_id in ordered]
@@ -240,7 +259,7 @@ def _shared_keys(table: MemWalTable, named: Sequence[str]) -> tuple[pa.Table | N
             "that share keys needs their versions flushed first (`with "
             "tbl.writer(region_id=...): pass` flushes a region); nothing was merged"
         )
-    return shared, {r for a, b in pairs if not {a, b} <= set(named) for r in (a, b)}
+    return shared, {r for a, b in pairs if not {a, b} <= set(named) for r in (a, b)}, checked
 
 
 def _named_regions(regions: Sequence[str], known: Sequence[str]) -> list[str]:

@@ -84,9 +84,9 @@ class RegionManifestStore:
     def _expect_checksums(self, manifest: RegionManifest) -> None:
         """Tell the checksum module which generations must have their checksum record."""
         for g in manifest.flushed_generations:
-            if g.HasField("checksums_crc32c"):
-                path = f"{layout.region_dir(self.region_id)}/{g.path}"
-                expect_checksums(self.store.uri_for(path), g.checksums_crc32c)
+            path = f"{layout.region_dir(self.region_id)}/{g.path}"
+            crc = g.checksums_crc32c if g.HasField("checksums_crc32c") else None
+            expect_checksums(self.store.uri_for(path), crc)
 
     def latest_version(self) -> int:
         """Newest committed version, 0 if the region has no manifest."""

@@ -47,7 +47,7 @@ _verified_lock = threading.Lock()
 # Generation uri -> the CRC32C of its record, as the region manifest listing it says. Kept for
 # more generations than any process reads between a manifest read and the generation's.
 _EXPECTED_MAX = 1 << 16
-_expected: OrderedDict[str, int] = OrderedDict()
+_expected: OrderedDict[str, int | None] = OrderedDict()  # None: the manifest records none
 _stores: dict[tuple[str, tuple[tuple[str, str], ...]], ObjectStore] = {}
 
 
@@ -81,18 +81,29 @@ def record_checksums(
     return crc
 
 
-def expect_checksums(uri: str, record_crc32c: int) -> None:
-    """Note that the generation at ``uri`` was flushed with a checksum record whose CRC32C is
-    ``record_crc32c`` (a region manifest says so): its record must then exist and match.
+def expect_checksums(uri: str, record_crc32c: int | None) -> None:
+    """Note what the region manifest listing the generation at ``uri`` says of its checksum
+    record: the record's CRC32C (it must then exist and match), or None (flushed by Lance's
+    writer, or listed by a manifest Lance's writer rewrote: read unverified unless this
+    process has already seen a manifest that records it).
 
     Example:
         ``expect_checksums(store.uri_for(gen_dir), flushed_generation.checksums_crc32c)``
     """
     with _verified_lock:
+        if record_crc32c is None and _expected.get(uri) is not None:
+            return
         _expected[uri] = record_crc32c
         _expected.move_to_end(uri)
         while len(_expected) > _EXPECTED_MAX:
             _expected.popitem(last=False)
+
+
+def checksums_known(uri: str) -> bool:
+    """Whether a region manifest has said (:func:`expect_checksums`) whether the generation at
+    ``uri`` has a checksum record."""
+    with _verified_lock:
+        return uri in _expected
 
 
 def _expected_crc(store: ObjectStore, directory: str) -> int | None:
@@ -164,7 +175,8 @@ def verify_generation_once(
     uri: str, storage_options: Mapping[str, str] | None, names: tuple[str, ...] | None = None
 ) -> None:
     """:func:`verify_generation` for the generation at ``uri``, at most once per process
-    for each set of files (generations never change once flushed)."""
+    for each set of files (generations never change once flushed), once its region manifest
+    has said whether it has a record (:func:`checksums_known`)."""
     key = f"{uri}\n{names}"
     with _verified_lock:
         if key in _verified:
@@ -172,6 +184,8 @@ def verify_generation_once(
             return
     store, directory = generation_store(uri, storage_options)
     verify_generation(store, directory, list(names) if names is not None else None)
+    if not checksums_known(store.uri_for(directory)):
+        return  # checked as far as known: a manifest read later may ask for more
     with _verified_lock:
         _verified[key] = True
         while len(_verified) > _VERIFIED_MAX:

@@ -27,6 +27,8 @@ from memwal_sql.index.maintained import MaintainedIndex
 from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.storage.checksums import (
+    checksums_known,
+    expect_checksums,
     generation_store,
     record_checksums,
     verify_generation_once,
@@ -119,7 +121,7 @@ def open_generation(uri: str, storage_options: dict[str, str] | None = None) -> 
     """The generation at ``uri`` as a Lance dataset, its files verified against the checksums
     recorded at flush (once per process): :class:`CorruptGenerationError` if one is damaged."""
     try:
-        verify_generation_once(uri, storage_options)
+        _verify(uri, storage_options)
         return lance.dataset(uri, storage_options=storage_options or None)
     except CorruptGenerationError as e:
         raise _collected(uri, storage_options) or e from None
@@ -130,6 +132,23 @@ def open_generation(uri: str, storage_options: dict[str, str] | None = None) -> 
         ) from e
     except BaseException as e:
         raise _unreadable(uri, e) from e
+
+
+def _verify(
+    uri: str, storage_options: dict[str, str] | None, names: tuple[str, ...] | None = None
+) -> None:
+    """:func:`verify_generation_once`, once this process knows whether the generation's region
+    manifest records its checksum record: a strong read's manifests have told it; an eventual
+    read's region snapshot does not carry it, so the region's manifest is read (once: it tells
+    of every generation it lists)."""
+    store, directory = generation_store(uri, storage_options)
+    key = store.uri_for(directory)
+    if not checksums_known(key):
+        _, region_id, _ = directory.rsplit("/", 2)
+        RegionManifestStore(store, region_id).latest()
+        if not checksums_known(key):
+            expect_checksums(key, None)  # no manifest lists it now: merged and collected
+    verify_generation_once(uri, storage_options, names)
 
 
 def _collected(uri: str, storage_options: dict[str, str] | None) -> GenerationCollectedError | None:
@@ -154,9 +173,7 @@ def read_generation_pk_index(uri: str, storage_options: dict[str, str] | None = 
     """The generation's ``_pk_index`` as ``(values, ids)``, verified first (see
     :func:`open_generation`)."""
     try:
-        verify_generation_once(
-            uri, storage_options, tuple(f"{PK_INDEX_DIR}/{f}" for f in PK_INDEX_FILES)
-        )
+        _verify(uri, storage_options, tuple(f"{PK_INDEX_DIR}/{f}" for f in PK_INDEX_FILES))
     except CorruptGenerationError as e:
         raise _collected(uri, storage_options) or e from None
     try:
@@ -172,7 +189,7 @@ def read_generation_pk_index(uri: str, storage_options: dict[str, str] | None = 
 
 def verify_bloom_filter(uri: str, storage_options: dict[str, str] | None = None) -> None:
     """Verify the generation's ``bloom_filter.bin`` (see :func:`open_generation`)."""
-    verify_generation_once(uri, storage_options, (BLOOM_FILTER,))
+    _verify(uri, storage_options, (BLOOM_FILTER,))
 
 
 def _unreadable(what: str, e: BaseException) -> BaseException:
