@@ -136,6 +136,7 @@ def key_in_two_regions(shared: pa.Table, primary_key: Sequence[str]) -> KeyInTwo
         f"key {shown}{more} has unmerged versions in two regions: its region values changed "
         "between writes, so no read can tell which version is newer, and a merge would let "
         "the region merged last win. Merge the regions in the order their writes happened, the "
-        f"newest last: tbl.merge(regions=[...]) with regions {', '.join(regions)} (flush a "
-        "region's unflushed rows first: `with tbl.writer(region_id=...): pass`)"
+        "newest last: tbl.merge(regions=[older, newer]) or `memwal merge URI --region OLDER "
+        f"--region NEWER`, of regions {', '.join(regions)} (flush a region's unflushed rows "
+        "first: `with tbl.writer(region_id=...): pass`)"
     )

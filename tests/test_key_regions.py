@@ -193,11 +193,20 @@ def test_a_merge_leaves_a_key_in_two_regions_unmerged_and_an_ordered_merge_repai
     tbl.close()
 
 
-def test_an_ordered_merge_needs_the_versions_flushed(tmp_path):
+def test_an_ordered_merge_needs_the_versions_flushed(tmp_path, capsys):
+    from memwal_sql.cli import main
+
     tbl, old, new = two_regions_hold_key_1(tmp_path)  # the newer version is unflushed
     with pytest.raises(mw.errors.InvalidInputError, match="unflushed"):
         tbl.merge(regions=[old, new])
     assert tbl.merged_generations() == {}
+    tbl.writer(region_id=new).close()  # flushed
+    with pytest.raises(SystemExit):
+        main(["merge", tbl.uri])
+    assert "--region" in capsys.readouterr().err  # the error says how to merge them
+    main(["merge", tbl.uri, "--region", old, "--region", new])
+    assert "merged 2 generation(s) from 2 region(s)" in capsys.readouterr().out
+    assert tbl.lookup([1], columns=["v"]).to_pylist() == [{"id": 1, "v": "second"}]
     tbl.close()
 
 
