@@ -126,11 +126,16 @@ class RegionManifestStore:
     def refresh(self, known: RegionManifest | None) -> RegionManifest | None:
         """The newest manifest, reusing ``known`` when no newer version exists.
 
-        Versions are consecutive, so one existence check of ``known.version + 1`` proves
-        ``known`` is still the newest: one request instead of reading hint and manifest.
+        Versions are consecutive, so ``known.version + 1`` missing proves ``known`` is still
+        the newest, as long as ``known.version`` itself is still there: GC deletes the oldest
+        versions first, so a missing next version beside a missing ``known`` means both were
+        collected after newer ones were committed. Two existence checks instead of reading
+        hint and manifest.
         """
-        if known is not None and not self.store.exists(
-            layout.manifest_path(self.region_id, known.version + 1)
+        if (
+            known is not None
+            and not self.store.exists(layout.manifest_path(self.region_id, known.version + 1))
+            and self.store.exists(layout.manifest_path(self.region_id, known.version))
         ):
             return known
         return self.latest()

@@ -63,6 +63,22 @@ def test_latest_without_hint_and_after_old_versions_are_gone(manifests):
     assert manifests.latest_version() == 5
 
 
+def test_refresh_sees_past_versions_gc_collected(manifests):
+    """A reader knows v2; v3..v5 are committed and GC keeps the newest two: v3 (the next of
+    the known one) is gone, and the known one is not the newest (it was reused as such, and a
+    long-lived reader missed every flush since)."""
+    for _ in range(2):
+        claim_region(manifests, region_spec_id=0)
+    known = manifests.latest()
+    assert manifests.refresh(known) is known
+    for _ in range(3):
+        claim_region(manifests, region_spec_id=0)
+    store, rid = manifests.store, manifests.region_id
+    for v in (1, 2, 3):
+        store.delete(layout.manifest_path(rid, v))
+    assert manifests.refresh(known).version == 5
+
+
 def test_sealed_region_refuses_claims(manifests):
     m = claim_region(manifests, region_spec_id=0)
     sealed = RegionManifest()
