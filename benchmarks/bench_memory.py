@@ -93,6 +93,7 @@ def build(uri: str, base_rows: int, upserts: int) -> None:
         None,
         primary_key="id",  # MemWAL on the Lance table just written
         region_spec=mw.RegionSpec.identity("tenant"),
+        allow_non_key_region_spec=True,  # a key's tenant never changes: it is id % 4
         writer_config=mw.WriterConfig(durable_write=False, max_memtable_rows=200_000),
     )
     done, version = 0, 1

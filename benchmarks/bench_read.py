@@ -68,7 +68,7 @@ def build(
         rows_for(np.arange(base_rows, dtype=np.int64), 0, rng),
         primary_key="id",
         region_spec=mw.RegionSpec.identity("tenant"),
-        allow_non_key_region_spec=True,
+        allow_non_key_region_spec=True,  # a key's tenant never changes: it is id % 4
         writer_config=mw.WriterConfig(durable_write=False, max_memtable_rows=memtable_rows),
         data_storage_version=data_storage_version,
     )

@@ -87,6 +87,7 @@ def build(uri: str, base_rows: int, upserts: int, memtable_rows: int) -> mw.MemW
         rows(np.arange(base_rows), rng),
         primary_key="id",
         region_spec=mw.RegionSpec.identity("tenant"),
+        allow_non_key_region_spec=True,  # a key's tenant never changes: it is id % 4
         writer_config=mw.WriterConfig(durable_write=False, max_memtable_rows=memtable_rows),
     )
     tbl.create_index("vec", "IVF_PQ", **INDEX)
