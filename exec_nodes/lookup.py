@@ -730,6 +730,7 @@ class CoalesceFirstExec(KeyedExec):
         label: str = "",
         keys: pa.Table | None = None,
         region_id: str | None = None,
+        routed: bool = False,
     ) -> None:
         self._children = list(children)
         self.primary_key = list(primary_key)
@@ -737,6 +738,7 @@ class CoalesceFirstExec(KeyedExec):
         self.label = label
         self.keys = keys
         self.region_id = region_id
+        self.routed = routed  # asked only the keys the region spec routes to this region
 
     @property
     def schema(self) -> pa.Schema:
@@ -815,7 +817,7 @@ class PointLookupExec(ExecNode):
         for region in self.regions:
             assert region.keys is not None  # region_lookups binds each region's keys
             found.append(region.probe(region.keys).rows)
-        raise_if_shared([(r.region_id, rows) for r, rows in zip(self.regions, found)], pk)
+        raise_if_shared([(r.region_id, rows, r.routed) for r, rows in zip(self.regions, found)], pk)
         # The base answers only the keys *no* region resolved (found or deleted there): a key
         # that could not be routed was asked of every region, and one region's answer is
         # newer than the base's.

@@ -110,12 +110,14 @@ def _named(
 
 
 def raise_if_shared(
-    found: Sequence[tuple[str | None, pa.Table]], primary_key: Sequence[str]
+    found: Sequence[tuple[str | None, pa.Table, bool]], primary_key: Sequence[str]
 ) -> None:
-    """:class:`KeyInTwoRegionsError` if two regions' probe results (``(region id, rows)``:
-    each region's newest version of the keys it holds) hold one key."""
-    parts = [(rid, rows) for rid, rows in found if rid is not None and rows.num_rows]
-    if len(parts) > 1:
+    """:class:`KeyInTwoRegionsError` if two regions' probe results hold one key: ``(region
+    id, rows, routed)``, each region's newest version of the keys it holds, and whether it was
+    asked only the keys its spec routes to it (two such regions share none: nothing to check
+    unless a region asked every key found some)."""
+    parts = [(rid, rows) for rid, rows, _ in found if rid is not None and rows.num_rows]
+    if len(parts) > 1 and any(not routed and rows.num_rows for _, rows, routed in found):
         shared = KeyRegions(parts, primary_key).shared()
         if shared is not None:
             raise key_in_two_regions(shared, primary_key)

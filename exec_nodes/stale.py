@@ -191,7 +191,9 @@ class FilterStaleExec(ExecNode):
         keys = distinct_keys(candidates.select(self.primary_key))
         regions = [node for node in self.newer_sources(keys) if node.keys is not None]
         found = [node.probe(node.keys).rows for node in regions]
-        raise_if_shared([(r.region_id, rows) for r, rows in zip(regions, found)], self.primary_key)
+        raise_if_shared(
+            [(r.region_id, rows, r.routed) for r, rows in zip(regions, found)], self.primary_key
+        )
         found = [f for f in found if f.num_rows]
         gen = candidates.column(GEN).to_numpy()
         is_base = gen == BASE_GENERATION

@@ -137,7 +137,9 @@ def region_lookups(
             by_values[tuple(values)] = keys.take(pa.array(idx))
     regions = []
     for region in snapshot.regions:
-        if routable and region.region_values is not None:
+        routed = routable and region.region_values is not None
+        if routed:
+            assert region.region_values is not None
             region_keys = by_values.get(tuple(region.region_values))
             if region_keys is None:
                 continue
@@ -187,6 +189,7 @@ def region_lookups(
                     keys=region_keys,
                     label=f"region {region.region_id[:8]}",
                     region_id=region.region_id,
+                    routed=routed,
                 )
             )
     return regions

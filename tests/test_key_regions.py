@@ -251,6 +251,8 @@ def test_key_routed_specs_never_check_every_key(tmp_path, monkeypatch):
     tbl.flush()
     tbl.upsert(row(1, "y", tenant="b"))
     assert tbl.count_rows() == 8
+    keys = pa.table({"tenant": ["a", "b", "a", "b"], "id": [0, 1, 2, 3]})
+    assert tbl.lookup(keys).num_rows == 4  # found in several regions, each asked its own keys
     tbl.merge()
     tbl.close()
 

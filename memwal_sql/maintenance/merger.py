@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -201,14 +200,14 @@ def merge_table(
     # A region the index has merged from but whose directory is gone fails the pass loudly.
     known = sorted(set(table.regions()) | set(table.merged_generations()))
     order = known if regions is None else _named_regions(regions, known)
-    shared, held, checked = _shared_keys(table, order if regions is not None else ())
+    check = _check_keys(table, order if regions is not None else ())
     for rid in order:
-        if rid not in held:
+        if rid not in check.held:
             merge_region(
                 table,
                 rid,
                 max_generations=max_generations_per_region,
-                up_to=checked.get(rid, 0) if checked is not None else None,
+                up_to=check.seen.get(rid, 0) if check.seen is not None else None,
                 result=result,
             )
     _log.info(
@@ -222,34 +221,39 @@ def merge_table(
         result.conflicts,
         result.seconds,
     )
-    if shared is not None and held:
-        raise key_in_two_regions(shared, table.primary_key)
+    if check.shared is not None and check.held:
+        raise key_in_two_regions(check.shared, table.primary_key)
     return result
 
 
-def _shared_keys(
-    table: MemWalTable, named: Sequence[str]
-) -> tuple[pa.Table | None, set[str], dict[str, int] | None]:
-    """The keys with unmerged versions in two regions (see :mod:`planner.regions`), the
-    regions that must not be merged for them (every such region, but where both of a key's
-    regions are ``named``: an ordered merge), and the newest generation of each region the
-    check saw (a generation flushed after it waits for the next pass's check); None for the
-    last where no check is needed. A strong snapshot (every WAL tail) is read only where the
-    spec lets two regions hold a key."""
+class _KeyCheck(NamedTuple):
+    """What the merger's key check found (see :func:`_check_keys`)."""
+
+    shared: pa.Table | None  # keys with unmerged versions in two regions
+    held: set[str]  # regions not to merge for them
+    seen: dict[str, int] | None  # per region, the newest generation checked (None: no check)
+
+
+def _check_keys(table: MemWalTable, named: Sequence[str]) -> _KeyCheck:
+    """The keys with unmerged versions in two regions (see :mod:`planner.regions`); the
+    regions that must not be merged for them: each such region, but where both of a key's
+    regions are ``named`` (an ordered merge); and the newest generation of each region the
+    check saw (one flushed after it waits for the next pass's check). A strong snapshot (every
+    WAL tail) is read only where the spec lets two regions hold a key."""
     spec = table.region_spec
     if spec is not None and not regions_may_share_keys(
         spec,
         table.primary_key,
         (region_values(spec, rid, m) for rid, m in table.region_manifests()),
     ):
-        return None, set(), None
+        return _KeyCheck(None, set(), None)
     snapshot = take_snapshot(table, "strong")
-    checked = {
+    seen = {
         r.region_id: max((g.generation for g in r.generations), default=0) for r in snapshot.regions
     }
     shared = keys_in_two_regions_of(snapshot, spec)
     if shared is None:
-        return None, set(), checked
+        return _KeyCheck(None, set(), seen)
     pairs = list(zip(shared.column(REGION).to_pylist(), shared.column(OTHER_REGION).to_pylist()))
     ordered = {r for a, b in pairs if {a, b} <= set(named) for r in (a, b)}
     unflushed = [r.region_id for r in snapshot.regions if r.unflushed and r.region_id in ordered]
@@ -259,21 +263,17 @@ def _shared_keys(
             "that share keys needs their versions flushed first (`with "
             "tbl.writer(region_id=...): pass` flushes a region); nothing was merged"
         )
-    return shared, {r for a, b in pairs if not {a, b} <= set(named) for r in (a, b)}, checked
+    held = {r for a, b in pairs if not {a, b} <= set(named) for r in (a, b)}
+    return _KeyCheck(shared, held, seen)
 
 
 def _named_regions(regions: Sequence[str], known: Sequence[str]) -> list[str]:
     if isinstance(regions, str):
         raise InvalidInputError("regions is a list of region ids, not one string")
-    out = []
-    for r in regions:
-        try:
-            rid = str(uuid.UUID(str(r)))
-        except ValueError as e:
-            raise InvalidInputError(f"region id {r!r} is not a UUID") from e
-        if rid not in known:
-            raise UnknownRegionError(f"no region {rid} in this table; its regions are {known}")
-        out.append(rid)
+    out = [layout.region_id_of(r) for r in regions]
+    unknown = [r for r in out if r not in known]
+    if unknown:
+        raise UnknownRegionError(f"no region {unknown[0]} in this table; its regions are {known}")
     return out
 
 
