@@ -26,6 +26,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not s3"

@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_read import build
 from results_file import write_results
 
-from exec_nodes.lookup import CACHE
 from memwal_sql.interop import lance_shard_snapshots
+from memwal_sql.structures.cache import CACHE
 
 
 def lance_planner(tbl) -> LsmPointLookupPlanner:

@@ -31,9 +31,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_read import SCHEMA, build
 from results_file import write_results
 
-from exec_nodes.lookup import CACHE
-from memwal_sql.manifest import RegionManifestStore
+from memwal_sql.formats.region_manifest import RegionManifestStore
 from memwal_sql.storage import layout
+from memwal_sql.structures.cache import CACHE
 
 
 def timed(fn, repeats: int = 3) -> float:

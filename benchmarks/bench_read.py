@@ -28,8 +28,8 @@ import pyarrow as pa
 from results_file import write_results
 
 import memwal_sql as mw
+from memwal_sql.formats.region_manifest import RegionManifestStore
 from memwal_sql.interop import lance_scanner
-from memwal_sql.manifest import RegionManifestStore
 
 SCHEMA = pa.schema(
     [

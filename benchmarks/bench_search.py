@@ -37,8 +37,8 @@ from lance.mem_wal import LsmVectorSearchPlanner
 from results_file import write_results
 
 import memwal_sql as mw
-from exec_nodes.knn import distances, vectors_of
 from memwal_sql.interop import lance_shard_snapshots
+from memwal_sql.structures.vectors import distances, vectors_of
 
 DIM = 32
 INDEX = {"num_partitions": 64, "num_sub_vectors": 16}

@@ -22,10 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, ExecNode, conform
-from exec_nodes.keyset import KeySet, last_per_key
-from exec_nodes.lookup import CACHE, BaseLookupExec
-from exec_nodes.rowmask import RowMask, split_addresses
+from exec_nodes.base import ExecNode
+from exec_nodes.lookup import BaseLookupExec
 from exec_nodes.scan import (
     BaseScanExec,
     FragmentRange,
@@ -33,7 +31,11 @@ from exec_nodes.scan import (
     MemTableScanExec,
     SourceExec,
 )
-from planner.predicate import Predicate, evaluate
+from memwal_sql.expressions.predicate import Predicate, evaluate
+from memwal_sql.formats.source_rows import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, conform
+from memwal_sql.structures.cache import CACHE
+from memwal_sql.structures.keyset import KeySet, last_per_key
+from memwal_sql.structures.rowmask import RowMask, split_addresses
 
 
 def newest_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:

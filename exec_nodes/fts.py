@@ -30,25 +30,26 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.base import (
+from exec_nodes.base import ExecNode
+from exec_nodes.dedup import Versions
+from exec_nodes.lookup import generation_rows
+from memwal_sql.compat.lance import data_file_paths, take_rows
+from memwal_sql.compat.lance_fts import BM25_B, BM25_K1
+from memwal_sql.expressions.predicate import Predicate, evaluate
+from memwal_sql.formats.generation import open_generation
+from memwal_sql.formats.source_rows import (
     BASE_GENERATION,
     GEN,
     ROWADDR,
     TOMBSTONE,
-    ExecNode,
     conform,
     empty_rows,
     gather,
     stored_columns,
 )
-from exec_nodes.dedup import Versions
-from exec_nodes.lookup import CACHE, generation_rows
-from exec_nodes.memindex import Piece, text_index
-from memwal_sql.compat.lance import data_file_paths, take_rows
-from memwal_sql.compat.lance_fts import BM25_B, BM25_K1
-from memwal_sql.index.tokenizer import Tokenizer
-from memwal_sql.writer.generation import open_generation
-from planner.predicate import Predicate, evaluate
+from memwal_sql.formats.tokenizer import Tokenizer
+from memwal_sql.structures.cache import CACHE
+from memwal_sql.writer.memtable_indexes import Piece, text_index
 
 SCORE = "_score"
 

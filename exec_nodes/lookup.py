@@ -16,42 +16,41 @@ keys, never once per key.
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import NamedTuple
 
 import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.base import (
+from exec_nodes.base import ExecNode
+from exec_nodes.regions import raise_if_shared
+from memwal_sql.compat.lance import data_file_paths, take_rows
+from memwal_sql.errors import ObjectNotFoundError
+from memwal_sql.formats.bloom import BloomFilter, pk_hashes
+from memwal_sql.formats.generation import (
+    open_generation,
+    read_generation_pk_index,
+    verify_bloom_filter,
+)
+from memwal_sql.formats.source_rows import (
     BASE_GENERATION,
     ROWADDR,
     TOMBSTONE,
-    ExecNode,
     conform,
     empty_rows,
     gather,
     stored_columns,
 )
-from exec_nodes.keyset import KeySet, encode_keys, last_per_key
-from exec_nodes.regions import raise_if_shared
-from exec_nodes.rowmask import split_addresses
-from memwal_sql.compat.lance import data_file_paths, take_rows
-from memwal_sql.errors import ObjectNotFoundError
 from memwal_sql.storage import ObjectStore
-from memwal_sql.writer.bloom import BloomFilter, pk_hashes
-from memwal_sql.writer.generation import (
-    open_generation,
-    read_generation_pk_index,
-    verify_bloom_filter,
-)
+from memwal_sql.structures.cache import CACHE
+from memwal_sql.structures.keyset import KeySet, encode_keys, last_per_key
+from memwal_sql.structures.rowmask import split_addresses
 
 HASH = "__memwal_key_hash"  # keys may carry their bloom hashes, computed once per lookup
 
@@ -80,83 +79,6 @@ class KeyedExec(ExecNode):
         yield from self.probe(self.keys).rows.to_batches()
 
 
-_T = TypeVar("_T")
-
-
-class LookupCache:
-    """Per-process LRU of immutable per-generation structures, bounded in bytes.
-
-    Generations never change once flushed, so their primary-key index, bloom filter and (for
-    small generations) their rows are read once and kept, as RocksDB keeps SST blocks in its
-    block cache. ``MEMWAL_LOOKUP_CACHE_BYTES`` sets the budget (default 512 MiB; 0 disables).
-
-    Example:
-        >>> c = LookupCache(100)
-        >>> c.get("k", "a", lambda: ("v", 60)), c.get("k", "b", lambda: ("w", 60))
-        ('v', 'w')
-        >>> c.nbytes  # "a" was evicted to stay within 100 bytes
-        60
-    """
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.nbytes = 0
-        # Values of one kind are of one type: what that kind's load() returns.
-        self._entries: OrderedDict[tuple[str, str], tuple[Any, int]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(
-        self,
-        kind: str,
-        uri: str,
-        load: Callable[[], tuple[_T, int]],
-        current: Callable[[_T], bool] | None = None,
-    ) -> _T:
-        """The cached value of ``(kind, uri)`` (if ``current`` accepts it), else ``load()``'s
-        ``(value, nbytes)``, kept."""
-        key = (kind, uri)
-        with self._lock:
-            if key in self._entries:
-                value = self._entries[key][0]
-                if current is None or current(value):
-                    self._entries.move_to_end(key)
-                    return value
-        value, nbytes = load()
-        with self._lock:
-            if key in self._entries:
-                self.nbytes -= self._entries.pop(key)[1]
-            if nbytes <= self.max_bytes:
-                self._entries[key] = (value, nbytes)
-                self.nbytes += nbytes
-                while self.nbytes > self.max_bytes:
-                    _, (_, n) = self._entries.popitem(last=False)
-                    self.nbytes -= n
-        return value
-
-    def peek(self, kind: str, uri: str) -> Any:
-        """The cached value of ``(kind, uri)``, or None; loads nothing, evicts nothing."""
-        with self._lock:
-            entry = self._entries.get((kind, uri))
-        return None if entry is None else entry[0]
-
-    def contains(self, kind: str, uri: str) -> bool:
-        """Whether ``(kind, uri)`` is cached (it may be evicted the next moment)."""
-        with self._lock:
-            return (kind, uri) in self._entries
-
-    def discard(self, key_prefix: str) -> None:
-        """Drop the entries (of every kind) whose key starts with ``key_prefix``."""
-        with self._lock:
-            for key in [k for k in self._entries if k[1].startswith(key_prefix)]:
-                self.nbytes -= self._entries.pop(key)[1]
-
-    def clear(self) -> None:
-        """Drop every entry."""
-        with self._lock:
-            self._entries.clear()
-            self.nbytes = 0
-
-
 _KEY_INDEX_ROW_BYTES = 16  # a cached base key index entry: key and row address, in key order
 _KEY_INDEX_SHARE = 4  # a base's key index may take a quarter of the cache
 # Lookups read a base's fragments whole only while all of them, with its key index, fit in
@@ -167,7 +89,6 @@ _KEY_INDEX_SHARE = 4  # a base's key index may take a quarter of the cache
 _WHOLE_BASE_SHARE = 2
 _MEMORY_PER_STORED_BYTE = 3
 _WHOLE_FRAGMENT_SHARE = 16  # a fragment read whole takes at most 1/16 of the cache
-CACHE = LookupCache(int(os.environ.get("MEMWAL_LOOKUP_CACHE_BYTES", 512 << 20)))
 
 
 def _whole_fragment(
@@ -384,7 +305,7 @@ class TakeLastExec(LookupSource):
         return generation_rows(self.uri, self.storage_options, self.generation, self.schema)
 
     def _from_memtable(self, keys: pa.Table) -> Probe:
-        from exec_nodes.memindex import keys_index
+        from memwal_sql.writer.memtable_indexes import keys_index
 
         batches = self.batches
         if not batches:

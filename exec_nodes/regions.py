@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.keyset import KeySet
 from memwal_sql.errors import KeyInTwoRegionsError
+from memwal_sql.structures.keyset import KeySet
 
 REGION = "region"
 OTHER_REGION = "other_region"

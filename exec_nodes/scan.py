@@ -21,30 +21,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance.file import LanceFileReader
 
-from exec_nodes.base import (
+from exec_nodes.base import ExecNode
+from memwal_sql.compat.lance import row_addr_treemap, single_data_file, storage_options_of
+from memwal_sql.expressions.predicate import Predicate, evaluate, matches, referenced_columns
+from memwal_sql.expressions.substrait import lance_filter
+from memwal_sql.formats.generation import open_generation
+from memwal_sql.formats.source_rows import (
     BASE_GENERATION,
     GEN,
     ROWADDR,
-    ExecNode,
     conform,
     empty_rows,
     stored_columns,
 )
-from exec_nodes.lookup import CACHE
-from exec_nodes.rowmask import RowMask, split_addresses
-from memwal_sql.compat.lance import row_addr_treemap, single_data_file, storage_options_of
-from memwal_sql.writer.generation import open_generation
-from planner.predicate import Predicate, evaluate, matches, referenced_columns
-from planner.substrait import lance_filter
+from memwal_sql.structures.cache import CACHE
+from memwal_sql.structures.rowmask import RowMask, split_addresses
 
 _FEW_COLUMNS = 6  # up to this many columns of a generation are kept (key columns, tombstone)
-
-
-def source_schema(wal_schema: pa.Schema) -> pa.Schema:
-    """Schema of a newer-than-base source: the WAL schema plus ``_gen`` and ``_rowaddr``."""
-    return pa.schema(
-        [*wal_schema, pa.field(GEN, pa.int64(), False), pa.field(ROWADDR, pa.uint64(), False)]
-    )
 
 
 class SourceExec(ExecNode):
@@ -170,7 +163,7 @@ class MemTableScanExec(SourceExec):
     def read(self, schema: pa.Schema, predicate: Predicate | None) -> pa.Table:
         if not self.batches:
             return empty_rows(schema)
-        from exec_nodes.memindex import rows_index
+        from memwal_sql.writer.memtable_indexes import rows_index
 
         # The MemTable's rows in the source schema, extended as it grows (not rebuilt per
         # query); row i of the MemTable has _rowaddr i, as its key index has.

@@ -27,19 +27,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exec_nodes.base import (
+from exec_nodes.base import ExecNode
+from exec_nodes.dedup import Versions
+from exec_nodes.knn import KnnSource
+from exec_nodes.lookup import CoalesceFirstExec, distinct_keys
+from exec_nodes.regions import raise_if_shared
+from memwal_sql.formats.source_rows import (
     BASE_GENERATION,
     GEN,
     ROWADDR,
     TOMBSTONE,
-    ExecNode,
     empty_rows,
     gather,
 )
-from exec_nodes.dedup import Versions
-from exec_nodes.knn import ONE_BLAS_THREAD, KnnSource
-from exec_nodes.lookup import CoalesceFirstExec, distinct_keys
-from exec_nodes.regions import raise_if_shared
+from memwal_sql.structures.vectors import ONE_BLAS_THREAD
 
 SOURCE = "__memwal_source"  # which child a candidate came from
 _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memwal-search")

@@ -12,17 +12,14 @@ import logging
 from typing import TYPE_CHECKING
 
 from memwal_sql import errors
-from memwal_sql.index.region_spec import RegionSpec
+from memwal_sql.partitioning.region_spec import RegionSpec
 
 if TYPE_CHECKING:  # loaded on first use at runtime (see __getattr__)
-    from memwal_sql.session import MemWalContext, connect
-    from memwal_sql.table import (
-        DEFAULT_REGION_ID,
-        MemWalTable,
-        create_table,
-        open_table,
-        region_id_for,
-    )
+    from memwal_sql.partitioning.region_spec import region_id_for
+    from memwal_sql.session import MemWalContext
+    from memwal_sql.sql import connect
+    from memwal_sql.table import MemWalTable, create_table, open_table
+    from memwal_sql.table_state import DEFAULT_REGION_ID
     from memwal_sql.writer.config import WriterConfig
     from memwal_sql.writer.region_writer import RegionWriter
 
@@ -50,14 +47,14 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 # once, at import (the ``memwal`` command line sets it first); the session pulls in DataFusion
 # and the read side (planner, exec nodes), which import back from this package.
 _LAZY = {
-    "DEFAULT_REGION_ID": "memwal_sql.table",
+    "DEFAULT_REGION_ID": "memwal_sql.table_state",
     "MemWalTable": "memwal_sql.table",
     "create_table": "memwal_sql.table",
     "open_table": "memwal_sql.table",
-    "region_id_for": "memwal_sql.table",
+    "region_id_for": "memwal_sql.partitioning.region_spec",
     "RegionWriter": "memwal_sql.writer.region_writer",
     "WriterConfig": "memwal_sql.writer.config",
-    "connect": "memwal_sql.session",
+    "connect": "memwal_sql.sql",
     "MemWalContext": "memwal_sql.session",
 }
 

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 from lance.mem_wal import LsmScanner, ShardSnapshot
 
 if TYPE_CHECKING:
-    from memwal_sql.table import MemWalTable
+    from memwal_sql.table_state import TableState
 
 
-def lance_shard_snapshots(table: MemWalTable) -> list[ShardSnapshot]:
+def lance_shard_snapshots(table: TableState) -> list[ShardSnapshot]:
     """One Lance ``ShardSnapshot`` per region, from the region manifests."""
     merged = table.merged_generations()
     snaps = []
@@ -35,6 +35,6 @@ def lance_shard_snapshots(table: MemWalTable) -> list[ShardSnapshot]:
     return snaps
 
 
-def lance_scanner(table: MemWalTable) -> LsmScanner:
+def lance_scanner(table: TableState) -> LsmScanner:
     """Lance's ``LsmScanner`` over the base table and every region's flushed generations."""
     return LsmScanner.from_snapshots(table.dataset(), lance_shard_snapshots(table))

@@ -23,18 +23,18 @@ import pyarrow.compute as pc
 
 from exec_nodes.regions import OTHER_REGION, REGION, KeyRegions
 from memwal_sql.errors import KeyRegionChangeError
-from memwal_sql.index.region_spec import region_id_for
+from memwal_sql.partitioning.region_spec import region_id_for
+from memwal_sql.read_snapshot import take_snapshot
 from memwal_sql.session import read_failures
-from memwal_sql.snapshot import take_snapshot
 from planner.lookup import region_lookups
 
 if TYPE_CHECKING:
-    from memwal_sql.table import MemWalTable
+    from memwal_sql.table_state import TableState
 
 REGION_ID = "region_id"
 
 
-def unmerged_regions(table: MemWalTable, keys: pa.Table) -> pa.Table:
+def unmerged_regions(table: TableState, keys: pa.Table) -> pa.Table:
     """The regions holding an unmerged version (a row or a tombstone) of each of ``keys`` (a
     table of the key columns): the key columns and ``region_id``, a row per key and region.
 
@@ -53,9 +53,7 @@ def unmerged_regions(table: MemWalTable, keys: pa.Table) -> pa.Table:
     return pa.concat_tables(found)
 
 
-def refuse_region_changes(
-    table: MemWalTable, rows: pa.RecordBatch, routing: pa.RecordBatch
-) -> None:
+def refuse_region_changes(table: TableState, rows: pa.RecordBatch, routing: pa.RecordBatch) -> None:
     """:class:`KeyRegionChangeError` if ``rows`` (routed by ``routing``, the same rows with
     the region columns) would give a key versions in two regions: another region holds an
     unmerged version of it, or rows of one key go to two regions.

@@ -1,4 +1,4 @@
-"""The read API of a MemWalTable: scans through DataFusion, point lookups, plans.
+"""The read API of a TableState: scans through DataFusion, point lookups, plans.
 
 Scans run as SQL over the table registered in a private DataFusion session, so a SQL filter
 string gets exactly DataFusion's semantics (the pushed part is applied by our nodes after
@@ -16,29 +16,28 @@ import numpy as np
 import pyarrow as pa
 from datafusion import col
 
-from exec_nodes.base import GEN, ROWADDR
-from exec_nodes.keyset import KeySet
 from memwal_sql.compat.datafusion import plain_strings, refuse_long_sql
 from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMismatchError
+from memwal_sql.expressions.predicate import Predicate
+from memwal_sql.formats.source_rows import GEN, ROWADDR
+from memwal_sql.read_snapshot import Consistency, TableSnapshot, take_snapshot
 from memwal_sql.session import (
     MemWalContext,
     MemWalDataset,
-    connect,
     read_failures,
     typed_errors,
 )
-from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
+from memwal_sql.structures.keyset import KeySet
 from planner.lookup import LookupPlan, plan_lookup
-from planner.predicate import Predicate
 
 if TYPE_CHECKING:
-    from memwal_sql.table import MemWalTable
+    from memwal_sql.table_state import TableState
 
 
 class TableReads:
-    """Reads of one table (see the MemWalTable methods of the same names)."""
+    """Reads of one table (see the TableState methods of the same names)."""
 
-    def __init__(self, table: MemWalTable) -> None:
+    def __init__(self, table: TableState) -> None:
         self.table = table
         self._ctx: MemWalContext | None = None
         self._lock = threading.Lock()
@@ -59,7 +58,7 @@ class TableReads:
         """
         with self._lock:
             if self._ctx is None:
-                self._ctx = connect()
+                self._ctx = MemWalContext()
             name = f"t_{consistency}_{int(system_columns)}"
             # Weakly: the context lives in Rust, where the garbage collector cannot see a
             # cycle back to the table, and would keep every table (and its threads) alive.

@@ -1,4 +1,4 @@
-"""Search on a MemWalTable: indexes on the base table, vector and full-text search over live data.
+"""Search on a TableState: indexes on the base table, vector and full-text search over live data.
 
 ``tbl.create_index`` builds the index on the base table with Lance and records it in the MemWAL
 index's ``maintained_indexes``, so writers know to maintain it; ``tbl.vector_search`` reads one
@@ -8,26 +8,39 @@ snapshot, searches every source and keeps each key's latest version (:mod:`plann
 from __future__ import annotations
 
 import json
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-from datafusion import SessionContext
+import pyarrow.compute as pc
+import pyarrow.dataset as pds
+from datafusion import SessionContext, Table, udtf
 
-from exec_nodes.knn import METRICS
 from memwal_sql.compat.datafusion import plain_strings
-from memwal_sql.errors import InvalidInputError, SchemaMismatchError
-from memwal_sql.index.catchup import index_coverage
-from memwal_sql.index.details import INDEX_NAME, update_mem_wal_details
-from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
+from memwal_sql.errors import InvalidInputError, MemWalError, SchemaMismatchError
+from memwal_sql.expressions.predicate import Predicate, matches
+from memwal_sql.expressions.substrait import decode_filter
+from memwal_sql.formats.index_catchup import index_coverage
+from memwal_sql.formats.memwal_index import INDEX_NAME, update_mem_wal_details
+from memwal_sql.read_snapshot import Consistency, TableSnapshot, take_snapshot
+from memwal_sql.reads import TableReads
+from memwal_sql.session import (
+    MemWalContext,
+    MemWalSchema,
+    Projection,
+    RecordsErrors,
+    RowsFragment,
+)
 from memwal_sql.storage import storage_failures
-from planner.predicate import Predicate
+from memwal_sql.structures.vectors import METRICS
 from planner.search import SearchPlan, plan_fts, plan_vector_search
 
 if TYPE_CHECKING:
-    from memwal_sql.table import MemWalTable
+    from memwal_sql.table_state import TableState
 
 #: The largest ``k`` (and ``nprobes``, ``refine_factor``) a search takes. Below it ``k`` is
 #: capped at the rows each source holds before it reaches Lance or numpy (a search never returns
@@ -47,7 +60,7 @@ SCALAR_INDEX_TYPES = ("INVERTED", "BTREE", "BITMAP", "LABEL_LIST", "FTS")
 
 @dataclass(frozen=True)
 class IndexInfo:
-    """One index of the base table, as :meth:`MemWalTable.list_indexes` reports it.
+    """One index of the base table, as :meth:`TableState.list_indexes` reports it.
 
     ``maintained``: recorded in the MemWAL index (writers maintain it); ``caught_up``: the
     index covers every row merged so far; ``lag_generations``: per region, how many merged
@@ -63,7 +76,7 @@ class IndexInfo:
 
 
 def create_index(
-    table: MemWalTable,
+    table: TableState,
     column: str,
     index_type: str,
     *,
@@ -72,7 +85,7 @@ def create_index(
     **params: Any,
 ) -> IndexInfo:
     """Create ``index_type`` on ``column`` of the base table and maintain it (see
-    :meth:`MemWalTable.create_index`)."""
+    :meth:`TableState.create_index`)."""
     kind = index_type.upper()
     if column not in table.schema.names:
         raise SchemaMismatchError(
@@ -112,9 +125,9 @@ def create_index(
     return next(i for i in list_indexes(table) if i.name == index_name)
 
 
-def list_indexes(table: MemWalTable) -> list[IndexInfo]:
+def list_indexes(table: TableState) -> list[IndexInfo]:
     """The base table's indexes with their catch-up state (see
-    :meth:`MemWalTable.list_indexes`)."""
+    :meth:`TableState.list_indexes`)."""
     ds = table.dataset()
     details = table.mem_wal_details(ds)
     maintained = set(details.maintained_indexes)
@@ -143,7 +156,7 @@ def list_indexes(table: MemWalTable) -> list[IndexInfo]:
     return out
 
 
-def vector_column(table: MemWalTable, column: str | None) -> str:
+def vector_column(table: TableState, column: str | None) -> str:
     """``column`` checked, or the table's only vector column."""
     vectors = [
         f.name
@@ -164,7 +177,7 @@ def vector_column(table: MemWalTable, column: str | None) -> str:
     return column
 
 
-def text_column(table: MemWalTable, column: str | None) -> str:
+def text_column(table: TableState, column: str | None) -> str:
     """``column`` checked, or the table's only column with an inverted index (else its only
     string column)."""
     strings = [
@@ -241,10 +254,11 @@ def _check_text_query(query: Any) -> None:
 
 
 class TableSearch:
-    """Searches of one table (see the MemWalTable methods of the same names)."""
+    """Searches of one table (see the TableState methods of the same names)."""
 
-    def __init__(self, table: MemWalTable) -> None:
+    def __init__(self, table: TableState, reads: TableReads) -> None:
         self.table = table
+        self.reads = reads
         self.last_plan: SearchPlan | None = None
 
     def _filtered_snapshot(
@@ -255,8 +269,7 @@ class TableSearch:
         ``pushed`` is a filter already decoded (what SQL pushes into a table function)."""
         if filter is None:
             return take_snapshot(self.table, consistency), pushed, None
-        reads = self.table._reads
-        predicate, snapshot, residual = reads.pushed_filter(filter, consistency)
+        predicate, snapshot, residual = self.reads.pushed_filter(filter, consistency)
         post = None
         if residual:
 
@@ -353,3 +366,134 @@ __all__ = [
     "create_index",
     "list_indexes",
 ]
+
+
+def register_search_functions(ctx: MemWalContext) -> None:
+    """Give ``ctx`` SQL's ``vector_search(...)`` and ``fts(...)`` table functions over its
+    registered MemWAL tables."""
+    for kind in ("vector_search", "fts"):
+        ctx.register_udtf(udtf(_search_function(weakref.ref(ctx.memwal_schema), kind), kind))
+
+
+def _search_function(schema: weakref.ref[MemWalSchema], kind: str) -> Any:
+    """SQL ``vector_search('table', 'column', [q1, q2, ...], k)`` or
+    ``fts('table', 'column', 'query text', k)`` over a registered MemWAL table (the column may
+    be NULL: the table's only vector column, or its indexed text column)."""
+    usage = (
+        "vector_search('table', 'column', [0.1, 0.2, ...], k)"
+        if kind == "vector_search"
+        else "fts('table', 'column', 'query text', k)"
+    )
+
+    def dataset(provider: MemWalSchema | None, args: tuple[Any, ...]) -> SearchDataset:
+        values = []
+        for a in args:
+            try:
+                values.append(a.python_value().as_py())
+            except Exception as e:
+                raise InvalidInputError(f"{kind} takes literals: {usage}") from e
+        if len(values) != 4 or not isinstance(values[0], str) or not isinstance(values[3], int):
+            raise InvalidInputError(f"usage: {usage}")
+        name, column, query, k = values
+        entry = provider._memwal.get(name) if provider is not None else None
+        if provider is None or entry is None:
+            raise InvalidInputError(f"{kind}: no MemWAL table {name!r} is registered")
+        table, options = entry
+        found = SearchDataset(table, kind, column, query, k, options.get("consistency", "strong"))
+        provider.datasets.add(found)  # its errors are raised typed (see _Typed)
+        return found
+
+    def search(*args: Any) -> Table:
+        provider = schema()
+        try:
+            return Table(dataset(provider, args))
+        except MemWalError as e:
+            if provider is not None:
+                provider.planning_failed(e)
+            raise
+
+    return search
+
+
+class SearchDataset(RecordsErrors, pds.Dataset):
+    """What SQL's ``vector_search('table', 'column', [...], k)`` and
+    ``fts('table', 'column', 'query', k)`` read: the search's ``k`` rows. A ``WHERE`` on it is
+    pushed here and becomes the search's filter (on each row's latest version, before
+    ranking); terms on the score (``_distance``, ``_score``) apply to the ``k`` rows found."""
+
+    def __init__(
+        self,
+        table: TableState,
+        kind: str,
+        column: str | None,
+        query: Any,
+        k: int,
+        consistency: Consistency,
+    ) -> None:
+        self._table = table
+        self._kind = kind
+        self._column = column
+        self._query = query
+        self._k = k
+        self._consistency = consistency
+        self._score = "_distance" if kind == "vector_search" else "_score"
+        self._schema = table.schema.append(pa.field(self._score, pa.float32()))
+        self._lock = threading.Lock()
+        self._reading = f"{kind} of {table.uri}"
+        self.last_plan: Any = None
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    def scanner(
+        self,
+        columns: list[str] | None = None,
+        filter: Any = None,
+        **_: Any,
+    ) -> Projection:
+        return Projection(
+            self._schema if columns is None else pa.schema([self._schema.field(c) for c in columns])
+        )
+
+    def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:
+        from memwal_sql.expressions.predicate import conjuncts, referenced_columns
+
+        table, score = self._table, self._score
+        predicate = decode_filter(filter, self._schema)
+        on_rows = [t for t in conjuncts(predicate) if score not in referenced_columns(t)]
+        on_score = [t for t in conjuncts(predicate) if score in referenced_columns(t)]
+        with self.recording_errors():
+            # The table's own search API plans it (same checks), with the pushed filter.
+            search = TableSearch(table, TableReads(table))
+            if self._kind == "vector_search":
+                plan = search.plan_vector_search(
+                    self._query,
+                    self._column,
+                    self._k,
+                    None,
+                    None,
+                    None,
+                    None,
+                    self._consistency,
+                    pushed=_all_of(on_rows),
+                )
+            else:
+                plan = search.plan_fts(
+                    self._query,
+                    self._column,
+                    self._k,
+                    None,
+                    self._consistency,
+                    pushed=_all_of(on_rows),
+                )
+            self.last_plan = plan
+            found = table.store.while_answering(plan.execute, f"{self._kind} of {table.uri}")
+            rows = matches(_all_of(on_score), found)
+        return [RowsFragment(rows)]
+
+
+def _all_of(terms: list[Predicate]) -> Predicate | None:
+    from memwal_sql.expressions.predicate import And
+
+    return None if not terms else terms[0] if len(terms) == 1 else And(tuple(terms))

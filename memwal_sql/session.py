@@ -27,34 +27,34 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
-from datafusion import DataFrame, SessionConfig, SessionContext, SQLOptions, Table, udtf
+from datafusion import DataFrame, SessionConfig, SessionContext, SQLOptions, Table
 from datafusion import catalog as dfc
 
-from exec_nodes.base import conform
 from memwal_sql.compat.datafusion import refuse_long_sql
 from memwal_sql.errors import InvalidInputError, MemWalError, StatementNotAllowedError
-from memwal_sql.snapshot import Consistency, TableSnapshot, take_snapshot
+from memwal_sql.expressions.predicate import Predicate, matches
+from memwal_sql.expressions.substrait import decode_filter
+from memwal_sql.formats.source_rows import conform
+from memwal_sql.read_snapshot import Consistency, TableSnapshot, take_snapshot
 from memwal_sql.storage import ObjectStore, storage_failures
 from planner.lookup import LookupPlan, lookup_keys, plan_lookup
-from planner.predicate import Predicate, matches
 from planner.scan import ScanPlan, output_schema, plan_scan
-from planner.substrait import decode_filter
 
 if TYPE_CHECKING:
-    from memwal_sql.table import MemWalTable
+    from memwal_sql.table_state import TableState
 
 CATALOG = "memwal"
 SCHEMA = "public"
 
 
-class _Projection:
+class Projection:
     """What ``Dataset.scanner()`` returns to DataFusion: only the projected schema is read."""
 
     def __init__(self, schema: pa.Schema) -> None:
@@ -159,7 +159,7 @@ def base_partitions() -> int:
     return max(1, (os.cpu_count() or 2) // 4)
 
 
-class _RecordsErrors:
+class RecordsErrors:
     """A dataset that remembers the first memwal-sql error its planning or reading raised:
     DataFusion hands it back as a plain Exception holding only its text, so the session
     re-raises this one (see :func:`typed_errors` and :class:`_Typed`)."""
@@ -179,7 +179,7 @@ class _RecordsErrors:
             raise
 
 
-class MemWalDataset(_RecordsErrors, pds.Dataset):
+class MemWalDataset(RecordsErrors, pds.Dataset):
     """A MemWAL table as a pyarrow Dataset that DataFusion scans through our exec nodes.
 
     The snapshot is taken at the first planning and pinned for the dataset's life.
@@ -187,7 +187,7 @@ class MemWalDataset(_RecordsErrors, pds.Dataset):
 
     def __init__(
         self,
-        table: MemWalTable,
+        table: TableState,
         *,
         consistency: Consistency = "strong",
         system_columns: bool = False,
@@ -229,8 +229,8 @@ class MemWalDataset(_RecordsErrors, pds.Dataset):
         columns: list[str] | None = None,
         filter: Any = None,
         **_: Any,
-    ) -> _Projection:
-        return _Projection(self.project(columns))
+    ) -> Projection:
+        return Projection(self.project(columns))
 
     def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:
         with self.recording_errors():
@@ -259,7 +259,7 @@ class MemWalDataset(_RecordsErrors, pds.Dataset):
         return [_PartitionFragment(self, plan, i) for i in range(plan.root.num_partitions)]
 
 
-class _RowsFragment:
+class RowsFragment:
     """A fragment of rows already computed (a search's result)."""
 
     def __init__(self, rows: pa.Table) -> None:
@@ -279,99 +279,15 @@ class _RowsScanner:
         yield from self.rows.to_batches()
 
 
-class SearchDataset(_RecordsErrors, pds.Dataset):
-    """What SQL's ``vector_search('table', 'column', [...], k)`` and
-    ``fts('table', 'column', 'query', k)`` read: the search's ``k`` rows. A ``WHERE`` on it is
-    pushed here and becomes the search's filter (on each row's latest version, before
-    ranking); terms on the score (``_distance``, ``_score``) apply to the ``k`` rows found."""
-
-    def __init__(
-        self,
-        table: MemWalTable,
-        kind: str,
-        column: str | None,
-        query: Any,
-        k: int,
-        consistency: Consistency,
-    ) -> None:
-        self._table = table
-        self._kind = kind
-        self._column = column
-        self._query = query
-        self._k = k
-        self._consistency = consistency
-        self._score = "_distance" if kind == "vector_search" else "_score"
-        self._schema = table.schema.append(pa.field(self._score, pa.float32()))
-        self._lock = threading.Lock()
-        self._reading = f"{kind} of {table.uri}"
-        self.last_plan: Any = None
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self._schema
-
-    def scanner(
-        self,
-        columns: list[str] | None = None,
-        filter: Any = None,
-        **_: Any,
-    ) -> _Projection:
-        return _Projection(
-            self._schema if columns is None else pa.schema([self._schema.field(c) for c in columns])
-        )
-
-    def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:
-        from planner.predicate import conjuncts, referenced_columns
-
-        table, score = self._table, self._score
-        predicate = decode_filter(filter, self._schema)
-        on_rows = [t for t in conjuncts(predicate) if score not in referenced_columns(t)]
-        on_score = [t for t in conjuncts(predicate) if score in referenced_columns(t)]
-        with self.recording_errors():
-            # The table's own search API plans it (same checks), with the pushed filter.
-            search = table._search
-            if self._kind == "vector_search":
-                plan = search.plan_vector_search(
-                    self._query,
-                    self._column,
-                    self._k,
-                    None,
-                    None,
-                    None,
-                    None,
-                    self._consistency,
-                    pushed=_all_of(on_rows),
-                )
-            else:
-                plan = search.plan_fts(
-                    self._query,
-                    self._column,
-                    self._k,
-                    None,
-                    self._consistency,
-                    pushed=_all_of(on_rows),
-                )
-            self.last_plan = plan
-            found = table.store.while_answering(plan.execute, f"{self._kind} of {table.uri}")
-            rows = matches(_all_of(on_score), found)
-        return [_RowsFragment(rows)]
-
-
-def _all_of(terms: list[Predicate]) -> Predicate | None:
-    from planner.predicate import And
-
-    return None if not terms else terms[0] if len(terms) == 1 else And(tuple(terms))
-
-
 class MemWalSchema(dfc.SchemaProvider):
     """The session's default schema: MemWAL tables (fresh per query) and ordinary tables."""
 
     def __init__(self) -> None:
-        self._memwal: dict[str, tuple[MemWalTable, dict[str, Any]]] = {}
+        self._memwal: dict[str, tuple[TableState, dict[str, Any]]] = {}
         self._tables: dict[str, Any] = {}
         self._lock = threading.Lock()
         self.last_datasets: dict[str, MemWalDataset] = {}
-        self.datasets: weakref.WeakSet[_RecordsErrors] = weakref.WeakSet()
+        self.datasets: weakref.WeakSet[RecordsErrors] = weakref.WeakSet()
         self._planning = threading.local()
 
     @contextmanager
@@ -396,7 +312,7 @@ class MemWalSchema(dfc.SchemaProvider):
         """Note ``error``, which a table function is about to raise to DataFusion."""
         self._planning.error = error
 
-    def add(self, name: str, table: MemWalTable, **options: Any) -> None:
+    def add(self, name: str, table: TableState, **options: Any) -> None:
         with self._lock:
             self._tables.pop(name, None)
             self._memwal[name] = (table, options)
@@ -466,8 +382,15 @@ class MemWalContext(SessionContext):
 
     Unless ``trusted``, :meth:`sql` runs queries only (see :data:`SAFE_SQL`)."""
 
-    def __init__(self, config: SessionConfig | None = None, *, trusted: bool = False) -> None:
+    def __init__(
+        self,
+        config: SessionConfig | None = None,
+        *,
+        trusted: bool = False,
+        open_table: Callable[[str, dict[str, str] | None], TableState] | None = None,
+    ) -> None:
         self.trusted = trusted
+        self._open_table = open_table
         config = (
             (config or SessionConfig())
             .with_default_catalog_and_schema(CATALOG, SCHEMA)
@@ -477,13 +400,11 @@ class MemWalContext(SessionContext):
         super().__init__(config)
         self.memwal_schema = MemWalSchema()
         self.register_catalog_provider(CATALOG, _Catalog(self.memwal_schema))
-        for kind in ("vector_search", "fts"):
-            self.register_udtf(udtf(_search_function(weakref.ref(self.memwal_schema), kind), kind))
 
     def register(
         self,
         name: str,
-        table: MemWalTable | str,
+        table: TableState | str,
         *,
         consistency: Consistency = "strong",
         system_columns: bool = False,
@@ -496,9 +417,12 @@ class MemWalContext(SessionContext):
         ``system_columns=True`` adds ``_gen`` (-1 for the base table) and ``_rowaddr``.
         """
         if isinstance(table, str):
-            from memwal_sql.table import open_table
-
-            table = open_table(table, storage_options)
+            if self._open_table is None:
+                raise InvalidInputError(
+                    f"this session cannot open {table!r} by its uri; register the table "
+                    "object, or use mw.connect(), whose sessions open uris"
+                )
+            table = self._open_table(table, storage_options)
         self.memwal_schema.add(name, table, consistency=consistency, system_columns=system_columns)
 
     def sql(
@@ -536,46 +460,6 @@ class MemWalContext(SessionContext):
         """The scan plan of the last query that read MemWAL table ``name``."""
         ds = self.memwal_schema.last_datasets.get(name)
         return ds.last_plan if ds is not None else None
-
-
-def _search_function(schema: weakref.ref[MemWalSchema], kind: str) -> Any:
-    """SQL ``vector_search('table', 'column', [q1, q2, ...], k)`` or
-    ``fts('table', 'column', 'query text', k)`` over a registered MemWAL table (the column may
-    be NULL: the table's only vector column, or its indexed text column)."""
-    usage = (
-        "vector_search('table', 'column', [0.1, 0.2, ...], k)"
-        if kind == "vector_search"
-        else "fts('table', 'column', 'query text', k)"
-    )
-
-    def dataset(provider: MemWalSchema | None, args: tuple[Any, ...]) -> SearchDataset:
-        values = []
-        for a in args:
-            try:
-                values.append(a.python_value().as_py())
-            except Exception as e:
-                raise InvalidInputError(f"{kind} takes literals: {usage}") from e
-        if len(values) != 4 or not isinstance(values[0], str) or not isinstance(values[3], int):
-            raise InvalidInputError(f"usage: {usage}")
-        name, column, query, k = values
-        entry = provider._memwal.get(name) if provider is not None else None
-        if provider is None or entry is None:
-            raise InvalidInputError(f"{kind}: no MemWAL table {name!r} is registered")
-        table, options = entry
-        found = SearchDataset(table, kind, column, query, k, options.get("consistency", "strong"))
-        provider.datasets.add(found)  # its errors are raised typed (see _Typed)
-        return found
-
-    def search(*args: Any) -> Table:
-        provider = schema()
-        try:
-            return Table(dataset(provider, args))
-        except MemWalError as e:
-            if provider is not None:
-                provider.planning_failed(e)
-            raise
-
-    return search
 
 
 def read_failures(what: str) -> AbstractContextManager[None]:
@@ -728,14 +612,3 @@ class _Typed:
     def _repr_html_(self) -> str:
         with self._typed():
             return str(self._inner._repr_html_())
-
-
-def connect(config: SessionConfig | None = None, *, trusted: bool = False) -> MemWalContext:
-    """A DataFusion session with MemWAL support. Its SQL runs queries only, so SQL text from
-    anyone cannot read or write files (``CREATE EXTERNAL TABLE``, ``COPY``), drop tables or
-    change settings; ``trusted=True`` gives DataFusion's every statement.
-
-    Example:
-        ``ctx = mw.connect(); ctx.register("events", tbl); ctx.sql("SELECT ...").to_arrow_table()``
-    """
-    return MemWalContext(config, trusted=trusted)

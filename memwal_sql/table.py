@@ -12,9 +12,6 @@ Example:
 
 from __future__ import annotations
 
-import threading
-import uuid
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -26,10 +23,9 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails, RegionManifest
+from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails
 from memwal_sql._proto.memwal_pb2 import RegionSpec as RegionSpecProto
 from memwal_sql.compat.lance import is_not_found
-from memwal_sql.compat.lance_manifest import read_mem_wal_details
 from memwal_sql.errors import (
     AuthenticationError,
     DuplicateKeyError,
@@ -39,30 +35,26 @@ from memwal_sql.errors import (
     PrimaryKeyError,
     SchemaMismatchError,
     StorageError,
-    TableClosedError,
     TableExistsError,
     TableNotFoundError,
-    UnknownRegionError,
     WriterFencedError,
 )
-from memwal_sql.index.details import (
+from memwal_sql.formats.bloom import is_supported_pk_type
+from memwal_sql.formats.memwal_index import (
     create_mem_wal_index,
     has_mem_wal_index,
-    region_generations,
 )
-from memwal_sql.index.region_snapshots import load_region_snapshots
-from memwal_sql.index.region_spec import REGION_NAMESPACE, RegionSpec, region_id_for
 from memwal_sql.maintenance.compaction import DELETION_THRESHOLD, TARGET_ROWS_PER_FRAGMENT
-from memwal_sql.manifest import RegionManifestStore
+from memwal_sql.partitioning.region_spec import RegionSpec
+from memwal_sql.read_snapshot import Consistency
 from memwal_sql.storage import ObjectStore, layout, storage_failures
 from memwal_sql.storage.store import is_access_denied, with_default_timeouts
-from memwal_sql.writer.bloom import is_supported_pk_type
+from memwal_sql.table_state import TableState
 from memwal_sql.writer.config import WriterConfig
 from memwal_sql.writer.memtable import duplicate_keys, latest_per_key
-from memwal_sql.writer.region_writer import RegionWriter, TableLayout
+from memwal_sql.writer.region_writer import RegionWriter
 
-if TYPE_CHECKING:  # the maintenance and search modules import this one
-    from memwal_sql.index.maintained import MaintainedIndex
+if TYPE_CHECKING:  # imported on first use: the read side pulls in DataFusion
     from memwal_sql.maintenance import (
         CatchupResult,
         CompactionResult,
@@ -72,244 +64,26 @@ if TYPE_CHECKING:  # the maintenance and search modules import this one
         SnapshotResult,
         VerifyReport,
     )
-    from memwal_sql.search import IndexInfo
+    from memwal_sql.reads import TableReads
+    from memwal_sql.search import IndexInfo, TableSearch
+from memwal_sql.formats.wal import TOMBSTONE
 from memwal_sql.writer.rows import RowCoercer, to_arrow_table
-from memwal_sql.writer.wal import TOMBSTONE
 
 PK_METADATA = b"lance-schema:unenforced-primary-key"
 
-#: The region ``table.writer()`` and routed writes use on a table without a region spec.
-DEFAULT_REGION_ID = str(uuid.uuid5(REGION_NAMESPACE, "default-region"))
 
+class MemWalTable(TableState):
+    """A table open for MemWAL writes, reads, searches and maintenance."""
 
-class MemWalTable:
-    """A table open for MemWAL writes (and, through the readers, for reads)."""
-
-    def __init__(
-        self,
-        uri: str,
-        dataset: lance.LanceDataset,
-        *,
-        primary_key: Sequence[str],
-        region_spec: RegionSpec | None,
-        storage_options: Mapping[str, str] | None = None,
-        writer_config: WriterConfig | None = None,
-    ) -> None:
-        self.uri = uri
-        self.storage_options = dict(storage_options or {})
-        self.primary_key = tuple(primary_key)
-        self.region_spec = region_spec
-        self.writer_config = writer_config or WriterConfig()
-        self._dataset = dataset
-        self._session = dataset.session()
-        self.schema = _plain_schema(dataset.schema)
-        self.store = ObjectStore(uri, self.storage_options)
-        self._rows = RowCoercer(self.schema, self.primary_key)
-        self._layout = TableLayout(
-            store=self.store,
-            base_schema=self.schema,
-            primary_key=self.primary_key,
-            region_spec=region_spec,
-            data_storage_version=dataset.data_storage_version,
-            # Weakly, so the table and its writers' layout make no reference cycle.
-            merged_generations=_weak_call(self.merged_generations, dict),
-            maintained_indexes=_weak_call(self.maintained_indexes, tuple),
-        )
-        self._writers: dict[str, RegionWriter] = {}  # routed writes' own writers
-        self._writers_lock = threading.Lock()
-        # A table dropped without close() releases the writers it opened for routed writes
-        # (their writes are in the WAL); a writer handed to the caller stays the caller's.
-        weakref.finalize(self, _release_in_background, self._writers)
-        # Every writer this object opened, by region, so this process's reads see its MemTables.
-        self._live: weakref.WeakValueDictionary[str, RegionWriter] = weakref.WeakValueDictionary()
-        self._reads_impl: Any = None
-        self._search_impl: Any = None
-        self._maintained_cache: tuple[int, list[Any]] | None = None
-        self._details_cache: tuple[int, MemWalIndexDetails] | None = None
-        self._snapshots_cache: tuple[tuple[int, int], list[RegionManifest] | None] | None = None
-        # The newest manifest seen per region: a snapshot re-reads one only if a newer exists.
-        self.known_manifests: dict[str, Any] = {}
-        self._pool: ThreadPoolExecutor | None = None
-        self._closed = False
-
-    # ---- base table ---------------------------------------------------------------------------
-
-    def dataset(self, version: int | None = None) -> lance.LanceDataset:
-        """The base Lance dataset (latest version unless ``version`` is given).
-
-        Every open shares one Lance session, so index and metadata caches (the primary-key
-        btree that point lookups probe) survive from one snapshot to the next.
-        """
-        what = f"opening {self.uri}" + (f" at version {version}" if version else "")
-        return self.store.run_io(
-            what,
-            lambda: lance.dataset(
-                self.uri,
-                version=version,
-                storage_options=self.storage_options or None,
-                session=self._session,
-            ),
-        )
-
-    # ---- regions ------------------------------------------------------------------------------
-
-    def regions(self) -> list[str]:
-        """Ids of every region that has a directory under ``_mem_wal/``."""
-        out = []
-        for name in self.store.list_dirs(layout.MEM_WAL_DIR):
-            try:
-                out.append(str(uuid.UUID(name)))
-            except ValueError:
-                continue
-        return out
-
-    def region_manifests(self) -> list[tuple[str, RegionManifest]]:
-        """Each region's latest manifest, in region-id order (regions without one left out).
-
-        Example:
-            ``{rid: m.current_generation for rid, m in tbl.region_manifests()}``
-        """
-        out = []
-        for rid in self.regions():
-            manifest = RegionManifestStore(self.store, rid).latest()
-            if manifest is not None:
-                out.append((rid, manifest))
-        return out
-
-    def writer(
-        self,
-        region_id: str | None = None,
-        *,
-        region_values: Sequence[Any] | None = None,
-        **config: Any,
-    ) -> RegionWriter:
-        """Claim a region and return its :class:`RegionWriter` (a context manager).
-
-        ``region_values`` names the region by its region-spec values (e.g. ``(3,)`` for bucket 3);
-        ``region_id`` names an existing region (on a table without a region spec, any new id
-        makes a manual region, as Lance's shard ids do). With neither, an unsharded table's single
-        region is claimed; a table without a region spec claims its fixed default region
-        (:data:`DEFAULT_REGION_ID`). Keyword arguments override :class:`WriterConfig` options
-        for this writer.
-
-        Example:
-            ``with tbl.writer(region_values=(0,), durable_write=False) as w: w.upsert(batch)``
-        """
-        cfg = self.writer_config.with_overrides(**config)
-        spec = self.region_spec
-        if region_values is not None:
-            if spec is None:
-                raise InvalidInputError("region_values needs a table with a region spec")
-            values = tuple(region_values)
-            rid = region_id_for(spec, values)
-            if region_id is not None and layout.region_id_of(region_id) != rid:
-                raise InvalidInputError(f"region {region_id} does not hold values {values}")
-            return self._track(RegionWriter(self._layout, rid, region_values=values, config=cfg))
-        if region_id is not None:
-            rid = layout.region_id_of(region_id)
-            # Without a region spec, regions are manual (as Lance's shard ids): any id may be
-            # claimed. With one, a region exists once a writer of its values claimed it.
-            if (
-                spec is not None
-                and rid not in self.regions()
-                and rid not in self.merged_generations()
-            ):  # a lost region: the claim says so
-                raise UnknownRegionError(
-                    f"no region {rid} in {self.uri}; known regions: {self.regions()[:5]}"
-                )
-            return self._track(RegionWriter(self._layout, rid, config=cfg))
-        if spec is None:
-            # One fixed region, so every process's table.upsert of a key reaches the same one.
-            return self._track(RegionWriter(self._layout, DEFAULT_REGION_ID, config=cfg))
-        if all(f.transform == "unsharded" for f in spec.fields):
-            values = (0,)
-            return self._track(
-                RegionWriter(
-                    self._layout, region_id_for(spec, values), region_values=values, config=cfg
-                )
-            )
-        raise InvalidInputError(
-            f"this table is split into regions by {spec.describe()}; pass region_values=(...) "
-            "or region_id=..., or write through table.upsert() which routes rows"
-        )
-
-    def _track(self, writer: RegionWriter) -> RegionWriter:
-        self._live[writer.region_id] = writer
-        return writer
-
-    def live_writers(self) -> dict[str, RegionWriter]:
-        """This object's open, healthy writers by region id (their MemTables are readable)."""
-        return {rid: w for rid, w in list(self._live.items()) if w.is_open}
-
-    @property
-    def wal_schema(self) -> pa.Schema:
-        """The schema of WAL entries and generations: base columns then ``_tombstone``."""
-        return self._rows.schema
-
-    def mem_wal_details(self, dataset: lance.LanceDataset | None = None) -> MemWalIndexDetails:
-        """The MemWAL index details of a base version (default: the latest; empty for a version
-        from before MemWAL was enabled).
-
-        Example:
-            ``tbl.mem_wal_details().num_regions``
-        """
-        ds = dataset if dataset is not None else self.dataset()
-        cached = self._details_cache
-        if cached is not None and cached[0] == ds.version:  # a version's manifest never changes
-            return cached[1]
-        details = read_mem_wal_details(self.store, ds.version) or MemWalIndexDetails()
-        self._details_cache = (ds.version, details)
-        return details
-
-    def merged_generations(self, dataset: lance.LanceDataset | None = None) -> dict[str, int]:
-        """The newest generation of each region already merged into the base table."""
-        return region_generations(self.mem_wal_details(dataset).merged_generations)
-
-    def maintained_indexes(
-        self, dataset: lance.LanceDataset | None = None
-    ) -> list[MaintainedIndex]:
-        """The base-table indexes writers maintain (each flushed generation builds them),
-        as :class:`~memwal_sql.index.maintained.MaintainedIndex` es; read once per base
-        version."""
-        from memwal_sql.index.maintained import maintained_indexes
-
-        ds = dataset or self.dataset()
-        cached = self._maintained_cache
-        if cached is None or cached[0] != ds.version:
-            cached = (
-                ds.version,
-                maintained_indexes(ds, self.mem_wal_details(ds), self.storage_options or None),
-            )
-            self._maintained_cache = cached
-        return cached[1]
-
-    def region_snapshots(
-        self, dataset: lance.LanceDataset | None = None
-    ) -> list[RegionManifest] | None:
-        """The region manifests as of the MemWAL index's last region snapshot (None: none
-        taken, or unreadable); eventual-consistency reads use it.
-
-        Example:
-            ``[m.current_generation for m in tbl.region_snapshots() or []]``
-        """
-        details = self.mem_wal_details(dataset)
-        inline = details.inline_snapshots if details.HasField("inline_snapshots") else b""
-        key = (details.snapshot_ts_millis, hash(inline))
-        cached = self._snapshots_cache
-        if cached is None or cached[0] != key:
-            cached = (
-                key,
-                load_region_snapshots(
-                    details, self.region_spec, self.store.uri_for, self.storage_options or None
-                ),
-            )
-            self._snapshots_cache = cached
-        return cached[1]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._reads_impl: TableReads | None = None
+        self._search_impl: TableSearch | None = None
 
     # ---- reads (implemented in memwal_sql.reads) ---------------------------------------------
 
     @property
-    def _reads(self) -> Any:
+    def _reads(self) -> TableReads:
         # Imported on first use: the read side pulls in DataFusion, the planner and exec nodes.
         if self._reads_impl is None:
             from memwal_sql.reads import TableReads
@@ -322,7 +96,7 @@ class MemWalTable:
         columns: Sequence[str] | None = None,
         filter: str | None = None,
         *,
-        consistency: str = "strong",
+        consistency: Consistency = "strong",
         with_system_columns: bool = False,
     ) -> pa.Table:
         """The latest row of every key (deletes removed), optionally projected and filtered.
@@ -340,7 +114,7 @@ class MemWalTable:
         columns: Sequence[str] | None = None,
         filter: str | None = None,
         *,
-        consistency: str = "strong",
+        consistency: Consistency = "strong",
         with_system_columns: bool = False,
     ) -> pa.RecordBatchReader:
         """Like :meth:`to_arrow`, streamed as a RecordBatchReader.
@@ -350,7 +124,7 @@ class MemWalTable:
         """
         return self._reads.scan(columns, filter, consistency, with_system_columns)
 
-    def count_rows(self, filter: str | None = None, *, consistency: str = "strong") -> int:
+    def count_rows(self, filter: str | None = None, *, consistency: Consistency = "strong") -> int:
         """Number of live keys (matching ``filter``).
 
         Example:
@@ -364,7 +138,7 @@ class MemWalTable:
         columns: Sequence[str] | None = None,
         *,
         align: bool = False,
-        consistency: str = "strong",
+        consistency: Consistency = "strong",
         with_system_columns: bool = False,
     ) -> pa.Table:
         """The latest live row of each key: an array or list of keys, or a table of the key
@@ -388,7 +162,7 @@ class MemWalTable:
         filter: str | None = None,
         columns: Sequence[str] | None = None,
         *,
-        consistency: str = "strong",
+        consistency: Consistency = "strong",
     ) -> str:
         """The exec-node tree a read would run: pruned regions, sources, pushed filter (or the
         point-lookup plan for ``pk = v`` / ``pk IN (...)``).
@@ -398,7 +172,7 @@ class MemWalTable:
         """
         return self._reads.explain(filter, columns, consistency)
 
-    def explain_lookup(self, keys: Any, *, consistency: str = "strong") -> str:
+    def explain_lookup(self, keys: Any, *, consistency: Consistency = "strong") -> str:
         """The point-lookup plan of ``keys`` (see :meth:`lookup`).
 
         Example:
@@ -409,11 +183,11 @@ class MemWalTable:
     # ---- search (implemented in memwal_sql.search) ----------------------------------------------
 
     @property
-    def _search(self) -> Any:
+    def _search(self) -> TableSearch:
         if self._search_impl is None:
             from memwal_sql.search import TableSearch
 
-            self._search_impl = TableSearch(self)
+            self._search_impl = TableSearch(self, self._reads)
         return self._search_impl
 
     def create_index(
@@ -463,7 +237,7 @@ class MemWalTable:
         nprobes: int | None = None,
         refine_factor: int | None = None,
         metric: str | None = None,
-        consistency: str = "strong",
+        consistency: Consistency = "strong",
     ) -> pa.Table:
         """The ``k`` rows nearest to ``query`` among the latest rows (fresh writes included,
         stale versions and deleted keys never), as the table's columns plus ``_distance``,
@@ -487,7 +261,7 @@ class MemWalTable:
         k: int = 10,
         filter: str | None = None,
         *,
-        consistency: str = "strong",
+        consistency: Consistency = "strong",
     ) -> pa.Table:
         """The ``k`` latest rows that best match ``query`` by BM25, as the table's columns plus
         ``_score``, best first. Scores are computed over the latest corpus (superseded and
@@ -519,7 +293,9 @@ class MemWalTable:
             self.fts(query, column, k, filter, **options)
         else:
             self.vector_search(query, column, k, filter, **options)
-        return self._search.last_plan.explain()
+        plan = self._search.last_plan
+        assert plan is not None  # the search above set it
+        return plan.explain()
 
     # ---- maintenance --------------------------------------------------------------------------
 
@@ -755,12 +531,6 @@ class MemWalTable:
                 errors.append(e)
         if errors:
             raise errors[0]
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise TableClosedError(
-                f"{self.uri} was closed; open it again with mw.open_table(uri) to write"
-            )
 
     def close(self) -> None:
         """Flush and close every writer this table opened; later routed writes
@@ -1127,27 +897,3 @@ def _try_dataset(uri: str, storage_options: dict[str, str] | None) -> lance.Lanc
         if is_not_found(e):
             return None
         raise StorageError(f"cannot open a table at {uri}: {e}") from e
-
-
-def _weak_call(method: Callable[[], Any], default: Callable[[], Any]) -> Callable[[], Any]:
-    """``method()`` while its object lives, else ``default()``."""
-    ref = weakref.WeakMethod(method)
-
-    def call() -> Any:
-        bound = ref()
-        return bound() if bound is not None else default()
-
-    return call
-
-
-def _release_in_background(writers: dict[str, RegionWriter]) -> None:
-    """Release ``writers`` on another thread: a finalizer may run on a writer's own thread,
-    which the release joins."""
-    if writers:
-        found = list(writers.values())
-
-        def release() -> None:
-            for w in found:
-                w._release_at_exit()
-
-        threading.Thread(target=release, name="memwal-release", daemon=True).start()

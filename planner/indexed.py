@@ -5,7 +5,7 @@ caught up; Lance would scan those rows. For a query an index serves, the base ta
 in the fragments the index covers, and the generations of the gap (newer than what the index
 covers, already merged) are read in place of the rest, through their own indexes. This is exact
 because catch-up is derived so that the uncovered fragments hold only rows of those generations
-(:mod:`memwal_sql.index.catchup`). When catch-up is unknown or a gap generation is gone, there is
+(:mod:`memwal_sql.formats.index_catchup`). When catch-up is unknown or a gap generation is gone, there is
 no indexed plan and the whole base table is read.
 
 Point lookups through the base table's btree use it: a generation answers a key from its cached
@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from memwal_sql.index.catchup import index_coverage, min_caught_up
-from memwal_sql.snapshot import GenerationRef, TableSnapshot
+from memwal_sql.formats.index_catchup import index_coverage, min_caught_up
+from memwal_sql.read_snapshot import GenerationRef, TableSnapshot
 
 
 @dataclass(frozen=True)

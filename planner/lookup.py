@@ -17,7 +17,6 @@ import numpy as np
 import pyarrow as pa
 
 from exec_nodes.lookup import (
-    CACHE,
     HASH,
     BaseLookupExec,
     BloomFilterGuardExec,
@@ -28,14 +27,15 @@ from exec_nodes.lookup import (
     TakeLastExec,
     distinct_keys,
 )
-from exec_nodes.scan import source_schema
-from memwal_sql.index.region_spec import RegionSpec
-from memwal_sql.snapshot import GenerationRef, TableSnapshot
+from memwal_sql.expressions.predicate import And, Compare, InList, Or, Predicate, conjuncts
+from memwal_sql.formats.bloom import pk_hashes
+from memwal_sql.formats.generation import BLOOM_FILTER
+from memwal_sql.formats.source_rows import source_schema
+from memwal_sql.partitioning.region_spec import RegionSpec
+from memwal_sql.read_snapshot import GenerationRef, TableSnapshot
 from memwal_sql.storage import ObjectStore
-from memwal_sql.writer.bloom import pk_hashes
-from memwal_sql.writer.generation import BLOOM_FILTER
+from memwal_sql.structures.cache import CACHE
 from planner.indexed import IndexedRead, plan_indexed_read
-from planner.predicate import And, Compare, InList, Or, Predicate, conjuncts
 
 # SQL `pk IN (...)` lists up to this many keys run as a point lookup; a longer list is a scan
 # (pruned by region), which reads sequentially what so many random reads would touch anyway.

@@ -3,7 +3,7 @@
 A region holds only rows whose region values equal the region's own (recorded in its
 manifest). The filter, in negation normal form, is *projected* onto the region values: each
 comparison on a region-spec source column becomes, through that field's transform
-(:meth:`~memwal_sql.index.transforms.Transform.project`), a predicate on the region value that
+(:meth:`~memwal_sql.partitioning.transforms.Transform.project`), a predicate on the region value that
 every matching row's region value satisfies; anything else becomes TRUE. The projection is then
 evaluated against a table of the regions' values, with the same three-valued evaluator the
 rows get, and a region is kept only where it is TRUE. A NULL counts as "no": in negation normal
@@ -14,7 +14,7 @@ Region-spec columns must not change for a key (a key lives in one region), as th
 
 Example:
     >>> import pyarrow as pa, pyarrow.compute as pc
-    >>> from memwal_sql.index.region_spec import RegionSpec
+    >>> from memwal_sql.partitioning.region_spec import RegionSpec
     >>> schema = pa.schema([("country", pa.string())])
     >>> spec = RegionSpec.identity("country").bind(schema)
     >>> pred = decode_filter(pc.field("country") == "nl", schema)
@@ -31,8 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_sql.index.region_spec import RegionSpec
-from planner.predicate import (
+from memwal_sql.expressions.predicate import (
     And,
     ColumnCompare,
     Compare,
@@ -46,7 +45,8 @@ from planner.predicate import (
     evaluate,
     negation_normal_form,
 )
-from planner.substrait import decode_filter
+from memwal_sql.expressions.substrait import decode_filter
+from memwal_sql.partitioning.region_spec import RegionSpec
 
 __all__ = ["decode_filter", "project_onto_regions", "prune_regions"]
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from exec_nodes.lookup import CACHE
 from exec_nodes.regions import KeyRegions, key_in_two_regions
-from memwal_sql.index.region_spec import RegionSpec
-from memwal_sql.snapshot import RegionSnapshot, TableSnapshot
-from memwal_sql.writer.generation import open_generation
+from memwal_sql.formats.generation import open_generation
+from memwal_sql.partitioning.region_spec import RegionSpec
+from memwal_sql.read_snapshot import RegionSnapshot, TableSnapshot
+from memwal_sql.structures.cache import CACHE
 
 
 def regions_may_share_keys(

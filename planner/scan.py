@@ -7,18 +7,12 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from exec_nodes.base import GEN, ROWADDR
 from exec_nodes.dedup import DeduplicateExec
-from exec_nodes.scan import (
-    FragmentRange,
-    GenerationScanExec,
-    MemTableScanExec,
-    SourceExec,
-    source_schema,
-)
-from memwal_sql.index.region_spec import RegionSpec
-from memwal_sql.snapshot import TableSnapshot
-from planner.predicate import Predicate
+from exec_nodes.scan import FragmentRange, GenerationScanExec, MemTableScanExec, SourceExec
+from memwal_sql.expressions.predicate import Predicate
+from memwal_sql.formats.source_rows import GEN, ROWADDR, source_schema
+from memwal_sql.partitioning.region_spec import RegionSpec
+from memwal_sql.read_snapshot import TableSnapshot
 from planner.pruning import prune_regions
 from planner.regions import check_one_region_per_key
 

@@ -33,7 +33,6 @@ from exec_nodes.fts import (
     MemTableFtsExec,
 )
 from exec_nodes.knn import (
-    DISTANCE,
     BaseKnnExec,
     GenerationKnnExec,
     GenerationsKnnExec,
@@ -41,15 +40,17 @@ from exec_nodes.knn import (
     KnnSource,
     MemTableKnnExec,
 )
-from exec_nodes.lookup import CACHE, generation_rows
-from exec_nodes.scan import source_schema
+from exec_nodes.lookup import generation_rows
 from exec_nodes.stale import FilterStaleExec, TopKExec
-from memwal_sql.index.region_spec import RegionSpec
-from memwal_sql.index.tokenizer import Tokenizer
-from memwal_sql.snapshot import RegionSnapshot, TableSnapshot
+from memwal_sql.expressions.predicate import Predicate
+from memwal_sql.formats.source_rows import source_schema
+from memwal_sql.partitioning.region_spec import RegionSpec
+from memwal_sql.read_snapshot import RegionSnapshot, TableSnapshot
 from memwal_sql.storage import ObjectStore
+from memwal_sql.structures.cache import CACHE
+from memwal_sql.structures.vectors import DISTANCE
+from memwal_sql.writer.memtable_indexes import tokenizer_for
 from planner.lookup import region_lookups
-from planner.predicate import Predicate
 from planner.pruning import prune_regions
 from planner.regions import check_one_region_per_key
 
@@ -270,13 +271,6 @@ def text_index(dataset: lance.LanceDataset, column: str) -> tuple[str, dict] | N
         "Inverted",
         lambda name, stats: (name, dict((stats.get("indices") or [{}])[0].get("params") or {})),
     )
-
-
-def tokenizer_for(params: dict) -> Tokenizer:
-    """One tokenizer per parameter set in the process: it keeps what it learnt (each distinct
-    token's final term, recent queries' terms)."""
-    key = json.dumps(params, sort_keys=True, default=str)
-    return CACHE.get("tokenizer", key, lambda: (Tokenizer(params), 1 << 16))
 
 
 def plan_fts(

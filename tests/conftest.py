@@ -127,7 +127,7 @@ def table_root(request: Any, tmp_path: Any) -> tuple[str, dict[str, str] | None]
 def failing_first_flush(monkeypatch: Any) -> list[str]:
     """Make the first generation write fail after its data files are written (the _pk_index
     step); returns the generation uris each attempt used."""
-    from memwal_sql.writer import generation
+    from memwal_sql.formats import generation
 
     real = generation.write_pk_index
     calls: list[str] = []

@@ -15,7 +15,7 @@ from lance.mem_wal import LsmScanner, ShardSnapshot
 @contextlib.contextmanager
 def cache_budget(max_bytes: int) -> Iterator[None]:
     """The lookup cache limited to ``max_bytes`` (0: off) inside the block."""
-    from exec_nodes.lookup import CACHE
+    from memwal_sql.structures.cache import CACHE
 
     saved = CACHE.max_bytes
     CACHE.max_bytes = max_bytes

@@ -11,8 +11,8 @@ import pytest
 
 import memwal_sql as mw
 from memwal_sql.errors import CorruptManifestError
+from memwal_sql.formats.region_manifest import RegionManifestStore
 from memwal_sql.maintenance.status import region_status
-from memwal_sql.manifest import RegionManifestStore
 from memwal_sql.storage import layout
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string())])

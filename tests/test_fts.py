@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 
 import memwal_sql as mw
 from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMismatchError
-from memwal_sql.index.tokenizer import Tokenizer
+from memwal_sql.formats.tokenizer import Tokenizer
 from tests.lsm import Model, apply_op, op_sequences
 
 SCHEMA = pa.schema(
@@ -232,7 +232,7 @@ def test_indexed_writes_index_the_memtable_before_returning(
 ) -> None:
     """With ``indexed_writes``, a write returns with the MemTable's inverted index already
     holding it: a search afterwards tokenizes nothing (and still finds the new row)."""
-    from memwal_sql.index.tokenizer import Tokenizer
+    from memwal_sql.formats.tokenizer import Tokenizer
 
     tbl = mw.create_table(
         str(tmp_path),

@@ -23,7 +23,7 @@ from memwal_sql.errors import (
     KeyInTwoRegionsError,
     KeyRegionChangeError,
 )
-from memwal_sql.index.region_spec import RegionField, region_id_for
+from memwal_sql.partitioning.region_spec import RegionField, region_id_for
 from tests.lsm import lance_latest_rows
 
 SCHEMA = pa.schema(

@@ -10,14 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memwal_sql as mw
-from exec_nodes.lookup import (
-    CACHE,
-    BaseLookupExec,
-    BloomFilterGuardExec,
-    LookupCache,
-    TakeLastExec,
-    fragment_rows_key,
-)
+from exec_nodes.lookup import BaseLookupExec, BloomFilterGuardExec, TakeLastExec, fragment_rows_key
+from memwal_sql.structures.cache import CACHE, LookupCache
 from planner.lookup import LookupPlan
 from tests.lsm import apply_op, cache_budget, op_sequences, seeded_table
 

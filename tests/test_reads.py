@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from lance.mem_wal import LsmScanner
 
 import memwal_sql as mw
-from exec_nodes.lookup import CACHE
 from memwal_sql.errors import InvalidInputError, SchemaMismatchError, StorageError
+from memwal_sql.structures.cache import CACHE
 from tests.lsm import Model, apply_op, cache_budget, lance_snapshots
 
 SCHEMA = pa.schema(

@@ -5,8 +5,8 @@ import pytest
 
 import memwal_sql as mw
 from memwal_sql.errors import CorruptManifestError, MissingWalEntryError
-from memwal_sql.manifest import RegionManifestStore
-from memwal_sql.snapshot import _consistent_wal_tail
+from memwal_sql.formats.region_manifest import RegionManifestStore
+from memwal_sql.read_snapshot import _consistent_wal_tail
 from memwal_sql.storage import layout
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string())])

@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memwal_sql as mw
-from exec_nodes.knn import distances, vectors_of
-from exec_nodes.lookup import CACHE
 from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMismatchError
+from memwal_sql.structures.cache import CACHE
+from memwal_sql.structures.vectors import distances, vectors_of
 from tests.lsm import Model, apply_op, op_sequences
 
 DIM = 8
@@ -283,7 +283,7 @@ def test_create_index_is_maintained_and_listed(table_root, base_rows) -> None:
 def test_bloom_false_positives_never_drop_valid_rows(tmp_path, base_rows, monkeypatch) -> None:
     """Every bloom filter answering "maybe" for every key: each hit is confirmed in the
     generation's key index, so the answer does not change."""
-    from memwal_sql.writer.bloom import BloomFilter
+    from memwal_sql.formats.bloom import BloomFilter
 
     tbl = mw.create_table(
         str(tmp_path), base_rows, primary_key="k", region_spec=mw.RegionSpec.bucket("k", 2)
@@ -382,7 +382,7 @@ def test_generations_carry_the_maintained_indexes_and_lance_reads_them(tmp_path)
 
 
 def take_regions(tbl: mw.MemWalTable):
-    from memwal_sql.snapshot import take_snapshot
+    from memwal_sql.read_snapshot import take_snapshot
 
     return take_snapshot(tbl).regions
 

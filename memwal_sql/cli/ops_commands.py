@@ -196,7 +196,7 @@ def verify(a: argparse.Namespace) -> None:
 
 
 def set_aside(a: argparse.Namespace) -> None:
-    from memwal_sql.writer.wal import set_aside_damaged_entry
+    from memwal_sql.formats.wal import set_aside_damaged_entry
 
     tbl = _open(a)
     to = set_aside_damaged_entry(tbl.store, a.region_id, a.position)

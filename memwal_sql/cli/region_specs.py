@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from memwal_sql.cli.failures import UsageError
-from memwal_sql.index.region_spec import RegionField, RegionSpec
+from memwal_sql.partitioning.region_spec import RegionField, RegionSpec
 
 FORMS = (
     "bucket:COL:N",

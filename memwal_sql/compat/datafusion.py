@@ -8,7 +8,7 @@
 * A pyarrow dataset must never return zero fragments: ``UnknownPartitioning(0)`` breaks
   ``ORDER BY`` plans (``SanityCheckPlan``). Our scan plan always has partition 0.
 * A pushed filter is *Exact*: DataFusion never re-checks it, and it pushes SQL ``NOT IN`` as
-  pyarrow's ``~is_in``, which is true for NULL; :mod:`planner.predicate` evaluates it with
+  pyarrow's ``~is_in``, which is true for NULL; :mod:`memwal_sql.expressions.predicate` evaluates it with
   SQL semantics instead.
 * Its SQL parser nests a chain of binary operators (``a OR b OR ...``, ``a + b + ...``) one
   level per operator and walks it recursively: about 9,000 of them overflow an 8 MB thread

@@ -3,10 +3,10 @@ compaction, region snapshots, garbage collection, and a scrub for damage."""
 
 from memwal_sql.maintenance.compaction import CompactionResult, compact_base
 from memwal_sql.maintenance.gc import GcResult, gc_table
+from memwal_sql.maintenance.index_builder import SnapshotResult, build_region_snapshots
 from memwal_sql.maintenance.indexes import CatchupResult, catch_up_indexes
 from memwal_sql.maintenance.merger import MergeResult, merge_region, merge_table
 from memwal_sql.maintenance.run import MaintenanceResult, StepFailure, maintain_table
-from memwal_sql.maintenance.snapshots import SnapshotResult, build_region_snapshots
 from memwal_sql.maintenance.verify import Problem, VerifyReport, verify_table
 
 __all__ = [

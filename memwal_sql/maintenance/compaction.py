@@ -40,11 +40,11 @@ import lance
 
 from memwal_sql.compat.lance import is_commit_conflict
 from memwal_sql.errors import CommitConflictError, InvalidInputError
-from memwal_sql.index.catchup import index_coverage
+from memwal_sql.formats.index_catchup import index_coverage
 from memwal_sql.maintenance.indexes import catch_up_indexes
 
 if TYPE_CHECKING:
-    from memwal_sql.table import MemWalTable
+    from memwal_sql.table_state import TableState
 
 TARGET_ROWS_PER_FRAGMENT = 1 << 20  # Lance's default
 DELETION_THRESHOLD = 0.05
@@ -62,7 +62,7 @@ class CompactionResult:
 
 
 def compact_base(
-    table: MemWalTable,
+    table: TableState,
     *,
     target_rows_per_fragment: int = TARGET_ROWS_PER_FRAGMENT,
     deletion_threshold: float = DELETION_THRESHOLD,

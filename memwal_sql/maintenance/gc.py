@@ -49,14 +49,14 @@ from memwal_sql.errors import (
     MemWalError,
     ObjectNotFoundError,
 )
-from memwal_sql.index.catchup import index_coverage, min_caught_up
-from memwal_sql.manifest import RegionManifestStore, commit_change
+from memwal_sql.formats.index_catchup import index_coverage, min_caught_up
+from memwal_sql.formats.region_manifest import RegionManifestStore, commit_change
+from memwal_sql.formats.wal import read_wal_entry, wal_positions
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.storage.checksums import recorded_wal_entry_position
-from memwal_sql.writer.wal import read_wal_entry, wal_positions
 
 if TYPE_CHECKING:
-    from memwal_sql.table import MemWalTable
+    from memwal_sql.table_state import TableState
 
 
 _CLOCK_SLACK = 60.0
@@ -111,7 +111,7 @@ class _Collectable:
     index_caught_up: int | None
 
 
-def _collectable(table: MemWalTable) -> dict[str, _Collectable]:
+def _collectable(table: TableState) -> dict[str, _Collectable]:
     """Per region, what GC may delete, read from the latest and the oldest retained version.
 
     Another maintainer's cleanup of old versions may remove the oldest between its listing and
@@ -130,7 +130,7 @@ def _collectable(table: MemWalTable) -> dict[str, _Collectable]:
     )
 
 
-def _collectable_once(table: MemWalTable) -> dict[str, _Collectable]:
+def _collectable_once(table: TableState) -> dict[str, _Collectable]:
     ds = table.dataset()
     oldest_version = min(v["version"] for v in ds.versions())
     oldest = table.dataset(oldest_version)
@@ -155,7 +155,7 @@ def _collectable_once(table: MemWalTable) -> dict[str, _Collectable]:
     return out
 
 
-def collectable_generations(table: MemWalTable) -> dict[str, int]:
+def collectable_generations(table: TableState) -> dict[str, int]:
     """Per region, the newest generation no retained base version still needs: merged as of
     the oldest retained version, and covered there by every base-table index (the indexed read
     plan reads the generations an index has not caught up with).
@@ -166,7 +166,7 @@ def collectable_generations(table: MemWalTable) -> dict[str, int]:
     return {rid: c.generation for rid, c in _collectable(table).items()}
 
 
-def _last_pass_began(table: MemWalTable) -> float:
+def _last_pass_began(table: TableState) -> float:
     """When the previous pass began, less the slack; 0 (sync everything) without a marker."""
     try:
         return float(json.loads(table.store.get(layout.BASE_SYNCED))["started"]) - _CLOCK_SLACK
@@ -175,7 +175,7 @@ def _last_pass_began(table: MemWalTable) -> float:
 
 
 def gc_table(
-    table: MemWalTable,
+    table: TableState,
     *,
     keep_manifest_versions: int = 10,
     base_versions_older_than: timedelta | None = None,
@@ -208,7 +208,7 @@ def gc_table(
 
 
 def _gc_region(
-    table: MemWalTable, rid: str, state: _Collectable | None, keep: int, result: GcResult
+    table: TableState, rid: str, state: _Collectable | None, keep: int, result: GcResult
 ) -> None:
     store = table.store
     manifests = RegionManifestStore(store, rid)

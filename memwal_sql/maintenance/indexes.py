@@ -6,12 +6,12 @@ until they are optimized, reads of those rows go through the gap generations
 indexes that lag (Lance's ``optimize_indices``: the new rows go into the index). Lance 14 records
 the catch-up progress (``index_catchup`` in the MemWAL index details) in that same commit; our
 readers and the garbage collector derive it from what each index covers instead
-(:mod:`memwal_sql.index.catchup`), which stays exact even for an index rebuilt by other means.
+(:mod:`memwal_sql.formats.index_catchup`), which stays exact even for an index rebuilt by other means.
 
 When Lance fails, each lagging index is tried on its own, so one cannot hold the others back.
 A vector index whose new rows all have NULL vectors is one Lance 14 cannot optimize (it looks
 for IVF partition files it never wrote): it is committed as covering them without adding a row
-(:func:`~memwal_sql.compat.lance_manifest.cover_fragments`), which is exact, as a NULL vector
+(:func:`~memwal_sql.formats.lance_manifest.cover_fragments`), which is exact, as a NULL vector
 never matches a search. One whose new rows hold a vector no index can place (written before
 vectors were checked at write: :func:`~memwal_sql.writer.rows.unusable_vectors`) stays behind,
 and :class:`~memwal_sql.errors.IndexCatchupError` names the row.
@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING
 
 from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails
 from memwal_sql.compat.lance import is_commit_conflict
-from memwal_sql.compat.lance_manifest import cover_fragments
 from memwal_sql.errors import IndexCatchupError
-from memwal_sql.index.catchup import index_coverage
-from memwal_sql.index.details import region_generations
+from memwal_sql.formats.index_catchup import index_coverage
+from memwal_sql.formats.lance_manifest import cover_fragments
+from memwal_sql.formats.memwal_index import region_generations
 from memwal_sql.writer.rows import is_vector_type, unusable_vectors
 
 if TYPE_CHECKING:
-    from memwal_sql.table import MemWalTable
+    from memwal_sql.table_state import TableState
 
 
 @dataclass
@@ -47,7 +47,7 @@ class CatchupResult:
     seconds: float = 0.0
 
 
-def catch_up_indexes(table: MemWalTable) -> CatchupResult:
+def catch_up_indexes(table: TableState) -> CatchupResult:
     """Optimize every base-table index that does not cover all merged rows; if one of them
     cannot be, the others still are, then :class:`IndexCatchupError` names it and why.
 
@@ -87,7 +87,7 @@ def catch_up_indexes(table: MemWalTable) -> CatchupResult:
     return result
 
 
-def _catch_up_one(table: MemWalTable, name: str) -> str | None:
+def _catch_up_one(table: TableState, name: str) -> str | None:
     """Bring index ``name`` over the merged rows; None when done, else what stops it."""
     ds = table.dataset()
     coverage = next((c for c in index_coverage(table.store, ds) if c.name == name), None)

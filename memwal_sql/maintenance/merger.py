@@ -33,16 +33,16 @@ from lance.mem_wal import CompactedSsTable
 from exec_nodes.regions import OTHER_REGION, REGION, key_in_two_regions
 from memwal_sql.compat.lance import is_commit_conflict
 from memwal_sql.errors import CommitConflictError, InvalidInputError, UnknownRegionError
-from memwal_sql.manifest import RegionManifestStore, check_not_behind_index
-from memwal_sql.snapshot import region_values, take_snapshot
+from memwal_sql.formats.generation import open_generation
+from memwal_sql.formats.region_manifest import RegionManifestStore, check_not_behind_index
+from memwal_sql.formats.wal import TOMBSTONE
+from memwal_sql.read_snapshot import region_values, take_snapshot
 from memwal_sql.storage import layout
-from memwal_sql.writer.generation import open_generation
 from memwal_sql.writer.memtable import latest_per_key
-from memwal_sql.writer.wal import TOMBSTONE
 from planner.regions import keys_in_two_regions_of, regions_may_share_keys
 
 if TYPE_CHECKING:
-    from memwal_sql.table import MemWalTable
+    from memwal_sql.table_state import TableState
 
 _ATTEMPTS = 8
 _log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class MergeResult:
 
 
 def merge_region(
-    table: MemWalTable,
+    table: TableState,
     region_id: str,
     *,
     max_generations: int | None = None,
@@ -177,7 +177,7 @@ def _sql_literals(col: pa.Array) -> list[str]:
 
 
 def merge_table(
-    table: MemWalTable,
+    table: TableState,
     *,
     max_generations_per_region: int | None = None,
     regions: Sequence[str] | None = None,
@@ -234,7 +234,7 @@ class _KeyCheck(NamedTuple):
     seen: dict[str, int] | None  # per region, the newest generation checked (None: no check)
 
 
-def _check_keys(table: MemWalTable, named: Sequence[str]) -> _KeyCheck:
+def _check_keys(table: TableState, named: Sequence[str]) -> _KeyCheck:
     """The keys with unmerged versions in two regions (see :mod:`planner.regions`); the
     regions that must not be merged for them: each such region, but where both of a key's
     regions are ``named`` (an ordered merge); and the newest generation of each region the

@@ -39,13 +39,13 @@ from memwal_sql.maintenance.compaction import (
     compact_base,
 )
 from memwal_sql.maintenance.gc import GcResult, gc_table
+from memwal_sql.maintenance.index_builder import SnapshotResult, build_region_snapshots
 from memwal_sql.maintenance.indexes import CatchupResult, catch_up_indexes
 from memwal_sql.maintenance.merger import MergeResult, merge_table
-from memwal_sql.maintenance.snapshots import SnapshotResult, build_region_snapshots
 from memwal_sql.storage import storage_failures
 
 if TYPE_CHECKING:
-    from memwal_sql.table import MemWalTable
+    from memwal_sql.table_state import TableState
 
 T = TypeVar("T")
 ATTEMPTS = 6
@@ -85,7 +85,7 @@ class MaintenanceResult:
 
 
 def maintain_table(
-    table: MemWalTable,
+    table: TableState,
     *,
     base_versions_older_than: timedelta | None = None,
     keep_manifest_versions: int = 10,

@@ -15,12 +15,12 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from memwal_sql.errors import CorruptManifestError
-from memwal_sql.index.catchup import index_coverage
-from memwal_sql.manifest import RegionManifestStore, check_not_behind_index
+from memwal_sql.formats.index_catchup import index_coverage
+from memwal_sql.formats.region_manifest import RegionManifestStore, check_not_behind_index
 from memwal_sql.storage import layout
 
 if TYPE_CHECKING:
-    from memwal_sql.table import MemWalTable
+    from memwal_sql.table_state import TableState
 
 
 @dataclass
@@ -47,9 +47,9 @@ class RegionStatus:
         return asdict(self)
 
 
-def index_catchup(table: MemWalTable) -> dict[str, dict[str, int] | None]:
+def index_catchup(table: TableState) -> dict[str, dict[str, int] | None]:
     """Per base-table index, the newest generation of each region it covers (None: unknown,
-    see :mod:`memwal_sql.index.catchup`).
+    see :mod:`memwal_sql.formats.index_catchup`).
 
     Example:
         ``index_catchup(tbl)  # {"id_pk_btree": {"<region id>": 3}}``
@@ -60,7 +60,7 @@ def index_catchup(table: MemWalTable) -> dict[str, dict[str, int] | None]:
     }
 
 
-def region_status(table: MemWalTable) -> list[RegionStatus]:
+def region_status(table: TableState) -> list[RegionStatus]:
     """The status of every region of ``table``, in region-id order."""
     merged = table.merged_generations()
     catchup = index_catchup(table)

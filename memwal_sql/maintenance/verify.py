@@ -24,22 +24,22 @@ from typing import TYPE_CHECKING, Any
 from exec_nodes.regions import key_in_two_regions
 from memwal_sql._proto.memwal_pb2 import RegionManifest
 from memwal_sql.errors import CorruptTableError, MemWalError, StorageError
-from memwal_sql.manifest import RegionManifestStore, check_not_behind_index
-from memwal_sql.snapshot import take_snapshot
-from memwal_sql.storage import layout
-from memwal_sql.storage.checksums import verify_generation
-from memwal_sql.writer.generation import open_generation
-from memwal_sql.writer.memtable import duplicate_keys
-from memwal_sql.writer.wal import (
+from memwal_sql.formats.generation import open_generation
+from memwal_sql.formats.region_manifest import RegionManifestStore, check_not_behind_index
+from memwal_sql.formats.wal import (
     decode_wal_entry,
     missing_wal_entry,
     only_sentinels_after,
     wal_positions,
 )
+from memwal_sql.read_snapshot import take_snapshot
+from memwal_sql.storage import layout
+from memwal_sql.storage.checksums import verify_generation
+from memwal_sql.writer.memtable import duplicate_keys
 from planner.regions import keys_in_two_regions_of
 
 if TYPE_CHECKING:
-    from memwal_sql.table import MemWalTable
+    from memwal_sql.table_state import TableState
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class VerifyReport:
         return {**asdict(self), "ok": self.ok}
 
 
-def verify_table(table: MemWalTable, progress: Callable[[int], None] | None = None) -> VerifyReport:
+def verify_table(table: TableState, progress: Callable[[int], None] | None = None) -> VerifyReport:
     """Scrub ``table`` (see the module docstring); ``progress(n)`` is called as objects are
     checked. Damage is reported, not raised.
 
@@ -118,7 +118,7 @@ def verify_table(table: MemWalTable, progress: Callable[[int], None] | None = No
     return report
 
 
-def _check_keys(table: MemWalTable, report: VerifyReport) -> None:
+def _check_keys(table: TableState, report: VerifyReport) -> None:
     """Keys in two regions, and keys the base table holds twice."""
     pk = list(table.primary_key)
     repeated = duplicate_keys(table.dataset().to_table(columns=pk), pk)
@@ -142,7 +142,7 @@ def _check_keys(table: MemWalTable, report: VerifyReport) -> None:
 
 
 def _check_manifests(
-    table: MemWalTable, rid: str, merged: int, report: VerifyReport, tick: Callable[[int], None]
+    table: TableState, rid: str, merged: int, report: VerifyReport, tick: Callable[[int], None]
 ) -> Any:
     manifests = RegionManifestStore(table.store, rid)
     for version in manifests.list_versions():
@@ -162,7 +162,7 @@ def _check_manifests(
 
 
 def _check_wal(
-    table: MemWalTable,
+    table: TableState,
     rid: str,
     manifest: RegionManifest | None,
     report: VerifyReport,

@@ -113,7 +113,7 @@ def write(
         ``write(spark.read.parquet("events/"), "/data/events")``
     """
     import memwal_sql as mw
-    from memwal_sql.index.region_spec import region_id_for
+    from memwal_sql.partitioning.region_spec import region_id_for
 
     if operation not in ("upsert", "delete"):
         raise InvalidInputError(f"operation must be 'upsert' or 'delete', not {operation!r}")
@@ -165,7 +165,7 @@ def _tagger(uri: str, options: dict[str, str]) -> Any:
 
     def tag(batches: Any) -> Any:
         import memwal_sql as mw
-        from memwal_sql.index.region_spec import region_id_for
+        from memwal_sql.partitioning.region_spec import region_id_for
 
         table = mw.open_table(uri, options or None)
         spec = table.region_spec

@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import datasource as sds
 
-from planner.predicate import Compare, InList, IsNull, Not, Predicate
+from memwal_sql.expressions.predicate import Compare, InList, IsNull, Not, Predicate
 
 _OPS = {
     sds.EqualTo: "=",

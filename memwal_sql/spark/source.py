@@ -40,10 +40,10 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from memwal_sql.errors import InvalidInputError, ObjectExistsError, WriterFencedError
+from memwal_sql.expressions.predicate import And, Predicate
 from memwal_sql.spark.arrow import spark_compatible, to_spark_batch
 from memwal_sql.spark.filters import spark_predicate
 from memwal_sql.storage import layout
-from planner.predicate import And, Predicate
 
 _OPTIONS = {
     "path",
@@ -127,7 +127,7 @@ class MemWalReader(DataSourceReader):
             self.predicate = taken[0] if len(taken) == 1 else And(tuple(taken))
 
     def partitions(self) -> Sequence[InputPartition]:
-        from memwal_sql.snapshot import take_snapshot
+        from memwal_sql.read_snapshot import take_snapshot
         from planner.scan import plan_scan
 
         table = _open(self.options)

@@ -22,13 +22,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_sql.writer.pk_index import SortedKeys, key_order, key_values
+from memwal_sql.formats.key_index import SortedKeys, key_order, key_values
+from memwal_sql.structures.keyset import last_per_key
 
 _log = logging.getLogger(__name__)
 
 _ROW = "__memwal_row"
 
-# What readers keep of a MemTable that a flush makes obsolete (exec_nodes.memindex registers
+# What readers keep of a MemTable that a flush makes obsolete (memwal_sql.writer.memtable_indexes registers
 # the release of its in-memory indexes): called with the flushed MemTable's batches. A reader
 # module registers once its function exists, so a flush never meets a half-imported one.
 _FLUSH_LISTENERS: list[Callable[[Sequence[pa.RecordBatch]], None]] = []
@@ -51,21 +52,6 @@ def flushed(memtable: MemTable) -> None:
             listener(batches)
         except Exception:
             _log.exception("a flush listener failed after generation %d", memtable.generation)
-
-
-def last_per_key(keys: pa.Table, rank: np.ndarray) -> tuple[pa.Table, np.ndarray]:
-    """Last write wins: the distinct keys of ``keys`` and, for each, the highest ``rank`` of
-    its rows (one hash aggregate, no sort).
-
-    Example:
-        >>> k, r = last_per_key(pa.table({"id": [5, 7, 5]}), np.array([1, 2, 3]))
-        >>> k.column("id").to_pylist(), r.tolist()
-        ([5, 7], [3, 2])
-    """
-    names = keys.column_names
-    t = keys.append_column(_ROW, pa.array(np.asarray(rank, dtype=np.int64)))
-    best = t.group_by(names, use_threads=False).aggregate([(_ROW, "max")])
-    return best.select(names), best.column(f"{_ROW}_max").to_numpy()
 
 
 def duplicate_keys(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:

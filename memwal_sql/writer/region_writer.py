@@ -40,15 +40,10 @@ from memwal_sql.errors import (
     WriterFencedError,
     WrongRegionError,
 )
-from memwal_sql.index.maintained import MaintainedIndex
-from memwal_sql.index.region_spec import RegionSpec
-from memwal_sql.manifest import RegionManifestStore, claim_region, commit_change
-from memwal_sql.storage import ObjectStore, layout
-from memwal_sql.writer.config import WriterConfig
-from memwal_sql.writer.generation import write_generation
-from memwal_sql.writer.memtable import MemTable, flushed, latest_per_key_in_key_order
-from memwal_sql.writer.rows import RowCoercer
-from memwal_sql.writer.wal import (
+from memwal_sql.formats.generation import write_generation
+from memwal_sql.formats.maintained_indexes import MaintainedIndex
+from memwal_sql.formats.region_manifest import RegionManifestStore, claim_region, commit_change
+from memwal_sql.formats.wal import (
     RECOVERY_LOOKS,
     WalEntry,
     WalRun,
@@ -64,6 +59,11 @@ from memwal_sql.writer.wal import (
     set_aside_torn_entry,
     wal_positions,
 )
+from memwal_sql.partitioning.region_spec import RegionSpec
+from memwal_sql.storage import ObjectStore, layout
+from memwal_sql.writer.config import WriterConfig
+from memwal_sql.writer.memtable import MemTable, flushed, latest_per_key_in_key_order
+from memwal_sql.writer.rows import RowCoercer
 
 _FLUSH_ATTEMPTS = 3
 # Races a claim may lose for a WAL position before it gives up; each leaps twice as far ahead.
@@ -685,9 +685,8 @@ class RegionWriter:
 
     def _refresh_indexes(self, memtable: MemTable) -> None:
         """Extend the MemTable's in-memory indexes with its new batches (indexed writes)."""
-        from exec_nodes.memindex import text_index, vector_index
-        from exec_nodes.scan import source_schema
-        from planner.search import tokenizer_for
+        from memwal_sql.formats.source_rows import source_schema
+        from memwal_sql.writer.memtable_indexes import text_index, tokenizer_for, vector_index
 
         schema, batches = source_schema(memtable.schema), memtable.batches()
         for index in self._table.maintained_indexes():

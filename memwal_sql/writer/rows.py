@@ -30,10 +30,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_sql.errors import InvalidInputError, PrimaryKeyError, SchemaMismatchError
-from memwal_sql.writer.wal import TOMBSTONE, wal_schema
+from memwal_sql.formats.wal import TOMBSTONE, wal_schema
 
 if TYPE_CHECKING:
-    from memwal_sql.index.region_spec import RegionSpec
+    from memwal_sql.partitioning.region_spec import RegionSpec
 
 
 def to_arrow_table(data: Any) -> pa.Table:

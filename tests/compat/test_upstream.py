@@ -20,8 +20,8 @@ from memwal_sql.compat.lance import (
     row_addr_treemap,
     take_rows,
 )
-from memwal_sql.compat.lance_manifest import read_mem_wal_details
-from planner.substrait import substrait_weight
+from memwal_sql.expressions.substrait import substrait_weight
+from memwal_sql.formats.lance_manifest import read_mem_wal_details
 
 
 def test_lance_take_rows_reads_rows_by_address(tmp_path):
@@ -210,7 +210,7 @@ def test_ivf_pq_codebook_round_trips_through_create_index(tmp_path):
 def test_lance_stop_words_are_what_the_tokenizer_removes(tmp_path):
     """Every word of the stop lists Lance's could come from is removed by Lance exactly when
     our tokenizer removes it (the stop-word set is measured, not published)."""
-    from memwal_sql.index.tokenizer import Tokenizer
+    from memwal_sql.formats.tokenizer import Tokenizer
 
     words = sorted(
         {

@@ -10,9 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exec_nodes.base import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, EmptyExec, ExecNode, conform
+from exec_nodes.base import EmptyExec, ExecNode
 from exec_nodes.dedup import DeduplicateExec, newest_per_key
-from exec_nodes.keyset import KeySet, last_per_key
 from exec_nodes.lookup import (
     BaseLookupExec,
     BloomFilterGuardExec,
@@ -21,16 +20,19 @@ from exec_nodes.lookup import (
     PointLookupExec,
     TakeLastExec,
 )
-from exec_nodes.scan import (
-    BaseScanExec,
-    FragmentRange,
-    GenerationScanExec,
-    MemTableScanExec,
+from exec_nodes.scan import BaseScanExec, FragmentRange, GenerationScanExec, MemTableScanExec
+from memwal_sql.expressions.predicate import Compare, InList, Not
+from memwal_sql.formats.generation import BLOOM_FILTER, write_generation
+from memwal_sql.formats.source_rows import (
+    BASE_GENERATION,
+    GEN,
+    ROWADDR,
+    TOMBSTONE,
+    conform,
     source_schema,
 )
 from memwal_sql.storage import ObjectStore
-from memwal_sql.writer.generation import BLOOM_FILTER, write_generation
-from planner.predicate import Compare, InList, Not
+from memwal_sql.structures.keyset import KeySet, last_per_key
 
 BASE = pa.schema(
     [pa.field("id", pa.int64(), False), pa.field("v", pa.string()), pa.field("f", pa.float64())]
@@ -360,7 +362,7 @@ def test_generation_index_answers_as_the_generations_one_by_one(tmp_path):
 
 def test_memtable_versions_are_reused_until_the_memtable_grows(tmp_path):
     import memwal_sql as mw
-    from memwal_sql.snapshot import take_snapshot
+    from memwal_sql.read_snapshot import take_snapshot
     from planner.scan import plan_scan
 
     tbl = mw.create_table(
@@ -393,7 +395,7 @@ def test_memtable_versions_are_reused_until_the_memtable_grows(tmp_path):
 def test_keys_index_finds_the_newest_row_of_each_key_as_the_memtable_grows(writes):
     """KeysIndex against a dict model, after every write: runs merge, newest wins, composite
     keys, empty writes."""
-    from exec_nodes.memindex import KeysIndex
+    from memwal_sql.writer.memtable_indexes import KeysIndex
 
     schema = source_schema(
         pa.schema(

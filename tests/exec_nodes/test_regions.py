@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import memwal_sql as mw
 from exec_nodes.regions import OTHER_REGION, REGION, KeyRegions
-from memwal_sql.snapshot import take_snapshot
+from memwal_sql.read_snapshot import take_snapshot
 from planner.regions import keys_in_two_regions_of
 
 # (region, composite key) pairs: which region holds a version of which key.

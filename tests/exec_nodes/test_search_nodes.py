@@ -7,24 +7,21 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exec_nodes.base import BASE_GENERATION, GEN, TOMBSTONE, conform
-from exec_nodes.knn import (
+from exec_nodes.knn import GenerationsKnnExec, KnnQuery, KnnSource, MemTableKnnExec
+from exec_nodes.lookup import CoalesceFirstExec, TakeLastExec
+from exec_nodes.stale import FilterStaleExec, TopKExec
+from memwal_sql.formats.generation import write_generation
+from memwal_sql.formats.source_rows import BASE_GENERATION, GEN, TOMBSTONE, conform, source_schema
+from memwal_sql.storage import ObjectStore
+from memwal_sql.structures.cache import CACHE
+from memwal_sql.structures.vectors import (
     DISTANCE,
-    GenerationsKnnExec,
-    KnnQuery,
-    KnnSource,
-    MemTableKnnExec,
     distances,
     neighbours,
     rough_distances,
     smallest,
     squared_norms,
 )
-from exec_nodes.lookup import CACHE, CoalesceFirstExec, TakeLastExec
-from exec_nodes.scan import source_schema
-from exec_nodes.stale import FilterStaleExec, TopKExec
-from memwal_sql.storage import ObjectStore
-from memwal_sql.writer.generation import write_generation
 from tests.exec_nodes.test_nodes import check_contract
 
 WAL = pa.schema(

@@ -14,8 +14,8 @@ import pytest
 from lance.mem_wal import LsmPointLookupPlanner, LsmScanner
 
 import memwal_sql as mw
-from memwal_sql.manifest import RegionManifestStore
-from memwal_sql.snapshot import take_snapshot
+from memwal_sql.formats.region_manifest import RegionManifestStore
+from memwal_sql.read_snapshot import take_snapshot
 from memwal_sql.storage import layout
 from tests.lsm import Model, lance_latest_rows, lance_snapshots
 

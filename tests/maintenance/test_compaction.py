@@ -10,7 +10,7 @@ import pytest
 
 import memwal_sql as mw
 from memwal_sql.errors import CommitConflictError, InvalidInputError
-from memwal_sql.index.catchup import index_coverage
+from memwal_sql.formats.index_catchup import index_coverage
 from memwal_sql.maintenance.compaction import SMALL_FRAGMENT_TRIGGER
 from memwal_sql.maintenance.status import region_status
 from tests.lsm import Model, lance_latest_rows

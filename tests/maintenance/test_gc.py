@@ -15,10 +15,10 @@ import pytest
 import memwal_sql as mw
 from memwal_sql._proto.memwal_pb2 import RegionManifest
 from memwal_sql.errors import WriterFencedError
-from memwal_sql.manifest import RegionManifestStore, commit_change
+from memwal_sql.formats.region_manifest import RegionManifestStore, commit_change
+from memwal_sql.formats.wal import iter_wal, read_wal_entry, wal_positions
 from memwal_sql.storage import layout
 from memwal_sql.storage.checksums import CHECKSUMS, recorded_wal_entry_position
-from memwal_sql.writer.wal import iter_wal, read_wal_entry, wal_positions
 from tests.lsm import Model, files_under, lance_latest_rows, record_fsyncs
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
@@ -264,9 +264,9 @@ def test_a_merge_committed_while_gc_runs_is_synced_before_gc_acts_on_it(tmp_path
 
 def test_a_read_of_a_generation_gc_collected_after_its_snapshot_is_retryable(tmp_path):
     # Not damage: the snapshot is older than the GC pass. A new read sees the merged rows.
-    from exec_nodes.lookup import CACHE
     from memwal_sql.errors import GenerationCollectedError, RetryableError
-    from memwal_sql.snapshot import take_snapshot
+    from memwal_sql.read_snapshot import take_snapshot
+    from memwal_sql.structures.cache import CACHE
     from planner.scan import plan_scan
 
     tbl = mw.create_table(

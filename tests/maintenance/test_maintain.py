@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 import memwal_sql as mw
-from memwal_sql.index.region_snapshots import external_snapshot_path
+from memwal_sql.formats.region_snapshots import external_snapshot_path
 from memwal_sql.maintenance.status import region_status
 from tests.lsm import lance_latest_rows, layered_table
 
@@ -22,7 +22,7 @@ def batch(ks, tag):
 @pytest.mark.parametrize("inline", [True, False])
 def test_a_maintenance_pass_leaves_the_latest_rows_on_every_store(table_root, inline, monkeypatch):
     if not inline:
-        monkeypatch.setattr("memwal_sql.maintenance.snapshots.INLINE_THRESHOLD", 1)
+        monkeypatch.setattr("memwal_sql.maintenance.index_builder.INLINE_THRESHOLD", 1)
     uri, opts = table_root
     tbl, model = layered_table(
         uri, batch, base=list(range(10)), width=8, step=4, deletes=[1, 5], storage_options=opts

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memwal_sql as mw
-from memwal_sql.manifest import RegionManifestStore
+from memwal_sql.formats.region_manifest import RegionManifestStore
 from tests.lsm import (
     Model,
     apply_op,
@@ -131,7 +131,7 @@ def test_a_stale_merger_cannot_undo_a_later_reinsert(tmp_path):
 
     gen1 = tbl.store.uri_for(
         f"_mem_wal/{w.region_id}/"
-        + __import__("memwal_sql.manifest", fromlist=["x"])
+        + __import__("memwal_sql.formats.region_manifest", fromlist=["x"])
         .RegionManifestStore(tbl.store, w.region_id)
         .latest()
         .flushed_generations[0]
@@ -209,7 +209,7 @@ def test_racing_mergers_merge_each_generation_exactly_once(tmp_path):
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     merged_counts = [int(o[0].split()[0]) for o in outs]
     (rid,) = tbl.regions()
-    from memwal_sql.manifest import RegionManifestStore
+    from memwal_sql.formats.region_manifest import RegionManifestStore
 
     flushed = len(RegionManifestStore(tbl.store, rid).latest().flushed_generations)
     assert sum(merged_counts) == flushed  # each generation merged by exactly one merger

@@ -106,7 +106,7 @@ def _vectors(ids, values=None, seed=0) -> pa.Table:
 
 
 def _coverage(tbl) -> dict[str, bool]:
-    from memwal_sql.index.catchup import index_coverage
+    from memwal_sql.formats.index_catchup import index_coverage
 
     return {c.name: c.complete for c in index_coverage(tbl.store, tbl.dataset())}
 

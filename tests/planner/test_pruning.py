@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memwal_sql as mw
-from memwal_sql.index.region_spec import RegionSpec
-from planner.predicate import And, Compare, InList, IsNull, Not, Opaque, Or, evaluate
+from memwal_sql.expressions.predicate import And, Compare, InList, IsNull, Not, Opaque, Or, evaluate
+from memwal_sql.partitioning.region_spec import RegionSpec
 from planner.pruning import prune_regions
 
 SCHEMA = pa.schema(

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exec_nodes.scan import BaseScanExec
-from planner.predicate import Compare
+from memwal_sql.expressions.predicate import Compare
 from planner.scan import MIN_PART_ROWS, split_rows
 
 

@@ -7,8 +7,8 @@ import pickle
 import pyarrow as pa
 
 import memwal_sql as mw
-from memwal_sql.snapshot import take_snapshot
-from planner.predicate import Compare
+from memwal_sql.expressions.predicate import Compare
+from memwal_sql.read_snapshot import take_snapshot
 from planner.scan import plan_scan
 
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memwal_sql as mw
-from memwal_sql.table import region_id_for
+from memwal_sql.partitioning.region_spec import region_id_for
 from tests.planner.test_sql_by_transform import SCHEMA, SPECS, N, build
 
 pytestmark = pytest.mark.slow

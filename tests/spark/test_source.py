@@ -8,7 +8,7 @@ import pytest
 
 import memwal_sql as mw
 import memwal_sql.spark as mws
-from memwal_sql.index.region_spec import RegionField
+from memwal_sql.partitioning.region_spec import RegionField
 from tests.lsm import lance_latest_rows
 
 pytestmark = pytest.mark.spark

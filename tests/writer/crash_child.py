@@ -35,7 +35,7 @@ def main() -> None:
     uri, mode = sys.argv[1], sys.argv[2]
     options = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
     if mode == "flush":
-        from memwal_sql.writer import generation
+        from memwal_sql.formats import generation
 
         real = generation.write_pk_index
 
@@ -46,7 +46,7 @@ def main() -> None:
 
         generation.write_pk_index = stalling
     elif mode == "flushes":
-        from memwal_sql.writer import generation
+        from memwal_sql.formats import generation
 
         real = generation.write_pk_index
 

@@ -65,9 +65,9 @@ def test_a_claim_that_loses_races_leaps_ahead_and_leaves_no_hole(tmp_path, monke
     # free position past it and leaps 1, 3, then 7 positions beyond, wins, and fills every
     # position it leapt over with a sentinel.
     from memwal_sql.errors import WriterFencedError
+    from memwal_sql.formats.wal import encode_wal_entry, wal_positions
     from memwal_sql.storage import ObjectStore, layout
     from memwal_sql.writer.rows import RowCoercer
-    from memwal_sql.writer.wal import encode_wal_entry, wal_positions
 
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
     old = tbl.writer()
@@ -175,9 +175,9 @@ def test_a_claim_syncs_only_what_may_not_be_durable_before_it_appends(tmp_path, 
 def _unfinished_claim(tbl, rid, sentinel):
     """A claim that put its sentinel at ``sentinel`` (leaping ahead of the previous writer) and
     was killed before it filled the positions it leapt over or recorded the sentinel."""
-    from memwal_sql.manifest import RegionManifestStore, claim_region
+    from memwal_sql.formats.region_manifest import RegionManifestStore, claim_region
+    from memwal_sql.formats.wal import encode_fence_sentinel
     from memwal_sql.storage import layout
-    from memwal_sql.writer.wal import encode_fence_sentinel
 
     epoch = claim_region(RegionManifestStore(tbl.store, rid), region_spec_id=0).writer_epoch
     tbl.store.put_if_not_exists(
@@ -192,8 +192,8 @@ def test_holes_an_unfinished_claim_leapt_over_are_not_lost_writes(tmp_path):
     # claim fills the rest: nothing acknowledged is lost, and nothing after the fence is
     # acknowledged. Once that claim recorded its sentinel, a hole below it is a lost write.
     from memwal_sql.errors import MissingWalEntryError, WriterFencedError
+    from memwal_sql.formats.wal import read_wal_entry, wal_positions
     from memwal_sql.storage import layout
-    from memwal_sql.writer.wal import read_wal_entry, wal_positions
 
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
     old = tbl.writer()

@@ -8,7 +8,7 @@ import pytest
 
 import memwal_sql as mw
 from memwal_sql.errors import InvalidInputError
-from memwal_sql.manifest import RegionManifestStore
+from memwal_sql.formats.region_manifest import RegionManifestStore
 from memwal_sql.writer.config import WriterConfig
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string())])

@@ -15,11 +15,11 @@ import pytest
 
 import memwal_sql as mw
 from memwal_sql._proto.memwal_pb2 import FlushedGeneration
-from memwal_sql.manifest import RegionManifestStore
+from memwal_sql.formats.generation import BLOOM_FILTER
+from memwal_sql.formats.key_index import read_pk_index
+from memwal_sql.formats.region_manifest import RegionManifestStore
+from memwal_sql.formats.wal import wal_positions
 from memwal_sql.storage import layout
-from memwal_sql.writer.generation import BLOOM_FILTER
-from memwal_sql.writer.pk_index import read_pk_index
-from memwal_sql.writer.wal import wal_positions
 from tests.lsm import lance_latest_rows
 from tests.writer.crash_plan import SCHEMA, apply_batch, model_after
 

@@ -10,10 +10,10 @@ import pytest
 import memwal_sql as mw
 from memwal_sql._proto.memwal_pb2 import RegionManifest
 from memwal_sql.errors import WriterFencedError
-from memwal_sql.manifest import RegionManifestStore, region_uuid_bytes
+from memwal_sql.formats.region_manifest import RegionManifestStore, region_uuid_bytes
+from memwal_sql.formats.wal import encode_wal_entry, read_wal_entry
 from memwal_sql.storage import layout
 from memwal_sql.writer.rows import RowCoercer
-from memwal_sql.writer.wal import encode_wal_entry, read_wal_entry
 from tests.lsm import Model, lance_latest_rows
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string())])

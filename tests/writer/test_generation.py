@@ -3,7 +3,7 @@ import os
 import pyarrow as pa
 
 import memwal_sql as mw
-from memwal_sql.manifest import RegionManifestStore
+from memwal_sql.formats.region_manifest import RegionManifestStore
 from memwal_sql.storage import layout
 from memwal_sql.storage import store as store_module
 

@@ -10,9 +10,9 @@ import pytest
 
 import memwal_sql as mw
 from memwal_sql.errors import StorageError, WriterClosedError, WrongRegionError
-from memwal_sql.manifest import RegionManifestStore
+from memwal_sql.formats.region_manifest import RegionManifestStore
+from memwal_sql.formats.wal import iter_wal, read_wal_entry, wal_positions
 from memwal_sql.storage import layout
-from memwal_sql.writer.wal import iter_wal, read_wal_entry, wal_positions
 from tests.lsm import Model, lance_latest_rows
 
 SCHEMA = pa.schema(
@@ -222,7 +222,7 @@ def test_rows_of_another_region_are_refused_and_nothing_is_written(table_root):
 def test_backpressure_blocks_until_flushes_catch_up(table_root, monkeypatch):
     # Slowed flushes fall behind the writer. With max_unflushed_memtable_bytes=1, a write must wait until
     # no frozen MemTable is left, so each write leaves at most the one MemTable it froze itself.
-    from memwal_sql.writer import generation
+    from memwal_sql.formats import generation
 
     real = generation.write_pk_index
 
@@ -348,10 +348,10 @@ def test_a_flush_tells_the_readers_what_it_made_obsolete(tmp_path, monkeypatch):
     # The writer once found the reader module through sys.modules, where a query importing it
     # put it before ``forget`` existed: the flush thread died and close() waited forever.
     # Readers now register a listener once it exists.
-    import exec_nodes.memindex  # registers its listener
+    import memwal_sql.writer.memtable_indexes  # registers its listener
     from memwal_sql.writer import memtable
 
-    assert exec_nodes.memindex.forget in memtable._FLUSH_LISTENERS
+    assert memwal_sql.writer.memtable_indexes.forget in memtable._FLUSH_LISTENERS
     told: list[list] = []
     monkeypatch.setattr(memtable, "_FLUSH_LISTENERS", [told.append])
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
@@ -442,7 +442,7 @@ def test_a_writer_released_by_another_thread_wakes_its_waiters(tmp_path, monkeyp
     # A table releases a fenced or failed writer; a thread waiting in flush() or in
     # backpressure on it must then get an error, not wait forever for a flush thread that
     # stopped.
-    from memwal_sql.writer import generation
+    from memwal_sql.formats import generation
 
     started, proceed = threading.Event(), threading.Event()
     real = generation.write_pk_index
@@ -557,7 +557,7 @@ def test_a_reader_racing_the_recovery_of_a_torn_tail_reads_on(tmp_path, meanwhil
     # sentinel, and acknowledges a write): the reader looks again instead of failing.
     import warnings
 
-    from memwal_sql.writer.wal import set_aside_torn_entry
+    from memwal_sql.formats.wal import set_aside_torn_entry
 
     _tbl, rid, last = region_with_torn_tail(tmp_path)
     reader = mw.open_table(str(tmp_path))
@@ -653,9 +653,9 @@ def test_the_newest_of_two_writers_recovering_a_torn_tail_opens(tmp_path, monkey
     # replays the older sentinel; it is not fenced by a writer older than itself.
     import warnings
 
-    from memwal_sql.manifest import claim_region
+    from memwal_sql.formats.region_manifest import claim_region
+    from memwal_sql.formats.wal import encode_fence_sentinel, set_aside_torn_entry
     from memwal_sql.storage.store import ObjectStore
-    from memwal_sql.writer.wal import encode_fence_sentinel, set_aside_torn_entry
 
     _tbl, rid, last = region_with_torn_tail(tmp_path)
     older = mw.open_table(str(tmp_path))

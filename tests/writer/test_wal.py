@@ -5,8 +5,7 @@ import pytest
 
 import memwal_sql as mw
 from memwal_sql.errors import CorruptWalEntryError, MissingWalEntryError, StorageError
-from memwal_sql.storage import ObjectStore, layout
-from memwal_sql.writer.wal import (
+from memwal_sql.formats.wal import (
     WalEntryEncoder,
     decode_wal_entry,
     encode_fence_sentinel,
@@ -14,6 +13,7 @@ from memwal_sql.writer.wal import (
     iter_wal,
     wal_schema,
 )
+from memwal_sql.storage import ObjectStore, layout
 
 BASE = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string(), False)])
 
@@ -272,7 +272,7 @@ def test_entries_checksummed_without_their_position_still_read():
 
     s = wal_schema(BASE, ["id"])
     b = pa.record_batch([pa.array([1]), pa.array(["a"]), pa.array([False])], schema=s)
-    from memwal_sql.writer.wal import _entry_metadata, _header_template
+    from memwal_sql.formats.wal import _entry_metadata, _header_template
 
     data = encode_wal_entry([b], s, writer_epoch=1, generation=1, position=3)
     header, at = _header_template(s, _entry_metadata(1, 1))  # where the digits are
@@ -392,7 +392,7 @@ def _run_fixture():
     """WAL entries of every kind a claim replays, by position (None: missing)."""
     import google_crc32c
 
-    from memwal_sql.writer.wal import _entry_metadata, _header_template
+    from memwal_sql.formats.wal import _entry_metadata, _header_template
 
     s = wal_schema(BASE, ["id"])
 
@@ -428,7 +428,7 @@ def _run_fixture():
 
 
 def test_runs_decode_what_each_entry_decodes_to():
-    from memwal_sql.writer.wal import decode_wal_runs
+    from memwal_sql.formats.wal import decode_wal_runs
 
     datas = _run_fixture()
     runs = decode_wal_runs(list(datas.values()), 1)
@@ -461,7 +461,7 @@ def test_runs_decode_what_each_entry_decodes_to():
 def test_a_changed_bit_in_a_run_leaves_its_entry_to_be_looked_at_alone():
     # Entries decoded in runs are checked as decode_wal_entry checks them: a changed bit never
     # replays as different rows; the entry is left to decode_wal_entry, which says what is wrong.
-    from memwal_sql.writer.wal import decode_wal_runs
+    from memwal_sql.formats.wal import decode_wal_runs
 
     datas = _run_fixture()
     for i, changed in changed_bits(datas[2]):

@@ -1,0 +1,251 @@
+"""Read snapshots: which sources a query reads, per region, taken once per query.
+
+A snapshot pins the base table version and, per region, the flushed generations newer than what
+the base table has merged, plus the unflushed rows:
+
+* ``consistency="strong"`` reads every region manifest directly, takes the live MemTables of this
+  process's open writers (active and frozen, before the manifest, so a flush finishing in between
+  shows up in one or the other), and for regions without a live writer here reads the WAL tail
+  after the last flushed generation. Every acknowledged durable write is visible.
+* ``consistency="eventual"`` reads flushed generations only, no MemTables, no WAL, and takes the
+  regions from the MemWAL index's region snapshot when there is one (one object for all regions,
+  as of the last :func:`~memwal_sql.maintenance.index_builder.build_region_snapshots`), else from
+  the region manifests. It is cheaper and lags by the unflushed data and the snapshot's age.
+
+Generations at or below the base table's merged generation are not read as newer sources: a
+stale generation would outrank newer base rows. The ones the region manifest still lists are kept
+aside (``merged_generations``) for the indexed read plan, which reads them in place of the base
+rows an index does not cover yet.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import lance
+import pyarrow as pa
+
+from memwal_sql._proto.memwal_pb2 import RegionManifest
+from memwal_sql.errors import (
+    CommitConflictError,
+    CorruptManifestError,
+    InvalidInputError,
+    MissingWalEntryError,
+)
+from memwal_sql.formats.region_manifest import RegionManifestStore, check_not_behind_index
+from memwal_sql.formats.wal import iter_wal, wal_positions
+from memwal_sql.partitioning.region_spec import RegionSpec, region_id_for
+from memwal_sql.storage import ObjectStore, layout
+from memwal_sql.writer.region_writer import conform_batch
+
+if TYPE_CHECKING:
+    from memwal_sql.table_state import TableState
+
+Consistency = Literal["strong", "eventual"]
+_TAIL_ATTEMPTS = 10
+_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="memwal-snapshot")
+
+
+@dataclass(frozen=True)
+class GenerationRef:
+    generation: int
+    uri: str
+
+
+@dataclass(frozen=True)
+class MemRows:
+    """Unflushed rows of one generation: a live MemTable or the WAL tail."""
+
+    generation: int
+    batches: tuple[pa.RecordBatch, ...]
+    origin: str  # "memtable" or "wal"
+
+
+@dataclass(frozen=True)
+class RegionSnapshot:
+    region_id: str
+    region_values: tuple[Any, ...] | None
+    generations: tuple[GenerationRef, ...]
+    unflushed: tuple[MemRows, ...] = ()
+    merged_generations: tuple[GenerationRef, ...] = ()  # already in the base table, still listed
+
+    @property
+    def num_sources(self) -> int:
+        return len(self.generations) + len(self.unflushed)
+
+
+@dataclass(frozen=True)
+class TableSnapshot:
+    """The base table at one version and the regions' sources as of one moment."""
+
+    dataset: lance.LanceDataset
+    primary_key: tuple[str, ...]
+    wal_schema: pa.Schema
+    regions: tuple[RegionSnapshot, ...]
+    consistency: Consistency
+    storage_options: Mapping[str, str] | None = field(default=None)
+    merged: Mapping[str, int] = field(default_factory=dict)  # the base version's merge progress
+    store: ObjectStore | None = None
+
+    @property
+    def base_version(self) -> int:
+        return self.dataset.version
+
+
+def take_snapshot(table: TableState, consistency: Consistency = "strong") -> TableSnapshot:
+    """Snapshot ``table`` for one query.
+
+    Example:
+        ``snap = take_snapshot(tbl); [r.region_id for r in snap.regions]``
+    """
+    if consistency not in ("strong", "eventual"):
+        raise InvalidInputError(f"consistency must be 'strong' or 'eventual', not {consistency!r}")
+    live = table.live_writers() if consistency == "strong" else {}
+    # MemTables first, manifests second: a flush that completes in between is then seen as a
+    # generation, a MemTable, or both (deduplication makes both harmless), never neither.
+    memtables = {rid: w.memtables() for rid, w in live.items()}
+    dataset = table.dataset()
+    merged = table.merged_generations(dataset)
+    spec = table.region_spec
+    regions = []
+    snapshotted = table.region_snapshots(dataset) if consistency == "eventual" else None
+    if snapshotted is not None:
+        rids = [str(uuid.UUID(bytes=m.region_id.uuid)) for m in snapshotted]
+        manifests: list[RegionManifest | None] = list(snapshotted)
+    else:
+        # A region the MemWAL index has merged from is one whose manifests must exist.
+        rids = sorted(set(table.regions()) | set(merged))
+        known = table.known_manifests
+
+        def refresh(rid: str) -> RegionManifest | None:
+            return RegionManifestStore(table.store, rid).refresh(known.get(rid))
+
+        # Each manifest read is a few small object reads: issue them side by side, except on
+        # local disk, where a check takes microseconds and a thread hand-off more.
+        local = table.store.is_local
+        manifests = [refresh(r) for r in rids] if local else list(_POOL.map(refresh, rids))
+        for rid, manifest in zip(rids, manifests):
+            if manifest is not None:
+                known[rid] = manifest
+    for rid, manifest in zip(rids, manifests):
+        if snapshotted is None:
+            check_not_behind_index(rid, manifest, merged.get(rid, 0))
+        if manifest is None:
+            # A claim commits the manifest before any WAL put: a WAL without one is damage.
+            if snapshotted is None and wal_positions(table.store, rid):
+                raise CorruptManifestError(
+                    f"region {rid} has WAL entries but no manifest: its manifests were lost. "
+                    "Restore them from a backup; a writer opened on the region replays only what "
+                    "is still in its WAL"
+                )
+            continue
+        tail: tuple[pa.RecordBatch, ...] = ()
+        if consistency == "strong" and rid not in memtables:
+            manifest, tail = _consistent_wal_tail(table, rid, manifest)
+            table.known_manifests[rid] = manifest
+        floor = merged.get(rid, 0)
+        refs = [
+            GenerationRef(g.generation, table.store.uri_for(f"{layout.region_dir(rid)}/{g.path}"))
+            for g in manifest.flushed_generations
+        ]
+        gens = tuple(g for g in refs if g.generation > floor)
+        unflushed: list[MemRows] = []
+        if rid in memtables:
+            flushed = {g.generation for g in manifest.flushed_generations}
+            for mt in memtables[rid]:
+                batches = tuple(mt.batches())
+                # A MemTable whose flush committed after we listed it is read as the generation;
+                # one source per (region, generation) keeps row addresses unambiguous.
+                if batches and mt.generation not in flushed:
+                    unflushed.append(MemRows(mt.generation, batches, "memtable"))
+        elif tail:
+            unflushed.append(MemRows(manifest.current_generation, tail, "wal"))
+        values = None
+        if spec is not None:
+            values = region_values(spec, rid, manifest)
+        # A region snapshot may list generations collected since: none for the indexed read.
+        merged_refs = (
+            () if snapshotted is not None else tuple(g for g in refs if g.generation <= floor)
+        )
+        regions.append(RegionSnapshot(rid, values, gens, tuple(unflushed), merged_refs))
+    return TableSnapshot(
+        dataset=dataset,
+        primary_key=table.primary_key,
+        wal_schema=table.wal_schema,
+        regions=tuple(regions),
+        consistency=consistency,
+        storage_options=table.storage_options or None,
+        merged=merged,
+        store=table.store,
+    )
+
+
+def _consistent_wal_tail(
+    table: TableState, region_id: str, manifest: RegionManifest
+) -> tuple[RegionManifest, tuple[pa.RecordBatch, ...]]:
+    """The WAL tail after ``manifest``, with the manifest it was read against.
+
+    A flush may commit a newer manifest while the tail is read, and GC may then delete the WAL
+    entries its generation holds: the tail read against the older manifest would miss those
+    rows. So the manifest is checked again afterwards (one existence check), and the tail is
+    read again against a newer one.
+    """
+    manifests = RegionManifestStore(table.store, region_id)
+    for _ in range(_TAIL_ATTEMPTS):
+        try:
+            tail = _wal_tail(table, region_id, manifest)
+        except MissingWalEntryError:
+            newer = manifests.refresh(manifest)
+            if newer is manifest or newer is None:
+                raise  # no GC explains the hole: the WAL lost an entry
+            manifest = newer
+            continue
+        newer = manifests.refresh(manifest)
+        if newer is manifest or newer is None:
+            return manifest, tail
+        manifest = newer
+    raise CommitConflictError(
+        f"region {region_id} committed {_TAIL_ATTEMPTS} manifests while its WAL tail was read; "
+        "retry the read"
+    )
+
+
+def _wal_tail(
+    table: TableState, region_id: str, manifest: RegionManifest
+) -> tuple[pa.RecordBatch, ...]:
+    out: list[pa.RecordBatch] = []
+    for entry in iter_wal(
+        table.store,
+        region_id,
+        manifest.replay_after_wal_entry_position,
+        last_seen=manifest.wal_entry_position_last_seen,
+    ):
+        if entry.is_sentinel:
+            continue
+        out.extend(conform_batch(b, table.wal_schema) for b in entry.batches)
+    return tuple(out)
+
+
+def region_values(
+    spec: RegionSpec, region_id: str, manifest: RegionManifest
+) -> tuple[Any, ...] | None:
+    """The region's values under ``spec`` (NULL where the manifest names no value), or None
+    for a region the spec does not govern (a manual region may hold any rows)."""
+    entries = tuple((e.field_id, bytes(e.value)) for e in manifest.region_field_entries)
+    return _decoded_region_values(spec, region_id, entries)
+
+
+@functools.lru_cache(maxsize=4096)
+def _decoded_region_values(
+    spec: RegionSpec, region_id: str, entries: tuple[tuple[str, bytes], ...]
+) -> tuple[Any, ...] | None:
+    # Every snapshot of every query asks this of every region, and the answer never changes.
+    values = spec.values_from_entries(list(entries), missing_as_null=True)
+    if values is None or region_id_for(spec, values) != region_id:
+        return None
+    return values

@@ -1,0 +1,391 @@
+"""In-memory indexes of a MemTable (spec, "MemTable indexing"), extended as it grows.
+
+A MemTable only ever gains batches, so its search structures are extended with the new batches
+rather than rebuilt: a vector index (the rows' vectors as one matrix, searched exactly, which
+at MemTable size is as fast as an approximate index and never wrong) and an inverted index (the
+terms of the new documents, tokenized as the base index says, joining one vocabulary). Searches
+bring them up to the batches their snapshot captured; a writer with ``indexed_writes`` brings
+them up to date before it acknowledges a write, so the write is searchable through its
+indexes at once (the spec's indexed write).
+
+They live in the process's :data:`~memwal_sql.structures.cache.CACHE`, keyed by the MemTable (its
+first batch) and column.
+
+Example:
+    ``rows, piece = text_index(batches, 3, "memtable", "body", schema, tok).update(batches, pk)``
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from memwal_sql.formats.source_rows import ROWADDR, TOMBSTONE, conform, empty_rows
+from memwal_sql.formats.tokenizer import GrowingTokens, Tokenizer, Tokens
+from memwal_sql.structures.cache import CACHE
+from memwal_sql.structures.keyset import KeySet
+from memwal_sql.writer.memtable import on_flushed
+
+if TYPE_CHECKING:  # knn imports this module
+    from memwal_sql.structures.vectors import SourceVectors
+
+
+@dataclass
+class Piece:
+    """Rows of one source (or one base fragment) as a full-text search sees them: their keys,
+    row addresses, terms, and which rows may count (not deleted, not tombstones)."""
+
+    keys: pa.Table
+    addresses: np.ndarray  # _rowaddr of each row
+    tokens: Tokens
+    present: np.ndarray  # rows that exist at the snapshot (base deletions and tombstones out)
+    _keys: tuple[KeySet, np.ndarray] | None = None
+
+    def row_of(self, keys: pa.Table) -> np.ndarray:
+        """For each of ``keys``, the present row holding it, or -1 (the KeySet of the present
+        rows is built once per piece: a piece's rows never change)."""
+        if self._keys is None:
+            rows = np.nonzero(self.present)[0]
+            self._keys = (KeySet(self.keys.take(pa.array(rows))), rows)
+        keyset, rows = self._keys
+        pos = keyset.positions(keys)
+        return np.where(pos >= 0, rows[np.maximum(pos, 0)], -1)
+
+
+class _Growing:
+    """Rows of a MemTable in the source schema, extended batch by batch."""
+
+    def __init__(self, schema: pa.Schema, generation: int) -> None:
+        self.schema = schema
+        self.generation = generation
+        self.lock = threading.Lock()
+        self._batches: list[pa.RecordBatch] = []
+        self._parts: list[pa.Table] = []
+        self._rows: pa.Table | None = None
+        self.num_rows = 0
+
+    def _new_rows(self, batches: Sequence[pa.RecordBatch]) -> pa.Table | None:
+        """The rows of the batches not seen yet (None when nothing is new); starts over
+        when ``batches`` is not an extension of what was seen."""
+        n = len(self._batches)
+        if n > len(batches) or (n and batches[n - 1] is not self._batches[n - 1]):
+            self._reset()
+            n = 0
+        new = list(batches[n:])
+        if not new:
+            return None
+        table = pa.Table.from_batches(new, schema=new[0].schema)
+        offsets = np.arange(self.num_rows, self.num_rows + table.num_rows, dtype=np.uint64)
+        table = conform(
+            table.drop_columns([c for c in (ROWADDR,) if c in table.column_names]),
+            self.schema,
+            self.generation,
+        )
+        table = table.set_column(
+            table.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), pa.array(offsets)
+        )
+        self._batches.extend(new)
+        self._parts.append(table)
+        self._rows = None
+        self.num_rows += table.num_rows
+        return table
+
+    def holds(self, batches: Sequence[pa.RecordBatch]) -> bool:
+        """Whether these are (a prefix or an extension of) the batches seen so far."""
+        n = min(len(self._batches), len(batches))
+        return n == 0 or batches[0] is self._batches[0]
+
+    def rows(self) -> pa.Table:
+        if self._rows is None:
+            self._rows = (
+                pa.concat_tables(self._parts).combine_chunks()
+                if self._parts
+                else empty_rows(self.schema)
+            )
+        return self._rows
+
+    def _reset(self) -> None:
+        self._batches, self._parts, self._rows, self.num_rows = [], [], None, 0
+
+
+class RowsIndex(_Growing):
+    """A MemTable's rows in the source schema (what a scan reads of it), extended as it
+    grows."""
+
+    def update(self, batches: Sequence[pa.RecordBatch]) -> pa.Table:
+        with self.lock:
+            self._new_rows(batches)
+            return self.rows()
+
+
+class VectorIndex(_Growing):
+    """A MemTable's vectors as one matrix, and which rows may be neighbours. The matrix grows
+    by doubling its capacity, so extending it by a batch costs that batch, not a copy of the
+    whole MemTable (an indexed write extends it on every write)."""
+
+    def __init__(self, schema: pa.Schema, generation: int, column: str) -> None:
+        super().__init__(schema, generation)
+        self.column = column
+        self._reset_vectors()
+
+    def _reset(self) -> None:
+        super()._reset()
+        self._reset_vectors()
+
+    def _reset_vectors(self) -> None:
+        self._matrix: np.ndarray | None = None
+        self._live = np.zeros(0, dtype=bool)
+        self._sq_norms = np.zeros(0, dtype=np.float32)
+        self._count = 0
+
+    def update(self, batches: Sequence[pa.RecordBatch]) -> SourceVectors:
+        """(rows, vectors, live, squared norms) of ``batches``, extended with what is new."""
+        from memwal_sql.structures.vectors import neighbours
+
+        with self.lock:
+            new = self._new_rows(batches)
+            if new is not None:
+                self._append(*neighbours(new, self.column))
+            n = self._count
+            if self._matrix is None:
+                empty = np.zeros(0, dtype=np.float32)
+                return self.rows(), np.zeros((0, 0), np.float32), np.zeros(0, dtype=bool), empty
+            return self.rows(), self._matrix[:n], self._live[:n], self._sq_norms[:n]
+
+    def _append(self, matrix: np.ndarray, live: np.ndarray, sq_norms: np.ndarray) -> None:
+        n, m = self._count, len(matrix)
+        if self._matrix is None or n + m > len(self._matrix):
+            capacity = max(2 * (n + m), 1024)
+            grown = np.empty((capacity, matrix.shape[1]), dtype=np.float32)
+            grown_live = np.zeros(capacity, dtype=bool)
+            grown_norms = np.zeros(capacity, dtype=np.float32)
+            if self._matrix is not None:
+                grown[:n], grown_live[:n] = self._matrix[:n], self._live[:n]
+                grown_norms[:n] = self._sq_norms[:n]
+            self._matrix, self._live, self._sq_norms = grown, grown_live, grown_norms
+        self._matrix[n : n + m] = matrix
+        self._live[n : n + m] = live
+        self._sq_norms[n : n + m] = sq_norms
+        self._count = n + m
+
+
+class TextIndex(_Growing):
+    """A MemTable's documents and their terms (see :class:`GrowingTokens`)."""
+
+    def __init__(
+        self, schema: pa.Schema, generation: int, column: str, tokenizer: Tokenizer
+    ) -> None:
+        super().__init__(schema, generation)
+        self.column = column
+        self.tokenizer = tokenizer
+        self._terms = GrowingTokens(tokenizer)
+        self._piece: Piece | None = None
+
+    def _reset(self) -> None:
+        super()._reset()
+        self._terms = GrowingTokens(self.tokenizer)
+
+    def update(
+        self, batches: Sequence[pa.RecordBatch], primary_key: Sequence[str]
+    ) -> tuple[pa.Table, Piece]:
+        """(rows, :class:`Piece`) of ``batches``, extended with what is new; the same piece
+        object while nothing is (a search keeps what it derived from it)."""
+        with self.lock:
+            new = self._new_rows(batches)
+            if new is not None:
+                self._terms.extend(new.column(self.column))
+                self._piece = None
+            rows = self.rows()
+            if self._piece is None:
+                present = (
+                    ~rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
+                    if TOMBSTONE in rows.column_names
+                    else np.ones(rows.num_rows, dtype=bool)
+                )
+                self._piece = Piece(
+                    rows.select(list(primary_key)),
+                    rows.column(ROWADDR).to_numpy().astype(np.int64),
+                    self._terms.tokens(),
+                    present,
+                )
+            return rows, self._piece
+
+
+class KeysIndex(_Growing):
+    """A MemTable's newest row per key, extended as it grows (what a point lookup probes).
+
+    Each update indexes only the new rows, as a run; a run as big as the one before it is
+    merged with it (a binary counter: at most log2(rows) runs), so a lookup after a write
+    costs an index of that write's rows, not of the whole MemTable. Runs are probed newest
+    first.
+
+    Example:
+        >>> s = pa.schema([("id", pa.int64()), ("v", pa.string()), (TOMBSTONE, pa.bool_()),
+        ...                ("_gen", pa.int64()), (ROWADDR, pa.uint64())])
+        >>> b = [pa.record_batch({"id": [1, 2], "v": ["a", "b"], TOMBSTONE: [False] * 2})]
+        >>> ix = KeysIndex(s, 3, ["id"]).update(b)
+        >>> ix.find(pa.table({"id": [2, 5]})).tolist()
+        [1, -1]
+    """
+
+    def __init__(self, schema: pa.Schema, generation: int, primary_key: Sequence[str]) -> None:
+        super().__init__(schema, generation)
+        self.primary_key = list(primary_key)
+        self._starts: list[int] = []  # first row of each part
+        self._runs: list[tuple[int, int, KeySet, np.ndarray]] = []  # first part, rows, index
+
+    def update(self, batches: Sequence[pa.RecordBatch]) -> KeysIndex:
+        with self.lock:
+            new = self._new_rows(batches)
+            if new is not None:
+                self._starts.append(self.num_rows - new.num_rows)
+            if new is not None and new.num_rows:
+                self._runs.append(self._run(len(self._parts) - 1))
+                while len(self._runs) > 1 and self._runs[-1][1] >= self._runs[-2][1]:
+                    self._runs[-2:] = [self._run(self._runs[-2][0])]
+            return self
+
+    def find(self, keys: pa.Table) -> np.ndarray:
+        """For each row of ``keys``, the MemTable row of its newest version, or -1."""
+        out = np.full(keys.num_rows, -1, dtype=np.int64)
+        todo = np.arange(keys.num_rows)
+        for _, _, keyset, newest in reversed(self._runs):
+            asked = keys if len(todo) == keys.num_rows else keys.take(pa.array(todo))
+            pos = keyset.positions(asked)
+            hit = pos >= 0
+            out[todo[hit]] = newest[pos[hit]]
+            todo = todo[~hit]
+            if len(todo) == 0:
+                break
+        return out
+
+    def take(self, rows: np.ndarray) -> pa.Table:
+        """The MemTable's rows at ``rows`` (as :meth:`find` gives them), in that order: one
+        take per part that holds some, never a copy of the whole MemTable."""
+        part = np.searchsorted(self._starts, rows, side="right") - 1
+        if (part == part[0]).all():
+            return self._parts[part[0]].take(pa.array(rows - self._starts[part[0]]))
+        order = np.argsort(part, kind="stable")
+        pieces = [
+            self._parts[p].take(pa.array(rows[order][part[order] == p] - self._starts[p]))
+            for p in np.unique(part)
+        ]
+        return pa.concat_tables(pieces).take(pa.array(np.argsort(order)))
+
+    def _run(self, first_part: int) -> tuple[int, int, KeySet, np.ndarray]:
+        """The run of the rows from part ``first_part`` on."""
+        rows = pa.concat_tables(self._parts[first_part:])
+        first = self._starts[first_part]
+        # Newest row first: a KeySet finds the first occurrence of a repeated key.
+        order = np.arange(rows.num_rows - 1, -1, -1)
+        keys = rows.select(self.primary_key).take(pa.array(order))
+        return first_part, rows.num_rows, KeySet(keys), first + order
+
+    def _reset(self) -> None:
+        super()._reset()
+        self._starts, self._runs = [], []
+
+
+def _cached(
+    kind: str,
+    batches: Sequence[pa.RecordBatch],
+    origin: str,
+    key: str,
+    make: Callable[[], _Growing],
+) -> Any:
+    """The index ``make`` builds for one MemTable, kept while the MemTable lives: keyed by its
+    first batch (and ``key``), which it holds, so the key is never another MemTable's. A WAL
+    tail is read anew by every snapshot: its index is not kept."""
+    if origin != "memtable" or not batches:
+        return make()
+    return CACHE.get(
+        kind,
+        f"{id(batches[0])}#{key}",
+        lambda: (make(), 1 << 20),
+        lambda index: index.holds(batches),
+    )
+
+
+def forget(batches: Sequence[pa.RecordBatch]) -> None:
+    """Drop a MemTable's in-memory indexes (it was flushed: its generation serves reads now),
+    so they do not hold its rows until the cache evicts them."""
+    if batches:
+        CACHE.discard(f"{id(batches[0])}#")
+
+
+on_flushed(forget)
+
+
+def keys_index(
+    batches: Sequence[pa.RecordBatch],
+    generation: int,
+    origin: str,
+    schema: pa.Schema,
+    primary_key: Sequence[str],
+) -> KeysIndex:
+    """The MemTable's newest row per key, brought up to ``batches``."""
+    index = _cached(
+        "memtable_keys", batches, origin, "", lambda: KeysIndex(schema, generation, primary_key)
+    )
+    return index.update(batches)
+
+
+def rows_index(
+    batches: Sequence[pa.RecordBatch], generation: int, origin: str, schema: pa.Schema
+) -> RowsIndex:
+    """The MemTable's rows, kept in the source schema."""
+    return _cached("memtable_rows", batches, origin, "", lambda: RowsIndex(schema, generation))
+
+
+def vector_index(
+    batches: Sequence[pa.RecordBatch], generation: int, origin: str, column: str, schema: pa.Schema
+) -> VectorIndex:
+    """The MemTable's in-memory vector index on ``column``."""
+    return _cached(
+        "memtable_vectors", batches, origin, column, lambda: VectorIndex(schema, generation, column)
+    )
+
+
+def text_index(
+    batches: Sequence[pa.RecordBatch],
+    generation: int,
+    origin: str,
+    column: str,
+    schema: pa.Schema,
+    tokenizer: Tokenizer,
+) -> TextIndex:
+    """The MemTable's in-memory inverted index on ``column`` for ``tokenizer``."""
+    return _cached(
+        "memtable_text",
+        batches,
+        origin,
+        f"{column}#{tokenizer.signature}",
+        lambda: TextIndex(schema, generation, column, tokenizer),
+    )
+
+
+__all__ = [
+    "KeysIndex",
+    "Piece",
+    "RowsIndex",
+    "TextIndex",
+    "VectorIndex",
+    "forget",
+    "keys_index",
+    "rows_index",
+    "text_index",
+    "vector_index",
+]
+
+
+def tokenizer_for(params: dict) -> Tokenizer:
+    """One tokenizer per parameter set in the process: it keeps what it learnt (each distinct
+    token's final term, recent queries' terms)."""
+    key = json.dumps(params, sort_keys=True, default=str)
+    return CACHE.get("tokenizer", key, lambda: (Tokenizer(params), 1 << 16))
