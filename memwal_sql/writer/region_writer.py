@@ -40,14 +40,12 @@ from memwal_sql.errors import (
     WriterFencedError,
     WrongRegionError,
 )
-from memwal_sql.formats.generation import write_generation
 from memwal_sql.formats.maintained_indexes import MaintainedIndex
 from memwal_sql.formats.region_manifest import RegionManifestStore, claim_region, commit_change
 from memwal_sql.formats.wal import (
     RECOVERY_LOOKS,
     WalEntry,
     WalRun,
-    WalWriter,
     decode_wal_entry,
     decode_wal_runs,
     encode_fence_sentinel,
@@ -62,8 +60,10 @@ from memwal_sql.formats.wal import (
 from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.writer.config import WriterConfig
+from memwal_sql.writer.flush import write_generation
 from memwal_sql.writer.memtable import MemTable, flushed, latest_per_key_in_key_order
 from memwal_sql.writer.rows import RowCoercer
+from memwal_sql.writer.wal_writer import WalWriter
 
 _FLUSH_ATTEMPTS = 3
 # Races a claim may lose for a WAL position before it gives up; each leaps twice as far ahead.

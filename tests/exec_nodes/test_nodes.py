@@ -22,7 +22,7 @@ from exec_nodes.lookup import (
 )
 from exec_nodes.scan import BaseScanExec, FragmentRange, GenerationScanExec, MemTableScanExec
 from memwal_sql.expressions.predicate import Compare, InList, Not
-from memwal_sql.formats.generation import BLOOM_FILTER, write_generation
+from memwal_sql.formats.generation import BLOOM_FILTER
 from memwal_sql.formats.source_rows import (
     BASE_GENERATION,
     GEN,
@@ -33,6 +33,7 @@ from memwal_sql.formats.source_rows import (
 )
 from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.keyset import KeySet, last_per_key
+from memwal_sql.writer.flush import write_generation
 
 BASE = pa.schema(
     [pa.field("id", pa.int64(), False), pa.field("v", pa.string()), pa.field("f", pa.float64())]

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from exec_nodes.knn import GenerationsKnnExec, KnnQuery, KnnSource, MemTableKnnExec
 from exec_nodes.lookup import CoalesceFirstExec, TakeLastExec
 from exec_nodes.stale import FilterStaleExec, TopKExec
-from memwal_sql.formats.generation import write_generation
 from memwal_sql.formats.source_rows import BASE_GENERATION, GEN, TOMBSTONE, conform, source_schema
 from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.cache import CACHE
@@ -22,6 +21,7 @@ from memwal_sql.structures.vectors import (
     smallest,
     squared_norms,
 )
+from memwal_sql.writer.flush import write_generation
 from tests.exec_nodes.test_nodes import check_contract
 
 WAL = pa.schema(
