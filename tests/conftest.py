@@ -127,9 +127,9 @@ def table_root(request: Any, tmp_path: Any) -> tuple[str, dict[str, str] | None]
 def failing_first_flush(monkeypatch: Any) -> list[str]:
     """Make the first generation write fail after its data files are written (the _pk_index
     step); returns the generation uris each attempt used."""
-    from memwal_sql.formats import generation
+    from memwal_sql.writer import flush
 
-    real = generation.write_pk_index
+    real = flush.write_pk_index
     calls: list[str] = []
 
     def flaky(uri: str, keys: Any, opts: Any = None) -> None:
@@ -138,7 +138,7 @@ def failing_first_flush(monkeypatch: Any) -> list[str]:
             raise OSError("injected failure after the data files were written")
         real(uri, keys, opts)
 
-    monkeypatch.setattr(generation, "write_pk_index", flaky)
+    monkeypatch.setattr(flush, "write_pk_index", flaky)
     return calls
 
 

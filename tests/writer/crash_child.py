@@ -35,26 +35,26 @@ def main() -> None:
     uri, mode = sys.argv[1], sys.argv[2]
     options = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
     if mode == "flush":
-        from memwal_sql.formats import generation
+        from memwal_sql.writer import flush
 
-        real = generation.write_pk_index
+        real = flush.write_pk_index
 
         def stalling(uri_, keys, opts=None):
             real(uri_, keys, opts)
             emit("FLUSHING")
             time.sleep(3600)
 
-        generation.write_pk_index = stalling
+        flush.write_pk_index = stalling
     elif mode == "flushes":
-        from memwal_sql.formats import generation
+        from memwal_sql.writer import flush
 
-        real = generation.write_pk_index
+        real = flush.write_pk_index
 
         def reporting(uri_, keys, opts=None):
             emit("FLUSHING")
             real(uri_, keys, opts)
 
-        generation.write_pk_index = reporting
+        flush.write_pk_index = reporting
     elif mode == "claim":
         from memwal_sql.writer.region_writer import RegionWriter
 

@@ -236,7 +236,7 @@ def test_a_put_torn_by_a_machine_crash_during_a_claim_is_left_out(tmp_path):
     # acknowledged) is torn, and the claim's sentinel after it survived. Readers leave the torn
     # entry out; the next claim sets it aside and takes its position.
     from memwal_sql.errors import TornWalEntryWarning
-    from tests.writer.test_wal import torn
+    from tests.formats.test_wal import torn
 
     tbl, rid, last = _acked_writer(tmp_path, (1, 2, 3, 4))
     torn(tbl.store, rid, last)

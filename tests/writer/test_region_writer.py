@@ -222,15 +222,15 @@ def test_rows_of_another_region_are_refused_and_nothing_is_written(table_root):
 def test_backpressure_blocks_until_flushes_catch_up(table_root, monkeypatch):
     # Slowed flushes fall behind the writer. With max_unflushed_memtable_bytes=1, a write must wait until
     # no frozen MemTable is left, so each write leaves at most the one MemTable it froze itself.
-    from memwal_sql.formats import generation
+    from memwal_sql.writer import flush
 
-    real = generation.write_pk_index
+    real = flush.write_pk_index
 
     def slow(uri, keys, opts=None):
         time.sleep(0.01)
         real(uri, keys, opts)
 
-    monkeypatch.setattr(generation, "write_pk_index", slow)
+    monkeypatch.setattr(flush, "write_pk_index", slow)
     tbl = mw.create_table(table_root[0], SCHEMA, primary_key="id", storage_options=table_root[1])
     model = Model(["id"])
     most_frozen = 0
@@ -442,17 +442,17 @@ def test_a_writer_released_by_another_thread_wakes_its_waiters(tmp_path, monkeyp
     # A table releases a fenced or failed writer; a thread waiting in flush() or in
     # backpressure on it must then get an error, not wait forever for a flush thread that
     # stopped.
-    from memwal_sql.formats import generation
+    from memwal_sql.writer import flush
 
     started, proceed = threading.Event(), threading.Event()
-    real = generation.write_pk_index
+    real = flush.write_pk_index
 
     def stalled(uri, keys, opts=None):
         started.set()
         proceed.wait(10)
         real(uri, keys, opts)
 
-    monkeypatch.setattr(generation, "write_pk_index", stalled)
+    monkeypatch.setattr(flush, "write_pk_index", stalled)
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
     w = tbl.writer(max_memtable_rows=2)
     w.upsert(rows([1, 2]))  # frozen: its flush stalls
@@ -515,7 +515,7 @@ def test_small_slices_of_a_batch_count_only_their_rows(table_root):
 def region_with_torn_tail(tmp_path):
     """A region whose writer acknowledged ids 1-3, then died with the machine during the put of
     its last entry (torn). Returns the table, the region id and the torn position."""
-    from tests.writer.test_wal import torn
+    from tests.formats.test_wal import torn
 
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
     w = tbl.writer()
