@@ -31,7 +31,8 @@ from exec_nodes.scan import (
     MemTableScanExec,
     SourceExec,
 )
-from memwal_sql.expressions.predicate import Predicate, evaluate
+from memwal_sql.expressions.predicate import Predicate
+from memwal_sql.expressions.visitors import evaluate
 from memwal_sql.formats.source_rows import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, conform
 from memwal_sql.structures.cache import CACHE
 from memwal_sql.structures.keyset import KeySet, last_per_key

@@ -35,7 +35,8 @@ from exec_nodes.dedup import Versions
 from exec_nodes.lookup import generation_rows
 from memwal_sql.compat.lance import data_file_paths, take_rows
 from memwal_sql.compat.lance_fts import BM25_B, BM25_K1
-from memwal_sql.expressions.predicate import Predicate, evaluate
+from memwal_sql.expressions.predicate import Predicate
+from memwal_sql.expressions.visitors import evaluate
 from memwal_sql.formats.generation import open_generation
 from memwal_sql.formats.source_rows import (
     BASE_GENERATION,

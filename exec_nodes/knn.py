@@ -26,8 +26,9 @@ import pyarrow.compute as pc
 from exec_nodes.base import ExecNode
 from exec_nodes.lookup import generation_rows
 from memwal_sql.compat.lance import take_rows
-from memwal_sql.expressions.predicate import Predicate, evaluate, matches
+from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.substrait import lance_filter
+from memwal_sql.expressions.visitors import evaluate, matches
 from memwal_sql.formats.generation import open_generation
 from memwal_sql.formats.source_rows import (
     BASE_GENERATION,

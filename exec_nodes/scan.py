@@ -23,8 +23,9 @@ from lance.file import LanceFileReader
 
 from exec_nodes.base import ExecNode
 from memwal_sql.compat.lance import row_addr_treemap, single_data_file, storage_options_of
-from memwal_sql.expressions.predicate import Predicate, evaluate, matches, referenced_columns
+from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.substrait import lance_filter
+from memwal_sql.expressions.visitors import evaluate, matches, referenced_columns
 from memwal_sql.formats.generation import open_generation
 from memwal_sql.formats.source_rows import (
     BASE_GENERATION,

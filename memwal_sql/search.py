@@ -22,8 +22,9 @@ from datafusion import SessionContext, Table, udtf
 
 from memwal_sql.compat.datafusion import plain_strings
 from memwal_sql.errors import InvalidInputError, MemWalError, SchemaMismatchError
-from memwal_sql.expressions.predicate import Predicate, matches
+from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.substrait import decode_filter
+from memwal_sql.expressions.visitors import matches
 from memwal_sql.formats.index_catchup import index_coverage
 from memwal_sql.formats.memwal_index import INDEX_NAME, update_mem_wal_details
 from memwal_sql.read_snapshot import Consistency, TableSnapshot, take_snapshot
@@ -457,7 +458,8 @@ class SearchDataset(RecordsErrors, pds.Dataset):
         )
 
     def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:
-        from memwal_sql.expressions.predicate import conjuncts, referenced_columns
+        from memwal_sql.expressions.predicate import conjuncts
+        from memwal_sql.expressions.visitors import referenced_columns
 
         table, score = self._table, self._score
         predicate = decode_filter(filter, self._schema)

@@ -39,8 +39,9 @@ from datafusion import catalog as dfc
 
 from memwal_sql.compat.datafusion import refuse_long_sql
 from memwal_sql.errors import InvalidInputError, MemWalError, StatementNotAllowedError
-from memwal_sql.expressions.predicate import Predicate, matches
+from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.substrait import decode_filter
+from memwal_sql.expressions.visitors import matches
 from memwal_sql.formats.source_rows import conform
 from memwal_sql.read_snapshot import Consistency, TableSnapshot, take_snapshot
 from memwal_sql.storage import ObjectStore, storage_failures

@@ -33,19 +33,17 @@ import pyarrow.compute as pc
 
 from memwal_sql.expressions.predicate import (
     And,
-    ColumnCompare,
     Compare,
     Const,
     InList,
     IsNull,
     Not,
-    Opaque,
     Or,
     Predicate,
-    evaluate,
     negation_normal_form,
 )
 from memwal_sql.expressions.substrait import decode_filter
+from memwal_sql.expressions.visitors import PredicateVisitor, evaluate, visit
 from memwal_sql.partitioning.region_spec import RegionSpec
 
 __all__ = ["decode_filter", "project_onto_regions", "prune_regions"]
@@ -59,29 +57,47 @@ def project_onto_regions(predicate: Predicate, spec: RegionSpec) -> Predicate:
         >>> project_onto_regions(Compare("id", "=", pa.scalar(3)), RegionSpec.bucket("id", 8))
         InList(column='bucket', values=[3], has_null=False)
     """
-    return _project(negation_normal_form(predicate), spec)
+    return visit(negation_normal_form(predicate), _ProjectOntoRegions(spec))
 
 
-def _project(p: Predicate, spec: RegionSpec) -> Predicate:
-    if isinstance(p, (And, Or)):
-        children = tuple(_project(c, spec) for c in p.children)
-        return And(children) if isinstance(p, And) else Or(children)
-    if isinstance(p, Const):
+class _ProjectOntoRegions(PredicateVisitor[Predicate]):
+    """Each atom of a predicate in negation normal form, projected through the region-spec
+    fields that read its column; what no field can say about is TRUE (may match)."""
+
+    def __init__(self, spec: RegionSpec) -> None:
+        self.spec = spec
+
+    def visit_leaf(self, p: Predicate) -> Predicate:
+        return Const(True)  # a column comparison or an opaque function: may match
+
+    def visit_const(self, p: Const) -> Predicate:
         return Const(bool(p.value))  # NULL is never TRUE: the same as FALSE here
-    if isinstance(p, (Opaque, ColumnCompare)):
-        return Const(True)
-    atom = p.child if isinstance(p, Not) else p
-    if not isinstance(atom, (Compare, InList, IsNull)):
-        return Const(True)
-    implied = []
-    for f in spec.fields:
-        if f.source_columns == (atom.column,):
-            projected = f.transform_impl.project(f.field_id, p)
-            if projected is not None:
-                implied.append(projected)
-    if not implied:
-        return Const(True)
-    return implied[0] if len(implied) == 1 else And(tuple(implied))
+
+    def visit_compare(self, p: Compare) -> Predicate:
+        return self._implied(p, p)
+
+    visit_in_list = visit_is_null = visit_compare  # type: ignore[assignment]
+
+    def visit_and(self, p: And, children: list[Predicate]) -> Predicate:
+        return And(tuple(children))
+
+    def visit_or(self, p: Or, children: list[Predicate]) -> Predicate:
+        return Or(tuple(children))
+
+    def visit_not(self, p: Not, child: Predicate) -> Predicate:
+        atom = p.child  # in negation normal form: IsNull, InList or Opaque
+        return self._implied(atom, p) if isinstance(atom, (InList, IsNull)) else Const(True)
+
+    def _implied(self, atom: Compare | InList | IsNull, p: Predicate) -> Predicate:
+        implied = []
+        for f in self.spec.fields:
+            if f.source_columns == (atom.column,):
+                projected = f.transform_impl.project(f.field_id, p)
+                if projected is not None:
+                    implied.append(projected)
+        if not implied:
+            return Const(True)
+        return implied[0] if len(implied) == 1 else And(tuple(implied))
 
 
 def prune_regions(

@@ -36,10 +36,8 @@ from memwal_sql.expressions.predicate import (
     Opaque,
     Or,
     Predicate,
-    has_float_in_list,
-    has_opaque,
-    to_arrow_filter,
 )
+from memwal_sql.expressions.visitors import has_float_in_list, has_opaque, to_arrow_filter
 
 __all__ = ["MAX_LANCE_FILTER_WEIGHT", "decode_filter", "lance_filter", "substrait_weight"]
 

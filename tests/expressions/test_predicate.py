@@ -22,11 +22,10 @@ from memwal_sql.expressions.predicate import (
     Not,
     Opaque,
     Or,
-    evaluate,
     negation_normal_form,
-    to_arrow_filter,
 )
 from memwal_sql.expressions.substrait import decode_filter, lance_filter
+from memwal_sql.expressions.visitors import evaluate, to_arrow_filter
 
 SCHEMA = pa.schema(
     [

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memwal_sql as mw
-from memwal_sql.expressions.predicate import And, Compare, InList, IsNull, Not, Opaque, Or, evaluate
+from memwal_sql.expressions.predicate import And, Compare, InList, IsNull, Not, Opaque, Or
+from memwal_sql.expressions.visitors import evaluate
 from memwal_sql.partitioning.region_spec import RegionSpec
 from planner.pruning import prune_regions
 

@@ -8,7 +8,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import datasource as sds
 
-from memwal_sql.expressions.predicate import Compare, InList, IsNull, Not, evaluate
+from memwal_sql.expressions.predicate import Compare, InList, IsNull, Not
+from memwal_sql.expressions.visitors import evaluate
 from memwal_sql.spark.filters import spark_predicate
 
 SCHEMA = pa.schema(
