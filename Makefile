@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench proto clean
+.PHONY: demo test test-fast lint docs bench perf-docs proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(VENV)/bin/memwal demo
 	$(VENV)/bin/memwal demo --spark
 
-test: lint
+test: lint docs
 	scripts/ensure-java
 	$(PY) -m pytest -q -ra
 
@@ -27,6 +27,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
+
+# The concept pages and the API reference (mkdocstrings), into build/site. --strict turns every
+# warning (a broken link, a docstring the handler cannot read) into a failure; NO_MKDOCS_2_WARNING
+# silences mkdocs-material's notice about MkDocs 2, which is nothing to act on here.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not s3"
@@ -42,6 +48,11 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_tpch.py
 	$(PY) benchmarks/bench_memory.py
 	$(PY) benchmarks/bench_spark.py
+	$(MAKE) perf-docs
+
+# docs/performance.md from whatever JSON the benchmarks left in benchmarks/results/.
+perf-docs: $(STAMP)
+	$(PY) benchmarks/report.py benchmarks/results docs/performance.md
 
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=memwal_sql/_proto --pyi_out=memwal_sql/_proto proto/memwal.proto

@@ -6,6 +6,7 @@ Example:
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import platform
@@ -13,12 +14,14 @@ from typing import Any
 
 
 def machine() -> dict[str, Any]:
-    """The machine and the versions of what a benchmark measured."""
+    """When, on which machine and with which versions a benchmark measured (docs/performance.md
+    shows it beside the results)."""
     import datafusion
     import lance
     import pyarrow
 
     return {
+        "measured_at": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),

@@ -139,8 +139,8 @@ def _create(command: Any) -> None:
     c.add_argument(
         "--data-storage-version",
         choices=DATA_STORAGE_VERSIONS,
-        help="Lance file format of the new table (default: Lance's, 2.2); 2.0 scans 2-3x "
-        "faster and takes 2.5x the bytes",
+        help="Lance file format of the new table (default: Lance's, 2.2); 2.0 scans "
+        "faster and takes more bytes (README, 'Lance file format')",
     )
 
 

@@ -13,7 +13,7 @@
 * Its SQL parser nests a chain of binary operators (``a OR b OR ...``, ``a + b + ...``) one
   level per operator and walks it recursively: about 9,000 of them overflow an 8 MB thread
   stack and kill the process (SIGSEGV), and planning one takes time quadratic in its length
-  (1,000 ``OR`` s of ``v * 2 = i``: 1.3 s; 4,000: 34 s). Nesting (parentheses, ``NOT``,
+  (``benchmarks/bench_inputs.py`` measures it up to the bound). Nesting (parentheses, ``NOT``,
   function calls) is already bounded by its parser (50 levels). :func:`sql_operators` counts
   the operators of a text before DataFusion sees it.
 """
@@ -27,8 +27,9 @@ import pyarrow as pa
 from memwal_sql.errors import InvalidInputError
 
 #: The most operators a filter or a SQL statement may hold: far below where DataFusion's
-#: parser overflows its stack (about 9,000), and where its planning takes at most about a
-#: second. Lucene's default limit of clauses in a query is the same.
+#: parser overflows its stack (about 9,000), and where its quadratic planning stays short
+#: (``benchmarks/bench_inputs.py``, docs/performance.md). Lucene's default limit of clauses in
+#: a query is the same.
 MAX_SQL_OPERATORS = 1024
 
 # SQL text as DataFusion (sqlparser's generic dialect) lexes it, as far as operators go:

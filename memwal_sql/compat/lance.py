@@ -38,8 +38,9 @@ def storage_options_of(dataset: lance.LanceDataset) -> dict[str, str] | None:
 def data_file_paths(fragment: lance.LanceFragment | lance.FragmentMetadata) -> list[str]:
     """The paths of a fragment's (or its metadata's) data files, relative to the dataset's ``data/``.
 
-    pylance 14's ``DataFile.path`` defines a class on every access (it once was a method) and
-    costs ~45 us: a point lookup names fragments by their files on every probe.
+    pylance 14's ``DataFile.path`` defines a class on every access (it once was a method), which
+    is slow next to a point lookup (under a millisecond: ``benchmarks/bench_lookup.py``), and a
+    point lookup names fragments by their files on every probe.
     """
     return [getattr(f, "_path", None) or f.path for f in fragment.data_files()]
 

@@ -171,7 +171,7 @@ def _siphash13_many(msg: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -
         order = np.argsort(-nfull, kind="stable")
         offsets, lengths, nfull = offsets[order], lengths[order], nfull[order]
     # Chunks small enough for the ~6 state/scratch arrays to stay in the CPU cache: the rounds
-    # are ~100 elementwise passes, so this is worth ~2x over whole-batch arrays.
+    # are ~100 elementwise passes, each of which would go to memory over whole-batch arrays.
     for lo in range(0, n, _CHUNK):
         hi = min(lo + _CHUNK, n)
         out[lo:hi] = _siphash13_chunk(window, offsets[lo:hi], lengths[lo:hi], nfull[lo:hi])

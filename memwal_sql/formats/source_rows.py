@@ -53,8 +53,9 @@ def gather(owners: np.ndarray, read: Callable[[Any, np.ndarray], pa.Table]) -> p
 
 @functools.lru_cache(maxsize=256)
 def empty_rows(schema: pa.Schema) -> pa.Table:
-    """An empty table of ``schema``, made once: pyarrow's ``empty_table`` costs about 0.2 ms
-    for a schema with a zoned timestamp, and a point lookup asks for several.
+    """An empty table of ``schema``, made once: pyarrow's ``empty_table`` is slow for a schema
+    with a zoned timestamp, and a point lookup, which takes under a millisecond in all
+    (``benchmarks/bench_lookup.py``, docs/performance.md), asks for several.
 
     Example:
         >>> empty_rows(pa.schema([("id", pa.int64())])).num_rows

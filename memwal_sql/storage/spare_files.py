@@ -6,8 +6,8 @@ inode and a directory entry. So for the directories of hot append paths (a write
 background thread keeps up to ``per_directory`` empty temporary files created, refilled half at
 a time, and a put takes one. RocksDB recycles WAL files and Kafka preallocates segments for the
 same reason. Batches are large (32 files) because what costs a put is the thread waking up and
-taking the GIL, not the files: measured against the floor in ``bench_write``, 1,000-row durable
-upserts went from 0.64 with batches of 4 to 0.70 with 16 and 0.74 with 32.
+taking the GIL, not the files: against the floor in ``benchmarks/bench_write.py``, durable
+upserts came closer to it with each larger batch, up to 32 (docs/performance.md).
 
 Spares are never fsynced: a put's own fsync writes the file's new name (or, where it does not,
 the put fsyncs the directory), and a spare that a power loss takes is simply not there. So the

@@ -94,7 +94,8 @@ GET_MANY_REQUESTS = 64
 _LANCE_RETRY_KEYS = {"client_max_retries", "client_retry_timeout"}
 #: Timeouts and retries of every object-store request, unless ``storage_options`` set them:
 #: object_store's own defaults retry an endpoint that never answers for minutes, so that a
-#: hung endpoint is a typed error within about 20 s instead (a request that takes longer
+#: hung endpoint is a typed error within about the sum of these instead
+#: (tests/storage/test_unanswered.py holds every operation to it; a request that takes longer
 #: than ``timeout`` needs a larger value).
 DEFAULT_TIMEOUTS = {
     "connect_timeout": "5s",

@@ -181,8 +181,9 @@ class KeySet:
 
         A scan whose base table is too big for a cached key index tests every base row
         against the newer keys: in random key order, a binary search over a big set misses
-        the CPU caches at every step (6M shuffled probes of a 1.3M-key set: 0.9-1.1 s), one bit
-        each does not (90 ms). The bits are built without a bool array of the whole range.
+        the CPU caches at every step, one bit each does not (TPC-H ``lineitem`` at scale factor
+        1 is that case: ``benchmarks/bench_tpch.py --scale 1``, docs/performance.md). The bits
+        are built without a bool array of the whole range.
         """
         if not self._integer or self._size < _BITSET_MIN_KEYS or self._sorted.dtype == np.uint64:
             return None
@@ -224,8 +225,8 @@ class KeySet:
                     out[0] = self._input_rows(np.array([i]))[0]
                 return out
             # Only the set's keys within the probes' range can match: batches of a table kept
-            # in key order then search a small window, not the whole set (6M ordered probes
-            # of a 1.3M-key set: 231 -> 187 ms).
+            # in key order then search a small window, not the whole set (TPC-H ``lineitem``
+            # at scale factor 1, in key order: benchmarks/bench_tpch.py --scale 1).
             lo, hi = np.searchsorted(self._sorted, [probe.min(), probe.max()])
             hi = min(int(hi) + 1, len(self._sorted))
             if hi <= lo:  # every probe is above every key of the set

@@ -2,10 +2,10 @@
 
 A scan drops the base rows whose key has a newer version. Their addresses (fragment id << 32 |
 offset) are known before the scan; probing each batch's addresses against a sorted array costs a
-binary search per row (150 us per 8k-row batch against 120k addresses, under the GIL). A bitmap
-of each fragment's physical rows answers with one slice when a batch's offsets are contiguous
-(an unfiltered scan) and one gather otherwise (9 us), at one bit per physical row of the
-fragments that have a masked row.
+binary search per row, under the GIL. A bitmap of each fragment's physical rows answers with one
+slice when a batch's offsets are contiguous (an unfiltered scan) and one gather otherwise, at one
+bit per physical row of the fragments that have a masked row (``benchmarks/bench_read.py``
+measures the scans that use it, docs/performance.md).
 """
 
 from __future__ import annotations

@@ -65,8 +65,9 @@ def rough_distances(
     matrix: np.ndarray, sq_norms: np.ndarray, query: np.ndarray, metric: str
 ) -> np.ndarray:
     """:func:`distances` up to float32 rounding, from the rows' squared norms: one
-    matrix-vector product, about 5x faster than the exact form on a MemTable-sized source.
-    Good for choosing candidates, which :func:`distances` then ranks.
+    matrix-vector product instead of a difference per row and dimension. Good for choosing
+    candidates, which :func:`distances` then ranks (``benchmarks/bench_search.py`` measures
+    the searches built on it, docs/performance.md).
 
     Example:
         >>> m = np.array([[3.0, 4.0]], np.float32)
@@ -85,7 +86,7 @@ def rough_distances(
 def smallest(values: np.ndarray, m: int) -> np.ndarray:
     """Positions of the ``m`` smallest ``values``, in no order (a tie at the cut broken
     either way). On many values, only those at or below a strided sample's minimum are
-    partitioned: about 8x cheaper than a full ``argpartition`` of a generation set.
+    partitioned, a small fraction of a generation set, instead of moving every value.
 
     Example:
         >>> sorted(smallest(np.array([5.0, 1.0, 4.0, 2.0]), 2).tolist())
@@ -127,9 +128,10 @@ class OneBlasThread:
 
     OpenBLAS spreads a matrix-vector product of a generation-sized matrix over every core,
     and its threads spin while they wait. Beside Lance's own threads (the base table's ANN
-    runs concurrently) that oversubscribed the cores: on 2 cores a search over 36 generations
-    took 17-21 ms with BLAS threaded and 14.7 ms with one thread. Entries are counted, so
-    concurrent searches set it once and the last one out restores it.
+    runs concurrently) that oversubscribed the cores and slowed a search over many generations
+    on 2 cores (``benchmarks/bench_search.py --upserts 320000 --memtable-rows 4000``,
+    docs/performance.md). Entries are counted, so concurrent searches set it once and the last
+    one out restores it.
 
     Example:
         >>> with ONE_BLAS_THREAD:

@@ -50,7 +50,7 @@ def to_arrow_table(data: Any) -> pa.Table:
         ) from e
     except (pa.ArrowException, ValueError, TypeError, KeyError) as e:
         raise InvalidInputError(f"cannot convert the {type(data).__name__} to Arrow: {e}") from e
-    names = table.schema.names  # Table.column_names costs 6 us per call
+    names = table.schema.names  # once: Table.column_names builds the list again on every call
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise SchemaMismatchError(f"column(s) {dup} appear more than once in the input")
