@@ -68,7 +68,7 @@ if TYPE_CHECKING:  # imported on first use: the read side pulls in DataFusion
     from memwal_sql.reads import TableReads
     from memwal_sql.search import IndexInfo, TableSearch
 from memwal_sql.formats.wal import TOMBSTONE
-from memwal_sql.writer.rows import RowCoercer, to_arrow_table
+from memwal_sql.writer.rows import Keys, RowCoercer, WriteData, WriteKind, to_arrow_table
 
 PK_METADATA = b"lance-schema:unenforced-primary-key"
 
@@ -143,7 +143,7 @@ class MemWalTable(TableState):
 
     def lookup(
         self,
-        keys: Any,
+        keys: Keys,
         columns: Sequence[str] | None = None,
         *,
         align: bool = False,
@@ -181,7 +181,7 @@ class MemWalTable(TableState):
         """
         return self._reads.explain(filter, columns, consistency)
 
-    def explain_lookup(self, keys: Any, *, consistency: Consistency = "strong") -> str:
+    def explain_lookup(self, keys: Keys, *, consistency: Consistency = "strong") -> str:
         """The point-lookup plan of ``keys`` (see :meth:`lookup`).
 
         Example:
@@ -413,7 +413,7 @@ class MemWalTable(TableState):
 
     # ---- routed writes -----------------------------------------------------------------------
 
-    def upsert(self, data: Any) -> None:
+    def upsert(self, data: WriteData) -> None:
         """Insert or replace rows, routed to their regions' writers in this process.
 
         Rows are validated and cast to the table's types first, then routed: a key's region
@@ -427,7 +427,7 @@ class MemWalTable(TableState):
         self._refuse_region_changes(rows, rows)
         self._append_all(self._route(rows, rows), "upserts")
 
-    def delete(self, keys: Any) -> None:
+    def delete(self, keys: Keys) -> None:
         """Delete rows by primary key, routed like :meth:`upsert`.
 
         ``keys`` is an array of keys (single-column key) or a table of key columns; when the
@@ -445,11 +445,13 @@ class MemWalTable(TableState):
 
             refuse_region_changes(self, rows, routing)
 
-    def _append_all(self, prepared: list[tuple[RegionWriter, pa.RecordBatch]], kind: str) -> None:
+    def _append_all(
+        self, prepared: list[tuple[RegionWriter, pa.RecordBatch]], kind: WriteKind
+    ) -> None:
         pending, errors = [], []
         for w, rows in prepared:
             try:
-                pending.append((w, w._append(rows, kind)))
+                pending.append((w, w.append_rows(rows, kind)))
             except MemWalError as e:
                 errors.append(e)
         # Every region that took its rows is waited for, so when one fails the others' rows
@@ -458,9 +460,9 @@ class MemWalTable(TableState):
         if len(pending) > 1:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="memwal-route")
-            waits = [(w, self._pool.submit(w._await, seq).result) for w, seq in pending]
+            waits = [(w, self._pool.submit(w.wait_durable, seq).result) for w, seq in pending]
         else:
-            waits = [(w, partial(w._await, seq)) for w, seq in pending]
+            waits = [(w, partial(w.wait_durable, seq)) for w, seq in pending]
         done = []
         for w, wait in waits:
             try:
@@ -476,7 +478,7 @@ class MemWalTable(TableState):
                 for k in [k for k, w in self._writers.items() if not w.is_open]:
                     del self._writers[k]
             for w in dead:
-                w._release_at_exit()
+                w.release()
             if len(prepared) == 1:
                 raise errors[0]
             # A new error, so the writer's own (raised again by its later calls) stays as it is.
@@ -630,7 +632,7 @@ DATA_STORAGE_VERSIONS = ("2.0", "2.1", "2.2")
 
 def create_table(
     uri: str,
-    data_or_schema: Any = None,
+    data_or_schema: WriteData | pa.Schema | None = None,
     *,
     primary_key: str | Sequence[str],
     region_spec: RegionSpec | None = None,
