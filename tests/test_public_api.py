@@ -43,11 +43,11 @@ def public_functions(
     body: list[ast.stmt], prefix: str = ""
 ) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
     for node in body:
-        if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+        if getattr(node, "name", "_").startswith("_"):
+            continue
+        if isinstance(node, ast.ClassDef):
             yield from public_functions(node.body, f"{prefix}{node.name}.")
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith(
-            "_"
-        ):
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield f"{prefix}{node.name}", node
 
 

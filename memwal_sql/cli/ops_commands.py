@@ -117,15 +117,7 @@ def _config(a: argparse.Namespace) -> MaintenanceConfig:
 
 def gc(a: argparse.Namespace) -> None:
     r = _open(a).maintenance.gc(_config(a))
-    summary = getattr(r, "summary", None)
-    if callable(summary):
-        print(summary())
-    else:  # until GcResult.summary() lands
-        print(
-            f"deleted {sum(len(g) for g in r.generations.values())} generation(s), "
-            f"{r.wal_entries} WAL entries, {r.orphan_directories} orphan directories, "
-            f"{r.manifest_versions} manifest versions ({r.objects} objects)"
-        )
+    print(r.summary())
 
 
 def compact(a: argparse.Namespace) -> None:
