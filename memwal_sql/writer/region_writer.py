@@ -649,12 +649,14 @@ class RegionWriter:
             )
 
     def append_rows(self, batch: pa.RecordBatch, kind: WriteKind) -> int:
-        """Append validated WAL-schema rows (``kind``: ``"upserts"`` or ``"deletes"``, i.e.
-        tombstones) to the MemTable and the WAL queue, without waiting; returns the WAL
-        sequence number to pass to :meth:`wait_durable` (0: nothing to wait for).
+        """Append WAL-schema rows (``kind``: ``"upserts"`` or ``"deletes"``, i.e. tombstones)
+        to the MemTable and the WAL queue, without waiting; returns the WAL sequence number to
+        pass to :meth:`wait_durable` (0: nothing to wait for).
 
-        :meth:`upsert` and :meth:`delete` are this plus the wait; a routed write appends to
-        every region's writer first, then waits for them all, so their WAL puts overlap.
+        The rows are taken as they are: the caller has validated them (the table's
+        ``RowCoercer``) and routed them to this region, as routed writes do. :meth:`upsert`
+        and :meth:`delete` are the checks, this, then the wait; a routed write appends to every
+        region's writer first, then waits for them all, so their WAL puts overlap.
 
         Example:
             ``seq = w.append_rows(rows, "upserts"); w.wait_durable(seq)``

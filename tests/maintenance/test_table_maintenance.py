@@ -52,7 +52,7 @@ def test_the_short_entries_keep_their_one_default():
 
 
 def three_generations(uri: str, **open_args: object) -> mw.MemWalTable:
-    tbl = mw.create_table(uri, SCHEMA, primary_key="k", **open_args)  # type: ignore[arg-type]
+    tbl = mw.create_table(uri, SCHEMA, primary_key="k", **open_args)
     with tbl.writer() as w:
         for i in range(3):
             w.upsert(batch([i, 10 + i], i))
