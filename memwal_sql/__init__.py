@@ -15,6 +15,7 @@ from memwal_sql import errors
 from memwal_sql.partitioning.region_spec import RegionSpec
 
 if TYPE_CHECKING:  # loaded on first use at runtime (see __getattr__)
+    from memwal_sql.maintenance.config import MaintenanceConfig
     from memwal_sql.partitioning.region_spec import region_id_for
     from memwal_sql.session import MemWalContext
     from memwal_sql.sql import connect
@@ -25,6 +26,7 @@ if TYPE_CHECKING:  # loaded on first use at runtime (see __getattr__)
 
 __all__ = [
     "DEFAULT_REGION_ID",
+    "MaintenanceConfig",
     "MemWalContext",
     "MemWalTable",
     "RegionSpec",
@@ -48,6 +50,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 # and the read side (planner, exec nodes), which import back from this package.
 _LAZY = {
     "DEFAULT_REGION_ID": "memwal_sql.table_state",
+    "MaintenanceConfig": "memwal_sql.maintenance.config",
     "MemWalTable": "memwal_sql.table",
     "create_table": "memwal_sql.table",
     "open_table": "memwal_sql.table",

@@ -266,7 +266,9 @@ class RowsFragment:
     def __init__(self, rows: pa.Table) -> None:
         self.rows = rows
 
-    def scanner(self, schema: Any = None, columns: list[str] | None = None, **_: Any) -> Any:
+    def scanner(
+        self, schema: Any = None, columns: list[str] | None = None, **_: Any
+    ) -> _RowsScanner:
         rows = self.rows if columns is None else self.rows.select(columns)
         return _RowsScanner(rows)
 
@@ -328,7 +330,7 @@ class MemWalSchema(dfc.SchemaProvider):
         with self._lock:
             return name in self._memwal or name in self._tables
 
-    def table(self, name: str) -> Any:
+    def table(self, name: str) -> Table | None:
         with self._lock:
             entry = self._memwal.get(name)
             if entry is None:

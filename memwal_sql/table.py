@@ -44,7 +44,17 @@ from memwal_sql.formats.memwal_index import (
     create_mem_wal_index,
     has_mem_wal_index,
 )
-from memwal_sql.maintenance.compaction import DELETION_THRESHOLD, TARGET_ROWS_PER_FRAGMENT
+from memwal_sql.maintenance import (
+    CatchupResult,
+    CompactionResult,
+    GcResult,
+    MaintenanceConfig,
+    MaintenanceResult,
+    MergeResult,
+    SnapshotResult,
+    TableMaintenance,
+    VerifyReport,
+)
 from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.read_snapshot import Consistency
 from memwal_sql.storage import ObjectStore, layout, storage_failures
@@ -55,28 +65,27 @@ from memwal_sql.writer.memtable import duplicate_keys, latest_per_key
 from memwal_sql.writer.region_writer import RegionWriter
 
 if TYPE_CHECKING:  # imported on first use: the read side pulls in DataFusion
-    from memwal_sql.maintenance import (
-        CatchupResult,
-        CompactionResult,
-        GcResult,
-        MaintenanceResult,
-        MergeResult,
-        SnapshotResult,
-        VerifyReport,
-    )
     from memwal_sql.reads import TableReads
     from memwal_sql.search import IndexInfo, TableSearch
 from memwal_sql.formats.wal import TOMBSTONE
-from memwal_sql.writer.rows import RowCoercer, to_arrow_table
+from memwal_sql.writer.rows import Keys, RowCoercer, WriteData, WriteKind, to_arrow_table
 
 PK_METADATA = b"lance-schema:unenforced-primary-key"
 
 
 class MemWalTable(TableState):
-    """A table open for MemWAL writes, reads, searches and maintenance."""
+    """A table open for MemWAL writes, reads, searches and maintenance.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    ``tbl.maintenance`` (a :class:`~memwal_sql.maintenance.TableMaintenance`) holds the
+    maintenance jobs and the table's default :class:`~memwal_sql.MaintenanceConfig`;
+    ``tbl.merge()``, ``tbl.gc()``, ``tbl.maintain()`` and the like are short ways to them.
+    """
+
+    def __init__(
+        self, *args: Any, maintenance: MaintenanceConfig | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.maintenance = TableMaintenance(self, maintenance)
         self._reads_impl: TableReads | None = None
         self._search_impl: TableSearch | None = None
 
@@ -134,7 +143,7 @@ class MemWalTable(TableState):
 
     def lookup(
         self,
-        keys: Any,
+        keys: Keys,
         columns: Sequence[str] | None = None,
         *,
         align: bool = False,
@@ -172,7 +181,7 @@ class MemWalTable(TableState):
         """
         return self._reads.explain(filter, columns, consistency)
 
-    def explain_lookup(self, keys: Any, *, consistency: Consistency = "strong") -> str:
+    def explain_lookup(self, keys: Keys, *, consistency: Consistency = "strong") -> str:
         """The point-lookup plan of ``keys`` (see :meth:`lookup`).
 
         Example:
@@ -297,7 +306,7 @@ class MemWalTable(TableState):
         assert plan is not None  # the search above set it
         return plan.explain()
 
-    # ---- maintenance --------------------------------------------------------------------------
+    # ---- maintenance (implemented in memwal_sql.maintenance; thin entries to tbl.maintenance) --
 
     def merge(
         self,
@@ -305,148 +314,106 @@ class MemWalTable(TableState):
         max_generations_per_region: int | None = None,
         regions: Sequence[str] | None = None,
     ) -> MergeResult:
-        """Merge flushed generations into the base table (oldest first, progress recorded
-        atomically with the data); returns a :class:`~memwal_sql.maintenance.MergeResult`.
-
-        ``regions`` merges only those regions, in that order: where two of them hold
-        versions of one key (a :class:`~memwal_sql.errors.KeyInTwoRegionsError`), the last
-        one's win. Otherwise such regions are left unmerged and the error raised.
+        """:meth:`TableMaintenance.merge <memwal_sql.maintenance.TableMaintenance.merge>` with
+        the table's maintenance config, ``max_generations_per_region`` changed if given.
 
         Example:
             ``tbl.flush(); tbl.merge().merged``
         """
-        from memwal_sql.maintenance import merge_table
-
-        return self.store.run_io(
-            f"merge of {self.uri}",
-            lambda: merge_table(
-                self, max_generations_per_region=max_generations_per_region, regions=regions
-            ),
+        config = self.maintenance.config.updated(
+            max_generations_per_region=max_generations_per_region
         )
+        return self.maintenance.merge(config, regions=regions)
 
     def gc(
         self,
         *,
-        keep_manifest_versions: int = 10,
+        keep_manifest_versions: int | None = None,
         base_versions_older_than: timedelta | None = None,
     ) -> GcResult:
-        """Delete merged generations, WAL entries already in generations (never fence
-        sentinels), orphaned generation directories and old manifest versions; returns a
-        :class:`~memwal_sql.maintenance.GcResult`.
-
-        A generation is deleted once the oldest retained base version has merged it and every
-        base-table index covers it there; ``base_versions_older_than`` (a ``timedelta``) first
-        drops older base versions.
+        """:meth:`TableMaintenance.gc <memwal_sql.maintenance.TableMaintenance.gc>` with the
+        table's maintenance config, the settings given (not ``None``) changed.
 
         Example:
             ``tbl.merge(); tbl.gc(base_versions_older_than=timedelta(hours=1)).objects``
         """
-        from memwal_sql.maintenance import gc_table
-
-        return self.store.run_io(
-            f"gc of {self.uri}",
-            lambda: gc_table(
-                self,
-                keep_manifest_versions=keep_manifest_versions,
-                base_versions_older_than=base_versions_older_than,
-            ),
+        config = self.maintenance.config.updated(
+            keep_manifest_versions=keep_manifest_versions,
+            base_versions_older_than=base_versions_older_than,
         )
+        return self.maintenance.gc(config)
 
     def catch_up_indexes(self) -> CatchupResult:
-        """Optimize the base table's indexes that lag behind merged rows; returns a
-        :class:`~memwal_sql.maintenance.CatchupResult`.
+        """:meth:`TableMaintenance.catch_up_indexes
+        <memwal_sql.maintenance.TableMaintenance.catch_up_indexes>`.
 
         Example:
             ``tbl.merge(); tbl.catch_up_indexes().caught_up``
         """
-        from memwal_sql.maintenance import catch_up_indexes
-
-        return self.store.run_io(f"catch up indexes of {self.uri}", lambda: catch_up_indexes(self))
+        return self.maintenance.catch_up_indexes()
 
     def compact(
         self,
         *,
-        target_rows_per_fragment: int = TARGET_ROWS_PER_FRAGMENT,
-        deletion_threshold: float = DELETION_THRESHOLD,
+        target_rows_per_fragment: int | None = None,
+        deletion_threshold: float | None = None,
     ) -> CompactionResult:
-        """Rewrite the base table's small fragments into fragments of up to
-        ``target_rows_per_fragment`` rows, and those with ``deletion_threshold`` or more of
-        their rows deleted without them (merges leave both; Lance reads a fragment with a
-        deletion vector about 2.5x slower). Lagging indexes are caught up first; returns a
-        :class:`~memwal_sql.maintenance.CompactionResult`.
+        """:meth:`TableMaintenance.compact <memwal_sql.maintenance.TableMaintenance.compact>`
+        with the table's maintenance config, the settings given (not ``None``) changed.
 
         Example:
             ``tbl.merge(); tbl.compact().fragments_removed``
         """
-        from memwal_sql.maintenance import compact_base
-
-        return self.store.run_io(
-            f"compaction of {self.uri}",
-            lambda: compact_base(
-                self,
-                target_rows_per_fragment=target_rows_per_fragment,
-                deletion_threshold=deletion_threshold,
-            ),
+        config = self.maintenance.config.updated(
+            target_rows_per_fragment=target_rows_per_fragment,
+            deletion_threshold=deletion_threshold,
         )
+        return self.maintenance.compact(config)
 
     def build_region_snapshots(self) -> SnapshotResult:
-        """Refresh the regions' WAL hints and snapshot every region into the MemWAL index, for
-        eventual-consistency reads; returns a :class:`~memwal_sql.maintenance.SnapshotResult`.
+        """:meth:`TableMaintenance.build_region_snapshots
+        <memwal_sql.maintenance.TableMaintenance.build_region_snapshots>`.
 
         Example:
             ``tbl.build_region_snapshots().regions``
         """
-        from memwal_sql.maintenance import build_region_snapshots
-
-        return self.store.run_io(
-            f"build region snapshots of {self.uri}", lambda: build_region_snapshots(self)
-        )
+        return self.maintenance.build_region_snapshots()
 
     def maintain(
         self,
         *,
         base_versions_older_than: timedelta | None = None,
-        keep_manifest_versions: int = 10,
-        target_rows_per_fragment: int = TARGET_ROWS_PER_FRAGMENT,
-        deletion_threshold: float = DELETION_THRESHOLD,
+        keep_manifest_versions: int | None = None,
+        target_rows_per_fragment: int | None = None,
+        deletion_threshold: float | None = None,
     ) -> MaintenanceResult:
-        """One maintenance pass: :meth:`merge`, :meth:`catch_up_indexes`, :meth:`compact`,
-        :meth:`build_region_snapshots`, then :meth:`gc`; returns a
-        :class:`~memwal_sql.maintenance.MaintenanceResult`. A step that fails does not stop
-        the others: its typed error, which names the row or file behind it, is in the
-        result's ``failures`` (and logged), and the next pass runs it again.
+        """One maintenance pass (:meth:`TableMaintenance.run
+        <memwal_sql.maintenance.TableMaintenance.run>`) with the table's maintenance config,
+        the settings given (not ``None``) changed.
 
         Example:
             ``r = tbl.maintain(); assert r.ok, r.failures``
         """
-        from memwal_sql.maintenance import maintain_table
-
-        return self.store.run_io(
-            f"maintain of {self.uri}",
-            lambda: maintain_table(
-                self,
-                base_versions_older_than=base_versions_older_than,
-                keep_manifest_versions=keep_manifest_versions,
-                target_rows_per_fragment=target_rows_per_fragment,
-                deletion_threshold=deletion_threshold,
-            ),
+        config = self.maintenance.config.updated(
+            base_versions_older_than=base_versions_older_than,
+            keep_manifest_versions=keep_manifest_versions,
+            target_rows_per_fragment=target_rows_per_fragment,
+            deletion_threshold=deletion_threshold,
         )
+        return self.maintenance.run(config)
 
-    def verify(self, progress: Callable[[int], Any] | None = None) -> VerifyReport:
-        """Scrub every region manifest version, WAL entry and generation file for damage;
-        returns a :class:`~memwal_sql.maintenance.VerifyReport` (damage is reported, not
-        raised). ``progress(n)`` is called as objects are checked.
+    def verify(self, progress: Callable[[int], object] | None = None) -> VerifyReport:
+        """:meth:`TableMaintenance.verify <memwal_sql.maintenance.TableMaintenance.verify>`:
+        damage is reported, not raised.
 
         Example:
             ``report = tbl.verify(); assert report.ok, report.summary()``
         """
-        from memwal_sql.maintenance import verify_table
-
-        return self.store.run_io(f"verify of {self.uri}", lambda: verify_table(self, progress))
+        return self.maintenance.verify(progress)
 
     # ---- routed writes -----------------------------------------------------------------------
 
-    def upsert(self, data: Any) -> None:
+    def upsert(self, data: WriteData) -> None:
         """Insert or replace rows, routed to their regions' writers in this process.
 
         Rows are validated and cast to the table's types first, then routed: a key's region
@@ -460,7 +427,7 @@ class MemWalTable(TableState):
         self._refuse_region_changes(rows, rows)
         self._append_all(self._route(rows, rows), "upserts")
 
-    def delete(self, keys: Any) -> None:
+    def delete(self, keys: Keys) -> None:
         """Delete rows by primary key, routed like :meth:`upsert`.
 
         ``keys`` is an array of keys (single-column key) or a table of key columns; when the
@@ -478,11 +445,13 @@ class MemWalTable(TableState):
 
             refuse_region_changes(self, rows, routing)
 
-    def _append_all(self, prepared: list[tuple[RegionWriter, pa.RecordBatch]], kind: str) -> None:
+    def _append_all(
+        self, prepared: list[tuple[RegionWriter, pa.RecordBatch]], kind: WriteKind
+    ) -> None:
         pending, errors = [], []
         for w, rows in prepared:
             try:
-                pending.append((w, w._append(rows, kind)))
+                pending.append((w, w.append_rows(rows, kind)))
             except MemWalError as e:
                 errors.append(e)
         # Every region that took its rows is waited for, so when one fails the others' rows
@@ -491,9 +460,9 @@ class MemWalTable(TableState):
         if len(pending) > 1:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="memwal-route")
-            waits = [(w, self._pool.submit(w._await, seq).result) for w, seq in pending]
+            waits = [(w, self._pool.submit(w.wait_durable, seq).result) for w, seq in pending]
         else:
-            waits = [(w, partial(w._await, seq)) for w, seq in pending]
+            waits = [(w, partial(w.wait_durable, seq)) for w, seq in pending]
         done = []
         for w, wait in waits:
             try:
@@ -509,7 +478,7 @@ class MemWalTable(TableState):
                 for k in [k for k, w in self._writers.items() if not w.is_open]:
                     del self._writers[k]
             for w in dead:
-                w._release_at_exit()
+                w.release()
             if len(prepared) == 1:
                 raise errors[0]
             # A new error, so the writer's own (raised again by its later calls) stays as it is.
@@ -663,7 +632,7 @@ DATA_STORAGE_VERSIONS = ("2.0", "2.1", "2.2")
 
 def create_table(
     uri: str,
-    data_or_schema: Any = None,
+    data_or_schema: WriteData | pa.Schema | None = None,
     *,
     primary_key: str | Sequence[str],
     region_spec: RegionSpec | None = None,
@@ -671,6 +640,7 @@ def create_table(
     writer_config: WriterConfig | None = None,
     data_storage_version: str | None = None,
     allow_non_key_region_spec: bool = False,
+    maintenance: MaintenanceConfig | None = None,
 ) -> MemWalTable:
     """Create a MemWAL table: the base Lance table with the primary key and the MemWAL index.
 
@@ -689,6 +659,8 @@ def create_table(
     :func:`open_table` starts from. ``data_storage_version`` is the Lance file format of the
     new base table, and so of every generation and merge (default: Lance's, ``"2.2"``);
     ``"2.0"`` scans 2-3x faster and takes 2.5x the bytes (measured in the README).
+    ``maintenance`` is the returned table object's default maintenance config (see
+    :class:`~memwal_sql.maintenance.TableMaintenance`; not stored with the table).
 
     Example:
         >>> import memwal_sql as mw, pyarrow as pa, tempfile
@@ -788,6 +760,7 @@ def create_table(
         region_spec=spec,
         storage_options=opts,
         writer_config=writer_config,
+        maintenance=maintenance,
     )
     # Lance writes without fsync: an acknowledged table (all of it, when MemWAL was enabled on
     # an existing one) must survive a power loss, its own name too.
@@ -801,12 +774,14 @@ def open_table(
     storage_options: Mapping[str, str] | None = None,
     *,
     writer_config: WriterConfig | None = None,
+    maintenance: MaintenanceConfig | None = None,
 ) -> MemWalTable:
     """Open an existing MemWAL table (one written by memwal-sql or by Lance 14).
 
     Writers start from the table's recorded defaults (``writer_config_defaults`` in the MemWAL
     index, as :func:`create_table` or Lance's ``initialize_mem_wal`` wrote them) unless
-    ``writer_config`` is given.
+    ``writer_config`` is given. ``maintenance`` is this table object's default maintenance
+    config (``tbl.maintenance.config``; see :class:`~memwal_sql.maintenance.TableMaintenance`).
 
     Example:
         ``tbl = mw.open_table("s3://bucket/events", storage_options={...})``
@@ -851,6 +826,7 @@ def open_table(
         region_spec=spec,
         storage_options=opts,
         writer_config=writer_config,
+        maintenance=maintenance,
     )
 
 

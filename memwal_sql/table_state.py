@@ -291,6 +291,6 @@ def _release_in_background(writers: dict[str, RegionWriter]) -> None:
 
         def release() -> None:
             for w in found:
-                w._release_at_exit()
+                w.release()
 
         threading.Thread(target=release, name="memwal-release", daemon=True).start()

@@ -166,7 +166,7 @@ def apply_op(
         # Stop the writers as a dying process would: no MemTable flush, but buffered
         # non-durable WAL writes stored, because the model holds only acknowledged writes.
         for w in tbl.live_writers().values():
-            w._release_at_exit()
+            w.release()
         tbl._writers.clear()
     elif op in ("close", "reopen"):  # a closed table takes no more writes: open it again
         tbl.close()

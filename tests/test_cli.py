@@ -416,7 +416,7 @@ def test_set_aside_gives_up_a_damaged_last_wal_entry_and_refuses_anything_else(t
     for i in (1, 2, 3):
         w.upsert({"id": [i], "v": [f"v{i}"]})
     rid, last = w.region_id, w.stats()["next_wal_position"] - 1
-    w._release_at_exit()
+    w.release()
     path = layout.wal_entry_path(rid, last)
     data = tbl.store.get(path)
     tbl.store.delete(path)

@@ -258,7 +258,7 @@ def test_verify_finds_a_damaged_and_a_missing_wal_entry(tmp_path):
         for i in range(3):
             w.upsert(rows([100 + i]))
         first = w.stats()["next_wal_position"] - 3
-        w._release_at_exit()  # the rows stay in the WAL only
+        w.release()  # the rows stay in the WAL only
     wal = tmp_path / layout.wal_dir(rid)
     flip_bit(wal / Path(layout.wal_entry_path(rid, first)).name, 60)
     verify_finds(uri, "wal", "CorruptWalEntryError")

@@ -124,7 +124,7 @@ def recovered(tbl: Any, uri: str) -> Any:
         with w._wal._mutex:
             w._wal._pending.clear()
             w._wal.error = w._wal.error or InjectedFault("crashed")  # stores nothing more
-        w._release_at_exit()
+        w.release()
     tbl._writers.clear()
     fresh = mw.open_table(uri, writer_config=tbl.writer_config)
     for rid in fresh.regions():

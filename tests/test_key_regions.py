@@ -142,7 +142,7 @@ def two_regions_hold_key_1(tmp_path) -> tuple[mw.MemWalTable, str, str]:
         w.upsert(pa.concat_tables([row(1, "first", ts=JAN1), row(5, "five", ts=JAN1)]))
     w = tbl.writer(region_values=(2,))
     w.upsert(row(1, "second", ts=JAN2))
-    w._release_at_exit()  # as a dying process: no flush
+    w.release()  # as a dying process: no flush
     with tbl.writer(region_values=(3,)) as w:
         w.upsert(row(7, "seven", ts=dt.datetime(2024, 1, 3)))
     return tbl, old, new

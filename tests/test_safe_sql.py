@@ -27,7 +27,7 @@ def table(tmp_path):
     tbl = mw.create_table(str(tmp_path / "t"), {"id": [1, 2], "v": ["a", "b"]}, primary_key="id")
     with tbl.writer() as w:
         w.upsert({"id": [3], "v": ["c"]})
-        w._release_at_exit()  # a WAL entry left to overwrite
+        w.release()  # a WAL entry left to overwrite
     secret = tmp_path / "secret.csv"
     secret.write_text("password\nhunter2\n")
     wal = max((tmp_path / "t" / layout.wal_dir(w.region_id)).iterdir())

@@ -43,7 +43,7 @@ def test_a_lost_wal_entry_fails_reads_and_claims_and_deletes_nothing(tmp_path):
     for i in range(1, 5):
         w.upsert(rows([i]))
     rid = w.region_id
-    w._release_at_exit()  # as if the process died: the rows are only in the WAL
+    w.release()  # as if the process died: the rows are only in the WAL
     lost = layout.wal_entry_path(rid, 2)
     tbl.store.delete(lost)
     before = sorted(m.path for m in tbl.store.list(layout.wal_dir(rid) + "/"))
@@ -60,7 +60,7 @@ def test_every_read_path_raises_the_typed_error_through_datafusion(tmp_path):
     w = tbl.writer()
     for i in range(1, 4):
         w.upsert(rows([i]))
-    w._release_at_exit()
+    w.release()
     tbl.store.delete(layout.wal_entry_path(w.region_id, 1))
     reader = mw.open_table(str(tmp_path))
     for read in (
@@ -79,7 +79,7 @@ def test_a_region_whose_manifests_were_lost_is_an_error_not_an_empty_region(tmp_
     tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
     w = tbl.writer()
     w.upsert(rows([1, 2]))
-    w._release_at_exit()
+    w.release()
     tbl.store.delete_prefix(layout.manifest_dir(w.region_id) + "/")
     with pytest.raises(CorruptManifestError, match="no manifest"):
         mw.open_table(str(tmp_path)).to_arrow()

@@ -488,3 +488,25 @@ def test_open_read_close_cycles_leave_threads_and_files_where_they_were(tmp_path
     # A leak grows the counts; a file an earlier test left open may close meanwhile.
     after_threads, after_files = settled(threads, files)
     assert after_threads == threads and after_files <= files, (after_threads, after_files)
+
+
+def test_a_writer_appends_then_waits_then_releases_through_its_public_methods(tmp_path):
+    from memwal_sql.formats.wal import wal_positions
+
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    w = tbl.writer()
+    prepared = tbl._rows.upserts(rows([1, 2]))
+    assert w.append_rows(prepared.slice(0, 0), "upserts") == 0  # nothing to wait for
+    first = w.append_rows(prepared, "upserts")
+    second = w.append_rows(tbl._rows.deletes([2]), "deletes")
+    assert 0 < first < second
+    w.wait_durable(second)  # both stored: the next writer of the region replays them
+    assert len(wal_positions(tbl.store, w.region_id)) >= 1
+    assert tbl.to_arrow().to_pylist() == [{"id": 1, "v": "a1"}]  # the MemTable, before a flush
+    w.release()
+    w.release()  # idempotent
+    assert w.closed and not tbl.dataset().count_rows()  # released, not flushed
+    reopened = mw.open_table(str(tmp_path))
+    assert reopened.to_arrow().to_pylist() == [{"id": 1, "v": "a1"}]
+    with reopened.writer() as again:  # replays the WAL
+        assert again.stats()["replayed_entries"] >= 1

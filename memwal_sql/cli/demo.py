@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +39,9 @@ class DemoResult:
     matches: bool
 
 
-def _stream(rows: int, batch_rows: int, update_frac: float, delete_frac: float, seed: int):
+def _stream(
+    rows: int, batch_rows: int, update_frac: float, delete_frac: float, seed: int
+) -> Iterator[tuple[pa.Table, np.ndarray]]:
     """Yield (upserts, deleted_ids) batches; ids are dense so the model is a numpy array."""
     rng = np.random.default_rng(seed)
     next_id = 0

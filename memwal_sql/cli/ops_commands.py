@@ -15,6 +15,7 @@ from tqdm import tqdm
 import memwal_sql as mw
 from memwal_sql.cli import storage_options
 from memwal_sql.cli.output import size, text_table
+from memwal_sql.maintenance.config import MaintenanceConfig
 
 
 def _open(a: argparse.Namespace) -> mw.MemWalTable:
@@ -22,10 +23,8 @@ def _open(a: argparse.Namespace) -> mw.MemWalTable:
 
 
 def inspect(a: argparse.Namespace) -> None:
-    from memwal_sql.maintenance.status import region_status
-
     tbl = _open(a)
-    regions = region_status(tbl)
+    regions = tbl.maintenance.status()
     spec = tbl.region_spec.describe() if tbl.region_spec else "manual regions"
     version = tbl.dataset().version
     if a.json:
@@ -97,7 +96,7 @@ def _catchup(indexes: dict[str, int | None], merged: int) -> str:
 
 
 def merge(a: argparse.Namespace) -> None:
-    r = _open(a).merge(regions=a.regions)
+    r = _open(a).maintenance.merge(regions=a.regions)
     gens = sum(len(g) for g in r.merged.values())
     print(
         f"merged {gens} generation(s) from {len(r.merged)} region(s): {r.rows_upserted:,} rows "
@@ -105,32 +104,25 @@ def merge(a: argparse.Namespace) -> None:
     )
 
 
-def _older(a: argparse.Namespace) -> timedelta | None:
-    s = a.base_versions_older_than
-    return None if s is None else timedelta(seconds=s)
+def _config(a: argparse.Namespace) -> MaintenanceConfig:
+    """The maintenance settings the command's arguments give (the others left as default)."""
+    older = getattr(a, "base_versions_older_than", None)
+    return MaintenanceConfig().updated(
+        keep_manifest_versions=getattr(a, "keep_manifest_versions", None),
+        base_versions_older_than=None if older is None else timedelta(seconds=older),
+        target_rows_per_fragment=getattr(a, "target_rows_per_fragment", None),
+        deletion_threshold=getattr(a, "deletion_threshold", None),
+    )
 
 
 def gc(a: argparse.Namespace) -> None:
-    r = _open(a).gc(
-        keep_manifest_versions=a.keep_manifest_versions, base_versions_older_than=_older(a)
-    )
-    summary = getattr(r, "summary", None)
-    if callable(summary):
-        print(summary())
-    else:  # until GcResult.summary() lands
-        print(
-            f"deleted {sum(len(g) for g in r.generations.values())} generation(s), "
-            f"{r.wal_entries} WAL entries, {r.orphan_directories} orphan directories, "
-            f"{r.manifest_versions} manifest versions ({r.objects} objects)"
-        )
+    r = _open(a).maintenance.gc(_config(a))
+    print(r.summary())
 
 
 def compact(a: argparse.Namespace) -> None:
     tbl = _open(a)
-    r = tbl.compact(
-        target_rows_per_fragment=a.target_rows_per_fragment,
-        deletion_threshold=a.deletion_threshold,
-    )
+    r = tbl.maintenance.compact(_config(a))
     if r.fragments_removed:
         print(
             f"compacted {r.fragments_removed} fragment(s) into {r.fragments_added} "
@@ -141,17 +133,12 @@ def compact(a: argparse.Namespace) -> None:
 
 
 def maintain(a: argparse.Namespace) -> None:
-    tbl = _open(a)
+    tbl, config = _open(a), _config(a)
     passes = 0
     repeat = a.watch is not None or a.iterations > 1
     try:
         while True:
-            r = tbl.maintain(
-                base_versions_older_than=_older(a),
-                keep_manifest_versions=a.keep_manifest_versions,
-                target_rows_per_fragment=a.target_rows_per_fragment,
-                deletion_threshold=a.deletion_threshold,
-            )
+            r = tbl.maintenance.run(config)
             passes += 1
             stamp = time.strftime("%Y-%m-%d %H:%M:%S ") if a.watch is not None else ""
             print(f"{stamp}pass {passes}: {_pass_summary(r)}", flush=True)
@@ -185,7 +172,7 @@ def _pass_summary(r: Any) -> str:
 def verify(a: argparse.Namespace) -> None:
     tbl = _open(a)
     with tqdm(desc="verifying", unit=" objects", disable=True if a.json else None) as bar:
-        report = tbl.verify(progress=bar.update)
+        report = tbl.maintenance.verify(bar.update)
     if a.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -10,7 +10,7 @@ from typing import Any
 from memwal_sql.cli import data_commands, ops_commands, region_specs, storage_options
 from memwal_sql.cli.output import OUTPUT_HELP, OUTPUTS
 from memwal_sql.cli.sources import FORMAT_HELP, FORMATS, NULL_VALUES_HELP
-from memwal_sql.maintenance.compaction import DELETION_THRESHOLD, TARGET_ROWS_PER_FRAGMENT
+from memwal_sql.maintenance.config import MaintenanceConfig
 from memwal_sql.table import DATA_STORAGE_VERSIONS
 
 DESCRIPTION = """\
@@ -235,13 +235,16 @@ def _inspect(command: Any) -> None:
     c.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
+_DEFAULTS = MaintenanceConfig()
+
+
 def _older_than(c: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--keep-manifest-versions",
         type=int,
-        default=10,
+        default=_DEFAULTS.keep_manifest_versions,
         metavar="N",
-        help="region manifest versions to keep (10)",
+        help=f"region manifest versions to keep ({_DEFAULTS.keep_manifest_versions})",
     )
     c.add_argument(
         "--base-versions-older-than",
@@ -255,17 +258,18 @@ def _compaction(c: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--target-rows-per-fragment",
         type=int,
-        default=TARGET_ROWS_PER_FRAGMENT,
+        default=_DEFAULTS.target_rows_per_fragment,
         metavar="N",
-        help=f"merge smaller base-table fragments up to N rows ({TARGET_ROWS_PER_FRAGMENT:,})",
+        help="merge smaller base-table fragments up to N rows "
+        f"({_DEFAULTS.target_rows_per_fragment:,})",
     )
     c.add_argument(
         "--deletion-threshold",
         type=float,
-        default=DELETION_THRESHOLD,
+        default=_DEFAULTS.deletion_threshold,
         metavar="SHARE",
         help="rewrite a fragment once this share of its rows is deleted "
-        f"({DELETION_THRESHOLD}; 0 removes every deletion vector)",
+        f"({_DEFAULTS.deletion_threshold}; 0 removes every deletion vector)",
     )
 
 

@@ -2,22 +2,28 @@
 compaction, region snapshots, garbage collection, and a scrub for damage."""
 
 from memwal_sql.maintenance.compaction import CompactionResult, compact_base
+from memwal_sql.maintenance.config import MaintenanceConfig
 from memwal_sql.maintenance.gc import GcResult, gc_table
 from memwal_sql.maintenance.index_builder import SnapshotResult, build_region_snapshots
 from memwal_sql.maintenance.indexes import CatchupResult, catch_up_indexes
 from memwal_sql.maintenance.merger import MergeResult, merge_region, merge_table
 from memwal_sql.maintenance.run import MaintenanceResult, StepFailure, maintain_table
+from memwal_sql.maintenance.status import RegionStatus, region_status
+from memwal_sql.maintenance.table_maintenance import TableMaintenance
 from memwal_sql.maintenance.verify import Problem, VerifyReport, verify_table
 
 __all__ = [
     "CatchupResult",
     "CompactionResult",
     "GcResult",
+    "MaintenanceConfig",
     "MaintenanceResult",
     "MergeResult",
     "Problem",
+    "RegionStatus",
     "SnapshotResult",
     "StepFailure",
+    "TableMaintenance",
     "VerifyReport",
     "build_region_snapshots",
     "catch_up_indexes",
@@ -26,5 +32,6 @@ __all__ = [
     "maintain_table",
     "merge_region",
     "merge_table",
+    "region_status",
     "verify_table",
 ]

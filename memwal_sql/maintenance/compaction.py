@@ -39,16 +39,26 @@ from typing import TYPE_CHECKING
 import lance
 
 from memwal_sql.compat.lance import is_commit_conflict
-from memwal_sql.errors import CommitConflictError, InvalidInputError
+from memwal_sql.errors import CommitConflictError
 from memwal_sql.formats.index_catchup import index_coverage
+from memwal_sql.maintenance.config import (
+    DELETION_THRESHOLD,
+    SMALL_FRAGMENT_TRIGGER,
+    TARGET_ROWS_PER_FRAGMENT,
+    MaintenanceConfig,
+)
 from memwal_sql.maintenance.indexes import catch_up_indexes
 
 if TYPE_CHECKING:
     from memwal_sql.table_state import TableState
 
-TARGET_ROWS_PER_FRAGMENT = 1 << 20  # Lance's default
-DELETION_THRESHOLD = 0.05
-SMALL_FRAGMENT_TRIGGER = 8  # small fragments a maintenance pass waits for
+__all__ = [
+    "DELETION_THRESHOLD",
+    "SMALL_FRAGMENT_TRIGGER",
+    "TARGET_ROWS_PER_FRAGMENT",
+    "CompactionResult",
+    "compact_base",
+]
 
 
 @dataclass
@@ -62,32 +72,26 @@ class CompactionResult:
 
 
 def compact_base(
-    table: TableState,
-    *,
-    target_rows_per_fragment: int = TARGET_ROWS_PER_FRAGMENT,
-    deletion_threshold: float = DELETION_THRESHOLD,
-    small_fragment_trigger: int = 1,
+    table: TableState, config: MaintenanceConfig | None = None, *, in_pass: bool = False
 ) -> CompactionResult:
-    """Merge small base-table fragments and rewrite those with ``deletion_threshold`` or more
-    of their rows deleted (see the module docstring); nothing is done while fewer than
-    ``small_fragment_trigger`` fragments are small and none reaches the threshold.
+    """Merge small base-table fragments up to ``config.target_rows_per_fragment`` rows and
+    rewrite those with ``config.deletion_threshold`` or more of their rows deleted (see the
+    module docstring). ``in_pass`` (a maintenance pass) does nothing while fewer than
+    ``config.small_fragment_trigger`` fragments are small and none reaches the threshold.
 
     Example:
-        ``compact_base(tbl, deletion_threshold=0.0)  # no deletion vector left``
+        ``compact_base(tbl, MaintenanceConfig(deletion_threshold=0.0))  # no deletion vector``
     """
-    if target_rows_per_fragment < 1:
-        raise InvalidInputError(
-            f"target_rows_per_fragment must be at least 1, not {target_rows_per_fragment}"
-        )
-    if not 0.0 <= deletion_threshold <= 1.0:
-        raise InvalidInputError(
-            f"deletion_threshold is a share of a fragment's rows, from 0.0 to 1.0, "
-            f"not {deletion_threshold}"
-        )
+    config = config or MaintenanceConfig()
+    target_rows_per_fragment = config.target_rows_per_fragment
+    deletion_threshold = config.deletion_threshold
     t0 = time.perf_counter()
     ds = table.dataset()
     if not _worth_compacting(
-        ds.get_fragments(), target_rows_per_fragment, deletion_threshold, small_fragment_trigger
+        ds.get_fragments(),
+        target_rows_per_fragment,
+        deletion_threshold,
+        config.small_fragment_trigger if in_pass else 1,
     ):
         return CompactionResult(base_version=ds.version, seconds=time.perf_counter() - t0)
     if not all(c.complete for c in index_coverage(table.store, ds)):

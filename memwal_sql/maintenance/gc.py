@@ -38,7 +38,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from memwal_sql._proto.memwal_pb2 import FlushedGeneration, RegionManifest
@@ -52,6 +51,7 @@ from memwal_sql.errors import (
 from memwal_sql.formats.index_catchup import index_coverage, min_caught_up
 from memwal_sql.formats.region_manifest import RegionManifestStore, commit_change
 from memwal_sql.formats.wal import read_wal_entry, wal_positions
+from memwal_sql.maintenance.config import MaintenanceConfig
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.storage.checksums import recorded_wal_entry_position
 
@@ -174,27 +174,24 @@ def _last_pass_began(table: TableState) -> float:
         return 0.0
 
 
-def gc_table(
-    table: TableState,
-    *,
-    keep_manifest_versions: int = 10,
-    base_versions_older_than: timedelta | None = None,
-) -> GcResult:
-    """One GC pass over every region (see the module docstring).
+def gc_table(table: TableState, config: MaintenanceConfig | None = None) -> GcResult:
+    """One GC pass over every region (see the module docstring), keeping
+    ``config.keep_manifest_versions`` manifest versions per region.
 
     Example:
-        ``gc_table(tbl, base_versions_older_than=timedelta(hours=1)).generations``
+        ``gc_table(tbl, MaintenanceConfig(base_versions_older_than=timedelta(hours=1)))``
 
-    ``base_versions_older_than`` first removes base-table versions older than that (Lance's
-    ``cleanup_old_versions``); otherwise generations wait until the base table's own retention
-    drops the versions that still list them.
+    ``config.base_versions_older_than`` first removes base-table versions older than that
+    (Lance's ``cleanup_old_versions``); otherwise generations wait until the base table's own
+    retention drops the versions that still list them.
     """
+    config = config or MaintenanceConfig()
     result = GcResult()
     local, started = table.store.is_local, time.time()
     if local:  # before the cleanup too: it may leave only the newest version
         table.store.sync_written_since(_last_pass_began(table))
-    if base_versions_older_than is not None:
-        table.dataset().cleanup_old_versions(older_than=base_versions_older_than)
+    if config.base_versions_older_than is not None:
+        table.dataset().cleanup_old_versions(older_than=config.base_versions_older_than)
     collectable = _collectable(table)
     if local:
         # A version committed while this pass ran may be the one just read: sync it too. The
@@ -202,7 +199,7 @@ def gc_table(
         table.store.sync_written_since(started)
         table.store.put(layout.BASE_SYNCED, json.dumps({"started": started}).encode())
     for rid in table.regions():
-        _gc_region(table, rid, collectable.get(rid), keep_manifest_versions, result)
+        _gc_region(table, rid, collectable.get(rid), config.keep_manifest_versions, result)
     _log.info("gc of %s: %s", table.uri, result.summary().replace("\n", "; "))
     return result
 

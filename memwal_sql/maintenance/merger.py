@@ -36,6 +36,7 @@ from memwal_sql.errors import CommitConflictError, InvalidInputError, UnknownReg
 from memwal_sql.formats.generation import open_generation
 from memwal_sql.formats.region_manifest import RegionManifestStore, check_not_behind_index
 from memwal_sql.formats.wal import TOMBSTONE
+from memwal_sql.maintenance.config import MaintenanceConfig
 from memwal_sql.read_snapshot import region_values, take_snapshot
 from memwal_sql.storage import layout
 from memwal_sql.writer.memtable import latest_per_key
@@ -178,11 +179,12 @@ def _sql_literals(col: pa.Array) -> list[str]:
 
 def merge_table(
     table: TableState,
+    config: MaintenanceConfig | None = None,
     *,
-    max_generations_per_region: int | None = None,
     regions: Sequence[str] | None = None,
 ) -> MergeResult:
-    """One merge pass over every region (or over ``regions``, in that order). The base
+    """One merge pass over every region (or over ``regions``, in that order), of at most
+    ``config.max_generations_per_region`` generations of each. The base
     table's indexes then lag behind the merged rows until
     :func:`~memwal_sql.maintenance.indexes.catch_up_indexes` runs (reads stay indexed
     meanwhile through the generations of the gap).
@@ -194,8 +196,9 @@ def merge_table(
     the order of their writes is known (their unflushed rows must be flushed first).
 
     Example:
-        ``tbl.merge().merged``
+        ``merge_table(tbl, regions=[older_region, newer_region]).merged``
     """
+    config = config or MaintenanceConfig()
     result = MergeResult()
     # A region the index has merged from but whose directory is gone fails the pass loudly.
     known = sorted(set(table.regions()) | set(table.merged_generations()))
@@ -206,7 +209,7 @@ def merge_table(
             merge_region(
                 table,
                 rid,
-                max_generations=max_generations_per_region,
+                max_generations=config.max_generations_per_region,
                 up_to=check.seen.get(rid, 0) if check.seen is not None else None,
                 result=result,
             )

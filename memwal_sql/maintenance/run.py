@@ -16,7 +16,7 @@ and compacting rows an index does not cover would leave its catch-up unknown, so
 collector could free no generation until the index caught up.
 
 Example:
-    ``maintain_table(tbl).merge.merged``
+    ``maintain_table(tbl, MaintenanceConfig()).merge.merged``
 """
 
 from __future__ import annotations
@@ -26,18 +26,12 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import TYPE_CHECKING, TypeVar
 
 from memwal_sql.compat.lance import is_commit_conflict
 from memwal_sql.errors import CommitConflictError, MemWalError
-from memwal_sql.maintenance.compaction import (
-    DELETION_THRESHOLD,
-    SMALL_FRAGMENT_TRIGGER,
-    TARGET_ROWS_PER_FRAGMENT,
-    CompactionResult,
-    compact_base,
-)
+from memwal_sql.maintenance.compaction import CompactionResult, compact_base
+from memwal_sql.maintenance.config import MaintenanceConfig
 from memwal_sql.maintenance.gc import GcResult, gc_table
 from memwal_sql.maintenance.index_builder import SnapshotResult, build_region_snapshots
 from memwal_sql.maintenance.indexes import CatchupResult, catch_up_indexes
@@ -84,19 +78,14 @@ class MaintenanceResult:
         return not self.failures and not self.skipped
 
 
-def maintain_table(
-    table: TableState,
-    *,
-    base_versions_older_than: timedelta | None = None,
-    keep_manifest_versions: int = 10,
-    target_rows_per_fragment: int = TARGET_ROWS_PER_FRAGMENT,
-    deletion_threshold: float = DELETION_THRESHOLD,
-) -> MaintenanceResult:
-    """Run every maintenance job once, in order (see the module docstring).
+def maintain_table(table: TableState, config: MaintenanceConfig | None = None) -> MaintenanceResult:
+    """Run every maintenance job once, in order (see the module docstring), each as
+    ``config`` says.
 
     Example:
-        ``maintain_table(tbl, base_versions_older_than=timedelta(hours=1)).gc.objects``
+        ``maintain_table(tbl, MaintenanceConfig(keep_manifest_versions=3)).gc.objects``
     """
+    config = config or MaintenanceConfig()
     failures: list[StepFailure] = []
 
     def step(name: str, job: Callable[[], T], empty: Callable[[], T]) -> T:
@@ -111,7 +100,7 @@ def maintain_table(
             _log.warning("maintenance of %s: %s; the other steps go on", table.uri, failures[-1])
             return empty()
 
-    merge = step("merge", lambda: merge_table(table), MergeResult)
+    merge = step("merge", lambda: merge_table(table, config), MergeResult)
     indexes = step("indexes", lambda: catch_up_indexes(table), CatchupResult)
     skipped = {}
     if any(f.step == "indexes" for f in failures):
@@ -120,24 +109,11 @@ def maintain_table(
     else:
         compaction = step(
             "compaction",
-            lambda: compact_base(
-                table,
-                target_rows_per_fragment=target_rows_per_fragment,
-                deletion_threshold=deletion_threshold,
-                small_fragment_trigger=SMALL_FRAGMENT_TRIGGER,
-            ),
+            lambda: compact_base(table, config, in_pass=True),
             CompactionResult,
         )
     snapshots = step("snapshots", lambda: build_region_snapshots(table), SnapshotResult)
-    gc = step(
-        "gc",
-        lambda: gc_table(
-            table,
-            keep_manifest_versions=keep_manifest_versions,
-            base_versions_older_than=base_versions_older_than,
-        ),
-        GcResult,
-    )
+    gc = step("gc", lambda: gc_table(table, config), GcResult)
     return MaintenanceResult(merge, indexes, compaction, snapshots, gc, failures, skipped)
 
 

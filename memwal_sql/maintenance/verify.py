@@ -86,7 +86,9 @@ class VerifyReport:
         return {**asdict(self), "ok": self.ok}
 
 
-def verify_table(table: TableState, progress: Callable[[int], None] | None = None) -> VerifyReport:
+def verify_table(
+    table: TableState, progress: Callable[[int], object] | None = None
+) -> VerifyReport:
     """Scrub ``table`` (see the module docstring); ``progress(n)`` is called as objects are
     checked. Damage is reported, not raised.
 
@@ -142,7 +144,7 @@ def _check_keys(table: TableState, report: VerifyReport) -> None:
 
 
 def _check_manifests(
-    table: TableState, rid: str, merged: int, report: VerifyReport, tick: Callable[[int], None]
+    table: TableState, rid: str, merged: int, report: VerifyReport, tick: Callable[[int], object]
 ) -> Any:
     manifests = RegionManifestStore(table.store, rid)
     for version in manifests.list_versions():
@@ -166,7 +168,7 @@ def _check_wal(
     rid: str,
     manifest: RegionManifest | None,
     report: VerifyReport,
-    tick: Callable[[int], None],
+    tick: Callable[[int], object],
 ) -> None:
     tail = manifest.replay_after_wal_entry_position if manifest is not None else 0
     last_seen = manifest.wal_entry_position_last_seen if manifest is not None else tail

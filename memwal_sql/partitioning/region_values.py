@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import numpy as np
@@ -10,7 +11,20 @@ import pyarrow as pa
 from memwal_sql.errors import CorruptManifestError, InvalidInputError, InvalidRegionSpecError
 from memwal_sql.partitioning.arrow_types import _is_string, parse_arrow_type
 
-__all__ = ["decode_region_value", "encode_region_value"]
+#: A region value as Python sees it: what a region field's Arrow type converts to.
+RegionValue = (
+    int
+    | float
+    | bool
+    | str
+    | bytes
+    | datetime.date
+    | datetime.datetime
+    | datetime.time
+    | datetime.timedelta
+)
+
+__all__ = ["RegionValue", "decode_region_value", "encode_region_value"]
 
 # --------------------------------------------------------------------------------------------
 # Region field value encoding (RegionFieldEntry.value)
@@ -58,7 +72,7 @@ def encode_region_value(value: Any, arrow_type: pa.DataType | str) -> bytes:
     return arr.buffers()[1].to_pybytes()[:width]
 
 
-def decode_region_value(data: bytes, arrow_type: pa.DataType | str) -> Any:
+def decode_region_value(data: bytes, arrow_type: pa.DataType | str) -> RegionValue:
     """Decode ``RegionFieldEntry.value`` bytes back into a Python value (inverse of encode).
 
     Example:

@@ -15,7 +15,7 @@ import struct
 import sys
 import tempfile
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mmh3
 import numpy as np
@@ -24,6 +24,9 @@ import pyarrow as pa
 from memwal_sql.errors import InvalidInputError, InvalidRegionSpecError
 from memwal_sql.spark.arrow import as_arrow_table, spark_compatible
 from memwal_sql.spark.source import MemWalDataSource, WriteSummary
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
     "MemWalDataSource",
@@ -38,7 +41,7 @@ _REGION = "__memwal_region"
 _PART = "__memwal_part"
 
 
-def register(spark: Any) -> None:
+def register(spark: SparkSession) -> None:
     """Make ``format("memwal")`` available to ``spark``'s readers and writers (and turn on
     Spark's filter pushdown into Python data sources, which memwal reads need).
 
@@ -49,7 +52,7 @@ def register(spark: Any) -> None:
     spark.dataSource.register(MemWalDataSource)
 
 
-def local_session(app: str, master: str = "local[2]", **conf: str) -> Any:
+def local_session(app: str, master: str = "local[2]", **conf: str) -> SparkSession:
     """A local Spark session ready for MemWAL tables, ``format("memwal")`` registered.
 
     Spark's Python workers run this interpreter (``PYSPARK_PYTHON``, unless set) and everything
@@ -82,7 +85,7 @@ def local_session(app: str, master: str = "local[2]", **conf: str) -> Any:
     return spark
 
 
-def to_spark(spark: Any, result: Any) -> Any:
+def to_spark(spark: SparkSession, result: Any) -> DataFrame:
     """A Spark DataFrame of a query result (pyarrow Table, RecordBatch(Reader), DataFusion
     DataFrame), with the types Spark rejects cast to ones it reads (see
     :mod:`memwal_sql.spark.arrow`).
@@ -99,7 +102,11 @@ def to_spark(spark: Any, result: Any) -> Any:
 
 
 def write(
-    df: Any, uri: str, *, operation: str = "upsert", storage_options: dict[str, str] | None = None
+    df: DataFrame,
+    uri: str,
+    *,
+    operation: str = "upsert",
+    storage_options: dict[str, str] | None = None,
 ) -> WriteSummary:
     """Write a Spark DataFrame into the table at ``uri`` with one task per region.
 

@@ -66,7 +66,7 @@ class LookupCache:
                     self.nbytes -= n
         return value
 
-    def peek(self, kind: str, uri: str) -> Any:
+    def peek(self, kind: str, uri: str) -> object:
         """The cached value of ``(kind, uri)``, or None; loads nothing, evicts nothing."""
         with self._lock:
             entry = self._entries.get((kind, uri))

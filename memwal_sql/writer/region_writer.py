@@ -62,7 +62,7 @@ from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.writer.config import WriterConfig
 from memwal_sql.writer.flush import write_generation
 from memwal_sql.writer.memtable import MemTable, flushed, latest_per_key_in_key_order
-from memwal_sql.writer.rows import RowCoercer
+from memwal_sql.writer.rows import Keys, RowCoercer, WriteData, WriteKind
 from memwal_sql.writer.wal_writer import WalWriter
 
 _FLUSH_ATTEMPTS = 3
@@ -82,7 +82,7 @@ def _release_open_writers() -> None:
     # A writer left open at interpreter exit: its flush thread may be inside Lance's native code
     # when Python finalizes, which crashes the process. Stop the threads first.
     for writer in list(_OPEN_WRITERS):
-        writer._release_at_exit()
+        writer.release()
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,7 @@ class RegionWriter:
 
     # ---- public API -------------------------------------------------------------------------
 
-    def upsert(self, data: Any) -> None:
+    def upsert(self, data: WriteData) -> None:
         """Insert or replace rows (a pa.Table, RecordBatch, RecordBatchReader, pandas, dict).
 
         Raises:
@@ -229,15 +229,15 @@ class RegionWriter:
             WriterFencedError: a newer writer claimed the region.
             WriterClosedError: the writer was closed.
         """
-        self._await(self._append(self._prepare_upserts(data), "upserts"))
+        self.wait_durable(self.append_rows(self._prepare_upserts(data), "upserts"))
 
-    def _prepare_upserts(self, data: Any) -> pa.RecordBatch:
+    def _prepare_upserts(self, data: WriteData) -> pa.RecordBatch:
         """Validate upserts into WAL-schema rows; raises before anything is written."""
         rows = self._rows.upserts(data)
         self._check_region(rows)
         return rows
 
-    def _prepare_deletes(self, keys: Any) -> pa.RecordBatch:
+    def _prepare_deletes(self, keys: Keys) -> pa.RecordBatch:
         """Tombstones for ``keys``, checked to belong to this region: a tombstone in another
         region would hide the key from scans but not from lookups pruned to its region."""
         rows, routing = self._rows.deletes_for_regions(
@@ -246,18 +246,13 @@ class RegionWriter:
         self._check_region(routing)
         return rows
 
-    def _await(self, seq: int) -> None:
-        """Wait until WAL sequence ``seq`` is stored, if this writer is durable."""
-        if self.config.durable_write and seq:
-            self._wal.wait(seq)
-
-    def delete(self, keys: Any) -> None:
+    def delete(self, keys: Keys) -> None:
         """Delete rows by primary key: a table of key columns, or an array of keys.
 
         Example:
             ``w.delete(pa.table({"id": [1, 2]}))`` or ``w.delete([1, 2])``
         """
-        self._await(self._append(self._prepare_deletes(keys), "deletes"))
+        self.wait_durable(self.append_rows(self._prepare_deletes(keys), "deletes"))
 
     def flush(self) -> None:
         """Freeze the MemTable, flush every frozen MemTable to a generation and wait."""
@@ -286,9 +281,15 @@ class RegionWriter:
         if self._error is not None:
             raise self._error
 
-    def _release_at_exit(self) -> None:
+    def release(self) -> None:
         """Store buffered WAL writes and stop the threads, without flushing MemTables: what is
-        not in a generation is in the WAL, and the next writer of the region replays it."""
+        not in a generation is in the WAL, and the next writer of the region replays it. What a
+        dying process does (at interpreter exit), and what a table does with a writer that was
+        fenced or failed. Idempotent; :meth:`close` flushes instead.
+
+        Example:
+            ``w.upsert(rows); w.release()  # the rows stay in the WAL for the next writer``
+        """
         with self._mutex:
             if self._closed:
                 return
@@ -647,8 +648,19 @@ class RegionWriter:
                 "rows, or open a writer per region"
             )
 
-    def _append(self, batch: pa.RecordBatch, kind: str) -> int:
-        """Append to the MemTable and the WAL queue; return the WAL sequence (0: nothing)."""
+    def append_rows(self, batch: pa.RecordBatch, kind: WriteKind) -> int:
+        """Append WAL-schema rows (``kind``: ``"upserts"`` or ``"deletes"``, i.e. tombstones)
+        to the MemTable and the WAL queue, without waiting; returns the WAL sequence number to
+        pass to :meth:`wait_durable` (0: nothing to wait for).
+
+        The rows are taken as they are: the caller has validated them (the table's
+        ``RowCoercer``) and routed them to this region, as routed writes do. :meth:`upsert`
+        and :meth:`delete` are the checks, this, then the wait; a routed write appends to every
+        region's writer first, then waits for them all, so their WAL puts overlap.
+
+        Example:
+            ``seq = w.append_rows(rows, "upserts"); w.wait_durable(seq)``
+        """
         if batch.num_rows == 0:
             with self._mutex:
                 self._check_open()
@@ -682,6 +694,16 @@ class RegionWriter:
         if self.config.indexed_writes:
             self._refresh_indexes(memtable)
         return seq
+
+    def wait_durable(self, seq: int) -> None:
+        """Wait until WAL sequence ``seq`` (from :meth:`append_rows`) is stored, if this
+        writer is durable (``durable_write``); raises the WAL's error if its put failed.
+
+        Example:
+            ``w.wait_durable(w.append_rows(rows, "deletes"))``
+        """
+        if self.config.durable_write and seq:
+            self._wal.wait(seq)
 
     def _refresh_indexes(self, memtable: MemTable) -> None:
         """Extend the MemTable's in-memory indexes with its new batches (indexed writes)."""

@@ -22,8 +22,8 @@ no missing element, and a squared norm of at most a quarter of the largest float
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -33,10 +33,37 @@ from memwal_sql.errors import InvalidInputError, PrimaryKeyError, SchemaMismatch
 from memwal_sql.formats.wal import TOMBSTONE, wal_schema
 
 if TYPE_CHECKING:
+    import pandas
+    import pyspark.sql
+
     from memwal_sql.partitioning.region_spec import RegionSpec
 
 
-def to_arrow_table(data: Any) -> pa.Table:
+class ArrowStreamExportable(Protocol):
+    """Data that exports an Arrow stream (the Arrow PyCapsule interface): pandas 2.2+ and
+    polars DataFrames, DuckDB and DataFusion results, and the like."""
+
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object: ...
+
+
+#: One column's values, in a dict of columns.
+ColumnValues: TypeAlias = "pa.Array | pa.ChunkedArray | np.ndarray | Sequence[object]"
+#: What a write takes (an upsert, a table's initial data): Arrow data, a dict of columns, or a
+#: pandas or Spark DataFrame (or anything else that exports an Arrow stream).
+WriteData: TypeAlias = (
+    "pa.Table | pa.RecordBatch | pa.RecordBatchReader | Mapping[str, ColumnValues]"
+    " | ArrowStreamExportable | pandas.DataFrame | pyspark.sql.DataFrame"
+)
+#: Primary keys to delete or look up: a table holding the key columns or, for a one-column key,
+#: its values (an Arrow array, a list, a numpy array or a pandas Series).
+Keys: TypeAlias = (
+    "WriteData | pa.Array | pa.ChunkedArray | np.ndarray | pandas.Series | Sequence[object]"
+)
+#: What a WAL entry holds: rows to insert or replace, or tombstones of deleted keys.
+WriteKind: TypeAlias = Literal["upserts", "deletes"]
+
+
+def to_arrow_table(data: WriteData) -> pa.Table:
     """Accept a pa.Table, RecordBatch, RecordBatchReader, pandas or Spark DataFrame, or a dict of
     columns."""
     try:
@@ -64,8 +91,8 @@ def _convert(data: Any) -> pa.Table:
         return pa.Table.from_batches([data])
     if isinstance(data, pa.RecordBatchReader):
         return data.read_all()
-    if isinstance(data, dict):
-        return pa.table(data)
+    if isinstance(data, Mapping):
+        return pa.table(dict(data))
     if hasattr(data, "__arrow_c_stream__") or type(data).__module__.startswith("pandas"):
         return pa.table(data)
     if type(data).__module__.startswith("pyspark") and hasattr(data, "toArrow"):
@@ -99,7 +126,7 @@ class RowCoercer:
             (i, f.name) for i, f in enumerate(self._exact_input) if is_vector_type(f.type)
         ]
 
-    def upserts(self, data: Any) -> pa.RecordBatch:
+    def upserts(self, data: WriteData) -> pa.RecordBatch:
         """Rows to insert or replace, with ``_tombstone = false``."""
         table = data if isinstance(data, pa.Table) else to_arrow_table(data)
         if table.schema.equals(self._exact_input):  # unique names: no need to check for any
@@ -128,7 +155,7 @@ class RowCoercer:
         self._check_vectors(batch)
         return batch
 
-    def deletes(self, keys: Any) -> pa.RecordBatch:
+    def deletes(self, keys: Keys) -> pa.RecordBatch:
         """Tombstone rows: the key columns, every other column null, ``_tombstone = true``.
 
         ``keys`` is a table holding the key columns (other columns are ignored) or, for a
@@ -146,7 +173,7 @@ class RowCoercer:
                 cols.append(pa.nulls(n, f.type))
         return _one_batch(pa.Table.from_arrays(cols, schema=self.schema))
 
-    def key_table(self, keys: Any) -> pa.Table:
+    def key_table(self, keys: Keys) -> pa.Table:
         """``keys`` as a table: a table as given, or an array/list of a one-column key."""
         if isinstance(keys, (pa.Array, pa.ChunkedArray, list, tuple)) or type(keys).__name__ in (
             "ndarray",
@@ -160,7 +187,7 @@ class RowCoercer:
         return to_arrow_table(keys)
 
     def deletes_for_regions(
-        self, keys: Any, spec: RegionSpec | None
+        self, keys: Keys, spec: RegionSpec | None
     ) -> tuple[pa.RecordBatch, pa.RecordBatch]:
         """Tombstones for ``keys``, and the batch to compute their region values on.
 
@@ -200,7 +227,7 @@ class RowCoercer:
             live = self._live_rows = pa.array(np.zeros(n, dtype=bool))
         return live
 
-    def keys(self, keys: Any) -> pa.Table:
+    def keys(self, keys: Keys) -> pa.Table:
         """Key columns only, cast to the key types (an array/list for a one-column key).
 
         Example:

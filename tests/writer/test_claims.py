@@ -124,7 +124,7 @@ def _acked_writer(tmp_path, ids):
     w = tbl.writer()
     for i in ids:
         w.upsert({"id": [i], "v": ["a"]})
-    w._release_at_exit()
+    w.release()
     return tbl, w.region_id, w.stats()["next_wal_position"] - 1
 
 
@@ -213,7 +213,7 @@ def test_holes_an_unfinished_claim_leapt_over_are_not_lost_writes(tmp_path):
         old.upsert({"id": [5], "v": ["late"]})
     sentinel = claimer.stats()["next_wal_position"] - 1
     claimer.upsert({"id": [6], "v": ["new"]})
-    claimer._release_at_exit()  # its rows stay in the WAL tail
+    claimer.release()  # its rows stay in the WAL tail
     assert set(range(last, sentinel + 2)) <= set(wal_positions(tbl.store, rid))  # no hole
     assert sorted(mw.open_table(str(tmp_path)).to_arrow().column("id").to_pylist()) == [
         1,

@@ -462,7 +462,7 @@ def test_a_writer_released_by_another_thread_wakes_its_waiters(tmp_path, monkeyp
     waiter = threading.Thread(target=lambda: outcome.append(_raised(w.flush)))
     waiter.start()
     time.sleep(0.1)
-    releaser = threading.Thread(target=w._release_at_exit)
+    releaser = threading.Thread(target=w.release)
     releaser.start()
     time.sleep(0.1)
     proceed.set()  # the flush in progress commits; the next one never starts
@@ -522,7 +522,7 @@ def region_with_torn_tail(tmp_path):
     for i in range(1, 5):
         w.upsert(rows([i]))
     rid, last = w.region_id, w.stats()["next_wal_position"] - 1
-    w._release_at_exit()
+    w.release()
     torn(tbl.store, rid, last)
     return tbl, rid, last
 
@@ -576,7 +576,7 @@ def test_a_reader_racing_the_recovery_of_a_torn_tail_reads_on(tmp_path, meanwhil
                     w2 = other.writer(region_id=rid)
                 if meanwhile == "write acknowledged":
                     w2.upsert(rows([9], "w2"))
-                w2._release_at_exit()
+                w2.release()
         return data
 
     reader.store.get = get
@@ -611,7 +611,7 @@ def test_a_claimer_that_sets_aside_another_writers_sentinel_puts_it_back(
         if self is slow.store and path.endswith(layout.wal_entry_path(rid, last)):
             fast = mw.open_table(str(tmp_path)).writer(region_id=rid)  # claims meanwhile
             fast.upsert(rows([42], "acked"))
-            fast._release_at_exit()
+            fast.release()
             real_move(self, path, to)
             if slow_dies_after_its_move:
                 raise Died()
