@@ -16,6 +16,7 @@ from memwal_sql.partitioning.region_spec import RegionSpec
 
 if TYPE_CHECKING:  # loaded on first use at runtime (see __getattr__)
     from memwal_sql.partitioning.region_spec import region_id_for
+    from memwal_sql.search import SearchQuery
     from memwal_sql.session import MemWalContext
     from memwal_sql.sql import connect
     from memwal_sql.table import MemWalTable, create_table, open_table
@@ -29,6 +30,7 @@ __all__ = [
     "MemWalTable",
     "RegionSpec",
     "RegionWriter",
+    "SearchQuery",
     "WriterConfig",
     "connect",
     "create_table",
@@ -56,6 +58,7 @@ _LAZY = {
     "WriterConfig": "memwal_sql.writer.config",
     "connect": "memwal_sql.sql",
     "MemWalContext": "memwal_sql.session",
+    "SearchQuery": "memwal_sql.search",
 }
 
 

@@ -56,8 +56,10 @@ def wal_rows(ids, v, dead=None, f=None):
 
 
 def check_contract(node: ExecNode, want_rows: int | None = None) -> pa.Table:
-    """What every node promises: batches of exactly its schema, and a tree it can explain."""
-    batches = list(node.execute())
+    """What every node promises: batches of exactly its schema in every partition, and a
+    tree it can explain."""
+    assert node.partitions >= 1
+    batches = [b for p in range(node.partitions) for b in node.execute(p)]
     assert all(b.schema.equals(node.schema) for b in batches), node.name
     lines = node.explain().splitlines()
     assert lines[0].lstrip().startswith(node.name)
@@ -382,7 +384,7 @@ def test_memtable_versions_are_reused_until_the_memtable_grows(tmp_path):
     grown = plan()
     assert grown.versions()[1] is not first.versions()[1]
     assert check_contract(grown).sort_by("id").column("v").to_pylist() == ["m2", "m1", "b"]
-    assert grown.num_partitions == 2  # one base part, then the newer rows
+    assert grown.partitions == 2  # one base part, then the newer rows
 
 
 @settings(max_examples=60, deadline=None)

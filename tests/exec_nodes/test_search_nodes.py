@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from exec_nodes.knn import GenerationsKnnExec, KnnQuery, KnnSource, MemTableKnnExec
 from exec_nodes.lookup import CoalesceFirstExec, TakeLastExec
-from exec_nodes.stale import FilterStaleExec, TopKExec
+from exec_nodes.stale import FilterStaleExec
+from exec_nodes.topk import TopKExec
 from memwal_sql.formats.source_rows import BASE_GENERATION, GEN, TOMBSTONE, conform, source_schema
 from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.cache import CACHE
