@@ -29,7 +29,7 @@ from memwal_sql.reads import TableReads
 from memwal_sql.session import MemWalContext, MemWalSchema, NodeDataset
 from memwal_sql.storage import storage_failures
 from memwal_sql.structures.vectors import METRICS
-from planner.search import SearchPlan, SearchQuery, plan_fts, plan_vector_search
+from planner.search import SearchPlan, SearchQuery, plan_search
 
 if TYPE_CHECKING:
     from memwal_sql.table_state import TableState
@@ -290,17 +290,7 @@ class TableSearch:
         snapshot, predicate, post = self._filtered_snapshot(
             search.filter, search.consistency, pushed
         )
-        if checked.is_text:
-            return plan_fts(
-                snapshot,
-                t.region_spec,
-                t.schema,
-                checked,
-                predicate=predicate,
-                post_filter=post,
-                residual=residual,
-            )
-        return plan_vector_search(
+        return plan_search(
             snapshot,
             t.store,
             t.region_spec,

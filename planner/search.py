@@ -342,3 +342,42 @@ def plan_fts(
     )
     root = TopKExec(bm25, k, SCORE, descending=True, columns=[*base_schema.names, SCORE])
     return SearchPlan(snapshot, kept, pruned, root, residual)
+
+
+def plan_search(
+    snapshot: TableSnapshot,
+    store: ObjectStore,
+    spec: RegionSpec | None,
+    base_schema: pa.Schema,
+    search: SearchQuery,
+    *,
+    predicate: Predicate | None = None,
+    post_filter: Callable[[pa.Table], pa.Table] | None = None,
+    residual: Predicate | None = None,
+) -> SearchPlan:
+    """The plan of ``search``: :func:`plan_fts` for a full-text search, else
+    :func:`plan_vector_search` (same arguments).
+
+    Example:
+        ``plan_search(snap, tbl.store, tbl.region_spec, tbl.schema, checked_query)``
+    """
+    if search.is_text:
+        return plan_fts(
+            snapshot,
+            spec,
+            base_schema,
+            search,
+            predicate=predicate,
+            post_filter=post_filter,
+            residual=residual,
+        )
+    return plan_vector_search(
+        snapshot,
+        store,
+        spec,
+        base_schema,
+        search,
+        predicate=predicate,
+        post_filter=post_filter,
+        residual=residual,
+    )
