@@ -119,8 +119,8 @@ class EmptyExec(ExecNode):
 
 
 class FilterExec(ExecNode):
-    """The rows of its child for which ``predicate`` is TRUE, partition by partition (what
-    is left of a pushed filter after a lookup or a search used the rest).
+    """The rows of its child for which ``predicate`` is TRUE, partition by partition (what a
+    plan root applies of a pushed filter that a lookup or a search did not use).
 
     Example:
         >>> from memwal_sql.expressions.predicate import Compare

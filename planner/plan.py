@@ -7,10 +7,8 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from exec_nodes.base import ExecNode
+from exec_nodes.base import ExecNode, FilterExec
 from memwal_sql.expressions.predicate import Predicate
-from memwal_sql.expressions.visitors import matches
-from memwal_sql.formats.source_rows import conform
 from memwal_sql.read_snapshot import TableSnapshot
 
 
@@ -32,6 +30,8 @@ class PlanExec(ExecNode):
         self.snapshot = snapshot
         self.root = root
         self.residual = residual
+        # The residual may name columns the query does not project: filtered, then projected.
+        self._top = root if residual is None else FilterExec(root, residual)
 
     @property
     def schema(self) -> pa.Schema:
@@ -46,17 +46,10 @@ class PlanExec(ExecNode):
         return self.root.partitions
 
     def execute(self, partition: int = 0) -> Iterator[pa.RecordBatch]:
-        return self.execute_columns(partition, self.schema)
+        return self._top.execute(partition)
 
     def execute_columns(self, partition: int, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-        if self.residual is None:
-            yield from self.root.execute_columns(partition, schema)
-            return
-        # The residual may name columns the query does not project: filter, then project.
-        for batch in self.root.execute(partition):
-            rows = matches(self.residual, pa.Table.from_batches([batch]))
-            if rows.num_rows:
-                yield from conform(rows, schema).to_batches()
+        return self._top.execute_columns(partition, schema)
 
     def header(self) -> list[str]:
         """The lines above the node tree: what the plan reads and what it left out."""
