@@ -348,7 +348,7 @@ class DeduplicateExec(ExecNode):
         return [*self.newer, *self._base_scans]
 
     @property
-    def num_partitions(self) -> int:
+    def partitions(self) -> int:
         return len(self.base_parts) + 1
 
     def describe(self) -> str:
@@ -418,15 +418,13 @@ class DeduplicateExec(ExecNode):
             return [pa.field(k, pa.int64()) for k in self.primary_key]
         return [schema.field(k) for k in self.primary_key]
 
-    def execute(self) -> Iterator[pa.RecordBatch]:
-        for i in range(self.num_partitions):
-            yield from self.execute_partition(i)
+    def execute(self, partition: int = 0) -> Iterator[pa.RecordBatch]:
+        return self.execute_columns(partition, self.output)
 
-    def execute_partition(
-        self, i: int, output: pa.Schema | None = None
-    ) -> Iterator[pa.RecordBatch]:
-        """Batches of partition ``i`` with the columns of ``output`` (default: the node's)."""
-        output = output if output is not None else self.output
+    def execute_columns(self, partition: int, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+        """Batches of ``partition`` with the columns of ``schema``: only those are read."""
+        self._check_partition(partition)
+        i, output = partition, schema
         # The base parts come first and the newer rows are one partition: DataFusion runs a
         # partition per core, and the base (Lance's scan, the longest) must start at once.
         # With the newer rows split in two, the base often waited for one of them: a filtered

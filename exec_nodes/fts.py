@@ -79,7 +79,7 @@ class FtsSource(ExecNode):
     def schema(self) -> pa.Schema:
         return self._schema
 
-    def execute(self) -> Iterator[pa.RecordBatch]:
+    def execute(self, partition: int = 0) -> Iterator[pa.RecordBatch]:
         for i, piece in enumerate(self.pieces()):
             idx = np.nonzero(piece.present)[0]
             yield from self.rows(i, idx).to_batches()
@@ -329,7 +329,7 @@ class GlobalBM25Exec(ExecNode):
             f"{s.superseded} superseded and {s.deleted} deleted"
         )
 
-    def execute(self) -> Iterator[pa.RecordBatch]:
+    def execute(self, partition: int = 0) -> Iterator[pa.RecordBatch]:
         yield from self.valid().to_batches()
 
     def valid(self) -> pa.Table:

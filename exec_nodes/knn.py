@@ -78,7 +78,7 @@ class KnnSource(ExecNode):
     again for the same or fewer rows costs nothing."""
 
     _locks = ("_lock",)
-    _computed = ("_top",)
+    _computed: tuple[str, ...] = ("_top",)
 
     def __init__(
         self, region_id: str | None, generation: int, schema: pa.Schema, search: KnnQuery
@@ -116,7 +116,7 @@ class KnnSource(ExecNode):
         """How many rows the last ``top`` call asked for (0 before any)."""
         return 0 if self._top is None else self._top[0]
 
-    def execute(self) -> Iterator[pa.RecordBatch]:
+    def execute(self, partition: int = 0) -> Iterator[pa.RecordBatch]:
         yield from self.top(self.k).to_batches()
 
     def _nearest(self, n: int) -> pa.Table:
@@ -327,6 +327,105 @@ def _kept_rows(
     return table
 
 
+#: A run of a region's generations searched as one matrix holds at most this share of the lookup
+#: cache (rows, vectors, norms and masks), so a run never outgrows the cache and is rebuilt per
+#: query.
+_GENERATION_RUN_SHARE = 8
+
+
+class GenerationRunsKnnExec(KnnSource):
+    """A region's flushed generations as one KNN source. At execution (deciding needs their
+    rows), those the lookup cache keeps are grouped in runs of consecutive generations (oldest
+    first, so a flush changes only the newest run), each searched as one matrix
+    (:class:`GenerationsKnnExec`); any other is searched through Lance on its own
+    (:class:`GenerationKnnExec`). ``top(n)`` is the ``n`` nearest of them all.
+    """
+
+    name = "GenerationRunsKnnExec"
+    _computed = ("_top", "_runs")
+
+    def __init__(
+        self,
+        region_id: str,
+        generations: Sequence[tuple[int, str]],
+        schema: pa.Schema,
+        search: KnnQuery,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        ordered = sorted(generations)  # oldest first, as the runs are cut
+        super().__init__(region_id, ordered[-1][0], schema, search)
+        self.generations = ordered
+        self.search = search
+        self.storage_options = storage_options
+        self._runs: list[KnnSource] | None = None
+
+    @property
+    def children(self) -> list[ExecNode]:
+        return list(self._runs or [])
+
+    def describe(self) -> str:
+        return (
+            f"{self.name}: region={(self.region_id or '')[:8]} "
+            f"{len(self.generations)} generation(s) exact k={self.k}"
+        )
+
+    def runs(self) -> list[KnnSource]:
+        """The sources the generations are searched as, newest first (decided once)."""
+        if self._runs is None:
+            self._runs = self._cut_runs()
+        return self._runs
+
+    def _cut_runs(self) -> list[KnnSource]:
+        schema, opts, rid = self.source_schema, self.storage_options, self.region_id or ""
+        sources: list[KnnSource] = []
+        run: list[tuple[int, str]] = []
+        run_bytes, budget = 0, CACHE.max_bytes // _GENERATION_RUN_SHARE
+        vector_bytes = 4 * (schema.field(self.column).type.list_size + 2)  # vector, norm, masks
+
+        def close_run() -> None:
+            nonlocal run_bytes
+            if run:
+                sources.append(GenerationsKnnExec(rid, run.copy(), schema, self.search, opts))
+                run.clear()
+            run_bytes = 0
+
+        for generation, uri in self.generations:
+            rows = generation_rows(uri, opts, generation, schema)
+            if rows is None:
+                close_run()
+                sources.append(GenerationKnnExec(rid, generation, uri, schema, self.search, opts))
+                continue
+            nbytes = rows.nbytes + rows.num_rows * vector_bytes  # as the run's entry counts it
+            if run and run_bytes + nbytes > budget:
+                close_run()
+            run.append((generation, uri))
+            run_bytes += nbytes
+        close_run()
+        return sources[::-1]
+
+    def _nearest(self, n: int) -> pa.Table:
+        runs = self.runs()
+        if len(runs) == 1:
+            return runs[0].top(n)
+        rows = pa.concat_tables([r.top(n) for r in runs])
+        # Ties broken by key, as the final ranking breaks them (TopKExec).
+        order = [(DISTANCE, "ascending"), *[(k, "ascending") for k in self.primary_key]]
+        return rows.take(pc.sort_indices(rows, sort_keys=order)[:n])
+
+    def rows(self, candidates: pa.Table) -> pa.Table:
+        runs = self.runs()
+        # Which run holds each candidate's generation (runs hold disjoint generations).
+        firsts = np.array([_oldest(r) for r in runs])
+        order = np.argsort(firsts)
+        at = np.searchsorted(firsts[order], candidates.column(GEN).to_numpy(), side="right") - 1
+        owners = order[at]
+        return gather(owners, lambda i, pos: runs[i].rows(candidates.take(pa.array(pos))))
+
+
+def _oldest(source: KnnSource) -> int:
+    return source.generations[0] if isinstance(source, GenerationsKnnExec) else source.generation
+
+
 class BaseKnnExec(KnnSource):
     """KNN over the base table at the snapshot's version through Lance: its vector index when
     there is one (``nprobes`` partitions, candidates re-ranked by exact distance with
@@ -420,6 +519,7 @@ def _lance_nearest(
 __all__ = [
     "BaseKnnExec",
     "GenerationKnnExec",
+    "GenerationRunsKnnExec",
     "GenerationsKnnExec",
     "KnnQuery",
     "KnnSource",

@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import lance
 import numpy as np
@@ -63,8 +63,20 @@ class Probe(NamedTuple):
     hit: np.ndarray
 
 
-class KeyedExec(ExecNode):
-    """A lookup operator: answers a table of primary keys (:meth:`probe`). The planner binds
+@runtime_checkable
+class KeyProbe(Protocol):
+    """Probing by key, the lookup leaves' protocol beside the exec-node contract: the newest
+    row of each of ``keys`` the source holds (tombstones included) and which keys it found.
+
+    Example:
+        ``probe = TakeLastExec(rid, 3, schema, ["id"], batches=rows).probe(keys)``
+    """
+
+    def probe(self, keys: pa.Table) -> Probe: ...
+
+
+class KeyedExec(ExecNode, KeyProbe):
+    """A lookup operator: an exec node that is also a :class:`KeyProbe`. The planner binds
     the keys it is to answer (``keys``), so :meth:`execute` runs it like any other node;
     a parent that narrows the keys (:class:`CoalesceFirstExec`) probes it directly."""
 
@@ -73,7 +85,7 @@ class KeyedExec(ExecNode):
     def probe(self, keys: pa.Table) -> Probe:
         raise NotImplementedError
 
-    def execute(self) -> Iterator[pa.RecordBatch]:
+    def execute(self, partition: int = 0) -> Iterator[pa.RecordBatch]:
         if self.keys is None:
             raise ValueError(f"{self.name} has no keys bound; probe(keys) it instead")
         yield from self.probe(self.keys).rows.to_batches()
@@ -729,7 +741,7 @@ class PointLookupExec(ExecNode):
             "then the base for keys no region resolved"
         )
 
-    def execute(self) -> Iterator[pa.RecordBatch]:
+    def execute(self, partition: int = 0) -> Iterator[pa.RecordBatch]:
         pk = self.base.primary_key
         early = None
         if self.keys.num_rows >= self.parallel_keys:
@@ -793,6 +805,7 @@ __all__ = [
     "BloomFilterGuardExec",
     "CoalesceFirstExec",
     "GenerationIndexExec",
+    "KeyProbe",
     "KeyedExec",
     "LookupSource",
     "PointLookupExec",

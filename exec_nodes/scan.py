@@ -57,7 +57,7 @@ class SourceExec(ExecNode):
     def schema(self) -> pa.Schema:
         return self._schema
 
-    def execute(self) -> Iterator[pa.RecordBatch]:
+    def execute(self, partition: int = 0) -> Iterator[pa.RecordBatch]:
         yield from self.read_counted().to_batches()
 
     def read_counted(
@@ -269,7 +269,7 @@ class BaseScanExec(ExecNode):
     def schema(self) -> pa.Schema:
         return self._schema
 
-    def execute(self) -> Iterator[pa.RecordBatch]:
+    def execute(self, partition: int = 0) -> Iterator[pa.RecordBatch]:
         parts: list[tuple[lance.LanceFragment, FragmentRange | None]] = []
         if self.ranges is None:
             parts = [(f, None) for f in self.dataset.get_fragments()]

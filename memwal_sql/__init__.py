@@ -17,6 +17,7 @@ from memwal_sql.partitioning.region_spec import RegionSpec
 if TYPE_CHECKING:  # loaded on first use at runtime (see __getattr__)
     from memwal_sql.maintenance.config import MaintenanceConfig
     from memwal_sql.partitioning.region_spec import region_id_for
+    from memwal_sql.search import SearchQuery
     from memwal_sql.session import MemWalContext
     from memwal_sql.sql import connect
     from memwal_sql.table import MemWalTable, create_table, open_table
@@ -31,6 +32,7 @@ __all__ = [
     "MemWalTable",
     "RegionSpec",
     "RegionWriter",
+    "SearchQuery",
     "WriterConfig",
     "connect",
     "create_table",
@@ -59,6 +61,7 @@ _LAZY = {
     "WriterConfig": "memwal_sql.writer.config",
     "connect": "memwal_sql.sql",
     "MemWalContext": "memwal_sql.session",
+    "SearchQuery": "memwal_sql.search",
 }
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Mapping
+from collections.abc import Container, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -38,6 +38,7 @@ from memwal_sql.errors import (
     MissingWalEntryError,
 )
 from memwal_sql.formats.region_manifest import RegionManifestStore, check_not_behind_index
+from memwal_sql.formats.source_rows import BASE_GENERATION
 from memwal_sql.formats.wal import iter_wal, wal_positions
 from memwal_sql.partitioning.region_spec import RegionSpec, region_id_for
 from memwal_sql.storage import ObjectStore, layout
@@ -80,6 +81,26 @@ class RegionSnapshot:
 
 
 @dataclass(frozen=True)
+class SnapshotSource:
+    """One source a query reads: the base table, a flushed generation, or unflushed rows (a
+    MemTable or WAL tail), with the region it belongs to (None for the base table).
+
+    ``generation`` is -1 for the base table; ``uri`` is set for a generation, ``rows`` for
+    unflushed rows.
+    """
+
+    kind: Literal["base", "generation", "memtable"]
+    region: RegionSnapshot | None
+    generation: int
+    uri: str | None = None
+    rows: MemRows | None = None
+
+    @property
+    def region_id(self) -> str:
+        return self.region.region_id if self.region is not None else ""
+
+
+@dataclass(frozen=True)
 class TableSnapshot:
     """The base table at one version and the regions' sources as of one moment."""
 
@@ -95,6 +116,32 @@ class TableSnapshot:
     @property
     def base_version(self) -> int:
         return self.dataset.version
+
+    def sources(
+        self,
+        *,
+        base: bool = False,
+        regions: Container[str] | None = None,
+        gap: Mapping[str, Sequence[GenerationRef]] | None = None,
+    ) -> Iterator[SnapshotSource]:
+        """Every source of the snapshot, newest first within a region: the base table first
+        (if ``base``), then per region (those in ``regions``, default all) its unflushed rows
+        and its generations newest first (with its ``gap`` generations, which an indexed read
+        reads in place of base rows its index does not cover yet).
+
+        Example:
+            ``[(s.kind, s.region_id, s.generation) for s in snap.sources(base=True)]``
+        """
+        if base:
+            yield SnapshotSource("base", None, BASE_GENERATION)
+        for region in self.regions:
+            if regions is not None and region.region_id not in regions:
+                continue
+            for mem in region.unflushed:
+                yield SnapshotSource("memtable", region, mem.generation, rows=mem)
+            extra = gap.get(region.region_id, ()) if gap else ()
+            for gen in sorted([*region.generations, *extra], key=lambda g: -g.generation):
+                yield SnapshotSource("generation", region, gen.generation, uri=gen.uri)
 
 
 def take_snapshot(table: TableState, consistency: Consistency = "strong") -> TableSnapshot:

@@ -182,7 +182,7 @@ class TableReads:
             plan, key_table = self._lookup_plan(keys, consistency)
             self.last_lookup_plan = plan
             with read_failures(f"lookup in {self.table.uri}"):
-                return plan.execute(), key_table
+                return plan.to_table(), key_table
 
         rows, key_table = self.table.store.while_answering(find, f"lookup in {self.table.uri}")
         if system_columns:

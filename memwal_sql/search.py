@@ -11,34 +11,25 @@ import json
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as pds
 from datafusion import SessionContext, Table, udtf
 
 from memwal_sql.compat.datafusion import plain_strings
 from memwal_sql.errors import InvalidInputError, MemWalError, SchemaMismatchError
-from memwal_sql.expressions.predicate import Predicate
-from memwal_sql.expressions.substrait import decode_filter
-from memwal_sql.expressions.visitors import matches
+from memwal_sql.expressions.predicate import And, Predicate, conjuncts
+from memwal_sql.expressions.visitors import referenced_columns
 from memwal_sql.formats.index_catchup import index_coverage
 from memwal_sql.formats.memwal_index import INDEX_NAME, update_mem_wal_details
 from memwal_sql.read_snapshot import Consistency, TableSnapshot, take_snapshot
 from memwal_sql.reads import TableReads
-from memwal_sql.session import (
-    MemWalContext,
-    MemWalSchema,
-    Projection,
-    RecordsErrors,
-    RowsFragment,
-)
+from memwal_sql.session import MemWalContext, MemWalSchema, NodeDataset
 from memwal_sql.storage import storage_failures
 from memwal_sql.structures.vectors import METRICS
-from planner.search import SearchPlan, plan_fts, plan_vector_search
+from planner.search import SearchPlan, SearchQuery, plan_search
 
 if TYPE_CHECKING:
     from memwal_sql.table_state import TableState
@@ -264,7 +255,7 @@ class TableSearch:
 
     def _filtered_snapshot(
         self, filter: str | None, consistency: Consistency, pushed: Predicate | None = None
-    ) -> tuple[TableSnapshot, Predicate | None, Any]:
+    ) -> tuple[TableSnapshot, Predicate | None, Callable[[pa.Table], pa.Table] | None]:
         """The snapshot to search, the filter as a predicate tree, and a post-filter for the
         part of the filter DataFusion could not hand to the sources (None when none).
         ``pushed`` is a filter already decoded (what SQL pushes into a table function)."""
@@ -281,88 +272,76 @@ class TableSearch:
 
         return snapshot, predicate, post
 
-    def plan_vector_search(
+    def plan(
         self,
-        query: Any,
-        column: str | None,
-        k: int,
-        filter: str | None,
-        nprobes: int | None,
-        refine_factor: int | None,
-        metric: str | None,
-        consistency: Consistency,
+        search: SearchQuery,
         pushed: Predicate | None = None,
+        residual: Predicate | None = None,
     ) -> SearchPlan:
+        """The plan of ``search`` (checked; a text query is a full-text search): nothing is
+        searched until it executes. ``pushed`` is a filter already decoded (what SQL pushes
+        into a table function), ``residual`` one on the ranked rows.
+
+        Example:
+            ``tbl._search.plan(SearchQuery(query=[0.1, 0.2], k=5)).to_table()``
+        """
         t = self.table
-        col = vector_column(t, column)
-        if metric is not None and metric.lower() not in METRICS:
-            raise InvalidInputError(f"unknown metric {metric!r}: one of {', '.join(METRICS)}")
-        for name, v in (("k", k), ("nprobes", nprobes), ("refine_factor", refine_factor)):
-            if v is not None:
-                _check_count(name, v)
-        q = query_vector(query, t.schema.field(col).type.list_size)
-        snapshot, predicate, post = self._filtered_snapshot(filter, consistency, pushed)
-        return plan_vector_search(
+        checked = self._checked(search)
+        snapshot, predicate, post = self._filtered_snapshot(
+            search.filter, search.consistency, pushed
+        )
+        return plan_search(
             snapshot,
             t.store,
             t.region_spec,
             t.schema,
-            column=col,
-            query=q,
-            k=k,
-            metric=metric.lower() if metric else None,
+            checked,
             predicate=predicate,
-            nprobes=nprobes,
-            refine_factor=refine_factor,
             post_filter=post,
+            residual=residual,
         )
 
-    def plan_fts(
-        self,
-        query: str,
-        column: str | None,
-        k: int,
-        filter: str | None,
-        consistency: Consistency,
-        pushed: Predicate | None = None,
-    ) -> SearchPlan:
+    def _checked(self, search: SearchQuery) -> SearchQuery:
+        """``search`` with its column named (and for a vector search its query a float32
+        vector, its metric in lower case), or :class:`InvalidInputError` saying what is
+        wrong."""
         t = self.table
-        col = text_column(t, column)
-        _check_text_query(query)
-        _check_count("k", k)
-        snapshot, predicate, post = self._filtered_snapshot(filter, consistency, pushed)
-        return plan_fts(
-            snapshot,
-            t.region_spec,
-            t.schema,
-            column=col,
-            query=query,
-            k=k,
-            predicate=predicate,
-            post_filter=post,
-        )
+        if search.is_text:
+            column = text_column(t, search.column)
+            _check_text_query(search.query)
+            _check_count("k", search.k)
+            return replace(search, column=column)
+        column = vector_column(t, search.column)
+        metric = search.metric
+        if metric is not None and metric.lower() not in METRICS:
+            raise InvalidInputError(f"unknown metric {metric!r}: one of {', '.join(METRICS)}")
+        for name, v in (
+            ("k", search.k),
+            ("nprobes", search.nprobes),
+            ("refine_factor", search.refine_factor),
+        ):
+            if v is not None:
+                _check_count(name, v)
+        q = query_vector(search.query, t.schema.field(column).type.list_size)
+        return replace(search, query=q, column=column, metric=metric.lower() if metric else None)
 
-    def fts(self, *args: Any) -> pa.Table:
-        return self._run(f"full-text search of {self.table.uri}", self.plan_fts, args)
+    def search(self, search: SearchQuery) -> pa.Table:
+        """Plan and run ``search``, bounded if the object store stops answering."""
+        kind = "full-text search" if search.is_text else "vector search"
 
-    def vector_search(self, *args: Any) -> pa.Table:
-        return self._run(f"vector search of {self.table.uri}", self.plan_vector_search, args)
-
-    def _run(self, what: str, plan_search: Callable[..., Any], args: tuple[Any, ...]) -> pa.Table:
-        """Plan and run a search, bounded if the object store stops answering."""
-
-        def search() -> pa.Table:
-            plan = plan_search(*args)
+        def run() -> pa.Table:
+            plan = self.plan(search)
             self.last_plan = plan
-            return plan.execute()
+            return plan.to_table()
 
-        return self.table.store.run_io(what, search)
+        return self.table.store.run_io(f"{kind} of {self.table.uri}", run)
 
 
 __all__ = [
     "MAX_FTS_QUERY_BYTES",
     "MAX_SEARCH_K",
     "IndexInfo",
+    "SearchQuery",
     "TableSearch",
     "create_index",
     "list_indexes",
@@ -400,7 +379,15 @@ def _search_function(schema: weakref.ref[MemWalSchema], kind: str) -> Any:
         if provider is None or entry is None:
             raise InvalidInputError(f"{kind}: no MemWAL table {name!r} is registered")
         table, options = entry
-        found = SearchDataset(table, kind, column, query, k, options.get("consistency", "strong"))
+        consistency = options.get("consistency", "strong")
+        search = SearchQuery(
+            query=query,
+            column=column,
+            k=k,
+            consistency=consistency,
+            kind="vector" if kind == "vector_search" else "fts",
+        )
+        found = SearchDataset(table, search)
         provider.datasets.add(found)  # its errors are raised typed (see _Typed)
         return found
 
@@ -416,86 +403,33 @@ def _search_function(schema: weakref.ref[MemWalSchema], kind: str) -> Any:
     return search
 
 
-class SearchDataset(RecordsErrors, pds.Dataset):
+class SearchDataset(NodeDataset):
     """What SQL's ``vector_search('table', 'column', [...], k)`` and
     ``fts('table', 'column', 'query', k)`` read: the search's ``k`` rows. A ``WHERE`` on it is
     pushed here and becomes the search's filter (on each row's latest version, before
-    ranking); terms on the score (``_distance``, ``_score``) apply to the ``k`` rows found."""
+    ranking); terms on the score (``_distance``, ``_score``) apply to the ``k`` rows found.
+    The search runs when DataFusion executes the plan, not while it plans."""
 
-    def __init__(
-        self,
-        table: TableState,
-        kind: str,
-        column: str | None,
-        query: Any,
-        k: int,
-        consistency: Consistency,
-    ) -> None:
+    def __init__(self, table: TableState, search: SearchQuery) -> None:
         self._table = table
-        self._kind = kind
-        self._column = column
-        self._query = query
-        self._k = k
-        self._consistency = consistency
-        self._score = "_distance" if kind == "vector_search" else "_score"
+        self._search = search
+        self._score = "_score" if search.is_text else "_distance"
         self._schema = table.schema.append(pa.field(self._score, pa.float32()))
         self._lock = threading.Lock()
-        self._reading = f"{kind} of {table.uri}"
-        self.last_plan: Any = None
+        self._reading = f"{'fts' if search.is_text else 'vector_search'} of {table.uri}"
+        self.last_plan: SearchPlan | None = None
 
-    @property
-    def schema(self) -> pa.Schema:
-        return self._schema
-
-    def scanner(
-        self,
-        columns: list[str] | None = None,
-        filter: Any = None,
-        **_: Any,
-    ) -> Projection:
-        return Projection(
-            self._schema if columns is None else pa.schema([self._schema.field(c) for c in columns])
-        )
-
-    def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:
-        from memwal_sql.expressions.predicate import conjuncts
-        from memwal_sql.expressions.visitors import referenced_columns
-
-        table, score = self._table, self._score
-        predicate = decode_filter(filter, self._schema)
+    def plan(self, predicate: Predicate | None) -> SearchPlan:
+        score = self._score
         on_rows = [t for t in conjuncts(predicate) if score not in referenced_columns(t)]
         on_score = [t for t in conjuncts(predicate) if score in referenced_columns(t)]
-        with self.recording_errors():
-            # The table's own search API plans it (same checks), with the pushed filter.
-            search = TableSearch(table, TableReads(table))
-            if self._kind == "vector_search":
-                plan = search.plan_vector_search(
-                    self._query,
-                    self._column,
-                    self._k,
-                    None,
-                    None,
-                    None,
-                    None,
-                    self._consistency,
-                    pushed=_all_of(on_rows),
-                )
-            else:
-                plan = search.plan_fts(
-                    self._query,
-                    self._column,
-                    self._k,
-                    None,
-                    self._consistency,
-                    pushed=_all_of(on_rows),
-                )
-            self.last_plan = plan
-            found = table.store.while_answering(plan.execute, f"{self._kind} of {table.uri}")
-            rows = matches(_all_of(on_score), found)
-        return [RowsFragment(rows)]
+        # The table's own search API plans it (same checks), with the pushed filter.
+        plan = TableSearch(self._table, TableReads(self._table)).plan(
+            self._search, pushed=_all_of(on_rows), residual=_all_of(on_score)
+        )
+        self.last_plan = plan
+        return plan
 
 
 def _all_of(terms: list[Predicate]) -> Predicate | None:
-    from memwal_sql.expressions.predicate import And
-
     return None if not terms else terms[0] if len(terms) == 1 else And(tuple(terms))

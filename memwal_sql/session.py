@@ -37,12 +37,11 @@ import pyarrow.dataset as pds
 from datafusion import DataFrame, SessionConfig, SessionContext, SQLOptions, Table
 from datafusion import catalog as dfc
 
+from exec_nodes.base import ExecNode
 from memwal_sql.compat.datafusion import refuse_long_sql
 from memwal_sql.errors import InvalidInputError, MemWalError, StatementNotAllowedError
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.substrait import decode_filter
-from memwal_sql.expressions.visitors import matches
-from memwal_sql.formats.source_rows import conform
 from memwal_sql.read_snapshot import Consistency, TableSnapshot, take_snapshot
 from memwal_sql.storage import ObjectStore, storage_failures
 from planner.lookup import LookupPlan, lookup_keys, plan_lookup
@@ -62,59 +61,36 @@ class Projection:
         self.projected_schema = schema
 
 
-class _PartitionScanner:
+class _NodeScanner:
+    """What a fragment's ``scanner()`` returns: the batches of one partition of a plan."""
+
     def __init__(
-        self, dataset: MemWalDataset, plan: ScanPlan, index: int, schema: pa.Schema
+        self, dataset: NodeDataset, root: ExecNode, partition: int, schema: pa.Schema
     ) -> None:
         self.dataset = dataset
-        self.plan = plan
-        self.index = index
-        self.projected_schema = schema
-
-    def to_batches(self) -> Iterator[pa.RecordBatch]:
-        with self.dataset.recording_errors():
-            yield from _EXIT.steps(
-                self.dataset.store.steps_while_answering(
-                    self.plan.root.execute_partition(self.index, self.projected_schema),
-                    f"reading {self.dataset.store.uri}",
-                )
-            )
-
-
-class _LookupScanner:
-    def __init__(
-        self,
-        dataset: MemWalDataset,
-        plan: LookupPlan,
-        predicate: Predicate | None,
-        schema: pa.Schema,
-    ) -> None:
-        self.dataset = dataset
-        self.plan = plan
-        self.predicate = predicate
+        self.root = root
+        self.partition = partition
         self.projected_schema = schema
 
     def to_batches(self) -> Iterator[pa.RecordBatch]:
         with self.dataset.recording_errors():
             store = self.dataset.store
             yield from _EXIT.steps(
-                store.steps_while_answering(self._batches(), f"a lookup in {store.uri}")
+                store.steps_while_answering(
+                    self.root.execute_columns(self.partition, self.projected_schema),
+                    self.dataset._reading,
+                )
             )
 
-    def _batches(self) -> Iterator[pa.RecordBatch]:
-        # The rest of the (Exact) pushed filter: the key terms hold for every row found.
-        rows = matches(self.predicate, self.plan.execute())
-        if rows.num_rows:
-            yield from conform(rows, self.projected_schema).to_batches()
 
+class NodeFragment:
+    """One DataFusion partition of a plan: DataFusion gets one per partition of the plan's
+    root at planning and pulls the batches of each through its scanner at execution."""
 
-class _LookupFragment:
-    def __init__(
-        self, dataset: MemWalDataset, plan: LookupPlan, predicate: Predicate | None
-    ) -> None:
+    def __init__(self, dataset: NodeDataset, root: ExecNode, partition: int) -> None:
         self.dataset = dataset
-        self.plan = plan
-        self.predicate = predicate
+        self.root = root
+        self.partition = partition
 
     def scanner(
         self,
@@ -123,29 +99,8 @@ class _LookupFragment:
         filter: pc.Expression | None = None,
         batch_size: int | None = None,
         **_: Any,
-    ) -> _LookupScanner:
-        return _LookupScanner(
-            self.dataset, self.plan, self.predicate, self.dataset.project(columns)
-        )
-
-
-class _PartitionFragment:
-    """One DataFusion partition of a scan plan."""
-
-    def __init__(self, dataset: MemWalDataset, plan: ScanPlan, index: int) -> None:
-        self.dataset = dataset
-        self.plan = plan
-        self.index = index
-
-    def scanner(
-        self,
-        schema: Any = None,
-        columns: list[str] | None = None,
-        filter: pc.Expression | None = None,
-        batch_size: int | None = None,
-        **_: Any,
-    ) -> _PartitionScanner:
-        return _PartitionScanner(self.dataset, self.plan, self.index, self.dataset.project(columns))
+    ) -> _NodeScanner:
+        return _NodeScanner(self.dataset, self.root, self.partition, self.dataset.project(columns))
 
 
 def base_partitions() -> int:
@@ -180,7 +135,47 @@ class RecordsErrors:
             raise
 
 
-class MemWalDataset(RecordsErrors, pds.Dataset):
+class NodeDataset(RecordsErrors, pds.Dataset):
+    """A pyarrow Dataset whose rows a plan's root node yields: ``get_fragments`` plans (one
+    :class:`NodeFragment` per partition of the root), the fragments' scanners execute.
+    Subclasses say how to plan (:meth:`plan`)."""
+
+    _schema: pa.Schema
+    _table: TableState
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    @property
+    def store(self) -> ObjectStore:
+        return self._table.store
+
+    def project(self, columns: list[str] | None) -> pa.Schema:
+        if columns is None:
+            return self._schema
+        return pa.schema([self._schema.field(c) for c in columns])
+
+    def scanner(
+        self,
+        columns: list[str] | None = None,
+        filter: Any = None,
+        **_: Any,
+    ) -> Projection:
+        return Projection(self.project(columns))
+
+    def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:
+        with self.recording_errors():
+            root = self.plan(decode_filter(filter, self._schema))
+        # Every plan has a partition: DataFusion breaks on zero fragments.
+        return [NodeFragment(self, root, i) for i in range(root.partitions)]
+
+    def plan(self, predicate: Predicate | None) -> ExecNode:
+        """The root node of this query's plan, for the filter DataFusion pushed."""
+        raise NotImplementedError
+
+
+class MemWalDataset(NodeDataset):
     """A MemWAL table as a pyarrow Dataset that DataFusion scans through our exec nodes.
 
     The snapshot is taken at the first planning and pinned for the dataset's life.
@@ -206,80 +201,31 @@ class MemWalDataset(RecordsErrors, pds.Dataset):
         #: The filter DataFusion pushed into the last plan, decoded (None: no filter).
         self.last_predicate: Predicate | None = None
 
-    @property
-    def schema(self) -> pa.Schema:
-        return self._schema
-
-    @property
-    def store(self) -> ObjectStore:
-        return self._table.store
-
-    def project(self, columns: list[str] | None) -> pa.Schema:
-        if columns is None:
-            return self._schema
-        return pa.schema([self._schema.field(c) for c in columns])
-
     def snapshot(self) -> TableSnapshot:
         with self._lock:
             if self._snapshot is None:
                 self._snapshot = take_snapshot(self._table, self._consistency)
             return self._snapshot
 
-    def scanner(
-        self,
-        columns: list[str] | None = None,
-        filter: Any = None,
-        **_: Any,
-    ) -> Projection:
-        return Projection(self.project(columns))
-
-    def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:
-        with self.recording_errors():
-            return self._fragments(filter)
-
-    def _fragments(self, filter: pc.Expression | pa.Scalar | None) -> list[Any]:
+    def plan(self, predicate: Predicate | None) -> ScanPlan | LookupPlan:
         table = self._table
-        predicate = decode_filter(filter, self._schema)
         self.last_predicate = predicate
         pinned = lookup_keys(predicate, table.primary_key, table.schema)
+        plan: ScanPlan | LookupPlan
         if pinned is not None:  # WHERE pk = v / pk IN (...): the point-lookup plan
             keys, rest = pinned
-            lookup = plan_lookup(self.snapshot(), table.store, table.region_spec, keys)
-            self.last_plan = lookup
-            return [_LookupFragment(self, lookup, rest)]
-        plan = plan_scan(
-            self.snapshot(),
-            table.region_spec,
-            table.schema,
-            predicate,
-            system_columns=self._system_columns,
-            partitions=self._partitions,
-        )
+            plan = plan_lookup(self.snapshot(), table.store, table.region_spec, keys, rest)
+        else:
+            plan = plan_scan(
+                self.snapshot(),
+                table.region_spec,
+                table.schema,
+                predicate,
+                system_columns=self._system_columns,
+                partitions=self._partitions,
+            )
         self.last_plan = plan
-        # The newer rows' partition always exists: DataFusion breaks on zero fragments.
-        return [_PartitionFragment(self, plan, i) for i in range(plan.root.num_partitions)]
-
-
-class RowsFragment:
-    """A fragment of rows already computed (a search's result)."""
-
-    def __init__(self, rows: pa.Table) -> None:
-        self.rows = rows
-
-    def scanner(
-        self, schema: Any = None, columns: list[str] | None = None, **_: Any
-    ) -> _RowsScanner:
-        rows = self.rows if columns is None else self.rows.select(columns)
-        return _RowsScanner(rows)
-
-
-class _RowsScanner:
-    def __init__(self, rows: pa.Table) -> None:
-        self.rows = rows
-        self.projected_schema = rows.schema
-
-    def to_batches(self) -> Iterator[pa.RecordBatch]:
-        yield from self.rows.to_batches()
+        return plan
 
 
 class MemWalSchema(dfc.SchemaProvider):

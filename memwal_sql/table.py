@@ -66,7 +66,7 @@ from memwal_sql.writer.region_writer import RegionWriter
 
 if TYPE_CHECKING:  # imported on first use: the read side pulls in DataFusion
     from memwal_sql.reads import TableReads
-    from memwal_sql.search import IndexInfo, TableSearch
+    from memwal_sql.search import IndexInfo, SearchQuery, TableSearch
 from memwal_sql.formats.wal import TOMBSTONE
 from memwal_sql.writer.rows import Keys, RowCoercer, WriteData, WriteKind, to_arrow_table
 
@@ -259,8 +259,20 @@ class MemWalTable(TableState):
         Example:
             ``tbl.vector_search([0.1, 0.2, 0.3], k=5, filter="category = 'a'")``
         """
-        return self._search.vector_search(
-            query, column, k, filter, nprobes, refine_factor, metric, consistency
+        from memwal_sql.search import SearchQuery
+
+        return self.search(
+            SearchQuery(
+                query=query,
+                column=column,
+                k=k,
+                filter=filter,
+                nprobes=nprobes,
+                refine_factor=refine_factor,
+                metric=metric,
+                consistency=consistency,
+                kind="vector",
+            )
         )
 
     def fts(
@@ -281,7 +293,22 @@ class MemWalTable(TableState):
         Example:
             ``tbl.fts("quick brown fox", k=5, filter="lang = 'en'")``
         """
-        return self._search.fts(query, column, k, filter, consistency)
+        from memwal_sql.search import SearchQuery
+
+        return self.search(
+            SearchQuery(
+                query=query, column=column, k=k, filter=filter, consistency=consistency, kind="fts"
+            )
+        )
+
+    def search(self, query: SearchQuery) -> pa.Table:
+        """Run one search (:class:`~memwal_sql.SearchQuery`): a full-text search for a text
+        query (as :meth:`fts`), else a vector search (as :meth:`vector_search`).
+
+        Example:
+            ``tbl.search(mw.SearchQuery(query=[0.1, 0.2, 0.3], k=5, nprobes=8))``
+        """
+        return self._search.search(query)
 
     def explain_search(
         self,
@@ -298,10 +325,9 @@ class MemWalTable(TableState):
         Example:
             ``print(tbl.explain_search([0.1, 0.2, 0.3], k=5))``
         """
-        if isinstance(query, str):
-            self.fts(query, column, k, filter, **options)
-        else:
-            self.vector_search(query, column, k, filter, **options)
+        from memwal_sql.search import SearchQuery
+
+        self.search(SearchQuery(query=query, column=column, k=k, filter=filter, **options))
         plan = self._search.last_plan
         assert plan is not None  # the search above set it
         return plan.explain()

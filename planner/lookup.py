@@ -10,7 +10,7 @@ probed. A tombstone in a newer source resolves a key as absent.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from itertools import groupby
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,7 @@ from memwal_sql.read_snapshot import GenerationRef, TableSnapshot
 from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.cache import CACHE
 from planner.indexed import IndexedRead, plan_indexed_read
+from planner.plan import PlanExec
 
 # SQL `pk IN (...)` lists up to this many keys run as a point lookup; a longer list is a scan
 # (pruned by region), which reads sequentially what so many random reads would touch anyway.
@@ -49,13 +50,23 @@ MERGED_INDEX_KEYS = 64
 HOT_REGION_LOOKUPS = 3
 
 
-@dataclass
-class LookupPlan:
-    """A point lookup: the snapshot it reads and the node tree (:class:`PointLookupExec`)."""
+class LookupPlan(PlanExec):
+    """A point lookup: the snapshot it reads and the node tree (:class:`PointLookupExec`);
+    ``residual``, the rest of a pushed filter, applies to the rows found."""
 
-    snapshot: TableSnapshot
-    root: PointLookupExec
-    indexed: IndexedRead | None = None
+    name = "LookupPlan"
+    title = "MemWAL point lookup"
+
+    def __init__(
+        self,
+        snapshot: TableSnapshot,
+        root: PointLookupExec,
+        indexed: IndexedRead | None = None,
+        residual: Predicate | None = None,
+    ) -> None:
+        super().__init__(snapshot, root, residual)
+        self.root: PointLookupExec = root
+        self.indexed = indexed
 
     @property
     def keys(self) -> pa.Table:
@@ -65,24 +76,24 @@ class LookupPlan:
     def base(self) -> BaseLookupExec:
         return self.root.base
 
-    def execute(self) -> pa.Table:
-        """The newest live row of every requested key that exists (tombstones dropped)."""
-        return self.root.to_table()
-
-    def explain(self) -> str:
-        lines = [
-            f"MemWAL point lookup: base version {self.snapshot.base_version}, "
-            f"consistency={self.snapshot.consistency}"
-        ]
-        if self.indexed is not None:
-            lines.append(self.indexed.describe())
-        return "\n".join([*lines, self.root.explain()])
+    def header(self) -> list[str]:
+        lines = super().header()
+        return lines if self.indexed is None else [*lines, self.indexed.describe()]
 
 
 def plan_lookup(
-    snapshot: TableSnapshot, store: ObjectStore, spec: RegionSpec | None, keys: pa.Table
+    snapshot: TableSnapshot,
+    store: ObjectStore,
+    spec: RegionSpec | None,
+    keys: pa.Table,
+    residual: Predicate | None = None,
 ) -> LookupPlan:
-    """Build the lookup plan of ``keys`` (a table of the primary-key columns)."""
+    """Build the lookup plan of ``keys`` (a table of the primary-key columns); ``residual``
+    filters the rows found.
+
+    Example:
+        ``plan_lookup(take_snapshot(tbl), tbl.store, tbl.region_spec, pa.table({"id": [1]}))``
+    """
     pk = list(snapshot.primary_key)
     keys = distinct_keys(keys.select(pk))
     if keys.num_rows > 64:
@@ -98,7 +109,8 @@ def plan_lookup(
     regions = region_lookups(
         snapshot, store, spec, keys, indexed.gap if indexed is not None else None
     )
-    return LookupPlan(snapshot, PointLookupExec(keys, regions, base), indexed=indexed)
+    root = PointLookupExec(keys, regions, base)
+    return LookupPlan(snapshot, root, indexed=indexed, residual=residual)
 
 
 def region_lookups(
@@ -136,7 +148,8 @@ def region_lookups(
         for values, idx in spec.group_rows(keys.select(pk)).items():
             by_values[tuple(values)] = keys.take(pa.array(idx))
     regions = []
-    for region in snapshot.regions:
+    for region, sources in groupby(snapshot.sources(gap=gap), key=lambda s: s.region):
+        assert region is not None  # the base table is not among them
         routed = routable and region.region_values is not None
         if routed:
             assert region.region_values is not None
@@ -146,24 +159,31 @@ def region_lookups(
         else:
             region_keys = keys  # cannot route: this region may hold any key
         children: list[KeyedExec] = []
-        for mem in region.unflushed:
-            children.append(
-                TakeLastExec(
-                    region.region_id,
-                    mem.generation,
-                    schema,
-                    pk,
-                    batches=mem.batches,
-                    origin=mem.origin,
+        gens = []
+        for src in sources:
+            if src.rows is not None:
+                mem = src.rows
+                children.append(
+                    TakeLastExec(
+                        region.region_id,
+                        mem.generation,
+                        schema,
+                        pk,
+                        batches=mem.batches,
+                        origin=mem.origin,
+                    )
                 )
-            )
-        extra = gap.get(region.region_id, ()) if gap else ()
-        gens = [
-            TakeLastExec(
-                region.region_id, gen.generation, schema, pk, uri=gen.uri, storage_options=opts
-            )
-            for gen in sorted([*region.generations, *extra], key=lambda g: -g.generation)
-        ]
+            else:
+                gens.append(
+                    TakeLastExec(
+                        region.region_id,
+                        src.generation,
+                        schema,
+                        pk,
+                        uri=src.uri,
+                        storage_options=opts,
+                    )
+                )
         if len(gens) > 1 and _merged_index_pays(gens, region_keys.num_rows):
             children.append(GenerationIndexExec(gens, pk, schema))
         else:  # a few keys: a bloom test per generation rules most of them out cheaper

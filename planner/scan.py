@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import pyarrow as pa
 
@@ -13,36 +12,46 @@ from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.formats.source_rows import GEN, ROWADDR, source_schema
 from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.read_snapshot import TableSnapshot
+from planner.plan import PlanExec
 from planner.pruning import prune_regions
 from planner.regions import check_one_region_per_key
 
 
-@dataclass
-class ScanPlan:
+class ScanPlan(PlanExec):
     """The plan of one scan: what was pruned and the exec-node tree that runs it."""
 
-    snapshot: TableSnapshot
-    predicate: Predicate | None
-    kept_regions: list[str]
-    pruned_regions: list[str]
-    root: DeduplicateExec
-    sources: list[SourceExec] = field(default_factory=list)
+    name = "ScanPlan"
+    title = "MemWAL scan"
+
+    def __init__(
+        self,
+        snapshot: TableSnapshot,
+        predicate: Predicate | None,
+        kept_regions: list[str],
+        pruned_regions: list[str],
+        root: DeduplicateExec,
+    ) -> None:
+        super().__init__(snapshot, root)
+        self.root: DeduplicateExec = root
+        self.predicate = predicate
+        self.kept_regions = kept_regions
+        self.pruned_regions = pruned_regions
+
+    @property
+    def sources(self) -> list[SourceExec]:
+        return self.root.newer
 
     def sources_opened(self) -> list[SourceExec]:
         """The newer-than-base sources that were actually read."""
         return [s for s in self.sources if s.opened]
 
-    def explain(self) -> str:
-        """The plan as text: consistency, base version, regions kept and pruned, node tree."""
-        snap = self.snapshot
-        head = [
-            f"MemWAL scan: base version {snap.base_version}, consistency={snap.consistency}",
-            f"regions: {len(self.kept_regions)} scanned, {len(self.pruned_regions)} pruned"
-            + (
-                f" ({', '.join(r[:8] for r in self.pruned_regions)})" if self.pruned_regions else ""
-            ),
+    def header(self) -> list[str]:
+        pruned = self.pruned_regions
+        return [
+            *super().header(),
+            f"regions: {len(self.kept_regions)} scanned, {len(pruned)} pruned"
+            + (f" ({', '.join(r[:8] for r in pruned)})" if pruned else ""),
         ]
-        return "\n".join([*head, self.root.explain()])
 
 
 def output_schema(base: pa.Schema, system_columns: bool) -> pa.Schema:
@@ -112,27 +121,19 @@ def plan_scan(
     kept, pruned = prune_regions(
         predicate, spec, base_schema, [(r.region_id, r.region_values) for r in snapshot.regions]
     )
-    keep = set(kept)
     sschema = source_schema(snapshot.wal_schema)
+    opts = dict(snapshot.storage_options or {}) or None
     sources: list[SourceExec] = []
-    for region in snapshot.regions:
-        if region.region_id not in keep:
-            continue
-        for mem in region.unflushed:
+    for src in snapshot.sources(regions=set(kept)):
+        if src.rows is not None:
+            mem = src.rows
             sources.append(
-                MemTableScanExec(
-                    region.region_id, mem.generation, mem.batches, sschema, origin=mem.origin
-                )
+                MemTableScanExec(src.region_id, mem.generation, mem.batches, sschema, mem.origin)
             )
-        for gen in sorted(region.generations, key=lambda g: -g.generation):
+        else:
+            assert src.uri is not None
             sources.append(
-                GenerationScanExec(
-                    region.region_id,
-                    gen.generation,
-                    gen.uri,
-                    sschema,
-                    dict(snapshot.storage_options or {}) or None,
-                )
+                GenerationScanExec(src.region_id, src.generation, src.uri, sschema, opts)
             )
     root = DeduplicateExec(
         sources,
@@ -142,4 +143,4 @@ def plan_scan(
         predicate=predicate,
         output=output_schema(base_schema, system_columns),
     )
-    return ScanPlan(snapshot, predicate, kept, pruned, root, sources)
+    return ScanPlan(snapshot, predicate, kept, pruned, root)

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from itertools import groupby
+from typing import Literal, TypeAlias, TypeVar
 
 import lance
 import numpy as np
@@ -34,23 +35,23 @@ from exec_nodes.fts import (
 )
 from exec_nodes.knn import (
     BaseKnnExec,
-    GenerationKnnExec,
-    GenerationsKnnExec,
+    GenerationRunsKnnExec,
     KnnQuery,
     KnnSource,
     MemTableKnnExec,
 )
-from exec_nodes.lookup import generation_rows
-from exec_nodes.stale import FilterStaleExec, TopKExec
+from exec_nodes.stale import FilterStaleExec
+from exec_nodes.topk import TopKExec
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.formats.source_rows import source_schema
 from memwal_sql.partitioning.region_spec import RegionSpec
-from memwal_sql.read_snapshot import RegionSnapshot, TableSnapshot
+from memwal_sql.read_snapshot import Consistency, TableSnapshot
 from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.cache import CACHE
 from memwal_sql.structures.vectors import DISTANCE
 from memwal_sql.writer.memtable_indexes import tokenizer_for
 from planner.lookup import region_lookups
+from planner.plan import PlanExec
 from planner.pruning import prune_regions
 from planner.regions import check_one_region_per_key
 
@@ -75,26 +76,67 @@ class VectorIndex:
         return min(self.num_partitions, max(20, math.ceil(4 * math.sqrt(self.num_partitions))))
 
 
-@dataclass
-class SearchPlan:
-    """A search: the snapshot it reads, what was pruned, and the node tree."""
+#: What a search looks for: a text (full-text search) or a vector (a sequence of numbers).
+Query: TypeAlias = str | Sequence[float] | np.ndarray | pa.Array
 
-    snapshot: TableSnapshot
-    kept_regions: list[str]
-    pruned_regions: list[str]
-    root: TopKExec
 
-    def execute(self) -> pa.Table:
-        return self.root.to_table()
+@dataclass(frozen=True, kw_only=True)
+class SearchQuery:
+    """One search, vector or full-text (a ``str`` query), with every option named.
 
-    def explain(self) -> str:
-        snap = self.snapshot
-        head = [
-            f"MemWAL search: base version {snap.base_version}, consistency={snap.consistency}",
+    ``filter`` (SQL) applies to each row's latest version; ``metric``, ``nprobes`` and
+    ``refine_factor`` apply to vector searches only (see ``MemWalTable.vector_search``).
+
+    Example:
+        >>> SearchQuery(query="red fox", k=5).is_text
+        True
+        >>> SearchQuery(query=[0.1, 0.2], column="vec", nprobes=8).k
+        10
+    """
+
+    query: Query
+    column: str | None = None
+    k: int = 10
+    filter: str | None = None
+    nprobes: int | None = None
+    refine_factor: int | None = None
+    metric: str | None = None
+    consistency: Consistency = "strong"
+    #: ``"vector"`` or ``"fts"``; None: full-text search for a text query, else vector search.
+    kind: Literal["vector", "fts"] | None = None
+
+    @property
+    def is_text(self) -> bool:
+        """Whether this is a full-text search."""
+        return self.kind == "fts" if self.kind is not None else isinstance(self.query, str)
+
+
+class SearchPlan(PlanExec):
+    """A search's root: the snapshot it reads, what was pruned, and the node tree (ranking
+    runs when it executes); ``residual`` filters the ranked rows (terms on the score)."""
+
+    name = "SearchPlan"
+    title = "MemWAL search"
+
+    def __init__(
+        self,
+        snapshot: TableSnapshot,
+        kept_regions: list[str],
+        pruned_regions: list[str],
+        root: TopKExec,
+        residual: Predicate | None = None,
+    ) -> None:
+        super().__init__(snapshot, root, residual)
+        self.root: TopKExec = root
+        self.kept_regions = kept_regions
+        self.pruned_regions = pruned_regions
+
+    def header(self) -> list[str]:
+        return [
+            *super().header(),
             f"regions: {len(self.kept_regions)} searched, {len(self.pruned_regions)} pruned "
             "(every region is still asked for newer versions of the candidates)",
         ]
-        return "\n".join([*head, self.root.explain()])
 
 
 def _layout(
@@ -163,104 +205,71 @@ def plan_vector_search(
     store: ObjectStore,
     spec: RegionSpec | None,
     base_schema: pa.Schema,
+    search: SearchQuery,
     *,
-    column: str,
-    query: np.ndarray,
-    k: int,
-    metric: str | None,
-    predicate: Predicate | None,
-    nprobes: int | None,
-    refine_factor: int | None,
+    predicate: Predicate | None = None,
     post_filter: Callable[[pa.Table], pa.Table] | None = None,
+    residual: Predicate | None = None,
 ) -> SearchPlan:
-    """Build the vector-search plan of ``snapshot``.
+    """Build the vector-search plan of ``snapshot`` for ``search`` (its column named and its
+    query a checked vector; its filter given as ``predicate``, the rest of it as
+    ``post_filter``; ``residual`` filters the ranked rows). Nothing is searched until the
+    plan executes.
 
     Example:
         ``plan_vector_search(take_snapshot(tbl), tbl.store, tbl.region_spec, tbl.schema,
-        column="vec", query=q, k=10, metric=None, predicate=None, nprobes=None,
-        refine_factor=None).execute()``
+        SearchQuery(query=q, column="vec", k=10)).to_table()``
     """
+    column = search.column
+    assert column is not None  # the API layer names it (the table's only vector column)
     index = vector_index(snapshot.dataset, column)
-    metric = metric or (index.metric if index else "l2")
+    metric = search.metric or (index.metric if index else "l2")
     if index is not None and index.metric != metric:
         index = None  # the index ranks by another metric: search the base exactly instead
+    refine_factor, nprobes = search.refine_factor, search.nprobes
     if refine_factor is None and index is not None and index.index_type != "IVF_FLAT":
         refine_factor = DEFAULT_REFINE_FACTOR
     if nprobes is None and index is not None:
         nprobes = index.default_nprobes()
     kept, pruned, schema, opts, pk = _layout(snapshot, spec, base_schema, predicate)
-    keep = set(kept)
-    search = KnnQuery(column, query, metric, predicate, k, tuple(pk))
+    vector = np.asarray(search.query, dtype=np.float32)
+    knn = KnnQuery(column, vector, metric, predicate, search.k, tuple(pk))
     sources: list[KnnSource] = [
         BaseKnnExec(
             snapshot.dataset,
             schema,
-            search,
+            knn,
             index=index.name if index else None,
             nprobes=nprobes,
             refine_factor=refine_factor,
         )
     ]
-    for region in snapshot.regions:
-        if region.region_id not in keep:
-            continue
-        for mem in region.unflushed:
-            sources.append(
-                MemTableKnnExec(
-                    region.region_id, mem.generation, mem.batches, schema, search, mem.origin
+    for region, group in groupby(snapshot.sources(regions=set(kept)), key=lambda s: s.region):
+        assert region is not None  # the base table is not among them
+        generations = []
+        for src in group:
+            if src.rows is not None:
+                mem = src.rows
+                sources.append(
+                    MemTableKnnExec(
+                        region.region_id, mem.generation, mem.batches, schema, knn, mem.origin
+                    )
                 )
-            )
-        sources.extend(_generation_sources(region, schema, search, opts))
+            else:
+                assert src.uri is not None
+                generations.append((src.generation, src.uri))
+        if generations:
+            sources.append(GenerationRunsKnnExec(region.region_id, generations, schema, knn, opts))
 
     def newer_sources(keys: pa.Table) -> list:
         return region_lookups(snapshot, store, spec, keys)
 
+    k = search.k
     stale = FilterStaleExec(
         sources, snapshot.primary_key, newer_sources, k, score=DISTANCE, post_filter=post_filter
     )
     root = TopKExec(stale, k, DISTANCE, columns=[*base_schema.names, DISTANCE])
-    return SearchPlan(snapshot, kept, pruned, root)
-
-
-#: A run of a region's generations searched as one matrix holds at most this share of the lookup
-#: cache (rows, vectors, norms and masks), so a run never outgrows the cache and is rebuilt per
-#: query.
-_GENERATION_SET_SHARE = 8
-
-
-def _generation_sources(
-    region: RegionSnapshot, schema: pa.Schema, search: KnnQuery, opts: dict[str, str] | None
-) -> list[KnnSource]:
-    """A region's flushed generations as KNN sources: those the lookup cache keeps, in runs of
-    consecutive generations (oldest first, so a flush changes only the newest run) searched as
-    one matrix each; any other through Lance on its own."""
-    sources: list[KnnSource] = []
-    run: list[tuple[int, str]] = []
-    run_bytes, budget = 0, CACHE.max_bytes // _GENERATION_SET_SHARE
-    vector_bytes = 4 * (schema.field(search.column).type.list_size + 2)  # vector, norm, masks
-
-    def close_run() -> None:
-        nonlocal run_bytes
-        if run:
-            sources.append(GenerationsKnnExec(region.region_id, run.copy(), schema, search, opts))
-            run.clear()
-        run_bytes = 0
-
-    for gen in sorted(region.generations, key=lambda g: g.generation):
-        rows = generation_rows(gen.uri, opts, gen.generation, schema)
-        if rows is None:
-            close_run()
-            sources.append(
-                GenerationKnnExec(region.region_id, gen.generation, gen.uri, schema, search, opts)
-            )
-            continue
-        nbytes = rows.nbytes + rows.num_rows * vector_bytes  # as the run's entry counts it
-        if run and run_bytes + nbytes > budget:
-            close_run()
-        run.append((gen.generation, gen.uri))
-        run_bytes += nbytes
-    close_run()
-    return sources[::-1]  # newest first, as the other sources are listed
+    return SearchPlan(snapshot, kept, pruned, root, residual)
 
 
 def text_index(dataset: lance.LanceDataset, column: str) -> tuple[str, dict] | None:
@@ -277,34 +286,39 @@ def plan_fts(
     snapshot: TableSnapshot,
     spec: RegionSpec | None,
     base_schema: pa.Schema,
+    search: SearchQuery,
     *,
-    column: str,
-    query: str,
-    k: int,
-    predicate: Predicate | None,
+    predicate: Predicate | None = None,
     post_filter: Callable[[pa.Table], pa.Table] | None = None,
+    residual: Predicate | None = None,
 ) -> SearchPlan:
-    """Build the full-text search plan of ``snapshot``: an FTS leaf per source, every region's
-    sources counted in the statistics, the filter's regions searched (``post_filter`` applies
-    what of the filter the predicate could not say, as in :func:`plan_vector_search`).
+    """Build the full-text search plan of ``snapshot`` for ``search`` (a text query, its
+    column named): an FTS leaf per source, every region's sources counted in the statistics,
+    the filter's regions searched (``predicate``, ``post_filter`` and ``residual`` as in
+    :func:`plan_vector_search`). Nothing is searched until the plan executes.
 
     Example:
-        ``plan_fts(take_snapshot(tbl), tbl.region_spec, tbl.schema, column="text",
-        query="red fox", k=10, predicate=None).execute()``
+        ``plan_fts(take_snapshot(tbl), tbl.region_spec, tbl.schema,
+        SearchQuery(query="red fox", column="text", k=10)).to_table()``
     """
+    column, query = search.column, search.query
+    assert column is not None and isinstance(query, str)  # the API layer checked both
     # BM25 counts every source's latest documents: a key in two regions has no latest one.
     check_one_region_per_key(snapshot, spec)
     index = text_index(snapshot.dataset, column)
     tokenizer = tokenizer_for(index[1] if index else {})
     kept, pruned, schema, opts, pk = _layout(snapshot, spec, base_schema, predicate)
     keep = set(kept)
-    sources: list[FtsSource] = [BaseFtsExec(snapshot.dataset, schema, column, tokenizer, pk)]
-    searched = [True]
-    for region in snapshot.regions:
-        for mem in region.unflushed:
+    sources: list[FtsSource] = []
+    searched = []
+    for src in snapshot.sources(base=True):
+        if src.kind == "base":
+            sources.append(BaseFtsExec(snapshot.dataset, schema, column, tokenizer, pk))
+        elif src.rows is not None:
+            mem = src.rows
             sources.append(
                 MemTableFtsExec(
-                    region.region_id,
+                    src.region_id,
                     mem.generation,
                     mem.batches,
                     schema,
@@ -314,16 +328,56 @@ def plan_fts(
                     mem.origin,
                 )
             )
-            searched.append(region.region_id in keep)
-        for gen in sorted(region.generations, key=lambda g: -g.generation):
+        else:
+            assert src.uri is not None
             sources.append(
                 GenerationFtsExec(
-                    region.region_id, gen.generation, gen.uri, schema, column, tokenizer, pk, opts
+                    src.region_id, src.generation, src.uri, schema, column, tokenizer, pk, opts
                 )
             )
-            searched.append(region.region_id in keep)
+        searched.append(src.region is None or src.region_id in keep)
+    k = search.k
     bm25 = GlobalBM25Exec(
         sources, pk, tokenizer.terms(query), k, predicate, searched, post_filter=post_filter
     )
     root = TopKExec(bm25, k, SCORE, descending=True, columns=[*base_schema.names, SCORE])
-    return SearchPlan(snapshot, kept, pruned, root)
+    return SearchPlan(snapshot, kept, pruned, root, residual)
+
+
+def plan_search(
+    snapshot: TableSnapshot,
+    store: ObjectStore,
+    spec: RegionSpec | None,
+    base_schema: pa.Schema,
+    search: SearchQuery,
+    *,
+    predicate: Predicate | None = None,
+    post_filter: Callable[[pa.Table], pa.Table] | None = None,
+    residual: Predicate | None = None,
+) -> SearchPlan:
+    """The plan of ``search``: :func:`plan_fts` for a full-text search, else
+    :func:`plan_vector_search` (same arguments).
+
+    Example:
+        ``plan_search(snap, tbl.store, tbl.region_spec, tbl.schema, checked_query)``
+    """
+    if search.is_text:
+        return plan_fts(
+            snapshot,
+            spec,
+            base_schema,
+            search,
+            predicate=predicate,
+            post_filter=post_filter,
+            residual=residual,
+        )
+    return plan_vector_search(
+        snapshot,
+        store,
+        spec,
+        base_schema,
+        search,
+        predicate=predicate,
+        post_filter=post_filter,
+        residual=residual,
+    )

@@ -139,13 +139,13 @@ class MemWalReader(DataSourceReader):
             snapshot, table.region_spec, table.schema, self.predicate, partitions=parts
         )
         shipped = pickle.dumps(plan.root)
-        return [InputPartition((shipped, i)) for i in range(plan.root.num_partitions)]
+        return [InputPartition((shipped, i)) for i in range(plan.root.partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         shipped, i = partition.value
         root = pickle.loads(shipped)
         schema = spark_compatible(root.schema)
-        for batch in root.execute_partition(i):
+        for batch in root.execute(i):
             yield to_spark_batch(batch, schema)
 
 

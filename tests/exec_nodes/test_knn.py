@@ -1,4 +1,4 @@
-"""The search nodes on tiny hand-built inputs: KNN leaves, FilterStaleExec, TopKExec."""
+"""The KNN leaves alone: exact MemTable and generation searches, runs of generations."""
 
 from __future__ import annotations
 
@@ -7,73 +7,25 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exec_nodes.knn import GenerationsKnnExec, KnnQuery, KnnSource, MemTableKnnExec
-from exec_nodes.lookup import CoalesceFirstExec, TakeLastExec
-from exec_nodes.stale import FilterStaleExec, TopKExec
-from memwal_sql.formats.source_rows import BASE_GENERATION, GEN, TOMBSTONE, conform, source_schema
+from exec_nodes.knn import GenerationRunsKnnExec, GenerationsKnnExec, KnnQuery, MemTableKnnExec
+from memwal_sql.formats.source_rows import GEN, TOMBSTONE, conform, source_schema
 from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.cache import CACHE
 from memwal_sql.structures.vectors import (
     DISTANCE,
     distances,
-    neighbours,
     rough_distances,
     smallest,
     squared_norms,
 )
 from memwal_sql.writer.flush import write_generation
-from tests.exec_nodes.test_nodes import check_contract
-
-WAL = pa.schema(
-    [
-        pa.field("id", pa.int64(), False),
-        pa.field("vec", pa.list_(pa.float32(), 2)),
-        pa.field(TOMBSTONE, pa.bool_()),
-    ]
+from tests.exec_nodes.nodes import check_contract
+from tests.exec_nodes.search_inputs import (
+    SOURCE,
+    WAL,
+    knn_query,
+    rows,
 )
-SOURCE = source_schema(WAL)
-Q = np.zeros(2, np.float32)
-
-
-def rows(ids, xs, dead=None):
-    vecs = pa.FixedSizeListArray.from_arrays(
-        pa.array([v for x in xs for v in (x, 0.0)], pa.float32()), 2
-    )
-    return pa.table(
-        {"id": pa.array(ids, pa.int64()), "vec": vecs, TOMBSTONE: dead or [False] * len(ids)},
-        schema=WAL,
-    )
-
-
-def knn_query(k: int) -> KnnQuery:
-    return KnnQuery("vec", Q, "l2", None, k, ("id",))
-
-
-class FixedBase(KnnSource):
-    """A base table as a list of rows (a stand-in for Lance's ANN): exact, counted."""
-
-    name = "FixedBase"
-
-    def __init__(self, table: pa.Table) -> None:
-        super().__init__(None, BASE_GENERATION, SOURCE, knn_query(k=2))
-        self.table = table
-        self.asked: list[int] = []
-
-    def _nearest(self, n: int) -> pa.Table:
-        self.asked.append(n)
-        table = self._rows()
-        return self._exact(table, *neighbours(table, "vec"), n)
-
-    def _rows(self) -> pa.Table:
-        return conform(self.table, SOURCE, BASE_GENERATION)
-
-    def rows(self, candidates):
-        return self._rows().take(candidates.column("_rowaddr"))
-
-
-def memtable_lookup(batches):
-    take = TakeLastExec("r1", 5, SOURCE, ["id"], batches=batches, origin="memtable")
-    return lambda keys: [CoalesceFirstExec([take], ["id"], SOURCE, keys=keys)]
 
 
 def test_knn_leaf_is_exact_and_skips_tombstones():
@@ -131,31 +83,6 @@ def test_generations_are_searched_as_one_matrix_without_superseded_rows(tmp_path
     assert "2 generations" in node.explain()
 
 
-def test_filter_stale_keeps_latest_versions_only_and_asks_for_more():
-    # Base: keys 1..6 at distance 1..6. MemTable (newer): key 1 moved far away (distance 100),
-    # key 2 deleted, key 7 written twice (the second version is the newer).
-    base = FixedBase(rows([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]))
-    batch = rows([1, 2, 7, 7], [10.0, 0.0, 0.5, 2.5], [False, True, False, False]).to_batches()[0]
-    mem = MemTableKnnExec("r1", 5, [batch], SOURCE, knn_query(k=2))
-    stale = FilterStaleExec([base, mem], ["id"], memtable_lookup([batch]), 2, score=DISTANCE)
-    top = TopKExec(stale, 2, DISTANCE, columns=["id", DISTANCE])
-    out = check_contract(top, 2)
-    # Not 1 (stale), not 2 (deleted), not 7 at 0.5 (superseded in the same MemTable).
-    assert out.column("id").to_pylist() == [7, 3]
-    assert out.column(DISTANCE).to_pylist() == [6.25, 9.0]
-    # The base is asked for 2k first (its rows are the likeliest to be stale), then more.
-    assert stale.rounds >= 2 and base.asked[0] == 4 and mem.fetched() > 2
-    assert stale.dropped_deleted >= 1 and stale.dropped_stale >= 2
-    assert "dropped" in top.explain()
-
-
-def test_filter_stale_without_newer_versions_keeps_base_rows():
-    base = FixedBase(rows([1, 2, 3], [3, 2, 1]))
-    stale = FilterStaleExec([base], ["id"], lambda keys: [], 2, score=DISTANCE)
-    out = TopKExec(stale, 2, DISTANCE).to_table()
-    assert out.column("id").to_pylist() == [3, 2] and stale.rounds == 1
-
-
 def test_exact_knn_picks_by_rough_distances_and_reports_lances_exact_ones():
     # Candidates come from the norm-based form (one matrix-vector product); the rows returned
     # and their distances are those of the exact form, even where the rough one rounds two
@@ -200,3 +127,44 @@ def test_smallest_finds_the_m_smallest_values(values, m):
     got = smallest(v, m)
     assert len(np.unique(got)) == len(got) == min(m, len(v))
     assert np.array_equal(np.sort(v[got]), np.sort(v)[: min(m, len(v))])
+
+
+def write_generations(tmp_path, count: int, per: int) -> list[tuple[int, str]]:
+    """``count`` generations of ``per`` distinct keys each; generation g's row i lies at
+    ``x = 3 i + g``, so the nearest rows to the origin alternate between generations."""
+    store = ObjectStore(str(tmp_path / "table"))
+    out = []
+    for g in range(1, count + 1):
+        table = conform(
+            rows([1000 * g + i for i in range(per)], [3.0 * i + g for i in range(per)]), WAL
+        )
+        entry = write_generation(
+            store, "r", g, table, ["id"], data_storage_version="stable", in_memory_bytes=1
+        )
+        out.append((g, store.uri_for(f"_mem_wal/r/{entry.path}")))
+    return out
+
+
+def test_generation_runs_decide_at_execution_and_merge_their_runs(tmp_path):
+    generations = write_generations(tmp_path, 3, 200)
+    want_ids = [1000, 2000, 3000, 1001, 2001]  # x = 1, 2, 3, 4, 5
+    saved = CACHE.max_bytes
+    try:
+        for max_bytes, runs in ((saved, 1), (96 << 10, 3)):
+            # 96 KiB: each generation (a 3.4 KB file) is kept, but a run holds 1/8 of the
+            # cache, less than two generations' rows and vectors: one run per generation.
+            CACHE.max_bytes = max_bytes
+            CACHE.clear()
+            node = GenerationRunsKnnExec("r", generations[::-1], SOURCE, knn_query(k=5))
+            assert node.children == []  # planning read nothing
+            out = check_contract(node, 5)
+            assert len(node.children) == runs
+            assert out.column("id").to_pylist() == want_ids
+            assert out.column(GEN).to_pylist() == [1, 2, 3, 1, 2]
+            assert out.column(DISTANCE).to_pylist() == [1.0, 4.0, 9.0, 16.0, 25.0]
+            full = node.rows(out.take([4, 2, 0]))
+            assert full.column("id").to_pylist() == [2001, 3000, 1000]
+            assert [v[0] for v in full.column("vec").to_pylist()] == [5.0, 3.0, 1.0]
+    finally:
+        CACHE.max_bytes = saved
+        CACHE.clear()

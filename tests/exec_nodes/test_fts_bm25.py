@@ -1,0 +1,75 @@
+"""The full-text nodes alone: a MemTable's FTS leaf and GlobalBM25Exec over hand-built
+MemTables (BM25 over the latest corpus only)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+
+from exec_nodes.fts import SCORE, GlobalBM25Exec, MemTableFtsExec
+from memwal_sql.compat.lance_fts import BM25_B, BM25_K1
+from memwal_sql.expressions.predicate import Compare
+from memwal_sql.formats.source_rows import TOMBSTONE, source_schema
+from memwal_sql.writer.memtable_indexes import tokenizer_for
+from tests.exec_nodes.nodes import check_contract
+
+WAL = pa.schema(
+    [
+        pa.field("id", pa.int64(), False),
+        pa.field("text", pa.string()),
+        pa.field(TOMBSTONE, pa.bool_()),
+    ]
+)
+SOURCE = source_schema(WAL)
+TOKENIZER = tokenizer_for({})
+
+
+def memtable(generation: int, ids, texts, dead=None) -> MemTableFtsExec:
+    batch = pa.record_batch(
+        {"id": pa.array(ids, pa.int64()), "text": texts, TOMBSTONE: dead or [False] * len(ids)},
+        schema=WAL,
+    )
+    return MemTableFtsExec("r", generation, [batch], SOURCE, "text", TOKENIZER, ["id"])
+
+
+def bm25(tf: int, length: int, avgdl: float, n: int, df: int) -> float:
+    idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+    return idf * tf * (BM25_K1 + 1) / (tf + BM25_K1 * (1 - BM25_B + BM25_B * length / avgdl))
+
+
+def test_memtable_fts_leaf_yields_its_live_documents():
+    leaf = memtable(3, [1, 2, 3], ["red fox", "gone", "blue fox"], dead=[False, True, False])
+    out = check_contract(leaf)
+    assert out.column("id").to_pylist() == [1, 3]  # the tombstone is no document
+    (piece,) = leaf.pieces()
+    assert piece.present.tolist() == [True, False, True]
+
+
+def test_bm25_counts_only_the_latest_version_of_each_document():
+    old = memtable(1, [1, 2, 3], ["fox fox", "fox", "cat"])
+    # Key 1 rewritten without "fox", key 3 deleted: neither counts in the statistics any more.
+    new = memtable(2, [1, 3], ["dog", None], dead=[False, True])
+    node = GlobalBM25Exec([new, old], ["id"], TOKENIZER.terms("fox"), 10, None)
+    out = check_contract(node)
+    assert out.column("id").to_pylist() == [2]
+    # The latest corpus: id 1 "dog" (1 token), id 2 "fox" (1 token); "fox" in one of them.
+    want = bm25(tf=1, length=1, avgdl=1.0, n=2, df=1)
+    assert np.isclose(out.column(SCORE)[0].as_py(), want, rtol=1e-6)
+    stats = node.stats
+    assert (stats.documents, stats.superseded, stats.deleted) == (2, 1, 1)
+    assert "left out 1 superseded and 1 deleted" in node.describe()
+
+
+def test_bm25_ranks_by_score_filters_candidates_and_keeps_unsearched_sources_in_the_stats():
+    a = memtable(1, [1, 2], ["fox fox fox", "fox and a long tail of other words"])
+    b = memtable(2, [7], ["fox"])
+    node = GlobalBM25Exec([a, b], ["id"], ["fox"], 2, None, searched=[True, False])
+    got = node.to_table()
+    assert got.column("id").to_pylist() == [1, 2]  # 7 counts but is not searched
+    scores = got.column(SCORE).to_pylist()
+    assert scores[0] > scores[1]
+    assert node.stats.documents == 3
+    only = GlobalBM25Exec([a, b], ["id"], ["fox"], 2, Compare("id", ">", pa.scalar(1)))
+    assert only.to_table().column("id").to_pylist() == [7, 2]  # a one-word document ranks first

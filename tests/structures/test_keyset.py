@@ -1,0 +1,73 @@
+"""KeySet and last_per_key: the key sets lookups and deduplication probe."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memwal_sql.structures.keyset import KeySet, last_per_key
+
+
+def test_keyset_and_last_per_key():
+    s = KeySet(pa.table({"a": ["x", "y"], "b": [1, 2]}))
+    assert s.positions(pa.table({"a": ["y", "x", "x"], "b": [2, 2, 1]})).tolist() == [1, -1, 0]
+    keys, best = last_per_key(pa.table({"id": [5, 7, 5]}), np.array([10, 3, 20]))
+    assert dict(zip(keys.column("id").to_pylist(), best.tolist())) == {5: 20, 7: 3}
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    keys=st.lists(st.integers(-50, 50), unique=True),
+    probes=st.lists(st.integers(-80, 80), max_size=200),
+    kind=st.sampled_from(["int", "composite", "string"]),
+)
+def test_keyset_positions_match_a_dict(keys, probes, kind):
+    """Integer, packed composite and hashed string keys, probes below, inside and above the
+    set's range (the search is confined to the probes' window of the set); a set built by
+    ``indexing`` finds each probe's value."""
+
+    def table(values):
+        if kind == "string":
+            return pa.table({"k": pa.array([f"k{v}" for v in values], pa.string())})
+        cols = {"k": pa.array(values, pa.int64())}
+        if kind == "composite":
+            cols["j"] = pa.array([v % 3 for v in values], pa.int32())
+        return pa.table(cols)
+
+    where = {k: i for i, k in enumerate(keys)}
+    got = KeySet(table(keys)).positions(table(probes)).tolist()
+    assert got == [where.get(p, -1) for p in probes]
+    s, values = KeySet.indexing(table(keys), np.array(keys, dtype=np.int64) * 10)
+    pos = s.positions(table(probes))
+    assert [int(values[i]) if i >= 0 else None for i in pos] == [
+        p * 10 if p in where else None for p in probes
+    ]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    spread=st.sampled_from([10_000, 1 << 20, 1 << 40]),  # dense, sparse, too wide for bits
+    composite=st.booleans(),
+    probe_dtype=st.sampled_from([pa.int64(), pa.int32()]),
+)
+def test_keyset_contains_of_big_sets_matches_numpy(seed, spread, composite, probe_dtype):
+    """Sets and probe batches big enough for the membership bitset, keys of the set at its
+    edges, probes outside its range and outside a composite key's packed range."""
+    rng = np.random.default_rng(seed)
+    keys = np.unique(rng.integers(-spread, spread, 6000))
+    keys = np.concatenate([keys, keys[::7]])  # a key set may hold a key twice
+    probes = np.concatenate([rng.choice(keys, 3000), rng.integers(-2 * spread, 2 * spread, 3000)])
+    if probe_dtype == pa.int32():
+        keys, probes = keys // (1 << 12), probes // (1 << 12)
+
+    def table(values):
+        cols = {"k": pa.array(values, probe_dtype)}
+        if composite:
+            cols["j"] = pa.array(np.abs(values) % 5, pa.int32())
+        return pa.table(cols)
+
+    got = KeySet(table(keys)).contains(table(probes))
+    assert got.tolist() == np.isin(probes, keys).tolist()
