@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # loaded on first use at runtime (see __getattr__)
     from memwal_sql.partitioning.region_spec import region_id_for
     from memwal_sql.session import MemWalContext
     from memwal_sql.sql import connect
+    from memwal_sql.structures.cache import Caches
     from memwal_sql.table import MemWalTable, create_table, open_table
     from memwal_sql.table_state import DEFAULT_REGION_ID
     from memwal_sql.writer.config import WriterConfig
@@ -25,6 +26,7 @@ if TYPE_CHECKING:  # loaded on first use at runtime (see __getattr__)
 
 __all__ = [
     "DEFAULT_REGION_ID",
+    "Caches",
     "MemWalContext",
     "MemWalTable",
     "RegionSpec",
@@ -48,6 +50,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 # and the read side (planner, exec nodes), which import back from this package.
 _LAZY = {
     "DEFAULT_REGION_ID": "memwal_sql.table_state",
+    "Caches": "memwal_sql.structures.cache",
     "MemWalTable": "memwal_sql.table",
     "create_table": "memwal_sql.table",
     "open_table": "memwal_sql.table",

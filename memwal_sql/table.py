@@ -49,6 +49,7 @@ from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.read_snapshot import Consistency
 from memwal_sql.storage import ObjectStore, layout, storage_failures
 from memwal_sql.storage.store import is_access_denied, with_default_timeouts
+from memwal_sql.structures.cache import Caches
 from memwal_sql.table_state import TableState
 from memwal_sql.writer.config import WriterConfig
 from memwal_sql.writer.memtable import duplicate_keys, latest_per_key
@@ -671,6 +672,7 @@ def create_table(
     writer_config: WriterConfig | None = None,
     data_storage_version: str | None = None,
     allow_non_key_region_spec: bool = False,
+    cache: int | Caches | None = None,
 ) -> MemWalTable:
     """Create a MemWAL table: the base Lance table with the primary key and the MemWAL index.
 
@@ -688,7 +690,8 @@ def create_table(
     index as the table's writer defaults (``writer_config_defaults``), which every later
     :func:`open_table` starts from. ``data_storage_version`` is the Lance file format of the
     new base table, and so of every generation and merge (default: Lance's, ``"2.2"``);
-    ``"2.0"`` scans 2-3x faster and takes 2.5x the bytes (measured in the README).
+    ``"2.0"`` scans 2-3x faster and takes 2.5x the bytes (measured in the README). ``cache``
+    is the table's read caches, as for :func:`open_table`.
 
     Example:
         >>> import memwal_sql as mw, pyarrow as pa, tempfile
@@ -788,6 +791,7 @@ def create_table(
         region_spec=spec,
         storage_options=opts,
         writer_config=writer_config,
+        caches=Caches.of(cache),
     )
     # Lance writes without fsync: an acknowledged table (all of it, when MemWAL was enabled on
     # an existing one) must survive a power loss, its own name too.
@@ -801,6 +805,7 @@ def open_table(
     storage_options: Mapping[str, str] | None = None,
     *,
     writer_config: WriterConfig | None = None,
+    cache: int | Caches | None = None,
 ) -> MemWalTable:
     """Open an existing MemWAL table (one written by memwal-sql or by Lance 14).
 
@@ -808,8 +813,14 @@ def open_table(
     index, as :func:`create_table` or Lance's ``initialize_mem_wal`` wrote them) unless
     ``writer_config`` is given.
 
+    ``cache`` is what the table's reads cache in (key indexes, bloom filters, rows, vector
+    matrices, deletion masks: see :class:`~memwal_sql.structures.cache.Caches`): a byte budget
+    gives the table caches of its own, a ``Caches`` object is shared with every table given
+    it, and ``None`` shares the process default (:func:`~memwal_sql.structures.cache.default_caches`,
+    sized by ``MEMWAL_LOOKUP_CACHE_BYTES``, default 512 MiB).
+
     Example:
-        ``tbl = mw.open_table("s3://bucket/events", storage_options={...})``
+        ``tbl = mw.open_table("s3://bucket/events", storage_options={...}, cache=1 << 30)``
     """
     opts = with_default_timeouts(uri, storage_options) or None
     ds = _try_dataset(uri, opts)
@@ -851,6 +862,7 @@ def open_table(
         region_spec=spec,
         storage_options=opts,
         writer_config=writer_config,
+        caches=Caches.of(cache),
     )
 
 

@@ -121,7 +121,12 @@ def plan_scan(
         for mem in region.unflushed:
             sources.append(
                 MemTableScanExec(
-                    region.region_id, mem.generation, mem.batches, sschema, origin=mem.origin
+                    region.region_id,
+                    mem.generation,
+                    mem.batches,
+                    sschema,
+                    origin=mem.origin,
+                    caches=snapshot.caches,
                 )
             )
         for gen in sorted(region.generations, key=lambda g: -g.generation):
@@ -132,6 +137,7 @@ def plan_scan(
                     gen.uri,
                     sschema,
                     dict(snapshot.storage_options or {}) or None,
+                    caches=snapshot.caches,
                 )
             )
     root = DeduplicateExec(
@@ -141,5 +147,6 @@ def plan_scan(
         primary_key=snapshot.primary_key,
         predicate=predicate,
         output=output_schema(base_schema, system_columns),
+        caches=snapshot.caches,
     )
     return ScanPlan(snapshot, predicate, kept, pruned, root, sources)

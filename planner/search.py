@@ -47,7 +47,7 @@ from memwal_sql.formats.source_rows import source_schema
 from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.read_snapshot import RegionSnapshot, TableSnapshot
 from memwal_sql.storage import ObjectStore
-from memwal_sql.structures.cache import CACHE
+from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.vectors import DISTANCE
 from memwal_sql.writer.memtable_indexes import tokenizer_for
 from planner.lookup import region_lookups
@@ -121,11 +121,15 @@ T = TypeVar("T")
 
 
 def _base_index(
-    dataset: lance.LanceDataset, column: str, type_word: str, parse: Callable[[str, dict], T]
+    dataset: lance.LanceDataset,
+    column: str,
+    type_word: str,
+    parse: Callable[[str, dict], T],
+    caches: Caches,
 ) -> T | None:
     """``parse(name, statistics)`` of the base index on ``column`` whose type names
     ``type_word``; parsed once per base version (vector statistics carry every centroid, so
-    only what ``parse`` keeps is cached)."""
+    only what ``parse`` keeps is cached, in ``caches.search``)."""
     for d in dataset.describe_indices():
         if d.field_names == [column] and type_word in d.type_url:
 
@@ -135,7 +139,7 @@ def _base_index(
                 return parse(name, stats), 1024
 
             key = f"{dataset.uri}@{dataset.version}#{d.name}"
-            return CACHE.get(f"base_index_{type_word}", key, load)
+            return caches.search.get(f"base_index_{type_word}", key, load)
     return None
 
 
@@ -149,13 +153,13 @@ def _vector_index(name: str, stats: dict) -> VectorIndex:
     )
 
 
-def vector_index(dataset: lance.LanceDataset, column: str) -> VectorIndex | None:
+def vector_index(dataset: lance.LanceDataset, column: str, caches: Caches) -> VectorIndex | None:
     """The base table's vector index on ``column`` (None if it has none).
 
     Example:
-        ``vector_index(tbl.dataset(), "vec")  # VectorIndex("vec_idx", "IVF_PQ", "l2")``
+        ``vector_index(tbl.dataset(), "vec", tbl.caches)  # VectorIndex("vec_idx", "IVF_PQ", …)``
     """
-    return _base_index(dataset, column, "Vector", _vector_index)
+    return _base_index(dataset, column, "Vector", _vector_index, caches)
 
 
 def plan_vector_search(
@@ -180,7 +184,7 @@ def plan_vector_search(
         column="vec", query=q, k=10, metric=None, predicate=None, nprobes=None,
         refine_factor=None).execute()``
     """
-    index = vector_index(snapshot.dataset, column)
+    index = vector_index(snapshot.dataset, column, snapshot.caches)
     metric = metric or (index.metric if index else "l2")
     if index is not None and index.metric != metric:
         index = None  # the index ranks by another metric: search the base exactly instead
@@ -207,10 +211,16 @@ def plan_vector_search(
         for mem in region.unflushed:
             sources.append(
                 MemTableKnnExec(
-                    region.region_id, mem.generation, mem.batches, schema, search, mem.origin
+                    region.region_id,
+                    mem.generation,
+                    mem.batches,
+                    schema,
+                    search,
+                    mem.origin,
+                    caches=snapshot.caches,
                 )
             )
-        sources.extend(_generation_sources(region, schema, search, opts))
+        sources.extend(_generation_sources(region, schema, search, opts, snapshot.caches))
 
     def newer_sources(keys: pa.Table) -> list:
         return region_lookups(snapshot, store, spec, keys)
@@ -229,25 +239,33 @@ _GENERATION_SET_SHARE = 8
 
 
 def _generation_sources(
-    region: RegionSnapshot, schema: pa.Schema, search: KnnQuery, opts: dict[str, str] | None
+    region: RegionSnapshot,
+    schema: pa.Schema,
+    search: KnnQuery,
+    opts: dict[str, str] | None,
+    caches: Caches,
 ) -> list[KnnSource]:
     """A region's flushed generations as KNN sources: those the lookup cache keeps, in runs of
     consecutive generations (oldest first, so a flush changes only the newest run) searched as
     one matrix each; any other through Lance on its own."""
     sources: list[KnnSource] = []
     run: list[tuple[int, str]] = []
-    run_bytes, budget = 0, CACHE.max_bytes // _GENERATION_SET_SHARE
+    run_bytes, budget = 0, caches.max_bytes // _GENERATION_SET_SHARE
     vector_bytes = 4 * (schema.field(search.column).type.list_size + 2)  # vector, norm, masks
 
     def close_run() -> None:
         nonlocal run_bytes
         if run:
-            sources.append(GenerationsKnnExec(region.region_id, run.copy(), schema, search, opts))
+            sources.append(
+                GenerationsKnnExec(
+                    region.region_id, run.copy(), schema, search, opts, caches=caches
+                )
+            )
             run.clear()
         run_bytes = 0
 
     for gen in sorted(region.generations, key=lambda g: g.generation):
-        rows = generation_rows(gen.uri, opts, gen.generation, schema)
+        rows = generation_rows(gen.uri, opts, gen.generation, schema, caches)
         if rows is None:
             close_run()
             sources.append(
@@ -263,13 +281,16 @@ def _generation_sources(
     return sources[::-1]  # newest first, as the other sources are listed
 
 
-def text_index(dataset: lance.LanceDataset, column: str) -> tuple[str, dict] | None:
+def text_index(
+    dataset: lance.LanceDataset, column: str, caches: Caches
+) -> tuple[str, dict] | None:
     """The base table's inverted index on ``column``: its name and tokenizer parameters."""
     return _base_index(
         dataset,
         column,
         "Inverted",
         lambda name, stats: (name, dict((stats.get("indices") or [{}])[0].get("params") or {})),
+        caches,
     )
 
 
@@ -294,11 +315,14 @@ def plan_fts(
     """
     # BM25 counts every source's latest documents: a key in two regions has no latest one.
     check_one_region_per_key(snapshot, spec)
-    index = text_index(snapshot.dataset, column)
-    tokenizer = tokenizer_for(index[1] if index else {})
+    caches = snapshot.caches
+    index = text_index(snapshot.dataset, column, caches)
+    tokenizer = tokenizer_for(index[1] if index else {}, caches)
     kept, pruned, schema, opts, pk = _layout(snapshot, spec, base_schema, predicate)
     keep = set(kept)
-    sources: list[FtsSource] = [BaseFtsExec(snapshot.dataset, schema, column, tokenizer, pk)]
+    sources: list[FtsSource] = [
+        BaseFtsExec(snapshot.dataset, schema, column, tokenizer, pk, caches=caches)
+    ]
     searched = [True]
     for region in snapshot.regions:
         for mem in region.unflushed:
@@ -312,13 +336,22 @@ def plan_fts(
                     tokenizer,
                     pk,
                     mem.origin,
+                    caches=caches,
                 )
             )
             searched.append(region.region_id in keep)
         for gen in sorted(region.generations, key=lambda g: -g.generation):
             sources.append(
                 GenerationFtsExec(
-                    region.region_id, gen.generation, gen.uri, schema, column, tokenizer, pk, opts
+                    region.region_id,
+                    gen.generation,
+                    gen.uri,
+                    schema,
+                    column,
+                    tokenizer,
+                    pk,
+                    opts,
+                    caches=caches,
                 )
             )
             searched.append(region.region_id in keep)
