@@ -700,6 +700,7 @@ def create_table(
         >>> tbl.primary_key
         ('id',)
     """
+    caches = Caches.of(cache)
     keys = _normalise_pk(primary_key)
     spec = region_spec if region_spec is not None else RegionSpec.unsharded()
     if not allow_non_key_region_spec and not spec.routes_by_key(keys):
@@ -791,7 +792,7 @@ def create_table(
         region_spec=spec,
         storage_options=opts,
         writer_config=writer_config,
-        caches=Caches.of(cache),
+        caches=caches,
     )
     # Lance writes without fsync: an acknowledged table (all of it, when MemWAL was enabled on
     # an existing one) must survive a power loss, its own name too.
@@ -822,6 +823,7 @@ def open_table(
     Example:
         ``tbl = mw.open_table("s3://bucket/events", storage_options={...}, cache=1 << 30)``
     """
+    caches = Caches.of(cache)
     opts = with_default_timeouts(uri, storage_options) or None
     ds = _try_dataset(uri, opts)
     if ds is None:
@@ -862,7 +864,7 @@ def open_table(
         region_spec=spec,
         storage_options=opts,
         writer_config=writer_config,
-        caches=Caches.of(cache),
+        caches=caches,
     )
 
 

@@ -281,9 +281,7 @@ def _generation_sources(
     return sources[::-1]  # newest first, as the other sources are listed
 
 
-def text_index(
-    dataset: lance.LanceDataset, column: str, caches: Caches
-) -> tuple[str, dict] | None:
+def text_index(dataset: lance.LanceDataset, column: str, caches: Caches) -> tuple[str, dict] | None:
     """The base table's inverted index on ``column``: its name and tokenizer parameters."""
     return _base_index(
         dataset,

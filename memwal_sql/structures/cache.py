@@ -111,6 +111,11 @@ class LookupCache:
         """Drop every entry (of ``part``, or of every part)."""
         self.discard("", part=part)
 
+    def entries(self, *, part: str = "") -> list[tuple[str, str]]:
+        """The ``(kind, uri)`` of ``part``'s entries, least recently used first."""
+        with self._lock:
+            return [(k, u) for p, k, u in self._entries if p == part]
+
     def part_bytes(self, part: str) -> int:
         """The bytes the entries of ``part`` hold."""
         with self._lock:
@@ -167,6 +172,10 @@ class CachePart:
     def contains(self, kind: str, uri: str) -> bool:
         """See :meth:`LookupCache.contains`."""
         return self._pool.contains(kind, uri, part=self.name)
+
+    def entries(self) -> list[tuple[str, str]]:
+        """See :meth:`LookupCache.entries`."""
+        return self._pool.entries(part=self.name)
 
     def discard(self, key_prefix: str) -> None:
         """See :meth:`LookupCache.discard`."""

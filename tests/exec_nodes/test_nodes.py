@@ -32,7 +32,11 @@ from memwal_sql.formats.source_rows import (
     source_schema,
 )
 from memwal_sql.storage import ObjectStore
+from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.keyset import KeySet, last_per_key
+
+#: What the nodes under test cache in, as a table's caches would be.
+CACHES = Caches()
 
 BASE = pa.schema(
     [pa.field("id", pa.int64(), False), pa.field("v", pa.string()), pa.field("f", pa.float64())]
@@ -170,7 +174,7 @@ def test_keyset_contains_of_big_sets_matches_numpy(seed, spread, composite, prob
 
 def test_memtable_scan_reads_tagged_rows_and_applies_sql_semantics():
     rows = wal_rows([1, 2, 3, 4], "m", f=[1.0, 2.0, None, -0.0])
-    node = MemTableScanExec("r", 7, rows.to_batches(), SOURCE)
+    node = MemTableScanExec("r", 7, rows.to_batches(), SOURCE, caches=CACHES)
     out = check_contract(node, want_rows=4)
     assert out.column(GEN).to_pylist() == [7] * 4 and out.column(ROWADDR).to_pylist() == [
         0,
@@ -185,7 +189,7 @@ def test_memtable_scan_reads_tagged_rows_and_applies_sql_semantics():
 
 def test_generation_scan_reads_its_lance_dataset(generation):
     _, uri, _ = generation
-    node = GenerationScanExec("r", 1, uri, SOURCE)
+    node = GenerationScanExec("r", 1, uri, SOURCE, caches=CACHES)
     out = check_contract(node, want_rows=3)
     assert out.column(GEN).to_pylist() == [1, 1, 1]
     assert out.column(TOMBSTONE).to_pylist() == [False, True, False]
@@ -194,10 +198,10 @@ def test_generation_scan_reads_its_lance_dataset(generation):
 
 
 def test_base_scan_pushes_exact_filters_and_checks_the_rest_itself(base):
-    exact = BaseScanExec(base, ["id"], Compare("v", "=", pa.scalar("b2")))
+    exact = BaseScanExec(base, ["id"], Compare("v", "=", pa.scalar("b2")), caches=CACHES)
     assert exact.exact and check_contract(exact).column("id").to_pylist() == [2]
     # Lance would match -0.0 to 0.0 in an IN list; DataFusion's SQL does not.
-    checked = BaseScanExec(base, ["id"], InList("f", pa.array([0.0, 5.0, 6.0, 7.0])))
+    checked = BaseScanExec(base, ["id"], InList("f", pa.array([0.0, 5.0, 6.0, 7.0])), caches=CACHES)
     assert not checked.exact and check_contract(checked, want_rows=0).num_rows == 0
     assert "then InList" in checked.describe()
 
@@ -218,12 +222,14 @@ def test_newest_per_key_picks_the_highest_generation_then_row_address():
 def test_deduplicate_merges_base_and_newer_sources(base, generation):
     _, uri, _ = generation
     newer = [
-        MemTableScanExec("r", 2, [wal_rows([1, 5], "m2", f=[0.5, 9.0]).to_batches()[0]], SOURCE),
-        GenerationScanExec("r", 1, uri, SOURCE),
+        MemTableScanExec(
+            "r", 2, [wal_rows([1, 5], "m2", f=[0.5, 9.0]).to_batches()[0]], SOURCE, caches=CACHES
+        ),
+        GenerationScanExec("r", 1, uri, SOURCE, caches=CACHES),
     ]
     out_schema = pa.schema([*BASE, pa.field(GEN, pa.int64(), False)])
     node = DeduplicateExec(
-        newer, base, [None], primary_key=["id"], predicate=None, output=out_schema
+        newer, base, [None], primary_key=["id"], predicate=None, output=out_schema, caches=CACHES
     )
     rows = check_contract(node).sort_by("id").to_pylist()
     # 1: memtable; 2: generation; 3: deleted in the generation; 4: base; 5: memtable.
@@ -244,6 +250,7 @@ def test_deduplicate_merges_base_and_newer_sources(base, generation):
             primary_key=["id"],
             output=out_schema,
             predicate=Compare("v", "=", pa.scalar(v)),
+            caches=CACHES,
         )
         return check_contract(node)
 
@@ -256,7 +263,13 @@ def test_deduplicate_merges_base_and_newer_sources(base, generation):
 def test_take_last_of_a_memtable_returns_the_newest_duplicate():
     batches = [wal_rows([1, 2], "old").to_batches()[0], wal_rows([1], "new").to_batches()[0]]
     node = TakeLastExec(
-        "r", 3, SOURCE, ["id"], batches=batches, keys=pa.table({"id": pa.array([1, 9], pa.int64())})
+        "r",
+        3,
+        SOURCE,
+        ["id"],
+        batches=batches,
+        keys=pa.table({"id": pa.array([1, 9], pa.int64())}),
+        caches=CACHES,
     )
     rows = check_contract(node, want_rows=1).to_pylist()
     assert rows[0]["v"] == "new" and rows[0][ROWADDR] == 2
@@ -267,7 +280,13 @@ def test_take_last_of_a_memtable_returns_the_newest_duplicate():
 def test_take_last_of_a_generation_uses_its_pk_index(generation):
     _, uri, _ = generation
     node = TakeLastExec(
-        "r", 1, SOURCE, ["id"], uri=uri, keys=pa.table({"id": pa.array([3, 4, 5], pa.int64())})
+        "r",
+        1,
+        SOURCE,
+        ["id"],
+        uri=uri,
+        keys=pa.table({"id": pa.array([3, 4, 5], pa.int64())}),
+        caches=CACHES,
     )
     rows = check_contract(node, want_rows=2).sort_by("id").to_pylist()
     assert [(r["id"], r[TOMBSTONE]) for r in rows] == [(3, True), (5, False)]
@@ -275,7 +294,7 @@ def test_take_last_of_a_generation_uses_its_pk_index(generation):
 
 def test_bloom_filter_guard_passes_only_keys_the_filter_may_hold(generation):
     store, uri, path = generation
-    child = TakeLastExec("r", 1, SOURCE, ["id"], uri=uri)
+    child = TakeLastExec("r", 1, SOURCE, ["id"], uri=uri, caches=CACHES)
     keys = pa.table({"id": pa.array([2, *range(1000, 1100)], pa.int64())})
     guard = BloomFilterGuardExec(child, store, f"{path}/{BLOOM_FILTER}", keys=keys)
     rows = check_contract(guard, want_rows=1)
@@ -285,9 +304,16 @@ def test_bloom_filter_guard_passes_only_keys_the_filter_may_hold(generation):
 
 def test_coalesce_first_stops_at_the_newest_hit_and_a_tombstone_resolves():
     newest = TakeLastExec(
-        "r", 2, SOURCE, ["id"], batches=wal_rows([1, 2], "n", dead=[False, True]).to_batches()
+        "r",
+        2,
+        SOURCE,
+        ["id"],
+        batches=wal_rows([1, 2], "n", dead=[False, True]).to_batches(),
+        caches=CACHES,
     )
-    older = TakeLastExec("r", 1, SOURCE, ["id"], batches=wal_rows([1, 2, 3], "o").to_batches())
+    older = TakeLastExec(
+        "r", 1, SOURCE, ["id"], batches=wal_rows([1, 2, 3], "o").to_batches(), caches=CACHES
+    )
     keys = pa.table({"id": pa.array([3, 1, 2, 4], pa.int64())})
     node = CoalesceFirstExec([newest, older], ["id"], SOURCE, keys=keys)
     rows = check_contract(node, want_rows=3).sort_by("id").to_pylist()
@@ -308,13 +334,14 @@ def test_point_lookup_asks_the_base_only_for_what_no_region_resolved(base):
                 SOURCE,
                 ["id"],
                 batches=wal_rows([1, 2], "m", dead=[False, True]).to_batches(),
+                caches=CACHES,
             )
         ],
         ["id"],
         SOURCE,
         keys=pa.table({"id": pa.array([1, 2, 3, 9], pa.int64())}),
     )
-    base_node = BaseLookupExec(base, SOURCE, ["id"])
+    base_node = BaseLookupExec(base, SOURCE, ["id"], caches=CACHES)
     keys = pa.table({"id": pa.array([1, 2, 3, 9], pa.int64())})
     for parallel in (1, 1000):  # the base probed beside the regions, or after them
         node = PointLookupExec(keys, [region], base_node, parallel_keys=parallel)
@@ -342,11 +369,18 @@ def test_generation_index_answers_as_the_generations_one_by_one(tmp_path):
             in_memory_bytes=rows.nbytes,
         )
         takes.append(
-            TakeLastExec("r", gen, SOURCE, ["id"], uri=store.uri_for(f"_mem_wal/r/{entry.path}"))
+            TakeLastExec(
+                "r",
+                gen,
+                SOURCE,
+                ["id"],
+                uri=store.uri_for(f"_mem_wal/r/{entry.path}"),
+                caches=CACHES,
+            )
         )
     newest_first = takes[::-1]
     keys = pa.table({"id": pa.array([9, 4, 3, 2, 1, 7], pa.int64())})
-    node = GenerationIndexExec(newest_first, ["id"], SOURCE, keys=keys)
+    node = GenerationIndexExec(newest_first, ["id"], SOURCE, keys=keys, caches=CACHES)
     merged = check_contract(node).sort_by("id")
     one_by_one = CoalesceFirstExec(newest_first, ["id"], SOURCE, keys=keys).to_table().sort_by("id")
     assert merged.equals(one_by_one)
@@ -514,23 +548,27 @@ def test_base_scan_reads_fragments_with_deletion_vectors_from_their_files(
         t = check_contract(node).sort_by(ROWADDR)
         return t.column(ROWADDR).to_pylist(), t.select(node.columns).to_pylist()
 
-    whole = BaseScanExec(ds, ["v", "id"], None)
+    whole = BaseScanExec(ds, ["v", "id"], None, caches=CACHES)
     assert [whole._direct_file(f) is not None for f in ds.get_fragments()] == [
         any(d // 100 == i for d in deleted) for i in range(2)
     ]
     assert ours(whole) == lance_rows(["v", "id"])
-    exact = BaseScanExec(ds, ["v"], Compare("id", "<", pa.scalar(threshold)))
+    exact = BaseScanExec(ds, ["v"], Compare("id", "<", pa.scalar(threshold)), caches=CACHES)
     assert exact.exact and ours(exact) == lance_rows(["v"], f"id < {threshold}")
     # Lance would match -0.0 to 0.0 in an IN list: the scan evaluates it on every column.
-    checked = BaseScanExec(ds, ["id"], InList("f", pa.array([0.0, 1.5, threshold / 2.0])))
+    checked = BaseScanExec(
+        ds, ["id"], InList("f", pa.array([0.0, 1.5, threshold / 2.0])), caches=CACHES
+    )
     assert not checked.exact
     want = [i for i in (0, 3, threshold) if 0 <= i < 200 and i not in deleted]
     assert sorted(check_contract(checked).column("id").to_pylist()) == sorted(set(want))
-    counted = BaseScanExec(ds, [], Compare("id", ">=", pa.scalar(threshold)))
+    counted = BaseScanExec(ds, [], Compare("id", ">=", pa.scalar(threshold)), caches=CACHES)
     assert ours(counted)[0] == lance_rows(["id"], f"id >= {threshold}")[0]
     # A row range of the first fragment (what a Spark partition reads) and the whole second.
     end = None if length is None else min(100, start + 1 + length)
-    part = BaseScanExec(ds, ["id"], None, ranges=[FragmentRange(0, start, end), FragmentRange(1)])
+    part = BaseScanExec(
+        ds, ["id"], None, ranges=[FragmentRange(0, start, end), FragmentRange(1)], caches=CACHES
+    )
     stop = 100 if end is None else end
     want_ids = [i for i in range(start, stop) if i not in deleted]
     want_ids += [i for i in range(100, 200) if i not in deleted]
@@ -542,7 +580,7 @@ def test_base_scan_reads_through_lance_a_changed_schema_or_an_indexed_filter(tmp
     ds = lance.write_dataset(rows, str(tmp_path / "t"))
     ds.delete("id = 2")
     ds.add_columns({"w": "id * 10"})  # a second data file
-    node = BaseScanExec(ds, ["id", "w"], None)
+    node = BaseScanExec(ds, ["id", "w"], None, caches=CACHES)
     assert node._direct_file(ds.get_fragments()[0]) is None
     assert check_contract(node).select(["id", "w"]).to_pylist() == [
         {"id": 1, "w": 10},
@@ -551,15 +589,15 @@ def test_base_scan_reads_through_lance_a_changed_schema_or_an_indexed_filter(tmp
     indexed = lance.write_dataset(rows, str(tmp_path / "i"))
     indexed.delete("id = 2")
     indexed.create_scalar_index("id", "BTREE")
-    by_index = BaseScanExec(indexed, ["v"], Compare("id", ">", pa.scalar(1)))
+    by_index = BaseScanExec(indexed, ["v"], Compare("id", ">", pa.scalar(1)), caches=CACHES)
     assert by_index._direct_file(indexed.get_fragments()[0]) is None  # Lance uses the index
     assert check_contract(by_index).column("v").to_pylist() == ["c"]
-    by_file = BaseScanExec(indexed, ["id"], Compare("v", ">", pa.scalar("a")))
+    by_file = BaseScanExec(indexed, ["id"], Compare("v", ">", pa.scalar("a")), caches=CACHES)
     assert by_file._direct_file(indexed.get_fragments()[0]) is not None
     assert check_contract(by_file).column("id").to_pylist() == [3]
     renamed = lance.write_dataset(rows, str(tmp_path / "r"))
     renamed.delete("id = 2")
     renamed.alter_columns({"path": "v", "name": "x"})
-    node = BaseScanExec(renamed, ["x"], None)
+    node = BaseScanExec(renamed, ["x"], None, caches=CACHES)
     assert node._direct_file(renamed.get_fragments()[0]) is None
     assert check_contract(node).column("x").to_pylist() == ["a", "c"]

@@ -13,7 +13,6 @@ from exec_nodes.stale import FilterStaleExec, TopKExec
 from memwal_sql.formats.generation import write_generation
 from memwal_sql.formats.source_rows import BASE_GENERATION, GEN, TOMBSTONE, conform, source_schema
 from memwal_sql.storage import ObjectStore
-from memwal_sql.structures.cache import CACHE
 from memwal_sql.structures.vectors import (
     DISTANCE,
     distances,
@@ -22,7 +21,7 @@ from memwal_sql.structures.vectors import (
     smallest,
     squared_norms,
 )
-from tests.exec_nodes.test_nodes import check_contract
+from tests.exec_nodes.test_nodes import CACHES, check_contract
 
 WAL = pa.schema(
     [
@@ -72,7 +71,7 @@ class FixedBase(KnnSource):
 
 
 def memtable_lookup(batches):
-    take = TakeLastExec("r1", 5, SOURCE, ["id"], batches=batches, origin="memtable")
+    take = TakeLastExec("r1", 5, SOURCE, ["id"], batches=batches, origin="memtable", caches=CACHES)
     return lambda keys: [CoalesceFirstExec([take], ["id"], SOURCE, keys=keys)]
 
 
@@ -83,6 +82,7 @@ def test_knn_leaf_is_exact_and_skips_tombstones():
         [rows([1, 2, 3], [3.0, 1.0, 2.0], [False, True, False]).to_batches()[0]],
         SOURCE,
         knn_query(k=5),
+        caches=CACHES,
     )
     out = check_contract(mem, 2)
     assert out.column("id").to_pylist() == [3, 1]
@@ -112,12 +112,12 @@ def test_generations_are_searched_as_one_matrix_without_superseded_rows(tmp_path
             in_memory_bytes=written.nbytes,
         )
         generations.append((gen, store.uri_for(f"_mem_wal/r/{entry.path}")))
-    older = GenerationsKnnExec("r", generations[:1], SOURCE, knn_query(k=4))
+    older = GenerationsKnnExec("r", generations[:1], SOURCE, knn_query(k=4), caches=CACHES)
     assert older.top(4).column("id").to_pylist() == [1, 2, 3, 4]
-    node = GenerationsKnnExec("r", generations[::-1], SOURCE, knn_query(k=4))
+    node = GenerationsKnnExec("r", generations[::-1], SOURCE, knn_query(k=4), caches=CACHES)
     out = check_contract(node, 4)
     # The run's matrix was replaced when the run grew, not kept beside it.
-    assert [k for k in CACHE._entries if k[0] == "vectors" and "/r/" in k[1]] == [
+    assert [k for k in CACHES.search.entries() if k[0] == "vectors" and "/r/" in k[1]] == [
         ("vectors", generations[0][1] + "#vec")
     ]
     # Not 1 at distance 1 (gen 2 supersedes it), not 2 (deleted), not 5 at 0.25 (its own
@@ -136,7 +136,7 @@ def test_filter_stale_keeps_latest_versions_only_and_asks_for_more():
     # key 2 deleted, key 7 written twice (the second version is the newer).
     base = FixedBase(rows([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]))
     batch = rows([1, 2, 7, 7], [10.0, 0.0, 0.5, 2.5], [False, True, False, False]).to_batches()[0]
-    mem = MemTableKnnExec("r1", 5, [batch], SOURCE, knn_query(k=2))
+    mem = MemTableKnnExec("r1", 5, [batch], SOURCE, knn_query(k=2), caches=CACHES)
     stale = FilterStaleExec([base, mem], ["id"], memtable_lookup([batch]), 2, score=DISTANCE)
     top = TopKExec(stale, 2, DISTANCE, columns=["id", DISTANCE])
     out = check_contract(top, 2)
@@ -181,7 +181,7 @@ def test_exact_knn_picks_by_rough_distances_and_reports_lances_exact_ones():
     for metric in ("l2", "cosine"):
         exact = distances(matrix, query, metric)
         search = KnnQuery("vec", query, metric, None, 10, ("id",))
-        top = MemTableKnnExec("r", 1, [batch], schema, search).top(10)
+        top = MemTableKnnExec("r", 1, [batch], schema, search, caches=CACHES).top(10)
         want = np.lexsort((np.arange(len(exact)), exact))[:10]
         assert top.column("id").to_pylist() == want.tolist()
         assert np.array_equal(top.column(DISTANCE).to_numpy(), exact[want])
