@@ -204,6 +204,9 @@ class Caches:
     (``caches.search.nbytes``). Tables given separate ``Caches`` never evict each other's
     entries; tables given the same object share its budget.
 
+    A ``Caches`` pickled to another process (a Spark executor) arrives as that process's
+    :func:`default_caches`: cached structures are never shipped.
+
     Thresholds such as "a fragment read whole takes at most 1/16 of the cache" are shares of
     ``max_bytes``. Setting ``max_bytes`` takes effect at the next insertion (0: nothing is kept).
 
@@ -243,6 +246,12 @@ class Caches:
 
     def __repr__(self) -> str:
         return f"Caches(max_bytes={self.max_bytes}, nbytes={self.nbytes})"
+
+    def __reduce__(self) -> tuple[Callable[[], Caches], tuple[()]]:
+        # What is cached is this process's memory: a plan shipped to another process (Spark
+        # sends scan plans to its executors) reads through that process's default caches, as
+        # every read there did when the cache was one per process.
+        return default_caches, ()
 
     @classmethod
     def of(cls, cache: int | Caches | None) -> Caches:

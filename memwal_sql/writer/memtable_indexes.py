@@ -296,6 +296,7 @@ class KeysIndex(_Growing):
 # The caches that hold some MemTable's indexes, weakly (they go with their tables): a flush
 # tells this module's listener (memwal_sql.writer.memtable.on_flushed) the batches only.
 _HOLDERS: weakref.WeakSet[CachePart] = weakref.WeakSet()
+_HOLDERS_LOCK = threading.Lock()  # a flush thread lists them while a query adds one
 
 
 def _cached(
@@ -314,7 +315,8 @@ def _cached(
     part = caches.memtable
 
     def load() -> tuple[_Growing, int]:
-        _HOLDERS.add(part)
+        with _HOLDERS_LOCK:
+            _HOLDERS.add(part)
         return make(), 1 << 20
 
     return part.get(kind, f"{id(batches[0])}#{key}", load, lambda index: index.holds(batches))
@@ -324,7 +326,9 @@ def forget(batches: Sequence[pa.RecordBatch]) -> None:
     """Drop a MemTable's in-memory indexes (it was flushed: its generation serves reads now),
     so they do not hold its rows until the cache evicts them."""
     if batches:
-        for part in list(_HOLDERS):
+        with _HOLDERS_LOCK:
+            parts = list(_HOLDERS)
+        for part in parts:
             part.discard(f"{id(batches[0])}#")
 
 

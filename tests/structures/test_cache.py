@@ -158,3 +158,14 @@ def test_a_lookup_cache_alone_keeps_its_old_calls():
     assert c.entries() == [("k", "a")] and c.part_bytes("") == 60
     c.discard("a")
     assert c.nbytes == 0 and not c.contains("k", "a")
+
+
+def test_caches_shipped_to_another_process_arrive_as_its_default():
+    # Spark pickles scan plans (and the caches their nodes hold) to its executors: the cached
+    # structures stay behind, and the executor reads through its own process default.
+    import pickle
+
+    caches = Caches(1 << 20)
+    caches.lookup.get("rows", "a", lambda: ("A", 10))
+    shipped = pickle.loads(pickle.dumps(caches))
+    assert shipped is default_caches() and not shipped.lookup.contains("rows", "a")
