@@ -128,7 +128,7 @@ class GenerationScanExec(SourceExec):
 
     def _few_columns(self, schema: pa.Schema) -> pa.Table:
         """A few whole columns (what deduplication reads: the keys and ``_tombstone`` of every
-        row), read once per table's caches: a generation never changes."""
+        row), read once and kept in ``caches.scan``: a generation never changes."""
         uri, opts = self.uri, self.storage_options
 
         def load() -> tuple[pa.Table, int]:
