@@ -33,7 +33,6 @@ from bench_read import build
 from results_file import write_results
 
 from memwal_sql.interop import lance_shard_snapshots
-from memwal_sql.structures.cache import CACHE
 
 
 def lance_planner(tbl) -> LsmPointLookupPlanner:
@@ -107,7 +106,7 @@ def main() -> None:
         def ours(k: int) -> int:
             return tbl.lookup([k]).num_rows
 
-        CACHE.clear()
+        tbl.caches.clear()
         t0 = time.perf_counter()
         ours(present[0])  # cold: loads key indexes, filters and small fragments
         cold_ms = (time.perf_counter() - t0) * 1e3

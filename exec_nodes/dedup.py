@@ -34,7 +34,7 @@ from exec_nodes.scan import (
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.visitors import evaluate
 from memwal_sql.formats.source_rows import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, conform
-from memwal_sql.structures.cache import CACHE
+from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.keyset import KeySet, last_per_key
 from memwal_sql.structures.rowmask import RowMask, split_addresses
 
@@ -327,7 +327,9 @@ class DeduplicateExec(ExecNode):
         primary_key: Sequence[str],
         predicate: Predicate | None,
         output: pa.Schema,
+        caches: Caches,
     ) -> None:
+        self.caches = caches
         self.newer = list(newer)
         self.base_dataset = base
         self.base_parts = [None if p is None else list(p) for p in base_parts] if base else []
@@ -374,7 +376,7 @@ class DeduplicateExec(ExecNode):
                     self._split = self._split_versions(gens, gens_key, mems)
                 else:
                     firsts = [m.batches[0] for m in mems if isinstance(m, MemTableScanExec)]
-                    split, _ = CACHE.get(
+                    split, _ = self.caches.scan.get(
                         "split_versions",
                         f"{gens_key}\n{mems_key}",
                         lambda: _sized((self._split_versions(gens, gens_key, mems), firsts)),
@@ -397,7 +399,7 @@ class DeduplicateExec(ExecNode):
                 got.index_source(_source_name(g), rows, self.primary_key)
             return got, got.nbytes
 
-        in_gens: Versions = CACHE.get("newest_versions", gens_key, load)
+        in_gens: Versions = self.caches.scan.get("newest_versions", gens_key, load)
         mem_rows = [m.read_counted(cols) for m in mems]
         in_mems = Versions.of(mem_rows, self.primary_key, self._key_fields())
         pos = in_gens.positions(in_mems.keys)
@@ -492,7 +494,7 @@ class DeduplicateExec(ExecNode):
                 entries.append(pos.astype(np.int32))
             return (in_gens, entries), sum(e.nbytes for e in entries)
 
-        _, entries = CACHE.get(
+        _, entries = self.caches.scan.get(
             "generation_entries",
             "\n".join(sorted(g.uri for g in gens)),
             load,
@@ -521,7 +523,9 @@ class DeduplicateExec(ExecNode):
         assert self.base_dataset is not None
         wanted = [f.name for f in output if f.name not in (GEN, ROWADDR)]
         columns = list(dict.fromkeys([*wanted, *(self.primary_key if with_keys else [])]))
-        return BaseScanExec(self.base_dataset, columns, self.predicate, ranges=part)
+        return BaseScanExec(
+            self.base_dataset, columns, self.predicate, ranges=part, caches=self.caches
+        )
 
     def superseded(self) -> list[RowMask] | None:
         """The base table's deletion mask for this snapshot: base rows whose key has a version
@@ -534,7 +538,7 @@ class DeduplicateExec(ExecNode):
             if self._masked is None:
                 assert self.base_dataset is not None
                 ds = self.base_dataset
-                lookup = BaseLookupExec(ds, ds.schema, self.primary_key)
+                lookup = BaseLookupExec(ds, ds.schema, self.primary_key, caches=self.caches)
 
                 def load() -> tuple[RowMask | None, int]:
                     mask = base_mask(lookup, in_gens.keys)
@@ -543,7 +547,9 @@ class DeduplicateExec(ExecNode):
                 gens = "\n".join(
                     sorted(s.uri for s in self.newer if isinstance(s, GenerationScanExec))
                 )
-                from_gens = CACHE.get("base_mask", f"{ds.uri}@{ds.version}\n{gens}", load)
+                from_gens = self.caches.scan.get(
+                    "base_mask", f"{ds.uri}@{ds.version}\n{gens}", load
+                )
                 from_mems = in_mems.base_mask(lookup)
                 if from_gens is None or from_mems is None:
                     self._masked = False

@@ -49,7 +49,7 @@ from memwal_sql.formats.source_rows import (
     stored_columns,
 )
 from memwal_sql.formats.tokenizer import Tokenizer
-from memwal_sql.structures.cache import CACHE
+from memwal_sql.structures.cache import Caches
 from memwal_sql.writer.memtable_indexes import Piece, text_index
 
 SCORE = "_score"
@@ -67,7 +67,10 @@ class FtsSource(ExecNode):
         column: str,
         tokenizer: Tokenizer,
         primary_key: Sequence[str],
+        *,
+        caches: Caches,
     ) -> None:
+        self.caches = caches
         self.region_id = region_id
         self.generation = generation
         self._schema = schema
@@ -113,8 +116,12 @@ class MemTableFtsExec(FtsSource):
         tokenizer: Tokenizer,
         primary_key: Sequence[str],
         origin: str = "memtable",
+        *,
+        caches: Caches,
     ) -> None:
-        super().__init__(region_id, generation, schema, column, tokenizer, primary_key)
+        super().__init__(
+            region_id, generation, schema, column, tokenizer, primary_key, caches=caches
+        )
         self.batches = list(batches)
         self.origin = origin
 
@@ -128,7 +135,13 @@ class MemTableFtsExec(FtsSource):
         if not self.batches:
             return []
         index = text_index(
-            self.batches, self.generation, self.origin, self.column, self._schema, self.tokenizer
+            self.batches,
+            self.generation,
+            self.origin,
+            self.column,
+            self._schema,
+            self.tokenizer,
+            caches=self.caches,
         )
         self._rows_table, piece = index.update(self.batches, self.primary_key)
         return [piece]
@@ -155,8 +168,12 @@ class GenerationFtsExec(FtsSource):
         tokenizer: Tokenizer,
         primary_key: Sequence[str],
         storage_options: dict[str, str] | None = None,
+        *,
+        caches: Caches,
     ) -> None:
-        super().__init__(region_id, generation, schema, column, tokenizer, primary_key)
+        super().__init__(
+            region_id, generation, schema, column, tokenizer, primary_key, caches=caches
+        )
         self.uri = uri
         self.storage_options = storage_options
 
@@ -167,7 +184,9 @@ class GenerationFtsExec(FtsSource):
         )
 
     def _table(self) -> pa.Table:
-        table = generation_rows(self.uri, self.storage_options, self.generation, self._schema)
+        table = generation_rows(
+            self.uri, self.storage_options, self.generation, self._schema, self.caches
+        )
         if table is None:  # too big to keep whole: read it for this query
             ds = open_generation(self.uri, self.storage_options)
             names = stored_columns(self._schema, ds)
@@ -181,7 +200,7 @@ class GenerationFtsExec(FtsSource):
             piece = self._piece(table, table.column(ROWADDR).to_numpy().astype(np.int64))
             return piece, piece.tokens.docs.nbytes * 3 + piece.keys.nbytes
 
-        return [CACHE.get("fts", f"{self.uri}#{self.column}", load)]
+        return [self.caches.search.get("fts", f"{self.uri}#{self.column}", load)]
 
     def rows(self, piece: int, index: np.ndarray) -> pa.Table:
         table = self._table()
@@ -201,8 +220,12 @@ class BaseFtsExec(FtsSource):
         column: str,
         tokenizer: Tokenizer,
         primary_key: Sequence[str],
+        *,
+        caches: Caches,
     ) -> None:
-        super().__init__(None, BASE_GENERATION, schema, column, tokenizer, primary_key)
+        super().__init__(
+            None, BASE_GENERATION, schema, column, tokenizer, primary_key, caches=caches
+        )
         self.dataset = dataset
         self._fragments = dataset.get_fragments()
         self._pieces: list[Piece] | None = None
@@ -235,7 +258,8 @@ class BaseFtsExec(FtsSource):
             piece = self._piece(rows.select(columns), addresses)
             return piece, piece.tokens.docs.nbytes * 3 + piece.keys.nbytes
 
-        piece: Piece = CACHE.get("fts", f"{self.dataset.uri}#{files}#{self.column}", load_terms)
+        key = f"{self.dataset.uri}#{files}#{self.column}"
+        piece: Piece = self.caches.search.get("fts", key, load_terms)
         deletion = fragment.metadata.deletion_file
         if deletion is None:
             return piece
@@ -247,7 +271,7 @@ class BaseFtsExec(FtsSource):
             return Piece(piece.keys, piece.addresses, piece.tokens, present), present.nbytes * 9
 
         # One piece per version of the fragment's deletions, sharing the terms.
-        return CACHE.get(
+        return self.caches.search.get(
             "fts_live",
             f"{self.dataset.uri}#{files}#{deletion}",
             load_live,

@@ -40,7 +40,7 @@ from memwal_sql.formats.source_rows import (
     gather,
     stored_columns,
 )
-from memwal_sql.structures.cache import CACHE
+from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.keyset import last_per_key
 from memwal_sql.structures.rowmask import split_addresses
 from memwal_sql.structures.vectors import (
@@ -172,8 +172,11 @@ class MemTableKnnExec(KnnSource):
         schema: pa.Schema,
         search: KnnQuery,
         origin: str = "memtable",
+        *,
+        caches: Caches,
     ) -> None:
         super().__init__(region_id, generation, schema, search)
+        self.caches = caches
         self.batches = list(batches)
         self.origin = origin
 
@@ -191,7 +194,12 @@ class MemTableKnnExec(KnnSource):
 
     def _index(self) -> VectorIndex:
         return vector_index(
-            self.batches, self.generation, self.origin, self.column, self.source_schema
+            self.batches,
+            self.generation,
+            self.origin,
+            self.column,
+            self.source_schema,
+            caches=self.caches,
         )
 
     def rows(self, candidates: pa.Table) -> pa.Table:
@@ -257,9 +265,12 @@ class GenerationsKnnExec(KnnSource):
         schema: pa.Schema,
         search: KnnQuery,
         storage_options: dict[str, str] | None = None,
+        *,
+        caches: Caches,
     ) -> None:
         ordered = sorted(generations)  # oldest first: a row's position follows its version
         super().__init__(region_id, ordered[-1][0], schema, search)
+        self.caches = caches
         self.generations = [g for g, _ in ordered]
         self.uris = [u for _, u in ordered]
         self.storage_options = storage_options
@@ -283,7 +294,7 @@ class GenerationsKnnExec(KnnSource):
 
         def read(generation: int, at: np.ndarray) -> pa.Table:
             table = _kept_rows(
-                uris[generation], self.storage_options, generation, self.source_schema
+                uris[generation], self.storage_options, generation, self.source_schema, self.caches
             )
             return table.take(pa.array(offsets[at]))
 
@@ -295,7 +306,7 @@ class GenerationsKnnExec(KnnSource):
         def load() -> tuple[tuple[tuple[str, ...], SourceVectors], int]:
             # The rows are the entries lookups use: a generation read whole serves both.
             table = pa.concat_tables(
-                _kept_rows(uri, self.storage_options, g, self.source_schema)
+                _kept_rows(uri, self.storage_options, g, self.source_schema, self.caches)
                 for g, uri in zip(self.generations, uris, strict=True)
             )
             matrix, live, sq_norms = neighbours(table, self.column)
@@ -313,13 +324,18 @@ class GenerationsKnnExec(KnnSource):
 
         # One entry per run of generations, named by its oldest, and replaced when a flush
         # adds a generation to the run: sets that no snapshot reads do not pile up.
-        return CACHE.get("vectors", f"{uris[0]}#{self.column}", load, lambda v: v[0] == uris)[1]
+        key = f"{uris[0]}#{self.column}"
+        return self.caches.search.get("vectors", key, load, lambda v: v[0] == uris)[1]
 
 
 def _kept_rows(
-    uri: str, storage_options: dict[str, str] | None, generation: int, schema: pa.Schema
+    uri: str,
+    storage_options: dict[str, str] | None,
+    generation: int,
+    schema: pa.Schema,
+    caches: Caches,
 ) -> pa.Table:
-    table = generation_rows(uri, storage_options, generation, schema)
+    table = generation_rows(uri, storage_options, generation, schema, caches)
     if table is None:
         raise ValueError(
             f"generation {uri} is not kept in memory: search it with GenerationKnnExec"
@@ -351,12 +367,15 @@ class GenerationRunsKnnExec(KnnSource):
         schema: pa.Schema,
         search: KnnQuery,
         storage_options: dict[str, str] | None = None,
+        *,
+        caches: Caches,
     ) -> None:
         ordered = sorted(generations)  # oldest first, as the runs are cut
         super().__init__(region_id, ordered[-1][0], schema, search)
         self.generations = ordered
         self.search = search
         self.storage_options = storage_options
+        self.caches = caches
         self._runs: list[KnnSource] | None = None
 
     @property
@@ -379,18 +398,22 @@ class GenerationRunsKnnExec(KnnSource):
         schema, opts, rid = self.source_schema, self.storage_options, self.region_id or ""
         sources: list[KnnSource] = []
         run: list[tuple[int, str]] = []
-        run_bytes, budget = 0, CACHE.max_bytes // _GENERATION_RUN_SHARE
+        run_bytes, budget = 0, self.caches.max_bytes // _GENERATION_RUN_SHARE
         vector_bytes = 4 * (schema.field(self.column).type.list_size + 2)  # vector, norm, masks
 
         def close_run() -> None:
             nonlocal run_bytes
             if run:
-                sources.append(GenerationsKnnExec(rid, run.copy(), schema, self.search, opts))
+                sources.append(
+                    GenerationsKnnExec(
+                        rid, run.copy(), schema, self.search, opts, caches=self.caches
+                    )
+                )
                 run.clear()
             run_bytes = 0
 
         for generation, uri in self.generations:
-            rows = generation_rows(uri, opts, generation, schema)
+            rows = generation_rows(uri, opts, generation, schema, self.caches)
             if rows is None:
                 close_run()
                 sources.append(GenerationKnnExec(rid, generation, uri, schema, self.search, opts))

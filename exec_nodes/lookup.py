@@ -4,7 +4,7 @@
   generation through its ``_pk_index`` (sorted keys to row offsets), a MemTable through a key
   index; :class:`BaseLookupExec` does it for the base table through its key index or btree.
   What is immutable (a generation's index, filter and, when small, rows; the base key index of
-  one version) is kept in the byte-bounded :data:`CACHE`.
+  one version) is kept in the table's byte-bounded lookup cache (``caches.lookup``).
 * :class:`BloomFilterGuardExec` passes on only the keys a generation's ``bloom_filter.bin`` may
   hold, so a miss costs a hash and a bit test, not an index probe.
 * :class:`CoalesceFirstExec` runs its children newest first, each on the keys still unresolved;
@@ -48,7 +48,7 @@ from memwal_sql.formats.source_rows import (
     stored_columns,
 )
 from memwal_sql.storage import ObjectStore
-from memwal_sql.structures.cache import CACHE
+from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.keyset import KeySet, encode_keys, last_per_key
 from memwal_sql.structures.rowmask import split_addresses
 
@@ -104,10 +104,14 @@ _WHOLE_FRAGMENT_SHARE = 16  # a fragment read whole takes at most 1/16 of the ca
 
 
 def _whole_fragment(
-    fragment: lance.LanceFragment, names: Sequence[str], generation: int, schema: pa.Schema
+    fragment: lance.LanceFragment,
+    names: Sequence[str],
+    generation: int,
+    schema: pa.Schema,
+    max_bytes: int,
 ) -> tuple[pa.Table | None, int]:
     """Every physical row of a small fragment in the source ``schema``, row ``i`` at offset
-    ``i``, for the lookup cache; ``(None, _)`` for a fragment too big to keep.
+    ``i``, for a lookup cache of ``max_bytes``; ``(None, _)`` for a fragment too big to keep.
 
     Deleted rows are kept in place: key indexes never point at them, and so the rows serve
     every version of the fragment. One sequential read of a small fragment costs about what two
@@ -115,7 +119,7 @@ def _whole_fragment(
     serves every later lookup from memory, as RocksDB serves hot blocks from its block cache.
     """
     sizes = [f.file_size_bytes for f in fragment.data_files()]
-    if any(n is None for n in sizes) or sum(sizes) > CACHE.max_bytes // _WHOLE_FRAGMENT_SHARE:  # type: ignore[arg-type]
+    if any(n is None for n in sizes) or sum(sizes) > max_bytes // _WHOLE_FRAGMENT_SHARE:  # type: ignore[arg-type]
         return None, 64
     table = fragment.to_table(columns=list(names), with_row_id=True, include_deleted_rows=True)
     if table.num_rows != fragment.metadata.physical_rows:
@@ -125,14 +129,19 @@ def _whole_fragment(
 
 
 def generation_rows(
-    uri: str, storage_options: dict[str, str] | None, generation: int, schema: pa.Schema
+    uri: str,
+    storage_options: dict[str, str] | None,
+    generation: int,
+    schema: pa.Schema,
+    caches: Caches,
 ) -> pa.Table | None:
     """A small generation's rows (every physical row, row ``i`` at offset ``i``, in the
-    source ``schema``), read once and kept; None for a generation too big to keep (see
+    source ``schema``), read once and kept in ``caches.lookup``; None for a generation too big
+    to keep (see
     :func:`_whole_fragment`). Lookups, scans and searches share the entry.
 
     Example:
-        ``generation_rows(gen.uri, None, gen.generation, source_schema(tbl.wal_schema))``
+        ``generation_rows(gen.uri, None, gen.generation, source_schema(tbl.wal_schema), caches)``
     """
 
     def load() -> tuple[pa.Table | None, int]:
@@ -141,9 +150,9 @@ def generation_rows(
         if len(frags) != 1:
             return None, 64
         names = stored_columns(schema, ds)
-        return _whole_fragment(frags[0], names, generation, schema)
+        return _whole_fragment(frags[0], names, generation, schema, caches.max_bytes)
 
-    return CACHE.get("rows", uri, load)
+    return caches.lookup.get("rows", uri, load)
 
 
 def fragment_rows_key(uri: str, fragment: lance.LanceFragment) -> str:
@@ -253,8 +262,10 @@ class TakeLastExec(LookupSource):
         storage_options: dict[str, str] | None = None,
         origin: str = "generation",
         keys: pa.Table | None = None,
+        caches: Caches,
     ) -> None:
         super().__init__(region_id, generation, schema, primary_key, keys)
+        self.caches = caches
         self.uri = uri
         self.batches = list(batches or [])
         self.storage_options = storage_options
@@ -286,7 +297,7 @@ class TakeLastExec(LookupSource):
             keyset, ids = _key_index(_stored_keys(index, pk), index.column("ids").to_numpy())
             return (keyset, ids), keyset.nbytes + ids.nbytes
 
-        keyset, ids = CACHE.get("pk_index", uri, load_index)
+        keyset, ids = self.caches.lookup.get("pk_index", uri, load_index)
         return self._take_newest(_index_keys(keys, pk), keyset, ids, self.take_offsets)
 
     def take_offsets(self, offsets: np.ndarray) -> pa.Table:
@@ -299,7 +310,7 @@ class TakeLastExec(LookupSource):
     def _take_from_generation(self, offsets: np.ndarray) -> pa.Table:
         uri, opts = self.uri, self.storage_options
         assert uri is not None  # as in _generation_rows: only a flushed generation is read here
-        ds = CACHE.get("dataset", uri, lambda: (open_generation(uri, opts), 4096))
+        ds = self.caches.lookup.get("dataset", uri, lambda: (open_generation(uri, opts), 4096))
         names = stored_columns(self.schema, ds)
         # Row addresses of fragment 0 are the offsets the _pk_index stores.
         row_ids = pa.array(offsets.astype(np.uint64))
@@ -314,7 +325,9 @@ class TakeLastExec(LookupSource):
 
     def _generation_rows(self) -> pa.Table | None:
         assert self.uri is not None
-        return generation_rows(self.uri, self.storage_options, self.generation, self.schema)
+        return generation_rows(
+            self.uri, self.storage_options, self.generation, self.schema, self.caches
+        )
 
     def _from_memtable(self, keys: pa.Table) -> Probe:
         from memwal_sql.writer.memtable_indexes import keys_index
@@ -322,7 +335,14 @@ class TakeLastExec(LookupSource):
         batches = self.batches
         if not batches:
             return Probe(empty_rows(self.schema), np.zeros(keys.num_rows, dtype=bool))
-        index = keys_index(batches, self.generation, self.origin, self.schema, self.primary_key)
+        index = keys_index(
+            batches,
+            self.generation,
+            self.origin,
+            self.schema,
+            self.primary_key,
+            caches=self.caches,
+        )
         at = index.find(keys.select(self.primary_key))
         hit = at >= 0
         if not hit.any():
@@ -364,7 +384,10 @@ class GenerationIndexExec(KeyedExec):
         primary_key: Sequence[str],
         schema: pa.Schema,
         keys: pa.Table | None = None,
+        *,
+        caches: Caches,
     ) -> None:
+        self.caches = caches
         self.generations = list(generations)  # newest first
         self._cache_key = self.cache_key(self.generations)
         self.primary_key = list(primary_key)
@@ -400,7 +423,7 @@ class GenerationIndexExec(KeyedExec):
             offsets = best & 0xFFFFFFFF
             return (keyset, which, offsets), keyset.nbytes + which.nbytes + offsets.nbytes
 
-        return CACHE.get("generation_index", self._cache_key, load)
+        return self.caches.lookup.get("generation_index", self._cache_key, load)
 
     @staticmethod
     def cache_key(generations: Sequence[TakeLastExec]) -> str:
@@ -408,10 +431,10 @@ class GenerationIndexExec(KeyedExec):
         return "\n".join(g.uri or "" for g in generations)
 
     @classmethod
-    def is_cached(cls, generations: Sequence[TakeLastExec]) -> bool:
-        """Whether the merged key index of these generations is in the cache already (then
+    def is_cached(cls, generations: Sequence[TakeLastExec], caches: Caches) -> bool:
+        """Whether the merged key index of these generations is in ``caches`` already (then
         probing it beats a bloom test per generation even for one key)."""
-        return CACHE.contains("generation_index", cls.cache_key(generations))
+        return caches.lookup.contains("generation_index", cls.cache_key(generations))
 
     def probe(self, keys: pa.Table) -> Probe:
         self.probes += 1
@@ -448,8 +471,11 @@ class BaseLookupExec(LookupSource):
         primary_key: Sequence[str],
         fragment_ids: Sequence[int] | None = None,
         keys: pa.Table | None = None,
+        *,
+        caches: Caches,
     ) -> None:
         super().__init__(None, BASE_GENERATION, schema, primary_key, keys)
+        self.caches = caches
         self.dataset = dataset
         self.fragment_ids = None if fragment_ids is None else list(fragment_ids)
 
@@ -476,7 +502,7 @@ class BaseLookupExec(LookupSource):
     def _fits_cache(self) -> bool:
         return (
             _base_facts(self.dataset).rows * _KEY_INDEX_ROW_BYTES
-            <= CACHE.max_bytes // _KEY_INDEX_SHARE
+            <= self.caches.max_bytes // _KEY_INDEX_SHARE
         )
 
     def addresses_of(self, keys: pa.Table) -> np.ndarray | None:
@@ -484,7 +510,7 @@ class BaseLookupExec(LookupSource):
         are left out), from the cached key index; None when the base is too big to keep one.
 
         Example:
-            ``BaseLookupExec(ds, schema, ["id"]).addresses_of(pa.table({"id": [3, 7]}))``
+            ``BaseLookupExec(ds, schema, ["id"], caches=caches).addresses_of(pa.table({"id": [3]}))``
         """
         index = self._key_index()
         if index is None:
@@ -503,7 +529,7 @@ class BaseLookupExec(LookupSource):
             keyset, addrs = KeySet.indexing(table.select(pk), table.column(ROWADDR).to_numpy())
             return (keyset, addrs), keyset.nbytes + addrs.nbytes
 
-        return CACHE.get("base_keys", _base_facts(ds).cache_key, load)
+        return self.caches.lookup.get("base_keys", _base_facts(ds).cache_key, load)
 
     def _probe(self, keys: pa.Table) -> Probe:
         names = stored_columns(self.schema, self.dataset)
@@ -575,14 +601,16 @@ class BaseLookupExec(LookupSource):
             return False
         index = facts.rows * _KEY_INDEX_ROW_BYTES if self._fits_cache() else 0
         memory = facts.stored_bytes * _MEMORY_PER_STORED_BYTE + index
-        return memory <= CACHE.max_bytes // _WHOLE_BASE_SHARE
+        return memory <= self.caches.max_bytes // _WHOLE_BASE_SHARE
 
     def _fragment_rows(self, fragment_id: int, names: list[str]) -> pa.Table | None:
         fragment = self._fragment(fragment_id)
-        return CACHE.get(
+        return self.caches.lookup.get(
             "rows",
             fragment_rows_key(self.dataset.uri, fragment),
-            lambda: _whole_fragment(fragment, names, BASE_GENERATION, self.schema),
+            lambda: _whole_fragment(
+                fragment, names, BASE_GENERATION, self.schema, self.caches.max_bytes
+            ),
         )
 
     def _fragment(self, fragment_id: int) -> lance.LanceFragment:
@@ -633,7 +661,8 @@ class BloomFilterGuardExec(KeyedExec):
             verify_bloom_filter(self.child.uri, self.child.storage_options)  # type: ignore[arg-type]
             return BloomFilter.from_bytes(data), len(data)
 
-        bloom = CACHE.get("bloom", self.store.uri_for(self.bloom_path), load)
+        # A generation's filter is kept with its key index, in the child's lookup cache.
+        bloom = self.child.caches.lookup.get("bloom", self.store.uri_for(self.bloom_path), load)
         if bloom is None:
             self.passed += keys.num_rows
             return self.child.probe(keys)

@@ -35,7 +35,7 @@ from memwal_sql.formats.source_rows import (
     empty_rows,
     stored_columns,
 )
-from memwal_sql.structures.cache import CACHE
+from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.rowmask import RowMask, split_addresses
 
 _FEW_COLUMNS = 6  # up to this many columns of a generation are kept (key columns, tombstone)
@@ -94,8 +94,11 @@ class GenerationScanExec(SourceExec):
         uri: str,
         schema: pa.Schema,
         storage_options: dict[str, str] | None = None,
+        *,
+        caches: Caches,
     ) -> None:
         super().__init__(region_id, generation, schema)
+        self.caches = caches
         self.uri = uri
         self.storage_options = storage_options
 
@@ -120,11 +123,13 @@ class GenerationScanExec(SourceExec):
         (the entry lookups and searches use too); None for a big one."""
         from exec_nodes.lookup import generation_rows
 
-        return generation_rows(self.uri, self.storage_options, self.generation, self._schema)
+        return generation_rows(
+            self.uri, self.storage_options, self.generation, self._schema, self.caches
+        )
 
     def _few_columns(self, schema: pa.Schema) -> pa.Table:
         """A few whole columns (what deduplication reads: the keys and ``_tombstone`` of every
-        row), read once per process: a generation never changes."""
+        row), read once and kept in ``caches.scan``: a generation never changes."""
         uri, opts = self.uri, self.storage_options
 
         def load() -> tuple[pa.Table, int]:
@@ -135,7 +140,7 @@ class GenerationScanExec(SourceExec):
             ).combine_chunks()
             return table, table.nbytes
 
-        return CACHE.get("columns", f"{uri}#{','.join(schema.names)}", load)
+        return self.caches.scan.get("columns", f"{uri}#{','.join(schema.names)}", load)
 
     def describe(self) -> str:
         return (
@@ -156,8 +161,11 @@ class MemTableScanExec(SourceExec):
         batches: Sequence[pa.RecordBatch],
         schema: pa.Schema,
         origin: str = "memtable",
+        *,
+        caches: Caches,
     ) -> None:
         super().__init__(region_id, generation, schema)
+        self.caches = caches
         self.batches = list(batches)
         self.origin = origin
 
@@ -168,9 +176,9 @@ class MemTableScanExec(SourceExec):
 
         # The MemTable's rows in the source schema, extended as it grows (not rebuilt per
         # query); row i of the MemTable has _rowaddr i, as its key index has.
-        rows = rows_index(self.batches, self.generation, self.origin, self._schema).update(
-            self.batches
-        )
+        rows = rows_index(
+            self.batches, self.generation, self.origin, self._schema, caches=self.caches
+        ).update(self.batches)
         return matches(predicate, rows).select(schema.names)
 
     def describe(self) -> str:
@@ -210,9 +218,11 @@ _ADDRESSES_BATCH = 1 << 16
 _FILE_READAHEAD = 4
 
 
-def _deleted_rows(dataset: lance.LanceDataset, fragment: lance.LanceFragment) -> RowMask:
-    """The rows of ``fragment`` that its deletion vector deletes, kept in the lookup cache (a
-    deletion file never changes: a new one gets a new id). Found once from the row addresses
+def _deleted_rows(
+    dataset: lance.LanceDataset, fragment: lance.LanceFragment, caches: Caches
+) -> RowMask:
+    """The rows of ``fragment`` that its deletion vector deletes, kept in ``caches.deletions``
+    (a deletion file never changes: a new one gets a new id). Found once from the row addresses
     Lance's scanner returns for the fragment, which skip them."""
     dv = fragment.metadata.deletion_file
     assert dv is not None
@@ -236,7 +246,8 @@ def _deleted_rows(dataset: lance.LanceDataset, fragment: lance.LanceFragment) ->
         mask = RowMask(addresses, {fid: rows})
         return mask, mask.nbytes + 64
 
-    return CACHE.get("deletions", f"{dataset.uri}#{fid}#{dv.id}-{dv.read_version}", load)
+    key = f"{dataset.uri}#{fid}#{dv.id}-{dv.read_version}"
+    return caches.deletions.get("deletions", key, load)
 
 
 class BaseScanExec(ExecNode):
@@ -254,7 +265,9 @@ class BaseScanExec(ExecNode):
         *,
         ranges: Sequence[FragmentRange] | None = None,
         batch_size: int | None = None,
+        caches: Caches,
     ) -> None:
+        self.caches = caches
         self.dataset = dataset
         self.columns = list(columns)
         self.predicate = predicate
@@ -331,11 +344,11 @@ class BaseScanExec(ExecNode):
         ``lineitem``, 600k rows, 4% deleted, five columns: 28 ms; its data file read with
         Lance's file reader, deleted rows dropped here: 8 ms). Only a fragment whose one data
         file holds exactly the table's columns (names and types, in order: no column added,
-        dropped or renamed since) is read so, only while the lookup cache keeps its deleted
+        dropped or renamed since) is read so, only while the deletions cache keeps its deleted
         rows (finding them costs a scan of its row addresses), and not for a filter on an
         indexed column.
         """
-        if fragment.metadata.deletion_file is None or CACHE.max_bytes == 0:
+        if fragment.metadata.deletion_file is None or self.caches.deletions.max_bytes == 0:
             return None
         if self.predicate is not None:
             # Lance answers a filter on an indexed column from the index, reading only the
@@ -352,7 +365,7 @@ class BaseScanExec(ExecNode):
             file_schema = LanceFileReader(uri, storage_options=options).metadata().schema
             return file_schema, 64 * len(file_schema)
 
-        stored = CACHE.get("file_schema", uri, load)
+        stored = self.caches.scan.get("file_schema", uri, load)
         table = self.dataset.schema
         same = stored.names == table.names and stored.types == table.types
         return uri if same else None
@@ -362,7 +375,7 @@ class BaseScanExec(ExecNode):
     ) -> Iterator[pa.RecordBatch]:
         """The live rows of ``fragment`` (or of a row range of it) read from its data file:
         the deletion vector's rows dropped here, the filter evaluated here."""
-        deleted = _deleted_rows(self.dataset, fragment)
+        deleted = _deleted_rows(self.dataset, fragment, self.caches)
         fid = fragment.fragment_id
         start = 0 if part is None else part.start
         end = fragment.physical_rows if part is None or part.end is None else part.end

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # loaded on first use at runtime (see __getattr__)
     from memwal_sql.search import SearchQuery
     from memwal_sql.session import MemWalContext
     from memwal_sql.sql import connect
+    from memwal_sql.structures.cache import Caches
     from memwal_sql.table import MemWalTable, create_table, open_table
     from memwal_sql.table_state import DEFAULT_REGION_ID
     from memwal_sql.writer.config import WriterConfig
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # loaded on first use at runtime (see __getattr__)
 
 __all__ = [
     "DEFAULT_REGION_ID",
+    "Caches",
     "MaintenanceConfig",
     "MemWalContext",
     "MemWalTable",
@@ -53,6 +55,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 _LAZY = {
     "DEFAULT_REGION_ID": "memwal_sql.table_state",
     "MaintenanceConfig": "memwal_sql.maintenance.config",
+    "Caches": "memwal_sql.structures.cache",
     "MemWalTable": "memwal_sql.table",
     "create_table": "memwal_sql.table",
     "open_table": "memwal_sql.table",

@@ -42,6 +42,7 @@ from memwal_sql.formats.source_rows import BASE_GENERATION
 from memwal_sql.formats.wal import iter_wal, wal_positions
 from memwal_sql.partitioning.region_spec import RegionSpec, region_id_for
 from memwal_sql.storage import ObjectStore, layout
+from memwal_sql.structures.cache import Caches
 from memwal_sql.writer.region_writer import conform_batch
 
 if TYPE_CHECKING:
@@ -112,6 +113,8 @@ class TableSnapshot:
     storage_options: Mapping[str, str] | None = field(default=None)
     merged: Mapping[str, int] = field(default_factory=dict)  # the base version's merge progress
     store: ObjectStore | None = None
+    caches: Caches = field(kw_only=True)
+    """The table's caches, which the planner hands to the nodes that keep what they read."""
 
     @property
     def base_version(self) -> int:
@@ -229,6 +232,7 @@ def take_snapshot(table: TableState, consistency: Consistency = "strong") -> Tab
         storage_options=table.storage_options or None,
         merged=merged,
         store=table.store,
+        caches=table.caches,
     )
 
 

@@ -59,6 +59,7 @@ from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.read_snapshot import Consistency
 from memwal_sql.storage import ObjectStore, layout, storage_failures
 from memwal_sql.storage.store import is_access_denied, with_default_timeouts
+from memwal_sql.structures.cache import Caches
 from memwal_sql.table_state import TableState
 from memwal_sql.writer.config import WriterConfig
 from memwal_sql.writer.memtable import duplicate_keys, latest_per_key
@@ -667,6 +668,7 @@ def create_table(
     data_storage_version: str | None = None,
     allow_non_key_region_spec: bool = False,
     maintenance: MaintenanceConfig | None = None,
+    cache: int | Caches | None = None,
 ) -> MemWalTable:
     """Create a MemWAL table: the base Lance table with the primary key and the MemWAL index.
 
@@ -684,9 +686,10 @@ def create_table(
     index as the table's writer defaults (``writer_config_defaults``), which every later
     :func:`open_table` starts from. ``data_storage_version`` is the Lance file format of the
     new base table, and so of every generation and merge (default: Lance's, ``"2.2"``);
-    ``"2.0"`` scans 2-3x faster and takes 2.5x the bytes (measured in the README).
+    ``"2.0"`` scans faster and takes more bytes (the README's "Lance file format").
     ``maintenance`` is the returned table object's default maintenance config (see
-    :class:`~memwal_sql.maintenance.TableMaintenance`; not stored with the table).
+    :class:`~memwal_sql.maintenance.TableMaintenance`; not stored with the table). ``cache``
+    is the table's read caches, as for :func:`open_table`.
 
     Example:
         >>> import memwal_sql as mw, pyarrow as pa, tempfile
@@ -695,6 +698,7 @@ def create_table(
         >>> tbl.primary_key
         ('id',)
     """
+    caches = Caches.of(cache)
     keys = _normalise_pk(primary_key)
     spec = region_spec if region_spec is not None else RegionSpec.unsharded()
     if not allow_non_key_region_spec and not spec.routes_by_key(keys):
@@ -787,6 +791,7 @@ def create_table(
         storage_options=opts,
         writer_config=writer_config,
         maintenance=maintenance,
+        caches=caches,
     )
     # Lance writes without fsync: an acknowledged table (all of it, when MemWAL was enabled on
     # an existing one) must survive a power loss, its own name too.
@@ -801,6 +806,7 @@ def open_table(
     *,
     writer_config: WriterConfig | None = None,
     maintenance: MaintenanceConfig | None = None,
+    cache: int | Caches | None = None,
 ) -> MemWalTable:
     """Open an existing MemWAL table (one written by memwal-sql or by Lance 14).
 
@@ -809,9 +815,16 @@ def open_table(
     ``writer_config`` is given. ``maintenance`` is this table object's default maintenance
     config (``tbl.maintenance.config``; see :class:`~memwal_sql.maintenance.TableMaintenance`).
 
+    ``cache`` is what the table's reads cache in (key indexes, bloom filters, rows, vector
+    matrices, deletion masks: see :class:`~memwal_sql.structures.cache.Caches`): a byte budget
+    gives the table caches of its own, a ``Caches`` object is shared with every table given
+    it, and ``None`` shares the process default (:func:`~memwal_sql.structures.cache.default_caches`,
+    sized by ``MEMWAL_LOOKUP_CACHE_BYTES``, default 512 MiB).
+
     Example:
-        ``tbl = mw.open_table("s3://bucket/events", storage_options={...})``
+        ``tbl = mw.open_table("s3://bucket/events", storage_options={...}, cache=1 << 30)``
     """
+    caches = Caches.of(cache)
     opts = with_default_timeouts(uri, storage_options) or None
     ds = _try_dataset(uri, opts)
     if ds is None:
@@ -853,6 +866,7 @@ def open_table(
         storage_options=opts,
         writer_config=writer_config,
         maintenance=maintenance,
+        caches=caches,
     )
 
 

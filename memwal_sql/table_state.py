@@ -33,6 +33,7 @@ from memwal_sql.formats.region_manifest import RegionManifestStore
 from memwal_sql.formats.region_snapshots import load_region_snapshots
 from memwal_sql.partitioning.region_spec import REGION_NAMESPACE, RegionSpec, region_id_for
 from memwal_sql.storage import ObjectStore, layout
+from memwal_sql.structures.cache import Caches, default_caches
 from memwal_sql.writer.config import WriterConfig
 from memwal_sql.writer.region_writer import RegionWriter, TableLayout
 from memwal_sql.writer.rows import RowCoercer
@@ -53,12 +54,15 @@ class TableState:
         region_spec: RegionSpec | None,
         storage_options: Mapping[str, str] | None = None,
         writer_config: WriterConfig | None = None,
+        caches: Caches | None = None,
     ) -> None:
         self.uri = uri
         self.storage_options = dict(storage_options or {})
         self.primary_key = tuple(primary_key)
         self.region_spec = region_spec
         self.writer_config = writer_config or WriterConfig()
+        #: What this table's reads and its writers' MemTable indexes cache, within one budget.
+        self.caches = caches if caches is not None else default_caches()
         self._dataset = dataset
         self._session = dataset.session()
         self.schema = _plain_schema(dataset.schema)
@@ -70,6 +74,7 @@ class TableState:
             primary_key=self.primary_key,
             region_spec=region_spec,
             data_storage_version=dataset.data_storage_version,
+            caches=self.caches,
             # Weakly, so the table and its writers' layout make no reference cycle.
             merged_generations=_weak_call(self.merged_generations, dict),
             maintained_indexes=_weak_call(self.maintained_indexes, tuple),

@@ -34,7 +34,7 @@ from memwal_sql.formats.source_rows import source_schema
 from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.read_snapshot import GenerationRef, TableSnapshot
 from memwal_sql.storage import ObjectStore
-from memwal_sql.structures.cache import CACHE
+from memwal_sql.structures.cache import Caches
 from planner.indexed import IndexedRead, plan_indexed_read
 from planner.plan import PlanExec
 
@@ -100,7 +100,9 @@ def plan_lookup(
         # Every source probes them in key order (KeySet sorts them for its cache-friendly
         # search): sorted once here, each of those sorts runs over sorted input.
         keys = keys.sort_by([(k, "ascending") for k in pk])
-    base = BaseLookupExec(snapshot.dataset, source_schema(snapshot.wal_schema), pk)
+    base = BaseLookupExec(
+        snapshot.dataset, source_schema(snapshot.wal_schema), pk, caches=snapshot.caches
+    )
     # Probed through its btree, the base table stays on the index while it catches up: the
     # generations of the gap are probed like newer ones and the base only where it is indexed.
     indexed = None if base.uses_key_index() else plan_indexed_read(snapshot, pk[:1])
@@ -131,6 +133,7 @@ def region_lookups(
     pk = list(snapshot.primary_key)
     schema = source_schema(snapshot.wal_schema)
     opts = dict(snapshot.storage_options or {}) or None
+    caches = snapshot.caches
     routable = (
         spec is not None
         and bool(spec.fields)
@@ -171,6 +174,7 @@ def region_lookups(
                         pk,
                         batches=mem.batches,
                         origin=mem.origin,
+                        caches=caches,
                     )
                 )
             else:
@@ -182,10 +186,11 @@ def region_lookups(
                         pk,
                         uri=src.uri,
                         storage_options=opts,
+                        caches=caches,
                     )
                 )
-        if len(gens) > 1 and _merged_index_pays(gens, region_keys.num_rows):
-            children.append(GenerationIndexExec(gens, pk, schema))
+        if len(gens) > 1 and _merged_index_pays(gens, region_keys.num_rows, caches):
+            children.append(GenerationIndexExec(gens, pk, schema, caches=caches))
         else:  # a few keys: a bloom test per generation rules most of them out cheaper
             if HASH not in region_keys.column_names:
                 # Hash each key once for every bloom filter it meets (the keys that no
@@ -215,13 +220,14 @@ def region_lookups(
     return regions
 
 
-def _merged_index_pays(gens: Sequence[TakeLastExec], keys: int) -> bool:
+def _merged_index_pays(gens: Sequence[TakeLastExec], keys: int, caches: Caches) -> bool:
     """Whether to probe ``gens`` through their merged key index (built on first use) rather
     than one bloom filter each."""
-    if keys >= MERGED_INDEX_KEYS or GenerationIndexExec.is_cached(gens):
+    if keys >= MERGED_INDEX_KEYS or GenerationIndexExec.is_cached(gens, caches):
         return True
     # Counted in the lookup cache: bounded like it, and forgotten with it.
-    count = CACHE.get("bloom_lookups", GenerationIndexExec.cache_key(gens), lambda: ([0], 64))
+    key = GenerationIndexExec.cache_key(gens)
+    count = caches.lookup.get("bloom_lookups", key, lambda: ([0], 64))
     count[0] += 1
     return count[0] > HOT_REGION_LOOKUPS
 

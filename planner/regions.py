@@ -22,7 +22,6 @@ from exec_nodes.regions import KeyRegions, key_in_two_regions
 from memwal_sql.formats.generation import open_generation
 from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.read_snapshot import RegionSnapshot, TableSnapshot
-from memwal_sql.structures.cache import CACHE
 
 
 def regions_may_share_keys(
@@ -94,7 +93,7 @@ def keys_in_two_regions_of(snapshot: TableSnapshot, spec: RegionSpec | None) -> 
         [f"{g.uri}" for r in snapshot.regions for g in r.generations]
         + [f"{r.region_id} {id(r.unflushed[0].batches[0])}:{_batches(r)}" for r in unflushed]
     )
-    shared, *_ = CACHE.get(
+    shared, *_ = snapshot.caches.lookup.get(
         "keys_in_two_regions",
         key,
         load,
@@ -118,13 +117,14 @@ def _generation_regions(snapshot: TableSnapshot) -> KeyRegions:
             keys = open_generation(uri, opts).to_table(columns=pk)
             return keys, keys.nbytes
 
-        return CACHE.get("generation_keys", uri, load)
+        return snapshot.caches.lookup.get("generation_keys", uri, load)
 
     def load() -> tuple[KeyRegions, int]:
         held = KeyRegions([(rid, keys_of(uri)) for uri, rid in gens], pk)
         return held, held.nbytes + 64
 
-    return CACHE.get("generation_regions", "\n".join(f"{u} {r}" for u, r in gens), load)
+    key = "\n".join(f"{u} {r}" for u, r in gens)
+    return snapshot.caches.lookup.get("generation_regions", key, load)
 
 
 def check_one_region_per_key(snapshot: TableSnapshot, spec: RegionSpec | None) -> None:

@@ -128,12 +128,26 @@ def plan_scan(
         if src.rows is not None:
             mem = src.rows
             sources.append(
-                MemTableScanExec(src.region_id, mem.generation, mem.batches, sschema, mem.origin)
+                MemTableScanExec(
+                    src.region_id,
+                    mem.generation,
+                    mem.batches,
+                    sschema,
+                    origin=mem.origin,
+                    caches=snapshot.caches,
+                )
             )
         else:
             assert src.uri is not None
             sources.append(
-                GenerationScanExec(src.region_id, src.generation, src.uri, sschema, opts)
+                GenerationScanExec(
+                    src.region_id,
+                    src.generation,
+                    src.uri,
+                    sschema,
+                    opts,
+                    caches=snapshot.caches,
+                )
             )
     root = DeduplicateExec(
         sources,
@@ -142,5 +156,6 @@ def plan_scan(
         primary_key=snapshot.primary_key,
         predicate=predicate,
         output=output_schema(base_schema, system_columns),
+        caches=snapshot.caches,
     )
     return ScanPlan(snapshot, predicate, kept, pruned, root)

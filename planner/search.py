@@ -47,7 +47,7 @@ from memwal_sql.formats.source_rows import source_schema
 from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.read_snapshot import Consistency, TableSnapshot
 from memwal_sql.storage import ObjectStore
-from memwal_sql.structures.cache import CACHE
+from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.vectors import DISTANCE
 from memwal_sql.writer.memtable_indexes import tokenizer_for
 from planner.lookup import region_lookups
@@ -163,11 +163,15 @@ T = TypeVar("T")
 
 
 def _base_index(
-    dataset: lance.LanceDataset, column: str, type_word: str, parse: Callable[[str, dict], T]
+    dataset: lance.LanceDataset,
+    column: str,
+    type_word: str,
+    parse: Callable[[str, dict], T],
+    caches: Caches,
 ) -> T | None:
     """``parse(name, statistics)`` of the base index on ``column`` whose type names
     ``type_word``; parsed once per base version (vector statistics carry every centroid, so
-    only what ``parse`` keeps is cached)."""
+    only what ``parse`` keeps is cached, in ``caches.search``)."""
     for d in dataset.describe_indices():
         if d.field_names == [column] and type_word in d.type_url:
 
@@ -177,7 +181,7 @@ def _base_index(
                 return parse(name, stats), 1024
 
             key = f"{dataset.uri}@{dataset.version}#{d.name}"
-            return CACHE.get(f"base_index_{type_word}", key, load)
+            return caches.search.get(f"base_index_{type_word}", key, load)
     return None
 
 
@@ -191,13 +195,13 @@ def _vector_index(name: str, stats: dict) -> VectorIndex:
     )
 
 
-def vector_index(dataset: lance.LanceDataset, column: str) -> VectorIndex | None:
+def vector_index(dataset: lance.LanceDataset, column: str, caches: Caches) -> VectorIndex | None:
     """The base table's vector index on ``column`` (None if it has none).
 
     Example:
-        ``vector_index(tbl.dataset(), "vec")  # VectorIndex("vec_idx", "IVF_PQ", "l2")``
+        ``vector_index(tbl.dataset(), "vec", tbl.caches)  # VectorIndex("vec_idx", "IVF_PQ", …)``
     """
-    return _base_index(dataset, column, "Vector", _vector_index)
+    return _base_index(dataset, column, "Vector", _vector_index, caches)
 
 
 def plan_vector_search(
@@ -222,7 +226,7 @@ def plan_vector_search(
     """
     column = search.column
     assert column is not None  # the API layer names it (the table's only vector column)
-    index = vector_index(snapshot.dataset, column)
+    index = vector_index(snapshot.dataset, column, snapshot.caches)
     metric = search.metric or (index.metric if index else "l2")
     if index is not None and index.metric != metric:
         index = None  # the index ranks by another metric: search the base exactly instead
@@ -252,14 +256,24 @@ def plan_vector_search(
                 mem = src.rows
                 sources.append(
                     MemTableKnnExec(
-                        region.region_id, mem.generation, mem.batches, schema, knn, mem.origin
+                        region.region_id,
+                        mem.generation,
+                        mem.batches,
+                        schema,
+                        knn,
+                        mem.origin,
+                        caches=snapshot.caches,
                     )
                 )
             else:
                 assert src.uri is not None
                 generations.append((src.generation, src.uri))
         if generations:
-            sources.append(GenerationRunsKnnExec(region.region_id, generations, schema, knn, opts))
+            sources.append(
+                GenerationRunsKnnExec(
+                    region.region_id, generations, schema, knn, opts, caches=snapshot.caches
+                )
+            )
 
     def newer_sources(keys: pa.Table) -> list:
         return region_lookups(snapshot, store, spec, keys)
@@ -272,13 +286,14 @@ def plan_vector_search(
     return SearchPlan(snapshot, kept, pruned, root, residual)
 
 
-def text_index(dataset: lance.LanceDataset, column: str) -> tuple[str, dict] | None:
+def text_index(dataset: lance.LanceDataset, column: str, caches: Caches) -> tuple[str, dict] | None:
     """The base table's inverted index on ``column``: its name and tokenizer parameters."""
     return _base_index(
         dataset,
         column,
         "Inverted",
         lambda name, stats: (name, dict((stats.get("indices") or [{}])[0].get("params") or {})),
+        caches,
     )
 
 
@@ -305,15 +320,18 @@ def plan_fts(
     assert column is not None and isinstance(query, str)  # the API layer checked both
     # BM25 counts every source's latest documents: a key in two regions has no latest one.
     check_one_region_per_key(snapshot, spec)
-    index = text_index(snapshot.dataset, column)
-    tokenizer = tokenizer_for(index[1] if index else {})
+    caches = snapshot.caches
+    index = text_index(snapshot.dataset, column, caches)
+    tokenizer = tokenizer_for(index[1] if index else {}, caches)
     kept, pruned, schema, opts, pk = _layout(snapshot, spec, base_schema, predicate)
     keep = set(kept)
     sources: list[FtsSource] = []
     searched = []
     for src in snapshot.sources(base=True):
         if src.kind == "base":
-            sources.append(BaseFtsExec(snapshot.dataset, schema, column, tokenizer, pk))
+            sources.append(
+                BaseFtsExec(snapshot.dataset, schema, column, tokenizer, pk, caches=caches)
+            )
         elif src.rows is not None:
             mem = src.rows
             sources.append(
@@ -326,13 +344,22 @@ def plan_fts(
                     tokenizer,
                     pk,
                     mem.origin,
+                    caches=caches,
                 )
             )
         else:
             assert src.uri is not None
             sources.append(
                 GenerationFtsExec(
-                    src.region_id, src.generation, src.uri, schema, column, tokenizer, pk, opts
+                    src.region_id,
+                    src.generation,
+                    src.uri,
+                    schema,
+                    column,
+                    tokenizer,
+                    pk,
+                    opts,
+                    caches=caches,
                 )
             )
         searched.append(src.region is None or src.region_id in keep)

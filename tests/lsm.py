@@ -14,15 +14,17 @@ from lance.mem_wal import LsmScanner, ShardSnapshot
 
 @contextlib.contextmanager
 def cache_budget(max_bytes: int) -> Iterator[None]:
-    """The lookup cache limited to ``max_bytes`` (0: off) inside the block."""
-    from memwal_sql.structures.cache import CACHE
+    """The process default caches (what tables opened without ``cache=`` share) limited to
+    ``max_bytes`` (0: off) inside the block."""
+    from memwal_sql.structures.cache import default_caches
 
-    saved = CACHE.max_bytes
-    CACHE.max_bytes = max_bytes
+    caches = default_caches()
+    saved = caches.max_bytes
+    caches.max_bytes = max_bytes
     try:
         yield
     finally:
-        CACHE.max_bytes = saved
+        caches.max_bytes = saved
 
 
 def lance_snapshots(uri: str, storage_options: dict | None = None) -> list[ShardSnapshot]:
@@ -170,7 +172,9 @@ def apply_op(
         tbl._writers.clear()
     elif op in ("close", "reopen"):  # a closed table takes no more writes: open it again
         tbl.close()
-        return mw.open_table(uri, tbl.storage_options or None, writer_config=tbl.writer_config)
+        return mw.open_table(
+            uri, tbl.storage_options or None, writer_config=tbl.writer_config, cache=tbl.caches
+        )
     elif op == "merge":
         tbl.merge()
     elif op == "gc":

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import memwal_sql as mw
 from exec_nodes.lookup import BaseLookupExec, BloomFilterGuardExec, TakeLastExec, fragment_rows_key
-from memwal_sql.structures.cache import CACHE, LookupCache
+from memwal_sql.structures.cache import LookupCache, default_caches
 from planner.lookup import LookupPlan
 from tests.lsm import apply_op, cache_budget, op_sequences, seeded_table
 
@@ -48,7 +48,7 @@ def test_lookups_match_the_model(ops, bucketed, cache):
     """With the lookup cache (small generations and base fragments whole, the base key index,
     reused across base versions and growing MemTables), with one so tight that only some
     fragments fit whole (the rest taken at random), and without it (btree, ``_take_rows``)."""
-    budget = {"default": CACHE.max_bytes, "tight": 12 << 10, "off": 0}[cache]
+    budget = {"default": default_caches().max_bytes, "tight": 12 << 10, "off": 0}[cache]
     with tempfile.TemporaryDirectory() as d, cache_budget(budget):
         tbl, model = seeded_table(
             d,
@@ -252,22 +252,21 @@ def test_base_rows_come_back_in_key_order_across_cached_and_taken_fragments(tmp_
     small_only = 16 * min(sizes[:2]) - 16
     assert 3 * sum(sizes) + 16 * ds.count_rows() <= small_only // 2
     budgets = {
-        "all whole": (CACHE.max_bytes, [True, True, True]),
+        "all whole": (default_caches().max_bytes, [True, True, True]),
         "the small one whole": (small_only, [False, False, True]),
         "btree": (0, [False, False, False]),
     }
     for budget, whole in budgets.values():
-        with cache_budget(budget):
-            CACHE.clear()
-            reopened = mw.open_table(str(tmp_path))
-            assert reopened.lookup(probe).to_pylist() == want
-            assert _kept_whole(ds) == whole
-            assert reopened.lookup(only_big).to_pylist() == [r for r in want if r["k"] < 4000]
-            for keys in (probe, only_big):  # row addresses name each row's own place
-                rows = reopened.lookup(keys, with_system_columns=True)
-                assert rows.column("_rowaddr").to_pylist() == [
-                    (k // 2000 << 32) + k % 2000 if k < 4000 else (2 << 32) + k - 9000 for k in keys
-                ]
+        # Caches of its own, of this budget, for each handle.
+        reopened = mw.open_table(str(tmp_path), cache=budget)
+        assert reopened.lookup(probe).to_pylist() == want
+        assert _kept_whole(ds, reopened.caches) == whole
+        assert reopened.lookup(only_big).to_pylist() == [r for r in want if r["k"] < 4000]
+        for keys in (probe, only_big):  # row addresses name each row's own place
+            rows = reopened.lookup(keys, with_system_columns=True)
+            assert rows.column("_rowaddr").to_pylist() == [
+                (k // 2000 << 32) + k % 2000 if k < 4000 else (2 << 32) + k - 9000 for k in keys
+            ]
 
 
 def _stored_sizes(ds) -> list[int]:
@@ -275,10 +274,11 @@ def _stored_sizes(ds) -> list[int]:
     return [sum(f.file_size_bytes for f in fr.data_files()) for fr in ds.get_fragments()]
 
 
-def _kept_whole(ds) -> list[bool]:
-    """Which fragments of ``ds`` the lookup cache holds whole."""
+def _kept_whole(ds, caches) -> list[bool]:
+    """Which fragments of ``ds`` the lookup cache of ``caches`` holds whole."""
     return [
-        CACHE.peek("rows", fragment_rows_key(ds.uri, fr)) is not None for fr in ds.get_fragments()
+        caches.lookup.peek("rows", fragment_rows_key(ds.uri, fr)) is not None
+        for fr in ds.get_fragments()
     ]
 
 
@@ -306,12 +306,11 @@ def test_a_base_too_big_for_the_cache_as_a_whole_is_taken_at_random(tmp_path):
     keys = list(range(7, 4000, 250))  # two keys in every fragment
     want = rows.take(keys).to_pylist()
     for budget, whole in ((each_fits, False), (2 * in_memory + 16, True)):
-        with cache_budget(budget):
-            CACHE.clear()
-            table = mw.open_table(str(tmp_path))
-            for _ in range(2):
-                assert table.lookup(keys).to_pylist() == want
-            assert _kept_whole(ds) == [whole] * len(sizes)
+        # Caches of its own, of this budget, for each handle.
+        table = mw.open_table(str(tmp_path), cache=budget)
+        for _ in range(2):
+            assert table.lookup(keys).to_pylist() == want
+        assert _kept_whole(ds, table.caches) == [whole] * len(sizes)
 
 
 def test_keys_a_region_resolved_never_come_from_the_base_when_not_routable(tmp_path):

@@ -16,7 +16,7 @@ from lance.mem_wal import LsmScanner
 
 import memwal_sql as mw
 from memwal_sql.errors import InvalidInputError, SchemaMismatchError, StorageError
-from memwal_sql.structures.cache import CACHE
+from memwal_sql.structures.cache import default_caches
 from tests.lsm import Model, apply_op, cache_budget, lance_snapshots
 
 SCHEMA = pa.schema(
@@ -114,7 +114,10 @@ def test_reads_match_the_model(ops, spec, cached, initial):
         "identity": mw.RegionSpec.identity("grp"),
         "none": None,
     }[spec]
-    with tempfile.TemporaryDirectory() as d, cache_budget(CACHE.max_bytes if cached else 0):
+    with (
+        tempfile.TemporaryDirectory() as d,
+        cache_budget(default_caches().max_bytes if cached else 0),
+    ):
         first = pa.concat_tables(
             [batch([0, 1, 2, 3], 1), *(batch([k], seed) for k, seed in initial)]
         )

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 import memwal_sql as mw
 from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMismatchError
-from memwal_sql.structures.cache import CACHE
 from memwal_sql.structures.vectors import distances, vectors_of
 from tests.lsm import Model, apply_op, op_sequences
 
@@ -101,15 +100,11 @@ def test_search_equals_brute_force_after_every_step(
     are the brute-force top k of the latest rows; no stale or deleted row ever comes back.
     With the lookup cache on, each region's generations are searched as one matrix; with it
     off, each generation through Lance."""
-    saved = CACHE.max_bytes
-    CACHE.max_bytes = saved if cached else 0
-    try:
-        _search_after_every_step(tmp_path_factory, base_rows, ops, qseed, k)
-    finally:
-        CACHE.max_bytes = saved
+    # Off: caches of 0 bytes for this table (and its reopened handles), the default's else.
+    _search_after_every_step(tmp_path_factory, base_rows, ops, qseed, k, None if cached else 0)
 
 
-def _search_after_every_step(tmp_path_factory, base_rows, ops, qseed, k) -> None:
+def _search_after_every_step(tmp_path_factory, base_rows, ops, qseed, k, cache) -> None:
     uri = str(tmp_path_factory.mktemp("vs"))
     tbl = mw.create_table(
         uri,
@@ -117,6 +112,7 @@ def _search_after_every_step(tmp_path_factory, base_rows, ops, qseed, k) -> None
         primary_key="k",
         region_spec=mw.RegionSpec.bucket("k", 2),
         writer_config=mw.WriterConfig(durable_write=False, max_memtable_rows=40),
+        cache=cache,
     )
     tbl.create_index("vec", "IVF_FLAT", num_partitions=2)
     model = Model(["k"])
@@ -133,25 +129,22 @@ def test_generations_beyond_a_runs_share_of_the_cache_are_searched_in_runs(tmp_p
     # A 64 KiB cache: each generation is kept (its file is under 1/16 of it), but a run of
     # generations searched as one matrix holds at most 1/8 of it: 12 generations of 30 rows
     # make several runs, and keys updated across them are still found at their latest.
-    saved = CACHE.max_bytes
-    CACHE.max_bytes = 64 << 10
-    try:
-        tbl = mw.create_table(str(tmp_path), vec_batch(list(range(50)), 0), primary_key="k")
-        model = Model(["k"])
-        model.upsert(vec_batch(list(range(50)), 0))
-        for seed in range(1, 13):
-            rows = vec_batch([(seed * 7 + i) % 60 for i in range(30)], seed)
-            tbl.upsert(rows)
-            model.upsert(rows)
-            tbl.flush()
-        query = np.random.default_rng(5).normal(size=DIM).astype(np.float32)
-        runs = tbl.explain_search(query, k=10).count("GenerationsKnnExec")
-        assert 2 <= runs < 12
-        for k in (1, 10, 40):
-            check(tbl, model, query, k)
-        tbl.close()
-    finally:
-        CACHE.max_bytes = saved
+    tbl = mw.create_table(  # the table's own 64 KiB caches
+        str(tmp_path), vec_batch(list(range(50)), 0), primary_key="k", cache=64 << 10
+    )
+    model = Model(["k"])
+    model.upsert(vec_batch(list(range(50)), 0))
+    for seed in range(1, 13):
+        rows = vec_batch([(seed * 7 + i) % 60 for i in range(30)], seed)
+        tbl.upsert(rows)
+        model.upsert(rows)
+        tbl.flush()
+    query = np.random.default_rng(5).normal(size=DIM).astype(np.float32)
+    runs = tbl.explain_search(query, k=10).count("GenerationsKnnExec")
+    assert 2 <= runs < 12
+    for k in (1, 10, 40):
+        check(tbl, model, query, k)
+    tbl.close()
 
 
 def test_fresh_write_found_at_once_and_deleted_never(tmp_path, base_rows) -> None:

@@ -8,17 +8,18 @@ bring them up to the batches their snapshot captured; a writer with ``indexed_wr
 them up to date before it acknowledges a write, so the write is searchable through its
 indexes at once (the spec's indexed write).
 
-They live in the process's :data:`~memwal_sql.structures.cache.CACHE`, keyed by the MemTable (its
-first batch) and column.
+They live in the table's caches (``caches.memtable``, see
+:class:`~memwal_sql.structures.cache.Caches`), keyed by the MemTable (its first batch) and column.
 
 Example:
-    ``rows, piece = text_index(batches, 3, "memtable", "body", schema, tok).update(batches, pk)``
+    ``text_index(batches, 3, "memtable", "body", schema, tok, caches=tbl.caches).update(batches, pk)``
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,7 @@ import pyarrow as pa
 
 from memwal_sql.formats.source_rows import ROWADDR, TOMBSTONE, conform, empty_rows
 from memwal_sql.formats.tokenizer import GrowingTokens, Tokenizer, Tokens
-from memwal_sql.structures.cache import CACHE
+from memwal_sql.structures.cache import CachePart, Caches
 from memwal_sql.structures.keyset import KeySet
 from memwal_sql.writer.memtable import on_flushed
 
@@ -292,31 +293,43 @@ class KeysIndex(_Growing):
         self._starts, self._runs = [], []
 
 
+# The caches that hold some MemTable's indexes, weakly (they go with their tables): a flush
+# tells this module's listener (memwal_sql.writer.memtable.on_flushed) the batches only.
+_HOLDERS: weakref.WeakSet[CachePart] = weakref.WeakSet()
+_HOLDERS_LOCK = threading.Lock()  # a flush thread lists them while a query adds one
+
+
 def _cached(
     kind: str,
     batches: Sequence[pa.RecordBatch],
     origin: str,
     key: str,
     make: Callable[[], _Growing],
+    caches: Caches,
 ) -> Any:
-    """The index ``make`` builds for one MemTable, kept while the MemTable lives: keyed by its
-    first batch (and ``key``), which it holds, so the key is never another MemTable's. A WAL
-    tail is read anew by every snapshot: its index is not kept."""
+    """The index ``make`` builds for one MemTable, kept in ``caches.memtable`` while the
+    MemTable lives: keyed by its first batch (and ``key``), which it holds, so the key is never
+    another MemTable's. A WAL tail is read anew by every snapshot: its index is not kept."""
     if origin != "memtable" or not batches:
         return make()
-    return CACHE.get(
-        kind,
-        f"{id(batches[0])}#{key}",
-        lambda: (make(), 1 << 20),
-        lambda index: index.holds(batches),
-    )
+    part = caches.memtable
+
+    def load() -> tuple[_Growing, int]:
+        with _HOLDERS_LOCK:
+            _HOLDERS.add(part)
+        return make(), 1 << 20
+
+    return part.get(kind, f"{id(batches[0])}#{key}", load, lambda index: index.holds(batches))
 
 
 def forget(batches: Sequence[pa.RecordBatch]) -> None:
     """Drop a MemTable's in-memory indexes (it was flushed: its generation serves reads now),
     so they do not hold its rows until the cache evicts them."""
     if batches:
-        CACHE.discard(f"{id(batches[0])}#")
+        with _HOLDERS_LOCK:
+            parts = list(_HOLDERS)
+        for part in parts:
+            part.discard(f"{id(batches[0])}#")
 
 
 on_flushed(forget)
@@ -328,27 +341,52 @@ def keys_index(
     origin: str,
     schema: pa.Schema,
     primary_key: Sequence[str],
+    *,
+    caches: Caches,
 ) -> KeysIndex:
     """The MemTable's newest row per key, brought up to ``batches``."""
     index = _cached(
-        "memtable_keys", batches, origin, "", lambda: KeysIndex(schema, generation, primary_key)
+        "memtable_keys",
+        batches,
+        origin,
+        "",
+        lambda: KeysIndex(schema, generation, primary_key),
+        caches,
     )
     return index.update(batches)
 
 
 def rows_index(
-    batches: Sequence[pa.RecordBatch], generation: int, origin: str, schema: pa.Schema
+    batches: Sequence[pa.RecordBatch],
+    generation: int,
+    origin: str,
+    schema: pa.Schema,
+    *,
+    caches: Caches,
 ) -> RowsIndex:
     """The MemTable's rows, kept in the source schema."""
-    return _cached("memtable_rows", batches, origin, "", lambda: RowsIndex(schema, generation))
+    return _cached(
+        "memtable_rows", batches, origin, "", lambda: RowsIndex(schema, generation), caches
+    )
 
 
 def vector_index(
-    batches: Sequence[pa.RecordBatch], generation: int, origin: str, column: str, schema: pa.Schema
+    batches: Sequence[pa.RecordBatch],
+    generation: int,
+    origin: str,
+    column: str,
+    schema: pa.Schema,
+    *,
+    caches: Caches,
 ) -> VectorIndex:
     """The MemTable's in-memory vector index on ``column``."""
     return _cached(
-        "memtable_vectors", batches, origin, column, lambda: VectorIndex(schema, generation, column)
+        "memtable_vectors",
+        batches,
+        origin,
+        column,
+        lambda: VectorIndex(schema, generation, column),
+        caches,
     )
 
 
@@ -359,6 +397,8 @@ def text_index(
     column: str,
     schema: pa.Schema,
     tokenizer: Tokenizer,
+    *,
+    caches: Caches,
 ) -> TextIndex:
     """The MemTable's in-memory inverted index on ``column`` for ``tokenizer``."""
     return _cached(
@@ -367,6 +407,7 @@ def text_index(
         origin,
         f"{column}#{tokenizer.signature}",
         lambda: TextIndex(schema, generation, column, tokenizer),
+        caches,
     )
 
 
@@ -384,8 +425,8 @@ __all__ = [
 ]
 
 
-def tokenizer_for(params: dict) -> Tokenizer:
-    """One tokenizer per parameter set in the process: it keeps what it learnt (each distinct
-    token's final term, recent queries' terms)."""
+def tokenizer_for(params: dict, caches: Caches) -> Tokenizer:
+    """One tokenizer per parameter set in ``caches.search``: it keeps what it learnt (each
+    distinct token's final term, recent queries' terms)."""
     key = json.dumps(params, sort_keys=True, default=str)
-    return CACHE.get("tokenizer", key, lambda: (Tokenizer(params), 1 << 16))
+    return caches.search.get("tokenizer", key, lambda: (Tokenizer(params), 1 << 16))

@@ -59,6 +59,7 @@ from memwal_sql.formats.wal import (
 )
 from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.storage import ObjectStore, layout
+from memwal_sql.structures.cache import Caches
 from memwal_sql.writer.config import WriterConfig
 from memwal_sql.writer.flush import write_generation
 from memwal_sql.writer.memtable import MemTable, flushed, latest_per_key_in_key_order
@@ -94,6 +95,8 @@ class TableLayout:
     primary_key: tuple[str, ...]
     region_spec: RegionSpec | None
     data_storage_version: str
+    caches: Caches
+    """The table's caches: the MemTables' in-memory indexes live in ``caches.memtable``."""
     merged_generations: Callable[[], Mapping[str, int]] = dict
     """The newest generation of each region merged into the base table (the MemWAL index)."""
     maintained_indexes: Callable[[], Sequence[MaintainedIndex]] = tuple
@@ -713,9 +716,14 @@ class RegionWriter:
         schema, batches = source_schema(memtable.schema), memtable.batches()
         for index in self._table.maintained_indexes():
             if index.vector:
-                vector_index(batches, memtable.generation, "memtable", index.column, schema).update(
-                    batches
-                )
+                vector_index(
+                    batches,
+                    memtable.generation,
+                    "memtable",
+                    index.column,
+                    schema,
+                    caches=self._table.caches,
+                ).update(batches)
             elif index.index_type == "INVERTED":
                 text_index(
                     batches,
@@ -723,7 +731,8 @@ class RegionWriter:
                     "memtable",
                     index.column,
                     schema,
-                    tokenizer_for(index.params),
+                    tokenizer_for(index.params, self._table.caches),
+                    caches=self._table.caches,
                 ).update(batches, self._table.primary_key)
 
     def _backpressure_locked(self) -> None:

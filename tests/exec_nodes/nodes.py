@@ -10,12 +10,16 @@ from memwal_sql.formats.source_rows import (
     TOMBSTONE,
     source_schema,
 )
+from memwal_sql.structures.cache import Caches
 
 BASE = pa.schema(
     [pa.field("id", pa.int64(), False), pa.field("v", pa.string()), pa.field("f", pa.float64())]
 )
 WAL = pa.schema([*BASE, pa.field(TOMBSTONE, pa.bool_())])
 SOURCE = source_schema(WAL)
+
+#: The caches the node tests share (a table owns its own; these nodes are built by hand).
+CACHES = Caches()
 
 
 def wal_rows(ids, v, dead=None, f=None):

@@ -11,6 +11,7 @@ from memwal_sql.formats.source_rows import BASE_GENERATION, TOMBSTONE, conform, 
 from memwal_sql.structures.vectors import (
     neighbours,
 )
+from tests.exec_nodes.nodes import CACHES
 
 WAL = pa.schema(
     [
@@ -64,5 +65,5 @@ class FixedBase(KnnSource):
 
 
 def memtable_lookup(batches):
-    take = TakeLastExec("r1", 5, SOURCE, ["id"], batches=batches, origin="memtable")
+    take = TakeLastExec("r1", 5, SOURCE, ["id"], batches=batches, origin="memtable", caches=CACHES)
     return lambda keys: [CoalesceFirstExec([take], ["id"], SOURCE, keys=keys)]

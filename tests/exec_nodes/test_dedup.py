@@ -16,7 +16,7 @@ from memwal_sql.formats.source_rows import (
     ROWADDR,
     TOMBSTONE,
 )
-from tests.exec_nodes.nodes import BASE, SOURCE, check_contract, wal_rows
+from tests.exec_nodes.nodes import BASE, CACHES, SOURCE, check_contract, wal_rows
 
 
 def test_newest_per_key_picks_the_highest_generation_then_row_address():
@@ -35,12 +35,14 @@ def test_newest_per_key_picks_the_highest_generation_then_row_address():
 def test_deduplicate_merges_base_and_newer_sources(base, generation):
     _, uri, _ = generation
     newer = [
-        MemTableScanExec("r", 2, [wal_rows([1, 5], "m2", f=[0.5, 9.0]).to_batches()[0]], SOURCE),
-        GenerationScanExec("r", 1, uri, SOURCE),
+        MemTableScanExec(
+            "r", 2, [wal_rows([1, 5], "m2", f=[0.5, 9.0]).to_batches()[0]], SOURCE, caches=CACHES
+        ),
+        GenerationScanExec("r", 1, uri, SOURCE, caches=CACHES),
     ]
     out_schema = pa.schema([*BASE, pa.field(GEN, pa.int64(), False)])
     node = DeduplicateExec(
-        newer, base, [None], primary_key=["id"], predicate=None, output=out_schema
+        newer, base, [None], primary_key=["id"], predicate=None, output=out_schema, caches=CACHES
     )
     rows = check_contract(node).sort_by("id").to_pylist()
     # 1: memtable; 2: generation; 3: deleted in the generation; 4: base; 5: memtable.
@@ -61,6 +63,7 @@ def test_deduplicate_merges_base_and_newer_sources(base, generation):
             primary_key=["id"],
             output=out_schema,
             predicate=Compare("v", "=", pa.scalar(v)),
+            caches=CACHES,
         )
         return check_contract(node)
 

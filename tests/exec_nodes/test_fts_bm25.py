@@ -13,7 +13,7 @@ from memwal_sql.compat.lance_fts import BM25_B, BM25_K1
 from memwal_sql.expressions.predicate import Compare
 from memwal_sql.formats.source_rows import TOMBSTONE, source_schema
 from memwal_sql.writer.memtable_indexes import tokenizer_for
-from tests.exec_nodes.nodes import check_contract
+from tests.exec_nodes.nodes import CACHES, check_contract
 
 WAL = pa.schema(
     [
@@ -23,7 +23,7 @@ WAL = pa.schema(
     ]
 )
 SOURCE = source_schema(WAL)
-TOKENIZER = tokenizer_for({})
+TOKENIZER = tokenizer_for({}, CACHES)
 
 
 def memtable(generation: int, ids, texts, dead=None) -> MemTableFtsExec:
@@ -31,7 +31,9 @@ def memtable(generation: int, ids, texts, dead=None) -> MemTableFtsExec:
         {"id": pa.array(ids, pa.int64()), "text": texts, TOMBSTONE: dead or [False] * len(ids)},
         schema=WAL,
     )
-    return MemTableFtsExec("r", generation, [batch], SOURCE, "text", TOKENIZER, ["id"])
+    return MemTableFtsExec(
+        "r", generation, [batch], SOURCE, "text", TOKENIZER, ["id"], caches=CACHES
+    )
 
 
 def bm25(tf: int, length: int, avgdl: float, n: int, df: int) -> float:

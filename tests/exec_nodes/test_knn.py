@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from exec_nodes.knn import GenerationRunsKnnExec, GenerationsKnnExec, KnnQuery, MemTableKnnExec
 from memwal_sql.formats.source_rows import GEN, TOMBSTONE, conform, source_schema
 from memwal_sql.storage import ObjectStore
-from memwal_sql.structures.cache import CACHE
 from memwal_sql.structures.vectors import (
     DISTANCE,
     distances,
@@ -19,7 +18,7 @@ from memwal_sql.structures.vectors import (
     squared_norms,
 )
 from memwal_sql.writer.flush import write_generation
-from tests.exec_nodes.nodes import check_contract
+from tests.exec_nodes.nodes import CACHES, check_contract
 from tests.exec_nodes.search_inputs import (
     SOURCE,
     WAL,
@@ -35,6 +34,7 @@ def test_knn_leaf_is_exact_and_skips_tombstones():
         [rows([1, 2, 3], [3.0, 1.0, 2.0], [False, True, False]).to_batches()[0]],
         SOURCE,
         knn_query(k=5),
+        caches=CACHES,
     )
     out = check_contract(mem, 2)
     assert out.column("id").to_pylist() == [3, 1]
@@ -64,12 +64,12 @@ def test_generations_are_searched_as_one_matrix_without_superseded_rows(tmp_path
             in_memory_bytes=written.nbytes,
         )
         generations.append((gen, store.uri_for(f"_mem_wal/r/{entry.path}")))
-    older = GenerationsKnnExec("r", generations[:1], SOURCE, knn_query(k=4))
+    older = GenerationsKnnExec("r", generations[:1], SOURCE, knn_query(k=4), caches=CACHES)
     assert older.top(4).column("id").to_pylist() == [1, 2, 3, 4]
-    node = GenerationsKnnExec("r", generations[::-1], SOURCE, knn_query(k=4))
+    node = GenerationsKnnExec("r", generations[::-1], SOURCE, knn_query(k=4), caches=CACHES)
     out = check_contract(node, 4)
     # The run's matrix was replaced when the run grew, not kept beside it.
-    assert [k for k in CACHE._entries if k[0] == "vectors" and "/r/" in k[1]] == [
+    assert [k for k in CACHES.search.entries() if k[0] == "vectors" and "/r/" in k[1]] == [
         ("vectors", generations[0][1] + "#vec")
     ]
     # Not 1 at distance 1 (gen 2 supersedes it), not 2 (deleted), not 5 at 0.25 (its own
@@ -108,7 +108,7 @@ def test_exact_knn_picks_by_rough_distances_and_reports_lances_exact_ones():
     for metric in ("l2", "cosine"):
         exact = distances(matrix, query, metric)
         search = KnnQuery("vec", query, metric, None, 10, ("id",))
-        top = MemTableKnnExec("r", 1, [batch], schema, search).top(10)
+        top = MemTableKnnExec("r", 1, [batch], schema, search, caches=CACHES).top(10)
         want = np.lexsort((np.arange(len(exact)), exact))[:10]
         assert top.column("id").to_pylist() == want.tolist()
         assert np.array_equal(top.column(DISTANCE).to_numpy(), exact[want])
@@ -148,14 +148,16 @@ def write_generations(tmp_path, count: int, per: int) -> list[tuple[int, str]]:
 def test_generation_runs_decide_at_execution_and_merge_their_runs(tmp_path):
     generations = write_generations(tmp_path, 3, 200)
     want_ids = [1000, 2000, 3000, 1001, 2001]  # x = 1, 2, 3, 4, 5
-    saved = CACHE.max_bytes
+    saved = CACHES.max_bytes
     try:
         for max_bytes, runs in ((saved, 1), (96 << 10, 3)):
             # 96 KiB: each generation (a 3.4 KB file) is kept, but a run holds 1/8 of the
             # cache, less than two generations' rows and vectors: one run per generation.
-            CACHE.max_bytes = max_bytes
-            CACHE.clear()
-            node = GenerationRunsKnnExec("r", generations[::-1], SOURCE, knn_query(k=5))
+            CACHES.max_bytes = max_bytes
+            CACHES.clear()
+            node = GenerationRunsKnnExec(
+                "r", generations[::-1], SOURCE, knn_query(k=5), caches=CACHES
+            )
             assert node.children == []  # planning read nothing
             out = check_contract(node, 5)
             assert len(node.children) == runs
@@ -166,5 +168,5 @@ def test_generation_runs_decide_at_execution_and_merge_their_runs(tmp_path):
             assert full.column("id").to_pylist() == [2001, 3000, 1000]
             assert [v[0] for v in full.column("vec").to_pylist()] == [5.0, 3.0, 1.0]
     finally:
-        CACHE.max_bytes = saved
-        CACHE.clear()
+        CACHES.max_bytes = saved
+        CACHES.clear()

@@ -28,13 +28,19 @@ from memwal_sql.formats.source_rows import (
 )
 from memwal_sql.storage import ObjectStore
 from memwal_sql.writer.flush import write_generation
-from tests.exec_nodes.nodes import SOURCE, WAL, check_contract, wal_rows
+from tests.exec_nodes.nodes import CACHES, SOURCE, WAL, check_contract, wal_rows
 
 
 def test_take_last_of_a_memtable_returns_the_newest_duplicate():
     batches = [wal_rows([1, 2], "old").to_batches()[0], wal_rows([1], "new").to_batches()[0]]
     node = TakeLastExec(
-        "r", 3, SOURCE, ["id"], batches=batches, keys=pa.table({"id": pa.array([1, 9], pa.int64())})
+        "r",
+        3,
+        SOURCE,
+        ["id"],
+        batches=batches,
+        keys=pa.table({"id": pa.array([1, 9], pa.int64())}),
+        caches=CACHES,
     )
     rows = check_contract(node, want_rows=1).to_pylist()
     assert rows[0]["v"] == "new" and rows[0][ROWADDR] == 2
@@ -45,7 +51,13 @@ def test_take_last_of_a_memtable_returns_the_newest_duplicate():
 def test_take_last_of_a_generation_uses_its_pk_index(generation):
     _, uri, _ = generation
     node = TakeLastExec(
-        "r", 1, SOURCE, ["id"], uri=uri, keys=pa.table({"id": pa.array([3, 4, 5], pa.int64())})
+        "r",
+        1,
+        SOURCE,
+        ["id"],
+        uri=uri,
+        keys=pa.table({"id": pa.array([3, 4, 5], pa.int64())}),
+        caches=CACHES,
     )
     rows = check_contract(node, want_rows=2).sort_by("id").to_pylist()
     assert [(r["id"], r[TOMBSTONE]) for r in rows] == [(3, True), (5, False)]
@@ -53,7 +65,7 @@ def test_take_last_of_a_generation_uses_its_pk_index(generation):
 
 def test_bloom_filter_guard_passes_only_keys_the_filter_may_hold(generation):
     store, uri, path = generation
-    child = TakeLastExec("r", 1, SOURCE, ["id"], uri=uri)
+    child = TakeLastExec("r", 1, SOURCE, ["id"], uri=uri, caches=CACHES)
     keys = pa.table({"id": pa.array([2, *range(1000, 1100)], pa.int64())})
     guard = BloomFilterGuardExec(child, store, f"{path}/{BLOOM_FILTER}", keys=keys)
     rows = check_contract(guard, want_rows=1)
@@ -63,9 +75,16 @@ def test_bloom_filter_guard_passes_only_keys_the_filter_may_hold(generation):
 
 def test_coalesce_first_stops_at_the_newest_hit_and_a_tombstone_resolves():
     newest = TakeLastExec(
-        "r", 2, SOURCE, ["id"], batches=wal_rows([1, 2], "n", dead=[False, True]).to_batches()
+        "r",
+        2,
+        SOURCE,
+        ["id"],
+        batches=wal_rows([1, 2], "n", dead=[False, True]).to_batches(),
+        caches=CACHES,
     )
-    older = TakeLastExec("r", 1, SOURCE, ["id"], batches=wal_rows([1, 2, 3], "o").to_batches())
+    older = TakeLastExec(
+        "r", 1, SOURCE, ["id"], batches=wal_rows([1, 2, 3], "o").to_batches(), caches=CACHES
+    )
     keys = pa.table({"id": pa.array([3, 1, 2, 4], pa.int64())})
     node = CoalesceFirstExec([newest, older], ["id"], SOURCE, keys=keys)
     rows = check_contract(node, want_rows=3).sort_by("id").to_pylist()
@@ -86,13 +105,14 @@ def test_point_lookup_asks_the_base_only_for_what_no_region_resolved(base):
                 SOURCE,
                 ["id"],
                 batches=wal_rows([1, 2], "m", dead=[False, True]).to_batches(),
+                caches=CACHES,
             )
         ],
         ["id"],
         SOURCE,
         keys=pa.table({"id": pa.array([1, 2, 3, 9], pa.int64())}),
     )
-    base_node = BaseLookupExec(base, SOURCE, ["id"])
+    base_node = BaseLookupExec(base, SOURCE, ["id"], caches=CACHES)
     keys = pa.table({"id": pa.array([1, 2, 3, 9], pa.int64())})
     for parallel in (1, 1000):  # the base probed beside the regions, or after them
         node = PointLookupExec(keys, [region], base_node, parallel_keys=parallel)
@@ -120,11 +140,18 @@ def test_generation_index_answers_as_the_generations_one_by_one(tmp_path):
             in_memory_bytes=rows.nbytes,
         )
         takes.append(
-            TakeLastExec("r", gen, SOURCE, ["id"], uri=store.uri_for(f"_mem_wal/r/{entry.path}"))
+            TakeLastExec(
+                "r",
+                gen,
+                SOURCE,
+                ["id"],
+                uri=store.uri_for(f"_mem_wal/r/{entry.path}"),
+                caches=CACHES,
+            )
         )
     newest_first = takes[::-1]
     keys = pa.table({"id": pa.array([9, 4, 3, 2, 1, 7], pa.int64())})
-    node = GenerationIndexExec(newest_first, ["id"], SOURCE, keys=keys)
+    node = GenerationIndexExec(newest_first, ["id"], SOURCE, keys=keys, caches=CACHES)
     merged = check_contract(node).sort_by("id")
     one_by_one = CoalesceFirstExec(newest_first, ["id"], SOURCE, keys=keys).to_table().sort_by("id")
     assert merged.equals(one_by_one)
@@ -194,7 +221,7 @@ def test_keys_index_finds_the_newest_row_of_each_key_as_the_memtable_grows(write
 
 def test_lookup_leaves_are_exec_nodes_that_also_probe_by_key():
     batch = wal_rows([4, 4, 6], "m", f=[1.0, 2.0, 3.0]).to_batches()[0]
-    leaf = TakeLastExec("r", 7, SOURCE, ["id"], batches=[batch])
+    leaf = TakeLastExec("r", 7, SOURCE, ["id"], batches=[batch], caches=CACHES)
     assert isinstance(leaf, KeyProbe) and isinstance(leaf, ExecNode)
     probe = leaf.probe(pa.table({"id": pa.array([6, 4, 8], pa.int64())}))
     assert probe.hit.tolist() == [True, True, False]

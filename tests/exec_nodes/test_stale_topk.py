@@ -11,7 +11,7 @@ from exec_nodes.topk import TopKExec
 from memwal_sql.structures.vectors import (
     DISTANCE,
 )
-from tests.exec_nodes.nodes import check_contract
+from tests.exec_nodes.nodes import CACHES, check_contract
 from tests.exec_nodes.search_inputs import (
     SOURCE,
     FixedBase,
@@ -26,7 +26,7 @@ def test_filter_stale_keeps_latest_versions_only_and_asks_for_more():
     # key 2 deleted, key 7 written twice (the second version is the newer).
     base = FixedBase(rows([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]))
     batch = rows([1, 2, 7, 7], [10.0, 0.0, 0.5, 2.5], [False, True, False, False]).to_batches()[0]
-    mem = MemTableKnnExec("r1", 5, [batch], SOURCE, knn_query(k=2))
+    mem = MemTableKnnExec("r1", 5, [batch], SOURCE, knn_query(k=2), caches=CACHES)
     stale = FilterStaleExec([base, mem], ["id"], memtable_lookup([batch]), 2, score=DISTANCE)
     top = TopKExec(stale, 2, DISTANCE, columns=["id", DISTANCE])
     out = check_contract(top, 2)

@@ -12,7 +12,6 @@ from memwal_sql.formats import index_catchup as catchup
 from memwal_sql.formats.index_catchup import index_coverage
 from memwal_sql.maintenance.indexes import recorded_catchup
 from memwal_sql.read_snapshot import take_snapshot
-from memwal_sql.structures.cache import CACHE
 from planner.indexed import plan_indexed_read
 from tests.lsm import layered_table
 
@@ -95,8 +94,8 @@ def test_lookups_stay_on_the_index_through_the_gap_and_match_the_model(lagging, 
     # Scans read the whole base table: no generation index serves a scan filter.
     assert "indexed read" not in tbl.explain("k >= 5")
     assert tbl.to_arrow(filter="k >= 5").sort_by("k") == want.filter(pc.field("k") >= 5)
-    saved = CACHE.max_bytes
-    CACHE.max_bytes = CACHE.max_bytes if cached else 0  # btree path takes the indexed plan
+    saved = tbl.caches.max_bytes
+    tbl.caches.max_bytes = saved if cached else 0  # btree path takes the indexed plan
     try:
         text = tbl.explain_lookup([1, 2])
         assert ("indexed read: k_pk_btree" in text) != cached  # the btree path takes it
@@ -104,7 +103,7 @@ def test_lookups_stay_on_the_index_through_the_gap_and_match_the_model(lagging, 
         probe = list(range(45))
         assert tbl.lookup(probe).sort_by("k") == want
     finally:
-        CACHE.max_bytes = saved
+        tbl.caches.max_bytes = saved
     assert tbl.to_arrow().sort_by("k") == want  # no filter: the whole base, no gap
 
 

@@ -266,7 +266,6 @@ def test_a_read_of_a_generation_gc_collected_after_its_snapshot_is_retryable(tmp
     # Not damage: the snapshot is older than the GC pass. A new read sees the merged rows.
     from memwal_sql.errors import GenerationCollectedError, RetryableError
     from memwal_sql.read_snapshot import take_snapshot
-    from memwal_sql.structures.cache import CACHE
     from planner.scan import plan_scan
 
     tbl = mw.create_table(
@@ -278,7 +277,7 @@ def test_a_read_of_a_generation_gc_collected_after_its_snapshot_is_retryable(tmp
     tbl.flush()
     plan = plan_scan(take_snapshot(tbl), tbl.region_spec, tbl.schema, None)
     assert tbl.maintain(base_versions_older_than=timedelta(0)).gc.generations
-    CACHE.clear()
+    tbl.caches.clear()
     with pytest.raises(GenerationCollectedError, match="read again") as e:
         plan.root.to_table()
     assert isinstance(e.value, RetryableError)

@@ -1,0 +1,171 @@
+"""A table's caches: named parts of one budget, set through the API, owned or shared."""
+
+from __future__ import annotations
+
+import lance
+import pyarrow as pa
+import pytest
+
+import memwal_sql as mw
+from memwal_sql.errors import InvalidInputError
+from memwal_sql.structures import cache as cache_module
+from memwal_sql.structures.cache import BUDGET_ENV, Caches, LookupCache, default_caches
+
+SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
+
+
+def rows(keys: list[int], tag: str) -> pa.Table:
+    return pa.table({"k": keys, "v": [f"{tag}{k}" for k in keys]}, schema=SCHEMA)
+
+
+def layered(uri: str, cache: int | Caches | None, generations: int = 3) -> mw.MemWalTable:
+    """A table with a base and ``generations`` flushed generations of 20 keys each."""
+    tbl = mw.create_table(uri, rows(list(range(100)), "b"), primary_key="k", cache=cache)
+    for g in range(generations):
+        tbl.upsert(rows(list(range(g * 20, g * 20 + 20)), f"g{g}-"))
+        tbl.flush()
+    return tbl
+
+
+def test_the_parts_share_one_budget_and_one_lru_order_but_count_their_own_bytes():
+    caches = Caches(100)
+    caches.lookup.get("rows", "a", lambda: ("A", 40))
+    caches.search.get("vectors", "a", lambda: ("V", 40))  # same uri, another part: its own
+    assert (caches.lookup.nbytes, caches.search.nbytes, caches.nbytes) == (40, 40, 80)
+    assert caches.lookup.peek("rows", "a") == "A" and caches.search.peek("rows", "a") is None
+    caches.deletions.get("deletions", "d", lambda: ("D", 40))  # over budget: the oldest goes
+    assert not caches.lookup.contains("rows", "a")
+    assert caches.search.contains("vectors", "a") and caches.deletions.contains("deletions", "d")
+    assert (caches.lookup.nbytes, caches.nbytes) == (0, 80)
+    caches.search.clear()  # one part's entries only
+    assert caches.search.entries() == [] and caches.deletions.entries() == [("deletions", "d")]
+    assert caches.nbytes == 40
+
+
+def test_the_budget_is_set_through_the_api(tmp_path):
+    tbl = layered(str(tmp_path), cache=1 << 20)
+    assert tbl.caches.max_bytes == 1 << 20 and tbl.caches is not default_caches()
+    assert tbl.lookup([5, 45, 99]).num_rows == 3
+    assert 0 < tbl.caches.lookup.nbytes <= tbl.caches.nbytes <= 1 << 20
+    reopened = mw.open_table(str(tmp_path), cache=0)  # 0: nothing is kept
+    assert reopened.lookup([5, 45, 99]).num_rows == 3
+    assert reopened.caches.nbytes == 0 and reopened.caches.lookup.entries() == []
+    # Changed on a live table, the budget bounds the next insertions.
+    reopened.caches.max_bytes = 1 << 20
+    reopened.lookup([6])
+    assert reopened.caches.lookup.nbytes > 0
+    tbl.close()
+    reopened.close()
+
+
+def test_two_tables_with_separate_budgets_do_not_evict_each_other(tmp_path):
+    # One budget per table: filling one table's caches far past its budget leaves every entry
+    # of the other in place (with one process-wide cache, the older table's entries, least
+    # recently used, would be the first to go).
+    kept = layered(str(tmp_path / "kept"), cache=8 << 20)
+    assert kept.lookup(list(range(0, 100, 7))).num_rows > 0
+    before = kept.caches.lookup.entries()
+    held = kept.caches.nbytes
+    assert len(before) > 3 and held > 0
+
+    busy = layered(str(tmp_path / "busy"), cache=16 << 10, generations=8)
+    first = None
+    for k in range(0, 160, 3):
+        busy.lookup([k])
+        busy.to_arrow(filter=f"k >= {k}")
+        first = first or busy.caches.lookup.entries()[0]
+    assert busy.caches.nbytes <= 16 << 10
+    assert first not in busy.caches.lookup.entries()  # the busy table did evict its own
+
+    assert kept.caches.lookup.entries() == before
+    assert all(kept.caches.lookup.contains(kind, uri) for kind, uri in before)
+    assert kept.caches.nbytes == held
+    kept.close()
+    busy.close()
+
+
+def test_one_caches_object_given_to_two_tables_is_shared(tmp_path):
+    shared = mw.Caches(64 << 20)
+    one = layered(str(tmp_path / "one"), cache=shared)
+    two = mw.open_table(str(layered(str(tmp_path / "two"), cache=shared).uri), cache=shared)
+    assert one.caches is shared and two.caches is shared
+    one.lookup([1, 2])
+    two.lookup([1, 2])
+    uris = {uri for _, uri in shared.lookup.entries()}
+    assert any("/one" in u for u in uris) and any("/two" in u for u in uris)
+    # One budget for both: shrunk to what both hold, the first table's entries (least
+    # recently used) are evicted when the second inserts.
+    one_entries = [e for e in shared.lookup.entries() if "/one" in e[1]]
+    shared.max_bytes = shared.nbytes
+    two.lookup(list(range(100)))
+    assert not shared.lookup.contains(*one_entries[0])
+    assert shared.nbytes <= shared.max_bytes
+    one.close()
+    two.close()
+
+
+def test_search_matrices_deletions_and_memtable_indexes_have_their_own_parts(tmp_path):
+    tbl = mw.create_table(
+        str(tmp_path),
+        pa.table(
+            {
+                "k": pa.array(range(40), pa.int64()),
+                "vec": pa.FixedSizeListArray.from_arrays(
+                    pa.array([float(i % 7) for i in range(80)], pa.float32()), 2
+                ),
+            }
+        ),
+        primary_key="k",
+        cache=32 << 20,
+    )
+    tbl.upsert({"k": [1, 2], "vec": [[0.5, 0.5], [1.0, 1.0]]})
+    tbl.vector_search([0.0, 0.0], k=3)  # the MemTable's matrix
+    assert "memtable_vectors" in {kind for kind, _ in tbl.caches.memtable.entries()}
+    tbl.flush()  # the MemTable's indexes go with it
+    assert tbl.caches.memtable.entries() == []
+    tbl.vector_search([0.0, 0.0], k=3)  # the generation's matrix
+    assert "vectors" in {kind for kind, _ in tbl.caches.search.entries()}
+    assert tbl.caches.deletions.nbytes == 0
+    lance.dataset(str(tmp_path)).delete("k = 30")  # a deletion vector on the base fragment
+    tbl.to_arrow()
+    assert tbl.caches.deletions.nbytes > 0
+    assert {kind for kind, _ in tbl.caches.deletions.entries()} == {"deletions"}
+    tbl.close()
+
+
+def test_a_table_opened_without_a_cache_shares_the_process_default_sized_by_the_env(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(cache_module, "_default", None)  # as in a fresh process
+    monkeypatch.setenv(BUDGET_ENV, str(3 << 20))  # read at the first open, not at import
+    tbl = layered(str(tmp_path), cache=None, generations=1)
+    other = mw.open_table(str(tmp_path))
+    assert tbl.caches is other.caches is default_caches()
+    assert default_caches().max_bytes == 3 << 20
+    tbl.close()
+    other.close()
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "1GB", True])
+def test_a_cache_that_is_neither_a_budget_nor_caches_is_refused(tmp_path, bad):
+    with pytest.raises(InvalidInputError, match="byte budget"):
+        mw.create_table(str(tmp_path), SCHEMA, primary_key="k", cache=bad)
+
+
+def test_a_lookup_cache_alone_keeps_its_old_calls():
+    c = LookupCache(100)
+    assert c.get("k", "a", lambda: ("A", 60)) == "A"
+    assert c.entries() == [("k", "a")] and c.part_bytes("") == 60
+    c.discard("a")
+    assert c.nbytes == 0 and not c.contains("k", "a")
+
+
+def test_caches_shipped_to_another_process_arrive_as_its_default():
+    # Spark pickles scan plans (and the caches their nodes hold) to its executors: the cached
+    # structures stay behind, and the executor reads through its own process default.
+    import pickle
+
+    caches = Caches(1 << 20)
+    caches.lookup.get("rows", "a", lambda: ("A", 10))
+    shipped = pickle.loads(pickle.dumps(caches))
+    assert shipped is default_caches() and not shipped.lookup.contains("rows", "a")
