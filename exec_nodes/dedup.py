@@ -429,8 +429,8 @@ class DeduplicateExec(ExecNode):
         i, output = partition, schema
         # The base parts come first and the newer rows are one partition: DataFusion runs a
         # partition per core, and the base (Lance's scan, the longest) must start at once.
-        # With the newer rows split in two, the base often waited for one of them: a filtered
-        # scan took 23 ms instead of 15.
+        # With the newer rows split in two, the base often waited for one of them (the
+        # filtered scans of benchmarks/bench_read.py, docs/performance.md).
         if i < len(self.base_parts):
             yield from self._base_rows(self.base_parts[i], output)
         else:

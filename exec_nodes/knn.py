@@ -287,7 +287,8 @@ class GenerationsKnnExec(KnnSource):
 
     def rows(self, candidates: pa.Table) -> pa.Table:
         # Read from each generation's own rows: a take from the concatenation of them all
-        # costs 30x more (pyarrow gathers over its chunks). A kept generation has one
+        # gathers over its chunks, which is far slower (benchmarks/bench_search.py). A kept
+        # generation has one
         # fragment, its row i at offset i.
         offsets = split_addresses(candidates.column(ROWADDR).to_numpy())[1]
         uris = dict(zip(self.generations, self.uris, strict=True))

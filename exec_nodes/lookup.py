@@ -95,9 +95,9 @@ _KEY_INDEX_ROW_BYTES = 16  # a cached base key index entry: key and row address,
 _KEY_INDEX_SHARE = 4  # a base's key index may take a quarter of the cache
 # Lookups read a base's fragments whole only while all of them, with its key index, fit in
 # half the cache: a batch of lookups touches every fragment, and a plain LRU cache over
-# budget evicts what the next batch needs (an 8M-row base with its key index: SQL IN of 1,000
-# keys took 280 ms, against about 60 with random takes). Their size in memory is estimated at
-# 3x their stored size (bench_read's rows: 18 MB stored, 49 MB in Arrow).
+# budget evicts what the next batch needs, which is slower than random takes
+# (benchmarks/bench_lookup.py with a base of several million rows). Their size in memory is
+# estimated at 3x their stored size (what bench_read's rows take in Arrow).
 _WHOLE_BASE_SHARE = 2
 _MEMORY_PER_STORED_BYTE = 3
 _WHOLE_FRAGMENT_SHARE = 16  # a fragment read whole takes at most 1/16 of the cache
@@ -114,8 +114,8 @@ def _whole_fragment(
     ``i``, for a lookup cache of ``max_bytes``; ``(None, _)`` for a fragment too big to keep.
 
     Deleted rows are kept in place: key indexes never point at them, and so the rows serve
-    every version of the fragment. One sequential read of a small fragment costs about what two
-    or three random ``take`` calls do (a ``take`` costs milliseconds even for one row), and it
+    every version of the fragment. One sequential read of a small fragment costs about what a
+    few random ``take`` calls do (benchmarks/bench_lookup.py), and it
     serves every later lookup from memory, as RocksDB serves hot blocks from its block cache.
     """
     sizes = [f.file_size_bytes for f in fragment.data_files()]

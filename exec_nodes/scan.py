@@ -209,12 +209,13 @@ class FragmentRange:
 
 
 # Each base batch costs a trip through Lance's stream, the deletion mask and ``conform`` in
-# Python: with 8,192 rows that doubled a two-column scan of 600k rows (34 ms, 17 with 32,768).
+# Python, so small batches multiply that work (a narrow scan of TPC-H ``lineitem``,
+# benchmarks/bench_tpch.py).
 # No column asked (``count(*)``): only row addresses, which cost nothing to make.
 _ROWS_BATCH = 1 << 15
 _ADDRESSES_BATCH = 1 << 16
-# Batches Lance's file reader decodes ahead: 2-4 measured fastest (one fragment of 600k rows,
-# five columns: 12.8 ms with 1, 7.7 with 4, 9.5 with 16), and each holds a batch in memory.
+# Batches Lance's file reader decodes ahead: a few keep both cores busy, more only hold memory
+# (a batch each; benchmarks/bench_tpch.py after tbl.maintain()).
 _FILE_READAHEAD = 4
 
 
@@ -340,9 +341,9 @@ class BaseScanExec(ExecNode):
         Lance's scanner, or None.
 
         Lance's scanner reads a fragment that has a deletion vector (what every merge leaves)
-        2.5-4x slower than one without, whatever the number of deleted rows (TPC-H
-        ``lineitem``, 600k rows, 4% deleted, five columns: 28 ms; its data file read with
-        Lance's file reader, deleted rows dropped here: 8 ms). Only a fragment whose one data
+        several times slower than one without, whatever the number of deleted rows, than its
+        data file read with Lance's file reader and the deleted rows dropped here
+        (benchmarks/bench_tpch.py, the stage after tbl.maintain(); docs/performance.md). Only a fragment whose one data
         file holds exactly the table's columns (names and types, in order: no column added,
         dropped or renamed since) is read so, only while the deletions cache keeps its deleted
         rows (finding them costs a scan of its row addresses), and not for a filter on an

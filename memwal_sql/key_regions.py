@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from exec_nodes.regions import OTHER_REGION, REGION, KeyRegions
 from memwal_sql.errors import KeyRegionChangeError
 from memwal_sql.partitioning.region_spec import region_id_for
-from memwal_sql.read_snapshot import take_snapshot
+from memwal_sql.read_snapshot import take_read_snapshot
 from memwal_sql.session import read_failures
 from planner.lookup import region_lookups
 
@@ -42,7 +42,7 @@ def unmerged_regions(table: TableState, keys: pa.Table) -> pa.Table:
         ``unmerged_regions(tbl, pa.table({"id": [1, 2]}))``
     """
     pk = list(table.primary_key)
-    snapshot = take_snapshot(table, "strong")
+    snapshot = take_read_snapshot(table, "strong")
     found = [keys.select(pk).slice(0, 0).append_column(REGION_ID, pa.array([], pa.string()))]
     with read_failures(f"key check in {table.uri}"):
         for region in region_lookups(snapshot, table.store, table.region_spec, keys.select(pk)):

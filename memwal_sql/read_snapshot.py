@@ -69,7 +69,10 @@ class MemRows:
 
 
 @dataclass(frozen=True)
-class RegionSnapshot:
+class RegionSources:
+    """What one read sees of a region: its flushed generations not yet merged and its unflushed
+    rows (not the spec's region snapshots, :mod:`memwal_sql.formats.region_snapshots`)."""
+
     region_id: str
     region_values: tuple[Any, ...] | None
     generations: tuple[GenerationRef, ...]
@@ -91,7 +94,7 @@ class SnapshotSource:
     """
 
     kind: Literal["base", "generation", "memtable"]
-    region: RegionSnapshot | None
+    region: RegionSources | None
     generation: int
     uri: str | None = None
     rows: MemRows | None = None
@@ -102,13 +105,13 @@ class SnapshotSource:
 
 
 @dataclass(frozen=True)
-class TableSnapshot:
+class ReadSnapshot:
     """The base table at one version and the regions' sources as of one moment."""
 
     dataset: lance.LanceDataset
     primary_key: tuple[str, ...]
     wal_schema: pa.Schema
-    regions: tuple[RegionSnapshot, ...]
+    regions: tuple[RegionSources, ...]
     consistency: Consistency
     storage_options: Mapping[str, str] | None = field(default=None)
     merged: Mapping[str, int] = field(default_factory=dict)  # the base version's merge progress
@@ -147,11 +150,11 @@ class TableSnapshot:
                 yield SnapshotSource("generation", region, gen.generation, uri=gen.uri)
 
 
-def take_snapshot(table: TableState, consistency: Consistency = "strong") -> TableSnapshot:
+def take_read_snapshot(table: TableState, consistency: Consistency = "strong") -> ReadSnapshot:
     """Snapshot ``table`` for one query.
 
     Example:
-        ``snap = take_snapshot(tbl); [r.region_id for r in snap.regions]``
+        ``snap = take_read_snapshot(tbl); [r.region_id for r in snap.regions]``
     """
     if consistency not in ("strong", "eventual"):
         raise InvalidInputError(f"consistency must be 'strong' or 'eventual', not {consistency!r}")
@@ -222,8 +225,8 @@ def take_snapshot(table: TableState, consistency: Consistency = "strong") -> Tab
         merged_refs = (
             () if snapshotted is not None else tuple(g for g in refs if g.generation <= floor)
         )
-        regions.append(RegionSnapshot(rid, values, gens, tuple(unflushed), merged_refs))
-    return TableSnapshot(
+        regions.append(RegionSources(rid, values, gens, tuple(unflushed), merged_refs))
+    return ReadSnapshot(
         dataset=dataset,
         primary_key=table.primary_key,
         wal_schema=table.wal_schema,

@@ -20,7 +20,7 @@ from memwal_sql.compat.datafusion import plain_strings, refuse_long_sql
 from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMismatchError
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.formats.source_rows import GEN, ROWADDR
-from memwal_sql.read_snapshot import Consistency, TableSnapshot, take_snapshot
+from memwal_sql.read_snapshot import Consistency, ReadSnapshot, take_read_snapshot
 from memwal_sql.session import (
     MemWalContext,
     MemWalDataset,
@@ -141,7 +141,7 @@ class TableReads:
 
     def pushed_filter(
         self, filter: str, consistency: Consistency
-    ) -> tuple[Predicate | None, TableSnapshot, bool]:
+    ) -> tuple[Predicate | None, ReadSnapshot, bool]:
         """``filter`` parsed (:class:`InvalidFilterError` if it is not one boolean expression)
         and pushed as DataFusion pushes it into a scan: the predicate tree, the snapshot the
         planning pinned, and whether DataFusion kept a part of it to itself (a function
@@ -156,7 +156,7 @@ class TableReads:
         t = self.table
         key_table = t._rows.keys(keys)
         plan = plan_lookup(
-            take_snapshot(t, consistency),
+            take_read_snapshot(t, consistency),
             t.store,
             t.region_spec,
             key_table,

@@ -24,7 +24,7 @@ from memwal_sql.expressions.predicate import And, Predicate, conjuncts
 from memwal_sql.expressions.visitors import referenced_columns
 from memwal_sql.formats.index_catchup import index_coverage
 from memwal_sql.formats.memwal_index import INDEX_NAME, update_mem_wal_details
-from memwal_sql.read_snapshot import Consistency, TableSnapshot, take_snapshot
+from memwal_sql.read_snapshot import Consistency, ReadSnapshot, take_read_snapshot
 from memwal_sql.reads import TableReads
 from memwal_sql.session import MemWalContext, MemWalSchema, NodeDataset
 from memwal_sql.storage import storage_failures
@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 MAX_SEARCH_K = 2**31 - 1
 
 #: The longest full-text query, in UTF-8 bytes: a whole long document as the query ("more like
-#: this") fits. Its handling is linear in its length (about 1 s per MiB of distinct words on
-#: one core, ``benchmarks/bench_inputs.py``); a longer one is refused rather than stall a reader.
+#: this") fits. Its handling is linear in its length (``benchmarks/bench_inputs.py``); a longer
+#: one is refused rather than stall a reader.
 MAX_FTS_QUERY_BYTES = 1 << 20
 
 VECTOR_INDEX_TYPES = ("IVF_PQ", "IVF_FLAT", "IVF_HNSW_SQ", "IVF_HNSW_PQ", "IVF_SQ")
@@ -255,12 +255,12 @@ class TableSearch:
 
     def _filtered_snapshot(
         self, filter: str | None, consistency: Consistency, pushed: Predicate | None = None
-    ) -> tuple[TableSnapshot, Predicate | None, Callable[[pa.Table], pa.Table] | None]:
+    ) -> tuple[ReadSnapshot, Predicate | None, Callable[[pa.Table], pa.Table] | None]:
         """The snapshot to search, the filter as a predicate tree, and a post-filter for the
         part of the filter DataFusion could not hand to the sources (None when none).
         ``pushed`` is a filter already decoded (what SQL pushes into a table function)."""
         if filter is None:
-            return take_snapshot(self.table, consistency), pushed, None
+            return take_read_snapshot(self.table, consistency), pushed, None
         predicate, snapshot, residual = self.reads.pushed_filter(filter, consistency)
         post = None
         if residual:

@@ -42,7 +42,7 @@ from memwal_sql.compat.datafusion import refuse_long_sql
 from memwal_sql.errors import InvalidInputError, MemWalError, StatementNotAllowedError
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.substrait import decode_filter
-from memwal_sql.read_snapshot import Consistency, TableSnapshot, take_snapshot
+from memwal_sql.read_snapshot import Consistency, ReadSnapshot, take_read_snapshot
 from memwal_sql.storage import ObjectStore, storage_failures
 from planner.lookup import LookupPlan, lookup_keys, plan_lookup
 from planner.scan import ScanPlan, output_schema, plan_scan
@@ -108,8 +108,7 @@ def base_partitions() -> int:
 
     One Lance scan already decodes on every core of Lance's own pool; on 2 cores, a second
     concurrent scan of the same base (a part each) made every query shape measured slower
-    (``bench_read`` at 0.5M and 3M base rows: filtered scans 20-25%, aggregates 10%; TPC-H no
-    different), so a part per 4 cores (a guess past 2 cores: not measured). Spark reads split
+    (``benchmarks/bench_read.py`` at 0.5M and 3M base rows; ``bench_tpch.py`` no different), so a part per 4 cores (a guess past 2 cores: not measured). Spark reads split
     the base for their executors instead (``partitions`` option).
     """
     return max(1, (os.cpu_count() or 2) // 4)
@@ -194,17 +193,17 @@ class MemWalDataset(NodeDataset):
         self._system_columns = system_columns
         self._partitions = partitions or base_partitions()
         self._schema = output_schema(table.schema, system_columns)
-        self._snapshot: TableSnapshot | None = None
+        self._snapshot: ReadSnapshot | None = None
         self._lock = threading.Lock()
         self._reading = f"reading {table.uri}"
         self.last_plan: ScanPlan | LookupPlan | None = None
         #: The filter DataFusion pushed into the last plan, decoded (None: no filter).
         self.last_predicate: Predicate | None = None
 
-    def snapshot(self) -> TableSnapshot:
+    def snapshot(self) -> ReadSnapshot:
         with self._lock:
             if self._snapshot is None:
-                self._snapshot = take_snapshot(self._table, self._consistency)
+                self._snapshot = take_read_snapshot(self._table, self._consistency)
             return self._snapshot
 
     def plan(self, predicate: Predicate | None) -> ScanPlan | LookupPlan:

@@ -9,10 +9,10 @@ because catch-up is derived so that the uncovered fragments hold only rows of th
 no indexed plan and the whole base table is read.
 
 Point lookups through the base table's btree use it: a generation answers a key from its cached
-``_pk_index`` behind its bloom filter. Measured with 400k merged rows the btree did not cover
-yet: 13.5 ms instead of 33.4 ms for one key, 20 ms instead of 51 ms for 1,000. Scans do not: a
-generation has no index a scan filter can use, so reading eight generations for a key-range
-filter took 166 ms where Lance's filtered scan of the uncovered fragments took 29 ms.
+``_pk_index`` behind its bloom filter, which is faster than probing the uncovered fragments
+(benchmarks/bench_maintenance.py, reads while the index lags). Scans do not: a generation has no
+index a scan filter can use, so reading the generations for a key-range filter is slower than
+Lance's filtered scan of the uncovered fragments (same benchmark).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from memwal_sql.formats.index_catchup import index_coverage, min_caught_up
-from memwal_sql.read_snapshot import GenerationRef, TableSnapshot
+from memwal_sql.read_snapshot import GenerationRef, ReadSnapshot
 
 
 @dataclass(frozen=True)
@@ -41,12 +41,12 @@ class IndexedRead:
         )
 
 
-def plan_indexed_read(snapshot: TableSnapshot, columns: Collection[str]) -> IndexedRead | None:
+def plan_indexed_read(snapshot: ReadSnapshot, columns: Collection[str]) -> IndexedRead | None:
     """The indexed read of ``snapshot`` for a query on ``columns``, or None when no index on
     them lags behind the merges (or the gap cannot be read from generations).
 
     Example:
-        ``plan_indexed_read(take_snapshot(tbl), {"id"})``
+        ``plan_indexed_read(take_read_snapshot(tbl), {"id"})``
     """
     if snapshot.store is None:
         return None

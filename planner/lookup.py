@@ -32,7 +32,7 @@ from memwal_sql.formats.bloom import pk_hashes
 from memwal_sql.formats.generation import BLOOM_FILTER
 from memwal_sql.formats.source_rows import source_schema
 from memwal_sql.partitioning.region_spec import RegionSpec
-from memwal_sql.read_snapshot import GenerationRef, TableSnapshot
+from memwal_sql.read_snapshot import GenerationRef, ReadSnapshot
 from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.cache import Caches
 from planner.indexed import IndexedRead, plan_indexed_read
@@ -59,7 +59,7 @@ class LookupPlan(PlanExec):
 
     def __init__(
         self,
-        snapshot: TableSnapshot,
+        snapshot: ReadSnapshot,
         root: PointLookupExec,
         indexed: IndexedRead | None = None,
         residual: Predicate | None = None,
@@ -82,7 +82,7 @@ class LookupPlan(PlanExec):
 
 
 def plan_lookup(
-    snapshot: TableSnapshot,
+    snapshot: ReadSnapshot,
     store: ObjectStore,
     spec: RegionSpec | None,
     keys: pa.Table,
@@ -92,7 +92,7 @@ def plan_lookup(
     filters the rows found.
 
     Example:
-        ``plan_lookup(take_snapshot(tbl), tbl.store, tbl.region_spec, pa.table({"id": [1]}))``
+        ``plan_lookup(take_read_snapshot(tbl), tbl.store, tbl.region_spec, pa.table({"id": [1]}))``
     """
     pk = list(snapshot.primary_key)
     keys = distinct_keys(keys.select(pk))
@@ -116,7 +116,7 @@ def plan_lookup(
 
 
 def region_lookups(
-    snapshot: TableSnapshot,
+    snapshot: ReadSnapshot,
     store: ObjectStore,
     spec: RegionSpec | None,
     keys: pa.Table,

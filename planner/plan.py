@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from exec_nodes.base import ExecNode, FilterExec
 from memwal_sql.expressions.predicate import Predicate
-from memwal_sql.read_snapshot import TableSnapshot
+from memwal_sql.read_snapshot import ReadSnapshot
 
 
 class PlanExec(ExecNode):
@@ -25,7 +25,7 @@ class PlanExec(ExecNode):
     title = "MemWAL plan"
 
     def __init__(
-        self, snapshot: TableSnapshot, root: ExecNode, residual: Predicate | None = None
+        self, snapshot: ReadSnapshot, root: ExecNode, residual: Predicate | None = None
     ) -> None:
         self.snapshot = snapshot
         self.root = root

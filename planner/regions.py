@@ -8,7 +8,7 @@ one of the two regions would otherwise return the other's version, possibly the 
 lookups and searches probe every region for their keys and check there.
 
 Example:
-    ``check_one_region_per_key(take_snapshot(tbl), tbl.region_spec)  # or KeyInTwoRegionsError``
+    ``check_one_region_per_key(take_read_snapshot(tbl), tbl.region_spec)  # or KeyInTwoRegionsError``
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pyarrow as pa
 from exec_nodes.regions import KeyRegions, key_in_two_regions
 from memwal_sql.formats.generation import open_generation
 from memwal_sql.partitioning.region_spec import RegionSpec
-from memwal_sql.read_snapshot import RegionSnapshot, TableSnapshot
+from memwal_sql.read_snapshot import ReadSnapshot, RegionSources
 
 
 def regions_may_share_keys(
@@ -41,7 +41,7 @@ def regions_may_share_keys(
     return any(values is None for values in region_values)
 
 
-def may_share_keys(snapshot: TableSnapshot, spec: RegionSpec | None) -> bool:
+def may_share_keys(snapshot: ReadSnapshot, spec: RegionSpec | None) -> bool:
     """Whether two regions of ``snapshot`` with unmerged rows could hold the same key."""
     busy = [r for r in snapshot.regions if r.num_sources]
     return len(busy) > 1 and regions_may_share_keys(
@@ -49,7 +49,7 @@ def may_share_keys(snapshot: TableSnapshot, spec: RegionSpec | None) -> bool:
     )
 
 
-def keys_in_two_regions_of(snapshot: TableSnapshot, spec: RegionSpec | None) -> pa.Table | None:
+def keys_in_two_regions_of(snapshot: ReadSnapshot, spec: RegionSpec | None) -> pa.Table | None:
     """The keys of ``snapshot`` with unmerged versions in two regions (key columns,
     ``region``, ``other_region``), or None.
 
@@ -58,7 +58,7 @@ def keys_in_two_regions_of(snapshot: TableSnapshot, spec: RegionSpec | None) -> 
     it. A WAL tail is read anew by each snapshot: its query checks anew.
 
     Example:
-        ``keys_in_two_regions_of(take_snapshot(tbl), tbl.region_spec)``
+        ``keys_in_two_regions_of(take_read_snapshot(tbl), tbl.region_spec)``
     """
     if not may_share_keys(snapshot, spec):
         return None
@@ -103,11 +103,11 @@ def keys_in_two_regions_of(snapshot: TableSnapshot, spec: RegionSpec | None) -> 
     return shared
 
 
-def _batches(region: RegionSnapshot) -> int:
+def _batches(region: RegionSources) -> int:
     return sum(len(m.batches) for m in region.unflushed)
 
 
-def _generation_regions(snapshot: TableSnapshot) -> KeyRegions:
+def _generation_regions(snapshot: ReadSnapshot) -> KeyRegions:
     gens = sorted((g.uri, r.region_id) for r in snapshot.regions for g in r.generations)
     opts = dict(snapshot.storage_options or {}) or None
     pk = list(snapshot.primary_key)
@@ -127,7 +127,7 @@ def _generation_regions(snapshot: TableSnapshot) -> KeyRegions:
     return snapshot.caches.lookup.get("generation_regions", key, load)
 
 
-def check_one_region_per_key(snapshot: TableSnapshot, spec: RegionSpec | None) -> None:
+def check_one_region_per_key(snapshot: ReadSnapshot, spec: RegionSpec | None) -> None:
     """Raise :class:`~memwal_sql.errors.KeyInTwoRegionsError` if a key has unmerged versions
     in two regions of ``snapshot``."""
     shared = keys_in_two_regions_of(snapshot, spec)

@@ -11,7 +11,7 @@ from exec_nodes.scan import FragmentRange, GenerationScanExec, MemTableScanExec,
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.formats.source_rows import GEN, ROWADDR, source_schema
 from memwal_sql.partitioning.region_spec import RegionSpec
-from memwal_sql.read_snapshot import TableSnapshot
+from memwal_sql.read_snapshot import ReadSnapshot
 from planner.plan import PlanExec
 from planner.pruning import prune_regions
 from planner.regions import check_one_region_per_key
@@ -25,7 +25,7 @@ class ScanPlan(PlanExec):
 
     def __init__(
         self,
-        snapshot: TableSnapshot,
+        snapshot: ReadSnapshot,
         predicate: Predicate | None,
         kept_regions: list[str],
         pruned_regions: list[str],
@@ -67,7 +67,7 @@ def output_schema(base: pa.Schema, system_columns: bool) -> pa.Schema:
 MIN_PART_ROWS = 65_536
 
 
-def base_parts(snapshot: TableSnapshot, partitions: int) -> list[list[FragmentRange]]:
+def base_parts(snapshot: ReadSnapshot, partitions: int) -> list[list[FragmentRange]]:
     """Split the base table into at most ``partitions`` parts of about as many physical rows,
     cutting a fragment into row ranges where a part ends inside it (merges leave one big
     fragment and many small ones: whole fragments per part would leave one core idle)."""
@@ -104,7 +104,7 @@ def split_rows(sizes: Sequence[tuple[int, int]], partitions: int) -> list[list[F
 
 
 def plan_scan(
-    snapshot: TableSnapshot,
+    snapshot: ReadSnapshot,
     spec: RegionSpec | None,
     base_schema: pa.Schema,
     predicate: Predicate | None,
@@ -115,7 +115,7 @@ def plan_scan(
     """Build the scan plan of ``snapshot`` for a (pushed-down) ``predicate``.
 
     Example:
-        ``plan = plan_scan(take_snapshot(tbl), tbl.region_spec, tbl.schema, pred)``
+        ``plan = plan_scan(take_read_snapshot(tbl), tbl.region_spec, tbl.schema, pred)``
     """
     check_one_region_per_key(snapshot, spec)
     kept, pruned = prune_regions(

@@ -45,7 +45,7 @@ from exec_nodes.topk import TopKExec
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.formats.source_rows import source_schema
 from memwal_sql.partitioning.region_spec import RegionSpec
-from memwal_sql.read_snapshot import Consistency, TableSnapshot
+from memwal_sql.read_snapshot import Consistency, ReadSnapshot
 from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.vectors import DISTANCE
@@ -120,7 +120,7 @@ class SearchPlan(PlanExec):
 
     def __init__(
         self,
-        snapshot: TableSnapshot,
+        snapshot: ReadSnapshot,
         kept_regions: list[str],
         pruned_regions: list[str],
         root: TopKExec,
@@ -140,7 +140,7 @@ class SearchPlan(PlanExec):
 
 
 def _layout(
-    snapshot: TableSnapshot,
+    snapshot: ReadSnapshot,
     spec: RegionSpec | None,
     base_schema: pa.Schema,
     predicate: Predicate | None,
@@ -205,7 +205,7 @@ def vector_index(dataset: lance.LanceDataset, column: str, caches: Caches) -> Ve
 
 
 def plan_vector_search(
-    snapshot: TableSnapshot,
+    snapshot: ReadSnapshot,
     store: ObjectStore,
     spec: RegionSpec | None,
     base_schema: pa.Schema,
@@ -221,7 +221,7 @@ def plan_vector_search(
     plan executes.
 
     Example:
-        ``plan_vector_search(take_snapshot(tbl), tbl.store, tbl.region_spec, tbl.schema,
+        ``plan_vector_search(take_read_snapshot(tbl), tbl.store, tbl.region_spec, tbl.schema,
         SearchQuery(query=q, column="vec", k=10)).to_table()``
     """
     column = search.column
@@ -298,7 +298,7 @@ def text_index(dataset: lance.LanceDataset, column: str, caches: Caches) -> tupl
 
 
 def plan_fts(
-    snapshot: TableSnapshot,
+    snapshot: ReadSnapshot,
     spec: RegionSpec | None,
     base_schema: pa.Schema,
     search: SearchQuery,
@@ -313,7 +313,7 @@ def plan_fts(
     :func:`plan_vector_search`). Nothing is searched until the plan executes.
 
     Example:
-        ``plan_fts(take_snapshot(tbl), tbl.region_spec, tbl.schema,
+        ``plan_fts(take_read_snapshot(tbl), tbl.region_spec, tbl.schema,
         SearchQuery(query="red fox", column="text", k=10)).to_table()``
     """
     column, query = search.column, search.query
@@ -372,7 +372,7 @@ def plan_fts(
 
 
 def plan_search(
-    snapshot: TableSnapshot,
+    snapshot: ReadSnapshot,
     store: ObjectStore,
     spec: RegionSpec | None,
     base_schema: pa.Schema,

@@ -375,9 +375,9 @@ def test_generations_carry_the_maintained_indexes_and_lance_reads_them(tmp_path)
 
 
 def take_regions(tbl: mw.MemWalTable):
-    from memwal_sql.read_snapshot import take_snapshot
+    from memwal_sql.read_snapshot import take_read_snapshot
 
-    return take_snapshot(tbl).regions
+    return take_read_snapshot(tbl).regions
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ __all__ = ["MAX_LANCE_FILTER_WEIGHT", "decode_filter", "lance_filter", "substrai
 #: what it reads. pyarrow's Substrait, Lance's only way in, repeats a leaf (column, literal, IN
 #: list) once per call it is nested in, doubling at each level: it holds about 32 bytes per
 #: unit of weight, the sum over the leaves of 2 ** depth (measured to within 3%). 2 ** 14 is
-#: 0.5 MB, 10-25 ms to write on every scan: 64 comparisons in one AND or OR (written as a
+#: 0.5 MB, written again on every scan (benchmarks/bench_inputs.py): 64 comparisons in one AND or OR (written as a
 #: balanced tree), or 12 nested levels.
 MAX_LANCE_FILTER_WEIGHT = 1 << 14
 

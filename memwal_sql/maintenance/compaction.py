@@ -2,9 +2,9 @@
 
 Every merge is a Lance ``merge_insert``: the superseded base rows are marked in a deletion
 vector and the merged rows are appended as new, small fragments. Both cost readers. Lance 14's
-scanner reads a fragment that has a deletion vector about 2.5x slower than the same fragment
-without one, and the penalty is a step, not a slope (577k rows of one int64 column: 8 ms
-without, 20 ms with 0.1% and with 4% deleted); small fragments add a read each. Compaction
+scanner reads a fragment that has a deletion vector slower than the same fragment without one,
+and the penalty is a step, not a slope (benchmarks/bench_tpch.py, the stages before and after
+compaction); small fragments add a read each. Compaction
 rewrites them through Lance's ``compact_files``: adjacent fragments smaller than
 ``target_rows_per_fragment`` become one, and a fragment whose deleted share reaches
 ``deletion_threshold`` is rewritten without its deleted rows.

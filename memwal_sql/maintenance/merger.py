@@ -37,7 +37,7 @@ from memwal_sql.formats.generation import open_generation
 from memwal_sql.formats.region_manifest import RegionManifestStore, check_not_behind_index
 from memwal_sql.formats.wal import TOMBSTONE
 from memwal_sql.maintenance.config import MaintenanceConfig
-from memwal_sql.read_snapshot import region_values, take_snapshot
+from memwal_sql.read_snapshot import region_values, take_read_snapshot
 from memwal_sql.storage import layout
 from memwal_sql.writer.memtable import latest_per_key
 from planner.regions import keys_in_two_regions_of, regions_may_share_keys
@@ -250,7 +250,7 @@ def _check_keys(table: TableState, named: Sequence[str]) -> _KeyCheck:
         (region_values(spec, rid, m) for rid, m in table.region_manifests()),
     ):
         return _KeyCheck(None, set(), None)
-    snapshot = take_snapshot(table, "strong")
+    snapshot = take_read_snapshot(table, "strong")
     seen = {
         r.region_id: max((g.generation for g in r.generations), default=0) for r in snapshot.regions
     }

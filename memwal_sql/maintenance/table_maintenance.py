@@ -88,8 +88,8 @@ class TableMaintenance:
     def compact(self, config: MaintenanceConfig | None = None) -> CompactionResult:
         """Rewrite the base table's small fragments into fragments of up to
         ``target_rows_per_fragment`` rows, and those with ``deletion_threshold`` or more of
-        their rows deleted without them (merges leave both; Lance reads a fragment with a
-        deletion vector about 2.5x slower). Lagging indexes are caught up first.
+        their rows deleted without them (merges leave both, and Lance reads a fragment with a
+        deletion vector slower: docs/reads.md). Lagging indexes are caught up first.
 
         Example:
             ``tbl.maintenance.compact(MaintenanceConfig(deletion_threshold=0.0))``

@@ -32,7 +32,7 @@ from memwal_sql.formats.wal import (
     only_sentinels_after,
     wal_positions,
 )
-from memwal_sql.read_snapshot import take_snapshot
+from memwal_sql.read_snapshot import take_read_snapshot
 from memwal_sql.storage import layout
 from memwal_sql.storage.checksums import verify_generation
 from memwal_sql.writer.memtable import duplicate_keys
@@ -136,7 +136,7 @@ def _check_keys(table: TableState, report: VerifyReport) -> None:
             ),
         )
     try:
-        shared = keys_in_two_regions_of(take_snapshot(table, "strong"), table.region_spec)
+        shared = keys_in_two_regions_of(take_read_snapshot(table, "strong"), table.region_spec)
     except MemWalError:
         return  # a damaged or lost object, reported above: the keys cannot all be read
     if shared is not None:

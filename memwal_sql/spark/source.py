@@ -127,12 +127,12 @@ class MemWalReader(DataSourceReader):
             self.predicate = taken[0] if len(taken) == 1 else And(tuple(taken))
 
     def partitions(self) -> Sequence[InputPartition]:
-        from memwal_sql.read_snapshot import take_snapshot
+        from memwal_sql.read_snapshot import take_read_snapshot
         from planner.scan import plan_scan
 
         table = _open(self.options)
         consistency = self.options.get("consistency", "strong")
-        snapshot = take_snapshot(table, consistency)  # type: ignore[arg-type]
+        snapshot = take_read_snapshot(table, consistency)  # type: ignore[arg-type]
         fragments = len(snapshot.dataset.get_fragments())
         parts = int(self.options.get("partitions", max(1, min(fragments, 32))))
         plan = plan_scan(

@@ -75,7 +75,7 @@ def test_deduplicate_merges_base_and_newer_sources(base, generation):
 
 def test_memtable_versions_are_reused_until_the_memtable_grows(tmp_path):
     import memwal_sql as mw
-    from memwal_sql.read_snapshot import take_snapshot
+    from memwal_sql.read_snapshot import take_read_snapshot
     from planner.scan import plan_scan
 
     tbl = mw.create_table(
@@ -84,7 +84,7 @@ def test_memtable_versions_are_reused_until_the_memtable_grows(tmp_path):
     tbl.upsert(wal_rows([2, 4], "m1").select(["id", "v", "f"]))
 
     def plan():
-        return plan_scan(take_snapshot(tbl), tbl.region_spec, tbl.schema, None).root
+        return plan_scan(take_read_snapshot(tbl), tbl.region_spec, tbl.schema, None).root
 
     first, again = plan(), plan()
     assert first.versions()[1] is again.versions()[1]  # same MemTable rows: reused

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import memwal_sql as mw
 from exec_nodes.regions import OTHER_REGION, REGION, KeyRegions
-from memwal_sql.read_snapshot import take_snapshot
+from memwal_sql.read_snapshot import take_read_snapshot
 from planner.regions import keys_in_two_regions_of
 
 # (region, composite key) pairs: which region holds a version of which key.
@@ -86,15 +86,15 @@ def test_generations_and_memtables_together(tmp_path):
     write("q", [(2, "x"), (4, "y")], flush=True)  # (2, x) in two generations
     write("r", [(3, "y"), (5, "x")], flush=False)  # (3, y): a generation and a MemTable
     write("p", [(5, "x"), (6, "y")], flush=False)  # (5, x): two MemTables
-    snap = take_snapshot(tbl)
+    snap = take_read_snapshot(tbl)
     assert found(keys_in_two_regions_of(snap, tbl.region_spec)) == {(2, "x"), (3, "y"), (5, "x")}
     # Kept while nothing changes; a write to a MemTable is seen.
-    assert found(keys_in_two_regions_of(take_snapshot(tbl), tbl.region_spec)) == {
+    assert found(keys_in_two_regions_of(take_read_snapshot(tbl), tbl.region_spec)) == {
         (2, "x"),
         (3, "y"),
         (5, "x"),
     }
     write("q", [(6, "y")], flush=False)
-    got = found(keys_in_two_regions_of(take_snapshot(tbl), tbl.region_spec))
+    got = found(keys_in_two_regions_of(take_read_snapshot(tbl), tbl.region_spec))
     assert got == {(2, "x"), (3, "y"), (5, "x"), (6, "y")}
     tbl.close()

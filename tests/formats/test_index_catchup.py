@@ -11,7 +11,7 @@ import memwal_sql as mw
 from memwal_sql.formats import index_catchup as catchup
 from memwal_sql.formats.index_catchup import index_coverage
 from memwal_sql.maintenance.indexes import recorded_catchup
-from memwal_sql.read_snapshot import take_snapshot
+from memwal_sql.read_snapshot import take_read_snapshot
 from planner.indexed import plan_indexed_read
 from tests.lsm import layered_table
 
@@ -55,7 +55,7 @@ def test_a_fragment_not_written_by_a_merge_makes_catch_up_unknown(lagging):
     lance.write_dataset(batch([1000], "x"), tbl.uri, mode="append")  # bypasses the MemWAL
     [cov] = index_coverage(tbl.store, tbl.dataset())
     assert cov.caught_up is None
-    assert plan_indexed_read(take_snapshot(tbl), {"k"}) is None  # the whole base is read
+    assert plan_indexed_read(take_read_snapshot(tbl), {"k"}) is None  # the whole base is read
     assert tbl.lookup([1000]).to_pylist() == [{"k": 1000, "v": "x1000"}]
 
 
@@ -79,14 +79,14 @@ def test_catch_up_is_found_across_a_later_compaction(lagging):
     assert not cov.complete
     assert cov.caught_up is not None and dict(cov.caught_up) == covered
     assert covered != tbl.merged_generations()
-    assert plan_indexed_read(take_snapshot(tbl), {"k"}) is not None
+    assert plan_indexed_read(take_read_snapshot(tbl), {"k"}) is not None
     assert tbl.lookup(list(range(120))).sort_by("k") == model.table(SCHEMA)
 
 
 @pytest.mark.parametrize("cached", [False, True])
 def test_lookups_stay_on_the_index_through_the_gap_and_match_the_model(lagging, cached):
     tbl, model = lagging
-    snap = take_snapshot(tbl)
+    snap = take_read_snapshot(tbl)
     plan = plan_indexed_read(snap, {"k"})
     assert plan is not None and plan.fragment_ids == (0,)
     assert sorted(len(g) for g in plan.gap.values()) == [3, 4]  # every merged generation
@@ -113,19 +113,19 @@ def test_gap_generations_are_kept_until_the_index_covers_them(lagging):
     tbl, model = lagging
     want = model.table(SCHEMA).filter(pc.field("k") >= 5)
     assert tbl.gc().generations == {}
-    assert plan_indexed_read(take_snapshot(tbl), {"k"}) is not None
+    assert plan_indexed_read(take_read_snapshot(tbl), {"k"}) is not None
     # Dropping the history the catch-up is derived from: the generations stay. A process that
     # had not derived it before (an empty cache) finds it unknown and reads the whole base
     # table, still exact.
     assert tbl.gc(base_versions_older_than=timedelta(0)).generations == {}
     catchup._cache.clear()
     assert index_coverage(tbl.store, tbl.dataset())[0].caught_up is None
-    assert plan_indexed_read(take_snapshot(tbl), {"k"}) is None
+    assert plan_indexed_read(take_read_snapshot(tbl), {"k"}) is None
     assert tbl.to_arrow(filter="k >= 5").sort_by("k") == want
     tbl.catch_up_indexes()
     collected = tbl.gc(base_versions_older_than=timedelta(0)).generations
     assert sorted(len(g) for g in collected.values()) == [3, 4]
-    assert plan_indexed_read(take_snapshot(tbl), {"k"}) is None  # caught up: nothing to bridge
+    assert plan_indexed_read(take_read_snapshot(tbl), {"k"}) is None  # caught up: nothing to bridge
     assert tbl.to_arrow(filter="k >= 5").sort_by("k") == want
 
 

@@ -15,7 +15,7 @@ from lance.mem_wal import LsmPointLookupPlanner, LsmScanner
 
 import memwal_sql as mw
 from memwal_sql.formats.region_manifest import RegionManifestStore
-from memwal_sql.read_snapshot import take_snapshot
+from memwal_sql.read_snapshot import take_read_snapshot
 from memwal_sql.storage import layout
 from tests.lsm import Model, lance_latest_rows, lance_snapshots
 
@@ -101,7 +101,7 @@ def test_every_file_format_reads_the_same_through_both_readers(tmp_path, file_fo
             tbl.maintain()  # the base table gains merged rows and a deletion vector
     tbl.flush()
     expected = model.table(SCHEMA)
-    generations = [g.uri for r in take_snapshot(tbl).regions for g in r.generations]
+    generations = [g.uri for r in take_read_snapshot(tbl).regions for g in r.generations]
     assert generations
     for gen in generations:
         assert lance.dataset(gen).data_storage_version == file_format

@@ -265,7 +265,7 @@ def test_a_merge_committed_while_gc_runs_is_synced_before_gc_acts_on_it(tmp_path
 def test_a_read_of_a_generation_gc_collected_after_its_snapshot_is_retryable(tmp_path):
     # Not damage: the snapshot is older than the GC pass. A new read sees the merged rows.
     from memwal_sql.errors import GenerationCollectedError, RetryableError
-    from memwal_sql.read_snapshot import take_snapshot
+    from memwal_sql.read_snapshot import take_read_snapshot
     from planner.scan import plan_scan
 
     tbl = mw.create_table(
@@ -275,7 +275,7 @@ def test_a_read_of_a_generation_gc_collected_after_its_snapshot_is_retryable(tmp
     )
     tbl.upsert({"id": [1, 2], "v": ["a", "b"]})
     tbl.flush()
-    plan = plan_scan(take_snapshot(tbl), tbl.region_spec, tbl.schema, None)
+    plan = plan_scan(take_read_snapshot(tbl), tbl.region_spec, tbl.schema, None)
     assert tbl.maintain(base_versions_older_than=timedelta(0)).gc.generations
     tbl.caches.clear()
     with pytest.raises(GenerationCollectedError, match="read again") as e:

@@ -14,7 +14,7 @@ import memwal_sql as mw
 from exec_nodes.base import ExecNode
 from exec_nodes.knn import GenerationRunsKnnExec
 from memwal_sql.expressions.predicate import Compare
-from memwal_sql.read_snapshot import take_snapshot
+from memwal_sql.read_snapshot import take_read_snapshot
 from planner.lookup import plan_lookup
 from planner.scan import plan_scan
 
@@ -52,7 +52,7 @@ def tbl(tmp_path):
 
 
 def test_sources_come_base_first_then_per_region_memtables_and_generations_newest_first(tbl):
-    snap = take_snapshot(tbl)
+    snap = take_read_snapshot(tbl)
     got = [(s.kind, s.region_id, s.generation) for s in snap.sources(base=True)]
     assert got[0] == ("base", "", -1)
     per_region: dict[str, list[tuple[str, int]]] = {}
@@ -69,7 +69,7 @@ def test_sources_come_base_first_then_per_region_memtables_and_generations_newes
 
 
 def test_every_plan_root_is_an_exec_node_run_by_partition(tbl):
-    snap = take_snapshot(tbl)
+    snap = take_read_snapshot(tbl)
     scan = plan_scan(snap, tbl.region_spec, tbl.schema, None, partitions=1)
     lookup = plan_lookup(snap, tbl.store, tbl.region_spec, pa.table({"id": [2, 3, 9]}))
     search = tbl._search.plan(mw.SearchQuery(query=[0.0, 0.0], k=2))
@@ -85,7 +85,7 @@ def test_every_plan_root_is_an_exec_node_run_by_partition(tbl):
 def test_a_lookup_plan_applies_its_residual_before_projecting(tbl):
     keys = pa.table({"id": pa.array([1, 2, 3], pa.int64())})
     residual = Compare("text", "=", pa.scalar("word2 fox"))
-    plan = plan_lookup(take_snapshot(tbl), tbl.store, tbl.region_spec, keys, residual)
+    plan = plan_lookup(take_read_snapshot(tbl), tbl.store, tbl.region_spec, keys, residual)
     only_ids = pa.schema([pa.field("id", pa.int64())])
     got = pa.Table.from_batches(list(plan.execute_columns(0, only_ids)), schema=only_ids)
     assert got.column("id").to_pylist() == [2]

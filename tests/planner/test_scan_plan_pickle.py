@@ -8,7 +8,7 @@ import pyarrow as pa
 
 import memwal_sql as mw
 from memwal_sql.expressions.predicate import Compare
-from memwal_sql.read_snapshot import take_snapshot
+from memwal_sql.read_snapshot import take_read_snapshot
 from planner.scan import plan_scan
 
 
@@ -24,7 +24,7 @@ def test_a_pickled_scan_plan_reads_the_same_snapshot(tmp_path):
     tbl.upsert({"id": [3], "v": ["mem"]})
     tbl.delete([4])
     plan = plan_scan(
-        take_snapshot(tbl),
+        take_read_snapshot(tbl),
         tbl.region_spec,
         tbl.schema,
         Compare("id", "<", pa.scalar(100, pa.int64())),
