@@ -24,11 +24,11 @@ import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
 from exec_nodes.lookup import BaseLookupExec
+from exec_nodes.memtable_source import MemTableSourceExec
 from exec_nodes.scan import (
     BaseScanExec,
     FragmentRange,
     GenerationScanExec,
-    MemTableScanExec,
     SourceExec,
 )
 from memwal_sql.expressions.predicate import Predicate
@@ -280,23 +280,25 @@ class Versions:
         return keep if replaced is None else keep & ~replaced[at]
 
 
-def _memtables_key(mems: Sequence[SourceExec]) -> str | None:
+def _memtables_key(mems: Sequence[SourceExec | MemTableSourceExec]) -> str | None:
     """A name of the rows of these MemTables (first batch and batch count of each), or None
     when one is a WAL tail (read anew per snapshot) or empty."""
     names = []
     for m in mems:
-        if not isinstance(m, MemTableScanExec) or m.origin != "memtable" or not m.batches:
+        if not isinstance(m, MemTableSourceExec) or m.origin != "memtable" or not m.batches:
             return None
         names.append(f"{id(m.batches[0])}:{len(m.batches)}")
     return ";".join(names)
 
 
-def _source_name(source: SourceExec) -> str:
+def _source_name(source: SourceExec | MemTableSourceExec) -> str:
     """A newer source's name in :class:`Versions` (a generation: its uri; a MemTable: its
     first batch, which the cached versions hold, so the name is never another's)."""
     if isinstance(source, GenerationScanExec):
         return source.uri
-    first = id(source.batches[0]) if isinstance(source, MemTableScanExec) and source.batches else 0
+    first = (
+        id(source.batches[0]) if isinstance(source, MemTableSourceExec) and source.batches else 0
+    )
     return f"{source.region_id}/{source.generation}/{first}"
 
 
@@ -320,7 +322,7 @@ class DeduplicateExec(ExecNode):
 
     def __init__(
         self,
-        newer: Sequence[SourceExec],
+        newer: Sequence[SourceExec | MemTableSourceExec],
         base: lance.LanceDataset | None,
         base_parts: Sequence[Sequence[FragmentRange] | None],
         *,
@@ -375,7 +377,7 @@ class DeduplicateExec(ExecNode):
                 if mems_key is None:
                     self._split = self._split_versions(gens, gens_key, mems)
                 else:
-                    firsts = [m.batches[0] for m in mems if isinstance(m, MemTableScanExec)]
+                    firsts = [m.batches[0] for m in mems if isinstance(m, MemTableSourceExec)]
                     split, _ = self.caches.scan.get(
                         "split_versions",
                         f"{gens_key}\n{mems_key}",
@@ -387,7 +389,10 @@ class DeduplicateExec(ExecNode):
             return self._split
 
     def _split_versions(
-        self, gens: list[GenerationScanExec], gens_key: str, mems: list[SourceExec]
+        self,
+        gens: list[GenerationScanExec],
+        gens_key: str,
+        mems: list[SourceExec | MemTableSourceExec],
     ) -> tuple[Versions, Versions, np.ndarray]:
         cols = [*self.primary_key, TOMBSTONE]
 

@@ -50,7 +50,7 @@ from memwal_sql.formats.source_rows import (
 )
 from memwal_sql.formats.tokenizer import Tokenizer
 from memwal_sql.structures.cache import Caches
-from memwal_sql.writer.memtable_indexes import Piece, text_index
+from memwal_sql.writer.memtable_indexes import Piece
 
 SCORE = "_score"
 
@@ -85,12 +85,12 @@ class FtsSource(ExecNode):
     def execute(self, partition: int = 0) -> Iterator[pa.RecordBatch]:
         for i, piece in enumerate(self.pieces()):
             idx = np.nonzero(piece.present)[0]
-            yield from self.rows(i, idx).to_batches()
+            yield from self.piece_rows(i, idx).to_batches()
 
     def pieces(self) -> list[Piece]:
         raise NotImplementedError
 
-    def rows(self, piece: int, index: np.ndarray) -> pa.Table:
+    def piece_rows(self, piece: int, index: np.ndarray) -> pa.Table:
         raise NotImplementedError
 
     def _piece(self, rows: pa.Table, addresses: np.ndarray) -> Piece:
@@ -99,57 +99,6 @@ class FtsSource(ExecNode):
         if TOMBSTONE in rows.column_names and rows.num_rows:
             present &= ~rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
         return Piece(rows.select(self.primary_key), addresses, tokens, present)
-
-
-class MemTableFtsExec(FtsSource):
-    """A MemTable's (or WAL tail's) documents as the snapshot captured them."""
-
-    name = "MemTableFtsExec"
-
-    def __init__(
-        self,
-        region_id: str,
-        generation: int,
-        batches: Sequence[pa.RecordBatch],
-        schema: pa.Schema,
-        column: str,
-        tokenizer: Tokenizer,
-        primary_key: Sequence[str],
-        origin: str = "memtable",
-        *,
-        caches: Caches,
-    ) -> None:
-        super().__init__(
-            region_id, generation, schema, column, tokenizer, primary_key, caches=caches
-        )
-        self.batches = list(batches)
-        self.origin = origin
-
-    def describe(self) -> str:
-        return (
-            f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} "
-            f"{self.origin} rows={sum(b.num_rows for b in self.batches)}"
-        )
-
-    def pieces(self) -> list[Piece]:
-        if not self.batches:
-            return []
-        index = text_index(
-            self.batches,
-            self.generation,
-            self.origin,
-            self.column,
-            self._schema,
-            self.tokenizer,
-            caches=self.caches,
-        )
-        self._rows_table, piece = index.update(self.batches, self.primary_key)
-        return [piece]
-
-    def rows(self, piece: int, index: np.ndarray) -> pa.Table:
-        if getattr(self, "_rows_table", None) is None:
-            self.pieces()
-        return self._rows_table.take(pa.array(index))
 
 
 class GenerationFtsExec(FtsSource):
@@ -202,7 +151,7 @@ class GenerationFtsExec(FtsSource):
 
         return [self.caches.search.get("fts", f"{self.uri}#{self.column}", load)]
 
-    def rows(self, piece: int, index: np.ndarray) -> pa.Table:
+    def piece_rows(self, piece: int, index: np.ndarray) -> pa.Table:
         table = self._table()
         return table.take(pa.array(index))
 
@@ -277,7 +226,7 @@ class BaseFtsExec(FtsSource):
             load_live,
         )
 
-    def rows(self, piece: int, index: np.ndarray) -> pa.Table:
+    def piece_rows(self, piece: int, index: np.ndarray) -> pa.Table:
         addresses = self.pieces()[piece].addresses[index]
         names = stored_columns(self._schema, self.dataset)
         out = conform(
@@ -491,7 +440,7 @@ class GlobalBM25Exec(ExecNode):
     ) -> pa.Table:
         def read(number: int, at: np.ndarray) -> pa.Table:
             child, i = postings[number][0], postings[number][1]
-            return child.rows(i, rows[at])
+            return child.piece_rows(i, rows[at])
 
         return gather(numbers, read).append_column(
             pa.field(SCORE, pa.float32()), pa.array(scores.astype(np.float32))
@@ -526,5 +475,4 @@ __all__ = [
     "FtsSource",
     "GenerationFtsExec",
     "GlobalBM25Exec",
-    "MemTableFtsExec",
 ]

@@ -21,7 +21,6 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, runtime_checkable
 
 import lance
 import numpy as np
@@ -30,6 +29,7 @@ import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
 from exec_nodes.regions import raise_if_shared
+from exec_nodes.source import KeyedExec, KeyProbe, Probe
 from memwal_sql.compat.lance import data_file_paths, take_rows
 from memwal_sql.errors import ObjectNotFoundError
 from memwal_sql.formats.bloom import BloomFilter, pk_hashes
@@ -53,42 +53,6 @@ from memwal_sql.structures.keyset import KeySet, encode_keys, last_per_key
 from memwal_sql.structures.rowmask import split_addresses
 
 HASH = "__memwal_key_hash"  # keys may carry their bloom hashes, computed once per lookup
-
-
-class Probe(NamedTuple):
-    """What probing a source by key gives: the newest row of each key found there
-    (tombstones included) and, per probed key, whether it was found."""
-
-    rows: pa.Table
-    hit: np.ndarray
-
-
-@runtime_checkable
-class KeyProbe(Protocol):
-    """Probing by key, the lookup leaves' protocol beside the exec-node contract: the newest
-    row of each of ``keys`` the source holds (tombstones included) and which keys it found.
-
-    Example:
-        ``probe = TakeLastExec(rid, 3, schema, ["id"], batches=rows).probe(keys)``
-    """
-
-    def probe(self, keys: pa.Table) -> Probe: ...
-
-
-class KeyedExec(ExecNode, KeyProbe):
-    """A lookup operator: an exec node that is also a :class:`KeyProbe`. The planner binds
-    the keys it is to answer (``keys``), so :meth:`execute` runs it like any other node;
-    a parent that narrows the keys (:class:`CoalesceFirstExec`) probes it directly."""
-
-    keys: pa.Table | None = None
-
-    def probe(self, keys: pa.Table) -> Probe:
-        raise NotImplementedError
-
-    def execute(self, partition: int = 0) -> Iterator[pa.RecordBatch]:
-        if self.keys is None:
-            raise ValueError(f"{self.name} has no keys bound; probe(keys) it instead")
-        yield from self.probe(self.keys).rows.to_batches()
 
 
 _KEY_INDEX_ROW_BYTES = 16  # a cached base key index entry: key and row address, in key order
@@ -246,7 +210,7 @@ class LookupSource(KeyedExec):
 
 
 class TakeLastExec(LookupSource):
-    """Newest row per key of one generation or MemTable (``origin`` says which)."""
+    """Newest row per key of one flushed generation, through its ``_pk_index``."""
 
     name = "TakeLastExec"
 
@@ -257,36 +221,24 @@ class TakeLastExec(LookupSource):
         schema: pa.Schema,
         primary_key: Sequence[str],
         *,
-        uri: str | None = None,
-        batches: Sequence[pa.RecordBatch] | None = None,
+        uri: str,
         storage_options: dict[str, str] | None = None,
-        origin: str = "generation",
         keys: pa.Table | None = None,
         caches: Caches,
     ) -> None:
         super().__init__(region_id, generation, schema, primary_key, keys)
         self.caches = caches
         self.uri = uri
-        self.batches = list(batches or [])
         self.storage_options = storage_options
-        self.origin = origin
 
     def describe(self) -> str:
-        where = (
-            self.uri.rsplit("/", 1)[-1]
-            if self.uri
-            else f"{self.origin} rows={sum(b.num_rows for b in self.batches)}"
-        )
-        how = "_pk_index" if self.uri else "key index"
         return (
             f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} "
-            f"{where} via {how}"
+            f"{self.uri.rsplit('/', 1)[-1]} via _pk_index"
         )
 
     def _probe(self, keys: pa.Table) -> Probe:
-        if self.uri is not None:
-            return self._from_generation(keys)
-        return self._from_memtable(keys)
+        return self._from_generation(keys)
 
     def _from_generation(self, keys: pa.Table) -> Probe:
         assert self.uri is not None
@@ -328,26 +280,6 @@ class TakeLastExec(LookupSource):
         return generation_rows(
             self.uri, self.storage_options, self.generation, self.schema, self.caches
         )
-
-    def _from_memtable(self, keys: pa.Table) -> Probe:
-        from memwal_sql.writer.memtable_indexes import keys_index
-
-        batches = self.batches
-        if not batches:
-            return Probe(empty_rows(self.schema), np.zeros(keys.num_rows, dtype=bool))
-        index = keys_index(
-            batches,
-            self.generation,
-            self.origin,
-            self.schema,
-            self.primary_key,
-            caches=self.caches,
-        )
-        at = index.find(keys.select(self.primary_key))
-        hit = at >= 0
-        if not hit.any():
-            return Probe(empty_rows(self.schema), hit)
-        return Probe(index.take(at[hit]), hit)
 
 
 def _stored_keys(index: pa.Table, primary_key: Sequence[str]) -> pa.Table:

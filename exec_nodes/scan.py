@@ -32,7 +32,6 @@ from memwal_sql.formats.source_rows import (
     GEN,
     ROWADDR,
     conform,
-    empty_rows,
     stored_columns,
 )
 from memwal_sql.structures.cache import Caches
@@ -146,46 +145,6 @@ class GenerationScanExec(SourceExec):
         return (
             f"{self.name}: region={self.region_id[:8]} gen={self.generation} "
             f"path={self.uri.rsplit('/', 1)[-1]}"
-        )
-
-
-class MemTableScanExec(SourceExec):
-    """Batches of a live MemTable (or of a WAL tail), captured when the snapshot was taken."""
-
-    name = "MemTableScanExec"
-
-    def __init__(
-        self,
-        region_id: str,
-        generation: int,
-        batches: Sequence[pa.RecordBatch],
-        schema: pa.Schema,
-        origin: str = "memtable",
-        *,
-        caches: Caches,
-    ) -> None:
-        super().__init__(region_id, generation, schema)
-        self.caches = caches
-        self.batches = list(batches)
-        self.origin = origin
-
-    def read(self, schema: pa.Schema, predicate: Predicate | None) -> pa.Table:
-        if not self.batches:
-            return empty_rows(schema)
-        from memwal_sql.writer.memtable_indexes import rows_index
-
-        # The MemTable's rows in the source schema, extended as it grows (not rebuilt per
-        # query); row i of the MemTable has _rowaddr i, as its key index has.
-        rows = rows_index(
-            self.batches, self.generation, self.origin, self._schema, caches=self.caches
-        ).update(self.batches)
-        return matches(predicate, rows).select(schema.names)
-
-    def describe(self) -> str:
-        rows = sum(b.num_rows for b in self.batches)
-        return (
-            f"{self.name}: region={self.region_id[:8]} gen={self.generation} "
-            f"{self.origin} rows={rows}"
         )
 
 

@@ -27,6 +27,7 @@ from exec_nodes.lookup import (
     TakeLastExec,
     distinct_keys,
 )
+from exec_nodes.source import Lookup
 from memwal_sql.expressions.predicate import And, Compare, InList, Or, Predicate, conjuncts
 from memwal_sql.formats.bloom import pk_hashes
 from memwal_sql.formats.generation import BLOOM_FILTER
@@ -36,6 +37,7 @@ from memwal_sql.read_snapshot import GenerationRef, ReadSnapshot
 from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.cache import Caches
 from planner.indexed import IndexedRead, plan_indexed_read
+from planner.leaves import source_leaf
 from planner.plan import PlanExec
 
 # SQL `pk IN (...)` lists up to this many keys run as a point lookup; a longer list is a scan
@@ -165,18 +167,7 @@ def region_lookups(
         gens = []
         for src in sources:
             if src.rows is not None:
-                mem = src.rows
-                children.append(
-                    TakeLastExec(
-                        region.region_id,
-                        mem.generation,
-                        schema,
-                        pk,
-                        batches=mem.batches,
-                        origin=mem.origin,
-                        caches=caches,
-                    )
-                )
+                children.append(source_leaf(snapshot, src, Lookup(tuple(pk))))
             else:
                 gens.append(
                     TakeLastExec(

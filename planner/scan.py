@@ -7,11 +7,13 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from exec_nodes.dedup import DeduplicateExec
-from exec_nodes.scan import FragmentRange, GenerationScanExec, MemTableScanExec, SourceExec
+from exec_nodes.scan import FragmentRange, GenerationScanExec, SourceExec
+from exec_nodes.source import Scan, SourceLeaf
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.formats.source_rows import GEN, ROWADDR, source_schema
 from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.read_snapshot import ReadSnapshot
+from planner.leaves import source_leaf
 from planner.plan import PlanExec
 from planner.pruning import prune_regions
 from planner.regions import check_one_region_per_key
@@ -38,10 +40,10 @@ class ScanPlan(PlanExec):
         self.pruned_regions = pruned_regions
 
     @property
-    def sources(self) -> list[SourceExec]:
+    def sources(self) -> list[SourceExec | SourceLeaf]:
         return self.root.newer
 
-    def sources_opened(self) -> list[SourceExec]:
+    def sources_opened(self) -> list[SourceExec | SourceLeaf]:
         """The newer-than-base sources that were actually read."""
         return [s for s in self.sources if s.opened]
 
@@ -123,20 +125,10 @@ def plan_scan(
     )
     sschema = source_schema(snapshot.wal_schema)
     opts = dict(snapshot.storage_options or {}) or None
-    sources: list[SourceExec] = []
+    sources: list[SourceExec | SourceLeaf] = []
     for src in snapshot.sources(regions=set(kept)):
         if src.rows is not None:
-            mem = src.rows
-            sources.append(
-                MemTableScanExec(
-                    src.region_id,
-                    mem.generation,
-                    mem.batches,
-                    sschema,
-                    origin=mem.origin,
-                    caches=snapshot.caches,
-                )
-            )
+            sources.append(source_leaf(snapshot, src, Scan()))
         else:
             assert src.uri is not None
             sources.append(

@@ -31,15 +31,14 @@ from exec_nodes.fts import (
     FtsSource,
     GenerationFtsExec,
     GlobalBM25Exec,
-    MemTableFtsExec,
 )
 from exec_nodes.knn import (
     BaseKnnExec,
     GenerationRunsKnnExec,
     KnnQuery,
     KnnSource,
-    MemTableKnnExec,
 )
+from exec_nodes.source import FullText, Knn, SourceLeaf
 from exec_nodes.stale import FilterStaleExec
 from exec_nodes.topk import TopKExec
 from memwal_sql.expressions.predicate import Predicate
@@ -50,6 +49,7 @@ from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.vectors import DISTANCE
 from memwal_sql.writer.memtable_indexes import tokenizer_for
+from planner.leaves import source_leaf
 from planner.lookup import region_lookups
 from planner.plan import PlanExec
 from planner.pruning import prune_regions
@@ -253,18 +253,7 @@ def plan_vector_search(
         generations = []
         for src in group:
             if src.rows is not None:
-                mem = src.rows
-                sources.append(
-                    MemTableKnnExec(
-                        region.region_id,
-                        mem.generation,
-                        mem.batches,
-                        schema,
-                        knn,
-                        mem.origin,
-                        caches=snapshot.caches,
-                    )
-                )
+                sources.append(source_leaf(snapshot, src, Knn(knn)))
             else:
                 assert src.uri is not None
                 generations.append((src.generation, src.uri))
@@ -325,7 +314,7 @@ def plan_fts(
     tokenizer = tokenizer_for(index[1] if index else {}, caches)
     kept, pruned, schema, opts, pk = _layout(snapshot, spec, base_schema, predicate)
     keep = set(kept)
-    sources: list[FtsSource] = []
+    sources: list[FtsSource | SourceLeaf] = []
     searched = []
     for src in snapshot.sources(base=True):
         if src.kind == "base":
@@ -333,20 +322,7 @@ def plan_fts(
                 BaseFtsExec(snapshot.dataset, schema, column, tokenizer, pk, caches=caches)
             )
         elif src.rows is not None:
-            mem = src.rows
-            sources.append(
-                MemTableFtsExec(
-                    src.region_id,
-                    mem.generation,
-                    mem.batches,
-                    schema,
-                    column,
-                    tokenizer,
-                    pk,
-                    mem.origin,
-                    caches=caches,
-                )
-            )
+            sources.append(source_leaf(snapshot, src, FullText(column, tokenizer, tuple(pk))))
         else:
             assert src.uri is not None
             sources.append(

@@ -18,6 +18,8 @@ from exec_nodes.lookup import (
     PointLookupExec,
     TakeLastExec,
 )
+from exec_nodes.memtable_source import MemTableSourceExec
+from exec_nodes.source import Lookup
 from memwal_sql.formats.generation import BLOOM_FILTER
 from memwal_sql.formats.source_rows import (
     GEN,
@@ -33,12 +35,12 @@ from tests.exec_nodes.nodes import CACHES, SOURCE, WAL, check_contract, wal_rows
 
 def test_take_last_of_a_memtable_returns_the_newest_duplicate():
     batches = [wal_rows([1, 2], "old").to_batches()[0], wal_rows([1], "new").to_batches()[0]]
-    node = TakeLastExec(
+    node = MemTableSourceExec(
         "r",
         3,
+        batches,
         SOURCE,
-        ["id"],
-        batches=batches,
+        Lookup(("id",)),
         keys=pa.table({"id": pa.array([1, 9], pa.int64())}),
         caches=CACHES,
     )
@@ -74,16 +76,16 @@ def test_bloom_filter_guard_passes_only_keys_the_filter_may_hold(generation):
 
 
 def test_coalesce_first_stops_at_the_newest_hit_and_a_tombstone_resolves():
-    newest = TakeLastExec(
+    newest = MemTableSourceExec(
         "r",
         2,
+        wal_rows([1, 2], "n", dead=[False, True]).to_batches(),
         SOURCE,
-        ["id"],
-        batches=wal_rows([1, 2], "n", dead=[False, True]).to_batches(),
+        Lookup(("id",)),
         caches=CACHES,
     )
-    older = TakeLastExec(
-        "r", 1, SOURCE, ["id"], batches=wal_rows([1, 2, 3], "o").to_batches(), caches=CACHES
+    older = MemTableSourceExec(
+        "r", 1, wal_rows([1, 2, 3], "o").to_batches(), SOURCE, Lookup(("id",)), caches=CACHES
     )
     keys = pa.table({"id": pa.array([3, 1, 2, 4], pa.int64())})
     node = CoalesceFirstExec([newest, older], ["id"], SOURCE, keys=keys)
@@ -99,12 +101,12 @@ def test_coalesce_first_stops_at_the_newest_hit_and_a_tombstone_resolves():
 def test_point_lookup_asks_the_base_only_for_what_no_region_resolved(base):
     region = CoalesceFirstExec(
         [
-            TakeLastExec(
+            MemTableSourceExec(
                 "r",
                 1,
+                wal_rows([1, 2], "m", dead=[False, True]).to_batches(),
                 SOURCE,
-                ["id"],
-                batches=wal_rows([1, 2], "m", dead=[False, True]).to_batches(),
+                Lookup(("id",)),
                 caches=CACHES,
             )
         ],
@@ -221,7 +223,7 @@ def test_keys_index_finds_the_newest_row_of_each_key_as_the_memtable_grows(write
 
 def test_lookup_leaves_are_exec_nodes_that_also_probe_by_key():
     batch = wal_rows([4, 4, 6], "m", f=[1.0, 2.0, 3.0]).to_batches()[0]
-    leaf = TakeLastExec("r", 7, SOURCE, ["id"], batches=[batch], caches=CACHES)
+    leaf = MemTableSourceExec("r", 7, [batch], SOURCE, Lookup(("id",)), caches=CACHES)
     assert isinstance(leaf, KeyProbe) and isinstance(leaf, ExecNode)
     probe = leaf.probe(pa.table({"id": pa.array([6, 4, 8], pa.int64())}))
     assert probe.hit.tolist() == [True, True, False]

@@ -8,7 +8,9 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exec_nodes.scan import BaseScanExec, FragmentRange, GenerationScanExec, MemTableScanExec
+from exec_nodes.memtable_source import MemTableSourceExec
+from exec_nodes.scan import BaseScanExec, FragmentRange, GenerationScanExec
+from exec_nodes.source import Scan
 from memwal_sql.expressions.predicate import Compare, InList, Not
 from memwal_sql.formats.source_rows import (
     GEN,
@@ -20,7 +22,7 @@ from tests.exec_nodes.nodes import CACHES, SOURCE, check_contract, wal_rows
 
 def test_memtable_scan_reads_tagged_rows_and_applies_sql_semantics():
     rows = wal_rows([1, 2, 3, 4], "m", f=[1.0, 2.0, None, -0.0])
-    node = MemTableScanExec("r", 7, rows.to_batches(), SOURCE, caches=CACHES)
+    node = MemTableSourceExec("r", 7, rows.to_batches(), SOURCE, Scan(), caches=CACHES)
     out = check_contract(node, want_rows=4)
     assert out.column(GEN).to_pylist() == [7] * 4 and out.column(ROWADDR).to_pylist() == [
         0,

@@ -1,0 +1,32 @@
+"""The one place a plan's leaves are built: a snapshot's source, read by an access method.
+
+Example:
+    ``[source_leaf(snap, src, Scan()) for src in snap.sources()]``
+"""
+
+from __future__ import annotations
+
+from exec_nodes.memtable_source import MemTableSourceExec
+from exec_nodes.source import Access, SourceLeaf
+from memwal_sql.formats.source_rows import source_schema
+from memwal_sql.read_snapshot import ReadSnapshot, SnapshotSource
+
+
+def source_leaf(
+    snapshot: ReadSnapshot, src: SnapshotSource, access: Access, keys: object = None
+) -> SourceLeaf:
+    """The leaf of ``src`` (one of ``snapshot.sources()``) that reads it by ``access``, its
+    rows in the snapshot's source schema, keeping what it reads in the snapshot's caches."""
+    schema = source_schema(snapshot.wal_schema)
+    if src.rows is not None:
+        mem = src.rows
+        return MemTableSourceExec(
+            src.region_id,
+            mem.generation,
+            mem.batches,
+            schema,
+            access,
+            mem.origin,
+            caches=snapshot.caches,
+        )
+    raise NotImplementedError(src.kind)
