@@ -23,14 +23,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
+from exec_nodes.generation_source import GenerationSourceExec
 from exec_nodes.lookup import BaseLookupExec
 from exec_nodes.memtable_source import MemTableSourceExec
 from exec_nodes.scan import (
     BaseScanExec,
     FragmentRange,
-    GenerationScanExec,
-    SourceExec,
 )
+from exec_nodes.source import SourceLeaf
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.visitors import evaluate
 from memwal_sql.formats.source_rows import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, conform
@@ -280,7 +280,7 @@ class Versions:
         return keep if replaced is None else keep & ~replaced[at]
 
 
-def _memtables_key(mems: Sequence[SourceExec | MemTableSourceExec]) -> str | None:
+def _memtables_key(mems: Sequence[SourceLeaf]) -> str | None:
     """A name of the rows of these MemTables (first batch and batch count of each), or None
     when one is a WAL tail (read anew per snapshot) or empty."""
     names = []
@@ -291,10 +291,10 @@ def _memtables_key(mems: Sequence[SourceExec | MemTableSourceExec]) -> str | Non
     return ";".join(names)
 
 
-def _source_name(source: SourceExec | MemTableSourceExec) -> str:
+def _source_name(source: SourceLeaf) -> str:
     """A newer source's name in :class:`Versions` (a generation: its uri; a MemTable: its
     first batch, which the cached versions hold, so the name is never another's)."""
-    if isinstance(source, GenerationScanExec):
+    if isinstance(source, GenerationSourceExec):
         return source.uri
     first = (
         id(source.batches[0]) if isinstance(source, MemTableSourceExec) and source.batches else 0
@@ -322,7 +322,7 @@ class DeduplicateExec(ExecNode):
 
     def __init__(
         self,
-        newer: Sequence[SourceExec | MemTableSourceExec],
+        newer: Sequence[SourceLeaf],
         base: lance.LanceDataset | None,
         base_parts: Sequence[Sequence[FragmentRange] | None],
         *,
@@ -370,8 +370,8 @@ class DeduplicateExec(ExecNode):
         read anew by every snapshot: a query with one computes its part itself)."""
         with self._lock:
             if self._split is None:
-                gens = [s for s in self.newer if isinstance(s, GenerationScanExec)]
-                mems = [s for s in self.newer if not isinstance(s, GenerationScanExec)]
+                gens = [s for s in self.newer if isinstance(s, GenerationSourceExec)]
+                mems = [s for s in self.newer if not isinstance(s, GenerationSourceExec)]
                 gens_key = "\n".join(sorted(g.uri for g in gens))
                 mems_key = _memtables_key(mems)
                 if mems_key is None:
@@ -390,9 +390,9 @@ class DeduplicateExec(ExecNode):
 
     def _split_versions(
         self,
-        gens: list[GenerationScanExec],
+        gens: list[GenerationSourceExec],
         gens_key: str,
-        mems: list[SourceExec | MemTableSourceExec],
+        mems: list[SourceLeaf],
     ) -> tuple[Versions, Versions, np.ndarray]:
         cols = [*self.primary_key, TOMBSTONE]
 
@@ -455,7 +455,7 @@ class DeduplicateExec(ExecNode):
         sources = self.newer
         kept = self._generation_entries(in_gens)
         if kept is not None:
-            sources = [s for s in self.newer if not isinstance(s, GenerationScanExec)]
+            sources = [s for s in self.newer if not isinstance(s, GenerationSourceExec)]
             # _rowaddr always: a count(*) still takes a column's worth of rows.
             names = [f.name for f in output] or [ROWADDR]
             taken = []
@@ -470,7 +470,7 @@ class DeduplicateExec(ExecNode):
             rows = source.read_counted(read_columns, self.predicate)
             if not rows.num_rows:
                 continue
-            if isinstance(source, GenerationScanExec):
+            if isinstance(source, GenerationSourceExec):
                 keep = in_gens.is_version_of(_source_name(source), rows, pk, replaced)
             else:
                 keep = in_mems.is_version_of(_source_name(source), rows, pk)
@@ -479,13 +479,13 @@ class DeduplicateExec(ExecNode):
 
     def _generation_entries(
         self, in_gens: Versions
-    ) -> list[tuple[GenerationScanExec, pa.Table, np.ndarray]] | None:
+    ) -> list[tuple[GenerationSourceExec, pa.Table, np.ndarray]] | None:
         """Per flushed generation: its rows (every physical row, kept whole in the lookup
         cache and shared with lookups) and the entry in ``in_gens`` each is the live version
         of, or -1; None when a generation is too big to keep whole. The entries are kept per
         ``in_gens`` (generations never change), 4 bytes a row: a query then selects a
         generation's rows with one filter evaluation and one ``take``."""
-        gens = [s for s in self.newer if isinstance(s, GenerationScanExec)]
+        gens = [s for s in self.newer if isinstance(s, GenerationSourceExec)]
         wholes = [g.whole_rows() for g in gens]
         if not gens or any(w is None for w in wholes):
             return None
@@ -550,7 +550,7 @@ class DeduplicateExec(ExecNode):
                     return mask, 64 if mask is None else mask.nbytes
 
                 gens = "\n".join(
-                    sorted(s.uri for s in self.newer if isinstance(s, GenerationScanExec))
+                    sorted(s.uri for s in self.newer if isinstance(s, GenerationSourceExec))
                 )
                 from_gens = self.caches.scan.get(
                     "base_mask", f"{ds.uri}@{ds.version}\n{gens}", load

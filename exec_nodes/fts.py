@@ -32,12 +32,10 @@ import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
 from exec_nodes.dedup import Versions
-from exec_nodes.lookup import generation_rows
 from memwal_sql.compat.lance import data_file_paths, take_rows
 from memwal_sql.compat.lance_fts import BM25_B, BM25_K1
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.visitors import evaluate
-from memwal_sql.formats.generation import open_generation
 from memwal_sql.formats.source_rows import (
     BASE_GENERATION,
     GEN,
@@ -99,61 +97,6 @@ class FtsSource(ExecNode):
         if TOMBSTONE in rows.column_names and rows.num_rows:
             present &= ~rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
         return Piece(rows.select(self.primary_key), addresses, tokens, present)
-
-
-class GenerationFtsExec(FtsSource):
-    """A flushed generation's documents (every physical row: a duplicate its deletion vector
-    hides is never its key's newest version, so it never counts)."""
-
-    name = "GenerationFtsExec"
-
-    def __init__(
-        self,
-        region_id: str,
-        generation: int,
-        uri: str,
-        schema: pa.Schema,
-        column: str,
-        tokenizer: Tokenizer,
-        primary_key: Sequence[str],
-        storage_options: dict[str, str] | None = None,
-        *,
-        caches: Caches,
-    ) -> None:
-        super().__init__(
-            region_id, generation, schema, column, tokenizer, primary_key, caches=caches
-        )
-        self.uri = uri
-        self.storage_options = storage_options
-
-    def describe(self) -> str:
-        return (
-            f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} "
-            f"{self.uri.rsplit('/', 1)[-1]}"
-        )
-
-    def _table(self) -> pa.Table:
-        table = generation_rows(
-            self.uri, self.storage_options, self.generation, self._schema, self.caches
-        )
-        if table is None:  # too big to keep whole: read it for this query
-            ds = open_generation(self.uri, self.storage_options)
-            names = stored_columns(self._schema, ds)
-            rows = ds.to_table(columns=names, with_row_address=True)
-            table = conform(rows, self._schema, self.generation)
-        return table
-
-    def pieces(self) -> list[Piece]:
-        def load() -> tuple[Piece, int]:
-            table = self._table()
-            piece = self._piece(table, table.column(ROWADDR).to_numpy().astype(np.int64))
-            return piece, piece.tokens.docs.nbytes * 3 + piece.keys.nbytes
-
-        return [self.caches.search.get("fts", f"{self.uri}#{self.column}", load)]
-
-    def piece_rows(self, piece: int, index: np.ndarray) -> pa.Table:
-        table = self._table()
-        return table.take(pa.array(index))
 
 
 class BaseFtsExec(FtsSource):
@@ -473,6 +416,5 @@ __all__ = [
     "BaseFtsExec",
     "CorpusStats",
     "FtsSource",
-    "GenerationFtsExec",
     "GlobalBM25Exec",
 ]

@@ -22,9 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
-from exec_nodes.lookup import generation_rows
-from exec_nodes.source import KnnQuery, KnnSource, lance_nearest, take_addresses
-from memwal_sql.formats.generation import open_generation
+from exec_nodes.generation_source import GenerationSourceExec, generation_rows
+from exec_nodes.source import Knn, KnnQuery, KnnSource, lance_nearest, take_addresses
 from memwal_sql.formats.source_rows import (
     BASE_GENERATION,
     GEN,
@@ -39,47 +38,6 @@ from memwal_sql.structures.vectors import (
     SourceVectors,
     neighbours,
 )
-
-
-class GenerationKnnExec(KnnSource):
-    """Flat KNN through Lance over a flushed generation too big for the lookup cache (the
-    ones it keeps are searched by :class:`GenerationsKnnExec`).
-
-    Rows a generation's deletion vector hides (older duplicates of a key in the same flush)
-    may be candidates here; they are never their key's newest version, so
-    :class:`~exec_nodes.stale.FilterStaleExec` drops them.
-    """
-
-    name = "GenerationKnnExec"
-
-    def __init__(
-        self,
-        region_id: str,
-        generation: int,
-        uri: str,
-        schema: pa.Schema,
-        search: KnnQuery,
-        storage_options: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(region_id, generation, schema, search)
-        self.uri = uri
-        self.storage_options = storage_options
-
-    def describe(self) -> str:
-        return (
-            f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} "
-            f"{self.uri.rsplit('/', 1)[-1]} flat k={self.k}"
-        )
-
-    def _nearest(self, n: int) -> pa.Table:
-        ds = open_generation(self.uri, self.storage_options)
-        return lance_nearest(ds, self, n, {"use_index": False}, self.generation)
-
-    def rows(self, candidates: pa.Table) -> pa.Table:
-        ds = open_generation(self.uri, self.storage_options)
-        return take_addresses(
-            ds, candidates.column(ROWADDR).to_numpy(), self.source_schema, self.generation
-        )
 
 
 class GenerationsKnnExec(KnnSource):
@@ -176,7 +134,7 @@ def _kept_rows(
     table = generation_rows(uri, storage_options, generation, schema, caches)
     if table is None:
         raise ValueError(
-            f"generation {uri} is not kept in memory: search it with GenerationKnnExec"
+            f"generation {uri} is not kept in memory: search it with GenerationSourceExec"
         )
     return table
 
@@ -192,7 +150,7 @@ class GenerationRunsKnnExec(KnnSource):
     rows), those the lookup cache keeps are grouped in runs of consecutive generations (oldest
     first, so a flush changes only the newest run), each searched as one matrix
     (:class:`GenerationsKnnExec`); any other is searched through Lance on its own
-    (:class:`GenerationKnnExec`). ``top(n)`` is the ``n`` nearest of them all.
+    (:class:`~exec_nodes.generation_source.GenerationSourceExec`). ``top(n)`` is the ``n`` nearest of them all.
     """
 
     name = "GenerationRunsKnnExec"
@@ -254,7 +212,11 @@ class GenerationRunsKnnExec(KnnSource):
             rows = generation_rows(uri, opts, generation, schema, self.caches)
             if rows is None:
                 close_run()
-                sources.append(GenerationKnnExec(rid, generation, uri, schema, self.search, opts))
+                sources.append(
+                    GenerationSourceExec(
+                        rid, generation, uri, schema, Knn(self.search), opts, caches=self.caches
+                    )
+                )
                 continue
             nbytes = rows.nbytes + rows.num_rows * vector_bytes  # as the run's entry counts it
             if run and run_bytes + nbytes > budget:
@@ -335,7 +297,6 @@ class BaseKnnExec(KnnSource):
 
 __all__ = [
     "BaseKnnExec",
-    "GenerationKnnExec",
     "GenerationRunsKnnExec",
     "GenerationsKnnExec",
     "KnnQuery",

@@ -1,6 +1,6 @@
 """Point-lookup operators: probe each source by key, newest first, and stop at the first hit.
 
-* :class:`TakeLastExec` finds the newest row of each requested key in *one* source: a flushed
+* :class:`GenerationSourceExec` finds the newest row of each requested key in *one* source: a flushed
   generation through its ``_pk_index`` (sorted keys to row offsets), a MemTable through a key
   index; :class:`BaseLookupExec` does it for the base table through its key index or btree.
   What is immutable (a generation's index, filter and, when small, rows; the base key index of
@@ -28,13 +28,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
+from exec_nodes.generation_source import GenerationSourceExec, index_keys, stored_keys
 from exec_nodes.regions import raise_if_shared
-from exec_nodes.source import KeyedExec, KeyProbe, Probe
+from exec_nodes.source import KeyedExec, KeyProbe, Probe, whole_fragment
 from memwal_sql.compat.lance import data_file_paths, take_rows
 from memwal_sql.errors import ObjectNotFoundError
 from memwal_sql.formats.bloom import BloomFilter, pk_hashes
 from memwal_sql.formats.generation import (
-    open_generation,
     read_generation_pk_index,
     verify_bloom_filter,
 )
@@ -49,7 +49,7 @@ from memwal_sql.formats.source_rows import (
 )
 from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.cache import Caches
-from memwal_sql.structures.keyset import KeySet, encode_keys, last_per_key
+from memwal_sql.structures.keyset import KeySet, last_per_key
 from memwal_sql.structures.rowmask import split_addresses
 
 HASH = "__memwal_key_hash"  # keys may carry their bloom hashes, computed once per lookup
@@ -64,59 +64,6 @@ _KEY_INDEX_SHARE = 4  # a base's key index may take a quarter of the cache
 # estimated at 3x their stored size (what bench_read's rows take in Arrow).
 _WHOLE_BASE_SHARE = 2
 _MEMORY_PER_STORED_BYTE = 3
-_WHOLE_FRAGMENT_SHARE = 16  # a fragment read whole takes at most 1/16 of the cache
-
-
-def _whole_fragment(
-    fragment: lance.LanceFragment,
-    names: Sequence[str],
-    generation: int,
-    schema: pa.Schema,
-    max_bytes: int,
-) -> tuple[pa.Table | None, int]:
-    """Every physical row of a small fragment in the source ``schema``, row ``i`` at offset
-    ``i``, for a lookup cache of ``max_bytes``; ``(None, _)`` for a fragment too big to keep.
-
-    Deleted rows are kept in place: key indexes never point at them, and so the rows serve
-    every version of the fragment. One sequential read of a small fragment costs about what a
-    few random ``take`` calls do (benchmarks/bench_lookup.py), and it
-    serves every later lookup from memory, as RocksDB serves hot blocks from its block cache.
-    """
-    sizes = [f.file_size_bytes for f in fragment.data_files()]
-    if any(n is None for n in sizes) or sum(sizes) > max_bytes // _WHOLE_FRAGMENT_SHARE:  # type: ignore[arg-type]
-        return None, 64
-    table = fragment.to_table(columns=list(names), with_row_id=True, include_deleted_rows=True)
-    if table.num_rows != fragment.metadata.physical_rows:
-        return None, 64
-    table = conform(table.select(list(names)), schema, generation).combine_chunks()
-    return table, table.nbytes
-
-
-def generation_rows(
-    uri: str,
-    storage_options: dict[str, str] | None,
-    generation: int,
-    schema: pa.Schema,
-    caches: Caches,
-) -> pa.Table | None:
-    """A small generation's rows (every physical row, row ``i`` at offset ``i``, in the
-    source ``schema``), read once and kept in ``caches.lookup``; None for a generation too big
-    to keep (see
-    :func:`_whole_fragment`). Lookups, scans and searches share the entry.
-
-    Example:
-        ``generation_rows(gen.uri, None, gen.generation, source_schema(tbl.wal_schema), caches)``
-    """
-
-    def load() -> tuple[pa.Table | None, int]:
-        ds = open_generation(uri, storage_options)
-        frags = ds.get_fragments()
-        if len(frags) != 1:
-            return None, 64
-        names = stored_columns(schema, ds)
-        return _whole_fragment(frags[0], names, generation, schema, caches.max_bytes)
-
-    return caches.lookup.get("rows", uri, load)
 
 
 def fragment_rows_key(uri: str, fragment: lance.LanceFragment) -> str:
@@ -148,15 +95,6 @@ def _base_facts(ds: lance.LanceDataset) -> _BaseFacts:
         facts = _BaseFacts(ds.count_rows(), f"{ds.uri}@{ds.version}:{files}", stored)
         _BASE_FACTS[ds] = facts
     return facts
-
-
-def _key_index(values: pa.Table, ids: np.ndarray) -> tuple[KeySet, np.ndarray]:
-    """KeySet over distinct keys and, per key, the highest row id (a later duplicate that
-    Lance's writer masked with a deletion vector is always the higher id), as
-    :meth:`KeySet.indexing` pairs them."""
-    if values.num_rows == 0:
-        return KeySet.indexing(values, ids)
-    return KeySet.indexing(*last_per_key(values, ids))
 
 
 class LookupSource(KeyedExec):
@@ -209,94 +147,6 @@ class LookupSource(KeyedExec):
         return Probe(take(newest[pos[hit]]), hit)
 
 
-class TakeLastExec(LookupSource):
-    """Newest row per key of one flushed generation, through its ``_pk_index``."""
-
-    name = "TakeLastExec"
-
-    def __init__(
-        self,
-        region_id: str,
-        generation: int,
-        schema: pa.Schema,
-        primary_key: Sequence[str],
-        *,
-        uri: str,
-        storage_options: dict[str, str] | None = None,
-        keys: pa.Table | None = None,
-        caches: Caches,
-    ) -> None:
-        super().__init__(region_id, generation, schema, primary_key, keys)
-        self.caches = caches
-        self.uri = uri
-        self.storage_options = storage_options
-
-    def describe(self) -> str:
-        return (
-            f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} "
-            f"{self.uri.rsplit('/', 1)[-1]} via _pk_index"
-        )
-
-    def _probe(self, keys: pa.Table) -> Probe:
-        return self._from_generation(keys)
-
-    def _from_generation(self, keys: pa.Table) -> Probe:
-        assert self.uri is not None
-        uri, opts, pk = self.uri, self.storage_options, self.primary_key
-
-        def load_index() -> tuple[tuple[KeySet, np.ndarray], int]:
-            index = read_generation_pk_index(uri, opts)
-            keyset, ids = _key_index(_stored_keys(index, pk), index.column("ids").to_numpy())
-            return (keyset, ids), keyset.nbytes + ids.nbytes
-
-        keyset, ids = self.caches.lookup.get("pk_index", uri, load_index)
-        return self._take_newest(_index_keys(keys, pk), keyset, ids, self.take_offsets)
-
-    def take_offsets(self, offsets: np.ndarray) -> pa.Table:
-        """The generation's rows at ``offsets`` (what its ``_pk_index`` stores)."""
-        rows = self._generation_rows()
-        if rows is not None:
-            return rows.take(pa.array(offsets))
-        return self._take_from_generation(offsets)
-
-    def _take_from_generation(self, offsets: np.ndarray) -> pa.Table:
-        uri, opts = self.uri, self.storage_options
-        assert uri is not None  # as in _generation_rows: only a flushed generation is read here
-        ds = self.caches.lookup.get("dataset", uri, lambda: (open_generation(uri, opts), 4096))
-        names = stored_columns(self.schema, ds)
-        # Row addresses of fragment 0 are the offsets the _pk_index stores.
-        row_ids = pa.array(offsets.astype(np.uint64))
-        out = conform(
-            take_rows(ds, row_ids, names),
-            self.schema,
-            self.generation,
-        )
-        return out.set_column(
-            out.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), row_ids
-        )
-
-    def _generation_rows(self) -> pa.Table | None:
-        assert self.uri is not None
-        return generation_rows(
-            self.uri, self.storage_options, self.generation, self.schema, self.caches
-        )
-
-
-def _stored_keys(index: pa.Table, primary_key: Sequence[str]) -> pa.Table:
-    """A ``_pk_index``'s key column as a key table (composite keys are stored encoded)."""
-    values = index.column("values")
-    if len(primary_key) == 1:
-        return pa.table({primary_key[0]: values})
-    return pa.table({"__key": values.cast(pa.binary())})
-
-
-def _index_keys(keys: pa.Table, primary_key: Sequence[str]) -> pa.Table:
-    """Probe keys in the form a ``_pk_index`` stores them."""
-    if len(primary_key) == 1:
-        return keys.select(list(primary_key))
-    return pa.table({"__key": encode_keys(keys.select(list(primary_key)))})
-
-
 class GenerationIndexExec(KeyedExec):
     """One key index over a region's flushed generations: the newest version of each key
     across all of them (newest generation, then highest row), built once from their
@@ -312,7 +162,7 @@ class GenerationIndexExec(KeyedExec):
 
     def __init__(
         self,
-        generations: Sequence[TakeLastExec],
+        generations: Sequence[GenerationSourceExec],
         primary_key: Sequence[str],
         schema: pa.Schema,
         keys: pa.Table | None = None,
@@ -345,7 +195,7 @@ class GenerationIndexExec(KeyedExec):
             parts, ranks = [], []
             for i, g in enumerate(gens):
                 index = read_generation_pk_index(g.uri, g.storage_options)  # type: ignore[arg-type]
-                parts.append(_stored_keys(index, pk))
+                parts.append(stored_keys(index, pk))
                 ids = index.column("ids").to_numpy().astype(np.int64)
                 ranks.append(((len(gens) - i) << 32) | ids)  # newer generation ranks higher
             keyset, best = KeySet.indexing(
@@ -358,12 +208,12 @@ class GenerationIndexExec(KeyedExec):
         return self.caches.lookup.get("generation_index", self._cache_key, load)
 
     @staticmethod
-    def cache_key(generations: Sequence[TakeLastExec]) -> str:
+    def cache_key(generations: Sequence[GenerationSourceExec]) -> str:
         """The lookup-cache key of the merged index of ``generations``."""
         return "\n".join(g.uri or "" for g in generations)
 
     @classmethod
-    def is_cached(cls, generations: Sequence[TakeLastExec], caches: Caches) -> bool:
+    def is_cached(cls, generations: Sequence[GenerationSourceExec], caches: Caches) -> bool:
         """Whether the merged key index of these generations is in ``caches`` already (then
         probing it beats a bloom test per generation even for one key)."""
         return caches.lookup.contains("generation_index", cls.cache_key(generations))
@@ -373,7 +223,7 @@ class GenerationIndexExec(KeyedExec):
         if keys.num_rows == 0:
             return Probe(empty_rows(self.schema), np.zeros(0, dtype=bool))
         keyset, which, offsets = self._index()
-        pos = keyset.positions(_index_keys(keys, self.primary_key))
+        pos = keyset.positions(index_keys(keys, self.primary_key))
         hit = pos >= 0
         found = pos[hit]
         parts = [
@@ -540,7 +390,7 @@ class BaseLookupExec(LookupSource):
         return self.caches.lookup.get(
             "rows",
             fragment_rows_key(self.dataset.uri, fragment),
-            lambda: _whole_fragment(
+            lambda: whole_fragment(
                 fragment, names, BASE_GENERATION, self.schema, self.caches.max_bytes
             ),
         )
@@ -562,7 +412,11 @@ class BloomFilterGuardExec(KeyedExec):
     name = "BloomFilterGuardExec"
 
     def __init__(
-        self, child: TakeLastExec, store: ObjectStore, bloom_path: str, keys: pa.Table | None = None
+        self,
+        child: GenerationSourceExec,
+        store: ObjectStore,
+        bloom_path: str,
+        keys: pa.Table | None = None,
     ) -> None:
         self.keys = keys
         self.child = child
@@ -771,7 +625,6 @@ __all__ = [
     "LookupSource",
     "PointLookupExec",
     "Probe",
-    "TakeLastExec",
     "distinct_keys",
     "live_rows",
 ]

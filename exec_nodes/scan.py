@@ -11,7 +11,6 @@ a fragment with a deletion vector, which is read from its data file (see
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -25,127 +24,13 @@ from exec_nodes.base import ExecNode
 from memwal_sql.compat.lance import row_addr_treemap, single_data_file, storage_options_of
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.substrait import lance_filter
-from memwal_sql.expressions.visitors import evaluate, matches, referenced_columns
-from memwal_sql.formats.generation import open_generation
+from memwal_sql.expressions.visitors import evaluate, referenced_columns
 from memwal_sql.formats.source_rows import (
     BASE_GENERATION,
-    GEN,
     ROWADDR,
-    conform,
-    stored_columns,
 )
 from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.rowmask import RowMask, split_addresses
-
-_FEW_COLUMNS = 6  # up to this many columns of a generation are kept (key columns, tombstone)
-
-
-class SourceExec(ExecNode):
-    """A newer-than-base source of one region; counts how often it was opened."""
-
-    _locks = ("_lock",)
-
-    def __init__(self, region_id: str, generation: int, schema: pa.Schema) -> None:
-        self.region_id = region_id
-        self.generation = generation
-        self._schema = schema
-        self.opened = 0
-        self._lock = threading.Lock()
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self._schema
-
-    def execute(self, partition: int = 0) -> Iterator[pa.RecordBatch]:
-        yield from self.read_counted().to_batches()
-
-    def read_counted(
-        self, columns: Sequence[str] | None = None, predicate: Predicate | None = None
-    ) -> pa.Table:
-        """Read the source (``columns`` plus ``_gen``/``_rowaddr``; rows for which
-        ``predicate`` is TRUE; all columns when there is a predicate), counting the open:
-        tests check what a plan touched."""
-        self.count_open()
-        schema = self._schema
-        if columns is not None:
-            names = [*columns, GEN, ROWADDR]
-            schema = pa.schema([self._schema.field(c) for c in names])
-        return self.read(schema, predicate)
-
-    def read(self, schema: pa.Schema, predicate: Predicate | None) -> pa.Table:
-        raise NotImplementedError
-
-    def count_open(self) -> None:
-        """Count one read of the source (what :meth:`read_counted` counts)."""
-        with self._lock:
-            self.opened += 1
-
-
-class GenerationScanExec(SourceExec):
-    """A flushed generation: a standalone Lance dataset (its deletion vector applied)."""
-
-    name = "GenerationScanExec"
-
-    def __init__(
-        self,
-        region_id: str,
-        generation: int,
-        uri: str,
-        schema: pa.Schema,
-        storage_options: dict[str, str] | None = None,
-        *,
-        caches: Caches,
-    ) -> None:
-        super().__init__(region_id, generation, schema)
-        self.caches = caches
-        self.uri = uri
-        self.storage_options = storage_options
-
-    def read(self, schema: pa.Schema, predicate: Predicate | None) -> pa.Table:
-        if predicate is None and len(schema) <= _FEW_COLUMNS:
-            return self._few_columns(schema)
-        whole = self.whole_rows()
-        if whole is not None:
-            # Every physical row, the deletion vector's too: an older duplicate is never its
-            # key's newest version, so deduplication drops it like any stale row.
-            return matches(predicate, whole).select(schema.names)
-        ds = open_generation(self.uri, self.storage_options)
-        names = stored_columns(schema, ds)
-        pushed, exact = lance_filter(predicate, ds.schema)
-        table = ds.to_table(columns=names, filter=pushed, with_row_address=True)
-        if not exact:
-            table = matches(predicate, table)
-        return conform(table, schema, self.generation)  # Lance's row addresses kept
-
-    def whole_rows(self) -> pa.Table | None:
-        """The generation's rows in the source schema, kept in the lookup cache when small
-        (the entry lookups and searches use too); None for a big one."""
-        from exec_nodes.lookup import generation_rows
-
-        return generation_rows(
-            self.uri, self.storage_options, self.generation, self._schema, self.caches
-        )
-
-    def _few_columns(self, schema: pa.Schema) -> pa.Table:
-        """A few whole columns (what deduplication reads: the keys and ``_tombstone`` of every
-        row), read once and kept in ``caches.scan``: a generation never changes."""
-        uri, opts = self.uri, self.storage_options
-
-        def load() -> tuple[pa.Table, int]:
-            ds = open_generation(uri, opts)
-            names = stored_columns(schema, ds)
-            table = conform(
-                ds.to_table(columns=names, with_row_address=True), schema, self.generation
-            ).combine_chunks()
-            return table, table.nbytes
-
-        return self.caches.scan.get("columns", f"{uri}#{','.join(schema.names)}", load)
-
-    def describe(self) -> str:
-        return (
-            f"{self.name}: region={self.region_id[:8]} gen={self.generation} "
-            f"path={self.uri.rsplit('/', 1)[-1]}"
-        )
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ Example:
 
 from __future__ import annotations
 
+from exec_nodes.generation_source import GenerationSourceExec
 from exec_nodes.memtable_source import MemTableSourceExec
 from exec_nodes.source import Access, SourceLeaf
 from memwal_sql.formats.source_rows import source_schema
@@ -29,4 +30,8 @@ def source_leaf(
             mem.origin,
             caches=snapshot.caches,
         )
-    raise NotImplementedError(src.kind)
+    assert src.uri is not None  # a flushed generation
+    opts = dict(snapshot.storage_options or {}) or None
+    return GenerationSourceExec(
+        src.region_id, src.generation, src.uri, schema, access, opts, caches=snapshot.caches
+    )

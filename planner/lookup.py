@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from exec_nodes.generation_source import GenerationSourceExec
 from exec_nodes.lookup import (
     HASH,
     BaseLookupExec,
@@ -24,7 +25,6 @@ from exec_nodes.lookup import (
     GenerationIndexExec,
     KeyedExec,
     PointLookupExec,
-    TakeLastExec,
     distinct_keys,
 )
 from exec_nodes.source import Lookup
@@ -134,7 +134,6 @@ def region_lookups(
     """
     pk = list(snapshot.primary_key)
     schema = source_schema(snapshot.wal_schema)
-    opts = dict(snapshot.storage_options or {}) or None
     caches = snapshot.caches
     routable = (
         spec is not None
@@ -166,20 +165,11 @@ def region_lookups(
         children: list[KeyedExec] = []
         gens = []
         for src in sources:
-            if src.rows is not None:
-                children.append(source_leaf(snapshot, src, Lookup(tuple(pk))))
+            leaf = source_leaf(snapshot, src, Lookup(tuple(pk)))
+            if isinstance(leaf, GenerationSourceExec):
+                gens.append(leaf)
             else:
-                gens.append(
-                    TakeLastExec(
-                        region.region_id,
-                        src.generation,
-                        schema,
-                        pk,
-                        uri=src.uri,
-                        storage_options=opts,
-                        caches=caches,
-                    )
-                )
+                children.append(leaf)
         if len(gens) > 1 and _merged_index_pays(gens, region_keys.num_rows, caches):
             children.append(GenerationIndexExec(gens, pk, schema, caches=caches))
         else:  # a few keys: a bloom test per generation rules most of them out cheaper
@@ -193,7 +183,6 @@ def region_lookups(
                     keys = hashed
                 region_keys = hashed
             for take in gens:
-                assert take.uri is not None  # built above from a flushed generation's uri
                 rel = take.uri[len(store.uri) + 1 :] if take.uri.startswith(store.uri) else take.uri
                 children.append(BloomFilterGuardExec(take, store, f"{rel}/{BLOOM_FILTER}"))
         if children:
@@ -211,7 +200,7 @@ def region_lookups(
     return regions
 
 
-def _merged_index_pays(gens: Sequence[TakeLastExec], keys: int, caches: Caches) -> bool:
+def _merged_index_pays(gens: Sequence[GenerationSourceExec], keys: int, caches: Caches) -> bool:
     """Whether to probe ``gens`` through their merged key index (built on first use) rather
     than one bloom filter each."""
     if keys >= MERGED_INDEX_KEYS or GenerationIndexExec.is_cached(gens, caches):

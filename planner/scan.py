@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from exec_nodes.dedup import DeduplicateExec
-from exec_nodes.scan import FragmentRange, GenerationScanExec, SourceExec
+from exec_nodes.scan import FragmentRange
 from exec_nodes.source import Scan, SourceLeaf
 from memwal_sql.expressions.predicate import Predicate
-from memwal_sql.formats.source_rows import GEN, ROWADDR, source_schema
+from memwal_sql.formats.source_rows import GEN, ROWADDR
 from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.read_snapshot import ReadSnapshot
 from planner.leaves import source_leaf
@@ -40,10 +40,10 @@ class ScanPlan(PlanExec):
         self.pruned_regions = pruned_regions
 
     @property
-    def sources(self) -> list[SourceExec | SourceLeaf]:
+    def sources(self) -> list[SourceLeaf]:
         return self.root.newer
 
-    def sources_opened(self) -> list[SourceExec | SourceLeaf]:
+    def sources_opened(self) -> list[SourceLeaf]:
         """The newer-than-base sources that were actually read."""
         return [s for s in self.sources if s.opened]
 
@@ -123,24 +123,7 @@ def plan_scan(
     kept, pruned = prune_regions(
         predicate, spec, base_schema, [(r.region_id, r.region_values) for r in snapshot.regions]
     )
-    sschema = source_schema(snapshot.wal_schema)
-    opts = dict(snapshot.storage_options or {}) or None
-    sources: list[SourceExec | SourceLeaf] = []
-    for src in snapshot.sources(regions=set(kept)):
-        if src.rows is not None:
-            sources.append(source_leaf(snapshot, src, Scan()))
-        else:
-            assert src.uri is not None
-            sources.append(
-                GenerationScanExec(
-                    src.region_id,
-                    src.generation,
-                    src.uri,
-                    sschema,
-                    opts,
-                    caches=snapshot.caches,
-                )
-            )
+    sources = [source_leaf(snapshot, src, Scan()) for src in snapshot.sources(regions=set(kept))]
     root = DeduplicateExec(
         sources,
         snapshot.dataset,

@@ -29,7 +29,6 @@ from exec_nodes.fts import (
     SCORE,
     BaseFtsExec,
     FtsSource,
-    GenerationFtsExec,
     GlobalBM25Exec,
 )
 from exec_nodes.knn import (
@@ -312,7 +311,7 @@ def plan_fts(
     caches = snapshot.caches
     index = text_index(snapshot.dataset, column, caches)
     tokenizer = tokenizer_for(index[1] if index else {}, caches)
-    kept, pruned, schema, opts, pk = _layout(snapshot, spec, base_schema, predicate)
+    kept, pruned, schema, _, pk = _layout(snapshot, spec, base_schema, predicate)
     keep = set(kept)
     sources: list[FtsSource | SourceLeaf] = []
     searched = []
@@ -321,23 +320,8 @@ def plan_fts(
             sources.append(
                 BaseFtsExec(snapshot.dataset, schema, column, tokenizer, pk, caches=caches)
             )
-        elif src.rows is not None:
-            sources.append(source_leaf(snapshot, src, FullText(column, tokenizer, tuple(pk))))
         else:
-            assert src.uri is not None
-            sources.append(
-                GenerationFtsExec(
-                    src.region_id,
-                    src.generation,
-                    src.uri,
-                    schema,
-                    column,
-                    tokenizer,
-                    pk,
-                    opts,
-                    caches=caches,
-                )
-            )
+            sources.append(source_leaf(snapshot, src, FullText(column, tokenizer, tuple(pk))))
         searched.append(src.region is None or src.region_id in keep)
     k = search.k
     bm25 = GlobalBM25Exec(

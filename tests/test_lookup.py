@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memwal_sql as mw
-from exec_nodes.lookup import BaseLookupExec, BloomFilterGuardExec, TakeLastExec, fragment_rows_key
+from exec_nodes.generation_source import GenerationSourceExec
+from exec_nodes.lookup import BaseLookupExec, BloomFilterGuardExec, fragment_rows_key
 from exec_nodes.memtable_source import MemTableSourceExec
 from memwal_sql.structures.cache import LookupCache, default_caches
 from planner.lookup import LookupPlan
@@ -197,7 +198,9 @@ def test_batched_lookup_probes_each_source_once(tmp_path):
     assert got.column("k").to_pylist() == list(range(4000, -1, -1))
     plan = tbl._reads.last_lookup_plan
     assert all(
-        n.probes <= 1 for n in _nodes(plan) if isinstance(n, (TakeLastExec, MemTableSourceExec))
+        n.probes <= 1
+        for n in _nodes(plan)
+        if isinstance(n, (GenerationSourceExec, MemTableSourceExec))
     )
     assert all(g.child.probes <= 1 for g in _nodes(plan) if isinstance(g, BloomFilterGuardExec))
     assert plan.base.probes == 1

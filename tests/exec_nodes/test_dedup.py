@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exec_nodes.dedup import DeduplicateExec, newest_per_key
+from exec_nodes.generation_source import GenerationSourceExec
 from exec_nodes.memtable_source import MemTableSourceExec
-from exec_nodes.scan import GenerationScanExec
 from exec_nodes.source import Scan
 from memwal_sql.expressions.predicate import Compare
 from memwal_sql.formats.source_rows import (
@@ -45,7 +45,7 @@ def test_deduplicate_merges_base_and_newer_sources(base, generation):
             Scan(),
             caches=CACHES,
         ),
-        GenerationScanExec("r", 1, uri, SOURCE, caches=CACHES),
+        GenerationSourceExec("r", 1, uri, SOURCE, Scan(), caches=CACHES),
     ]
     out_schema = pa.schema([*BASE, pa.field(GEN, pa.int64(), False)])
     node = DeduplicateExec(

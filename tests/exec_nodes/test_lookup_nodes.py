@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exec_nodes.base import ExecNode
+from exec_nodes.generation_source import GenerationSourceExec
 from exec_nodes.lookup import (
     BaseLookupExec,
     BloomFilterGuardExec,
@@ -16,7 +17,6 @@ from exec_nodes.lookup import (
     GenerationIndexExec,
     KeyProbe,
     PointLookupExec,
-    TakeLastExec,
 )
 from exec_nodes.memtable_source import MemTableSourceExec
 from exec_nodes.source import Lookup
@@ -52,12 +52,12 @@ def test_take_last_of_a_memtable_returns_the_newest_duplicate():
 
 def test_take_last_of_a_generation_uses_its_pk_index(generation):
     _, uri, _ = generation
-    node = TakeLastExec(
+    node = GenerationSourceExec(
         "r",
         1,
+        uri,
         SOURCE,
-        ["id"],
-        uri=uri,
+        Lookup(("id",)),
         keys=pa.table({"id": pa.array([3, 4, 5], pa.int64())}),
         caches=CACHES,
     )
@@ -67,7 +67,7 @@ def test_take_last_of_a_generation_uses_its_pk_index(generation):
 
 def test_bloom_filter_guard_passes_only_keys_the_filter_may_hold(generation):
     store, uri, path = generation
-    child = TakeLastExec("r", 1, SOURCE, ["id"], uri=uri, caches=CACHES)
+    child = GenerationSourceExec("r", 1, uri, SOURCE, Lookup(("id",)), caches=CACHES)
     keys = pa.table({"id": pa.array([2, *range(1000, 1100)], pa.int64())})
     guard = BloomFilterGuardExec(child, store, f"{path}/{BLOOM_FILTER}", keys=keys)
     rows = check_contract(guard, want_rows=1)
@@ -142,12 +142,12 @@ def test_generation_index_answers_as_the_generations_one_by_one(tmp_path):
             in_memory_bytes=rows.nbytes,
         )
         takes.append(
-            TakeLastExec(
+            GenerationSourceExec(
                 "r",
                 gen,
+                store.uri_for(f"_mem_wal/r/{entry.path}"),
                 SOURCE,
-                ["id"],
-                uri=store.uri_for(f"_mem_wal/r/{entry.path}"),
+                Lookup(("id",)),
                 caches=CACHES,
             )
         )

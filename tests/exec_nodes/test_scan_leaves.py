@@ -8,8 +8,9 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exec_nodes.generation_source import GenerationSourceExec
 from exec_nodes.memtable_source import MemTableSourceExec
-from exec_nodes.scan import BaseScanExec, FragmentRange, GenerationScanExec
+from exec_nodes.scan import BaseScanExec, FragmentRange
 from exec_nodes.source import Scan
 from memwal_sql.expressions.predicate import Compare, InList, Not
 from memwal_sql.formats.source_rows import (
@@ -37,7 +38,7 @@ def test_memtable_scan_reads_tagged_rows_and_applies_sql_semantics():
 
 def test_generation_scan_reads_its_lance_dataset(generation):
     _, uri, _ = generation
-    node = GenerationScanExec("r", 1, uri, SOURCE, caches=CACHES)
+    node = GenerationSourceExec("r", 1, uri, SOURCE, Scan(), caches=CACHES)
     out = check_contract(node, want_rows=3)
     assert out.column(GEN).to_pylist() == [1, 1, 1]
     assert out.column(TOMBSTONE).to_pylist() == [False, True, False]
