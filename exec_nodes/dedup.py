@@ -23,14 +23,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
+from exec_nodes.base_source import BaseSourceExec
 from exec_nodes.generation_source import GenerationSourceExec
-from exec_nodes.lookup import BaseLookupExec
 from exec_nodes.memtable_source import MemTableSourceExec
-from exec_nodes.scan import (
-    BaseScanExec,
-    FragmentRange,
-)
-from exec_nodes.source import SourceLeaf
+from exec_nodes.source import FragmentRange, Lookup, Scan, SourceLeaf
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.visitors import evaluate
 from memwal_sql.formats.source_rows import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, conform
@@ -90,7 +86,7 @@ def _newest_by_sort(table: pa.Table, primary_key: Sequence[str], dead: np.ndarra
     return s.filter(pa.array(first))
 
 
-def base_mask(lookup: BaseLookupExec, keys: pa.Table) -> RowMask | None:
+def base_mask(lookup: BaseSourceExec, keys: pa.Table) -> RowMask | None:
     """The base rows holding ``keys``, as a :class:`RowMask`; None when the base is too big
     to keep a key index."""
     ds = lookup.dataset
@@ -199,7 +195,7 @@ class Versions:
         """Which of ``keys`` have a version here."""
         return self._keyset.contains(keys)
 
-    def base_mask(self, lookup: BaseLookupExec) -> RowMask | None:
+    def base_mask(self, lookup: BaseSourceExec) -> RowMask | None:
         """The base rows of these keys (None: the base is too big to keep a key index), kept
         per base version: a cached MemTable part asks again."""
         version = (lookup.dataset.uri, lookup.dataset.version)
@@ -524,13 +520,14 @@ class DeduplicateExec(ExecNode):
 
     def _base_scan(
         self, part: Sequence[FragmentRange] | None, output: pa.Schema, with_keys: bool = True
-    ) -> BaseScanExec:
+    ) -> BaseSourceExec:
         assert self.base_dataset is not None
         wanted = [f.name for f in output if f.name not in (GEN, ROWADDR)]
         columns = list(dict.fromkeys([*wanted, *(self.primary_key if with_keys else [])]))
-        return BaseScanExec(
-            self.base_dataset, columns, self.predicate, ranges=part, caches=self.caches
-        )
+        ds = self.base_dataset
+        ranges = None if part is None else tuple(part)
+        scan = Scan(tuple(columns), self.predicate, ranges)
+        return BaseSourceExec(ds, ds.schema, scan, caches=self.caches)
 
     def superseded(self) -> list[RowMask] | None:
         """The base table's deletion mask for this snapshot: base rows whose key has a version
@@ -543,7 +540,8 @@ class DeduplicateExec(ExecNode):
             if self._masked is None:
                 assert self.base_dataset is not None
                 ds = self.base_dataset
-                lookup = BaseLookupExec(ds, ds.schema, self.primary_key, caches=self.caches)
+                key = Lookup(tuple(self.primary_key))
+                lookup = BaseSourceExec(ds, ds.schema, key, caches=self.caches)
 
                 def load() -> tuple[RowMask | None, int]:
                     mask = base_mask(lookup, in_gens.keys)

@@ -25,14 +25,13 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
 from exec_nodes.dedup import Versions
-from memwal_sql.compat.lance import data_file_paths, take_rows
+from exec_nodes.source import SourceLeaf
 from memwal_sql.compat.lance_fts import BM25_B, BM25_K1
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.visitors import evaluate
@@ -41,147 +40,12 @@ from memwal_sql.formats.source_rows import (
     GEN,
     ROWADDR,
     TOMBSTONE,
-    conform,
     empty_rows,
     gather,
-    stored_columns,
 )
-from memwal_sql.formats.tokenizer import Tokenizer
-from memwal_sql.structures.cache import Caches
 from memwal_sql.writer.memtable_indexes import Piece
 
 SCORE = "_score"
-
-
-class FtsSource(ExecNode):
-    """One source's documents. ``pieces()`` gives its rows as :class:`Piece` s; ``rows(i)``
-    gives full rows of piece ``i`` at some row indices."""
-
-    def __init__(
-        self,
-        region_id: str | None,
-        generation: int,
-        schema: pa.Schema,
-        column: str,
-        tokenizer: Tokenizer,
-        primary_key: Sequence[str],
-        *,
-        caches: Caches,
-    ) -> None:
-        self.caches = caches
-        self.region_id = region_id
-        self.generation = generation
-        self._schema = schema
-        self.column = column
-        self.tokenizer = tokenizer
-        self.primary_key = list(primary_key)
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self._schema
-
-    def execute(self, partition: int = 0) -> Iterator[pa.RecordBatch]:
-        for i, piece in enumerate(self.pieces()):
-            idx = np.nonzero(piece.present)[0]
-            yield from self.piece_rows(i, idx).to_batches()
-
-    def pieces(self) -> list[Piece]:
-        raise NotImplementedError
-
-    def piece_rows(self, piece: int, index: np.ndarray) -> pa.Table:
-        raise NotImplementedError
-
-    def _piece(self, rows: pa.Table, addresses: np.ndarray) -> Piece:
-        tokens = self.tokenizer.tokenize(rows.column(self.column))
-        present = np.ones(rows.num_rows, dtype=bool)
-        if TOMBSTONE in rows.column_names and rows.num_rows:
-            present &= ~rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
-        return Piece(rows.select(self.primary_key), addresses, tokens, present)
-
-
-class BaseFtsExec(FtsSource):
-    """The base table's documents at the snapshot's version, fragment by fragment: the terms
-    of a fragment's data files are kept (they never change), its deletions read per version."""
-
-    name = "BaseFtsExec"
-
-    def __init__(
-        self,
-        dataset: lance.LanceDataset,
-        schema: pa.Schema,
-        column: str,
-        tokenizer: Tokenizer,
-        primary_key: Sequence[str],
-        *,
-        caches: Caches,
-    ) -> None:
-        super().__init__(
-            None, BASE_GENERATION, schema, column, tokenizer, primary_key, caches=caches
-        )
-        self.dataset = dataset
-        self._fragments = dataset.get_fragments()
-        self._pieces: list[Piece] | None = None
-        self._lock = threading.Lock()
-
-    _locks = ("_lock",)
-    _computed = ("_pieces",)
-
-    def describe(self) -> str:
-        return (
-            f"{self.name}: version={self.dataset.version} "
-            f"fragments={len(self._fragments)} column={self.column}"
-        )
-
-    def pieces(self) -> list[Piece]:
-        with self._lock:
-            if self._pieces is None:
-                self._pieces = [self._fragment_piece(f) for f in self._fragments]
-            return self._pieces
-
-    def _fragment_piece(self, fragment: lance.LanceFragment) -> Piece:
-        files = ",".join(data_file_paths(fragment))
-        fid = fragment.fragment_id
-        columns = list(dict.fromkeys([*self.primary_key, self.column]))
-
-        def load_terms() -> tuple[Piece, int]:
-            rows = fragment.to_table(columns=columns, with_row_id=True, include_deleted_rows=True)
-            assert rows.num_rows == fragment.metadata.physical_rows, "rows out of place"
-            addresses = (np.int64(fid) << 32) | np.arange(rows.num_rows, dtype=np.int64)
-            piece = self._piece(rows.select(columns), addresses)
-            return piece, piece.tokens.docs.nbytes * 3 + piece.keys.nbytes
-
-        key = f"{self.dataset.uri}#{files}#{self.column}"
-        piece: Piece = self.caches.search.get("fts", key, load_terms)
-        deletion = fragment.metadata.deletion_file
-        if deletion is None:
-            return piece
-
-        def load_live() -> tuple[Piece, int]:
-            live = fragment.to_table(columns=[self.primary_key[0]], with_row_address=True)
-            present = np.zeros(len(piece.present), dtype=bool)
-            present[live.column(ROWADDR).to_numpy().astype(np.int64) & 0xFFFFFFFF] = True
-            return Piece(piece.keys, piece.addresses, piece.tokens, present), present.nbytes * 9
-
-        # One piece per version of the fragment's deletions, sharing the terms.
-        return self.caches.search.get(
-            "fts_live",
-            f"{self.dataset.uri}#{files}#{deletion}",
-            load_live,
-        )
-
-    def piece_rows(self, piece: int, index: np.ndarray) -> pa.Table:
-        addresses = self.pieces()[piece].addresses[index]
-        names = stored_columns(self._schema, self.dataset)
-        out = conform(
-            take_rows(self.dataset, pa.array(addresses.astype(np.uint64)), names),
-            self._schema,
-            BASE_GENERATION,
-        )
-        return out.set_column(
-            out.schema.get_field_index(ROWADDR),
-            self._schema.field(ROWADDR),
-            pa.array(addresses.astype(np.uint64)),
-        )
 
 
 @dataclass
@@ -210,7 +74,7 @@ class GlobalBM25Exec(ExecNode):
 
     def __init__(
         self,
-        children: Sequence[FtsSource],
+        children: Sequence[SourceLeaf],
         primary_key: Sequence[str],
         terms: Sequence[str],
         k: int,
@@ -274,7 +138,7 @@ class GlobalBM25Exec(ExecNode):
         self.stats = stats
         return self._best(postings, stats, weights, frequency)
 
-    def _latest(self, pieces: list[tuple[FtsSource, int, Piece]]) -> list[np.ndarray]:
+    def _latest(self, pieces: list[tuple[SourceLeaf, int, Piece]]) -> list[np.ndarray]:
         """Per piece, which rows are their key's latest live version; the same pieces (no
         write since the last search) give the same answer, kept."""
         key = tuple(id(p) for _, _, p in pieces)
@@ -289,7 +153,7 @@ class GlobalBM25Exec(ExecNode):
             _LATEST[key] = ([p for _, _, p in pieces], out, self._left_out)
         return out
 
-    def _compute_latest(self, pieces: list[tuple[FtsSource, int, Piece]]) -> list[np.ndarray]:
+    def _compute_latest(self, pieces: list[tuple[SourceLeaf, int, Piece]]) -> list[np.ndarray]:
         newer = [(c, p) for c, _, p in pieces if c.generation != BASE_GENERATION]
         self._left_out = (0, 0)
         if not newer:
@@ -413,8 +277,6 @@ def _best_first(scores: np.ndarray, n: int) -> np.ndarray:
 
 __all__ = [
     "SCORE",
-    "BaseFtsExec",
     "CorpusStats",
-    "FtsSource",
     "GlobalBM25Exec",
 ]

@@ -16,16 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
 from exec_nodes.generation_source import GenerationSourceExec, generation_rows
-from exec_nodes.source import Knn, KnnQuery, KnnSource, lance_nearest, take_addresses
+from exec_nodes.source import Knn, KnnQuery, KnnSource
 from memwal_sql.formats.source_rows import (
-    BASE_GENERATION,
     GEN,
     ROWADDR,
     gather,
@@ -249,54 +247,7 @@ def _oldest(source: KnnSource) -> int:
     return source.generations[0] if isinstance(source, GenerationsKnnExec) else source.generation
 
 
-class BaseKnnExec(KnnSource):
-    """KNN over the base table at the snapshot's version through Lance: its vector index when
-    there is one (``nprobes`` partitions, candidates re-ranked by exact distance with
-    ``refine_factor``), and a flat search of the rows the index does not cover yet."""
-
-    name = "BaseKnnExec"
-
-    def __init__(
-        self,
-        dataset: lance.LanceDataset,
-        schema: pa.Schema,
-        search: KnnQuery,
-        *,
-        index: str | None,
-        nprobes: int | None,
-        refine_factor: int | None,
-    ) -> None:
-        super().__init__(None, BASE_GENERATION, schema, search)
-        self.dataset = dataset
-        self.index = index
-        self.nprobes = nprobes
-        self.refine_factor = refine_factor
-
-    def describe(self) -> str:
-        how = (
-            f"index {self.index} nprobes={self.nprobes} refine_factor={self.refine_factor}"
-            if self.index
-            else "flat (no vector index)"
-        )
-        return f"{self.name}: version={self.dataset.version} k={self.k} {how}"
-
-    def _nearest(self, n: int) -> pa.Table:
-        options: dict[str, object] = {}
-        if self.index:
-            if self.nprobes:
-                options["nprobes"] = self.nprobes
-            if self.refine_factor:
-                options["refine_factor"] = self.refine_factor
-        return lance_nearest(self.dataset, self, n, options, BASE_GENERATION)
-
-    def rows(self, candidates: pa.Table) -> pa.Table:
-        return take_addresses(
-            self.dataset, candidates.column(ROWADDR).to_numpy(), self.source_schema, BASE_GENERATION
-        )
-
-
 __all__ = [
-    "BaseKnnExec",
     "GenerationRunsKnnExec",
     "GenerationsKnnExec",
     "KnnQuery",

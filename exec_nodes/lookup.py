@@ -1,8 +1,8 @@
 """Point-lookup operators: probe each source by key, newest first, and stop at the first hit.
 
-* :class:`GenerationSourceExec` finds the newest row of each requested key in *one* source: a flushed
-  generation through its ``_pk_index`` (sorted keys to row offsets), a MemTable through a key
-  index; :class:`BaseLookupExec` does it for the base table through its key index or btree.
+* A leaf with :class:`~exec_nodes.source.Lookup` access finds the newest row of each requested
+  key in *one* source: a flushed generation through its ``_pk_index`` (sorted keys to row
+  offsets), a MemTable through a key index, the base table through its key index or btree.
   What is immutable (a generation's index, filter and, when small, rows; the base key index of
   one version) is kept in the table's byte-bounded lookup cache (``caches.lookup``).
 * :class:`BloomFilterGuardExec` passes on only the keys a generation's ``bloom_filter.bin`` may
@@ -16,22 +16,18 @@ keys, never once per key.
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
-import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
+from exec_nodes.base_source import BaseSourceExec
 from exec_nodes.generation_source import GenerationSourceExec, index_keys, stored_keys
 from exec_nodes.regions import raise_if_shared
-from exec_nodes.source import KeyedExec, KeyProbe, Probe, whole_fragment
-from memwal_sql.compat.lance import data_file_paths, take_rows
+from exec_nodes.source import KeyedExec, KeyProbe, Probe
 from memwal_sql.errors import ObjectNotFoundError
 from memwal_sql.formats.bloom import BloomFilter, pk_hashes
 from memwal_sql.formats.generation import (
@@ -39,112 +35,14 @@ from memwal_sql.formats.generation import (
     verify_bloom_filter,
 )
 from memwal_sql.formats.source_rows import (
-    BASE_GENERATION,
-    ROWADDR,
     TOMBSTONE,
-    conform,
     empty_rows,
-    gather,
-    stored_columns,
 )
 from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.keyset import KeySet, last_per_key
-from memwal_sql.structures.rowmask import split_addresses
 
 HASH = "__memwal_key_hash"  # keys may carry their bloom hashes, computed once per lookup
-
-
-_KEY_INDEX_ROW_BYTES = 16  # a cached base key index entry: key and row address, in key order
-_KEY_INDEX_SHARE = 4  # a base's key index may take a quarter of the cache
-# Lookups read a base's fragments whole only while all of them, with its key index, fit in
-# half the cache: a batch of lookups touches every fragment, and a plain LRU cache over
-# budget evicts what the next batch needs, which is slower than random takes
-# (benchmarks/bench_lookup.py with a base of several million rows). Their size in memory is
-# estimated at 3x their stored size (what bench_read's rows take in Arrow).
-_WHOLE_BASE_SHARE = 2
-_MEMORY_PER_STORED_BYTE = 3
-
-
-def fragment_rows_key(uri: str, fragment: lance.LanceFragment) -> str:
-    """The lookup cache's key (kind ``"rows"``) of a base fragment's rows kept whole: data
-    files are immutable and uniquely named, so the same files hold the same rows."""
-    return f"{uri}#{','.join(data_file_paths(fragment))}"
-
-
-@dataclass(frozen=True)
-class _BaseFacts:
-    rows: int
-    cache_key: str  # names the version's rows in the lookup cache
-    stored_bytes: int | None  # of every data file; None when a file's size is not recorded
-
-
-# Per opened dataset (the planner and every probe of a lookup ask): its row count and
-# cache key cost a deletion-file read and a fragment listing.
-_BASE_FACTS: weakref.WeakKeyDictionary[lance.LanceDataset, _BaseFacts] = weakref.WeakKeyDictionary()
-
-
-def _base_facts(ds: lance.LanceDataset) -> _BaseFacts:
-    facts = _BASE_FACTS.get(ds)
-    if facts is None:
-        frags = ds.get_fragments()
-        # Data file names are random: they tell a table recreated at the same uri apart.
-        files = [data_file_paths(fr)[0] for fr in (frags[0], frags[-1])] if frags else []
-        sizes = [f.file_size_bytes for fr in frags for f in fr.data_files()]
-        stored = sum(n for n in sizes if n is not None) if None not in sizes else None
-        facts = _BaseFacts(ds.count_rows(), f"{ds.uri}@{ds.version}:{files}", stored)
-        _BASE_FACTS[ds] = facts
-    return facts
-
-
-class LookupSource(KeyedExec):
-    """One source that can be probed by key; counts probes (tests check what was touched)."""
-
-    def __init__(
-        self,
-        region_id: str | None,
-        generation: int,
-        schema: pa.Schema,
-        primary_key: Sequence[str],
-        keys: pa.Table | None = None,
-    ) -> None:
-        self.keys = keys
-        self.region_id = region_id
-        self.generation = generation
-        self._schema = schema
-        self.primary_key = list(primary_key)
-        self.probes = 0
-        self._lock = threading.Lock()
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self._schema
-
-    def probe(self, keys: pa.Table) -> Probe:
-        """The newest row (tombstones included) of each of ``keys`` present in this source,
-        and a mask of the keys that were present."""
-        with self._lock:
-            self.probes += 1
-        if keys.num_rows == 0:
-            return Probe(empty_rows(self.schema), np.zeros(0, dtype=bool))
-        return self._probe(keys)
-
-    def _probe(self, keys: pa.Table) -> Probe:
-        raise NotImplementedError
-
-    def _take_newest(
-        self,
-        keys: pa.Table,
-        keyset: KeySet,
-        newest: np.ndarray,
-        take: Callable[[np.ndarray], pa.Table],
-    ) -> Probe:
-        """Probe ``keyset`` and ``take`` the rows ``newest`` names for the keys it holds."""
-        pos = keyset.positions(keys)
-        hit = pos >= 0
-        if not hit.any():
-            return Probe(empty_rows(self.schema), hit)
-        return Probe(take(newest[pos[hit]]), hit)
 
 
 class GenerationIndexExec(KeyedExec):
@@ -232,178 +130,6 @@ class GenerationIndexExec(KeyedExec):
         ]
         rows = pa.concat_tables(parts) if parts else empty_rows(self.schema)
         return Probe(rows, hit)
-
-
-class BaseLookupExec(LookupSource):
-    """Newest row per key in the base table, found through an index, never a scan.
-
-    The base table's keys and row addresses at the pinned version are read once (one column,
-    like Lance's own btree pages) and cached, so a batch of keys costs a vectorised probe and
-    then the rows that exist: from small fragments kept whole in the lookup cache, else one
-    random ``take``. A base table whose key index would not fit the lookup cache is probed
-    through its primary-key btree instead (a filtered Lance read).
-    """
-
-    name = "BaseLookupExec"
-
-    def __init__(
-        self,
-        dataset: lance.LanceDataset,
-        schema: pa.Schema,
-        primary_key: Sequence[str],
-        fragment_ids: Sequence[int] | None = None,
-        keys: pa.Table | None = None,
-        *,
-        caches: Caches,
-    ) -> None:
-        super().__init__(None, BASE_GENERATION, schema, primary_key, keys)
-        self.caches = caches
-        self.dataset = dataset
-        self.fragment_ids = None if fragment_ids is None else list(fragment_ids)
-
-    def describe(self) -> str:
-        indexed = any(
-            d.field_names == [self.primary_key[0]] and d.index_type == "BTree"
-            for d in self.dataset.describe_indices()
-        )
-        how = "btree"
-        if self._fits_cache():
-            how = "cached key index, " + (
-                "rows from whole fragments" if self._fragments_fit_cache() else "random takes"
-            )
-        frags = "" if self.fragment_ids is None else f" fragments={self.fragment_ids}"
-        return (
-            f"{self.name}: version={self.dataset.version} gen={BASE_GENERATION} "
-            f"key={self.primary_key} btree={'yes' if indexed else 'no (scan)'} via {how}" + frags
-        )
-
-    def uses_key_index(self) -> bool:
-        """True if keys are probed in the cached key index, not through the btree."""
-        return self._fits_cache()
-
-    def _fits_cache(self) -> bool:
-        return (
-            _base_facts(self.dataset).rows * _KEY_INDEX_ROW_BYTES
-            <= self.caches.max_bytes // _KEY_INDEX_SHARE
-        )
-
-    def addresses_of(self, keys: pa.Table) -> np.ndarray | None:
-        """The sorted row addresses of the base rows holding ``keys`` (keys it does not hold
-        are left out), from the cached key index; None when the base is too big to keep one.
-
-        Example:
-            ``BaseLookupExec(ds, schema, ["id"], caches=caches).addresses_of(pa.table({"id": [3]}))``
-        """
-        index = self._key_index()
-        if index is None:
-            return None
-        keyset, addrs = index
-        pos = keyset.positions(keys.select(self.primary_key))
-        return np.sort(addrs[pos[pos >= 0]].astype(np.uint64))
-
-    def _key_index(self) -> tuple[KeySet, np.ndarray] | None:
-        if not self._fits_cache():
-            return None
-        ds, pk = self.dataset, self.primary_key
-
-        def load() -> tuple[tuple[KeySet, np.ndarray], int]:
-            table = ds.to_table(columns=pk, with_row_address=True)
-            keyset, addrs = KeySet.indexing(table.select(pk), table.column(ROWADDR).to_numpy())
-            return (keyset, addrs), keyset.nbytes + addrs.nbytes
-
-        return self.caches.lookup.get("base_keys", _base_facts(ds).cache_key, load)
-
-    def _probe(self, keys: pa.Table) -> Probe:
-        names = stored_columns(self.schema, self.dataset)
-        index = self._key_index()
-        if index is not None:
-            keyset, addrs = index
-            return self._take_newest(
-                keys.select(self.primary_key),
-                keyset,
-                addrs,
-                lambda hit: self._take_addresses(hit, names),
-            )
-        fragments = (
-            None if self.fragment_ids is None else [self._fragment(i) for i in self.fragment_ids]
-        )
-        if fragments == []:
-            rows = (
-                empty_rows(self.dataset.schema)
-                .select(names)
-                .append_column(ROWADDR, pa.array([], pa.uint64()))
-            )
-        else:
-            rows = self.dataset.scanner(
-                columns=names,
-                fragments=fragments,
-                filter=_key_filter(keys, self.primary_key),
-                with_row_address=True,
-            ).to_table()
-        if len(self.primary_key) > 1 and rows.num_rows:  # the filter was on the first column
-            rows = rows.filter(
-                pa.array(
-                    KeySet(keys.select(self.primary_key)).contains(rows.select(self.primary_key))
-                )
-            )
-        found = KeySet(rows.select(self.primary_key)).contains(keys.select(self.primary_key))
-        return Probe(
-            self._tagged(rows.drop_columns([ROWADDR]), rows.column(ROWADDR).cast(pa.uint64())),
-            found,
-        )
-
-    def _take_addresses(self, addrs: np.ndarray, names: list[str]) -> pa.Table:
-        """The rows at ``addrs``, in order: from cached whole fragments where small enough,
-        else with one random ``take`` for the rest."""
-        fragment, offset = split_addresses(addrs)
-        whole = self._fragments_fit_cache()
-        kept = {
-            int(f): self._fragment_rows(int(f), names) if whole else None
-            for f in np.unique(fragment)
-        }
-        # Fragments too big to keep are one owner (-1): one take for all of their rows.
-        too_big = [f for f, rows in kept.items() if rows is None]
-        owners = np.where(np.isin(fragment, too_big), -1, fragment)
-
-        def read(owner: int, at: np.ndarray) -> pa.Table:
-            rows = kept.get(int(owner))
-            if rows is not None:
-                return rows.take(pa.array(offset[at]))
-            taken = take_rows(self.dataset, pa.array(addrs[at]), names)
-            return conform(taken, self.schema, BASE_GENERATION)
-
-        table = gather(owners, read)
-        return table.set_column(
-            table.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), pa.array(addrs)
-        )
-
-    def _fragments_fit_cache(self) -> bool:
-        facts = _base_facts(self.dataset)
-        if facts.stored_bytes is None:
-            return False
-        index = facts.rows * _KEY_INDEX_ROW_BYTES if self._fits_cache() else 0
-        memory = facts.stored_bytes * _MEMORY_PER_STORED_BYTE + index
-        return memory <= self.caches.max_bytes // _WHOLE_BASE_SHARE
-
-    def _fragment_rows(self, fragment_id: int, names: list[str]) -> pa.Table | None:
-        fragment = self._fragment(fragment_id)
-        return self.caches.lookup.get(
-            "rows",
-            fragment_rows_key(self.dataset.uri, fragment),
-            lambda: whole_fragment(
-                fragment, names, BASE_GENERATION, self.schema, self.caches.max_bytes
-            ),
-        )
-
-    def _fragment(self, fragment_id: int) -> lance.LanceFragment:
-        fragment = self.dataset.get_fragment(fragment_id)
-        # The planner's fragment ids and the key index's row addresses are of this version.
-        assert fragment is not None, f"fragment {fragment_id} not in version {self.dataset.version}"
-        return fragment
-
-    def _tagged(self, rows: pa.Table, addr: pa.Array | pa.ChunkedArray) -> pa.Table:
-        out = conform(rows, self.schema, BASE_GENERATION)
-        return out.set_column(out.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), addr)
 
 
 class BloomFilterGuardExec(KeyedExec):
@@ -534,7 +260,7 @@ class PointLookupExec(ExecNode):
         self,
         keys: pa.Table,
         regions: Sequence[CoalesceFirstExec],
-        base: BaseLookupExec,
+        base: BaseSourceExec,
         parallel_keys: int = 256,
     ) -> None:
         self.keys = keys
@@ -598,13 +324,6 @@ def distinct_keys(keys: pa.Table) -> pa.Table:
     return keys.group_by(keys.column_names, use_threads=False).aggregate([])
 
 
-def _key_filter(keys: pa.Table, primary_key: Sequence[str]) -> pc.Expression:
-    """``first_key_column IN (...)``: exact for one-column keys; composite keys are narrowed
-    by it (the btree index serves it) and then matched exactly by the caller."""
-    k = primary_key[0]
-    return pc.field(k).isin(pc.unique(keys.column(k).combine_chunks()))
-
-
 def live_rows(rows: pa.Table) -> pa.Table:
     """Drop tombstones (a tombstone resolves its key as absent)."""
     tombstones = rows.column(TOMBSTONE)
@@ -616,13 +335,11 @@ def live_rows(rows: pa.Table) -> pa.Table:
 
 
 __all__ = [
-    "BaseLookupExec",
     "BloomFilterGuardExec",
     "CoalesceFirstExec",
     "GenerationIndexExec",
     "KeyProbe",
     "KeyedExec",
-    "LookupSource",
     "PointLookupExec",
     "Probe",
     "distinct_keys",

@@ -59,6 +59,25 @@ from memwal_sql.writer.memtable_indexes import Piece
 
 
 @dataclass(frozen=True)
+class FragmentRange:
+    """Rows ``start`` to ``end`` (physical offsets, end excluded) of base fragment
+    ``fragment_id``; ``end=None`` means to the fragment's end."""
+
+    fragment_id: int
+    start: int = 0
+    end: int | None = None
+
+    @property
+    def whole(self) -> bool:
+        return self.start == 0 and self.end is None
+
+    def __str__(self) -> str:
+        if self.whole:
+            return str(self.fragment_id)
+        return f"{self.fragment_id}[{self.start}:{'' if self.end is None else self.end}]"
+
+
+@dataclass(frozen=True)
 class Scan:
     """Read the source's rows. The base table takes its projection, filter and row ranges
     here (it is a plan's partitioned leaf); a newer source is given them per read, by
@@ -71,7 +90,7 @@ class Scan:
 
     columns: tuple[str, ...] | None = None
     predicate: Predicate | None = None
-    ranges: tuple[object, ...] | None = None  # the base's FragmentRange s
+    ranges: tuple[FragmentRange, ...] | None = None  # of the base table; None: all of it
     batch_size: int | None = None
 
     def __str__(self) -> str:
@@ -326,6 +345,8 @@ class SourceLeaf(KeyedExec, KnnSource):
             self._search(access.query)
         elif isinstance(access, (Lookup, FullText)):
             self.primary_key = list(access.primary_key)
+        if isinstance(access, FullText):
+            self.column = access.column
 
     def _needs(self, kind: type[A]) -> A:
         """The access method, if it is of ``kind`` (a parent calls its own protocol only)."""
@@ -525,6 +546,7 @@ def lance_nearest(
 
 __all__ = [
     "Access",
+    "FragmentRange",
     "FullText",
     "KeyProbe",
     "KeyedExec",

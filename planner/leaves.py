@@ -6,6 +6,9 @@ Example:
 
 from __future__ import annotations
 
+import pyarrow as pa
+
+from exec_nodes.base_source import BaseSourceExec
 from exec_nodes.generation_source import GenerationSourceExec
 from exec_nodes.memtable_source import MemTableSourceExec
 from exec_nodes.source import Access, SourceLeaf
@@ -14,24 +17,30 @@ from memwal_sql.read_snapshot import ReadSnapshot, SnapshotSource
 
 
 def source_leaf(
-    snapshot: ReadSnapshot, src: SnapshotSource, access: Access, keys: object = None
+    snapshot: ReadSnapshot, src: SnapshotSource, access: Access, keys: pa.Table | None = None
 ) -> SourceLeaf:
-    """The leaf of ``src`` (one of ``snapshot.sources()``) that reads it by ``access``, its
-    rows in the snapshot's source schema, keeping what it reads in the snapshot's caches."""
-    schema = source_schema(snapshot.wal_schema)
+    """The leaf of ``src`` (one of ``snapshot.sources()``) that reads it by ``access`` (its
+    ``keys`` bound, for a lookup), its rows in the snapshot's source schema, keeping what it
+    reads in the snapshot's caches."""
+    if src.kind == "base":
+        return base_leaf(snapshot, access, keys)
+    schema, caches = source_schema(snapshot.wal_schema), snapshot.caches
     if src.rows is not None:
         mem = src.rows
         return MemTableSourceExec(
-            src.region_id,
-            mem.generation,
-            mem.batches,
-            schema,
-            access,
-            mem.origin,
-            caches=snapshot.caches,
-        )
+            src.region_id, mem.generation, mem.batches, schema, access, mem.origin,
+            caches=caches, keys=keys,
+        )  # fmt: skip
     assert src.uri is not None  # a flushed generation
     opts = dict(snapshot.storage_options or {}) or None
     return GenerationSourceExec(
-        src.region_id, src.generation, src.uri, schema, access, opts, caches=snapshot.caches
+        src.region_id, src.generation, src.uri, schema, access, opts, caches=caches, keys=keys
     )
+
+
+def base_leaf(
+    snapshot: ReadSnapshot, access: Access, keys: pa.Table | None = None
+) -> BaseSourceExec:
+    """The leaf of the snapshot's base table that reads it by ``access``."""
+    schema = source_schema(snapshot.wal_schema)
+    return BaseSourceExec(snapshot.dataset, schema, access, caches=snapshot.caches, keys=keys)

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from exec_nodes.base_source import BaseSourceExec
 from exec_nodes.generation_source import GenerationSourceExec
 from exec_nodes.lookup import (
     HASH,
-    BaseLookupExec,
     BloomFilterGuardExec,
     CoalesceFirstExec,
     GenerationIndexExec,
@@ -37,7 +37,7 @@ from memwal_sql.read_snapshot import GenerationRef, ReadSnapshot
 from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.cache import Caches
 from planner.indexed import IndexedRead, plan_indexed_read
-from planner.leaves import source_leaf
+from planner.leaves import base_leaf, source_leaf
 from planner.plan import PlanExec
 
 # SQL `pk IN (...)` lists up to this many keys run as a point lookup; a longer list is a scan
@@ -75,7 +75,7 @@ class LookupPlan(PlanExec):
         return self.root.keys
 
     @property
-    def base(self) -> BaseLookupExec:
+    def base(self) -> BaseSourceExec:
         return self.root.base
 
     def header(self) -> list[str]:
@@ -102,14 +102,12 @@ def plan_lookup(
         # Every source probes them in key order (KeySet sorts them for its cache-friendly
         # search): sorted once here, each of those sorts runs over sorted input.
         keys = keys.sort_by([(k, "ascending") for k in pk])
-    base = BaseLookupExec(
-        snapshot.dataset, source_schema(snapshot.wal_schema), pk, caches=snapshot.caches
-    )
+    base = base_leaf(snapshot, Lookup(tuple(pk)))
     # Probed through its btree, the base table stays on the index while it catches up: the
     # generations of the gap are probed like newer ones and the base only where it is indexed.
     indexed = None if base.uses_key_index() else plan_indexed_read(snapshot, pk[:1])
     if indexed is not None:
-        base.fragment_ids = list(indexed.fragment_ids)
+        base = base_leaf(snapshot, Lookup(tuple(pk), tuple(indexed.fragment_ids)))
     regions = region_lookups(
         snapshot, store, spec, keys, indexed.gap if indexed is not None else None
     )

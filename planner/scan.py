@@ -7,8 +7,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from exec_nodes.dedup import DeduplicateExec
-from exec_nodes.scan import FragmentRange
-from exec_nodes.source import Scan, SourceLeaf
+from exec_nodes.source import FragmentRange, Scan, SourceLeaf
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.formats.source_rows import GEN, ROWADDR
 from memwal_sql.partitioning.region_spec import RegionSpec

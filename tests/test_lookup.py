@@ -10,8 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memwal_sql as mw
+from exec_nodes.base_source import BaseSourceExec, fragment_rows_key
 from exec_nodes.generation_source import GenerationSourceExec
-from exec_nodes.lookup import BaseLookupExec, BloomFilterGuardExec, fragment_rows_key
+from exec_nodes.lookup import BloomFilterGuardExec
 from exec_nodes.memtable_source import MemTableSourceExec
 from memwal_sql.structures.cache import LookupCache, default_caches
 from planner.lookup import LookupPlan
@@ -179,7 +180,7 @@ def test_a_key_every_bloom_filter_rules_out_touches_only_the_base_index(tmp_path
     guards = [n for n in _nodes(plan) if isinstance(n, BloomFilterGuardExec)]
     assert len(guards) == 4
     assert all(g.skipped == 1 and g.child.probes == 0 for g in guards)
-    assert isinstance(plan.base, BaseLookupExec) and plan.base.probes == 1
+    assert isinstance(plan.base, BaseSourceExec) and plan.base.probes == 1
     assert "btree=yes" in plan.base.describe()
 
 

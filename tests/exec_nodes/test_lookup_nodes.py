@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exec_nodes.base import ExecNode
+from exec_nodes.base_source import BaseSourceExec
 from exec_nodes.generation_source import GenerationSourceExec
 from exec_nodes.lookup import (
-    BaseLookupExec,
     BloomFilterGuardExec,
     CoalesceFirstExec,
     GenerationIndexExec,
@@ -114,7 +114,7 @@ def test_point_lookup_asks_the_base_only_for_what_no_region_resolved(base):
         SOURCE,
         keys=pa.table({"id": pa.array([1, 2, 3, 9], pa.int64())}),
     )
-    base_node = BaseLookupExec(base, SOURCE, ["id"], caches=CACHES)
+    base_node = BaseSourceExec(base, SOURCE, Lookup(("id",)), caches=CACHES)
     keys = pa.table({"id": pa.array([1, 2, 3, 9], pa.int64())})
     for parallel in (1, 1000):  # the base probed beside the regions, or after them
         node = PointLookupExec(keys, [region], base_node, parallel_keys=parallel)
