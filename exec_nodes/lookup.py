@@ -92,7 +92,7 @@ class GenerationIndexExec(KeyedExec):
         def load() -> tuple[tuple[KeySet, np.ndarray, np.ndarray], int]:
             parts, ranks = [], []
             for i, g in enumerate(gens):
-                index = read_generation_pk_index(g.uri, g.storage_options)  # type: ignore[arg-type]
+                index = read_generation_pk_index(g.uri, g.storage_options)
                 parts.append(stored_keys(index, pk))
                 ids = index.column("ids").to_numpy().astype(np.int64)
                 ranks.append(((len(gens) - i) << 32) | ids)  # newer generation ranks higher
@@ -170,7 +170,7 @@ class BloomFilterGuardExec(KeyedExec):
                 data = self.store.get(self.bloom_path)
             except ObjectNotFoundError:
                 return None, 64  # no filter: every key passes
-            verify_bloom_filter(self.child.uri, self.child.storage_options)  # type: ignore[arg-type]
+            verify_bloom_filter(self.child.uri, self.child.storage_options)
             return BloomFilter.from_bytes(data), len(data)
 
         # A generation's filter is kept with its key index, in the child's lookup cache.
