@@ -147,8 +147,9 @@ class GenerationRunsKnnExec(KnnSource):
     """A region's flushed generations as one KNN source. At execution (deciding needs their
     rows), those the lookup cache keeps are grouped in runs of consecutive generations (oldest
     first, so a flush changes only the newest run), each searched as one matrix
-    (:class:`GenerationsKnnExec`); any other is searched through Lance on its own
-    (:class:`~exec_nodes.generation_source.GenerationSourceExec`). ``top(n)`` is the ``n`` nearest of them all.
+    (:class:`GenerationsKnnExec`); any other is searched through Lance on its own (a
+    :class:`~exec_nodes.generation_source.GenerationSourceExec` with ``Knn`` access).
+    ``top(n)`` is the ``n`` nearest of them all.
     """
 
     name = "GenerationRunsKnnExec"
