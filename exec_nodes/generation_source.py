@@ -126,8 +126,9 @@ class GenerationSourceExec(SourceLeaf):
         )
 
     def _how(self) -> str:
-        how = {"Lookup": "via _pk_index", "Knn": "flat"}.get(type(self.access).__name__, "")
-        return f"{self.access} {how}".strip()
+        if isinstance(self.access, Lookup):
+            return f"{self.access} via _pk_index"
+        return f"{self.access} flat" if isinstance(self.access, Knn) else str(self.access)
 
     def whole_rows(self) -> pa.Table | None:
         """The generation's rows in the source schema, kept in the lookup cache when small

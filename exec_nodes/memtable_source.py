@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from exec_nodes.source import Access, FullText, Probe, SourceLeaf
+from exec_nodes.source import Access, FullText, Knn, Lookup, Probe, SourceLeaf
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.visitors import matches
 from memwal_sql.formats.source_rows import ROWADDR, empty_rows
@@ -69,8 +69,9 @@ class MemTableSourceExec(SourceLeaf):
         )
 
     def _how(self) -> str:
-        how = {"Lookup": "via key index", "Knn": "exact"}.get(type(self.access).__name__, "")
-        return f"{self.access} {how}".strip()
+        if isinstance(self.access, Lookup):
+            return f"{self.access} via key index"
+        return f"{self.access} exact" if isinstance(self.access, Knn) else str(self.access)
 
     def read(self, schema: pa.Schema, predicate: Predicate | None) -> pa.Table:
         if not self.batches:

@@ -8,14 +8,12 @@ specific to the kind (how it is opened and cached); :class:`SourceLeaf`, their b
 what is specific to the access: the protocol the leaf's parent calls and what ``execute``
 runs.
 
-=============  ================================  =====================================
-access         the parent calls                  the parent
-=============  ================================  =====================================
-``Scan``       ``read_counted(columns, pred)``   ``DeduplicateExec``
-``Lookup``     ``probe(keys)`` (:class:`KeyProbe`)  ``CoalesceFirstExec`` and kin
-``Knn``        ``top(n)``, ``rows(candidates)``  ``FilterStaleExec``
-``FullText``   ``pieces()``, ``piece_rows(i, rows)``  ``GlobalBM25Exec``
-=============  ================================  =====================================
+* ``Scan``: ``read_counted(columns, predicate)``, called by ``DeduplicateExec`` (the base
+  table's scan is a partitioned leaf of its own, run by ``execute``).
+* ``Lookup``: ``probe(keys)`` (:class:`KeyProbe`), called by ``CoalesceFirstExec`` and the
+  other lookup nodes.
+* ``Knn``: ``top(n)`` and ``rows(candidates)``, called by ``FilterStaleExec``.
+* ``FullText``: ``pieces()`` and ``piece_rows(piece, index)``, called by ``GlobalBM25Exec``.
 """
 
 from __future__ import annotations

@@ -6,8 +6,6 @@ Example:
 
 from __future__ import annotations
 
-import pyarrow as pa
-
 from exec_nodes.base_source import BaseSourceExec
 from exec_nodes.generation_source import GenerationSourceExec
 from exec_nodes.memtable_source import MemTableSourceExec
@@ -16,31 +14,25 @@ from memwal_sql.formats.source_rows import source_schema
 from memwal_sql.read_snapshot import ReadSnapshot, SnapshotSource
 
 
-def source_leaf(
-    snapshot: ReadSnapshot, src: SnapshotSource, access: Access, keys: pa.Table | None = None
-) -> SourceLeaf:
-    """The leaf of ``src`` (one of ``snapshot.sources()``) that reads it by ``access`` (its
-    ``keys`` bound, for a lookup), its rows in the snapshot's source schema, keeping what it
-    reads in the snapshot's caches."""
+def source_leaf(snapshot: ReadSnapshot, src: SnapshotSource, access: Access) -> SourceLeaf:
+    """The leaf of ``src`` (one of ``snapshot.sources()``) that reads it by ``access``, its
+    rows in the snapshot's source schema, keeping what it reads in the snapshot's caches."""
     if src.kind == "base":
-        return base_leaf(snapshot, access, keys)
+        return base_leaf(snapshot, access)
     schema, caches = source_schema(snapshot.wal_schema), snapshot.caches
     if src.rows is not None:
         mem = src.rows
         return MemTableSourceExec(
-            src.region_id, mem.generation, mem.batches, schema, access, mem.origin,
-            caches=caches, keys=keys,
-        )  # fmt: skip
+            src.region_id, mem.generation, mem.batches, schema, access, mem.origin, caches=caches
+        )
     assert src.uri is not None  # a flushed generation
     opts = dict(snapshot.storage_options or {}) or None
     return GenerationSourceExec(
-        src.region_id, src.generation, src.uri, schema, access, opts, caches=caches, keys=keys
+        src.region_id, src.generation, src.uri, schema, access, opts, caches=caches
     )
 
 
-def base_leaf(
-    snapshot: ReadSnapshot, access: Access, keys: pa.Table | None = None
-) -> BaseSourceExec:
+def base_leaf(snapshot: ReadSnapshot, access: Access) -> BaseSourceExec:
     """The leaf of the snapshot's base table that reads it by ``access``."""
     schema = source_schema(snapshot.wal_schema)
-    return BaseSourceExec(snapshot.dataset, schema, access, caches=snapshot.caches, keys=keys)
+    return BaseSourceExec(snapshot.dataset, schema, access, caches=snapshot.caches)
