@@ -381,7 +381,7 @@ class BaseSourceExec(SourceLeaf):
         are left out), from the cached key index; None when the base is too big to keep one.
 
         Example:
-            ``BaseLookupExec(ds, schema, ["id"], caches=caches).addresses_of(pa.table({"id": [3]}))``
+            ``BaseSourceExec(ds, schema, Lookup(("id",)), caches=c).addresses_of(pa.table({"id": [3]}))``
         """
         index = self._key_index()
         if index is None:

@@ -163,7 +163,8 @@ class BloomFilterGuardExec(KeyedExec):
         return f"{self.name}: {self.bloom_path.rsplit('/', 2)[-2]}/bloom_filter.bin"
 
     def probe(self, keys: pa.Table) -> Probe:
-        """As :meth:`LookupSource.probe`, asking the child only for keys the filter passes."""
+        """As :meth:`~exec_nodes.source.SourceLeaf.probe`, asking the child only for keys the
+        filter passes."""
 
         def load() -> tuple[BloomFilter | None, int]:
             try:
