@@ -18,6 +18,7 @@ Usage::
     .venv/bin/python benchmarks/compare.py --before ../wt-before --after . \\
         [--rounds 2] [--bench bench_read bench_lookup ...] [--opts bench_tpch="--scale 0.1"] \\
         [--detail] [--out benchmarks/results/compare.json]
+    .venv/bin/python benchmarks/compare.py --show benchmarks/results/compare.json [--detail]
 
 Give the same directory as ``--before`` and ``--after`` to measure the noise (an A/A run).
 """
@@ -323,8 +324,11 @@ def print_table(report: dict[str, Any], detail: bool) -> None:
         f"\nbefore: {report['before']['commit'][:7]} {report['before']['dir']}"
         f"\nafter:  {report['after']['commit'][:7]} {report['after']['dir']}"
         f"{' (uncommitted changes)' if report['after']['dirty'] else ''}"
-        f"\nrounds: {rounds}; values are medians of the rounds; change > 0: after is better\n"
+        f"\nrounds: {rounds}; values are medians of the rounds; change > 0: after is better"
     )
+    for bench, b in report["benchmarks"].items():
+        print(f"options: {bench} {b['options'] or '(defaults)'}")
+    print()
     spread = rounds > 1
     head = "| benchmark | metric | better | before | after | after/before | change |"
     head += " spread before | spread after |" if spread else ""
@@ -362,8 +366,9 @@ def print_table(report: dict[str, Any], detail: bool) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--before", required=True, help="checkout of the old code (with its .venv)")
-    ap.add_argument("--after", required=True, help="checkout of the new code (with its .venv)")
+    ap.add_argument("--before", help="checkout of the old code (with its .venv)")
+    ap.add_argument("--after", help="checkout of the new code (with its .venv)")
+    ap.add_argument("--show", metavar="JSON", help="only print the table of an earlier comparison")
     ap.add_argument("--bench", nargs="+", default=list(OPTIONS), choices=list(OPTIONS))
     ap.add_argument("--rounds", type=int, default=2, help="runs per side (median)")
     ap.add_argument(
@@ -377,6 +382,12 @@ def main() -> None:
     ap.add_argument("--detail", action="store_true", help="also print anchors and per-query rows")
     ap.add_argument("--out", default="benchmarks/results/compare.json")
     args = ap.parse_args()
+    if args.show:
+        with open(args.show) as f:
+            print_table(json.load(f), args.detail)
+        return
+    if not args.before or not args.after:
+        ap.error("--before and --after are required (or --show an earlier comparison)")
     options = {b: list(OPTIONS[b]) for b in args.bench}
     for o in args.opts:
         name, _, value = o.partition("=")
