@@ -40,12 +40,13 @@ from dataclasses import dataclass
 from typing import Any
 
 # Options per benchmark, the same on both sides, chosen so that each run stays under about 3
-# minutes on the project's 2-core machine while other work runs on it. What takes the time is
-# mostly the anchors: Lance's scans (bench_read: 177 s at its defaults at a load of 6-9),
-# Lance's point-lookup planner (one plan per key), Lance's durable writer (about 100 ms a batch:
-# the full bench_write takes over 5 minutes). Read and lookup keep their layout's shape (about 3
-# flushed generations per region plus live MemTables) at 60% of the rows; --quick writes 20,000
-# rows per configuration and drops the 7,500-upsert claim.
+# minutes on the project's 2-core machine while other work runs on it. Most of the time goes to
+# the anchors: bench_read's Lance scans (bench_read at its defaults took 177 s at a load of 6-9),
+# Lance's point-lookup planner in bench_lookup (one plan per key), and Lance's durable writer in
+# bench_write (about 100 ms a batch in its --quick run, so its full run would take over 5
+# minutes). Read and lookup keep the layout of their defaults (8 flushed generations, 2 per
+# region, plus live MemTables) with 60% of the rows; --quick writes 20,000 rows per
+# configuration and drops the 7,500-upsert claim.
 _LAYOUT = ["--base-rows", "300000", "--upserts", "300000", "--memtable-rows", "24000"]
 OPTIONS: dict[str, list[str]] = {
     "bench_read": [*_LAYOUT, "--repeats", "5"],
