@@ -165,7 +165,7 @@ class CachePart:
         """See :meth:`LookupCache.get`."""
         return self._pool.get(kind, uri, load, current, part=self.name)
 
-    def peek(self, kind: str, uri: str) -> Any:
+    def peek(self, kind: str, uri: str) -> object:
         """See :meth:`LookupCache.peek`."""
         return self._pool.peek(kind, uri, part=self.name)
 
