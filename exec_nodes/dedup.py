@@ -23,14 +23,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
-from exec_nodes.lookup import BaseLookupExec
-from exec_nodes.scan import (
-    BaseScanExec,
-    FragmentRange,
-    GenerationScanExec,
-    MemTableScanExec,
-    SourceExec,
-)
+from exec_nodes.base_source import BaseSourceExec
+from exec_nodes.generation_source import GenerationSourceExec
+from exec_nodes.memtable_source import MemTableSourceExec
+from exec_nodes.source import FragmentRange, Lookup, Scan, SourceLeaf
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.visitors import evaluate
 from memwal_sql.formats.source_rows import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, conform
@@ -90,7 +86,7 @@ def _newest_by_sort(table: pa.Table, primary_key: Sequence[str], dead: np.ndarra
     return s.filter(pa.array(first))
 
 
-def base_mask(lookup: BaseLookupExec, keys: pa.Table) -> RowMask | None:
+def base_mask(lookup: BaseSourceExec, keys: pa.Table) -> RowMask | None:
     """The base rows holding ``keys``, as a :class:`RowMask`; None when the base is too big
     to keep a key index."""
     ds = lookup.dataset
@@ -199,7 +195,7 @@ class Versions:
         """Which of ``keys`` have a version here."""
         return self._keyset.contains(keys)
 
-    def base_mask(self, lookup: BaseLookupExec) -> RowMask | None:
+    def base_mask(self, lookup: BaseSourceExec) -> RowMask | None:
         """The base rows of these keys (None: the base is too big to keep a key index), kept
         per base version: a cached MemTable part asks again."""
         version = (lookup.dataset.uri, lookup.dataset.version)
@@ -280,23 +276,25 @@ class Versions:
         return keep if replaced is None else keep & ~replaced[at]
 
 
-def _memtables_key(mems: Sequence[SourceExec]) -> str | None:
+def _memtables_key(mems: Sequence[SourceLeaf]) -> str | None:
     """A name of the rows of these MemTables (first batch and batch count of each), or None
     when one is a WAL tail (read anew per snapshot) or empty."""
     names = []
     for m in mems:
-        if not isinstance(m, MemTableScanExec) or m.origin != "memtable" or not m.batches:
+        if not isinstance(m, MemTableSourceExec) or m.origin != "memtable" or not m.batches:
             return None
         names.append(f"{id(m.batches[0])}:{len(m.batches)}")
     return ";".join(names)
 
 
-def _source_name(source: SourceExec) -> str:
+def _source_name(source: SourceLeaf) -> str:
     """A newer source's name in :class:`Versions` (a generation: its uri; a MemTable: its
     first batch, which the cached versions hold, so the name is never another's)."""
-    if isinstance(source, GenerationScanExec):
+    if isinstance(source, GenerationSourceExec):
         return source.uri
-    first = id(source.batches[0]) if isinstance(source, MemTableScanExec) and source.batches else 0
+    first = (
+        id(source.batches[0]) if isinstance(source, MemTableSourceExec) and source.batches else 0
+    )
     return f"{source.region_id}/{source.generation}/{first}"
 
 
@@ -320,7 +318,7 @@ class DeduplicateExec(ExecNode):
 
     def __init__(
         self,
-        newer: Sequence[SourceExec],
+        newer: Sequence[SourceLeaf],
         base: lance.LanceDataset | None,
         base_parts: Sequence[Sequence[FragmentRange] | None],
         *,
@@ -368,14 +366,14 @@ class DeduplicateExec(ExecNode):
         read anew by every snapshot: a query with one computes its part itself)."""
         with self._lock:
             if self._split is None:
-                gens = [s for s in self.newer if isinstance(s, GenerationScanExec)]
-                mems = [s for s in self.newer if not isinstance(s, GenerationScanExec)]
+                gens = [s for s in self.newer if isinstance(s, GenerationSourceExec)]
+                mems = [s for s in self.newer if not isinstance(s, GenerationSourceExec)]
                 gens_key = "\n".join(sorted(g.uri for g in gens))
                 mems_key = _memtables_key(mems)
                 if mems_key is None:
                     self._split = self._split_versions(gens, gens_key, mems)
                 else:
-                    firsts = [m.batches[0] for m in mems if isinstance(m, MemTableScanExec)]
+                    firsts = [m.batches[0] for m in mems if isinstance(m, MemTableSourceExec)]
                     split, _ = self.caches.scan.get(
                         "split_versions",
                         f"{gens_key}\n{mems_key}",
@@ -387,7 +385,10 @@ class DeduplicateExec(ExecNode):
             return self._split
 
     def _split_versions(
-        self, gens: list[GenerationScanExec], gens_key: str, mems: list[SourceExec]
+        self,
+        gens: list[GenerationSourceExec],
+        gens_key: str,
+        mems: list[SourceLeaf],
     ) -> tuple[Versions, Versions, np.ndarray]:
         cols = [*self.primary_key, TOMBSTONE]
 
@@ -450,7 +451,7 @@ class DeduplicateExec(ExecNode):
         sources = self.newer
         kept = self._generation_entries(in_gens)
         if kept is not None:
-            sources = [s for s in self.newer if not isinstance(s, GenerationScanExec)]
+            sources = [s for s in self.newer if not isinstance(s, GenerationSourceExec)]
             # _rowaddr always: a count(*) still takes a column's worth of rows.
             names = [f.name for f in output] or [ROWADDR]
             taken = []
@@ -465,7 +466,7 @@ class DeduplicateExec(ExecNode):
             rows = source.read_counted(read_columns, self.predicate)
             if not rows.num_rows:
                 continue
-            if isinstance(source, GenerationScanExec):
+            if isinstance(source, GenerationSourceExec):
                 keep = in_gens.is_version_of(_source_name(source), rows, pk, replaced)
             else:
                 keep = in_mems.is_version_of(_source_name(source), rows, pk)
@@ -474,13 +475,13 @@ class DeduplicateExec(ExecNode):
 
     def _generation_entries(
         self, in_gens: Versions
-    ) -> list[tuple[GenerationScanExec, pa.Table, np.ndarray]] | None:
+    ) -> list[tuple[GenerationSourceExec, pa.Table, np.ndarray]] | None:
         """Per flushed generation: its rows (every physical row, kept whole in the lookup
         cache and shared with lookups) and the entry in ``in_gens`` each is the live version
         of, or -1; None when a generation is too big to keep whole. The entries are kept per
         ``in_gens`` (generations never change), 4 bytes a row: a query then selects a
         generation's rows with one filter evaluation and one ``take``."""
-        gens = [s for s in self.newer if isinstance(s, GenerationScanExec)]
+        gens = [s for s in self.newer if isinstance(s, GenerationSourceExec)]
         wholes = [g.whole_rows() for g in gens]
         if not gens or any(w is None for w in wholes):
             return None
@@ -519,13 +520,14 @@ class DeduplicateExec(ExecNode):
 
     def _base_scan(
         self, part: Sequence[FragmentRange] | None, output: pa.Schema, with_keys: bool = True
-    ) -> BaseScanExec:
+    ) -> BaseSourceExec:
         assert self.base_dataset is not None
         wanted = [f.name for f in output if f.name not in (GEN, ROWADDR)]
         columns = list(dict.fromkeys([*wanted, *(self.primary_key if with_keys else [])]))
-        return BaseScanExec(
-            self.base_dataset, columns, self.predicate, ranges=part, caches=self.caches
-        )
+        ds = self.base_dataset
+        ranges = None if part is None else tuple(part)
+        scan = Scan(tuple(columns), self.predicate, ranges)
+        return BaseSourceExec(ds, ds.schema, scan, caches=self.caches)
 
     def superseded(self) -> list[RowMask] | None:
         """The base table's deletion mask for this snapshot: base rows whose key has a version
@@ -538,14 +540,15 @@ class DeduplicateExec(ExecNode):
             if self._masked is None:
                 assert self.base_dataset is not None
                 ds = self.base_dataset
-                lookup = BaseLookupExec(ds, ds.schema, self.primary_key, caches=self.caches)
+                key = Lookup(tuple(self.primary_key))
+                lookup = BaseSourceExec(ds, ds.schema, key, caches=self.caches)
 
                 def load() -> tuple[RowMask | None, int]:
                     mask = base_mask(lookup, in_gens.keys)
                     return mask, 64 if mask is None else mask.nbytes
 
                 gens = "\n".join(
-                    sorted(s.uri for s in self.newer if isinstance(s, GenerationScanExec))
+                    sorted(s.uri for s in self.newer if isinstance(s, GenerationSourceExec))
                 )
                 from_gens = self.caches.scan.get(
                     "base_mask", f"{ds.uri}@{ds.version}\n{gens}", load

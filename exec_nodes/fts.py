@@ -25,271 +25,27 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
 from exec_nodes.dedup import Versions
-from exec_nodes.lookup import generation_rows
-from memwal_sql.compat.lance import data_file_paths, take_rows
+from exec_nodes.source import SourceLeaf
 from memwal_sql.compat.lance_fts import BM25_B, BM25_K1
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.visitors import evaluate
-from memwal_sql.formats.generation import open_generation
 from memwal_sql.formats.source_rows import (
     BASE_GENERATION,
     GEN,
     ROWADDR,
     TOMBSTONE,
-    conform,
     empty_rows,
     gather,
-    stored_columns,
 )
-from memwal_sql.formats.tokenizer import Tokenizer
-from memwal_sql.structures.cache import Caches
-from memwal_sql.writer.memtable_indexes import Piece, text_index
+from memwal_sql.writer.memtable_indexes import Piece
 
 SCORE = "_score"
-
-
-class FtsSource(ExecNode):
-    """One source's documents. ``pieces()`` gives its rows as :class:`Piece` s; ``rows(i)``
-    gives full rows of piece ``i`` at some row indices."""
-
-    def __init__(
-        self,
-        region_id: str | None,
-        generation: int,
-        schema: pa.Schema,
-        column: str,
-        tokenizer: Tokenizer,
-        primary_key: Sequence[str],
-        *,
-        caches: Caches,
-    ) -> None:
-        self.caches = caches
-        self.region_id = region_id
-        self.generation = generation
-        self._schema = schema
-        self.column = column
-        self.tokenizer = tokenizer
-        self.primary_key = list(primary_key)
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self._schema
-
-    def execute(self, partition: int = 0) -> Iterator[pa.RecordBatch]:
-        for i, piece in enumerate(self.pieces()):
-            idx = np.nonzero(piece.present)[0]
-            yield from self.rows(i, idx).to_batches()
-
-    def pieces(self) -> list[Piece]:
-        raise NotImplementedError
-
-    def rows(self, piece: int, index: np.ndarray) -> pa.Table:
-        raise NotImplementedError
-
-    def _piece(self, rows: pa.Table, addresses: np.ndarray) -> Piece:
-        tokens = self.tokenizer.tokenize(rows.column(self.column))
-        present = np.ones(rows.num_rows, dtype=bool)
-        if TOMBSTONE in rows.column_names and rows.num_rows:
-            present &= ~rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
-        return Piece(rows.select(self.primary_key), addresses, tokens, present)
-
-
-class MemTableFtsExec(FtsSource):
-    """A MemTable's (or WAL tail's) documents as the snapshot captured them."""
-
-    name = "MemTableFtsExec"
-
-    def __init__(
-        self,
-        region_id: str,
-        generation: int,
-        batches: Sequence[pa.RecordBatch],
-        schema: pa.Schema,
-        column: str,
-        tokenizer: Tokenizer,
-        primary_key: Sequence[str],
-        origin: str = "memtable",
-        *,
-        caches: Caches,
-    ) -> None:
-        super().__init__(
-            region_id, generation, schema, column, tokenizer, primary_key, caches=caches
-        )
-        self.batches = list(batches)
-        self.origin = origin
-
-    def describe(self) -> str:
-        return (
-            f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} "
-            f"{self.origin} rows={sum(b.num_rows for b in self.batches)}"
-        )
-
-    def pieces(self) -> list[Piece]:
-        if not self.batches:
-            return []
-        index = text_index(
-            self.batches,
-            self.generation,
-            self.origin,
-            self.column,
-            self._schema,
-            self.tokenizer,
-            caches=self.caches,
-        )
-        self._rows_table, piece = index.update(self.batches, self.primary_key)
-        return [piece]
-
-    def rows(self, piece: int, index: np.ndarray) -> pa.Table:
-        if getattr(self, "_rows_table", None) is None:
-            self.pieces()
-        return self._rows_table.take(pa.array(index))
-
-
-class GenerationFtsExec(FtsSource):
-    """A flushed generation's documents (every physical row: a duplicate its deletion vector
-    hides is never its key's newest version, so it never counts)."""
-
-    name = "GenerationFtsExec"
-
-    def __init__(
-        self,
-        region_id: str,
-        generation: int,
-        uri: str,
-        schema: pa.Schema,
-        column: str,
-        tokenizer: Tokenizer,
-        primary_key: Sequence[str],
-        storage_options: dict[str, str] | None = None,
-        *,
-        caches: Caches,
-    ) -> None:
-        super().__init__(
-            region_id, generation, schema, column, tokenizer, primary_key, caches=caches
-        )
-        self.uri = uri
-        self.storage_options = storage_options
-
-    def describe(self) -> str:
-        return (
-            f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} "
-            f"{self.uri.rsplit('/', 1)[-1]}"
-        )
-
-    def _table(self) -> pa.Table:
-        table = generation_rows(
-            self.uri, self.storage_options, self.generation, self._schema, self.caches
-        )
-        if table is None:  # too big to keep whole: read it for this query
-            ds = open_generation(self.uri, self.storage_options)
-            names = stored_columns(self._schema, ds)
-            rows = ds.to_table(columns=names, with_row_address=True)
-            table = conform(rows, self._schema, self.generation)
-        return table
-
-    def pieces(self) -> list[Piece]:
-        def load() -> tuple[Piece, int]:
-            table = self._table()
-            piece = self._piece(table, table.column(ROWADDR).to_numpy().astype(np.int64))
-            return piece, piece.tokens.docs.nbytes * 3 + piece.keys.nbytes
-
-        return [self.caches.search.get("fts", f"{self.uri}#{self.column}", load)]
-
-    def rows(self, piece: int, index: np.ndarray) -> pa.Table:
-        table = self._table()
-        return table.take(pa.array(index))
-
-
-class BaseFtsExec(FtsSource):
-    """The base table's documents at the snapshot's version, fragment by fragment: the terms
-    of a fragment's data files are kept (they never change), its deletions read per version."""
-
-    name = "BaseFtsExec"
-
-    def __init__(
-        self,
-        dataset: lance.LanceDataset,
-        schema: pa.Schema,
-        column: str,
-        tokenizer: Tokenizer,
-        primary_key: Sequence[str],
-        *,
-        caches: Caches,
-    ) -> None:
-        super().__init__(
-            None, BASE_GENERATION, schema, column, tokenizer, primary_key, caches=caches
-        )
-        self.dataset = dataset
-        self._fragments = dataset.get_fragments()
-        self._pieces: list[Piece] | None = None
-        self._lock = threading.Lock()
-
-    _locks = ("_lock",)
-    _computed = ("_pieces",)
-
-    def describe(self) -> str:
-        return (
-            f"{self.name}: version={self.dataset.version} "
-            f"fragments={len(self._fragments)} column={self.column}"
-        )
-
-    def pieces(self) -> list[Piece]:
-        with self._lock:
-            if self._pieces is None:
-                self._pieces = [self._fragment_piece(f) for f in self._fragments]
-            return self._pieces
-
-    def _fragment_piece(self, fragment: lance.LanceFragment) -> Piece:
-        files = ",".join(data_file_paths(fragment))
-        fid = fragment.fragment_id
-        columns = list(dict.fromkeys([*self.primary_key, self.column]))
-
-        def load_terms() -> tuple[Piece, int]:
-            rows = fragment.to_table(columns=columns, with_row_id=True, include_deleted_rows=True)
-            assert rows.num_rows == fragment.metadata.physical_rows, "rows out of place"
-            addresses = (np.int64(fid) << 32) | np.arange(rows.num_rows, dtype=np.int64)
-            piece = self._piece(rows.select(columns), addresses)
-            return piece, piece.tokens.docs.nbytes * 3 + piece.keys.nbytes
-
-        key = f"{self.dataset.uri}#{files}#{self.column}"
-        piece: Piece = self.caches.search.get("fts", key, load_terms)
-        deletion = fragment.metadata.deletion_file
-        if deletion is None:
-            return piece
-
-        def load_live() -> tuple[Piece, int]:
-            live = fragment.to_table(columns=[self.primary_key[0]], with_row_address=True)
-            present = np.zeros(len(piece.present), dtype=bool)
-            present[live.column(ROWADDR).to_numpy().astype(np.int64) & 0xFFFFFFFF] = True
-            return Piece(piece.keys, piece.addresses, piece.tokens, present), present.nbytes * 9
-
-        # One piece per version of the fragment's deletions, sharing the terms.
-        return self.caches.search.get(
-            "fts_live",
-            f"{self.dataset.uri}#{files}#{deletion}",
-            load_live,
-        )
-
-    def rows(self, piece: int, index: np.ndarray) -> pa.Table:
-        addresses = self.pieces()[piece].addresses[index]
-        names = stored_columns(self._schema, self.dataset)
-        out = conform(
-            take_rows(self.dataset, pa.array(addresses.astype(np.uint64)), names),
-            self._schema,
-            BASE_GENERATION,
-        )
-        return out.set_column(
-            out.schema.get_field_index(ROWADDR),
-            self._schema.field(ROWADDR),
-            pa.array(addresses.astype(np.uint64)),
-        )
 
 
 @dataclass
@@ -318,7 +74,7 @@ class GlobalBM25Exec(ExecNode):
 
     def __init__(
         self,
-        children: Sequence[FtsSource],
+        children: Sequence[SourceLeaf],
         primary_key: Sequence[str],
         terms: Sequence[str],
         k: int,
@@ -382,7 +138,7 @@ class GlobalBM25Exec(ExecNode):
         self.stats = stats
         return self._best(postings, stats, weights, frequency)
 
-    def _latest(self, pieces: list[tuple[FtsSource, int, Piece]]) -> list[np.ndarray]:
+    def _latest(self, pieces: list[tuple[SourceLeaf, int, Piece]]) -> list[np.ndarray]:
         """Per piece, which rows are their key's latest live version; the same pieces (no
         write since the last search) give the same answer, kept."""
         key = tuple(id(p) for _, _, p in pieces)
@@ -397,7 +153,7 @@ class GlobalBM25Exec(ExecNode):
             _LATEST[key] = ([p for _, _, p in pieces], out, self._left_out)
         return out
 
-    def _compute_latest(self, pieces: list[tuple[FtsSource, int, Piece]]) -> list[np.ndarray]:
+    def _compute_latest(self, pieces: list[tuple[SourceLeaf, int, Piece]]) -> list[np.ndarray]:
         newer = [(c, p) for c, _, p in pieces if c.generation != BASE_GENERATION]
         self._left_out = (0, 0)
         if not newer:
@@ -491,7 +247,7 @@ class GlobalBM25Exec(ExecNode):
     ) -> pa.Table:
         def read(number: int, at: np.ndarray) -> pa.Table:
             child, i = postings[number][0], postings[number][1]
-            return child.rows(i, rows[at])
+            return child.piece_rows(i, rows[at])
 
         return gather(numbers, read).append_column(
             pa.field(SCORE, pa.float32()), pa.array(scores.astype(np.float32))
@@ -521,10 +277,6 @@ def _best_first(scores: np.ndarray, n: int) -> np.ndarray:
 
 __all__ = [
     "SCORE",
-    "BaseFtsExec",
     "CorpusStats",
-    "FtsSource",
-    "GenerationFtsExec",
     "GlobalBM25Exec",
-    "MemTableFtsExec",
 ]

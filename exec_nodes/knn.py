@@ -14,31 +14,19 @@ generation is small), the base table through Lance (its ANN index, refined, or a
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
-import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
-from exec_nodes.lookup import generation_rows
-from memwal_sql.compat.lance import take_rows
-from memwal_sql.expressions.predicate import Predicate
-from memwal_sql.expressions.substrait import lance_filter
-from memwal_sql.expressions.visitors import evaluate, matches
-from memwal_sql.formats.generation import open_generation
+from exec_nodes.generation_source import GenerationSourceExec, generation_rows
+from exec_nodes.source import Knn, KnnQuery, KnnSource
 from memwal_sql.formats.source_rows import (
-    BASE_GENERATION,
     GEN,
     ROWADDR,
-    TOMBSTONE,
-    conform,
-    empty_rows,
     gather,
-    stored_columns,
 )
 from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.keyset import last_per_key
@@ -46,203 +34,8 @@ from memwal_sql.structures.rowmask import split_addresses
 from memwal_sql.structures.vectors import (
     DISTANCE,
     SourceVectors,
-    distances,
     neighbours,
-    rough_distances,
-    smallest,
-    with_distance,
 )
-from memwal_sql.writer.memtable_indexes import VectorIndex, vector_index
-
-
-@dataclass(frozen=True)
-class KnnQuery:
-    """What one vector search asks every source: the ``k`` rows nearest to ``vector`` by
-    ``column`` and ``metric``, among those matching ``predicate``, keyed by ``primary_key``.
-
-    Example:
-        >>> KnnQuery("vec", np.zeros(2, np.float32), "l2", None, 10, ("id",)).k
-        10
-    """
-
-    column: str
-    vector: np.ndarray
-    metric: str
-    predicate: Predicate | None
-    k: int
-    primary_key: tuple[str, ...]
-
-
-class KnnSource(ExecNode):
-    """One source's nearest rows. ``top(n)`` is computed once per ``n`` and kept, so asking
-    again for the same or fewer rows costs nothing."""
-
-    _locks = ("_lock",)
-    _computed: tuple[str, ...] = ("_top",)
-
-    def __init__(
-        self, region_id: str | None, generation: int, schema: pa.Schema, search: KnnQuery
-    ) -> None:
-        self.region_id = region_id
-        self.generation = generation
-        self.source_schema = schema
-        self.primary_key = list(search.primary_key)
-        # Candidates are light: which row (key, _gen, _rowaddr) and how near; the k that win
-        # are read in full afterwards (:meth:`rows`), never every candidate's vector and text.
-        self._schema = with_distance(
-            pa.schema([schema.field(c) for c in (*self.primary_key, GEN, ROWADDR)])
-        )
-        self.column = search.column
-        self.query = search.vector
-        self.metric = search.metric
-        self.predicate = search.predicate
-        self.k = search.k
-        self._top: tuple[int, pa.Table] | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self._schema
-
-    def top(self, n: int) -> pa.Table:
-        """The ``n`` nearest rows matching the predicate, nearest first (fewer if the source
-        has fewer)."""
-        with self._lock:
-            if self._top is None or (self._top[0] < n and self._top[1].num_rows == self._top[0]):
-                self._top = (n, self._nearest(n))
-            return self._top[1].slice(0, n)
-
-    def fetched(self) -> int:
-        """How many rows the last ``top`` call asked for (0 before any)."""
-        return 0 if self._top is None else self._top[0]
-
-    def execute(self, partition: int = 0) -> Iterator[pa.RecordBatch]:
-        yield from self.top(self.k).to_batches()
-
-    def _nearest(self, n: int) -> pa.Table:
-        raise NotImplementedError
-
-    def rows(self, candidates: pa.Table) -> pa.Table:
-        """The source's full rows (its source schema) of ``candidates`` it returned (by their
-        ``_gen`` and ``_rowaddr``), in that order."""
-        raise NotImplementedError
-
-    def _exact(
-        self,
-        rows: pa.Table,
-        matrix: np.ndarray,
-        live: np.ndarray,
-        sq_norms: np.ndarray,
-        n: int,
-    ) -> pa.Table:
-        """The ``n`` nearest of ``rows`` (``matrix`` their vectors, ``live`` the rows that may
-        be neighbours, ``sq_norms`` their squared norms), matching the predicate, computed in
-        numpy: candidates by :func:`rough_distances`, twice as many as asked (its rounding,
-        about 1e-7 of the squared norms, only swaps rows that near), then ranked by Lance's
-        exact distance."""
-        if self.predicate is not None:
-            live = live & evaluate(self.predicate, rows).fill_null(False).to_numpy(
-                zero_copy_only=False
-            )
-        rough = rough_distances(matrix, sq_norms, self.query, self.metric)
-        rough[~live | np.isnan(rough)] = np.inf
-        n = min(n, int(np.count_nonzero(np.isfinite(rough))))
-        if n == 0:
-            return empty_rows(self.schema)
-        chosen = smallest(rough, 2 * n)
-        chosen = chosen[np.isfinite(rough[chosen])]
-        dist = distances(matrix[chosen], self.query, self.metric)
-        dist[np.isnan(dist)] = np.inf
-        order = np.lexsort((chosen, dist))[:n]
-        best, dist = chosen[order], dist[order]
-        out = rows.select(self.schema.names[:-1]).take(pa.array(best))
-        return out.append_column(self.schema.field(DISTANCE), pa.array(dist, pa.float32()))
-
-
-class MemTableKnnExec(KnnSource):
-    """Exact KNN over a MemTable's (or WAL tail's) rows, as captured by the snapshot."""
-
-    name = "MemTableKnnExec"
-
-    def __init__(
-        self,
-        region_id: str,
-        generation: int,
-        batches: Sequence[pa.RecordBatch],
-        schema: pa.Schema,
-        search: KnnQuery,
-        origin: str = "memtable",
-        *,
-        caches: Caches,
-    ) -> None:
-        super().__init__(region_id, generation, schema, search)
-        self.caches = caches
-        self.batches = list(batches)
-        self.origin = origin
-
-    def describe(self) -> str:
-        rows = sum(b.num_rows for b in self.batches)
-        return (
-            f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} "
-            f"{self.origin} rows={rows} exact k={self.k}"
-        )
-
-    def _nearest(self, n: int) -> pa.Table:
-        if not self.batches:
-            return empty_rows(self.schema)
-        return self._exact(*self._index().update(self.batches), n)
-
-    def _index(self) -> VectorIndex:
-        return vector_index(
-            self.batches,
-            self.generation,
-            self.origin,
-            self.column,
-            self.source_schema,
-            caches=self.caches,
-        )
-
-    def rows(self, candidates: pa.Table) -> pa.Table:
-        return self._index().update(self.batches)[0].take(candidates.column(ROWADDR))
-
-
-class GenerationKnnExec(KnnSource):
-    """Flat KNN through Lance over a flushed generation too big for the lookup cache (the
-    ones it keeps are searched by :class:`GenerationsKnnExec`).
-
-    Rows a generation's deletion vector hides (older duplicates of a key in the same flush)
-    may be candidates here; they are never their key's newest version, so
-    :class:`~exec_nodes.stale.FilterStaleExec` drops them.
-    """
-
-    name = "GenerationKnnExec"
-
-    def __init__(
-        self,
-        region_id: str,
-        generation: int,
-        uri: str,
-        schema: pa.Schema,
-        search: KnnQuery,
-        storage_options: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(region_id, generation, schema, search)
-        self.uri = uri
-        self.storage_options = storage_options
-
-    def describe(self) -> str:
-        return (
-            f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} "
-            f"{self.uri.rsplit('/', 1)[-1]} flat k={self.k}"
-        )
-
-    def _nearest(self, n: int) -> pa.Table:
-        ds = open_generation(self.uri, self.storage_options)
-        return _lance_nearest(ds, self, n, {"use_index": False}, self.generation)
-
-    def rows(self, candidates: pa.Table) -> pa.Table:
-        ds = open_generation(self.uri, self.storage_options)
-        return _take(ds, candidates.column(ROWADDR).to_numpy(), self.source_schema, self.generation)
 
 
 class GenerationsKnnExec(KnnSource):
@@ -339,7 +132,7 @@ def _kept_rows(
     table = generation_rows(uri, storage_options, generation, schema, caches)
     if table is None:
         raise ValueError(
-            f"generation {uri} is not kept in memory: search it with GenerationKnnExec"
+            f"generation {uri} is not kept in memory: search it with GenerationSourceExec"
         )
     return table
 
@@ -354,8 +147,9 @@ class GenerationRunsKnnExec(KnnSource):
     """A region's flushed generations as one KNN source. At execution (deciding needs their
     rows), those the lookup cache keeps are grouped in runs of consecutive generations (oldest
     first, so a flush changes only the newest run), each searched as one matrix
-    (:class:`GenerationsKnnExec`); any other is searched through Lance on its own
-    (:class:`GenerationKnnExec`). ``top(n)`` is the ``n`` nearest of them all.
+    (:class:`GenerationsKnnExec`); any other is searched through Lance on its own (a
+    :class:`~exec_nodes.generation_source.GenerationSourceExec` with ``Knn`` access).
+    ``top(n)`` is the ``n`` nearest of them all.
     """
 
     name = "GenerationRunsKnnExec"
@@ -417,7 +211,11 @@ class GenerationRunsKnnExec(KnnSource):
             rows = generation_rows(uri, opts, generation, schema, self.caches)
             if rows is None:
                 close_run()
-                sources.append(GenerationKnnExec(rid, generation, uri, schema, self.search, opts))
+                sources.append(
+                    GenerationSourceExec(
+                        rid, generation, uri, schema, Knn(self.search), opts, caches=self.caches
+                    )
+                )
                 continue
             nbytes = rows.nbytes + rows.num_rows * vector_bytes  # as the run's entry counts it
             if run and run_bytes + nbytes > budget:
@@ -450,102 +248,9 @@ def _oldest(source: KnnSource) -> int:
     return source.generations[0] if isinstance(source, GenerationsKnnExec) else source.generation
 
 
-class BaseKnnExec(KnnSource):
-    """KNN over the base table at the snapshot's version through Lance: its vector index when
-    there is one (``nprobes`` partitions, candidates re-ranked by exact distance with
-    ``refine_factor``), and a flat search of the rows the index does not cover yet."""
-
-    name = "BaseKnnExec"
-
-    def __init__(
-        self,
-        dataset: lance.LanceDataset,
-        schema: pa.Schema,
-        search: KnnQuery,
-        *,
-        index: str | None,
-        nprobes: int | None,
-        refine_factor: int | None,
-    ) -> None:
-        super().__init__(None, BASE_GENERATION, schema, search)
-        self.dataset = dataset
-        self.index = index
-        self.nprobes = nprobes
-        self.refine_factor = refine_factor
-
-    def describe(self) -> str:
-        how = (
-            f"index {self.index} nprobes={self.nprobes} refine_factor={self.refine_factor}"
-            if self.index
-            else "flat (no vector index)"
-        )
-        return f"{self.name}: version={self.dataset.version} k={self.k} {how}"
-
-    def _nearest(self, n: int) -> pa.Table:
-        options: dict[str, object] = {}
-        if self.index:
-            if self.nprobes:
-                options["nprobes"] = self.nprobes
-            if self.refine_factor:
-                options["refine_factor"] = self.refine_factor
-        return _lance_nearest(self.dataset, self, n, options, BASE_GENERATION)
-
-    def rows(self, candidates: pa.Table) -> pa.Table:
-        return _take(
-            self.dataset, candidates.column(ROWADDR).to_numpy(), self.source_schema, BASE_GENERATION
-        )
-
-
-def _take(
-    ds: lance.LanceDataset, addresses: np.ndarray, schema: pa.Schema, generation: int
-) -> pa.Table:
-    names = stored_columns(schema, ds)
-    row_ids = pa.array(np.asarray(addresses).astype(np.uint64))
-    out = conform(take_rows(ds, row_ids, names), schema, generation)
-    return out.set_column(out.schema.get_field_index(ROWADDR), schema.field(ROWADDR), row_ids)
-
-
-def _lance_nearest(
-    ds: lance.LanceDataset, node: KnnSource, n: int, options: dict[str, object], generation: int
-) -> pa.Table:
-    """``n`` nearest rows of a Lance dataset, the filter applied before the search."""
-    light = node.schema.remove(len(node.schema) - 1)
-    # Only the key comes back (and the row address): no vector or text of any candidate.
-    names = list(node.primary_key)
-    pushed, exact = lance_filter(node.predicate, ds.schema)
-    if TOMBSTONE in ds.schema.names:  # a generation's tombstones are never neighbours
-        live = ~pc.field(TOMBSTONE)
-        pushed = live if pushed is None else pushed & live
-    # Lance allocates for k (and k * refine_factor) candidates up front, whatever the rows: a
-    # k past the rows it holds would abort the process, and asks for nothing more.
-    rows = ds.count_rows()
-    if rows == 0:
-        return empty_rows(node.schema)
-    k = min(n, rows)
-    if node.predicate is not None and not exact:
-        # Lance cannot take this filter: search all rows, then filter (exact, but slower).
-        k = rows
-        names = stored_columns(node.source_schema, ds)
-    refine = options.get("refine_factor")
-    if isinstance(refine, int) and refine * k > rows:
-        options = {**options, "refine_factor": -(-rows // k)}  # already every row refined
-    nearest = {"column": node.column, "q": node.query, "k": k, "metric": node.metric, **options}
-    table = ds.scanner(
-        columns=names, nearest=nearest, filter=pushed, prefilter=True, with_row_address=True
-    ).to_table()
-    if not exact:
-        table = matches(node.predicate, table).slice(0, n)
-    dist = table.column(DISTANCE)
-    out = conform(table, light, generation)
-    return out.append_column(node.schema.field(DISTANCE), dist.cast(pa.float32()))
-
-
 __all__ = [
-    "BaseKnnExec",
-    "GenerationKnnExec",
     "GenerationRunsKnnExec",
     "GenerationsKnnExec",
     "KnnQuery",
     "KnnSource",
-    "MemTableKnnExec",
 ]

@@ -1,8 +1,8 @@
 """Point-lookup operators: probe each source by key, newest first, and stop at the first hit.
 
-* :class:`TakeLastExec` finds the newest row of each requested key in *one* source: a flushed
-  generation through its ``_pk_index`` (sorted keys to row offsets), a MemTable through a key
-  index; :class:`BaseLookupExec` does it for the base table through its key index or btree.
+* A leaf with :class:`~exec_nodes.source.Lookup` access finds the newest row of each requested
+  key in *one* source: a flushed generation through its ``_pk_index`` (sorted keys to row
+  offsets), a MemTable through a key index, the base table through its key index or btree.
   What is immutable (a generation's index, filter and, when small, rows; the base key index of
   one version) is kept in the table's byte-bounded lookup cache (``caches.lookup``).
 * :class:`BloomFilterGuardExec` passes on only the keys a generation's ``bloom_filter.bin`` may
@@ -16,353 +16,33 @@ keys, never once per key.
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import NamedTuple, Protocol, runtime_checkable
 
-import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
+from exec_nodes.base_source import BaseSourceExec
+from exec_nodes.generation_source import GenerationSourceExec, index_keys, stored_keys
 from exec_nodes.regions import raise_if_shared
-from memwal_sql.compat.lance import data_file_paths, take_rows
+from exec_nodes.source import KeyedExec, KeyProbe, Probe
 from memwal_sql.errors import ObjectNotFoundError
 from memwal_sql.formats.bloom import BloomFilter, pk_hashes
 from memwal_sql.formats.generation import (
-    open_generation,
     read_generation_pk_index,
     verify_bloom_filter,
 )
 from memwal_sql.formats.source_rows import (
-    BASE_GENERATION,
-    ROWADDR,
     TOMBSTONE,
-    conform,
     empty_rows,
-    gather,
-    stored_columns,
 )
 from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.cache import Caches
-from memwal_sql.structures.keyset import KeySet, encode_keys, last_per_key
-from memwal_sql.structures.rowmask import split_addresses
+from memwal_sql.structures.keyset import KeySet, last_per_key
 
 HASH = "__memwal_key_hash"  # keys may carry their bloom hashes, computed once per lookup
-
-
-class Probe(NamedTuple):
-    """What probing a source by key gives: the newest row of each key found there
-    (tombstones included) and, per probed key, whether it was found."""
-
-    rows: pa.Table
-    hit: np.ndarray
-
-
-@runtime_checkable
-class KeyProbe(Protocol):
-    """Probing by key, the lookup leaves' protocol beside the exec-node contract: the newest
-    row of each of ``keys`` the source holds (tombstones included) and which keys it found.
-
-    Example:
-        ``probe = TakeLastExec(rid, 3, schema, ["id"], batches=rows).probe(keys)``
-    """
-
-    def probe(self, keys: pa.Table) -> Probe: ...
-
-
-class KeyedExec(ExecNode, KeyProbe):
-    """A lookup operator: an exec node that is also a :class:`KeyProbe`. The planner binds
-    the keys it is to answer (``keys``), so :meth:`execute` runs it like any other node;
-    a parent that narrows the keys (:class:`CoalesceFirstExec`) probes it directly."""
-
-    keys: pa.Table | None = None
-
-    def probe(self, keys: pa.Table) -> Probe:
-        raise NotImplementedError
-
-    def execute(self, partition: int = 0) -> Iterator[pa.RecordBatch]:
-        if self.keys is None:
-            raise ValueError(f"{self.name} has no keys bound; probe(keys) it instead")
-        yield from self.probe(self.keys).rows.to_batches()
-
-
-_KEY_INDEX_ROW_BYTES = 16  # a cached base key index entry: key and row address, in key order
-_KEY_INDEX_SHARE = 4  # a base's key index may take a quarter of the cache
-# Lookups read a base's fragments whole only while all of them, with its key index, fit in
-# half the cache: a batch of lookups touches every fragment, and a plain LRU cache over
-# budget evicts what the next batch needs, which is slower than random takes
-# (benchmarks/bench_lookup.py with a base of several million rows). Their size in memory is
-# estimated at 3x their stored size (what bench_read's rows take in Arrow).
-_WHOLE_BASE_SHARE = 2
-_MEMORY_PER_STORED_BYTE = 3
-_WHOLE_FRAGMENT_SHARE = 16  # a fragment read whole takes at most 1/16 of the cache
-
-
-def _whole_fragment(
-    fragment: lance.LanceFragment,
-    names: Sequence[str],
-    generation: int,
-    schema: pa.Schema,
-    max_bytes: int,
-) -> tuple[pa.Table | None, int]:
-    """Every physical row of a small fragment in the source ``schema``, row ``i`` at offset
-    ``i``, for a lookup cache of ``max_bytes``; ``(None, _)`` for a fragment too big to keep.
-
-    Deleted rows are kept in place: key indexes never point at them, and so the rows serve
-    every version of the fragment. One sequential read of a small fragment costs about what a
-    few random ``take`` calls do (benchmarks/bench_lookup.py), and it
-    serves every later lookup from memory, as RocksDB serves hot blocks from its block cache.
-    """
-    sizes = [f.file_size_bytes for f in fragment.data_files()]
-    if any(n is None for n in sizes) or sum(sizes) > max_bytes // _WHOLE_FRAGMENT_SHARE:  # type: ignore[arg-type]
-        return None, 64
-    table = fragment.to_table(columns=list(names), with_row_id=True, include_deleted_rows=True)
-    if table.num_rows != fragment.metadata.physical_rows:
-        return None, 64
-    table = conform(table.select(list(names)), schema, generation).combine_chunks()
-    return table, table.nbytes
-
-
-def generation_rows(
-    uri: str,
-    storage_options: dict[str, str] | None,
-    generation: int,
-    schema: pa.Schema,
-    caches: Caches,
-) -> pa.Table | None:
-    """A small generation's rows (every physical row, row ``i`` at offset ``i``, in the
-    source ``schema``), read once and kept in ``caches.lookup``; None for a generation too big
-    to keep (see
-    :func:`_whole_fragment`). Lookups, scans and searches share the entry.
-
-    Example:
-        ``generation_rows(gen.uri, None, gen.generation, source_schema(tbl.wal_schema), caches)``
-    """
-
-    def load() -> tuple[pa.Table | None, int]:
-        ds = open_generation(uri, storage_options)
-        frags = ds.get_fragments()
-        if len(frags) != 1:
-            return None, 64
-        names = stored_columns(schema, ds)
-        return _whole_fragment(frags[0], names, generation, schema, caches.max_bytes)
-
-    return caches.lookup.get("rows", uri, load)
-
-
-def fragment_rows_key(uri: str, fragment: lance.LanceFragment) -> str:
-    """The lookup cache's key (kind ``"rows"``) of a base fragment's rows kept whole: data
-    files are immutable and uniquely named, so the same files hold the same rows."""
-    return f"{uri}#{','.join(data_file_paths(fragment))}"
-
-
-@dataclass(frozen=True)
-class _BaseFacts:
-    rows: int
-    cache_key: str  # names the version's rows in the lookup cache
-    stored_bytes: int | None  # of every data file; None when a file's size is not recorded
-
-
-# Per opened dataset (the planner and every probe of a lookup ask): its row count and
-# cache key cost a deletion-file read and a fragment listing.
-_BASE_FACTS: weakref.WeakKeyDictionary[lance.LanceDataset, _BaseFacts] = weakref.WeakKeyDictionary()
-
-
-def _base_facts(ds: lance.LanceDataset) -> _BaseFacts:
-    facts = _BASE_FACTS.get(ds)
-    if facts is None:
-        frags = ds.get_fragments()
-        # Data file names are random: they tell a table recreated at the same uri apart.
-        files = [data_file_paths(fr)[0] for fr in (frags[0], frags[-1])] if frags else []
-        sizes = [f.file_size_bytes for fr in frags for f in fr.data_files()]
-        stored = sum(n for n in sizes if n is not None) if None not in sizes else None
-        facts = _BaseFacts(ds.count_rows(), f"{ds.uri}@{ds.version}:{files}", stored)
-        _BASE_FACTS[ds] = facts
-    return facts
-
-
-def _key_index(values: pa.Table, ids: np.ndarray) -> tuple[KeySet, np.ndarray]:
-    """KeySet over distinct keys and, per key, the highest row id (a later duplicate that
-    Lance's writer masked with a deletion vector is always the higher id), as
-    :meth:`KeySet.indexing` pairs them."""
-    if values.num_rows == 0:
-        return KeySet.indexing(values, ids)
-    return KeySet.indexing(*last_per_key(values, ids))
-
-
-class LookupSource(KeyedExec):
-    """One source that can be probed by key; counts probes (tests check what was touched)."""
-
-    def __init__(
-        self,
-        region_id: str | None,
-        generation: int,
-        schema: pa.Schema,
-        primary_key: Sequence[str],
-        keys: pa.Table | None = None,
-    ) -> None:
-        self.keys = keys
-        self.region_id = region_id
-        self.generation = generation
-        self._schema = schema
-        self.primary_key = list(primary_key)
-        self.probes = 0
-        self._lock = threading.Lock()
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self._schema
-
-    def probe(self, keys: pa.Table) -> Probe:
-        """The newest row (tombstones included) of each of ``keys`` present in this source,
-        and a mask of the keys that were present."""
-        with self._lock:
-            self.probes += 1
-        if keys.num_rows == 0:
-            return Probe(empty_rows(self.schema), np.zeros(0, dtype=bool))
-        return self._probe(keys)
-
-    def _probe(self, keys: pa.Table) -> Probe:
-        raise NotImplementedError
-
-    def _take_newest(
-        self,
-        keys: pa.Table,
-        keyset: KeySet,
-        newest: np.ndarray,
-        take: Callable[[np.ndarray], pa.Table],
-    ) -> Probe:
-        """Probe ``keyset`` and ``take`` the rows ``newest`` names for the keys it holds."""
-        pos = keyset.positions(keys)
-        hit = pos >= 0
-        if not hit.any():
-            return Probe(empty_rows(self.schema), hit)
-        return Probe(take(newest[pos[hit]]), hit)
-
-
-class TakeLastExec(LookupSource):
-    """Newest row per key of one generation or MemTable (``origin`` says which)."""
-
-    name = "TakeLastExec"
-
-    def __init__(
-        self,
-        region_id: str,
-        generation: int,
-        schema: pa.Schema,
-        primary_key: Sequence[str],
-        *,
-        uri: str | None = None,
-        batches: Sequence[pa.RecordBatch] | None = None,
-        storage_options: dict[str, str] | None = None,
-        origin: str = "generation",
-        keys: pa.Table | None = None,
-        caches: Caches,
-    ) -> None:
-        super().__init__(region_id, generation, schema, primary_key, keys)
-        self.caches = caches
-        self.uri = uri
-        self.batches = list(batches or [])
-        self.storage_options = storage_options
-        self.origin = origin
-
-    def describe(self) -> str:
-        where = (
-            self.uri.rsplit("/", 1)[-1]
-            if self.uri
-            else f"{self.origin} rows={sum(b.num_rows for b in self.batches)}"
-        )
-        how = "_pk_index" if self.uri else "key index"
-        return (
-            f"{self.name}: region={(self.region_id or '')[:8]} gen={self.generation} "
-            f"{where} via {how}"
-        )
-
-    def _probe(self, keys: pa.Table) -> Probe:
-        if self.uri is not None:
-            return self._from_generation(keys)
-        return self._from_memtable(keys)
-
-    def _from_generation(self, keys: pa.Table) -> Probe:
-        assert self.uri is not None
-        uri, opts, pk = self.uri, self.storage_options, self.primary_key
-
-        def load_index() -> tuple[tuple[KeySet, np.ndarray], int]:
-            index = read_generation_pk_index(uri, opts)
-            keyset, ids = _key_index(_stored_keys(index, pk), index.column("ids").to_numpy())
-            return (keyset, ids), keyset.nbytes + ids.nbytes
-
-        keyset, ids = self.caches.lookup.get("pk_index", uri, load_index)
-        return self._take_newest(_index_keys(keys, pk), keyset, ids, self.take_offsets)
-
-    def take_offsets(self, offsets: np.ndarray) -> pa.Table:
-        """The generation's rows at ``offsets`` (what its ``_pk_index`` stores)."""
-        rows = self._generation_rows()
-        if rows is not None:
-            return rows.take(pa.array(offsets))
-        return self._take_from_generation(offsets)
-
-    def _take_from_generation(self, offsets: np.ndarray) -> pa.Table:
-        uri, opts = self.uri, self.storage_options
-        assert uri is not None  # as in _generation_rows: only a flushed generation is read here
-        ds = self.caches.lookup.get("dataset", uri, lambda: (open_generation(uri, opts), 4096))
-        names = stored_columns(self.schema, ds)
-        # Row addresses of fragment 0 are the offsets the _pk_index stores.
-        row_ids = pa.array(offsets.astype(np.uint64))
-        out = conform(
-            take_rows(ds, row_ids, names),
-            self.schema,
-            self.generation,
-        )
-        return out.set_column(
-            out.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), row_ids
-        )
-
-    def _generation_rows(self) -> pa.Table | None:
-        assert self.uri is not None
-        return generation_rows(
-            self.uri, self.storage_options, self.generation, self.schema, self.caches
-        )
-
-    def _from_memtable(self, keys: pa.Table) -> Probe:
-        from memwal_sql.writer.memtable_indexes import keys_index
-
-        batches = self.batches
-        if not batches:
-            return Probe(empty_rows(self.schema), np.zeros(keys.num_rows, dtype=bool))
-        index = keys_index(
-            batches,
-            self.generation,
-            self.origin,
-            self.schema,
-            self.primary_key,
-            caches=self.caches,
-        )
-        at = index.find(keys.select(self.primary_key))
-        hit = at >= 0
-        if not hit.any():
-            return Probe(empty_rows(self.schema), hit)
-        return Probe(index.take(at[hit]), hit)
-
-
-def _stored_keys(index: pa.Table, primary_key: Sequence[str]) -> pa.Table:
-    """A ``_pk_index``'s key column as a key table (composite keys are stored encoded)."""
-    values = index.column("values")
-    if len(primary_key) == 1:
-        return pa.table({primary_key[0]: values})
-    return pa.table({"__key": values.cast(pa.binary())})
-
-
-def _index_keys(keys: pa.Table, primary_key: Sequence[str]) -> pa.Table:
-    """Probe keys in the form a ``_pk_index`` stores them."""
-    if len(primary_key) == 1:
-        return keys.select(list(primary_key))
-    return pa.table({"__key": encode_keys(keys.select(list(primary_key)))})
 
 
 class GenerationIndexExec(KeyedExec):
@@ -380,7 +60,7 @@ class GenerationIndexExec(KeyedExec):
 
     def __init__(
         self,
-        generations: Sequence[TakeLastExec],
+        generations: Sequence[GenerationSourceExec],
         primary_key: Sequence[str],
         schema: pa.Schema,
         keys: pa.Table | None = None,
@@ -412,8 +92,8 @@ class GenerationIndexExec(KeyedExec):
         def load() -> tuple[tuple[KeySet, np.ndarray, np.ndarray], int]:
             parts, ranks = [], []
             for i, g in enumerate(gens):
-                index = read_generation_pk_index(g.uri, g.storage_options)  # type: ignore[arg-type]
-                parts.append(_stored_keys(index, pk))
+                index = read_generation_pk_index(g.uri, g.storage_options)
+                parts.append(stored_keys(index, pk))
                 ids = index.column("ids").to_numpy().astype(np.int64)
                 ranks.append(((len(gens) - i) << 32) | ids)  # newer generation ranks higher
             keyset, best = KeySet.indexing(
@@ -426,12 +106,12 @@ class GenerationIndexExec(KeyedExec):
         return self.caches.lookup.get("generation_index", self._cache_key, load)
 
     @staticmethod
-    def cache_key(generations: Sequence[TakeLastExec]) -> str:
+    def cache_key(generations: Sequence[GenerationSourceExec]) -> str:
         """The lookup-cache key of the merged index of ``generations``."""
         return "\n".join(g.uri or "" for g in generations)
 
     @classmethod
-    def is_cached(cls, generations: Sequence[TakeLastExec], caches: Caches) -> bool:
+    def is_cached(cls, generations: Sequence[GenerationSourceExec], caches: Caches) -> bool:
         """Whether the merged key index of these generations is in ``caches`` already (then
         probing it beats a bloom test per generation even for one key)."""
         return caches.lookup.contains("generation_index", cls.cache_key(generations))
@@ -441,7 +121,7 @@ class GenerationIndexExec(KeyedExec):
         if keys.num_rows == 0:
             return Probe(empty_rows(self.schema), np.zeros(0, dtype=bool))
         keyset, which, offsets = self._index()
-        pos = keyset.positions(_index_keys(keys, self.primary_key))
+        pos = keyset.positions(index_keys(keys, self.primary_key))
         hit = pos >= 0
         found = pos[hit]
         parts = [
@@ -452,185 +132,17 @@ class GenerationIndexExec(KeyedExec):
         return Probe(rows, hit)
 
 
-class BaseLookupExec(LookupSource):
-    """Newest row per key in the base table, found through an index, never a scan.
-
-    The base table's keys and row addresses at the pinned version are read once (one column,
-    like Lance's own btree pages) and cached, so a batch of keys costs a vectorised probe and
-    then the rows that exist: from small fragments kept whole in the lookup cache, else one
-    random ``take``. A base table whose key index would not fit the lookup cache is probed
-    through its primary-key btree instead (a filtered Lance read).
-    """
-
-    name = "BaseLookupExec"
-
-    def __init__(
-        self,
-        dataset: lance.LanceDataset,
-        schema: pa.Schema,
-        primary_key: Sequence[str],
-        fragment_ids: Sequence[int] | None = None,
-        keys: pa.Table | None = None,
-        *,
-        caches: Caches,
-    ) -> None:
-        super().__init__(None, BASE_GENERATION, schema, primary_key, keys)
-        self.caches = caches
-        self.dataset = dataset
-        self.fragment_ids = None if fragment_ids is None else list(fragment_ids)
-
-    def describe(self) -> str:
-        indexed = any(
-            d.field_names == [self.primary_key[0]] and d.index_type == "BTree"
-            for d in self.dataset.describe_indices()
-        )
-        how = "btree"
-        if self._fits_cache():
-            how = "cached key index, " + (
-                "rows from whole fragments" if self._fragments_fit_cache() else "random takes"
-            )
-        frags = "" if self.fragment_ids is None else f" fragments={self.fragment_ids}"
-        return (
-            f"{self.name}: version={self.dataset.version} gen={BASE_GENERATION} "
-            f"key={self.primary_key} btree={'yes' if indexed else 'no (scan)'} via {how}" + frags
-        )
-
-    def uses_key_index(self) -> bool:
-        """True if keys are probed in the cached key index, not through the btree."""
-        return self._fits_cache()
-
-    def _fits_cache(self) -> bool:
-        return (
-            _base_facts(self.dataset).rows * _KEY_INDEX_ROW_BYTES
-            <= self.caches.max_bytes // _KEY_INDEX_SHARE
-        )
-
-    def addresses_of(self, keys: pa.Table) -> np.ndarray | None:
-        """The sorted row addresses of the base rows holding ``keys`` (keys it does not hold
-        are left out), from the cached key index; None when the base is too big to keep one.
-
-        Example:
-            ``BaseLookupExec(ds, schema, ["id"], caches=caches).addresses_of(pa.table({"id": [3]}))``
-        """
-        index = self._key_index()
-        if index is None:
-            return None
-        keyset, addrs = index
-        pos = keyset.positions(keys.select(self.primary_key))
-        return np.sort(addrs[pos[pos >= 0]].astype(np.uint64))
-
-    def _key_index(self) -> tuple[KeySet, np.ndarray] | None:
-        if not self._fits_cache():
-            return None
-        ds, pk = self.dataset, self.primary_key
-
-        def load() -> tuple[tuple[KeySet, np.ndarray], int]:
-            table = ds.to_table(columns=pk, with_row_address=True)
-            keyset, addrs = KeySet.indexing(table.select(pk), table.column(ROWADDR).to_numpy())
-            return (keyset, addrs), keyset.nbytes + addrs.nbytes
-
-        return self.caches.lookup.get("base_keys", _base_facts(ds).cache_key, load)
-
-    def _probe(self, keys: pa.Table) -> Probe:
-        names = stored_columns(self.schema, self.dataset)
-        index = self._key_index()
-        if index is not None:
-            keyset, addrs = index
-            return self._take_newest(
-                keys.select(self.primary_key),
-                keyset,
-                addrs,
-                lambda hit: self._take_addresses(hit, names),
-            )
-        fragments = (
-            None if self.fragment_ids is None else [self._fragment(i) for i in self.fragment_ids]
-        )
-        if fragments == []:
-            rows = (
-                empty_rows(self.dataset.schema)
-                .select(names)
-                .append_column(ROWADDR, pa.array([], pa.uint64()))
-            )
-        else:
-            rows = self.dataset.scanner(
-                columns=names,
-                fragments=fragments,
-                filter=_key_filter(keys, self.primary_key),
-                with_row_address=True,
-            ).to_table()
-        if len(self.primary_key) > 1 and rows.num_rows:  # the filter was on the first column
-            rows = rows.filter(
-                pa.array(
-                    KeySet(keys.select(self.primary_key)).contains(rows.select(self.primary_key))
-                )
-            )
-        found = KeySet(rows.select(self.primary_key)).contains(keys.select(self.primary_key))
-        return Probe(
-            self._tagged(rows.drop_columns([ROWADDR]), rows.column(ROWADDR).cast(pa.uint64())),
-            found,
-        )
-
-    def _take_addresses(self, addrs: np.ndarray, names: list[str]) -> pa.Table:
-        """The rows at ``addrs``, in order: from cached whole fragments where small enough,
-        else with one random ``take`` for the rest."""
-        fragment, offset = split_addresses(addrs)
-        whole = self._fragments_fit_cache()
-        kept = {
-            int(f): self._fragment_rows(int(f), names) if whole else None
-            for f in np.unique(fragment)
-        }
-        # Fragments too big to keep are one owner (-1): one take for all of their rows.
-        too_big = [f for f, rows in kept.items() if rows is None]
-        owners = np.where(np.isin(fragment, too_big), -1, fragment)
-
-        def read(owner: int, at: np.ndarray) -> pa.Table:
-            rows = kept.get(int(owner))
-            if rows is not None:
-                return rows.take(pa.array(offset[at]))
-            taken = take_rows(self.dataset, pa.array(addrs[at]), names)
-            return conform(taken, self.schema, BASE_GENERATION)
-
-        table = gather(owners, read)
-        return table.set_column(
-            table.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), pa.array(addrs)
-        )
-
-    def _fragments_fit_cache(self) -> bool:
-        facts = _base_facts(self.dataset)
-        if facts.stored_bytes is None:
-            return False
-        index = facts.rows * _KEY_INDEX_ROW_BYTES if self._fits_cache() else 0
-        memory = facts.stored_bytes * _MEMORY_PER_STORED_BYTE + index
-        return memory <= self.caches.max_bytes // _WHOLE_BASE_SHARE
-
-    def _fragment_rows(self, fragment_id: int, names: list[str]) -> pa.Table | None:
-        fragment = self._fragment(fragment_id)
-        return self.caches.lookup.get(
-            "rows",
-            fragment_rows_key(self.dataset.uri, fragment),
-            lambda: _whole_fragment(
-                fragment, names, BASE_GENERATION, self.schema, self.caches.max_bytes
-            ),
-        )
-
-    def _fragment(self, fragment_id: int) -> lance.LanceFragment:
-        fragment = self.dataset.get_fragment(fragment_id)
-        # The planner's fragment ids and the key index's row addresses are of this version.
-        assert fragment is not None, f"fragment {fragment_id} not in version {self.dataset.version}"
-        return fragment
-
-    def _tagged(self, rows: pa.Table, addr: pa.Array | pa.ChunkedArray) -> pa.Table:
-        out = conform(rows, self.schema, BASE_GENERATION)
-        return out.set_column(out.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), addr)
-
-
 class BloomFilterGuardExec(KeyedExec):
     """Lets through only the keys a generation's bloom filter may hold."""
 
     name = "BloomFilterGuardExec"
 
     def __init__(
-        self, child: TakeLastExec, store: ObjectStore, bloom_path: str, keys: pa.Table | None = None
+        self,
+        child: GenerationSourceExec,
+        store: ObjectStore,
+        bloom_path: str,
+        keys: pa.Table | None = None,
     ) -> None:
         self.keys = keys
         self.child = child
@@ -651,14 +163,15 @@ class BloomFilterGuardExec(KeyedExec):
         return f"{self.name}: {self.bloom_path.rsplit('/', 2)[-2]}/bloom_filter.bin"
 
     def probe(self, keys: pa.Table) -> Probe:
-        """As :meth:`LookupSource.probe`, asking the child only for keys the filter passes."""
+        """As :meth:`~exec_nodes.source.SourceLeaf.probe`, asking the child only for keys the
+        filter passes."""
 
         def load() -> tuple[BloomFilter | None, int]:
             try:
                 data = self.store.get(self.bloom_path)
             except ObjectNotFoundError:
                 return None, 64  # no filter: every key passes
-            verify_bloom_filter(self.child.uri, self.child.storage_options)  # type: ignore[arg-type]
+            verify_bloom_filter(self.child.uri, self.child.storage_options)
             return BloomFilter.from_bytes(data), len(data)
 
         # A generation's filter is kept with its key index, in the child's lookup cache.
@@ -748,7 +261,7 @@ class PointLookupExec(ExecNode):
         self,
         keys: pa.Table,
         regions: Sequence[CoalesceFirstExec],
-        base: BaseLookupExec,
+        base: BaseSourceExec,
         parallel_keys: int = 256,
     ) -> None:
         self.keys = keys
@@ -812,13 +325,6 @@ def distinct_keys(keys: pa.Table) -> pa.Table:
     return keys.group_by(keys.column_names, use_threads=False).aggregate([])
 
 
-def _key_filter(keys: pa.Table, primary_key: Sequence[str]) -> pc.Expression:
-    """``first_key_column IN (...)``: exact for one-column keys; composite keys are narrowed
-    by it (the btree index serves it) and then matched exactly by the caller."""
-    k = primary_key[0]
-    return pc.field(k).isin(pc.unique(keys.column(k).combine_chunks()))
-
-
 def live_rows(rows: pa.Table) -> pa.Table:
     """Drop tombstones (a tombstone resolves its key as absent)."""
     tombstones = rows.column(TOMBSTONE)
@@ -830,16 +336,13 @@ def live_rows(rows: pa.Table) -> pa.Table:
 
 
 __all__ = [
-    "BaseLookupExec",
     "BloomFilterGuardExec",
     "CoalesceFirstExec",
     "GenerationIndexExec",
     "KeyProbe",
     "KeyedExec",
-    "LookupSource",
     "PointLookupExec",
     "Probe",
-    "TakeLastExec",
     "distinct_keys",
     "live_rows",
 ]

@@ -16,17 +16,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from exec_nodes.base_source import BaseSourceExec
+from exec_nodes.generation_source import GenerationSourceExec
 from exec_nodes.lookup import (
     HASH,
-    BaseLookupExec,
     BloomFilterGuardExec,
     CoalesceFirstExec,
     GenerationIndexExec,
     KeyedExec,
     PointLookupExec,
-    TakeLastExec,
     distinct_keys,
 )
+from exec_nodes.source import Lookup
 from memwal_sql.expressions.predicate import And, Compare, InList, Or, Predicate, conjuncts
 from memwal_sql.formats.bloom import pk_hashes
 from memwal_sql.formats.generation import BLOOM_FILTER
@@ -36,6 +37,7 @@ from memwal_sql.read_snapshot import GenerationRef, ReadSnapshot
 from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.cache import Caches
 from planner.indexed import IndexedRead, plan_indexed_read
+from planner.leaves import base_leaf, source_leaf
 from planner.plan import PlanExec
 
 # SQL `pk IN (...)` lists up to this many keys run as a point lookup; a longer list is a scan
@@ -73,7 +75,7 @@ class LookupPlan(PlanExec):
         return self.root.keys
 
     @property
-    def base(self) -> BaseLookupExec:
+    def base(self) -> BaseSourceExec:
         return self.root.base
 
     def header(self) -> list[str]:
@@ -100,14 +102,12 @@ def plan_lookup(
         # Every source probes them in key order (KeySet sorts them for its cache-friendly
         # search): sorted once here, each of those sorts runs over sorted input.
         keys = keys.sort_by([(k, "ascending") for k in pk])
-    base = BaseLookupExec(
-        snapshot.dataset, source_schema(snapshot.wal_schema), pk, caches=snapshot.caches
-    )
+    base = base_leaf(snapshot, Lookup(tuple(pk)))
     # Probed through its btree, the base table stays on the index while it catches up: the
     # generations of the gap are probed like newer ones and the base only where it is indexed.
     indexed = None if base.uses_key_index() else plan_indexed_read(snapshot, pk[:1])
     if indexed is not None:
-        base.fragment_ids = list(indexed.fragment_ids)
+        base = base_leaf(snapshot, Lookup(tuple(pk), tuple(indexed.fragment_ids)))
     regions = region_lookups(
         snapshot, store, spec, keys, indexed.gap if indexed is not None else None
     )
@@ -132,7 +132,6 @@ def region_lookups(
     """
     pk = list(snapshot.primary_key)
     schema = source_schema(snapshot.wal_schema)
-    opts = dict(snapshot.storage_options or {}) or None
     caches = snapshot.caches
     routable = (
         spec is not None
@@ -164,31 +163,11 @@ def region_lookups(
         children: list[KeyedExec] = []
         gens = []
         for src in sources:
-            if src.rows is not None:
-                mem = src.rows
-                children.append(
-                    TakeLastExec(
-                        region.region_id,
-                        mem.generation,
-                        schema,
-                        pk,
-                        batches=mem.batches,
-                        origin=mem.origin,
-                        caches=caches,
-                    )
-                )
+            leaf = source_leaf(snapshot, src, Lookup(tuple(pk)))
+            if isinstance(leaf, GenerationSourceExec):
+                gens.append(leaf)
             else:
-                gens.append(
-                    TakeLastExec(
-                        region.region_id,
-                        src.generation,
-                        schema,
-                        pk,
-                        uri=src.uri,
-                        storage_options=opts,
-                        caches=caches,
-                    )
-                )
+                children.append(leaf)
         if len(gens) > 1 and _merged_index_pays(gens, region_keys.num_rows, caches):
             children.append(GenerationIndexExec(gens, pk, schema, caches=caches))
         else:  # a few keys: a bloom test per generation rules most of them out cheaper
@@ -202,7 +181,6 @@ def region_lookups(
                     keys = hashed
                 region_keys = hashed
             for take in gens:
-                assert take.uri is not None  # built above from a flushed generation's uri
                 rel = take.uri[len(store.uri) + 1 :] if take.uri.startswith(store.uri) else take.uri
                 children.append(BloomFilterGuardExec(take, store, f"{rel}/{BLOOM_FILTER}"))
         if children:
@@ -220,7 +198,7 @@ def region_lookups(
     return regions
 
 
-def _merged_index_pays(gens: Sequence[TakeLastExec], keys: int, caches: Caches) -> bool:
+def _merged_index_pays(gens: Sequence[GenerationSourceExec], keys: int, caches: Caches) -> bool:
     """Whether to probe ``gens`` through their merged key index (built on first use) rather
     than one bloom filter each."""
     if keys >= MERGED_INDEX_KEYS or GenerationIndexExec.is_cached(gens, caches):

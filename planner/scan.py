@@ -7,11 +7,12 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from exec_nodes.dedup import DeduplicateExec
-from exec_nodes.scan import FragmentRange, GenerationScanExec, MemTableScanExec, SourceExec
+from exec_nodes.source import FragmentRange, Scan, SourceLeaf
 from memwal_sql.expressions.predicate import Predicate
-from memwal_sql.formats.source_rows import GEN, ROWADDR, source_schema
+from memwal_sql.formats.source_rows import GEN, ROWADDR
 from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.read_snapshot import ReadSnapshot
+from planner.leaves import source_leaf
 from planner.plan import PlanExec
 from planner.pruning import prune_regions
 from planner.regions import check_one_region_per_key
@@ -38,10 +39,10 @@ class ScanPlan(PlanExec):
         self.pruned_regions = pruned_regions
 
     @property
-    def sources(self) -> list[SourceExec]:
+    def sources(self) -> list[SourceLeaf]:
         return self.root.newer
 
-    def sources_opened(self) -> list[SourceExec]:
+    def sources_opened(self) -> list[SourceLeaf]:
         """The newer-than-base sources that were actually read."""
         return [s for s in self.sources if s.opened]
 
@@ -121,34 +122,7 @@ def plan_scan(
     kept, pruned = prune_regions(
         predicate, spec, base_schema, [(r.region_id, r.region_values) for r in snapshot.regions]
     )
-    sschema = source_schema(snapshot.wal_schema)
-    opts = dict(snapshot.storage_options or {}) or None
-    sources: list[SourceExec] = []
-    for src in snapshot.sources(regions=set(kept)):
-        if src.rows is not None:
-            mem = src.rows
-            sources.append(
-                MemTableScanExec(
-                    src.region_id,
-                    mem.generation,
-                    mem.batches,
-                    sschema,
-                    origin=mem.origin,
-                    caches=snapshot.caches,
-                )
-            )
-        else:
-            assert src.uri is not None
-            sources.append(
-                GenerationScanExec(
-                    src.region_id,
-                    src.generation,
-                    src.uri,
-                    sschema,
-                    opts,
-                    caches=snapshot.caches,
-                )
-            )
+    sources = [source_leaf(snapshot, src, Scan()) for src in snapshot.sources(regions=set(kept))]
     root = DeduplicateExec(
         sources,
         snapshot.dataset,

@@ -27,19 +27,14 @@ import pyarrow as pa
 
 from exec_nodes.fts import (
     SCORE,
-    BaseFtsExec,
-    FtsSource,
-    GenerationFtsExec,
     GlobalBM25Exec,
-    MemTableFtsExec,
 )
 from exec_nodes.knn import (
-    BaseKnnExec,
     GenerationRunsKnnExec,
     KnnQuery,
     KnnSource,
-    MemTableKnnExec,
 )
+from exec_nodes.source import FullText, Knn
 from exec_nodes.stale import FilterStaleExec
 from exec_nodes.topk import TopKExec
 from memwal_sql.expressions.predicate import Predicate
@@ -50,6 +45,7 @@ from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.vectors import DISTANCE
 from memwal_sql.writer.memtable_indexes import tokenizer_for
+from planner.leaves import base_leaf, source_leaf
 from planner.lookup import region_lookups
 from planner.plan import PlanExec
 from planner.pruning import prune_regions
@@ -238,33 +234,14 @@ def plan_vector_search(
     kept, pruned, schema, opts, pk = _layout(snapshot, spec, base_schema, predicate)
     vector = np.asarray(search.query, dtype=np.float32)
     knn = KnnQuery(column, vector, metric, predicate, search.k, tuple(pk))
-    sources: list[KnnSource] = [
-        BaseKnnExec(
-            snapshot.dataset,
-            schema,
-            knn,
-            index=index.name if index else None,
-            nprobes=nprobes,
-            refine_factor=refine_factor,
-        )
-    ]
+    base = Knn(knn, index.name if index else None, nprobes, refine_factor)
+    sources: list[KnnSource] = [base_leaf(snapshot, base)]
     for region, group in groupby(snapshot.sources(regions=set(kept)), key=lambda s: s.region):
         assert region is not None  # the base table is not among them
         generations = []
         for src in group:
             if src.rows is not None:
-                mem = src.rows
-                sources.append(
-                    MemTableKnnExec(
-                        region.region_id,
-                        mem.generation,
-                        mem.batches,
-                        schema,
-                        knn,
-                        mem.origin,
-                        caches=snapshot.caches,
-                    )
-                )
+                sources.append(source_leaf(snapshot, src, Knn(knn)))
             else:
                 assert src.uri is not None
                 generations.append((src.generation, src.uri))
@@ -323,46 +300,11 @@ def plan_fts(
     caches = snapshot.caches
     index = text_index(snapshot.dataset, column, caches)
     tokenizer = tokenizer_for(index[1] if index else {}, caches)
-    kept, pruned, schema, opts, pk = _layout(snapshot, spec, base_schema, predicate)
-    keep = set(kept)
-    sources: list[FtsSource] = []
-    searched = []
-    for src in snapshot.sources(base=True):
-        if src.kind == "base":
-            sources.append(
-                BaseFtsExec(snapshot.dataset, schema, column, tokenizer, pk, caches=caches)
-            )
-        elif src.rows is not None:
-            mem = src.rows
-            sources.append(
-                MemTableFtsExec(
-                    src.region_id,
-                    mem.generation,
-                    mem.batches,
-                    schema,
-                    column,
-                    tokenizer,
-                    pk,
-                    mem.origin,
-                    caches=caches,
-                )
-            )
-        else:
-            assert src.uri is not None
-            sources.append(
-                GenerationFtsExec(
-                    src.region_id,
-                    src.generation,
-                    src.uri,
-                    schema,
-                    column,
-                    tokenizer,
-                    pk,
-                    opts,
-                    caches=caches,
-                )
-            )
-        searched.append(src.region is None or src.region_id in keep)
+    kept, pruned, _, _, pk = _layout(snapshot, spec, base_schema, predicate)
+    text = FullText(column, tokenizer, tuple(pk))
+    every = list(snapshot.sources(base=True))
+    sources = [source_leaf(snapshot, src, text) for src in every]
+    searched = [src.region is None or src.region_id in set(kept) for src in every]
     k = search.k
     bm25 = GlobalBM25Exec(
         sources, pk, tokenizer.terms(query), k, predicate, searched, post_filter=post_filter

@@ -10,7 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memwal_sql as mw
-from exec_nodes.lookup import BaseLookupExec, BloomFilterGuardExec, TakeLastExec, fragment_rows_key
+from exec_nodes.base_source import BaseSourceExec, fragment_rows_key
+from exec_nodes.generation_source import GenerationSourceExec
+from exec_nodes.lookup import BloomFilterGuardExec
+from exec_nodes.memtable_source import MemTableSourceExec
 from memwal_sql.structures.cache import LookupCache, default_caches
 from planner.lookup import LookupPlan
 from tests.lsm import apply_op, cache_budget, op_sequences, seeded_table
@@ -148,7 +151,7 @@ def test_a_hit_in_the_newest_memtable_opens_nothing_older(tmp_path):
         assert tbl.lookup([1]).to_pylist() == [{"k": 1, "v": "v1-2"}]
         plan = tbl._reads.last_lookup_plan
         memtable, guarded = _nodes(plan)
-        assert isinstance(memtable, TakeLastExec) and memtable.probes == 1
+        assert isinstance(memtable, MemTableSourceExec) and memtable.probes == 1
         assert isinstance(guarded, BloomFilterGuardExec)
         assert guarded.passed == 0 and guarded.skipped == 0 and guarded.child.probes == 0
         assert plan.base.probes == 0
@@ -177,7 +180,7 @@ def test_a_key_every_bloom_filter_rules_out_touches_only_the_base_index(tmp_path
     guards = [n for n in _nodes(plan) if isinstance(n, BloomFilterGuardExec)]
     assert len(guards) == 4
     assert all(g.skipped == 1 and g.child.probes == 0 for g in guards)
-    assert isinstance(plan.base, BaseLookupExec) and plan.base.probes == 1
+    assert isinstance(plan.base, BaseSourceExec) and plan.base.probes == 1
     assert "btree=yes" in plan.base.describe()
 
 
@@ -195,7 +198,11 @@ def test_batched_lookup_probes_each_source_once(tmp_path):
     assert got.num_rows == 4001
     assert got.column("k").to_pylist() == list(range(4000, -1, -1))
     plan = tbl._reads.last_lookup_plan
-    assert all(n.probes <= 1 for n in _nodes(plan) if isinstance(n, TakeLastExec))
+    assert all(
+        n.probes <= 1
+        for n in _nodes(plan)
+        if isinstance(n, (GenerationSourceExec, MemTableSourceExec))
+    )
     assert all(g.child.probes <= 1 for g in _nodes(plan) if isinstance(g, BloomFilterGuardExec))
     assert plan.base.probes == 1
     tbl.close()

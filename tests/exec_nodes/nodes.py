@@ -6,6 +6,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 from exec_nodes.base import ExecNode
+from exec_nodes.base_source import BaseSourceExec
+from exec_nodes.source import Scan
 from memwal_sql.formats.source_rows import (
     TOMBSTONE,
     source_schema,
@@ -48,3 +50,10 @@ def check_contract(node: ExecNode, want_rows: int | None = None) -> pa.Table:
     if want_rows is not None:
         assert table.num_rows == want_rows
     return table
+
+
+def base_scan(dataset, columns, predicate, ranges=None) -> BaseSourceExec:
+    """The base table's leaf scanning ``columns`` (and ``_rowaddr``) where ``predicate``
+    holds, optionally only row ``ranges``."""
+    scan = Scan(tuple(columns), predicate, None if ranges is None else tuple(ranges))
+    return BaseSourceExec(dataset, dataset.schema, scan, caches=CACHES)

@@ -6,7 +6,9 @@ import numpy as np
 import pyarrow as pa
 
 from exec_nodes.knn import KnnQuery, KnnSource
-from exec_nodes.lookup import CoalesceFirstExec, TakeLastExec
+from exec_nodes.lookup import CoalesceFirstExec
+from exec_nodes.memtable_source import MemTableSourceExec
+from exec_nodes.source import Lookup
 from memwal_sql.formats.source_rows import BASE_GENERATION, TOMBSTONE, conform, source_schema
 from memwal_sql.structures.vectors import (
     neighbours,
@@ -65,5 +67,5 @@ class FixedBase(KnnSource):
 
 
 def memtable_lookup(batches):
-    take = TakeLastExec("r1", 5, SOURCE, ["id"], batches=batches, origin="memtable", caches=CACHES)
+    take = MemTableSourceExec("r1", 5, batches, SOURCE, Lookup(("id",)), caches=CACHES)
     return lambda keys: [CoalesceFirstExec([take], ["id"], SOURCE, keys=keys)]

@@ -8,7 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exec_nodes.dedup import DeduplicateExec, newest_per_key
-from exec_nodes.scan import GenerationScanExec, MemTableScanExec
+from exec_nodes.generation_source import GenerationSourceExec
+from exec_nodes.memtable_source import MemTableSourceExec
+from exec_nodes.source import Scan
 from memwal_sql.expressions.predicate import Compare
 from memwal_sql.formats.source_rows import (
     BASE_GENERATION,
@@ -35,10 +37,15 @@ def test_newest_per_key_picks_the_highest_generation_then_row_address():
 def test_deduplicate_merges_base_and_newer_sources(base, generation):
     _, uri, _ = generation
     newer = [
-        MemTableScanExec(
-            "r", 2, [wal_rows([1, 5], "m2", f=[0.5, 9.0]).to_batches()[0]], SOURCE, caches=CACHES
+        MemTableSourceExec(
+            "r",
+            2,
+            [wal_rows([1, 5], "m2", f=[0.5, 9.0]).to_batches()[0]],
+            SOURCE,
+            Scan(),
+            caches=CACHES,
         ),
-        GenerationScanExec("r", 1, uri, SOURCE, caches=CACHES),
+        GenerationSourceExec("r", 1, uri, SOURCE, Scan(), caches=CACHES),
     ]
     out_schema = pa.schema([*BASE, pa.field(GEN, pa.int64(), False)])
     node = DeduplicateExec(

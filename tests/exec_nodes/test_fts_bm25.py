@@ -8,7 +8,9 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from exec_nodes.fts import SCORE, GlobalBM25Exec, MemTableFtsExec
+from exec_nodes.fts import SCORE, GlobalBM25Exec
+from exec_nodes.memtable_source import MemTableSourceExec
+from exec_nodes.source import FullText
 from memwal_sql.compat.lance_fts import BM25_B, BM25_K1
 from memwal_sql.expressions.predicate import Compare
 from memwal_sql.formats.source_rows import TOMBSTONE, source_schema
@@ -26,14 +28,13 @@ SOURCE = source_schema(WAL)
 TOKENIZER = tokenizer_for({}, CACHES)
 
 
-def memtable(generation: int, ids, texts, dead=None) -> MemTableFtsExec:
+def memtable(generation: int, ids, texts, dead=None) -> MemTableSourceExec:
     batch = pa.record_batch(
         {"id": pa.array(ids, pa.int64()), "text": texts, TOMBSTONE: dead or [False] * len(ids)},
         schema=WAL,
     )
-    return MemTableFtsExec(
-        "r", generation, [batch], SOURCE, "text", TOKENIZER, ["id"], caches=CACHES
-    )
+    text = FullText("text", TOKENIZER, ("id",))
+    return MemTableSourceExec("r", generation, [batch], SOURCE, text, caches=CACHES)
 
 
 def bm25(tf: int, length: int, avgdl: float, n: int, df: int) -> float:

@@ -7,7 +7,9 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exec_nodes.knn import GenerationRunsKnnExec, GenerationsKnnExec, KnnQuery, MemTableKnnExec
+from exec_nodes.knn import GenerationRunsKnnExec, GenerationsKnnExec, KnnQuery
+from exec_nodes.memtable_source import MemTableSourceExec
+from exec_nodes.source import Knn
 from memwal_sql.formats.source_rows import GEN, TOMBSTONE, conform, source_schema
 from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.vectors import (
@@ -28,12 +30,12 @@ from tests.exec_nodes.search_inputs import (
 
 
 def test_knn_leaf_is_exact_and_skips_tombstones():
-    mem = MemTableKnnExec(
+    mem = MemTableSourceExec(
         "r1",
         5,
         [rows([1, 2, 3], [3.0, 1.0, 2.0], [False, True, False]).to_batches()[0]],
         SOURCE,
-        knn_query(k=5),
+        Knn(knn_query(k=5)),
         caches=CACHES,
     )
     out = check_contract(mem, 2)
@@ -108,7 +110,7 @@ def test_exact_knn_picks_by_rough_distances_and_reports_lances_exact_ones():
     for metric in ("l2", "cosine"):
         exact = distances(matrix, query, metric)
         search = KnnQuery("vec", query, metric, None, 10, ("id",))
-        top = MemTableKnnExec("r", 1, [batch], schema, search, caches=CACHES).top(10)
+        top = MemTableSourceExec("r", 1, [batch], schema, Knn(search), caches=CACHES).top(10)
         want = np.lexsort((np.arange(len(exact)), exact))[:10]
         assert top.column("id").to_pylist() == want.tolist()
         assert np.array_equal(top.column(DISTANCE).to_numpy(), exact[want])

@@ -9,15 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exec_nodes.base import ExecNode
+from exec_nodes.base_source import BaseSourceExec
+from exec_nodes.generation_source import GenerationSourceExec
 from exec_nodes.lookup import (
-    BaseLookupExec,
     BloomFilterGuardExec,
     CoalesceFirstExec,
     GenerationIndexExec,
     KeyProbe,
     PointLookupExec,
-    TakeLastExec,
 )
+from exec_nodes.memtable_source import MemTableSourceExec
+from exec_nodes.source import Lookup
 from memwal_sql.formats.generation import BLOOM_FILTER
 from memwal_sql.formats.source_rows import (
     GEN,
@@ -33,12 +35,12 @@ from tests.exec_nodes.nodes import CACHES, SOURCE, WAL, check_contract, wal_rows
 
 def test_take_last_of_a_memtable_returns_the_newest_duplicate():
     batches = [wal_rows([1, 2], "old").to_batches()[0], wal_rows([1], "new").to_batches()[0]]
-    node = TakeLastExec(
+    node = MemTableSourceExec(
         "r",
         3,
+        batches,
         SOURCE,
-        ["id"],
-        batches=batches,
+        Lookup(("id",)),
         keys=pa.table({"id": pa.array([1, 9], pa.int64())}),
         caches=CACHES,
     )
@@ -50,12 +52,12 @@ def test_take_last_of_a_memtable_returns_the_newest_duplicate():
 
 def test_take_last_of_a_generation_uses_its_pk_index(generation):
     _, uri, _ = generation
-    node = TakeLastExec(
+    node = GenerationSourceExec(
         "r",
         1,
+        uri,
         SOURCE,
-        ["id"],
-        uri=uri,
+        Lookup(("id",)),
         keys=pa.table({"id": pa.array([3, 4, 5], pa.int64())}),
         caches=CACHES,
     )
@@ -65,7 +67,7 @@ def test_take_last_of_a_generation_uses_its_pk_index(generation):
 
 def test_bloom_filter_guard_passes_only_keys_the_filter_may_hold(generation):
     store, uri, path = generation
-    child = TakeLastExec("r", 1, SOURCE, ["id"], uri=uri, caches=CACHES)
+    child = GenerationSourceExec("r", 1, uri, SOURCE, Lookup(("id",)), caches=CACHES)
     keys = pa.table({"id": pa.array([2, *range(1000, 1100)], pa.int64())})
     guard = BloomFilterGuardExec(child, store, f"{path}/{BLOOM_FILTER}", keys=keys)
     rows = check_contract(guard, want_rows=1)
@@ -74,16 +76,16 @@ def test_bloom_filter_guard_passes_only_keys_the_filter_may_hold(generation):
 
 
 def test_coalesce_first_stops_at_the_newest_hit_and_a_tombstone_resolves():
-    newest = TakeLastExec(
+    newest = MemTableSourceExec(
         "r",
         2,
+        wal_rows([1, 2], "n", dead=[False, True]).to_batches(),
         SOURCE,
-        ["id"],
-        batches=wal_rows([1, 2], "n", dead=[False, True]).to_batches(),
+        Lookup(("id",)),
         caches=CACHES,
     )
-    older = TakeLastExec(
-        "r", 1, SOURCE, ["id"], batches=wal_rows([1, 2, 3], "o").to_batches(), caches=CACHES
+    older = MemTableSourceExec(
+        "r", 1, wal_rows([1, 2, 3], "o").to_batches(), SOURCE, Lookup(("id",)), caches=CACHES
     )
     keys = pa.table({"id": pa.array([3, 1, 2, 4], pa.int64())})
     node = CoalesceFirstExec([newest, older], ["id"], SOURCE, keys=keys)
@@ -99,12 +101,12 @@ def test_coalesce_first_stops_at_the_newest_hit_and_a_tombstone_resolves():
 def test_point_lookup_asks_the_base_only_for_what_no_region_resolved(base):
     region = CoalesceFirstExec(
         [
-            TakeLastExec(
+            MemTableSourceExec(
                 "r",
                 1,
+                wal_rows([1, 2], "m", dead=[False, True]).to_batches(),
                 SOURCE,
-                ["id"],
-                batches=wal_rows([1, 2], "m", dead=[False, True]).to_batches(),
+                Lookup(("id",)),
                 caches=CACHES,
             )
         ],
@@ -112,7 +114,7 @@ def test_point_lookup_asks_the_base_only_for_what_no_region_resolved(base):
         SOURCE,
         keys=pa.table({"id": pa.array([1, 2, 3, 9], pa.int64())}),
     )
-    base_node = BaseLookupExec(base, SOURCE, ["id"], caches=CACHES)
+    base_node = BaseSourceExec(base, SOURCE, Lookup(("id",)), caches=CACHES)
     keys = pa.table({"id": pa.array([1, 2, 3, 9], pa.int64())})
     for parallel in (1, 1000):  # the base probed beside the regions, or after them
         node = PointLookupExec(keys, [region], base_node, parallel_keys=parallel)
@@ -140,12 +142,12 @@ def test_generation_index_answers_as_the_generations_one_by_one(tmp_path):
             in_memory_bytes=rows.nbytes,
         )
         takes.append(
-            TakeLastExec(
+            GenerationSourceExec(
                 "r",
                 gen,
+                store.uri_for(f"_mem_wal/r/{entry.path}"),
                 SOURCE,
-                ["id"],
-                uri=store.uri_for(f"_mem_wal/r/{entry.path}"),
+                Lookup(("id",)),
                 caches=CACHES,
             )
         )
@@ -221,7 +223,7 @@ def test_keys_index_finds_the_newest_row_of_each_key_as_the_memtable_grows(write
 
 def test_lookup_leaves_are_exec_nodes_that_also_probe_by_key():
     batch = wal_rows([4, 4, 6], "m", f=[1.0, 2.0, 3.0]).to_batches()[0]
-    leaf = TakeLastExec("r", 7, SOURCE, ["id"], batches=[batch], caches=CACHES)
+    leaf = MemTableSourceExec("r", 7, [batch], SOURCE, Lookup(("id",)), caches=CACHES)
     assert isinstance(leaf, KeyProbe) and isinstance(leaf, ExecNode)
     probe = leaf.probe(pa.table({"id": pa.array([6, 4, 8], pa.int64())}))
     assert probe.hit.tolist() == [True, True, False]

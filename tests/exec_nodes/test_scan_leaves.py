@@ -8,19 +8,21 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exec_nodes.scan import BaseScanExec, FragmentRange, GenerationScanExec, MemTableScanExec
+from exec_nodes.generation_source import GenerationSourceExec
+from exec_nodes.memtable_source import MemTableSourceExec
+from exec_nodes.source import FragmentRange, Scan
 from memwal_sql.expressions.predicate import Compare, InList, Not
 from memwal_sql.formats.source_rows import (
     GEN,
     ROWADDR,
     TOMBSTONE,
 )
-from tests.exec_nodes.nodes import CACHES, SOURCE, check_contract, wal_rows
+from tests.exec_nodes.nodes import CACHES, SOURCE, base_scan, check_contract, wal_rows
 
 
 def test_memtable_scan_reads_tagged_rows_and_applies_sql_semantics():
     rows = wal_rows([1, 2, 3, 4], "m", f=[1.0, 2.0, None, -0.0])
-    node = MemTableScanExec("r", 7, rows.to_batches(), SOURCE, caches=CACHES)
+    node = MemTableSourceExec("r", 7, rows.to_batches(), SOURCE, Scan(), caches=CACHES)
     out = check_contract(node, want_rows=4)
     assert out.column(GEN).to_pylist() == [7] * 4 and out.column(ROWADDR).to_pylist() == [
         0,
@@ -35,7 +37,7 @@ def test_memtable_scan_reads_tagged_rows_and_applies_sql_semantics():
 
 def test_generation_scan_reads_its_lance_dataset(generation):
     _, uri, _ = generation
-    node = GenerationScanExec("r", 1, uri, SOURCE, caches=CACHES)
+    node = GenerationSourceExec("r", 1, uri, SOURCE, Scan(), caches=CACHES)
     out = check_contract(node, want_rows=3)
     assert out.column(GEN).to_pylist() == [1, 1, 1]
     assert out.column(TOMBSTONE).to_pylist() == [False, True, False]
@@ -44,10 +46,10 @@ def test_generation_scan_reads_its_lance_dataset(generation):
 
 
 def test_base_scan_pushes_exact_filters_and_checks_the_rest_itself(base):
-    exact = BaseScanExec(base, ["id"], Compare("v", "=", pa.scalar("b2")), caches=CACHES)
+    exact = base_scan(base, ["id"], Compare("v", "=", pa.scalar("b2")))
     assert exact.exact and check_contract(exact).column("id").to_pylist() == [2]
     # Lance would match -0.0 to 0.0 in an IN list; DataFusion's SQL does not.
-    checked = BaseScanExec(base, ["id"], InList("f", pa.array([0.0, 5.0, 6.0, 7.0])), caches=CACHES)
+    checked = base_scan(base, ["id"], InList("f", pa.array([0.0, 5.0, 6.0, 7.0])))
     assert not checked.exact and check_contract(checked, want_rows=0).num_rows == 0
     assert "then InList" in checked.describe()
 
@@ -63,7 +65,7 @@ def test_base_scan_reads_fragments_with_deletion_vectors_from_their_files(
     tmp_path_factory, deleted, start, length, threshold
 ):
     # Two fragments of 100 rows; deleted rows get a deletion vector, which Lance's scanner
-    # reads slowly, so BaseScanExec reads such a fragment's data file and drops them itself.
+    # reads slowly, so the base leaf reads such a fragment's data file and drops them itself.
     ids = np.arange(200, dtype=np.int64)
     rows = pa.table({"id": ids, "v": [f"s{i}" for i in ids], "f": ids / 2.0})
     ds = lance.write_dataset(rows, str(tmp_path_factory.mktemp("dv") / "t"), max_rows_per_file=100)
@@ -78,27 +80,23 @@ def test_base_scan_reads_fragments_with_deletion_vectors_from_their_files(
         t = check_contract(node).sort_by(ROWADDR)
         return t.column(ROWADDR).to_pylist(), t.select(node.columns).to_pylist()
 
-    whole = BaseScanExec(ds, ["v", "id"], None, caches=CACHES)
+    whole = base_scan(ds, ["v", "id"], None)
     assert [whole._direct_file(f) is not None for f in ds.get_fragments()] == [
         any(d // 100 == i for d in deleted) for i in range(2)
     ]
     assert ours(whole) == lance_rows(["v", "id"])
-    exact = BaseScanExec(ds, ["v"], Compare("id", "<", pa.scalar(threshold)), caches=CACHES)
+    exact = base_scan(ds, ["v"], Compare("id", "<", pa.scalar(threshold)))
     assert exact.exact and ours(exact) == lance_rows(["v"], f"id < {threshold}")
     # Lance would match -0.0 to 0.0 in an IN list: the scan evaluates it on every column.
-    checked = BaseScanExec(
-        ds, ["id"], InList("f", pa.array([0.0, 1.5, threshold / 2.0])), caches=CACHES
-    )
+    checked = base_scan(ds, ["id"], InList("f", pa.array([0.0, 1.5, threshold / 2.0])))
     assert not checked.exact
     want = [i for i in (0, 3, threshold) if 0 <= i < 200 and i not in deleted]
     assert sorted(check_contract(checked).column("id").to_pylist()) == sorted(set(want))
-    counted = BaseScanExec(ds, [], Compare("id", ">=", pa.scalar(threshold)), caches=CACHES)
+    counted = base_scan(ds, [], Compare("id", ">=", pa.scalar(threshold)))
     assert ours(counted)[0] == lance_rows(["id"], f"id >= {threshold}")[0]
     # A row range of the first fragment (what a Spark partition reads) and the whole second.
     end = None if length is None else min(100, start + 1 + length)
-    part = BaseScanExec(
-        ds, ["id"], None, ranges=[FragmentRange(0, start, end), FragmentRange(1)], caches=CACHES
-    )
+    part = base_scan(ds, ["id"], None, [FragmentRange(0, start, end), FragmentRange(1)])
     stop = 100 if end is None else end
     want_ids = [i for i in range(start, stop) if i not in deleted]
     want_ids += [i for i in range(100, 200) if i not in deleted]
@@ -110,7 +108,7 @@ def test_base_scan_reads_through_lance_a_changed_schema_or_an_indexed_filter(tmp
     ds = lance.write_dataset(rows, str(tmp_path / "t"))
     ds.delete("id = 2")
     ds.add_columns({"w": "id * 10"})  # a second data file
-    node = BaseScanExec(ds, ["id", "w"], None, caches=CACHES)
+    node = base_scan(ds, ["id", "w"], None)
     assert node._direct_file(ds.get_fragments()[0]) is None
     assert check_contract(node).select(["id", "w"]).to_pylist() == [
         {"id": 1, "w": 10},
@@ -119,15 +117,15 @@ def test_base_scan_reads_through_lance_a_changed_schema_or_an_indexed_filter(tmp
     indexed = lance.write_dataset(rows, str(tmp_path / "i"))
     indexed.delete("id = 2")
     indexed.create_scalar_index("id", "BTREE")
-    by_index = BaseScanExec(indexed, ["v"], Compare("id", ">", pa.scalar(1)), caches=CACHES)
+    by_index = base_scan(indexed, ["v"], Compare("id", ">", pa.scalar(1)))
     assert by_index._direct_file(indexed.get_fragments()[0]) is None  # Lance uses the index
     assert check_contract(by_index).column("v").to_pylist() == ["c"]
-    by_file = BaseScanExec(indexed, ["id"], Compare("v", ">", pa.scalar("a")), caches=CACHES)
+    by_file = base_scan(indexed, ["id"], Compare("v", ">", pa.scalar("a")))
     assert by_file._direct_file(indexed.get_fragments()[0]) is not None
     assert check_contract(by_file).column("id").to_pylist() == [3]
     renamed = lance.write_dataset(rows, str(tmp_path / "r"))
     renamed.delete("id = 2")
     renamed.alter_columns({"path": "v", "name": "x"})
-    node = BaseScanExec(renamed, ["x"], None, caches=CACHES)
+    node = base_scan(renamed, ["x"], None)
     assert node._direct_file(renamed.get_fragments()[0]) is None
     assert check_contract(node).column("x").to_pylist() == ["a", "c"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 from exec_nodes.base import ExecNode
-from exec_nodes.knn import MemTableKnnExec
+from exec_nodes.memtable_source import MemTableSourceExec
+from exec_nodes.source import Knn
 from exec_nodes.stale import FilterStaleExec
 from exec_nodes.topk import TopKExec
 from memwal_sql.structures.vectors import (
@@ -26,7 +27,7 @@ def test_filter_stale_keeps_latest_versions_only_and_asks_for_more():
     # key 2 deleted, key 7 written twice (the second version is the newer).
     base = FixedBase(rows([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]))
     batch = rows([1, 2, 7, 7], [10.0, 0.0, 0.5, 2.5], [False, True, False, False]).to_batches()[0]
-    mem = MemTableKnnExec("r1", 5, [batch], SOURCE, knn_query(k=2), caches=CACHES)
+    mem = MemTableSourceExec("r1", 5, [batch], SOURCE, Knn(knn_query(k=2)), caches=CACHES)
     stale = FilterStaleExec([base, mem], ["id"], memtable_lookup([batch]), 2, score=DISTANCE)
     top = TopKExec(stale, 2, DISTANCE, columns=["id", DISTANCE])
     out = check_contract(top, 2)

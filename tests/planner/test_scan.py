@@ -8,12 +8,9 @@ import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exec_nodes.scan import BaseScanExec
 from memwal_sql.expressions.predicate import Compare
-from memwal_sql.structures.cache import Caches
 from planner.scan import MIN_PART_ROWS, split_rows
-
-CACHES = Caches()
+from tests.exec_nodes.nodes import base_scan
 
 
 @given(
@@ -52,8 +49,8 @@ def test_base_scan_of_each_part_reads_its_rows_once_with_deletions_and_a_filter(
         got = [
             batch.column("x").to_numpy()
             for part in parts
-            for batch in BaseScanExec(ds, ["x"], predicate, ranges=part, caches=CACHES).execute()
+            for batch in base_scan(ds, ["x"], predicate, part).execute()
         ]
         assert np.array_equal(np.sort(np.concatenate(got)), x[(x % 5 != 0) & want])
-    part_scan = BaseScanExec(ds, ["x"], None, ranges=parts[1], caches=CACHES)
+    part_scan = base_scan(ds, ["x"], None, parts[1])
     assert "fragments=[0[" in part_scan.describe()

@@ -1,0 +1,564 @@
+"""The base-table leaf: the Lance dataset at the snapshot's version, read by any access
+method through Lance (its scanner, key index or btree, vector index, data files).
+
+* A scan takes the projection and the filter directly in Lance, except for a fragment with a
+  deletion vector, which is read from its data file (see :meth:`BaseSourceExec._direct_file`);
+  it may cover only some fragments, or row ranges of them (a big fragment is split so that
+  partitions are even).
+* A lookup probes the base table's keys and row addresses at the pinned version, read once
+  (one column, like Lance's own btree pages) and cached, so a batch of keys costs a
+  vectorised probe and then the rows that exist: from small fragments kept whole in the
+  lookup cache, else one random ``take``. A base table whose key index would not fit the
+  lookup cache is probed through its primary-key btree instead (a filtered Lance read).
+* A KNN search uses its vector index when there is one (``nprobes`` partitions, candidates
+  re-ranked by exact distance with ``refine_factor``), and a flat search of the rows the
+  index does not cover yet.
+* Full text tokenizes the base fragment by fragment (BM25 over the latest corpus needs the
+  statistics of exactly the rows that are not superseded): the terms of a fragment's data
+  files are kept (they never change), its deletions read per version.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from lance.file import LanceFileReader
+
+from exec_nodes.source import (
+    Access,
+    FragmentRange,
+    Knn,
+    Lookup,
+    Probe,
+    Scan,
+    SourceLeaf,
+    lance_nearest,
+    take_addresses,
+    whole_fragment,
+)
+from memwal_sql.compat.lance import (
+    data_file_paths,
+    row_addr_treemap,
+    single_data_file,
+    storage_options_of,
+    take_rows,
+)
+from memwal_sql.expressions.substrait import lance_filter
+from memwal_sql.expressions.visitors import evaluate, referenced_columns
+from memwal_sql.formats.source_rows import (
+    BASE_GENERATION,
+    ROWADDR,
+    conform,
+    empty_rows,
+    gather,
+    stored_columns,
+)
+from memwal_sql.structures.cache import Caches
+from memwal_sql.structures.keyset import KeySet
+from memwal_sql.structures.rowmask import RowMask, split_addresses
+from memwal_sql.writer.memtable_indexes import Piece
+
+# Each base batch costs a trip through Lance's stream, the deletion mask and ``conform`` in
+# Python, so small batches multiply that work (a narrow scan of TPC-H ``lineitem``,
+# benchmarks/bench_tpch.py).
+# No column asked (``count(*)``): only row addresses, which cost nothing to make.
+_ROWS_BATCH = 1 << 15
+_ADDRESSES_BATCH = 1 << 16
+# Batches Lance's file reader decodes ahead: a few keep both cores busy, more only hold memory
+# (a batch each; benchmarks/bench_tpch.py after tbl.maintain()).
+_FILE_READAHEAD = 4
+
+
+def _deleted_rows(
+    dataset: lance.LanceDataset, fragment: lance.LanceFragment, caches: Caches
+) -> RowMask:
+    """The rows of ``fragment`` that its deletion vector deletes, kept in ``caches.deletions``
+    (a deletion file never changes: a new one gets a new id). Found once from the row addresses
+    Lance's scanner returns for the fragment, which skip them."""
+    dv = fragment.metadata.deletion_file
+    assert dv is not None
+    fid, rows = fragment.fragment_id, fragment.physical_rows
+
+    def load() -> tuple[RowMask, int]:
+        live = (
+            dataset.scanner(
+                columns=[],
+                with_row_address=True,
+                fragments=[fragment],
+                batch_size=_ADDRESSES_BATCH,
+            )
+            .to_table()
+            .column(ROWADDR)
+            .to_numpy()
+        )
+        deleted = np.ones(rows, dtype=bool)
+        deleted[split_addresses(live)[1]] = False
+        addresses = (np.uint64(fid) << np.uint64(32)) | np.flatnonzero(deleted).astype(np.uint64)
+        mask = RowMask(addresses, {fid: rows})
+        return mask, mask.nbytes + 64
+
+    key = f"{dataset.uri}#{fid}#{dv.id}-{dv.read_version}"
+    return caches.deletions.get("deletions", key, load)
+
+
+_KEY_INDEX_ROW_BYTES = 16  # a cached base key index entry: key and row address, in key order
+_KEY_INDEX_SHARE = 4  # a base's key index may take a quarter of the cache
+# Lookups read a base's fragments whole only while all of them, with its key index, fit in
+# half the cache: a batch of lookups touches every fragment, and a plain LRU cache over
+# budget evicts what the next batch needs, which is slower than random takes
+# (benchmarks/bench_lookup.py with a base of several million rows). Their size in memory is
+# estimated at 3x their stored size (what bench_read's rows take in Arrow).
+_WHOLE_BASE_SHARE = 2
+_MEMORY_PER_STORED_BYTE = 3
+
+
+def fragment_rows_key(uri: str, fragment: lance.LanceFragment) -> str:
+    """The lookup cache's key (kind ``"rows"``) of a base fragment's rows kept whole: data
+    files are immutable and uniquely named, so the same files hold the same rows."""
+    return f"{uri}#{','.join(data_file_paths(fragment))}"
+
+
+@dataclass(frozen=True)
+class _BaseFacts:
+    rows: int
+    cache_key: str  # names the version's rows in the lookup cache
+    stored_bytes: int | None  # of every data file; None when a file's size is not recorded
+
+
+# Per opened dataset (the planner and every probe of a lookup ask): its row count and
+# cache key cost a deletion-file read and a fragment listing.
+_BASE_FACTS: weakref.WeakKeyDictionary[lance.LanceDataset, _BaseFacts] = weakref.WeakKeyDictionary()
+
+
+def _base_facts(ds: lance.LanceDataset) -> _BaseFacts:
+    facts = _BASE_FACTS.get(ds)
+    if facts is None:
+        frags = ds.get_fragments()
+        # Data file names are random: they tell a table recreated at the same uri apart.
+        files = [data_file_paths(fr)[0] for fr in (frags[0], frags[-1])] if frags else []
+        sizes = [f.file_size_bytes for fr in frags for f in fr.data_files()]
+        stored = sum(n for n in sizes if n is not None) if None not in sizes else None
+        facts = _BaseFacts(ds.count_rows(), f"{ds.uri}@{ds.version}:{files}", stored)
+        _BASE_FACTS[ds] = facts
+    return facts
+
+
+def _key_filter(keys: pa.Table, primary_key: Sequence[str]) -> pc.Expression:
+    """``first_key_column IN (...)``: exact for one-column keys; composite keys are narrowed
+    by it (the btree index serves it) and then matched exactly by the caller."""
+    k = primary_key[0]
+    return pc.field(k).isin(pc.unique(keys.column(k).combine_chunks()))
+
+
+class BaseSourceExec(SourceLeaf):
+    """The base table (``dataset``, at the snapshot's version) read by ``access``; its rows
+    in the source ``schema`` (a scan reads the table's own columns and ``_rowaddr``).
+
+    Example:
+        ``BaseSourceExec(ds, schema, Lookup(("id",)), caches=tbl.caches).probe(keys)``
+    """
+
+    name = "BaseSourceExec"
+
+    def __init__(
+        self,
+        dataset: lance.LanceDataset,
+        schema: pa.Schema,
+        access: Access,
+        *,
+        caches: Caches,
+        keys: pa.Table | None = None,
+    ) -> None:
+        super().__init__(None, BASE_GENERATION, schema, access, caches=caches, keys=keys)
+        self.dataset = dataset
+        if isinstance(access, Scan):
+            table = dataset.schema  # Lance builds it anew on each access
+            self.columns = table.names if access.columns is None else list(access.columns)
+            self.predicate = access.predicate
+            self.filter, self.exact = lance_filter(access.predicate, table)
+            self.ranges = None if access.ranges is None else list(access.ranges)
+            self.batch_size = access.batch_size
+            fields = [table.field(c) for c in self.columns]
+            self._schema = pa.schema([*fields, pa.field(ROWADDR, pa.uint64(), False)])
+        elif isinstance(access, Lookup):
+            ids = access.fragment_ids
+            self.fragment_ids = None if ids is None else list(ids)
+        elif isinstance(access, Knn):
+            self.index = access.index
+            self.nprobes = access.nprobes
+            self.refine_factor = access.refine_factor
+        else:
+            self._fragments = dataset.get_fragments()
+
+    def _where(self) -> str:
+        return f"version={self.dataset.version} gen={BASE_GENERATION}"
+
+    def _how(self) -> str:
+        access = self.access
+        if isinstance(access, Scan):
+            frags = "all" if self.ranges is None else f"[{', '.join(map(str, self.ranges))}]"
+            return f"{access} fragments={frags} columns={self.columns} filter={self.filter}" + (
+                "" if self.exact else f" then {self.predicate}"
+            )
+        if isinstance(access, Lookup):
+            indexed = any(
+                d.field_names == [self.primary_key[0]] and d.index_type == "BTree"
+                for d in self.dataset.describe_indices()
+            )
+            how = "btree"
+            if self._fits_cache():
+                how = "cached key index, " + (
+                    "rows from whole fragments" if self._fragments_fit_cache() else "random takes"
+                )
+            frags = "" if self.fragment_ids is None else f" fragments={self.fragment_ids}"
+            return f"{access} btree={'yes' if indexed else 'no (scan)'} via {how}" + frags
+        if isinstance(access, Knn):
+            return str(access) + (
+                f" index {self.index} nprobes={self.nprobes} refine_factor={self.refine_factor}"
+                if self.index
+                else " flat (no vector index)"
+            )
+        return f"{access} fragments={len(self._fragments)}"
+
+    # Scan
+
+    def _scan(self, partition: int) -> Iterator[pa.RecordBatch]:
+        parts: list[tuple[lance.LanceFragment, FragmentRange | None]] = []
+        if self.ranges is None:
+            parts = [(f, None) for f in self.dataset.get_fragments()]
+        for r in self.ranges or []:
+            fragment = self.dataset.get_fragment(r.fragment_id)
+            # The planner splits this very version's fragments into partitions.
+            assert fragment is not None, f"fragment {r} not in version {self.dataset.version}"
+            parts.append((fragment, r))
+        files = [self._direct_file(f) for f, _ in parts]
+        rest = [p for p, uri in zip(parts, files) if uri is None]
+        if rest:
+            every = self.ranges is None and len(rest) == len(parts)  # Lance lists them itself
+            yield from self._lance_scan(None if every else rest)
+        for (fragment, part), uri in zip(parts, files):
+            if uri is not None:
+                yield from self._file_scan(fragment, part, uri)
+
+    def _lance_scan(
+        self, parts: list[tuple[lance.LanceFragment, FragmentRange | None]] | None
+    ) -> Iterator[pa.RecordBatch]:
+        fragments = None if parts is None else [f for f, _ in parts]
+        allow: bytes | None = None
+        if parts is not None and not all(r is None or r.whole for _, r in parts):
+            allow = row_addr_treemap(
+                {
+                    f.fragment_id: None
+                    if r is None or r.whole
+                    else range(r.start, r.end or f.physical_rows)
+                    for f, r in parts
+                }
+            )
+        # A filter Lance cannot take is applied here, on every column it may read.
+        columns = self.columns if self.exact else None
+        scanner = self.dataset.scanner(
+            columns=columns,
+            filter=self.filter,
+            fragments=fragments,
+            with_row_address=True,
+            batch_size=self.batch_size or (_ROWS_BATCH if columns != [] else _ADDRESSES_BATCH),
+            scan_in_order=True,
+            row_addr_allowlist=allow,
+        )
+        for batch in scanner.to_batches():
+            if not self.exact and batch.num_rows:
+                assert self.predicate is not None  # lance_filter calls no predicate exact
+                batch = batch.filter(pc.fill_null(evaluate(self.predicate, batch), False))
+            if batch.num_rows:
+                # Lance marks _rowaddr nullable; the node's schema says what it is (not null).
+                yield pa.RecordBatch.from_arrays(
+                    batch.select(self._schema.names).columns, schema=self._schema
+                )
+
+    def _direct_file(self, fragment: lance.LanceFragment) -> str | None:
+        """The data file of a fragment with a deletion vector that is read here, not through
+        Lance's scanner, or None.
+
+        Lance's scanner reads a fragment that has a deletion vector (what every merge leaves)
+        several times slower than one without, whatever the number of deleted rows, than its
+        data file read with Lance's file reader and the deleted rows dropped here
+        (benchmarks/bench_tpch.py, the stage after tbl.maintain(); docs/performance.md). Only a fragment whose one data
+        file holds exactly the table's columns (names and types, in order: no column added,
+        dropped or renamed since) is read so, only while the deletions cache keeps its deleted
+        rows (finding them costs a scan of its row addresses), and not for a filter on an
+        indexed column.
+        """
+        if fragment.metadata.deletion_file is None or self.caches.deletions.max_bytes == 0:
+            return None
+        if self.predicate is not None:
+            # Lance answers a filter on an indexed column from the index, reading only the
+            # matching rows; the file would be read whole.
+            indexed = {f for i in self.dataset.list_indices() for f in i["fields"]}
+            if indexed & referenced_columns(self.predicate):
+                return None
+        uri = single_data_file(self.dataset, fragment)
+        if uri is None:
+            return None
+        options = storage_options_of(self.dataset)
+
+        def load() -> tuple[pa.Schema, int]:
+            file_schema = LanceFileReader(uri, storage_options=options).metadata().schema
+            return file_schema, 64 * len(file_schema)
+
+        stored = self.caches.scan.get("file_schema", uri, load)
+        table = self.dataset.schema
+        same = stored.names == table.names and stored.types == table.types
+        return uri if same else None
+
+    def _file_scan(
+        self, fragment: lance.LanceFragment, part: FragmentRange | None, uri: str
+    ) -> Iterator[pa.RecordBatch]:
+        """The live rows of ``fragment`` (or of a row range of it) read from its data file:
+        the deletion vector's rows dropped here, the filter evaluated here."""
+        deleted = _deleted_rows(self.dataset, fragment, self.caches)
+        fid = fragment.fragment_id
+        start = 0 if part is None else part.start
+        end = fragment.physical_rows if part is None or part.end is None else part.end
+        wanted = [c for c in self._schema.names if c != ROWADDR]
+        if self.predicate is None:
+            names = wanted
+        elif self.exact:
+            names = list(dict.fromkeys([*wanted, *sorted(referenced_columns(self.predicate))]))
+        else:  # an opaque part may address columns by position: every column, in order
+            names = self.dataset.schema.names
+        if names:
+            reader = LanceFileReader(
+                uri, storage_options=storage_options_of(self.dataset), columns=names
+            )
+            batches = reader.read_range(
+                start, end - start, batch_size=_ROWS_BATCH, batch_readahead=_FILE_READAHEAD
+            ).to_batches()
+        else:  # count(*): the row addresses are all there is to read
+            batches = (
+                pa.RecordBatch.from_arrays(
+                    [pa.nulls(min(_ADDRESSES_BATCH, end - o))], ["_"]
+                ).select([])
+                for o in range(start, end, _ADDRESSES_BATCH)
+            )
+        offset = start
+        for batch in batches:
+            n = batch.num_rows
+            addresses = (np.uint64(fid) << np.uint64(32)) | np.arange(
+                offset, offset + n, dtype=np.uint64
+            )
+            offset += n
+            hit = deleted.hits(addresses)
+            keep = np.ones(n, dtype=bool) if hit is None else ~hit
+            if self.predicate is not None:
+                true = pc.fill_null(evaluate(self.predicate, batch), False)
+                keep &= true.to_numpy(zero_copy_only=False)
+            if not keep.any():
+                continue
+            columns = [batch.column(c) for c in wanted] + [pa.array(addresses)]
+            out = pa.RecordBatch.from_arrays(columns, schema=self._schema)
+            yield out if keep.all() else out.filter(pa.array(keep))
+
+    # Lookup
+
+    def uses_key_index(self) -> bool:
+        """True if keys are probed in the cached key index, not through the btree."""
+        return self._fits_cache()
+
+    def _fits_cache(self) -> bool:
+        return (
+            _base_facts(self.dataset).rows * _KEY_INDEX_ROW_BYTES
+            <= self.caches.max_bytes // _KEY_INDEX_SHARE
+        )
+
+    def addresses_of(self, keys: pa.Table) -> np.ndarray | None:
+        """The sorted row addresses of the base rows holding ``keys`` (keys it does not hold
+        are left out), from the cached key index; None when the base is too big to keep one.
+
+        Example:
+            ``BaseSourceExec(ds, schema, Lookup(("id",)), caches=c).addresses_of(pa.table({"id": [3]}))``
+        """
+        index = self._key_index()
+        if index is None:
+            return None
+        keyset, addrs = index
+        pos = keyset.positions(keys.select(self.primary_key))
+        return np.sort(addrs[pos[pos >= 0]].astype(np.uint64))
+
+    def _key_index(self) -> tuple[KeySet, np.ndarray] | None:
+        if not self._fits_cache():
+            return None
+        ds, pk = self.dataset, self.primary_key
+
+        def load() -> tuple[tuple[KeySet, np.ndarray], int]:
+            table = ds.to_table(columns=pk, with_row_address=True)
+            keyset, addrs = KeySet.indexing(table.select(pk), table.column(ROWADDR).to_numpy())
+            return (keyset, addrs), keyset.nbytes + addrs.nbytes
+
+        return self.caches.lookup.get("base_keys", _base_facts(ds).cache_key, load)
+
+    def _probe(self, keys: pa.Table) -> Probe:
+        names = stored_columns(self.schema, self.dataset)
+        index = self._key_index()
+        if index is not None:
+            keyset, addrs = index
+            return self._take_newest(
+                keys.select(self.primary_key),
+                keyset,
+                addrs,
+                lambda hit: self._take_addresses(hit, names),
+            )
+        fragments = (
+            None if self.fragment_ids is None else [self._fragment(i) for i in self.fragment_ids]
+        )
+        if fragments == []:
+            rows = (
+                empty_rows(self.dataset.schema)
+                .select(names)
+                .append_column(ROWADDR, pa.array([], pa.uint64()))
+            )
+        else:
+            rows = self.dataset.scanner(
+                columns=names,
+                fragments=fragments,
+                filter=_key_filter(keys, self.primary_key),
+                with_row_address=True,
+            ).to_table()
+        if len(self.primary_key) > 1 and rows.num_rows:  # the filter was on the first column
+            rows = rows.filter(
+                pa.array(
+                    KeySet(keys.select(self.primary_key)).contains(rows.select(self.primary_key))
+                )
+            )
+        found = KeySet(rows.select(self.primary_key)).contains(keys.select(self.primary_key))
+        return Probe(
+            self._tagged(rows.drop_columns([ROWADDR]), rows.column(ROWADDR).cast(pa.uint64())),
+            found,
+        )
+
+    def _take_addresses(self, addrs: np.ndarray, names: list[str]) -> pa.Table:
+        """The rows at ``addrs``, in order: from cached whole fragments where small enough,
+        else with one random ``take`` for the rest."""
+        fragment, offset = split_addresses(addrs)
+        whole = self._fragments_fit_cache()
+        kept = {
+            int(f): self._fragment_rows(int(f), names) if whole else None
+            for f in np.unique(fragment)
+        }
+        # Fragments too big to keep are one owner (-1): one take for all of their rows.
+        too_big = [f for f, rows in kept.items() if rows is None]
+        owners = np.where(np.isin(fragment, too_big), -1, fragment)
+
+        def read(owner: int, at: np.ndarray) -> pa.Table:
+            rows = kept.get(int(owner))
+            if rows is not None:
+                return rows.take(pa.array(offset[at]))
+            taken = take_rows(self.dataset, pa.array(addrs[at]), names)
+            return conform(taken, self.schema, BASE_GENERATION)
+
+        table = gather(owners, read)
+        return table.set_column(
+            table.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), pa.array(addrs)
+        )
+
+    def _fragments_fit_cache(self) -> bool:
+        facts = _base_facts(self.dataset)
+        if facts.stored_bytes is None:
+            return False
+        index = facts.rows * _KEY_INDEX_ROW_BYTES if self._fits_cache() else 0
+        memory = facts.stored_bytes * _MEMORY_PER_STORED_BYTE + index
+        return memory <= self.caches.max_bytes // _WHOLE_BASE_SHARE
+
+    def _fragment_rows(self, fragment_id: int, names: list[str]) -> pa.Table | None:
+        fragment = self._fragment(fragment_id)
+        return self.caches.lookup.get(
+            "rows",
+            fragment_rows_key(self.dataset.uri, fragment),
+            lambda: whole_fragment(
+                fragment, names, BASE_GENERATION, self.schema, self.caches.max_bytes
+            ),
+        )
+
+    def _fragment(self, fragment_id: int) -> lance.LanceFragment:
+        fragment = self.dataset.get_fragment(fragment_id)
+        # The planner's fragment ids and the key index's row addresses are of this version.
+        assert fragment is not None, f"fragment {fragment_id} not in version {self.dataset.version}"
+        return fragment
+
+    def _tagged(self, rows: pa.Table, addr: pa.Array | pa.ChunkedArray) -> pa.Table:
+        out = conform(rows, self.schema, BASE_GENERATION)
+        return out.set_column(out.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), addr)
+
+    # Knn
+
+    def _nearest(self, n: int) -> pa.Table:
+        options: dict[str, object] = {}
+        if self.index:
+            if self.nprobes:
+                options["nprobes"] = self.nprobes
+            if self.refine_factor:
+                options["refine_factor"] = self.refine_factor
+        return lance_nearest(self.dataset, self, n, options, BASE_GENERATION)
+
+    def rows(self, candidates: pa.Table) -> pa.Table:
+        return take_addresses(
+            self.dataset, candidates.column(ROWADDR).to_numpy(), self.source_schema, BASE_GENERATION
+        )
+
+    # FullText
+
+    def _text_pieces(self) -> list[Piece]:
+        return [self._fragment_piece(f) for f in self._fragments]
+
+    def _fragment_piece(self, fragment: lance.LanceFragment) -> Piece:
+        files = ",".join(data_file_paths(fragment))
+        fid = fragment.fragment_id
+        columns = list(dict.fromkeys([*self.primary_key, self.column]))
+
+        def load_terms() -> tuple[Piece, int]:
+            rows = fragment.to_table(columns=columns, with_row_id=True, include_deleted_rows=True)
+            assert rows.num_rows == fragment.metadata.physical_rows, "rows out of place"
+            addresses = (np.int64(fid) << 32) | np.arange(rows.num_rows, dtype=np.int64)
+            piece = self._piece(rows.select(columns), addresses)
+            return piece, piece.tokens.docs.nbytes * 3 + piece.keys.nbytes
+
+        key = f"{self.dataset.uri}#{files}#{self.column}"
+        piece: Piece = self.caches.search.get("fts", key, load_terms)
+        deletion = fragment.metadata.deletion_file
+        if deletion is None:
+            return piece
+
+        def load_live() -> tuple[Piece, int]:
+            live = fragment.to_table(columns=[self.primary_key[0]], with_row_address=True)
+            present = np.zeros(len(piece.present), dtype=bool)
+            present[live.column(ROWADDR).to_numpy().astype(np.int64) & 0xFFFFFFFF] = True
+            return Piece(piece.keys, piece.addresses, piece.tokens, present), present.nbytes * 9
+
+        # One piece per version of the fragment's deletions, sharing the terms.
+        return self.caches.search.get(
+            "fts_live",
+            f"{self.dataset.uri}#{files}#{deletion}",
+            load_live,
+        )
+
+    def piece_rows(self, piece: int, index: np.ndarray) -> pa.Table:
+        addresses = self.pieces()[piece].addresses[index]
+        names = stored_columns(self._schema, self.dataset)
+        out = conform(
+            take_rows(self.dataset, pa.array(addresses.astype(np.uint64)), names),
+            self._schema,
+            BASE_GENERATION,
+        )
+        return out.set_column(
+            out.schema.get_field_index(ROWADDR),
+            self._schema.field(ROWADDR),
+            pa.array(addresses.astype(np.uint64)),
+        )
+
+
+__all__ = ["BaseSourceExec", "FragmentRange", "fragment_rows_key"]

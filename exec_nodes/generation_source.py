@@ -1,0 +1,240 @@
+"""The generation leaf: a flushed generation (a standalone Lance dataset with its
+``_pk_index`` and bloom filter), read by any access method.
+
+A generation never changes, so what is read of it is kept in the table's caches: a small
+one's rows whole (``caches.lookup``, shared by every access method), its key index, the few
+columns deduplication reads (``caches.scan``), its terms (``caches.search``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from exec_nodes.source import (
+    Access,
+    FullText,
+    Knn,
+    Lookup,
+    Probe,
+    SourceLeaf,
+    lance_nearest,
+    take_addresses,
+    whole_fragment,
+)
+from memwal_sql.compat.lance import take_rows
+from memwal_sql.expressions.predicate import Predicate
+from memwal_sql.expressions.substrait import lance_filter
+from memwal_sql.expressions.visitors import matches
+from memwal_sql.formats.generation import open_generation, read_generation_pk_index
+from memwal_sql.formats.source_rows import ROWADDR, conform, stored_columns
+from memwal_sql.structures.cache import Caches
+from memwal_sql.structures.keyset import KeySet, encode_keys, last_per_key
+from memwal_sql.writer.memtable_indexes import Piece
+
+_FEW_COLUMNS = 6  # up to this many columns of a generation are kept (key columns, tombstone)
+
+
+def generation_rows(
+    uri: str,
+    storage_options: dict[str, str] | None,
+    generation: int,
+    schema: pa.Schema,
+    caches: Caches,
+) -> pa.Table | None:
+    """A small generation's rows (every physical row, row ``i`` at offset ``i``, in the
+    source ``schema``), read once and kept in ``caches.lookup``; None for a generation too big
+    to keep (see :func:`~exec_nodes.source.whole_fragment`). Lookups, scans and searches share
+    the entry.
+
+    Example:
+        ``generation_rows(gen.uri, None, gen.generation, source_schema(tbl.wal_schema), caches)``
+    """
+
+    def load() -> tuple[pa.Table | None, int]:
+        ds = open_generation(uri, storage_options)
+        frags = ds.get_fragments()
+        if len(frags) != 1:
+            return None, 64
+        names = stored_columns(schema, ds)
+        return whole_fragment(frags[0], names, generation, schema, caches.max_bytes)
+
+    return caches.lookup.get("rows", uri, load)
+
+
+def key_index(values: pa.Table, ids: np.ndarray) -> tuple[KeySet, np.ndarray]:
+    """KeySet over distinct keys and, per key, the highest row id (a later duplicate that
+    Lance's writer masked with a deletion vector is always the higher id), as
+    :meth:`KeySet.indexing` pairs them."""
+    if values.num_rows == 0:
+        return KeySet.indexing(values, ids)
+    return KeySet.indexing(*last_per_key(values, ids))
+
+
+def stored_keys(index: pa.Table, primary_key: Sequence[str]) -> pa.Table:
+    """A ``_pk_index``'s key column as a key table (composite keys are stored encoded)."""
+    values = index.column("values")
+    if len(primary_key) == 1:
+        return pa.table({primary_key[0]: values})
+    return pa.table({"__key": values.cast(pa.binary())})
+
+
+def index_keys(keys: pa.Table, primary_key: Sequence[str]) -> pa.Table:
+    """Probe keys in the form a ``_pk_index`` stores them."""
+    if len(primary_key) == 1:
+        return keys.select(list(primary_key))
+    return pa.table({"__key": encode_keys(keys.select(list(primary_key)))})
+
+
+class GenerationSourceExec(SourceLeaf):
+    """A flushed generation at ``uri`` read by ``access``: a scan (its deletion vector
+    applied), a lookup through its ``_pk_index``, a flat KNN through Lance (the generations
+    the lookup cache keeps are searched by ``GenerationsKnnExec`` instead), its documents.
+
+    Rows a generation's deletion vector hides (older duplicates of a key in the same flush)
+    may be KNN candidates or documents here; they are never their key's newest version, so
+    the parent drops them.
+
+    Example:
+        ``GenerationSourceExec("r", 3, gen.uri, schema, Lookup(("id",)), caches=c).probe(keys)``
+    """
+
+    name = "GenerationSourceExec"
+
+    def __init__(
+        self,
+        region_id: str,
+        generation: int,
+        uri: str,
+        schema: pa.Schema,
+        access: Access,
+        storage_options: dict[str, str] | None = None,
+        *,
+        caches: Caches,
+        keys: pa.Table | None = None,
+    ) -> None:
+        super().__init__(region_id, generation, schema, access, caches=caches, keys=keys)
+        self.uri = uri
+        self.storage_options = storage_options
+
+    def _where(self) -> str:
+        return (
+            f"region={(self.region_id or '')[:8]} gen={self.generation} "
+            f"path={self.uri.rsplit('/', 1)[-1]}"
+        )
+
+    def _how(self) -> str:
+        if isinstance(self.access, Lookup):
+            return f"{self.access} via _pk_index"
+        return f"{self.access} flat" if isinstance(self.access, Knn) else str(self.access)
+
+    def whole_rows(self) -> pa.Table | None:
+        """The generation's rows in the source schema, kept in the lookup cache when small
+        (the entry every access method uses); None for a big one."""
+        return generation_rows(
+            self.uri, self.storage_options, self.generation, self.source_schema, self.caches
+        )
+
+    def _rows(self) -> pa.Table:
+        """Every physical row, from the lookup cache or (too big to keep) read now."""
+        table = self.whole_rows()
+        if table is None:
+            ds = open_generation(self.uri, self.storage_options)
+            names = stored_columns(self.source_schema, ds)
+            rows = ds.to_table(columns=names, with_row_address=True)
+            table = conform(rows, self.source_schema, self.generation)
+        return table
+
+    # Scan
+
+    def read(self, schema: pa.Schema, predicate: Predicate | None) -> pa.Table:
+        if predicate is None and len(schema) <= _FEW_COLUMNS:
+            return self._few_columns(schema)
+        whole = self.whole_rows()
+        if whole is not None:
+            # Every physical row, the deletion vector's too: an older duplicate is never its
+            # key's newest version, so deduplication drops it like any stale row.
+            return matches(predicate, whole).select(schema.names)
+        ds = open_generation(self.uri, self.storage_options)
+        names = stored_columns(schema, ds)
+        pushed, exact = lance_filter(predicate, ds.schema)
+        table = ds.to_table(columns=names, filter=pushed, with_row_address=True)
+        if not exact:
+            table = matches(predicate, table)
+        return conform(table, schema, self.generation)  # Lance's row addresses kept
+
+    def _few_columns(self, schema: pa.Schema) -> pa.Table:
+        """A few whole columns (what deduplication reads: the keys and ``_tombstone`` of every
+        row), read once and kept in ``caches.scan``: a generation never changes."""
+        uri, opts = self.uri, self.storage_options
+
+        def load() -> tuple[pa.Table, int]:
+            ds = open_generation(uri, opts)
+            names = stored_columns(schema, ds)
+            table = conform(
+                ds.to_table(columns=names, with_row_address=True), schema, self.generation
+            ).combine_chunks()
+            return table, table.nbytes
+
+        return self.caches.scan.get("columns", f"{uri}#{','.join(schema.names)}", load)
+
+    # Lookup
+
+    def _probe(self, keys: pa.Table) -> Probe:
+        uri, opts, pk = self.uri, self.storage_options, self.primary_key
+
+        def load_index() -> tuple[tuple[KeySet, np.ndarray], int]:
+            index = read_generation_pk_index(uri, opts)
+            keyset, ids = key_index(stored_keys(index, pk), index.column("ids").to_numpy())
+            return (keyset, ids), keyset.nbytes + ids.nbytes
+
+        keyset, ids = self.caches.lookup.get("pk_index", uri, load_index)
+        return self._take_newest(index_keys(keys, pk), keyset, ids, self.take_offsets)
+
+    def take_offsets(self, offsets: np.ndarray) -> pa.Table:
+        """The generation's rows at ``offsets`` (what its ``_pk_index`` stores)."""
+        self._needs(Lookup)
+        rows = self.whole_rows()
+        if rows is not None:
+            return rows.take(pa.array(offsets))
+        uri, opts = self.uri, self.storage_options
+        ds = self.caches.lookup.get("dataset", uri, lambda: (open_generation(uri, opts), 4096))
+        names = stored_columns(self.source_schema, ds)
+        # Row addresses of fragment 0 are the offsets the _pk_index stores.
+        row_ids = pa.array(offsets.astype(np.uint64))
+        out = conform(take_rows(ds, row_ids, names), self.source_schema, self.generation)
+        return out.set_column(
+            out.schema.get_field_index(ROWADDR), self.source_schema.field(ROWADDR), row_ids
+        )
+
+    # Knn
+
+    def _nearest(self, n: int) -> pa.Table:
+        self._needs(Knn)
+        ds = open_generation(self.uri, self.storage_options)
+        return lance_nearest(ds, self, n, {"use_index": False}, self.generation)
+
+    def rows(self, candidates: pa.Table) -> pa.Table:
+        ds = open_generation(self.uri, self.storage_options)
+        addresses = candidates.column(ROWADDR).to_numpy()
+        return take_addresses(ds, addresses, self.source_schema, self.generation)
+
+    # FullText
+
+    def _text_pieces(self) -> list[Piece]:
+        column = self._needs(FullText).column
+
+        def load() -> tuple[Piece, int]:
+            table = self._rows()
+            piece = self._piece(table, table.column(ROWADDR).to_numpy().astype(np.int64))
+            return piece, piece.tokens.docs.nbytes * 3 + piece.keys.nbytes
+
+        return [self.caches.search.get("fts", f"{self.uri}#{column}", load)]
+
+    def piece_rows(self, piece: int, index: np.ndarray) -> pa.Table:
+        return self._rows().take(pa.array(index))
+
+
+__all__ = ["GenerationSourceExec", "generation_rows", "index_keys", "key_index", "stored_keys"]
