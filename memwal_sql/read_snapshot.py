@@ -38,7 +38,7 @@ from memwal_sql.errors import (
     MissingWalEntryError,
 )
 from memwal_sql.formats.region_manifest import RegionManifestStore, check_not_behind_index
-from memwal_sql.formats.source_rows import BASE_GENERATION
+from memwal_sql.formats.source_rows import BASE_GENERATION, source_schema
 from memwal_sql.formats.wal import iter_wal, wal_positions
 from memwal_sql.partitioning.region_spec import RegionSpec, region_id_for
 from memwal_sql.storage import ObjectStore, layout
@@ -118,6 +118,16 @@ class ReadSnapshot:
     store: ObjectStore | None = None
     caches: Caches = field(kw_only=True)
     """The table's caches, which the planner hands to the nodes that keep what they read."""
+
+    @functools.cached_property
+    def source_schema(self) -> pa.Schema:
+        """The schema every newer-than-base source's rows are read in (``_gen``, ``_rowaddr``)."""
+        return source_schema(self.wal_schema)
+
+    @functools.cached_property
+    def leaf_storage_options(self) -> dict[str, str] | None:
+        """The storage options a leaf opens files with (None when there are none)."""
+        return dict(self.storage_options or {}) or None
 
     @property
     def base_version(self) -> int:

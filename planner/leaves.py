@@ -10,7 +10,6 @@ from exec_nodes.base_source import BaseSourceExec
 from exec_nodes.generation_source import GenerationSourceExec
 from exec_nodes.memtable_source import MemTableSourceExec
 from exec_nodes.source import Access, SourceLeaf
-from memwal_sql.formats.source_rows import source_schema
 from memwal_sql.read_snapshot import ReadSnapshot, SnapshotSource
 
 
@@ -19,20 +18,24 @@ def source_leaf(snapshot: ReadSnapshot, src: SnapshotSource, access: Access) -> 
     rows in the snapshot's source schema, keeping what it reads in the snapshot's caches."""
     if src.kind == "base":
         return base_leaf(snapshot, access)
-    schema, caches = source_schema(snapshot.wal_schema), snapshot.caches
+    schema, caches = snapshot.source_schema, snapshot.caches
     if src.rows is not None:
         mem = src.rows
         return MemTableSourceExec(
             src.region_id, mem.generation, mem.batches, schema, access, mem.origin, caches=caches
         )
     assert src.uri is not None  # a flushed generation
-    opts = dict(snapshot.storage_options or {}) or None
     return GenerationSourceExec(
-        src.region_id, src.generation, src.uri, schema, access, opts, caches=caches
+        src.region_id,
+        src.generation,
+        src.uri,
+        schema,
+        access,
+        snapshot.leaf_storage_options,
+        caches=caches,
     )
 
 
 def base_leaf(snapshot: ReadSnapshot, access: Access) -> BaseSourceExec:
     """The leaf of the snapshot's base table that reads it by ``access``."""
-    schema = source_schema(snapshot.wal_schema)
-    return BaseSourceExec(snapshot.dataset, schema, access, caches=snapshot.caches)
+    return BaseSourceExec(snapshot.dataset, snapshot.source_schema, access, caches=snapshot.caches)

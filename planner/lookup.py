@@ -150,6 +150,7 @@ def region_lookups(
         for values, idx in spec.group_rows(keys.select(pk)).items():
             by_values[tuple(values)] = keys.take(pa.array(idx))
     regions = []
+    access = Lookup(tuple(pk))
     for region, sources in groupby(snapshot.sources(gap=gap), key=lambda s: s.region):
         assert region is not None  # the base table is not among them
         routed = routable and region.region_values is not None
@@ -163,7 +164,7 @@ def region_lookups(
         children: list[KeyedExec] = []
         gens = []
         for src in sources:
-            leaf = source_leaf(snapshot, src, Lookup(tuple(pk)))
+            leaf = source_leaf(snapshot, src, access)
             if isinstance(leaf, GenerationSourceExec):
                 gens.append(leaf)
             else:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import grimp
 import pytest
-import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("memwal_sql", "planner", "exec_nodes")
@@ -106,6 +105,7 @@ def test_contract_refuses_an_upward_import(tmp_path: Path) -> None:
 
 
 def _layers() -> list[list[str]]:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
     (contract,) = [c for c in config["contracts"] if c["type"] == "layers"]
     return [[m.strip() for m in layer.replace(":", "|").split("|")] for layer in contract["layers"]]

@@ -95,8 +95,17 @@ def conform(table: pa.Table, schema: pa.Schema, generation: int | None = None) -
     return pa.Table.from_arrays(cols, schema=schema)
 
 
+@functools.lru_cache(maxsize=64)
 def source_schema(wal_schema: pa.Schema) -> pa.Schema:
-    """Schema of a newer-than-base source: the WAL schema plus ``_gen`` and ``_rowaddr``."""
+    """Schema of a newer-than-base source: the WAL schema plus ``_gen`` and ``_rowaddr``.
+
+    Made once per WAL schema: every leaf of every plan asks for it (a point lookup builds a
+    leaf per source).
+
+    Example:
+        >>> source_schema(pa.schema([("id", pa.int64())])).names
+        ['id', '_gen', '_rowaddr']
+    """
     return pa.schema(
         [*wal_schema, pa.field(GEN, pa.int64(), False), pa.field(ROWADDR, pa.uint64(), False)]
     )
