@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Container, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import lance
 import pyarrow as pa
@@ -84,13 +84,12 @@ class RegionSources:
         return len(self.generations) + len(self.unflushed)
 
 
-@dataclass(frozen=True)
-class SnapshotSource:
+class SnapshotSource(NamedTuple):
     """One source a query reads: the base table, a flushed generation, or unflushed rows (a
     MemTable or WAL tail), with the region it belongs to (None for the base table).
 
     ``generation`` is -1 for the base table; ``uri`` is set for a generation, ``rows`` for
-    unflushed rows.
+    unflushed rows. A tuple, not a dataclass: a point lookup makes one per source.
     """
 
     kind: Literal["base", "generation", "memtable"]
