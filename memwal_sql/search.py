@@ -23,7 +23,8 @@ from memwal_sql.errors import InvalidInputError, MemWalError, SchemaMismatchErro
 from memwal_sql.expressions.predicate import And, Predicate, conjuncts
 from memwal_sql.expressions.visitors import referenced_columns
 from memwal_sql.formats.index_catchup import index_coverage
-from memwal_sql.formats.memwal_index import INDEX_NAME, update_mem_wal_details
+from memwal_sql.formats.lance_manifest import INDEX_NAME
+from memwal_sql.formats.memwal_index import update_mem_wal_details
 from memwal_sql.read_snapshot import Consistency, ReadSnapshot, take_read_snapshot
 from memwal_sql.reads import TableReads
 from memwal_sql.session import MemWalContext, MemWalSchema, NodeDataset

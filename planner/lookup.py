@@ -31,7 +31,6 @@ from exec_nodes.source import Lookup
 from memwal_sql.expressions.predicate import And, Compare, InList, Or, Predicate, conjuncts
 from memwal_sql.formats.bloom import pk_hashes
 from memwal_sql.formats.generation import BLOOM_FILTER
-from memwal_sql.formats.source_rows import source_schema
 from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.read_snapshot import GenerationRef, ReadSnapshot
 from memwal_sql.storage import ObjectStore
@@ -131,7 +130,7 @@ def region_lookups(
         ``[r.to_table() for r in region_lookups(snap, tbl.store, tbl.region_spec, keys)]``
     """
     pk = list(snapshot.primary_key)
-    schema = source_schema(snapshot.wal_schema)
+    schema = snapshot.source_schema
     caches = snapshot.caches
     routable = (
         spec is not None

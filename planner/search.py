@@ -38,7 +38,6 @@ from exec_nodes.source import FullText, Knn
 from exec_nodes.stale import FilterStaleExec
 from exec_nodes.topk import TopKExec
 from memwal_sql.expressions.predicate import Predicate
-from memwal_sql.formats.source_rows import source_schema
 from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.read_snapshot import Consistency, ReadSnapshot
 from memwal_sql.storage import ObjectStore
@@ -149,7 +148,7 @@ def _layout(
     return (
         kept,
         pruned,
-        source_schema(snapshot.wal_schema),
+        snapshot.source_schema,
         dict(snapshot.storage_options or {}) or None,
         list(snapshot.primary_key),
     )

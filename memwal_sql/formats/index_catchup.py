@@ -38,8 +38,8 @@ import lance
 
 from memwal_sql.compat.lance import data_file_paths
 from memwal_sql.errors import MemWalError
-from memwal_sql.formats.lance_manifest import read_mem_wal_details
-from memwal_sql.formats.memwal_index import INDEX_NAME, region_generations
+from memwal_sql.formats.lance_manifest import INDEX_NAME, read_mem_wal_details
+from memwal_sql.formats.memwal_index import region_generations
 from memwal_sql.storage import ObjectStore
 
 _MAX_HISTORY = 1000  # versions walked back at most before catch-up counts as unknown

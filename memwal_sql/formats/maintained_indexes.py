@@ -26,7 +26,7 @@ import numpy as np
 
 from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails
 from memwal_sql.compat.lance import ivf_pq_model
-from memwal_sql.formats.memwal_index import INDEX_NAME
+from memwal_sql.formats.lance_manifest import INDEX_NAME
 
 # Tokenizer parameters of an inverted index that create_scalar_index takes back.
 _INVERTED_PARAMS = (
