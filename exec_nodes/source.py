@@ -339,11 +339,12 @@ class SourceLeaf(KeyedExec, KnnSource):
         self._top = None
         self._pieces: list[Piece] | None = None
         self._schema = schema
-        if isinstance(access, Knn):
-            self._search(access.query)
-        elif isinstance(access, (Lookup, FullText)):
+        if isinstance(access, Lookup):  # first: a point lookup builds a leaf per source per key
             self.primary_key = list(access.primary_key)
-        if isinstance(access, FullText):
+        elif isinstance(access, Knn):
+            self._search(access.query)
+        elif isinstance(access, FullText):
+            self.primary_key = list(access.primary_key)
             self.column = access.column
 
     def _needs(self, kind: type[A]) -> A:

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Container, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal
 
 import lance
 import pyarrow as pa
@@ -38,7 +38,7 @@ from memwal_sql.errors import (
     MissingWalEntryError,
 )
 from memwal_sql.formats.region_manifest import RegionManifestStore, check_not_behind_index
-from memwal_sql.formats.source_rows import BASE_GENERATION, source_schema
+from memwal_sql.formats.source_rows import source_schema
 from memwal_sql.formats.wal import iter_wal, wal_positions
 from memwal_sql.partitioning.region_spec import RegionSpec, region_id_for
 from memwal_sql.storage import ObjectStore, layout
@@ -83,24 +83,14 @@ class RegionSources:
     def num_sources(self) -> int:
         return len(self.generations) + len(self.unflushed)
 
+    def generations_newest_first(self, gap: Sequence[GenerationRef] = ()) -> list[GenerationRef]:
+        """The region's generations (and ``gap`` ones, which an indexed read reads in place of
+        base rows its index does not cover yet), newest first: the order every plan reads them.
 
-class SnapshotSource(NamedTuple):
-    """One source a query reads: the base table, a flushed generation, or unflushed rows (a
-    MemTable or WAL tail), with the region it belongs to (None for the base table).
-
-    ``generation`` is -1 for the base table; ``uri`` is set for a generation, ``rows`` for
-    unflushed rows. A tuple, not a dataclass: a point lookup makes one per source.
-    """
-
-    kind: Literal["base", "generation", "memtable"]
-    region: RegionSources | None
-    generation: int
-    uri: str | None = None
-    rows: MemRows | None = None
-
-    @property
-    def region_id(self) -> str:
-        return self.region.region_id if self.region is not None else ""
+        Example:
+            ``[g.generation for g in snap.regions[0].generations_newest_first()]``
+        """
+        return sorted([*self.generations, *gap], key=lambda g: -g.generation)
 
 
 @dataclass(frozen=True)
@@ -131,32 +121,6 @@ class ReadSnapshot:
     @property
     def base_version(self) -> int:
         return self.dataset.version
-
-    def sources(
-        self,
-        *,
-        base: bool = False,
-        regions: Container[str] | None = None,
-        gap: Mapping[str, Sequence[GenerationRef]] | None = None,
-    ) -> Iterator[SnapshotSource]:
-        """Every source of the snapshot, newest first within a region: the base table first
-        (if ``base``), then per region (those in ``regions``, default all) its unflushed rows
-        and its generations newest first (with its ``gap`` generations, which an indexed read
-        reads in place of base rows its index does not cover yet).
-
-        Example:
-            ``[(s.kind, s.region_id, s.generation) for s in snap.sources(base=True)]``
-        """
-        if base:
-            yield SnapshotSource("base", None, BASE_GENERATION)
-        for region in self.regions:
-            if regions is not None and region.region_id not in regions:
-                continue
-            for mem in region.unflushed:
-                yield SnapshotSource("memtable", region, mem.generation, rows=mem)
-            extra = gap.get(region.region_id, ()) if gap else ()
-            for gen in sorted([*region.generations, *extra], key=lambda g: -g.generation):
-                yield SnapshotSource("generation", region, gen.generation, uri=gen.uri)
 
 
 def take_read_snapshot(table: TableState, consistency: Consistency = "strong") -> ReadSnapshot:

@@ -1,41 +1,62 @@
-"""The one place a plan's leaves are built: a snapshot's source, read by an access method.
+"""The one place a plan's leaves are built: a snapshot's sources, read by an access method.
+
+A region's sources are read newest first: its unflushed rows, then its generations. A point
+lookup plans this for every key it is asked, so the leaves are built straight from the
+snapshot's lists, with nothing in between.
 
 Example:
-    ``[source_leaf(snap, src, Scan()) for src in snap.sources()]``
+    ``[leaf for r in snap.regions for leaf in region_leaves(snap, r, Scan())]``
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from exec_nodes.base_source import BaseSourceExec
 from exec_nodes.generation_source import GenerationSourceExec
 from exec_nodes.memtable_source import MemTableSourceExec
 from exec_nodes.source import Access, SourceLeaf
-from memwal_sql.read_snapshot import ReadSnapshot, SnapshotSource
-
-
-def source_leaf(snapshot: ReadSnapshot, src: SnapshotSource, access: Access) -> SourceLeaf:
-    """The leaf of ``src`` (one of ``snapshot.sources()``) that reads it by ``access``, its
-    rows in the snapshot's source schema, keeping what it reads in the snapshot's caches."""
-    if src.kind == "base":
-        return base_leaf(snapshot, access)
-    schema, caches = snapshot.source_schema, snapshot.caches
-    if src.rows is not None:
-        mem = src.rows
-        return MemTableSourceExec(
-            src.region_id, mem.generation, mem.batches, schema, access, mem.origin, caches=caches
-        )
-    assert src.uri is not None  # a flushed generation
-    return GenerationSourceExec(
-        src.region_id,
-        src.generation,
-        src.uri,
-        schema,
-        access,
-        snapshot.leaf_storage_options,
-        caches=caches,
-    )
+from memwal_sql.read_snapshot import GenerationRef, ReadSnapshot, RegionSources
 
 
 def base_leaf(snapshot: ReadSnapshot, access: Access) -> BaseSourceExec:
     """The leaf of the snapshot's base table that reads it by ``access``."""
     return BaseSourceExec(snapshot.dataset, snapshot.source_schema, access, caches=snapshot.caches)
+
+
+def memtable_leaves(
+    snapshot: ReadSnapshot, region: RegionSources, access: Access
+) -> list[MemTableSourceExec]:
+    """The leaves of ``region``'s unflushed rows (MemTables or WAL tail), newest first."""
+    schema, caches, rid = snapshot.source_schema, snapshot.caches, region.region_id
+    return [
+        MemTableSourceExec(rid, m.generation, m.batches, schema, access, m.origin, caches=caches)
+        for m in region.unflushed
+    ]
+
+
+def generation_leaves(
+    snapshot: ReadSnapshot,
+    region: RegionSources,
+    access: Access,
+    gap: Sequence[GenerationRef] = (),
+) -> list[GenerationSourceExec]:
+    """The leaves of ``region``'s flushed generations (and its ``gap`` ones, see
+    :meth:`RegionSources.generations_newest_first`), newest first."""
+    schema, caches, rid = snapshot.source_schema, snapshot.caches, region.region_id
+    opts = snapshot.leaf_storage_options
+    return [
+        GenerationSourceExec(rid, g.generation, g.uri, schema, access, opts, caches=caches)
+        for g in region.generations_newest_first(gap)
+    ]
+
+
+def region_leaves(
+    snapshot: ReadSnapshot, region: RegionSources, access: Access
+) -> list[SourceLeaf]:
+    """Every source of ``region`` read by ``access``, newest first: its unflushed rows, then
+    its generations."""
+    return [
+        *memtable_leaves(snapshot, region, access),
+        *generation_leaves(snapshot, region, access),
+    ]

@@ -10,7 +10,6 @@ probed. A tombstone in a newer source resolves a key as absent.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from itertools import groupby
 from typing import Any
 
 import numpy as np
@@ -36,7 +35,7 @@ from memwal_sql.read_snapshot import GenerationRef, ReadSnapshot
 from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.cache import Caches
 from planner.indexed import IndexedRead, plan_indexed_read
-from planner.leaves import base_leaf, source_leaf
+from planner.leaves import base_leaf, generation_leaves, memtable_leaves
 from planner.plan import PlanExec
 
 # SQL `pk IN (...)` lists up to this many keys run as a point lookup; a longer list is a scan
@@ -150,8 +149,7 @@ def region_lookups(
             by_values[tuple(values)] = keys.take(pa.array(idx))
     regions = []
     access = Lookup(tuple(pk))
-    for region, sources in groupby(snapshot.sources(gap=gap), key=lambda s: s.region):
-        assert region is not None  # the base table is not among them
+    for region in snapshot.regions:
         routed = routable and region.region_values is not None
         if routed:
             assert region.region_values is not None
@@ -160,14 +158,9 @@ def region_lookups(
                 continue
         else:
             region_keys = keys  # cannot route: this region may hold any key
-        children: list[KeyedExec] = []
-        gens = []
-        for src in sources:
-            leaf = source_leaf(snapshot, src, access)
-            if isinstance(leaf, GenerationSourceExec):
-                gens.append(leaf)
-            else:
-                children.append(leaf)
+        children: list[KeyedExec] = list(memtable_leaves(snapshot, region, access))
+        extra = gap.get(region.region_id, ()) if gap else ()
+        gens = generation_leaves(snapshot, region, access, extra)
         if len(gens) > 1 and _merged_index_pays(gens, region_keys.num_rows, caches):
             children.append(GenerationIndexExec(gens, pk, schema, caches=caches))
         else:  # a few keys: a bloom test per generation rules most of them out cheaper

@@ -12,7 +12,7 @@ from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.formats.source_rows import GEN, ROWADDR
 from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.read_snapshot import ReadSnapshot
-from planner.leaves import source_leaf
+from planner.leaves import region_leaves
 from planner.plan import PlanExec
 from planner.pruning import prune_regions
 from planner.regions import check_one_region_per_key
@@ -122,7 +122,13 @@ def plan_scan(
     kept, pruned = prune_regions(
         predicate, spec, base_schema, [(r.region_id, r.region_values) for r in snapshot.regions]
     )
-    sources = [source_leaf(snapshot, src, Scan()) for src in snapshot.sources(regions=set(kept))]
+    kept_ids = set(kept)
+    sources = [
+        leaf
+        for region in snapshot.regions
+        if region.region_id in kept_ids
+        for leaf in region_leaves(snapshot, region, Scan())
+    ]
     root = DeduplicateExec(
         sources,
         snapshot.dataset,

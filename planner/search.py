@@ -18,7 +18,6 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import groupby
 from typing import Literal, TypeAlias, TypeVar
 
 import lance
@@ -34,7 +33,7 @@ from exec_nodes.knn import (
     KnnQuery,
     KnnSource,
 )
-from exec_nodes.source import FullText, Knn
+from exec_nodes.source import FullText, Knn, SourceLeaf
 from exec_nodes.stale import FilterStaleExec
 from exec_nodes.topk import TopKExec
 from memwal_sql.expressions.predicate import Predicate
@@ -44,7 +43,7 @@ from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.vectors import DISTANCE
 from memwal_sql.writer.memtable_indexes import tokenizer_for
-from planner.leaves import base_leaf, source_leaf
+from planner.leaves import base_leaf, memtable_leaves, region_leaves
 from planner.lookup import region_lookups
 from planner.plan import PlanExec
 from planner.pruning import prune_regions
@@ -235,15 +234,12 @@ def plan_vector_search(
     knn = KnnQuery(column, vector, metric, predicate, search.k, tuple(pk))
     base = Knn(knn, index.name if index else None, nprobes, refine_factor)
     sources: list[KnnSource] = [base_leaf(snapshot, base)]
-    for region, group in groupby(snapshot.sources(regions=set(kept)), key=lambda s: s.region):
-        assert region is not None  # the base table is not among them
-        generations = []
-        for src in group:
-            if src.rows is not None:
-                sources.append(source_leaf(snapshot, src, Knn(knn)))
-            else:
-                assert src.uri is not None
-                generations.append((src.generation, src.uri))
+    kept_ids = set(kept)
+    for region in snapshot.regions:
+        if region.region_id not in kept_ids:
+            continue
+        sources.extend(memtable_leaves(snapshot, region, Knn(knn)))
+        generations = [(g.generation, g.uri) for g in region.generations_newest_first()]
         if generations:
             sources.append(
                 GenerationRunsKnnExec(
@@ -301,9 +297,13 @@ def plan_fts(
     tokenizer = tokenizer_for(index[1] if index else {}, caches)
     kept, pruned, _, _, pk = _layout(snapshot, spec, base_schema, predicate)
     text = FullText(column, tokenizer, tuple(pk))
-    every = list(snapshot.sources(base=True))
-    sources = [source_leaf(snapshot, src, text) for src in every]
-    searched = [src.region is None or src.region_id in set(kept) for src in every]
+    kept_ids = set(kept)
+    sources: list[SourceLeaf] = [base_leaf(snapshot, text)]
+    searched = [True]
+    for region in snapshot.regions:
+        leaves = region_leaves(snapshot, region, text)
+        sources.extend(leaves)
+        searched.extend([region.region_id in kept_ids] * len(leaves))
     k = search.k
     bm25 = GlobalBM25Exec(
         sources, pk, tokenizer.terms(query), k, predicate, searched, post_filter=post_filter

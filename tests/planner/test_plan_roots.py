@@ -1,6 +1,6 @@
 """Plan roots: every plan (scan, lookup, vector and full-text search) is an exec node that
-runs by partition, planning reads nothing a search ranks, and the snapshot's sources come
-from one iterator. Also the search query object."""
+runs by partition, planning reads nothing a search ranks, and a region's leaves come newest
+first from one builder. Also the search query object."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ import pytest
 import memwal_sql as mw
 from exec_nodes.base import ExecNode
 from exec_nodes.knn import GenerationRunsKnnExec
+from exec_nodes.source import Lookup, Scan
 from memwal_sql.expressions.predicate import Compare
-from memwal_sql.read_snapshot import take_read_snapshot
+from memwal_sql.read_snapshot import GenerationRef, take_read_snapshot
+from planner.leaves import generation_leaves, region_leaves
 from planner.lookup import plan_lookup
 from planner.scan import plan_scan
 
@@ -51,21 +53,22 @@ def tbl(tmp_path):
     t.close()
 
 
-def test_sources_come_base_first_then_per_region_memtables_and_generations_newest_first(tbl):
+def test_region_leaves_read_memtables_then_generations_newest_first(tbl):
     snap = take_read_snapshot(tbl)
-    got = [(s.kind, s.region_id, s.generation) for s in snap.sources(base=True)]
-    assert got[0] == ("base", "", -1)
-    per_region: dict[str, list[tuple[str, int]]] = {}
-    for kind, rid, gen in got[1:]:
-        per_region.setdefault(rid, []).append((kind, gen))
+    assert sum(r.num_sources for r in snap.regions) >= 4
     for region in snap.regions:
-        want = [("memtable", m.generation) for m in region.unflushed]
-        want += [("generation", g.generation) for g in region.generations]
-        want[len(region.unflushed) :] = sorted(want[len(region.unflushed) :], key=lambda w: -w[1])
-        assert per_region.get(region.region_id, []) == want
-    assert sum(r.num_sources for r in snap.regions) == len(got) - 1
-    one = snap.regions[0].region_id
-    assert {s.region_id for s in snap.sources(regions={one})} == {one}
+        leaves = region_leaves(snap, region, Scan())
+        got = [(type(leaf).__name__, leaf.region_id, leaf.generation) for leaf in leaves]
+        want = [("MemTableSourceExec", region.region_id, m.generation) for m in region.unflushed]
+        gens = sorted((g.generation for g in region.generations), reverse=True)
+        want += [("GenerationSourceExec", region.region_id, g) for g in gens]
+        assert got == want
+        assert all(leaf.access == Scan() for leaf in leaves)
+    # An indexed read's gap generations are read in generation order with the others.
+    region = next(r for r in snap.regions if r.generations)
+    gap = [GenerationRef(g.generation - 1000, g.uri) for g in region.generations]
+    order = [leaf.generation for leaf in generation_leaves(snap, region, Lookup(("id",)), gap)]
+    assert order == sorted(order, reverse=True) and len(order) == 2 * len(region.generations)
 
 
 def test_every_plan_root_is_an_exec_node_run_by_partition(tbl):
