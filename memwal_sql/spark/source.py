@@ -8,7 +8,9 @@ its Arrow batches through the routed writer, durably, and returns only once they
 a task fenced by another task writing the same region claims the region again and goes on.
 
 Options: ``consistency`` (``strong``/``eventual``), ``partitions`` (base fragment groups),
-``operation`` (``upsert``/``delete``); every other option is a storage option (``aws_*``...).
+``columns`` (a comma-separated list: only those are read; PySpark's Python data sources get no
+column pruning from Spark), ``operation`` (``upsert``/``delete``); every other option is a
+storage option (``aws_*``...).
 
 Example:
     ``memwal_sql.spark.register(spark); spark.read.format("memwal").load(uri)``
@@ -47,6 +49,7 @@ from memwal_sql.storage import layout
 
 _OPTIONS = {
     "path",
+    "columns",
     "consistency",
     "partitions",
     "operation",
@@ -75,6 +78,20 @@ def _open(options: dict[str, str]) -> Any:
     return mw.open_table(uri, storage or None)
 
 
+def _read_schema(table: Any, options: dict[str, str]) -> pa.Schema:
+    """The columns a read returns: the ``columns`` option's, in its order, else all."""
+    if "columns" not in options:
+        return table.schema
+    names = [c.strip() for c in options["columns"].split(",") if c.strip()]
+    unknown = [c for c in names if c not in table.schema.names]
+    if not names or unknown:
+        raise InvalidInputError(
+            f"the columns option names {unknown or 'no column'}; give a comma-separated list of "
+            f"the table's columns: {', '.join(table.schema.names)}"
+        )
+    return pa.schema([table.schema.field(c) for c in dict.fromkeys(names)])
+
+
 class MemWalDataSource(DataSource):
     """``format("memwal")``: see the module docstring."""
 
@@ -83,8 +100,8 @@ class MemWalDataSource(DataSource):
         return "memwal"
 
     def schema(self) -> StructType:
-        table = _open(dict(self.options))
-        return from_arrow_schema(spark_compatible(table.schema))
+        options = dict(self.options)
+        return from_arrow_schema(spark_compatible(_read_schema(_open(options), options)))
 
     def reader(self, schema: StructType) -> MemWalReader:
         return MemWalReader(dict(self.options))
@@ -138,14 +155,15 @@ class MemWalReader(DataSourceReader):
         plan = plan_scan(
             snapshot, table.region_spec, table.schema, self.predicate, partitions=parts
         )
-        shipped = pickle.dumps(plan.root)
+        columns = _read_schema(table, self.options)
+        shipped = pickle.dumps((plan.root, columns))
         return [InputPartition((shipped, i)) for i in range(plan.root.partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         shipped, i = partition.value
-        root = pickle.loads(shipped)
-        schema = spark_compatible(root.schema)
-        for batch in root.execute(i):
+        root, columns = pickle.loads(shipped)
+        schema = spark_compatible(columns)
+        for batch in root.execute_columns(i, columns):
             yield to_spark_batch(batch, schema)
 
 

@@ -62,6 +62,32 @@ def test_a_read_equals_to_arrow_with_and_without_pushed_filters(spark, table):
         assert sorted_rows(got).equals(sorted_rows(tbl.to_arrow(filter=expr))), where
 
 
+def test_the_columns_option_reads_only_those_columns_in_its_order(spark, table):
+    tbl = mw.open_table(table)
+    got = spark.read.format("memwal").option("columns", "v, id").load(table)
+    assert got.columns == ["v", "id"]
+    want = tbl.to_arrow(columns=["v", "id"], filter="id > 200").sort_by("id")
+    assert got.where("id > 200").toArrow().sort_by("id").cast(want.schema).equals(want)
+
+
+def test_the_columns_option_is_checked_and_each_partition_reads_only_those(table):
+    import pickle
+
+    from memwal_sql.spark.source import MemWalDataSource, MemWalReader
+
+    with pytest.raises(mw.errors.InvalidInputError, match="nope"):
+        MemWalDataSource({"path": table, "columns": "id, nope"}).schema()
+    reader = MemWalReader({"path": table, "columns": "tenant"})
+    batches = [
+        b for p in reader.partitions() for b in reader.read(p)  # what each Spark task runs
+    ]
+    assert {b.schema.names[0] for b in batches} == {"tenant"}
+    assert all(b.num_columns == 1 for b in batches)
+    _, columns = pickle.loads(reader.partitions()[0].value[0])
+    assert columns.names == ["tenant"]
+    assert sum(b.num_rows for b in batches) == mw.open_table(table).count_rows()
+
+
 def test_pushed_key_filters_prune_regions(table):
     # Spark plans a Python data source in a worker process: the reader is driven here the
     # way Spark drives it, and the plan its partitions carry is inspected.
@@ -74,7 +100,7 @@ def test_pushed_key_filters_prune_regions(table):
     def regions_read(filters):
         reader = MemWalReader({"path": table})
         left = list(reader.pushFilters(filters))
-        root = pickle.loads(reader.partitions()[0].value[0])
+        root, _ = pickle.loads(reader.partitions()[0].value[0])
         return left, {s.region_id for s in root.newer}
 
     left, regions = regions_read([])
