@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -184,6 +183,12 @@ def lance(kind: str, uri: str, base_rows: int) -> tuple[Callable[[], Any], Calla
     return open_, lambda run: run()
 
 
+def peak_rss_mb() -> float:
+    """This process's peak RSS (``VmHWM``: ``ru_maxrss`` would carry the parent's over)."""
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmHWM")).split()[1]) / 1024
+
+
 def child(system: str, kind: str, uri: str, base_rows: int) -> dict[str, Any]:
     """One fresh process's measurement: open + first query (cold), then warm runs."""
     open_, query = (ours if system == "memwal" else lance)(kind, uri, base_rows)
@@ -200,7 +205,7 @@ def child(system: str, kind: str, uri: str, base_rows: int) -> dict[str, Any]:
         "cold_ms": cold_ms,
         "warm_ms": float(np.median(warm)),
         "rows": n,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb(),
     }
 
 

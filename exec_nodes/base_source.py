@@ -20,8 +20,10 @@ method through Lance (its scanner, key index or btree, vector index, data files)
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import lance
@@ -109,6 +111,14 @@ def _deleted_rows(
 
 _KEY_INDEX_ROW_BYTES = 16  # a cached base key index entry: key and row address, in key order
 _KEY_INDEX_SHARE = 4  # a base's key index may take a quarter of the cache
+# A base of at least this many rows with a btree on its first key column builds its key index
+# in the background, and is probed through the btree meanwhile: the first query after an open
+# costs what Lance's own lookup costs, not a read of every key (benchmarks/bench_scale.py).
+BACKGROUND_KEY_INDEX_ROWS = 1 << 18
+# One build at a time: each reads a whole key column, and a second would only compete.
+_KEY_INDEX_BUILDS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memwal-lookup-keys")
+_building: set[str] = set()
+_building_lock = threading.Lock()
 # Lookups read a base's fragments whole only while all of them, with its key index, fit in
 # half the cache: a batch of lookups touches every fragment, and a plain LRU cache over
 # budget evicts what the next batch needs, which is slower than random takes
@@ -177,6 +187,7 @@ class BaseSourceExec(SourceLeaf):
     ) -> None:
         super().__init__(None, BASE_GENERATION, schema, access, caches=caches, keys=keys)
         self.dataset = dataset
+        self._uses_key_index: bool | None = None
         if isinstance(access, Scan):
             table = dataset.schema  # Lance builds it anew on each access
             self.columns = table.names if access.columns is None else list(access.columns)
@@ -211,8 +222,8 @@ class BaseSourceExec(SourceLeaf):
                 d.field_names == [self.primary_key[0]] and d.index_type == "BTree"
                 for d in self.dataset.describe_indices()
             )
-            how = "btree"
-            if self._fits_cache():
+            how = "btree" + ("" if self._fits_cache() else " (key index too big for the cache)")
+            if self.uses_key_index():
                 how = "cached key index, " + (
                     "rows from whole fragments" if self._fragments_fit_cache() else "random takes"
                 )
@@ -367,8 +378,53 @@ class BaseSourceExec(SourceLeaf):
     # Lookup
 
     def uses_key_index(self) -> bool:
-        """True if keys are probed in the cached key index, not through the btree."""
-        return self._fits_cache()
+        """True if keys are probed in the cached key index (built now if need be), not through
+        the btree: False while a big base's index is being built in the background. Decided
+        once per leaf, so that a plan and its execution take the same path."""
+        if self._uses_key_index is None:
+            self._uses_key_index = self._key_index_now()
+        return self._uses_key_index
+
+    def _key_index_now(self) -> bool:
+        if not self._fits_cache():
+            return False
+        facts = _base_facts(self.dataset)
+        if (
+            self.caches.lookup.contains("base_keys", facts.cache_key)
+            or facts.rows < BACKGROUND_KEY_INDEX_ROWS
+            or not self._has_key_btree()  # without one, a probe reads every key anyway
+        ):
+            return True
+        self._build_key_index_in_background()
+        return False
+
+    def _has_key_btree(self) -> bool:
+        ds, column = self.dataset, self.primary_key[0]
+
+        def load() -> tuple[bool, int]:
+            found = any(
+                d.field_names == [column] and d.index_type == "BTree" for d in ds.describe_indices()
+            )
+            return found, 64
+
+        return self.caches.lookup.get("key_btree", _base_facts(ds).cache_key, load)
+
+    def _build_key_index_in_background(self) -> None:
+        """Start building the key index, unless a build of it is under way."""
+        key = _base_facts(self.dataset).cache_key
+        with _building_lock:
+            if key in _building:
+                return
+            _building.add(key)
+
+        def build() -> None:
+            try:
+                self.caches.lookup.get("base_keys", key, self._load_key_index)
+            finally:
+                with _building_lock:
+                    _building.discard(key)
+
+        _KEY_INDEX_BUILDS.submit(build)
 
     def _fits_cache(self) -> bool:
         return (
@@ -391,16 +447,16 @@ class BaseSourceExec(SourceLeaf):
         return np.sort(addrs[pos[pos >= 0]].astype(np.uint64))
 
     def _key_index(self) -> tuple[KeySet, np.ndarray] | None:
-        if not self._fits_cache():
+        if not self.uses_key_index():
             return None
-        ds, pk = self.dataset, self.primary_key
+        key = _base_facts(self.dataset).cache_key
+        return self.caches.lookup.get("base_keys", key, self._load_key_index)
 
-        def load() -> tuple[tuple[KeySet, np.ndarray], int]:
-            table = ds.to_table(columns=pk, with_row_address=True)
-            keyset, addrs = KeySet.indexing(table.select(pk), table.column(ROWADDR).to_numpy())
-            return (keyset, addrs), keyset.nbytes + addrs.nbytes
-
-        return self.caches.lookup.get("base_keys", _base_facts(ds).cache_key, load)
+    def _load_key_index(self) -> tuple[tuple[KeySet, np.ndarray], int]:
+        pk = self.primary_key
+        table = self.dataset.to_table(columns=pk, with_row_address=True)
+        keyset, addrs = KeySet.indexing(table.select(pk), table.column(ROWADDR).to_numpy())
+        return (keyset, addrs), keyset.nbytes + addrs.nbytes
 
     def _probe(self, keys: pa.Table) -> Probe:
         names = stored_columns(self.schema, self.dataset)

@@ -550,10 +550,14 @@ class DeduplicateExec(ExecNode):
                 gens = "\n".join(
                     sorted(s.uri for s in self.newer if isinstance(s, GenerationSourceExec))
                 )
-                from_gens = self.caches.scan.get(
-                    "base_mask", f"{ds.uri}@{ds.version}\n{gens}", load
-                )
-                from_mems = in_mems.base_mask(lookup)
+                # No key index yet (a big base builds it in the background): probe each base
+                # batch's keys instead, and cache no mask that says so.
+                from_gens = from_mems = None
+                if lookup.uses_key_index():
+                    from_gens = self.caches.scan.get(
+                        "base_mask", f"{ds.uri}@{ds.version}\n{gens}", load
+                    )
+                    from_mems = in_mems.base_mask(lookup)
                 if from_gens is None or from_mems is None:
                     self._masked = False
                 else:

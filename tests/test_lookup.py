@@ -364,3 +364,51 @@ def test_a_region_looked_up_again_and_again_switches_to_its_merged_key_index(tmp
     assert all(k == {"BloomFilterGuardExec"} for k in kinds[:HOT_REGION_LOOKUPS])
     assert all(k == {"GenerationIndexExec"} for k in kinds[HOT_REGION_LOOKUPS:])
     tbl.close()
+
+
+def test_a_big_base_is_probed_through_its_btree_while_its_key_index_builds_in_the_background(
+    tmp_path, monkeypatch
+):
+    # The first lookup or scan after an open must not read every base key first: it goes
+    # through the btree, and the key index is built beside it for the queries after.
+    import exec_nodes.base_source as base_source
+
+    monkeypatch.setattr(base_source, "BACKGROUND_KEY_INDEX_ROWS", 1000)
+    uri = str(tmp_path)
+    with mw.create_table(uri, batch(list(range(3000)), 0), primary_key="k") as t:
+        t.upsert(batch(list(range(0, 3000, 5)), 1))
+        t.flush()
+        t.delete(list(range(1, 3000, 7)))
+        t.flush()
+    latest = {k: f"v{k}-{1 if k % 5 == 0 else 0}" for k in range(3000) if k % 7 != 1}
+    keys = [0, 1, 5, 8, 2999, 4000]
+    want = [{"k": k, "v": latest[k]} for k in keys if k in latest]
+    gate = threading.Event()
+    monkeypatch.setattr(
+        BaseSourceExec, "_load_key_index", _held(BaseSourceExec._load_key_index, gate)
+    )
+    tbl = mw.open_table(uri, cache=64 << 20)
+    assert tbl.lookup(keys).to_pylist() == want
+    plan = tbl._reads.last_lookup_plan
+    assert not plan.base.uses_key_index() and "via btree" in plan.base.describe()
+    assert "base_keys" not in {kind for kind, _ in tbl.caches.lookup.entries()}
+    scanned = tbl.to_arrow().sort_by("k").to_pylist()  # superseded rows dropped batch by batch
+    assert scanned == [{"k": k, "v": v} for k, v in sorted(latest.items())]
+    gate.set()
+    base_source._KEY_INDEX_BUILDS.submit(lambda: None).result()  # after the build it queued
+    assert "base_keys" in {kind for kind, _ in tbl.caches.lookup.entries()}
+    assert tbl.lookup(keys).to_pylist() == want
+    plan = tbl._reads.last_lookup_plan
+    assert plan.base.uses_key_index() and "cached key index" in plan.base.describe()
+    assert tbl.to_arrow().sort_by("k").to_pylist() == scanned
+    tbl.close()
+
+
+def _held(load, gate):
+    """``load``, waiting for ``gate`` first: the background build is held while it is open."""
+
+    def held(self):
+        assert gate.wait(30)
+        return load(self)
+
+    return held
