@@ -4,8 +4,9 @@ versions in two regions.
 Only a table whose region spec reads non-key columns (Lance lets one be made; memwal-sql's
 ``create_table`` asks for ``allow_non_key_region_spec=True``) can get there: a write that
 changes a key's region columns while its old region still holds an unmerged version of it.
-Routed writes (``tbl.upsert``, ``tbl.delete``) probe every region for their keys first, as a
-point lookup does without the base table: the MemTables of this process, the WAL tails of the
+Routed writes (``tbl.upsert``, ``tbl.delete``) first probe every region for their keys that
+they route elsewhere (a key its own region holds is no conflict), as a point lookup does
+without the base table: the MemTables of this process, the WAL tails of the
 other regions, and the generations behind their bloom filters. A writer of another process
 that has not stored its rows yet is not seen, nor are writes through an explicit region
 writer; reads and merges check again (:mod:`planner.regions`).
@@ -16,13 +17,17 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from exec_nodes.lookup import HASH
 from exec_nodes.regions import OTHER_REGION, REGION, KeyRegions
 from memwal_sql.errors import KeyRegionChangeError
+from memwal_sql.formats.bloom import pk_hashes
 from memwal_sql.partitioning.region_spec import region_id_for
 from memwal_sql.read_snapshot import take_read_snapshot
 from memwal_sql.session import read_failures
@@ -31,26 +36,30 @@ from planner.lookup import region_lookups
 if TYPE_CHECKING:
     from memwal_sql.table_state import TableState
 
-REGION_ID = "region_id"
 
-
-def unmerged_regions(table: TableState, keys: pa.Table) -> pa.Table:
-    """The regions holding an unmerged version (a row or a tombstone) of each of ``keys`` (a
-    table of the key columns): the key columns and ``region_id``, a row per key and region.
-
-    Example:
-        ``unmerged_regions(tbl, pa.table({"id": [1, 2]}))``
-    """
+def _held_elsewhere(
+    table: TableState, keys: pa.Table, routed: Mapping[str, np.ndarray] | None = None
+) -> list[tuple[str, pa.Table]]:
+    """Per region, the keys it holds an unmerged version of, among ``keys`` less the rows
+    ``routed`` to it (a mask per region id). A region holding a key the write routes to it is
+    no conflict: asked only for the keys routed elsewhere, a region mostly rules them out by
+    its bloom filters and key indexes, and takes no rows."""
     pk = list(table.primary_key)
     snapshot = take_read_snapshot(table, "strong")
-    found = [keys.select(pk).slice(0, 0).append_column(REGION_ID, pa.array([], pa.string()))]
+    # Hashed once for the bloom filters of every region.
+    keys = keys.append_column(HASH, pa.array(pk_hashes(keys.select(pk))))
+    out = []
     with read_failures(f"key check in {table.uri}"):
-        for region in region_lookups(snapshot, table.store, table.region_spec, keys.select(pk)):
-            assert region.keys is not None  # region_lookups binds each region's keys
-            rows = region.probe(region.keys).rows.select(pk)
-            region_ids = pa.array([region.region_id] * rows.num_rows, pa.string())
-            found.append(rows.append_column(REGION_ID, region_ids))
-    return pa.concat_tables(found)
+        for region in region_lookups(snapshot, table.store, table.region_spec, keys):
+            rid = region.region_id
+            assert rid is not None  # region_lookups names each region's node
+            mask = (routed or {}).get(rid)
+            asked = keys if mask is None else keys.filter(pa.array(~mask))
+            if asked.num_rows:
+                rows = region.probe(asked).rows.select(pk)
+                if rows.num_rows:
+                    out.append((rid, rows))
+    return out
 
 
 def refuse_region_changes(table: TableState, rows: pa.RecordBatch, routing: pa.RecordBatch) -> None:
@@ -65,15 +74,15 @@ def refuse_region_changes(table: TableState, rows: pa.RecordBatch, routing: pa.R
     assert spec is not None  # a table without a spec writes one region
     pk = list(table.primary_key)
     keys = pa.Table.from_batches([rows]).select(pk)
-    mine = [
-        (region_id_for(spec, tuple(values)), keys.take(idx))
-        for values, idx in spec.group_rows(routing).items()
-    ]
-    held = unmerged_regions(table, keys)
-    theirs = [
-        (rid, held.filter(pc.equal(held[REGION_ID], rid)).select(pk))
-        for rid in pc.unique(held[REGION_ID]).to_pylist()
-    ]
+    mine, routed = [], {}
+    for values, idx in spec.group_rows(routing).items():
+        rid = region_id_for(spec, tuple(values))
+        mine.append((rid, keys.take(idx)))
+        routed[rid] = np.zeros(keys.num_rows, dtype=bool)
+        routed[rid][idx] = True
+    theirs = _held_elsewhere(table, keys, routed)
+    if not theirs and (len(mine) == 1 or _distinct(keys)):
+        return  # no other region holds them, and each key goes to one region
     shared = KeyRegions([*mine, *theirs], pk).shared()
     if shared is None:
         return
@@ -85,4 +94,13 @@ def refuse_region_changes(table: TableState, rows: pa.RecordBatch, routing: pa.R
         f"region columns ({', '.join(spec.source_columns)}) must not change while a region "
         "holds an unmerged version of it. Nothing was written. Keep the key's region values, "
         "or merge its region first (tbl.flush(); tbl.merge()); then it may move"
+    )
+
+
+def _distinct(keys: pa.Table) -> bool:
+    """Whether no key occurs twice in ``keys``."""
+    if keys.num_columns == 1:
+        return len(pc.unique(keys.column(0))) == keys.num_rows
+    return keys.group_by(keys.column_names, use_threads=False).aggregate([]).num_rows == (
+        keys.num_rows
     )

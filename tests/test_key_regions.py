@@ -366,3 +366,35 @@ def test_a_merge_takes_only_the_generations_its_check_saw(tmp_path, monkeypatch)
     assert tbl.to_arrow(["id", "v"]).sort_by("id").to_pylist() == want
     assert tbl.dataset().to_table(columns=["id", "v"]).sort_by("id").to_pylist() == want
     tbl.close()
+
+
+def test_the_write_check_asks_each_region_only_for_keys_the_write_routes_elsewhere(
+    tmp_path, monkeypatch
+):
+    # A key its own region holds is no conflict: asking a region for it would only take its
+    # rows. Each of four regions is asked for the three quarters of the keys routed elsewhere.
+    from exec_nodes.lookup import CoalesceFirstExec
+
+    tbl = opted_in(tmp_path, mw.RegionSpec.identity("tenant"))
+    ids = list(range(100))
+    data = pa.Table.from_pylist(
+        [{"id": i, "ts": JAN1, "tenant": "abcd"[i % 4], "day": 1, "v": "x"} for i in ids],
+        schema=SCHEMA,
+    )
+    tbl.upsert(data)
+    asked: dict[str, set[int]] = {}
+    probe = CoalesceFirstExec.probe
+
+    def spy(self, keys):
+        asked[self.region_id] = set(keys.column("id").to_pylist())
+        return probe(self, keys)
+
+    monkeypatch.setattr(CoalesceFirstExec, "probe", spy)
+    tbl.upsert(data)  # the same tenants: allowed
+    assert len(asked) == 4 and all(len(keys) == 75 for keys in asked.values())
+    tenants = {frozenset("abcd"[i % 4] for i in ids if i not in keys) for keys in asked.values()}
+    assert tenants == {frozenset(t) for t in "abcd"}  # each region: all but its own tenant's
+    moved = data.slice(0, 1).set_column(2, "tenant", pa.array(["b"]))  # key 0: a -> b
+    with pytest.raises(KeyRegionChangeError):
+        tbl.upsert(moved)
+    tbl.close()
