@@ -533,8 +533,13 @@ def lance_nearest(
     if isinstance(refine, int) and refine * k > rows:
         options = {**options, "refine_factor": -(-rows // k)}  # already every row refined
     nearest = {"column": node.column, "q": node.query, "k": k, "metric": node.metric, **options}
+    # Named in the projection: Lance 14 warns (once per search) that it will stop adding it.
     table = ds.scanner(
-        columns=names, nearest=nearest, filter=pushed, prefilter=True, with_row_address=True
+        columns=[*names, DISTANCE],
+        nearest=nearest,
+        filter=pushed,
+        prefilter=True,
+        with_row_address=True,
     ).to_table()
     if not exact:
         table = matches(node.predicate, table).slice(0, n)
