@@ -69,13 +69,11 @@ def test_two_tables_with_separate_budgets_do_not_evict_each_other(tmp_path):
     assert len(before) > 3 and held > 0
 
     busy = layered(str(tmp_path / "busy"), cache=16 << 10, generations=8)
-    first = None
     for k in range(0, 160, 3):
         busy.lookup([k])
         busy.to_arrow(filter=f"k >= {k}")
-        first = first or busy.caches.lookup.entries()[0]
     assert busy.caches.nbytes <= 16 << 10
-    assert first not in busy.caches.lookup.entries()  # the busy table did evict its own
+    assert busy.caches.stats().evictions > 0  # the busy table did evict its own
 
     assert kept.caches.lookup.entries() == before
     assert all(kept.caches.lookup.contains(kind, uri) for kind, uri in before)
