@@ -37,6 +37,8 @@ DEFAULT_BUDGET = 512 << 20
 #: The share of the budget the protected segment may hold (the rest is probation's), as the
 #: protected segment of a segmented LRU (Caffeine's is 80%).
 PROTECTED_SHARE = 0.8
+#: How many budgets' worth of evicted keys a cache remembers (keys only, no values).
+REMEMBERED = 3
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,9 @@ class LookupCache:
         # Keys evicted lately, with the bytes they held: no values.
         self._ghosts: OrderedDict[_Key, int] = OrderedDict()
         self._ghost_bytes = 0
+        # How often each key held or remembered was asked for, halved now and then.
+        self._freq: dict[_Key, int] = {}
+        self._accesses = 0
         self._part_bytes: dict[str, int] = {}
         self._stats: dict[str, CacheStats] = {}
         self._lock = threading.Lock()
@@ -122,6 +127,7 @@ class LookupCache:
         ``(value, nbytes)``, kept."""
         key = (part, kind, uri)
         with self._lock:
+            self._seen(key)
             entry = self._protected.get(key) or self._probation.get(key)
             if entry is not None and (current is None or current(entry[0])):
                 self._touch(key, entry)
@@ -130,20 +136,20 @@ class LookupCache:
             self._tally(part, CacheStats(misses=1))
         value, nbytes = load()
         with self._lock:
-            # A stale value reloaded is a hit again, as a hit is; a remembered key is too, but
-            # takes only room protected has free (see the class's docstring).
             held = key in self._protected or key in self._probation
             remembered = key in self._ghosts
             self._forget(key)
             if nbytes <= self.max_bytes:
                 self._count(part, nbytes)
-                if remembered and self._protected_bytes + nbytes <= self._protected_room():
-                    self._protected[key] = (value, nbytes)
-                    self._protected_bytes += nbytes
+                # A stale value reloaded is a hit again; a remembered key is one too, but
+                # takes protected room from its least recently used entry only if it is used
+                # more often (see the class's docstring).
+                if nbytes <= self._protected_room() and (
+                    held or (remembered and self._worth_protecting(key, nbytes))
+                ):
+                    self._promote(key, (value, nbytes))
                 else:
                     self._probation[key] = (value, nbytes)
-                    if held:
-                        self._touch(key, (value, nbytes))
                 self._evict()
         return value
 
@@ -171,6 +177,7 @@ class LookupCache:
                     if k[2].startswith(key_prefix) and (part is None or k[0] == part)
                 ]:
                     self._forget(key)
+                    self._freq.pop(key, None)
 
     def clear(self, *, part: str | None = None) -> None:
         """Drop every entry (of ``part``, or of every part)."""
@@ -204,6 +211,26 @@ class LookupCache:
     def _protected_room(self) -> int:
         return int(self.max_bytes * PROTECTED_SHARE)
 
+    def _seen(self, key: _Key) -> None:
+        """Count an access of ``key``; halve every count every ten accesses per entry held,
+        so that what was used often long ago counts less than what is used now (TinyLFU's
+        reset)."""
+        self._freq[key] = self._freq.get(key, 0) + 1
+        self._accesses += 1
+        if self._accesses >= 4 * max(16, len(self._probation) + len(self._protected)):
+            self._freq = {k: n >> 1 for k, n in self._freq.items()}
+            self._accesses = 0
+
+    def _worth_protecting(self, key: _Key, nbytes: int) -> bool:
+        """Whether a remembered key loaded again goes to the protected segment: while it has
+        room, or if the key is used more often than the protected entry it would push out."""
+        if self._protected_bytes + nbytes <= self._protected_room():
+            return True
+        victim = next(iter(self._protected))
+        # By more than one: halving rounds down, so keys asked for as often (a cyclic pass)
+        # may differ by one, and must not push each other out.
+        return self._freq.get(key, 0) > self._freq.get(victim, 0) + 1
+
     def _touch(self, key: _Key, entry: tuple[Any, int]) -> None:
         """A hit: most recently used in protected, moved there from probation if it fits."""
         if key in self._protected:
@@ -212,13 +239,16 @@ class LookupCache:
             self._probation.move_to_end(key)
         else:
             del self._probation[key]
-            self._protected[key] = entry
-            self._protected_bytes += entry[1]
-            while self._protected_bytes > self._protected_room():
-                # Pushed out of protected: probation's most recently used, a second chance.
-                demoted, held = self._protected.popitem(last=False)
-                self._protected_bytes -= held[1]
-                self._probation[demoted] = held
+            self._promote(key, entry)
+
+    def _promote(self, key: _Key, entry: tuple[Any, int]) -> None:
+        self._protected[key] = entry
+        self._protected_bytes += entry[1]
+        while self._protected_bytes > self._protected_room():
+            # Pushed out of protected: probation's most recently used, a second chance.
+            demoted, held = self._protected.popitem(last=False)
+            self._protected_bytes -= held[1]
+            self._probation[demoted] = held
 
     def _evict(self) -> None:
         while self.nbytes > self.max_bytes:
@@ -228,11 +258,18 @@ class LookupCache:
             self._tally(key[0], CacheStats(evictions=1))
             self._ghosts[key] = nbytes
             self._ghost_bytes += nbytes
-        # Remember at most one budget of keys, and no more keys than entries held: a key costs
-        # what a held entry's key costs, so this at most doubles what keys take.
+        # Remember keys of at most REMEMBERED budgets, and at most REMEMBERED keys per entry
+        # held: a key costs what a held entry's key costs (a few hundred bytes, next to
+        # entries of kilobytes), and a cyclic pass over up to REMEMBERED + 1 budgets finds
+        # its keys remembered.
         held = len(self._probation) + len(self._protected)
-        while self._ghosts and (self._ghost_bytes > self.max_bytes or len(self._ghosts) > held):
-            self._ghost_bytes -= self._ghosts.popitem(last=False)[1]
+        while self._ghosts and (
+            self._ghost_bytes > REMEMBERED * self.max_bytes
+            or len(self._ghosts) > REMEMBERED * held
+        ):
+            key, nbytes = self._ghosts.popitem(last=False)
+            self._ghost_bytes -= nbytes
+            self._freq.pop(key, None)
 
     def _forget(self, key: _Key) -> None:
         """Drop ``key`` from whichever segment holds it, entry or remembered key."""
