@@ -153,6 +153,36 @@ class LookupCache:
                 self._evict()
         return value
 
+    def resize(self, kind: str, uri: str, nbytes: int, *, part: str = "") -> None:
+        """Count ``nbytes`` for the entry of ``(kind, uri)`` from now on (if it is held), and
+        evict to stay within the budget (the entry itself if it outgrew it).
+
+        For values that grow in place after they were loaded: a MemTable's index, extended
+        as the MemTable grows; versions that keep the base's row masks they computed.
+
+        Example:
+            >>> c = LookupCache(100)
+            >>> _ = c.get("k", "a", lambda: ([1], 8))
+            >>> c.resize("k", "a", 90); c.nbytes
+            90
+        """
+        key = (part, kind, uri)
+        with self._lock:
+            segment = self._protected if key in self._protected else self._probation
+            entry = segment.get(key)
+            if entry is None or entry[1] == nbytes:
+                return
+            segment[key] = (entry[0], nbytes)
+            self._count(part, nbytes - entry[1])
+            if segment is self._protected:
+                self._protected_bytes += nbytes - entry[1]
+                if nbytes > self._protected_room():
+                    self._protected_bytes -= nbytes
+                    self._probation[key] = self._protected.pop(key)
+                else:
+                    self._demote()
+            self._evict()
+
     def peek(self, kind: str, uri: str, *, part: str = "") -> object:
         """The cached value of ``(kind, uri)``, or None; loads nothing, evicts nothing."""
         key = (part, kind, uri)
@@ -244,6 +274,9 @@ class LookupCache:
     def _promote(self, key: _Key, entry: tuple[Any, int]) -> None:
         self._protected[key] = entry
         self._protected_bytes += entry[1]
+        self._demote()
+
+    def _demote(self) -> None:
         while self._protected_bytes > self._protected_room():
             # Pushed out of protected: probation's most recently used, a second chance.
             demoted, held = self._protected.popitem(last=False)
@@ -341,6 +374,10 @@ class CachePart:
     def discard(self, key_prefix: str) -> None:
         """See :meth:`LookupCache.discard`."""
         self._pool.discard(key_prefix, part=self.name)
+
+    def resize(self, kind: str, uri: str, nbytes: int) -> None:
+        """See :meth:`LookupCache.resize`."""
+        self._pool.resize(kind, uri, nbytes, part=self.name)
 
     def clear(self) -> None:
         """Drop this part's entries."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import lance
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -319,3 +320,58 @@ def test_lookups_over_a_working_set_over_budget_keep_most_generations_rows_cache
     assert in_budget[1:] == [0] * 7  # everything kept: nothing loaded after the first round
     over_budget = rounds(270_000)
     assert sum(over_budget[4:]) <= 0.6 * gens * 4, over_budget
+
+
+def test_an_entry_that_grows_in_place_is_counted_at_its_new_size():
+    cache = LookupCache(100)
+    cache.get("index", "m", lambda: ("M", 10), part="memtable")
+    cache.get("index", "m", lambda: ("M", 10), part="memtable")  # hit again: protected
+    cache.get("rows", "r", lambda: ("R", 10))
+    cache.resize("index", "m", 70, part="memtable")
+    assert (cache.nbytes, cache.part_bytes("memtable")) == (80, 70)
+    cache.resize("index", "m", 95, part="memtable")  # past protected's room, then the budget
+    assert cache.contains("index", "m", part="memtable") and not cache.contains("rows", "r")
+    assert cache.nbytes == 95
+    cache.resize("index", "m", 101, part="memtable")  # bigger than the budget: dropped
+    assert cache.nbytes == 0 and cache.part_bytes("memtable") == 0
+    cache.resize("index", "gone", 10, part="memtable")  # not held: nothing to count
+    assert cache.nbytes == 0 and cache.stats().evictions == 2
+
+
+def test_memtable_indexes_count_what_they_hold(tmp_path):
+    # They grow as the MemTable does: counted at their size, not a flat guess (it was 1 MiB
+    # whatever the MemTable held).
+    dim = 16
+    tbl = mw.create_table(
+        str(tmp_path),
+        pa.schema(
+            [pa.field("k", pa.int64(), False), pa.field("vec", pa.list_(pa.float32(), dim))]
+        ),
+        primary_key="k",
+        cache=256 << 20,
+    )
+
+    def upsert(start: int, n: int) -> None:
+        vecs = pa.array(np.random.default_rng(start).random(n * dim, dtype=np.float32))
+        tbl.upsert(
+            pa.table(
+                {
+                    "k": pa.array(range(start, start + n), pa.int64()),
+                    "vec": pa.FixedSizeListArray.from_arrays(vecs, dim),
+                }
+            )
+        )
+
+    upsert(0, 100)
+    tbl.vector_search([0.0] * dim, k=3)
+    small = tbl.caches.memtable.nbytes
+    assert 0 < small < 1 << 20
+    upsert(100, 40_000)
+    for _ in range(2):  # an index is counted as of its previous update
+        tbl.vector_search([0.0] * dim, k=3)
+        tbl.lookup([5, 40_050])
+    assert tbl.caches.memtable.nbytes >= 40_100 * dim * 4  # the matrix alone
+    assert tbl.caches.nbytes == sum(
+        getattr(tbl.caches, p).nbytes for p in ("lookup", "scan", "search", "deletions", "memtable")
+    )
+    tbl.close()
