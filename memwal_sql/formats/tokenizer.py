@@ -293,7 +293,9 @@ class GrowingTokens:
     def nbytes(self) -> int:
         """An estimate of the memory held: the token arrays (twice: as extended and joined)
         and the vocabulary with its index."""
-        arrays = sum(a.nbytes for parts in (self._docs, self._term_ids, self._lengths) for a in parts)
+        arrays = sum(
+            a.nbytes for parts in (self._docs, self._term_ids, self._lengths) for a in parts
+        )
         return 2 * arrays + _TOKEN_BYTES * len(self.vocabulary)
 
     def tokens(self) -> Tokens:

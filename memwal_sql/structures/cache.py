@@ -82,10 +82,13 @@ class LookupCache:
     - eviction takes probation's least recently used entry first, protected's only when
       probation is empty: a one-off scan of new entries replaces other new entries, never
       the entries that were hit again;
-    - evicted keys are remembered (a key alone, up to one budget of them and no more keys than
-      entries held), as 2Q's A1out: a remembered key loaded again goes straight to the protected
-      segment while it has room. Its room fills once and then stays with what filled it, so a
-      cyclic pass over a working set 1.5x the budget hits its protected part on every pass.
+    - evicted keys are remembered (a key alone, up to :data:`REMEMBERED` budgets of them), as
+      2Q's A1out: a remembered key loaded again goes straight to the protected segment while
+      it has room; once protected is full, only if it is asked for clearly more often than
+      protected's least recently used entry (TinyLFU's admission, with counts halved every few
+      accesses per entry held), which it pushes out. A cyclic pass over a working set up to
+      ``REMEMBERED + 1`` budgets asks for each key as often: protected keeps what filled it
+      and hits it on every pass, while entries that were hot once and no longer are give way.
 
     Each operation is O(1) (``OrderedDict`` segments), under one lock.
 
@@ -139,7 +142,10 @@ class LookupCache:
             held = key in self._protected or key in self._probation
             remembered = key in self._ghosts
             self._forget(key)
-            if nbytes <= self.max_bytes:
+            if nbytes > self.max_bytes:
+                self._freq.pop(key, None)  # neither held nor remembered: not counted
+            else:
+                self._freq.setdefault(key, 1)
                 self._count(part, nbytes)
                 # A stale value reloaded is a hit again; a remembered key is one too, but
                 # takes protected room from its least recently used entry only if it is used
@@ -242,10 +248,11 @@ class LookupCache:
         return int(self.max_bytes * PROTECTED_SHARE)
 
     def _seen(self, key: _Key) -> None:
-        """Count an access of ``key``; halve every count every ten accesses per entry held,
-        so that what was used often long ago counts less than what is used now (TinyLFU's
-        reset)."""
-        self._freq[key] = self._freq.get(key, 0) + 1
+        """Count an access of ``key`` (a key neither held nor remembered starts counting when
+        it is kept); halve every count every four accesses per entry held, so that what was
+        used often long ago counts less than what is used now (TinyLFU's reset)."""
+        if key in self._freq:
+            self._freq[key] += 1
         self._accesses += 1
         if self._accesses >= 4 * max(16, len(self._probation) + len(self._protected)):
             self._freq = {k: n >> 1 for k, n in self._freq.items()}
@@ -297,8 +304,7 @@ class LookupCache:
         # its keys remembered.
         held = len(self._probation) + len(self._protected)
         while self._ghosts and (
-            self._ghost_bytes > REMEMBERED * self.max_bytes
-            or len(self._ghosts) > REMEMBERED * held
+            self._ghost_bytes > REMEMBERED * self.max_bytes or len(self._ghosts) > REMEMBERED * held
         ):
             key, nbytes = self._ghosts.popitem(last=False)
             self._ghost_bytes -= nbytes

@@ -344,9 +344,7 @@ def test_memtable_indexes_count_what_they_hold(tmp_path):
     dim = 16
     tbl = mw.create_table(
         str(tmp_path),
-        pa.schema(
-            [pa.field("k", pa.int64(), False), pa.field("vec", pa.list_(pa.float32(), dim))]
-        ),
+        pa.schema([pa.field("k", pa.int64(), False), pa.field("vec", pa.list_(pa.float32(), dim))]),
         primary_key="k",
         cache=256 << 20,
     )
@@ -375,3 +373,19 @@ def test_memtable_indexes_count_what_they_hold(tmp_path):
         getattr(tbl.caches, p).nbytes for p in ("lookup", "scan", "search", "deletions", "memtable")
     )
     tbl.close()
+
+
+def test_what_the_policy_remembers_is_bounded_by_what_the_cache_holds():
+    # Counts and remembered keys are kept only for keys held or remembered, and at most
+    # REMEMBERED keys per entry held: a disabled cache, or one streaming many keys, keeps
+    # no memory that grows with the keys it has seen.
+    off = LookupCache(0)
+    for i in range(1000):
+        off.get("rows", f"u{i}", lambda: ("v", 1))
+    assert (len(off._freq), len(off._ghosts), off.nbytes) == (0, 0, 0)
+    streaming = LookupCache(100)
+    for i in range(10_000):
+        streaming.get("rows", f"u{i}", lambda: ("v", 10))
+    assert len(streaming.entries()) == 10
+    assert len(streaming._ghosts) <= cache_module.REMEMBERED * 10
+    assert len(streaming._freq) <= (cache_module.REMEMBERED + 1) * 10
