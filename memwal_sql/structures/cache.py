@@ -405,7 +405,7 @@ class Caches:
     - ``deletions``: the base table's deletion files, read as row masks.
     - ``memtable``: MemTables' in-memory indexes (dropped when their MemTable is flushed).
 
-    The parts share one budget and one LRU order rather than each having a fixed share: the
+    The parts share one budget and one eviction order rather than each having a fixed share: the
     workload decides how the memory splits (a lookup-heavy process gives it to key indexes, a
     search-heavy one to vector matrices), nothing is stranded in an idle part, and the policy
     is the one the benchmarks measured with a single cache. Each part counts its own bytes

@@ -253,33 +253,24 @@ def test_a_stale_entry_reloaded_and_a_discarded_key_count_as_what_they_are():
 
 def test_the_budget_and_each_parts_bytes_hold_under_concurrent_threads():
     import random
-    import threading
+    from concurrent.futures import ThreadPoolExecutor
 
     cache = LookupCache(5000)
     parts = ["lookup", "scan", "search"]
     size = {f"u{k}": 10 + (k * 37) % 190 for k in range(400)}
     calls = 4 * 3000
-    errors: list[BaseException] = []
 
     def work(seed: int) -> None:
         rng = random.Random(seed)
-        try:
-            for _ in range(calls // 4):
-                uri = f"u{min(int(rng.expovariate(1 / 60)), 399)}"
-                part = parts[hash(uri) % 3]
-                value = cache.get("rows", uri, lambda u=uri: (u, size[u]), part=part)
-                assert value == uri
-                if rng.random() < 0.01:
-                    cache.discard(uri, part=part)
-        except BaseException as e:  # reported by the main thread
-            errors.append(e)
+        for _ in range(calls // 4):
+            uri = f"u{min(int(rng.expovariate(1 / 60)), 399)}"
+            part = parts[hash(uri) % 3]
+            assert cache.get("rows", uri, lambda u=uri: (u, size[u]), part=part) == uri
+            if rng.random() < 0.01:
+                cache.discard(uri, part=part)
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(work, range(4)))  # re-raises what a thread raised
     assert cache.nbytes <= 5000
     held = {p: sum(size[u] for _, u in cache.entries(part=p)) for p in parts}
     assert all(cache.part_bytes(p) == held[p] for p in parts)
