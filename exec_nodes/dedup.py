@@ -180,7 +180,10 @@ class Versions:
 
     @property
     def nbytes(self) -> int:
-        return self.keys.nbytes + 3 * self.gen.nbytes + sum(a.nbytes for a in self._at.values())
+        """With the key set (and its bitset) and the base's row masks computed so far."""
+        masks = sum(m.nbytes for m in list(self._base.values()) if m is not None)
+        at = sum(a.nbytes for a in self._at.values())
+        return self.keys.nbytes + 3 * self.gen.nbytes + self._keyset.nbytes + at + masks
 
     @property
     def rank(self) -> np.ndarray:
@@ -401,6 +404,8 @@ class DeduplicateExec(ExecNode):
             return got, got.nbytes
 
         in_gens: Versions = self.caches.scan.get("newest_versions", gens_key, load)
+        # The versions keep the base row masks and bitsets they compute: count them as of now.
+        self.caches.scan.resize("newest_versions", gens_key, in_gens.nbytes)
         mem_rows = [m.read_counted(cols) for m in mems]
         in_mems = Versions.of(mem_rows, self.primary_key, self._key_fields())
         pos = in_gens.positions(in_mems.keys)

@@ -58,6 +58,8 @@ _FOLD = str.maketrans(
 
 _MAX_KNOWN_TOKENS = 1 << 20  # distinct tokens whose final term a tokenizer remembers
 _MAX_KEPT_QUERY = 4096  # longer query texts are not kept: 1024 of them would hold too much
+# What one remembered token costs in memory: two short str objects and a dict slot.
+_TOKEN_BYTES = 160
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,13 @@ class Tokenizer:
         self._stemmer: Any = None
         self._final: dict[str, str | None] = {}
         self._queries: dict[str, list[str]] = {}
+
+    @property
+    def nbytes(self) -> int:
+        """An estimate of the memory the tokenizer holds: its stemmer and what it remembers
+        (each token's final term, recent queries' terms), for the cache that keeps it."""
+        queries = sum(2 * len(text) + _TOKEN_BYTES for text in self._queries)
+        return (1 << 16) + _TOKEN_BYTES * len(self._final) + queries
 
     @property
     def signature(self) -> str:
@@ -279,6 +288,15 @@ class GrowingTokens:
         self._lengths.append(new.lengths)
         self.documents += len(new.lengths)
         self._cached = None
+
+    @property
+    def nbytes(self) -> int:
+        """An estimate of the memory held: the token arrays (twice: as extended and joined)
+        and the vocabulary with its index."""
+        arrays = sum(
+            a.nbytes for parts in (self._docs, self._term_ids, self._lengths) for a in parts
+        )
+        return 2 * arrays + _TOKEN_BYTES * len(self.vocabulary)
 
     def tokens(self) -> Tokens:
         """Everything so far as :class:`Tokens` (no sorted postings: rebuilt as it grows)."""

@@ -19,11 +19,14 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from memwal_sql.errors import InvalidInputError
 
 _T = TypeVar("_T")
+#: An entry's key: its part, kind and uri.
+_Key = tuple[str, str, str]
 
 #: The environment variable that sets the budget of :func:`default_caches` (bytes; 0: off).
 BUDGET_ENV = "MEMWAL_LOOKUP_CACHE_BYTES"
@@ -31,14 +34,63 @@ BUDGET_ENV = "MEMWAL_LOOKUP_CACHE_BYTES"
 DEFAULT_BUDGET = 512 << 20
 
 
+#: The share of the budget the protected segment may hold (the rest is probation's), as the
+#: protected segment of a segmented LRU (Caffeine's is 80%).
+PROTECTED_SHARE = 0.8
+#: How many budgets' worth of evicted keys a cache remembers (keys only, no values).
+REMEMBERED = 3
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """What a cache (or one part of it) answered since it was made: ``hits`` from memory,
+    ``misses`` that called the loader, ``evictions`` to stay within the budget.
+
+    Example:
+        >>> c = LookupCache(100)
+        >>> _ = c.get("k", "a", lambda: ("A", 60)), c.get("k", "a", lambda: ("A", 60))
+        >>> c.stats()
+        CacheStats(hits=1, misses=1, evictions=0)
+    """
+
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+    def __add__(self, other: CacheStats) -> CacheStats:
+        return CacheStats(
+            self.hits + other.hits, self.misses + other.misses, self.evictions + other.evictions
+        )
+
+
 class LookupCache:
-    """An LRU of immutable structures, bounded in bytes.
+    """A scan-resistant cache of immutable structures, bounded in bytes.
 
     Generations never change once flushed, so their primary-key index, bloom filter and (for
     small generations) their rows are read once and kept, as RocksDB keeps SST blocks in its
     block cache. ``max_bytes`` is the budget (0 disables it). Entries are keyed by
     ``(part, kind, uri)``: :class:`Caches` gives each of its parts a name here, and counts each
-    part's bytes, while one LRU order and one budget cover them all.
+    part's bytes, while one eviction order and one budget cover them all.
+
+    The policy is a segmented LRU with 2Q's memory of evicted keys, so that a working set
+    bigger than the budget keeps part of itself rather than thrashing (a plain LRU misses on
+    every access of a cyclic pass over more than it holds):
+
+    - a new entry enters the *probation* segment; hit again there, it moves to the
+      *protected* segment (at most :data:`PROTECTED_SHARE` of the budget; what it pushes out
+      goes back to probation, most recently used end);
+    - eviction takes probation's least recently used entry first, protected's only when
+      probation is empty: a one-off scan of new entries replaces other new entries, never
+      the entries that were hit again;
+    - evicted keys are remembered (a key alone, up to :data:`REMEMBERED` budgets of them), as
+      2Q's A1out: a remembered key loaded again goes straight to the protected segment while
+      it has room; once protected is full, only if it is asked for clearly more often than
+      protected's least recently used entry (TinyLFU's admission, with counts halved every few
+      accesses per entry held), which it pushes out. A cyclic pass over a working set up to
+      ``REMEMBERED + 1`` budgets asks for each key as often: protected keeps what filled it
+      and hits it on every pass, while entries that were hot once and no longer are give way.
+
+    Each operation is O(1) (``OrderedDict`` segments), under one lock.
 
     Example:
         >>> c = LookupCache(100)
@@ -52,8 +104,17 @@ class LookupCache:
         self.max_bytes = max_bytes
         self.nbytes = 0
         # Values of one kind are of one type: what that kind's load() returns.
-        self._entries: OrderedDict[tuple[str, str, str], tuple[Any, int]] = OrderedDict()
+        self._probation: OrderedDict[_Key, tuple[Any, int]] = OrderedDict()
+        self._protected: OrderedDict[_Key, tuple[Any, int]] = OrderedDict()
+        self._protected_bytes = 0
+        # Keys evicted lately, with the bytes they held: no values.
+        self._ghosts: OrderedDict[_Key, int] = OrderedDict()
+        self._ghost_bytes = 0
+        # How often each key held or remembered was asked for, halved now and then.
+        self._freq: dict[_Key, int] = {}
+        self._accesses = 0
         self._part_bytes: dict[str, int] = {}
+        self._stats: dict[str, CacheStats] = {}
         self._lock = threading.Lock()
 
     def get(
@@ -69,64 +130,203 @@ class LookupCache:
         ``(value, nbytes)``, kept."""
         key = (part, kind, uri)
         with self._lock:
-            if key in self._entries:
-                value = self._entries[key][0]
-                if current is None or current(value):
-                    self._entries.move_to_end(key)
-                    return value
+            self._seen(key)
+            entry = self._protected.get(key) or self._probation.get(key)
+            if entry is not None and (current is None or current(entry[0])):
+                self._touch(key, entry)
+                self._tally(part, CacheStats(hits=1))
+                return entry[0]
+            self._tally(part, CacheStats(misses=1))
         value, nbytes = load()
         with self._lock:
-            if key in self._entries:
-                self._drop(key)
-            if nbytes <= self.max_bytes:
-                self._entries[key] = (value, nbytes)
+            held = key in self._protected or key in self._probation
+            remembered = key in self._ghosts
+            self._forget(key)
+            if nbytes > self.max_bytes:
+                self._freq.pop(key, None)  # neither held nor remembered: not counted
+            else:
+                self._freq.setdefault(key, 1)
                 self._count(part, nbytes)
-                while self.nbytes > self.max_bytes:
-                    self._drop(next(iter(self._entries)))
+                # A stale value reloaded is a hit again; a remembered key is one too, but
+                # takes protected room from its least recently used entry only if it is used
+                # more often (see the class's docstring).
+                if nbytes <= self._protected_room() and (
+                    held or (remembered and self._worth_protecting(key, nbytes))
+                ):
+                    self._promote(key, (value, nbytes))
+                else:
+                    self._probation[key] = (value, nbytes)
+                self._evict()
         return value
+
+    def resize(self, kind: str, uri: str, nbytes: int, *, part: str = "") -> None:
+        """Count ``nbytes`` for the entry of ``(kind, uri)`` from now on (if it is held), and
+        evict to stay within the budget (the entry itself if it outgrew it).
+
+        For values that grow in place after they were loaded: a MemTable's index, extended
+        as the MemTable grows; versions that keep the base's row masks they computed.
+
+        Example:
+            >>> c = LookupCache(100)
+            >>> _ = c.get("k", "a", lambda: ([1], 8))
+            >>> c.resize("k", "a", 90); c.nbytes
+            90
+        """
+        key = (part, kind, uri)
+        with self._lock:
+            segment = self._protected if key in self._protected else self._probation
+            entry = segment.get(key)
+            if entry is None or entry[1] == nbytes:
+                return
+            segment[key] = (entry[0], nbytes)
+            self._count(part, nbytes - entry[1])
+            if segment is self._protected:
+                self._protected_bytes += nbytes - entry[1]
+                if nbytes > self._protected_room():
+                    self._protected_bytes -= nbytes
+                    self._probation[key] = self._protected.pop(key)
+                else:
+                    self._demote()
+            self._evict()
 
     def peek(self, kind: str, uri: str, *, part: str = "") -> object:
         """The cached value of ``(kind, uri)``, or None; loads nothing, evicts nothing."""
+        key = (part, kind, uri)
         with self._lock:
-            entry = self._entries.get((part, kind, uri))
+            entry = self._protected.get(key) or self._probation.get(key)
         return None if entry is None else entry[0]
 
     def contains(self, kind: str, uri: str, *, part: str = "") -> bool:
         """Whether ``(kind, uri)`` is cached (it may be evicted the next moment)."""
+        key = (part, kind, uri)
         with self._lock:
-            return (part, kind, uri) in self._entries
+            return key in self._protected or key in self._probation
 
     def discard(self, key_prefix: str, *, part: str | None = None) -> None:
         """Drop the entries (of every kind, of ``part`` or of every part) whose key starts
-        with ``key_prefix``."""
+        with ``key_prefix``, and forget them."""
         with self._lock:
-            for key in [
-                k
-                for k in self._entries
-                if k[2].startswith(key_prefix) and (part is None or k[0] == part)
-            ]:
-                self._drop(key)
+            for segment in (self._probation, self._protected, self._ghosts):
+                for key in [
+                    k
+                    for k in segment
+                    if k[2].startswith(key_prefix) and (part is None or k[0] == part)
+                ]:
+                    self._forget(key)
+                    self._freq.pop(key, None)
 
     def clear(self, *, part: str | None = None) -> None:
         """Drop every entry (of ``part``, or of every part)."""
         self.discard("", part=part)
 
     def entries(self, *, part: str = "") -> list[tuple[str, str]]:
-        """The ``(kind, uri)`` of ``part``'s entries, least recently used first."""
+        """The ``(kind, uri)`` of ``part``'s entries, in eviction order: the next to go first
+        (probation's least recently used first, then protected's)."""
         with self._lock:
-            return [(k, u) for p, k, u in self._entries if p == part]
+            return [(k, u) for p, k, u in [*self._probation, *self._protected] if p == part]
 
     def part_bytes(self, part: str) -> int:
         """The bytes the entries of ``part`` hold."""
         with self._lock:
             return self._part_bytes.get(part, 0)
 
+    def stats(self, *, part: str | None = None) -> CacheStats:
+        """Hits, misses and evictions of ``part``'s entries (of every part's: None).
+
+        Example:
+            >>> c = LookupCache(100)
+            >>> _ = c.get("k", "a", lambda: ("A", 1), part="x")
+            >>> c.stats(part="x").misses, c.stats(part="y").misses, c.stats().misses
+            (1, 0, 1)
+        """
+        with self._lock:
+            if part is not None:
+                return self._stats.get(part, CacheStats())
+            return sum(self._stats.values(), CacheStats())
+
+    def _protected_room(self) -> int:
+        return int(self.max_bytes * PROTECTED_SHARE)
+
+    def _seen(self, key: _Key) -> None:
+        """Count an access of ``key`` (a key neither held nor remembered starts counting when
+        it is kept); halve every count every four accesses per entry held, so that what was
+        used often long ago counts less than what is used now (TinyLFU's reset)."""
+        if key in self._freq:
+            self._freq[key] += 1
+        self._accesses += 1
+        if self._accesses >= 4 * max(16, len(self._probation) + len(self._protected)):
+            self._freq = {k: n >> 1 for k, n in self._freq.items()}
+            self._accesses = 0
+
+    def _worth_protecting(self, key: _Key, nbytes: int) -> bool:
+        """Whether a remembered key loaded again goes to the protected segment: while it has
+        room, or if the key is used more often than the protected entry it would push out."""
+        if self._protected_bytes + nbytes <= self._protected_room():
+            return True
+        victim = next(iter(self._protected))
+        # By more than one: halving rounds down, so keys asked for as often (a cyclic pass)
+        # may differ by one, and must not push each other out.
+        return self._freq.get(key, 0) > self._freq.get(victim, 0) + 1
+
+    def _touch(self, key: _Key, entry: tuple[Any, int]) -> None:
+        """A hit: most recently used in protected, moved there from probation if it fits."""
+        if key in self._protected:
+            self._protected.move_to_end(key)
+        elif entry[1] > self._protected_room():
+            self._probation.move_to_end(key)
+        else:
+            del self._probation[key]
+            self._promote(key, entry)
+
+    def _promote(self, key: _Key, entry: tuple[Any, int]) -> None:
+        self._protected[key] = entry
+        self._protected_bytes += entry[1]
+        self._demote()
+
+    def _demote(self) -> None:
+        while self._protected_bytes > self._protected_room():
+            # Pushed out of protected: probation's most recently used, a second chance.
+            demoted, held = self._protected.popitem(last=False)
+            self._protected_bytes -= held[1]
+            self._probation[demoted] = held
+
+    def _evict(self) -> None:
+        while self.nbytes > self.max_bytes:
+            segment = self._probation or self._protected
+            key, (_, nbytes) = next(iter(segment.items()))
+            self._forget(key)
+            self._tally(key[0], CacheStats(evictions=1))
+            self._ghosts[key] = nbytes
+            self._ghost_bytes += nbytes
+        # Remember keys of at most REMEMBERED budgets, and at most REMEMBERED keys per entry
+        # held: a key costs what a held entry's key costs (a few hundred bytes, next to
+        # entries of kilobytes), and a cyclic pass over up to REMEMBERED + 1 budgets finds
+        # its keys remembered.
+        held = len(self._probation) + len(self._protected)
+        while self._ghosts and (
+            self._ghost_bytes > REMEMBERED * self.max_bytes or len(self._ghosts) > REMEMBERED * held
+        ):
+            key, nbytes = self._ghosts.popitem(last=False)
+            self._ghost_bytes -= nbytes
+            self._freq.pop(key, None)
+
+    def _forget(self, key: _Key) -> None:
+        """Drop ``key`` from whichever segment holds it, entry or remembered key."""
+        if key in self._probation:
+            self._count(key[0], -self._probation.pop(key)[1])
+        elif key in self._protected:
+            nbytes = self._protected.pop(key)[1]
+            self._protected_bytes -= nbytes
+            self._count(key[0], -nbytes)
+        elif key in self._ghosts:
+            self._ghost_bytes -= self._ghosts.pop(key)
+
     def _count(self, part: str, nbytes: int) -> None:
         self.nbytes += nbytes
         self._part_bytes[part] = self._part_bytes.get(part, 0) + nbytes
 
-    def _drop(self, key: tuple[str, str, str]) -> None:
-        self._count(key[0], -self._entries.pop(key)[1])
+    def _tally(self, part: str, delta: CacheStats) -> None:
+        self._stats[part] = self._stats.get(part, CacheStats()) + delta
 
 
 class CachePart:
@@ -181,9 +381,17 @@ class CachePart:
         """See :meth:`LookupCache.discard`."""
         self._pool.discard(key_prefix, part=self.name)
 
+    def resize(self, kind: str, uri: str, nbytes: int) -> None:
+        """See :meth:`LookupCache.resize`."""
+        self._pool.resize(kind, uri, nbytes, part=self.name)
+
     def clear(self) -> None:
         """Drop this part's entries."""
         self._pool.clear(part=self.name)
+
+    def stats(self) -> CacheStats:
+        """This part's hits, misses and evictions (see :meth:`LookupCache.stats`)."""
+        return self._pool.stats(part=self.name)
 
 
 class Caches:
@@ -197,7 +405,7 @@ class Caches:
     - ``deletions``: the base table's deletion files, read as row masks.
     - ``memtable``: MemTables' in-memory indexes (dropped when their MemTable is flushed).
 
-    The parts share one budget and one LRU order rather than each having a fixed share: the
+    The parts share one budget and one eviction order rather than each having a fixed share: the
     workload decides how the memory splits (a lookup-heavy process gives it to key indexes, a
     search-heavy one to vector matrices), nothing is stranded in an idle part, and the policy
     is the one the benchmarks measured with a single cache. Each part counts its own bytes
@@ -243,6 +451,18 @@ class Caches:
     def clear(self) -> None:
         """Drop every part's entries."""
         self._pool.clear()
+
+    def stats(self) -> CacheStats:
+        """Every part's hits, misses and evictions together; ``caches.lookup.stats()`` gives
+        one part's.
+
+        Example:
+            >>> caches = Caches(100)
+            >>> _ = [caches.scan.get("k", "a", lambda: ("A", 10)) for _ in range(3)]
+            >>> caches.stats(), caches.scan.stats().hits, caches.lookup.stats().hits
+            (CacheStats(hits=2, misses=1, evictions=0), 2, 0)
+        """
+        return self._pool.stats()
 
     def __repr__(self) -> str:
         return f"Caches(max_bytes={self.max_bytes}, nbytes={self.nbytes})"

@@ -154,8 +154,11 @@ class KeySet:
 
     @property
     def nbytes(self) -> int:
-        """Memory the set holds (its membership bitset, built on demand, aside)."""
+        """Memory the set holds, with its membership bitset once a big test built it (a
+        cache that keeps the set counts it at its next access: see ``LookupCache.resize``)."""
         parts = [self._order] + ([self._sorted] if self._integer else [self._hashes, self._values])
+        if isinstance(self._bits, np.ndarray):
+            parts.append(self._bits)
         return sum(p.nbytes for p in parts if p is not None)
 
     def _input_rows(self, sorted_at: np.ndarray) -> np.ndarray:

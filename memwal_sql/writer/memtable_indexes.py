@@ -97,6 +97,12 @@ class _Growing:
         self.num_rows += table.num_rows
         return table
 
+    @property
+    def nbytes(self) -> int:
+        """The memory the index holds beyond the MemTable's own batches: the ``_gen`` and
+        ``_rowaddr`` columns it adds and its rows joined into one table (what a cache counts)."""
+        return 16 * self.num_rows + (0 if self._rows is None else self._rows.nbytes)
+
     def holds(self, batches: Sequence[pa.RecordBatch]) -> bool:
         """Whether these are (a prefix or an extension of) the batches seen so far."""
         n = min(len(self._batches), len(batches))
@@ -145,6 +151,12 @@ class VectorIndex(_Growing):
         self._sq_norms = np.zeros(0, dtype=np.float32)
         self._count = 0
 
+    @property
+    def nbytes(self) -> int:
+        """See :attr:`_Growing.nbytes`; with the matrix, norms and live flags (capacity)."""
+        held = [self._matrix, self._live, self._sq_norms]
+        return super().nbytes + sum(a.nbytes for a in held if a is not None)
+
     def update(self, batches: Sequence[pa.RecordBatch]) -> SourceVectors:
         """(rows, vectors, live, squared norms) of ``batches``, extended with what is new."""
         from memwal_sql.structures.vectors import neighbours
@@ -191,6 +203,13 @@ class TextIndex(_Growing):
     def _reset(self) -> None:
         super()._reset()
         self._terms = GrowingTokens(self.tokenizer)
+
+    @property
+    def nbytes(self) -> int:
+        """See :attr:`_Growing.nbytes`; with the terms and the piece's keys and flags."""
+        piece = self._piece
+        held = 0 if piece is None else piece.keys.nbytes + 9 * len(piece.present)
+        return super().nbytes + self._terms.nbytes + held
 
     def update(
         self, batches: Sequence[pa.RecordBatch], primary_key: Sequence[str]
@@ -251,6 +270,11 @@ class KeysIndex(_Growing):
                 while len(self._runs) > 1 and self._runs[-1][1] >= self._runs[-2][1]:
                     self._runs[-2:] = [self._run(self._runs[-2][0])]
             return self
+
+    @property
+    def nbytes(self) -> int:
+        """See :attr:`_Growing.nbytes`; with each run's key set and row numbers."""
+        return super().nbytes + sum(ks.nbytes + rows.nbytes for _, _, ks, rows in self._runs)
 
     def find(self, keys: pa.Table) -> np.ndarray:
         """For each row of ``keys``, the MemTable row of its newest version, or -1."""
@@ -317,9 +341,15 @@ def _cached(
     def load() -> tuple[_Growing, int]:
         with _HOLDERS_LOCK:
             _HOLDERS.add(part)
-        return make(), 1 << 20
+        index = make()
+        return index, index.nbytes
 
-    return part.get(kind, f"{id(batches[0])}#{key}", load, lambda index: index.holds(batches))
+    uri = f"{id(batches[0])}#{key}"
+    index = part.get(kind, uri, load, lambda index: index.holds(batches))
+    # It grows in place as the MemTable does: count what it holds now (as of its last update;
+    # this access's update is counted at the next).
+    part.resize(kind, uri, index.nbytes)
+    return index
 
 
 def forget(batches: Sequence[pa.RecordBatch]) -> None:
@@ -429,4 +459,6 @@ def tokenizer_for(params: dict, caches: Caches) -> Tokenizer:
     """One tokenizer per parameter set in ``caches.search``: it keeps what it learnt (each
     distinct token's final term, recent queries' terms)."""
     key = json.dumps(params, sort_keys=True, default=str)
-    return caches.search.get("tokenizer", key, lambda: (Tokenizer(params), 1 << 16))
+    tokenizer = caches.search.get("tokenizer", key, lambda: (Tokenizer(params), 1 << 16))
+    caches.search.resize("tokenizer", key, tokenizer.nbytes)  # what it learnt so far
+    return tokenizer

@@ -71,3 +71,11 @@ def test_keyset_contains_of_big_sets_matches_numpy(seed, spread, composite, prob
 
     got = KeySet(table(keys)).contains(table(probes))
     assert got.tolist() == np.isin(probes, keys).tolist()
+
+
+def test_a_keysets_bytes_include_its_bitset_once_built():
+    keys = pa.table({"id": pa.array(np.arange(0, 80_000, 2), pa.int64())})
+    s = KeySet(keys)
+    before = s.nbytes
+    assert s.contains(keys).all()  # a big test builds the bitset: one bit per value spanned
+    assert s.nbytes == before + (80_000 - 2 + 8) // 8
