@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # loaded on first use at runtime (see __getattr__)
     from memwal_sql.search import SearchQuery
     from memwal_sql.session import MemWalContext
     from memwal_sql.sql import connect
-    from memwal_sql.structures.cache import Caches
+    from memwal_sql.structures.cache import Caches, CacheStats
     from memwal_sql.table import MemWalTable, create_table, open_table
     from memwal_sql.table_state import DEFAULT_REGION_ID
     from memwal_sql.writer.config import WriterConfig
@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # loaded on first use at runtime (see __getattr__)
 
 __all__ = [
     "DEFAULT_REGION_ID",
+    "CacheStats",
     "Caches",
     "MaintenanceConfig",
     "MemWalContext",
@@ -56,6 +57,7 @@ _LAZY = {
     "DEFAULT_REGION_ID": "memwal_sql.table_state",
     "MaintenanceConfig": "memwal_sql.maintenance.config",
     "Caches": "memwal_sql.structures.cache",
+    "CacheStats": "memwal_sql.structures.cache",
     "MemWalTable": "memwal_sql.table",
     "create_table": "memwal_sql.table",
     "open_table": "memwal_sql.table",
