@@ -273,7 +273,8 @@ def main() -> None:
                 f"{a['warm_ms']:>9.1f}ms{b['warm_ms']:>10.1f}ms{r['warm_ratio']:>7.2f}"
                 f"{a['peak_rss_mb']:>8.0f}MB{b['peak_rss_mb']:>9.0f}MB"
             )
-        out = args.out or f"benchmarks/results/bench_scale_{base_rows}.json"
+        size = args.scale if args.base_rows is None else f"{base_rows}rows"
+        out = args.out or f"benchmarks/results/bench_scale_{size}.json"
         write_results(
             out, {"base_rows": base_rows, "tail_rows": args.tail_rows, "results": results}
         )

@@ -148,7 +148,7 @@ def render(
         "Numbers from one machine compare with each other, not with another machine's.",
         "",
     ]
-    missing = sorted(set(about) - set(results))
+    missing = sorted(name for name in about if not any(_of(r, about) == name for r in results))
     if missing:
         lines += [
             "## Not measured yet",
@@ -163,9 +163,18 @@ def render(
         ]
         lines.append("")
     for name in sorted(results):
-        text = about.get(name, "")
+        text = about.get(_of(name, about) or "", "")
         lines += section(name, results[name], text, (paths or {}).get(name))
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _of(result: str, about: dict[str, str]) -> str | None:
+    """The benchmark a result file comes from: its name, or the longest benchmark name it
+    starts with (``bench_scale_10m`` is one of ``bench_scale``'s sizes)."""
+    if result in about:
+        return result
+    named = [b for b in about if result.startswith(f"{b}_")]
+    return max(named, key=len) if named else None
 
 
 def describe(script: str) -> str:
@@ -191,7 +200,8 @@ def main(argv: list[str]) -> None:
         paths[name] = path
     with open(out, "w") as f:
         f.write(render(results, about, paths))
-    print(f"wrote {out}: {len(results)} benchmarks, {len(set(about) - set(results))} missing")
+    missing = [b for b in about if not any(_of(r, about) == b for r in results)]
+    print(f"wrote {out}: {len(results)} results, {len(missing)} benchmarks missing")
 
 
 if __name__ == "__main__":

@@ -87,3 +87,20 @@ def test_cells_are_formatted_for_reading():
         "1,234",
     ]
     assert report.fmt("a|b") == "a\\|b"
+
+
+def test_a_result_of_one_of_a_benchmarks_sizes_is_shown_with_its_description(tmp_path):
+    report = load_report()
+    results = tmp_path / "results"
+    results.mkdir()
+    reads = [{"read": "lookup", "cold_ratio": 0.5, "warm_ratio": 0.4}]
+    for size in ("2m", "10m"):
+        (results / f"bench_scale_{size}.json").write_text(json.dumps({"results": reads}))
+    out = tmp_path / "performance.md"
+    report.main([str(results), str(out)])
+    page = out.read_text()
+    for size in ("2m", "10m"):
+        section = page[page.index(f"## bench_scale_{size}") :]
+        assert "LsmPointLookupPlanner" in section  # bench_scale's docstring
+    missing = page[page.index("## Not measured yet") : page.index("## bench_scale_10m")]
+    assert "bench_scale.py" not in missing and "bench_read.py" in missing
