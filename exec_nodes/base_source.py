@@ -204,6 +204,7 @@ class BaseSourceExec(SourceLeaf):
             self.index = access.index
             self.nprobes = access.nprobes
             self.refine_factor = access.refine_factor
+            self.indexed_only = access.indexed_only and access.index is not None
         else:
             self._fragments = dataset.get_fragments()
 
@@ -232,6 +233,7 @@ class BaseSourceExec(SourceLeaf):
         if isinstance(access, Knn):
             return str(access) + (
                 f" index {self.index} nprobes={self.nprobes} refine_factor={self.refine_factor}"
+                + (" indexed rows only" if self.indexed_only else "")
                 if self.index
                 else " flat (no vector index)"
             )
@@ -559,7 +561,19 @@ class BaseSourceExec(SourceLeaf):
                 options["nprobes"] = self.nprobes
             if self.refine_factor:
                 options["refine_factor"] = self.refine_factor
-        return lance_nearest(self.dataset, self, n, options, BASE_GENERATION)
+        indexed_rows = None
+        if self.indexed_only:
+            covered = {
+                i
+                for d in self.dataset.describe_indices()
+                if d.name == self.index
+                for s in d.segments
+                for i in s.fragment_ids
+            }
+            indexed_rows = sum(
+                f.count_rows() for f in self.dataset.get_fragments() if f.fragment_id in covered
+            )
+        return lance_nearest(self.dataset, self, n, options, BASE_GENERATION, indexed_rows)
 
     def rows(self, candidates: pa.Table) -> pa.Table:
         return take_addresses(

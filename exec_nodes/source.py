@@ -133,7 +133,9 @@ class KnnQuery:
 @dataclass(frozen=True)
 class Knn:
     """The source's nearest rows for ``query``; the base table searches its vector ``index``
-    (``nprobes`` partitions, candidates re-ranked with ``refine_factor``), when it has one.
+    (``nprobes`` partitions, candidates re-ranked with ``refine_factor``), when it has one,
+    and with ``indexed_only`` only the rows the index covers (the indexed read plan searches
+    the gap generations for the rest).
 
     Example:
         >>> q = KnnQuery("vec", np.zeros(2, np.float32), "l2", None, 10, ("id",))
@@ -145,6 +147,7 @@ class Knn:
     index: str | None = None
     nprobes: int | None = None
     refine_factor: int | None = None
+    indexed_only: bool = False
 
     def __str__(self) -> str:
         return f"knn k={self.query.k}"
@@ -509,9 +512,15 @@ def take_addresses(
 
 
 def lance_nearest(
-    ds: lance.LanceDataset, node: KnnSource, n: int, options: dict[str, object], generation: int
+    ds: lance.LanceDataset,
+    node: KnnSource,
+    n: int,
+    options: dict[str, object],
+    generation: int,
+    indexed_rows: int | None = None,
 ) -> pa.Table:
-    """``n`` nearest rows of a Lance dataset, the filter applied before the search."""
+    """``n`` nearest rows of a Lance dataset, the filter applied before the search; with
+    ``indexed_rows``, among the rows its vector index covers only (that many of them)."""
     light = node.schema.remove(len(node.schema) - 1)
     # Only the key comes back (and the row address): no vector or text of any candidate.
     names = list(node.primary_key)
@@ -521,7 +530,7 @@ def lance_nearest(
         pushed = live if pushed is None else pushed & live
     # Lance allocates for k (and k * refine_factor) candidates up front, whatever the rows: a
     # k past the rows it holds would abort the process, and asks for nothing more.
-    rows = ds.count_rows()
+    rows = ds.count_rows() if indexed_rows is None else indexed_rows
     if rows == 0:
         return empty_rows(node.schema)
     k = min(n, rows)
@@ -540,6 +549,7 @@ def lance_nearest(
         filter=pushed,
         prefilter=True,
         with_row_address=True,
+        fast_search=indexed_rows is not None,  # Lance's name for "the indexed rows only"
     ).to_table()
     if not exact:
         table = matches(node.predicate, table).slice(0, n)

@@ -43,6 +43,7 @@ from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.vectors import DISTANCE
 from memwal_sql.writer.memtable_indexes import tokenizer_for
+from planner.indexed import IndexedRead, plan_indexed_read
 from planner.leaves import base_leaf, memtable_leaves, region_leaves
 from planner.lookup import region_lookups
 from planner.plan import PlanExec
@@ -119,18 +120,21 @@ class SearchPlan(PlanExec):
         pruned_regions: list[str],
         root: TopKExec,
         residual: Predicate | None = None,
+        indexed: IndexedRead | None = None,
     ) -> None:
         super().__init__(snapshot, root, residual)
         self.root: TopKExec = root
         self.kept_regions = kept_regions
         self.pruned_regions = pruned_regions
+        self.indexed = indexed
 
     def header(self) -> list[str]:
-        return [
+        lines = [
             *super().header(),
             f"regions: {len(self.kept_regions)} searched, {len(self.pruned_regions)} pruned "
             "(every region is still asked for newer versions of the candidates)",
         ]
+        return lines if self.indexed is None else [*lines, self.indexed.describe()]
 
 
 def _layout(
@@ -232,14 +236,22 @@ def plan_vector_search(
     kept, pruned, schema, opts, pk = _layout(snapshot, spec, base_schema, predicate)
     vector = np.asarray(search.query, dtype=np.float32)
     knn = KnnQuery(column, vector, metric, predicate, search.k, tuple(pk))
-    base = Knn(knn, index.name if index else None, nprobes, refine_factor)
+    # While the index lags the merges, the base is searched through it alone, and the merged
+    # generations it does not cover yet are searched with the newer ones (spec, "Indexed Read
+    # Plan"): not the uncovered base rows flat.
+    indexed = plan_indexed_read(snapshot, [column]) if index is not None else None
+    gap = indexed.gap if indexed is not None else {}
+    base = Knn(knn, index.name if index else None, nprobes, refine_factor, indexed is not None)
     sources: list[KnnSource] = [base_leaf(snapshot, base)]
     kept_ids = set(kept)
     for region in snapshot.regions:
         if region.region_id not in kept_ids:
             continue
         sources.extend(memtable_leaves(snapshot, region, Knn(knn)))
-        generations = [(g.generation, g.uri) for g in region.generations_newest_first()]
+        generations = [
+            (g.generation, g.uri)
+            for g in region.generations_newest_first(gap.get(region.region_id, ()))
+        ]
         if generations:
             sources.append(
                 GenerationRunsKnnExec(
@@ -248,14 +260,15 @@ def plan_vector_search(
             )
 
     def newer_sources(keys: pa.Table) -> list:
-        return region_lookups(snapshot, store, spec, keys)
+        # The gap generations too: a gap candidate may have a newer version in a later one.
+        return region_lookups(snapshot, store, spec, keys, gap or None)
 
     k = search.k
     stale = FilterStaleExec(
         sources, snapshot.primary_key, newer_sources, k, score=DISTANCE, post_filter=post_filter
     )
     root = TopKExec(stale, k, DISTANCE, columns=[*base_schema.names, DISTANCE])
-    return SearchPlan(snapshot, kept, pruned, root, residual)
+    return SearchPlan(snapshot, kept, pruned, root, residual, indexed)
 
 
 def text_index(dataset: lance.LanceDataset, column: str, caches: Caches) -> tuple[str, dict] | None:

@@ -428,3 +428,51 @@ def test_unusable_vectors_are_refused_at_write_and_null_ones_never_match(tmp_pat
     assert 901 not in tbl.vector_search(np.zeros(DIM, np.float32), k=1000).column("k").to_pylist()
     assert tbl.lookup([901]).column("vec").to_pylist() == [None]
     tbl.close()
+
+
+def test_while_the_index_lags_two_merges_the_gap_generations_are_searched_not_the_base_flat(
+    tmp_path, base_rows, monkeypatch
+) -> None:
+    # The spec's indexed read plan: the base is searched through its index alone, and the
+    # merged generations the index does not cover yet are searched with the newer ones.
+    import exec_nodes.source as source
+
+    tbl = mw.create_table(
+        str(tmp_path), base_rows, primary_key="k", region_spec=mw.RegionSpec.bucket("k", 2)
+    )
+    tbl.create_index("vec", "IVF_FLAT", num_partitions=2)
+    model = Model(["k"])
+    model.upsert(base_rows)
+    for seed, (keys, gone) in enumerate(
+        [(list(range(0, 300, 3)), [1, 4]), (list(range(0, 300, 5)) + [400, 401], [2, 3])], 1
+    ):  # two merges: updates (some keys twice), inserts and deletes of base rows
+        rows = vec_batch(keys, seed)
+        tbl.upsert(rows), model.upsert(rows)
+        tbl.delete(gone), model.delete(pa.table({"k": gone}))
+        tbl.flush()
+        tbl.merge()
+    fresh = vec_batch([6, 7, 500], 9)  # an unmerged generation over the gap
+    tbl.upsert(fresh), model.upsert(fresh)
+    tbl.flush()
+    lance_calls: list[bool] = []
+    nearest = source.lance_nearest
+
+    def spy(ds, node, n, options, generation, indexed_rows=None):
+        lance_calls.append(indexed_rows is not None)
+        return nearest(ds, node, n, options, generation, indexed_rows)
+
+    monkeypatch.setattr(source, "lance_nearest", spy)
+    monkeypatch.setattr("exec_nodes.base_source.lance_nearest", spy)
+    for qseed in range(6):
+        query = np.random.default_rng(qseed).normal(size=DIM).astype(np.float32)
+        check(tbl, model, query, 10, nprobes=2)
+    assert lance_calls and all(lance_calls)  # the base: its indexed rows only
+    text = tbl.explain_search(query, k=10, nprobes=2)
+    assert "indexed read: vec_idx behind the merges" in text, text
+    assert "indexed rows only" in text
+    gap = sum(len(g) for g in tbl._search.last_plan.indexed.gap.values())
+    assert gap >= 4  # both merges' generations, in both regions
+    tbl.catch_up_indexes()
+    assert "indexed read" not in tbl.explain_search(query, k=10, nprobes=2)
+    check(tbl, model, query, 10, nprobes=2)
+    tbl.close()
