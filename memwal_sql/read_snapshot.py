@@ -39,11 +39,12 @@ from memwal_sql.errors import (
 )
 from memwal_sql.formats.region_manifest import RegionManifestStore, check_not_behind_index
 from memwal_sql.formats.source_rows import source_schema
-from memwal_sql.formats.wal import iter_wal, wal_positions
+from memwal_sql.formats.wal import wal_positions
+from memwal_sql.formats.wal_tail import WalTail
 from memwal_sql.partitioning.region_spec import RegionSpec, region_id_for
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.structures.cache import Caches
-from memwal_sql.writer.region_writer import conform_batch
+from memwal_sql.writer.memtable_indexes import forget
 
 if TYPE_CHECKING:
     from memwal_sql.table_state import TableState
@@ -245,17 +246,24 @@ def _consistent_wal_tail(
 def _wal_tail(
     table: TableState, region_id: str, manifest: RegionManifest
 ) -> tuple[pa.RecordBatch, ...]:
-    out: list[pa.RecordBatch] = []
-    for entry in iter_wal(
-        table.store,
-        region_id,
-        manifest.replay_after_wal_entry_position,
-        last_seen=manifest.wal_entry_position_last_seen,
-    ):
-        if entry.is_sentinel:
-            continue
-        out.extend(conform_batch(b, table.wal_schema) for b in entry.batches)
-    return tuple(out)
+    """The region's WAL tail after ``manifest``, reading only the entries put since the last
+    read: what was replayed is kept in ``table.caches.memtable``, counted at its size (if it
+    is evicted, the next read replays the tail again)."""
+    part = table.caches.memtable
+    key = f"{table.uri}#{region_id}"
+    tail: WalTail = part.get(
+        "wal_tail",
+        key,
+        lambda: (WalTail(table.wal_schema), 0),
+        lambda kept: kept.schema.equals(table.wal_schema),
+    )
+    accounted = tail.nbytes
+    batches, retired = tail.read(table.store, region_id, manifest)
+    if retired is not None:
+        forget([retired])  # the indexes of the tail as it was, before a flush took its start
+    if tail.nbytes != accounted:
+        part.get("wal_tail", key, lambda: (tail, tail.nbytes), lambda _: False)  # re-counted
+    return batches
 
 
 def region_values(
