@@ -95,10 +95,10 @@ class WalTail:
         """
         with self._lock:
             start = manifest.replay_after_wal_entry_position
+            if start > self.start:
+                self._drop_through(start)
             if start < self.start or not self._still_written(store, region_id, manifest):
                 self._reset(start, manifest.writer_epoch)
-            elif start > self.start:
-                self._drop_through(start)
             last_seen = manifest.wal_entry_position_last_seen
             for entry in iter_wal(store, region_id, self.last, last_seen=last_seen):
                 self.entries_read += 1
@@ -111,8 +111,9 @@ class WalTail:
                     self._positions.append(entry.position)
                     self.nbytes += _size(batch)
             if manifest.current_generation != self._generation:
+                if self._generation is not None:
+                    self._batches = [b.slice(0) for b in self._batches]
                 self._generation = manifest.current_generation
-                self._batches = [b.slice(0) for b in self._batches]
             before = self._handed
             if len(before) != len(self._batches) or (before and before[0] is not self._batches[0]):
                 self._handed = tuple(self._batches)
@@ -124,14 +125,15 @@ class WalTail:
         (see the module's docstring), by the epoch of the entry read last."""
         if manifest.writer_epoch == self._epoch:
             return True
-        self._epoch = manifest.writer_epoch
-        if self.last == self.start or self._last_epoch is None:
-            return True  # nothing read that could have been replaced
-        try:
-            entry = read_wal_entry(store, region_id, self.last)
-        except CorruptWalEntryError:
-            return False  # a fresh read reports it
-        return entry is not None and entry.writer_epoch == self._last_epoch
+        if self.last > self.start and self._last_epoch is not None:
+            try:
+                entry = read_wal_entry(store, region_id, self.last)
+            except CorruptWalEntryError:
+                return False  # a fresh read reports it
+            if entry is None or entry.writer_epoch != self._last_epoch:
+                return False
+        self._epoch = manifest.writer_epoch  # only once checked: a failed check is retried
+        return True
 
     def _drop_through(self, start: int) -> None:
         """Forget the entries at or before ``start`` (a flush committed them to a generation)."""
