@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import uuid
+import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 Consistency = Literal["strong", "eventual"]
 _TAIL_ATTEMPTS = 10
 _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="memwal-snapshot")
+_TAIL_OWNERS: weakref.WeakSet[ObjectStore] = weakref.WeakSet()  # stores of tables with tails
 
 
 @dataclass(frozen=True)
@@ -246,23 +248,35 @@ def _consistent_wal_tail(
 def _wal_tail(
     table: TableState, region_id: str, manifest: RegionManifest
 ) -> tuple[pa.RecordBatch, ...]:
-    """The region's WAL tail after ``manifest``, reading only the entries put since the last
-    read: what was replayed is kept in ``table.caches.memtable``, counted at its size (if it
-    is evicted, the next read replays the tail again)."""
+    """The region's WAL tail after ``manifest``, reading only the entries put since ``table``
+    last read it: what it replayed is kept in its ``caches.memtable``, counted at its size (if
+    it is evicted, the next read replays the tail again).
+
+    The tail is kept per open table, not per process: a table opened again replays the tail
+    afresh, so it sees (and reports) what happened to entries read before, such as a lost one.
+    """
     part = table.caches.memtable
-    key = f"{table.uri}#{region_id}"
-    tail: WalTail = part.get(
+    # The table's store stands for the table: one per open table, and a read may be handed a
+    # proxy of the table (a DataFusion session holds one), never of its store.
+    store = table.store
+    prefix = f"{table.uri}#{id(store)}#"
+    if store not in _TAIL_OWNERS:  # its tails go with it, rather than when the cache evicts
+        _TAIL_OWNERS.add(store)
+        weakref.finalize(store, part.discard, prefix)
+    kept: tuple[weakref.ref[ObjectStore], WalTail] = part.get(
         "wal_tail",
-        key,
-        lambda: (WalTail(table.wal_schema), 0),
-        lambda kept: kept.schema.equals(table.wal_schema),
+        prefix + region_id,
+        lambda: ((weakref.ref(store), WalTail(table.wal_schema)), 0),
+        # A dead store's id may be another's: the entry names its store.
+        lambda k: k[0]() is store and k[1].schema.equals(table.wal_schema),
     )
+    tail = kept[1]
     accounted = tail.nbytes
-    batches, retired = tail.read(table.store, region_id, manifest)
+    batches, retired = tail.read(store, region_id, manifest)
     if retired is not None:
         forget([retired])  # the indexes of the tail as it was, before a flush took its start
-    if tail.nbytes != accounted:
-        part.get("wal_tail", key, lambda: (tail, tail.nbytes), lambda _: False)  # re-counted
+    if tail.nbytes != accounted:  # counted again at its new size
+        part.get("wal_tail", prefix + region_id, lambda: (kept, tail.nbytes), lambda _: False)
     return batches
 
 

@@ -1,3 +1,4 @@
+import gc
 import tempfile
 from datetime import timedelta
 
@@ -132,8 +133,11 @@ def test_a_reader_reads_another_writers_entries_once_and_keeps_its_key_index(tmp
     assert sorted(read) == [1, 2, 3, 4, 5, 6, 7]
     again = [part.peek(kind, key) for kind, key in part.entries() if kind == "memtable_keys"]
     assert again == index  # the same index, extended by the two entries
-    tail = part.peek("wal_tail", f"{reader.uri}#{w.region_id}")
+    [(_, tail)] = [part.peek(kind, key) for kind, key in part.entries() if kind == "wal_tail"]
     assert part.nbytes >= tail.nbytes > 0
+    del reader
+    gc.collect()
+    assert not [kind for kind, _ in part.entries() if kind == "wal_tail"]  # gone with its table
     w.close()
 
 
