@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import uuid
+import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,11 +40,12 @@ from memwal_sql.errors import (
 )
 from memwal_sql.formats.region_manifest import RegionManifestStore, check_not_behind_index
 from memwal_sql.formats.source_rows import source_schema
-from memwal_sql.formats.wal import iter_wal, wal_positions
+from memwal_sql.formats.wal import wal_positions
+from memwal_sql.formats.wal_tail import WalTail
 from memwal_sql.partitioning.region_spec import RegionSpec, region_id_for
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.structures.cache import Caches
-from memwal_sql.writer.region_writer import conform_batch
+from memwal_sql.writer.memtable_indexes import forget
 
 if TYPE_CHECKING:
     from memwal_sql.table_state import TableState
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
 Consistency = Literal["strong", "eventual"]
 _TAIL_ATTEMPTS = 10
 _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="memwal-snapshot")
+_TAIL_OWNERS: weakref.WeakSet[ObjectStore] = weakref.WeakSet()  # stores of tables with tails
 
 
 @dataclass(frozen=True)
@@ -245,17 +248,36 @@ def _consistent_wal_tail(
 def _wal_tail(
     table: TableState, region_id: str, manifest: RegionManifest
 ) -> tuple[pa.RecordBatch, ...]:
-    out: list[pa.RecordBatch] = []
-    for entry in iter_wal(
-        table.store,
-        region_id,
-        manifest.replay_after_wal_entry_position,
-        last_seen=manifest.wal_entry_position_last_seen,
-    ):
-        if entry.is_sentinel:
-            continue
-        out.extend(conform_batch(b, table.wal_schema) for b in entry.batches)
-    return tuple(out)
+    """The region's WAL tail after ``manifest``, reading only the entries put since ``table``
+    last read it: what it replayed is kept in its ``caches.memtable``, counted at its size (if
+    it is evicted, the next read replays the tail again).
+
+    The tail is kept per open table, not per process: a table opened again replays the tail
+    afresh, so it sees (and reports) what happened to entries read before, such as a lost one.
+    """
+    part = table.caches.memtable
+    # The table's store stands for the table: one per open table, and a read may be handed a
+    # proxy of the table (a DataFusion session holds one), never of its store.
+    store = table.store
+    prefix = f"{table.uri}#{id(store)}#"
+    if store not in _TAIL_OWNERS:  # its tails go with it, rather than when the cache evicts
+        _TAIL_OWNERS.add(store)
+        weakref.finalize(store, part.discard, prefix)
+    kept: tuple[weakref.ref[ObjectStore], WalTail] = part.get(
+        "wal_tail",
+        prefix + region_id,
+        lambda: ((weakref.ref(store), WalTail(table.wal_schema)), 0),
+        # A dead store's id may be another's: the entry names its store.
+        lambda k: k[0]() is store and k[1].schema.equals(table.wal_schema),
+    )
+    tail = kept[1]
+    accounted = tail.nbytes
+    batches, retired = tail.read(store, region_id, manifest)
+    if retired is not None:
+        forget([retired])  # the indexes of the tail as it was, before a flush took its start
+    if tail.nbytes != accounted:  # counted again at its new size
+        part.get("wal_tail", prefix + region_id, lambda: (kept, tail.nbytes), lambda _: False)
+    return batches
 
 
 def region_values(

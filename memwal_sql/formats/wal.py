@@ -84,6 +84,23 @@ def wal_schema(base: pa.Schema, primary_key: Sequence[str]) -> pa.Schema:
     return pa.schema([*fields, pa.field(TOMBSTONE, pa.bool_(), nullable=False)])
 
 
+def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """A replayed batch in the table's WAL schema (Lance entries may lack ``_tombstone`` or
+    carry other field metadata)."""
+    if batch.schema.equals(schema):
+        return batch
+    cols = []
+    for f in schema:
+        idx = batch.schema.get_field_index(f.name)
+        if idx >= 0:
+            cols.append(batch.column(idx).cast(f.type))
+        elif f.name == TOMBSTONE:
+            cols.append(pa.array([False] * batch.num_rows, pa.bool_()))
+        else:
+            cols.append(pa.nulls(batch.num_rows, f.type))
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
 @dataclass(frozen=True)
 class WalEntry:
     """One decoded WAL entry."""

@@ -82,6 +82,10 @@ class _Growing:
         if not new:
             return None
         table = pa.Table.from_batches(new, schema=new[0].schema)
+        if len(new) > 1:
+            # One chunk per part: a take from thousands of chunks (a WAL tail of single-row
+            # entries, read at once) costs per chunk, on every lookup.
+            table = table.combine_chunks()
         offsets = np.arange(self.num_rows, self.num_rows + table.num_rows, dtype=np.uint64)
         table = conform(
             table.drop_columns([c for c in (ROWADDR,) if c in table.column_names]),
@@ -333,8 +337,9 @@ def _cached(
 ) -> Any:
     """The index ``make`` builds for one MemTable, kept in ``caches.memtable`` while the
     MemTable lives: keyed by its first batch (and ``key``), which it holds, so the key is never
-    another MemTable's. A WAL tail is read anew by every snapshot: its index is not kept."""
-    if origin != "memtable" or not batches:
+    another MemTable's. A WAL tail (``origin="wal"``) keeps its batches from one snapshot to the
+    next (:class:`~memwal_sql.formats.wal_tail.WalTail`), so its index is kept the same way."""
+    if not batches:
         return make()
     part = caches.memtable
 

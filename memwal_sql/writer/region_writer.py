@@ -46,6 +46,7 @@ from memwal_sql.formats.wal import (
     RECOVERY_LOOKS,
     WalEntry,
     WalRun,
+    conform_batch,
     decode_wal_entry,
     decode_wal_runs,
     encode_fence_sentinel,
@@ -915,20 +916,3 @@ def _may_be_a_slice(batch: pa.RecordBatch) -> bool:
     buffers = col.buffers()
     room = buffers[1].size if len(buffers) > 1 and buffers[1] is not None else 0
     return room > 2 * (len(col) + 1) * 8 + 64  # 8 bytes per row bounds values and offsets
-
-
-def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """A replayed batch in the writer's WAL schema (Lance entries may lack ``_tombstone`` or
-    carry other field metadata)."""
-    if batch.schema.equals(schema):
-        return batch
-    cols = []
-    for f in schema:
-        idx = batch.schema.get_field_index(f.name)
-        if idx >= 0:
-            cols.append(batch.column(idx).cast(f.type))
-        elif f.name == "_tombstone":
-            cols.append(pa.array([False] * batch.num_rows, pa.bool_()))
-        else:
-            cols.append(pa.nulls(batch.num_rows, f.type))
-    return pa.RecordBatch.from_arrays(cols, schema=schema)
