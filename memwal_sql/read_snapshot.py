@@ -275,8 +275,8 @@ def _wal_tail(
     batches, retired = tail.read(store, region_id, manifest)
     if retired is not None:
         forget([retired])  # the indexes of the tail as it was, before a flush took its start
-    if tail.nbytes != accounted:  # counted again at its new size
-        part.get("wal_tail", prefix + region_id, lambda: (kept, tail.nbytes), lambda _: False)
+    if tail.nbytes != accounted:
+        part.resize("wal_tail", prefix + region_id, tail.nbytes)
     return batches
 
 

@@ -444,7 +444,7 @@ def test_while_the_index_lags_two_merges_the_gap_generations_are_searched_not_th
     model = Model(["k"])
     model.upsert(base_rows)
     for seed, (keys, gone) in enumerate(
-        [(list(range(0, 300, 3)), [1, 4]), (list(range(0, 300, 5)) + [400, 401], [2, 3])], 1
+        [(list(range(0, 300, 3)), [1, 4]), ([*range(0, 300, 5), 400, 401], [2, 3])], 1
     ):  # two merges: updates (some keys twice), inserts and deletes of base rows
         rows = vec_batch(keys, seed)
         tbl.upsert(rows), model.upsert(rows)

@@ -403,7 +403,8 @@ class Caches:
       generations' columns, base data files' schemas.
     - ``search``: vector matrices of generations, full-text pieces, tokenizers, base index facts.
     - ``deletions``: the base table's deletion files, read as row masks.
-    - ``memtable``: MemTables' in-memory indexes (dropped when their MemTable is flushed).
+    - ``memtable``: MemTables' in-memory indexes (dropped when their MemTable is flushed), and
+      the WAL tails a reader replayed of other writers' regions, with their indexes.
 
     The parts share one budget and one eviction order rather than each having a fixed share: the
     workload decides how the memory splits (a lookup-heavy process gives it to key indexes, a

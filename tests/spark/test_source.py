@@ -79,7 +79,9 @@ def test_the_columns_option_is_checked_and_each_partition_reads_only_those(table
         MemWalDataSource({"path": table, "columns": "id, nope"}).schema()
     reader = MemWalReader({"path": table, "columns": "tenant"})
     batches = [
-        b for p in reader.partitions() for b in reader.read(p)  # what each Spark task runs
+        b
+        for p in reader.partitions()
+        for b in reader.read(p)  # what each Spark task runs
     ]
     assert {b.schema.names[0] for b in batches} == {"tenant"}
     assert all(b.num_columns == 1 for b in batches)
