@@ -247,7 +247,8 @@ class KeysIndex(_Growing):
     Each update indexes only the new rows, as a run; a run as big as the one before it is
     merged with it (a binary counter: at most log2(rows) runs), so a lookup after a write
     costs an index of that write's rows, not of the whole MemTable. Runs are probed newest
-    first.
+    first. :meth:`update` returns a :class:`KeysView` of exactly the batches it was given:
+    a query probes the MemTable as its snapshot saw it while other queries extend the index.
 
     Example:
         >>> s = pa.schema([("id", pa.int64()), ("v", pa.string()), (TOMBSTONE, pa.bool_()),
@@ -264,8 +265,14 @@ class KeysIndex(_Growing):
         self._starts: list[int] = []  # first row of each part
         self._runs: list[tuple[int, int, KeySet, np.ndarray]] = []  # first part, rows, index
 
-    def update(self, batches: Sequence[pa.RecordBatch]) -> KeysIndex:
+    def update(self, batches: Sequence[pa.RecordBatch]) -> KeysView:
         with self.lock:
+            seen = len(self._batches)
+            if 0 < len(batches) < seen and batches[-1] is self._batches[len(batches) - 1]:
+                # An older snapshot of the MemTable than the index has seen (a query that
+                # started before a write, run after a newer one): indexed apart, so the newer
+                # queries keep the shared index as they need it.
+                return KeysIndex(self.schema, self.generation, self.primary_key).update(batches)
             new = self._new_rows(batches)
             if new is not None:
                 self._starts.append(self.num_rows - new.num_rows)
@@ -273,39 +280,12 @@ class KeysIndex(_Growing):
                 self._runs.append(self._run(len(self._parts) - 1))
                 while len(self._runs) > 1 and self._runs[-1][1] >= self._runs[-2][1]:
                     self._runs[-2:] = [self._run(self._runs[-2][0])]
-            return self
+            return KeysView(tuple(self._runs), tuple(self._parts), tuple(self._starts))
 
     @property
     def nbytes(self) -> int:
         """See :attr:`_Growing.nbytes`; with each run's key set and row numbers."""
         return super().nbytes + sum(ks.nbytes + rows.nbytes for _, _, ks, rows in self._runs)
-
-    def find(self, keys: pa.Table) -> np.ndarray:
-        """For each row of ``keys``, the MemTable row of its newest version, or -1."""
-        out = np.full(keys.num_rows, -1, dtype=np.int64)
-        todo = np.arange(keys.num_rows)
-        for _, _, keyset, newest in reversed(self._runs):
-            asked = keys if len(todo) == keys.num_rows else keys.take(pa.array(todo))
-            pos = keyset.positions(asked)
-            hit = pos >= 0
-            out[todo[hit]] = newest[pos[hit]]
-            todo = todo[~hit]
-            if len(todo) == 0:
-                break
-        return out
-
-    def take(self, rows: np.ndarray) -> pa.Table:
-        """The MemTable's rows at ``rows`` (as :meth:`find` gives them), in that order: one
-        take per part that holds some, never a copy of the whole MemTable."""
-        part = np.searchsorted(self._starts, rows, side="right") - 1
-        if (part == part[0]).all():
-            return self._parts[part[0]].take(pa.array(rows - self._starts[part[0]]))
-        order = np.argsort(part, kind="stable")
-        pieces = [
-            self._parts[p].take(pa.array(rows[order][part[order] == p] - self._starts[p]))
-            for p in np.unique(part)
-        ]
-        return pa.concat_tables(pieces).take(pa.array(np.argsort(order)))
 
     def _run(self, first_part: int) -> tuple[int, int, KeySet, np.ndarray]:
         """The run of the rows from part ``first_part`` on."""
@@ -319,6 +299,42 @@ class KeysIndex(_Growing):
     def _reset(self) -> None:
         super()._reset()
         self._starts, self._runs = [], []
+
+
+@dataclass(frozen=True)
+class KeysView:
+    """A :class:`KeysIndex` as of one update: its runs, and the parts holding the rows."""
+
+    runs: tuple[tuple[int, int, KeySet, np.ndarray], ...]
+    parts: tuple[pa.Table, ...]
+    starts: tuple[int, ...]
+
+    def find(self, keys: pa.Table) -> np.ndarray:
+        """For each row of ``keys``, the MemTable row of its newest version, or -1."""
+        out = np.full(keys.num_rows, -1, dtype=np.int64)
+        todo = np.arange(keys.num_rows)
+        for _, _, keyset, newest in reversed(self.runs):
+            asked = keys if len(todo) == keys.num_rows else keys.take(pa.array(todo))
+            pos = keyset.positions(asked)
+            hit = pos >= 0
+            out[todo[hit]] = newest[pos[hit]]
+            todo = todo[~hit]
+            if len(todo) == 0:
+                break
+        return out
+
+    def take(self, rows: np.ndarray) -> pa.Table:
+        """The MemTable's rows at ``rows`` (as :meth:`find` gives them), in that order: one
+        take per part that holds some, never a copy of the whole MemTable."""
+        part = np.searchsorted(self.starts, rows, side="right") - 1
+        if (part == part[0]).all():
+            return self.parts[part[0]].take(pa.array(rows - self.starts[part[0]]))
+        order = np.argsort(part, kind="stable")
+        pieces = [
+            self.parts[p].take(pa.array(rows[order][part[order] == p] - self.starts[p]))
+            for p in np.unique(part)
+        ]
+        return pa.concat_tables(pieces).take(pa.array(np.argsort(order)))
 
 
 # The caches that hold some MemTable's indexes, weakly (they go with their tables): a flush
@@ -378,8 +394,8 @@ def keys_index(
     primary_key: Sequence[str],
     *,
     caches: Caches,
-) -> KeysIndex:
-    """The MemTable's newest row per key, brought up to ``batches``."""
+) -> KeysView:
+    """The MemTable's newest row per key, as of ``batches``."""
     index = _cached(
         "memtable_keys",
         batches,
@@ -448,6 +464,7 @@ def text_index(
 
 __all__ = [
     "KeysIndex",
+    "KeysView",
     "Piece",
     "RowsIndex",
     "TextIndex",

@@ -177,7 +177,8 @@ def test_generation_index_answers_as_the_generations_one_by_one(tmp_path):
 )
 def test_keys_index_finds_the_newest_row_of_each_key_as_the_memtable_grows(writes):
     """KeysIndex against a dict model, after every write: runs merge, newest wins, composite
-    keys, empty writes."""
+    keys, empty writes; each update's view answers as of its batches while the index grows
+    (concurrent queries of one MemTable saw it at different moments)."""
     from memwal_sql.writer.memtable_indexes import KeysIndex
 
     schema = source_schema(
@@ -186,7 +187,7 @@ def test_keys_index_finds_the_newest_row_of_each_key_as_the_memtable_grows(write
         )
     )
     index = KeysIndex(schema, 5, ["a", "b"])
-    batches, latest, n = [], {}, 0
+    batches, latest, n, views = [], {}, 0, []
     probe = pa.table({"a": [a for a in range(13) for _ in "ab"], "b": ["a", "b"] * 13})
     for rows in writes:
         batches.append(
@@ -195,14 +196,15 @@ def test_keys_index_finds_the_newest_row_of_each_key_as_the_memtable_grows(write
                     "a": pa.array([a for a, _ in rows], pa.int64()),
                     "b": pa.array([b for _, b in rows], pa.string()),
                     "v": pa.array(range(n, n + len(rows)), pa.int64()),
-                    TOMBSTONE: pa.array([False] * len(rows)),
+                    TOMBSTONE: pa.array([False] * len(rows), pa.bool_()),
                 }
             )
         )
         for i, key in enumerate(rows):
             latest[key] = n + i
         n += len(rows)
-        at = index.update(list(batches)).find(probe)
+        view = index.update(list(batches))
+        at = view.find(probe)
         want = [
             latest.get(k, -1)
             for k in zip(probe.column("a").to_pylist(), probe.column("b").to_pylist())
@@ -211,10 +213,18 @@ def test_keys_index_finds_the_newest_row_of_each_key_as_the_memtable_grows(write
         assert len(index._runs) <= max(1, n).bit_length() + 1
         found = at[at >= 0]
         if len(found):
-            got = index.take(found)
+            got = view.take(found)
             assert got.column("v").to_pylist() == found.tolist()  # v is the row number
             assert got.column(ROWADDR).to_pylist() == found.tolist()
             assert set(got.column(GEN).to_pylist()) == {5}
+        views.append((view, want))
+        # A query whose snapshot saw fewer batches, run now: it sees the MemTable as it was.
+        old = len(batches) // 2
+        if old:
+            assert index.update(batches[:old]).find(probe).tolist() == views[old - 1][1]
+    # Every view answers as of its own update, however the index grew since.
+    for view, want in views:
+        assert view.find(probe).tolist() == want
     # Batches that do not extend what the index saw (another MemTable's): it starts over.
     other = [pa.record_batch({"a": [3], "b": ["a"], "v": [0], TOMBSTONE: [False]})]
     at = index.update(other).find(pa.table({"a": [3, 4], "b": ["a", "a"]}))
