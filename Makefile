@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_search.py
 	$(PY) benchmarks/bench_scale.py --scale 2m
 	$(PY) benchmarks/bench_wal_tail.py
+	$(PY) benchmarks/bench_cache.py
 	$(PY) benchmarks/bench_inputs.py
 	$(PY) benchmarks/bench_tpch.py
 	$(PY) benchmarks/bench_memory.py
