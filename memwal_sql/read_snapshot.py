@@ -262,7 +262,7 @@ def _wal_tail(
     prefix = f"{table.uri}#{id(store)}#"
     if store not in _TAIL_OWNERS:  # its tails go with it, rather than when the cache evicts
         _TAIL_OWNERS.add(store)
-        weakref.finalize(store, part.discard, prefix)
+        weakref.finalize(store, part.discard_later, prefix)  # runs inside any allocation
     kept: tuple[weakref.ref[ObjectStore], WalTail] = part.get(
         "wal_tail",
         prefix + region_id,

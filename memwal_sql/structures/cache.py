@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -116,6 +116,8 @@ class LookupCache:
         self._part_bytes: dict[str, int] = {}
         self._stats: dict[str, CacheStats] = {}
         self._lock = threading.Lock()
+        # Discards asked for by finalizers (see discard_later): appending takes no lock.
+        self._pending: deque[tuple[str, str | None]] = deque()
 
     def get(
         self,
@@ -130,6 +132,8 @@ class LookupCache:
         ``(value, nbytes)``, kept."""
         key = (part, kind, uri)
         with self._lock:
+            if self._pending:
+                self._apply_pending()
             self._seen(key)
             entry = self._protected.get(key) or self._probation.get(key)
             if entry is not None and (current is None or current(entry[0])):
@@ -139,6 +143,8 @@ class LookupCache:
             self._tally(part, CacheStats(misses=1))
         value, nbytes = load()
         with self._lock:
+            if self._pending:
+                self._apply_pending()
             held = key in self._protected or key in self._probation
             remembered = key in self._ghosts
             self._forget(key)
@@ -174,6 +180,8 @@ class LookupCache:
         """
         key = (part, kind, uri)
         with self._lock:
+            if self._pending:
+                self._apply_pending()
             segment = self._protected if key in self._protected else self._probation
             entry = segment.get(key)
             if entry is None or entry[1] == nbytes:
@@ -193,6 +201,8 @@ class LookupCache:
         """The cached value of ``(kind, uri)``, or None; loads nothing, evicts nothing."""
         key = (part, kind, uri)
         with self._lock:
+            if self._pending:
+                self._apply_pending()
             entry = self._protected.get(key) or self._probation.get(key)
         return None if entry is None else entry[0]
 
@@ -200,20 +210,22 @@ class LookupCache:
         """Whether ``(kind, uri)`` is cached (it may be evicted the next moment)."""
         key = (part, kind, uri)
         with self._lock:
+            if self._pending:
+                self._apply_pending()
             return key in self._protected or key in self._probation
 
     def discard(self, key_prefix: str, *, part: str | None = None) -> None:
         """Drop the entries (of every kind, of ``part`` or of every part) whose key starts
         with ``key_prefix``, and forget them."""
         with self._lock:
-            for segment in (self._probation, self._protected, self._ghosts):
-                for key in [
-                    k
-                    for k in segment
-                    if k[2].startswith(key_prefix) and (part is None or k[0] == part)
-                ]:
-                    self._forget(key)
-                    self._freq.pop(key, None)
+            self._apply_pending()
+            self._discard(key_prefix, part)
+
+    def discard_later(self, key_prefix: str, *, part: str | None = None) -> None:
+        """:meth:`discard`, done at the cache's next use: for finalizers and weak-reference
+        callbacks, which run wherever a garbage collection happens, possibly inside an
+        operation of this cache in the same thread, its (non-reentrant) lock held."""
+        self._pending.append((key_prefix, part))
 
     def clear(self, *, part: str | None = None) -> None:
         """Drop every entry (of ``part``, or of every part)."""
@@ -223,11 +235,15 @@ class LookupCache:
         """The ``(kind, uri)`` of ``part``'s entries, in eviction order: the next to go first
         (probation's least recently used first, then protected's)."""
         with self._lock:
+            if self._pending:
+                self._apply_pending()
             return [(k, u) for p, k, u in [*self._probation, *self._protected] if p == part]
 
     def part_bytes(self, part: str) -> int:
         """The bytes the entries of ``part`` hold."""
         with self._lock:
+            if self._pending:
+                self._apply_pending()
             return self._part_bytes.get(part, 0)
 
     def stats(self, *, part: str | None = None) -> CacheStats:
@@ -240,9 +256,24 @@ class LookupCache:
             (1, 0, 1)
         """
         with self._lock:
+            if self._pending:
+                self._apply_pending()
             if part is not None:
                 return self._stats.get(part, CacheStats())
             return sum(self._stats.values(), CacheStats())
+
+    def _discard(self, key_prefix: str, part: str | None) -> None:
+        for segment in (self._probation, self._protected, self._ghosts):
+            for key in [
+                k for k in segment if k[2].startswith(key_prefix) and (part is None or k[0] == part)
+            ]:
+                self._forget(key)
+                self._freq.pop(key, None)
+
+    def _apply_pending(self) -> None:
+        """The discards :meth:`discard_later` deferred (the lock held)."""
+        while self._pending:
+            self._discard(*self._pending.popleft())
 
     def _protected_room(self) -> int:
         return int(self.max_bytes * PROTECTED_SHARE)
@@ -380,6 +411,10 @@ class CachePart:
     def discard(self, key_prefix: str) -> None:
         """See :meth:`LookupCache.discard`."""
         self._pool.discard(key_prefix, part=self.name)
+
+    def discard_later(self, key_prefix: str) -> None:
+        """See :meth:`LookupCache.discard_later` (for finalizers)."""
+        self._pool.discard_later(key_prefix, part=self.name)
 
     def resize(self, kind: str, uri: str, nbytes: int) -> None:
         """See :meth:`LookupCache.resize`."""

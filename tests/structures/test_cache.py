@@ -380,3 +380,33 @@ def test_what_the_policy_remembers_is_bounded_by_what_the_cache_holds():
     assert len(streaming.entries()) == 10
     assert len(streaming._ghosts) <= cache_module.REMEMBERED * 10
     assert len(streaming._freq) <= (cache_module.REMEMBERED + 1) * 10
+
+
+def test_a_finalizer_that_discards_never_deadlocks_an_operation_of_its_thread():
+    # A finalizer runs wherever its object goes, also inside a cache operation of the same
+    # thread, the cache's lock held (a WAL tail's table dropped during a garbage collection
+    # that a query's allocation started): it defers the discard to the cache's next use.
+    import threading
+    import weakref
+
+    cache = LookupCache(1000)
+    cache.get("k", "a1", lambda: ("A", 10))
+
+    class Owner:
+        pass
+
+    holder = [Owner()]
+    weakref.finalize(holder[0], cache.discard_later, "a")
+
+    def current(value):  # called with the cache's lock held
+        holder.clear()  # the owner goes here: its finalizer runs now, in this thread
+        return True
+
+    done = threading.Event()
+    worker = threading.Thread(
+        target=lambda: (cache.get("k", "a1", lambda: ("A", 10), current), done.set()),
+        daemon=True,
+    )
+    worker.start()
+    assert done.wait(10), "the finalizer's discard deadlocked the cache"
+    assert not cache.contains("k", "a1") and cache.nbytes == 0  # done at the next use
