@@ -171,8 +171,8 @@ class BaseSourceExec(SourceLeaf):
     """
 
     name = "BaseSourceExec"
-    _locks = (*SourceLeaf._locks, "_text_lock")
-    _computed = (*SourceLeaf._computed, "_text")
+    _locks: tuple[str, ...] = (*SourceLeaf._locks, "_text_lock")
+    _computed: tuple[str, ...] = (*SourceLeaf._computed, "_text")
 
     def __init__(
         self,

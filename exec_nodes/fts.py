@@ -173,7 +173,11 @@ class GlobalBM25Exec(ExecNode):
         out = self._compute_latest(pieces, indexed)
         with _LATEST_LOCK:
             _LATEST.clear()  # one entry: the pieces it holds keep their ids unique
-            _LATEST[key] = ([p for _, _, p in pieces] + [x for _, x in indexed], out, self._left_out)
+            _LATEST[key] = (
+                [p for _, _, p in pieces] + [x for _, x in indexed],
+                out,
+                self._left_out,
+            )
         return out
 
     def _compute_latest(
@@ -238,7 +242,11 @@ class GlobalBM25Exec(ExecNode):
         return out, replaced
 
     def _best(
-        self, postings: list[_Postings], stats: CorpusStats, weights: np.ndarray, frequency: np.ndarray
+        self,
+        postings: list[_Postings],
+        stats: CorpusStats,
+        weights: np.ndarray,
+        frequency: np.ndarray,
     ) -> pa.Table:
         n_docs = stats.documents
         avgdl = stats.average_length

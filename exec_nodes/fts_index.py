@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import lance
 import numpy as np
@@ -31,6 +32,8 @@ from memwal_sql.compat.lance_inverted import (
 )
 from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.rowmask import RowMask
+
+_Posting = tuple[np.ndarray, np.ndarray, np.ndarray]  # row ids, term frequencies, lengths
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,6 @@ class BaseTextIndex:
         self.dataset = dataset
         self.files = list(files)
         self.covered = covered
-        self._covered = np.array(sorted(covered), dtype=np.uint64)
         self.caches = caches
         self._deleted_rows = deleted_rows
         # Covered fragments with deleted rows: the rows gone from the base depend on nothing
@@ -103,12 +105,9 @@ class BaseTextIndex:
             for f in dataset.get_fragments()
             if f.fragment_id in covered and f.metadata.deletion_file is not None
         }
-        files_ = sorted(
-            f"{i}:{f.metadata.deletion_file.id}-{f.metadata.deletion_file.read_version}"
-            for i, f in self._deleting.items()
-        )
+        names = sorted(f"{i}:{_deletion_name(f)}" for i, f in self._deleting.items())
         self._gone_key = hashlib.sha1(
-            f"{sorted(covered)}|{','.join(files_)}".encode(), usedforsecurity=False
+            f"{sorted(covered)}|{','.join(names)}".encode(), usedforsecurity=False
         ).hexdigest()
 
     @property
@@ -117,12 +116,15 @@ class BaseTextIndex:
 
     def describe(self) -> str:
         uuids = ",".join(f.uri.rstrip("/").rsplit("/", 1)[-1][:8] for f in self.files)
-        return f"index {uuids} ({len(self.partitions)} partitions) over {len(self.covered)} fragments"
+        return (
+            f"index {uuids} ({len(self.partitions)} partitions) over {len(self.covered)} fragments"
+        )
 
     def matches(self, terms: Sequence[str], superseded: np.ndarray) -> IndexMatches:
         """The index's part of a search for distinct ``terms``: the base rows at row addresses
         ``superseded`` (sorted; live rows of covered fragments that newer sources replace or
-        delete) left out of everything, as are deleted rows and vanished fragments."""
+        delete) left out of everything, as are deleted rows and rows of fragments no longer
+        covered."""
         documents = tokens = 0
         dead = []
         for files, p in self.partitions:
@@ -138,14 +140,13 @@ class BaseTextIndex:
         postings = [self._postings(files, p, terms) for files, p in self.partitions]
         frequency = np.zeros(len(terms), dtype=np.int64)
         none = np.zeros(0, np.uint32)
-        parts: list[tuple[np.ndarray, ...]] = [(none.astype(np.int64), none.astype(np.uint64), none, none)]
+        parts = [(none.astype(np.int64), none.astype(np.uint64), none, none)]
         for number in range(len(terms)):  # term by term: a document's parts add in query order
             for by_term in postings:
                 rowid, tf, length = by_term[number]
-                keep = np.isin(rowid >> np.uint64(32), self._covered)
+                keep = np.ones(len(rowid), dtype=bool)
                 if len(gone):
-                    at = np.minimum(np.searchsorted(gone, rowid), len(gone) - 1)
-                    keep &= gone[at] != rowid
+                    keep = gone[np.minimum(np.searchsorted(gone, rowid), len(gone) - 1)] != rowid
                 frequency[number] += int(np.count_nonzero(keep))
                 term = np.full(int(np.count_nonzero(keep)), number, dtype=np.int64)
                 parts.append((term, rowid[keep], tf[keep], length[keep]))
@@ -191,23 +192,19 @@ class BaseTextIndex:
         """Each term's (row ids, term frequencies, document lengths) in a partition: the terms
         not cached yet decoded together, then kept."""
         cache = self.caches.search
-        keys = {t: f"{files.uri}#{partition}#{t}" for t in terms}
-        missing = [t for t in terms if not cache.contains("fts_postings", keys[t])]
+        keys = [f"{files.uri}#{partition}#{t}" for t in terms]
+        missing = [t for t, key in zip(terms, keys) if not cache.contains("fts_postings", key)]
         fresh = self._decode(files, partition, missing) if missing else {}
-        for t, value in fresh.items():
-            cache.get("fts_postings", keys[t], lambda v=value: (v, _nbytes(v)))
-        return [
-            fresh[t]
-            if t in fresh
-            else cache.get(
-                "fts_postings",
-                keys[t],
-                lambda t=t: (v := self._decode(files, partition, [t])[t], _nbytes(v)),
-            )
-            for t in terms
-        ]
 
-    def _decode(self, files: IndexFiles, partition: int, terms: Sequence[str]) -> dict[str, _Posting]:
+        def load(term: str) -> tuple[_Posting, int]:
+            value = fresh[term] if term in fresh else self._decode(files, partition, [term])[term]
+            return value, sum(a.nbytes for a in value) + 64
+
+        return [cache.get("fts_postings", key, partial(load, t)) for t, key in zip(terms, keys)]
+
+    def _decode(
+        self, files: IndexFiles, partition: int, terms: Sequence[str]
+    ) -> dict[str, _Posting]:
         ids = token_ids(files, partition, terms)
         docs = self._docs(files, partition)
         decoded = dict(zip(ids, read_postings(files, partition, list(ids.values()))))
@@ -219,11 +216,10 @@ class BaseTextIndex:
         return out
 
 
-_Posting = tuple[np.ndarray, np.ndarray, np.ndarray]
-
-
-def _nbytes(value: _Posting) -> int:
-    return sum(a.nbytes for a in value) + 64
+def _deletion_name(fragment: lance.LanceFragment) -> str:
+    dv = fragment.metadata.deletion_file
+    assert dv is not None  # only fragments with deletions are named
+    return f"{dv.id}-{dv.read_version}"
 
 
 __all__ = ["BaseTextIndex", "IndexMatches"]

@@ -218,7 +218,7 @@ class KnnSource(ExecNode):
     several generations). ``top(n)`` is computed once per ``n`` and kept, so asking again
     for the same or fewer rows costs nothing."""
 
-    _locks = ("_lock",)
+    _locks: tuple[str, ...] = ("_lock",)
     _computed: tuple[str, ...] = ("_top",)
 
     def __init__(
@@ -317,7 +317,7 @@ class SourceLeaf(KeyedExec, KnnSource):
     scan) or probed (``probes``): tests check what a plan touched.
     """
 
-    _locks = ("_lock",)
+    _locks: tuple[str, ...] = ("_lock",)
     _computed: tuple[str, ...] = ("_top", "_pieces")
 
     def __init__(

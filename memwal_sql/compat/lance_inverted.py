@@ -203,4 +203,12 @@ def _varints(data: np.ndarray, n: int) -> np.ndarray:
     return np.add.reduceat(parts, starts) if n else np.zeros(0, np.uint64)
 
 
-__all__ = ["BLOCK", "IndexFiles", "decode_postings", "open_index", "read_docs", "read_postings", "token_ids"]
+__all__ = [
+    "BLOCK",
+    "IndexFiles",
+    "decode_postings",
+    "open_index",
+    "read_docs",
+    "read_postings",
+    "token_ids",
+]
