@@ -37,6 +37,7 @@ from exec_nodes.fts_index import BaseTextIndex
 from exec_nodes.source import (
     Access,
     FragmentRange,
+    FullText,
     Knn,
     Lookup,
     Probe,
@@ -525,6 +526,20 @@ class BaseSourceExec(SourceLeaf):
         )
 
     # FullText
+
+    def execute(self, partition: int = 0) -> Iterator[pa.RecordBatch]:
+        index = self.text_index() if isinstance(self.access, FullText) else None
+        if index is not None:  # the documents the index covers are live rows, read by Lance
+            covered = [f for f in self._fragments if f.fragment_id in index.covered]
+            if covered:
+                rows = self.dataset.scanner(
+                    columns=stored_columns(self.schema, self.dataset),
+                    fragments=covered,
+                    with_row_address=True,
+                ).to_table()
+                addr = rows.column(ROWADDR).cast(pa.uint64())
+                yield from self._tagged(rows.drop_columns([ROWADDR]), addr).to_batches()
+        yield from super().execute(partition)
 
     def text_index(self) -> BaseTextIndex | None:
         found = self._text_index()

@@ -147,3 +147,21 @@ def test_an_unsupported_index_layout_is_refused(tmp_path, monkeypatch):
     assert not isinstance(lance_inverted.open_index(directory), str)
     monkeypatch.setitem(lance_inverted._SUPPORTED, "format_version", "3")
     assert "format_version is '2', only '3'" in lance_inverted.open_index(directory)
+
+
+def test_the_base_full_text_leaf_yields_every_live_document(indexed):
+    from exec_nodes.base_source import BaseSourceExec
+    from exec_nodes.source import FullText
+    from memwal_sql.formats.source_rows import source_schema
+    from memwal_sql.writer.memtable_indexes import tokenizer_for
+
+    tbl, _ = indexed
+    tbl.delete(pa.table({"k": pa.array([5, 6], pa.int64())}))
+    tbl.flush()
+    tbl.merge()  # two rows deleted in the indexed fragment
+    ds = tbl.dataset()
+    text = FullText("body", tokenizer_for({}, tbl.caches), ("k",))
+    leaf = BaseSourceExec(ds, source_schema(ds.schema), text, caches=tbl.caches)
+    assert leaf.text_index() is not None and leaf.pieces() == []
+    keys = leaf.to_table().column("k").to_pylist()
+    assert sorted(keys) == [k for k in range(6000) if k not in (5, 6)]
