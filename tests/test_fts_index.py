@@ -4,6 +4,8 @@ on a fully merged, fully indexed copy; and the base is not tokenized."""
 
 from __future__ import annotations
 
+import json
+
 import lance
 import numpy as np
 import pyarrow as pa
@@ -43,7 +45,7 @@ def partitions(tbl) -> int:
     count = 0
     for segment in index.segments:
         meta = LanceFileReader(f"{ds.uri}/_indices/{segment.uuid}/metadata.lance").metadata()
-        count += len(eval(meta.schema.metadata[b"partitions"]))
+        count += len(json.loads(meta.schema.metadata[b"partitions"]))
     return count
 
 

@@ -110,10 +110,7 @@ def read_postings(
     reader = files.reader(f"part_{partition}_invert.lance", ["_posting", "_length"])
     table = reader.take_rows(np.asarray(ids, dtype=np.uint64)[order].tolist()).to_table()
     decoded = decode_postings(table.column("_posting"), table.column("_length").to_numpy())
-    out: list[tuple[np.ndarray, np.ndarray]] = [decoded[0]] * len(ids)
-    for k, at in enumerate(order):
-        out[int(at)] = decoded[k]
-    return out
+    return [decoded[k] for k in np.argsort(order)]  # back in the order of ``ids``
 
 
 def decode_postings(
