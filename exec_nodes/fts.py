@@ -260,7 +260,7 @@ class GlobalBM25Exec(ExecNode):
             part = weights[term] * idf[term] * tf * (BM25_K1 + 1) / (tf + norm[doc])
             # A document's parts are added in the query's order of terms.
             score = np.bincount(doc, weights=part, minlength=len(p.lengths))
-            rows = np.unique(doc)
+            rows = np.flatnonzero(np.bincount(doc, minlength=len(p.lengths)))  # with a posting
             scored.append((score[rows], np.full(len(rows), number), rows))
         if not scored:
             return empty_rows(self.schema)
