@@ -34,6 +34,8 @@ import numpy as np
 import pyarrow as pa
 from lance.file import LanceFileReader
 
+from memwal_sql.errors import CorruptTableError
+
 BLOCK = 128
 _SUPPORTED = {
     "format_version": "2",
@@ -91,7 +93,8 @@ def token_ids(files: IndexFiles, partition: int, terms: Sequence[str]) -> dict[s
 
 
 def read_docs(files: IndexFiles, partition: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """A partition's documents: row ids (ascending), token counts, and the total count."""
+    """A partition's documents by document id: row ids (ascending in a fresh build, not in a
+    partition ``optimize_indices`` merged), token counts; and the total count."""
     reader = files.reader(f"part_{partition}_docs.lance")
     total = int((reader.metadata().schema.metadata or {})[b"total_tokens"])
     table = reader.read_all(batch_size=1 << 20).to_table()
@@ -127,7 +130,10 @@ def decode_postings(
     # One token's blocks: ceil(length / 128), all full but a shorter last one.
     counts = np.diff(list_offsets)
     if not np.array_equal(counts, -(-lengths // BLOCK)):
-        raise ValueError("posting block count does not match the token's document count")
+        raise CorruptTableError(
+            "an inverted index's posting blocks do not match its document counts: "
+            "rebuild the index (tbl.create_index(column, 'INVERTED'))"
+        )
     _, offset_buffer, data_buffer = blocks.buffers()
     offsets = np.frombuffer(offset_buffer, dtype=np.int64)[
         blocks.offset : blocks.offset + len(blocks) + 1
@@ -192,7 +198,10 @@ def _varints(data: np.ndarray, n: int) -> np.ndarray:
     """The first ``n`` LEB128 varints of ``data``."""
     ends = np.flatnonzero(data < 0x80)[:n]
     if len(ends) < n:
-        raise ValueError("posting tail block is shorter than its document count")
+        raise CorruptTableError(
+            "an inverted index's last posting block is cut short: "
+            "rebuild the index (tbl.create_index(column, 'INVERTED'))"
+        )
     data = data[: ends[-1] + 1] if n else data[:0]
     starts = np.concatenate([[0], ends[:-1] + 1])
     shift = 7 * (np.arange(len(data)) - np.repeat(starts, np.diff(np.append(starts, len(data)))))
