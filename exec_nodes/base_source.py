@@ -13,9 +13,11 @@ method through Lance (its scanner, key index or btree, vector index, data files)
 * A KNN search uses its vector index when there is one (``nprobes`` partitions, candidates
   re-ranked by exact distance with ``refine_factor``), and a flat search of the rows the
   index does not cover yet.
-* Full text tokenizes the base fragment by fragment (BM25 over the latest corpus needs the
-  statistics of exactly the rows that are not superseded): the terms of a fragment's data
-  files are kept (they never change), its deletions read per version.
+* Full text reads the base's inverted index for the query's terms and corrects its statistics
+  to the latest corpus (:class:`~exec_nodes.fts_index.BaseTextIndex`); the fragments the index
+  does not cover, or all of them when the index's layout is not one read here, are tokenized
+  fragment by fragment: the terms of a fragment's data files are kept (they never change), its
+  deletions read per version.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance.file import LanceFileReader
 
+from exec_nodes.fts_index import BaseTextIndex
 from exec_nodes.source import (
     Access,
     FragmentRange,
+    FullText,
     Knn,
     Lookup,
     Probe,
@@ -46,11 +50,13 @@ from exec_nodes.source import (
 )
 from memwal_sql.compat.lance import (
     data_file_paths,
+    index_directory,
     row_addr_treemap,
     single_data_file,
     storage_options_of,
     take_rows,
 )
+from memwal_sql.compat.lance_inverted import IndexFiles, open_index
 from memwal_sql.expressions.substrait import lance_filter
 from memwal_sql.expressions.visitors import evaluate, referenced_columns
 from memwal_sql.formats.source_rows import (
@@ -175,6 +181,8 @@ class BaseSourceExec(SourceLeaf):
     """
 
     name = "BaseSourceExec"
+    _locks: tuple[str, ...] = (*SourceLeaf._locks, "_text_lock")
+    _computed: tuple[str, ...] = (*SourceLeaf._computed, "_text")
 
     def __init__(
         self,
@@ -207,6 +215,8 @@ class BaseSourceExec(SourceLeaf):
             self.indexed_only = access.indexed_only and access.index is not None
         else:
             self._fragments = dataset.get_fragments()
+            self._text: BaseTextIndex | str | None = None
+        self._text_lock = threading.Lock()  # apart: pieces() asks for the index under _lock
 
     def _where(self) -> str:
         return f"version={self.dataset.version} gen={BASE_GENERATION}"
@@ -237,7 +247,11 @@ class BaseSourceExec(SourceLeaf):
                 if self.index
                 else " flat (no vector index)"
             )
-        return f"{access} fragments={len(self._fragments)}"
+        found = self._text_index()
+        if isinstance(found, str):
+            return f"{access} tokenizing all {len(self._fragments)} fragments ({found})"
+        rest = len(self._fragments) - len(found.covered)
+        return f"{access} through {found.describe()}, tokenizing {rest} unindexed fragments"
 
     # Scan
 
@@ -582,8 +596,88 @@ class BaseSourceExec(SourceLeaf):
 
     # FullText
 
+    def execute(self, partition: int = 0) -> Iterator[pa.RecordBatch]:
+        index = self.text_index() if isinstance(self.access, FullText) else None
+        if index is not None:  # the documents the index covers are live rows, read by Lance
+            covered = [f for f in self._fragments if f.fragment_id in index.covered]
+            if covered:
+                rows = self.dataset.scanner(
+                    columns=stored_columns(self.schema, self.dataset),
+                    fragments=covered,
+                    with_row_address=True,
+                ).to_table()
+                addr = rows.column(ROWADDR).cast(pa.uint64())
+                yield from self._tagged(rows.drop_columns([ROWADDR]), addr).to_batches()
+        yield from super().execute(partition)
+
+    def text_index(self) -> BaseTextIndex | None:
+        found = self._text_index()
+        return found if isinstance(found, BaseTextIndex) else None
+
+    def _text_index(self) -> BaseTextIndex | str:
+        """The base's inverted index on the column as a search reads it, or why it is not
+        read (then every fragment is tokenized); once per leaf, and per base version in the
+        search cache."""
+        with self._text_lock:
+            if self._text is None:
+                ds = self.dataset
+                self._text = self.caches.search.get(
+                    "fts_index", f"{ds.uri}@{ds.version}#{self.column}", self._open_text_index
+                )
+            return self._text
+
+    def _open_text_index(self) -> tuple[BaseTextIndex | str, int]:
+        ds = self.dataset
+        found = [
+            d
+            for d in ds.describe_indices()
+            if d.field_names == [self.column] and "Inverted" in d.type_url
+        ]
+        if not found:
+            return "no inverted index", 64
+        if ds.has_stable_row_ids:
+            return "the table has stable row ids, the index holds no row addresses", 64
+        files: list[IndexFiles] = []
+        covered: set[int] = set()
+        for segment in found[0].segments:
+            fragments = set(segment.fragment_ids)
+            if segment.base_id is not None or fragments & covered:
+                return "index segments in another base or overlapping", 64
+            opened = open_index(index_directory(ds, segment.uuid), storage_options_of(ds))
+            if isinstance(opened, str):
+                return opened, 64
+            files.append(opened)
+            covered |= fragments
+        covered &= {f.fragment_id for f in self._fragments}
+        index = BaseTextIndex(
+            ds, files, covered, self.caches, lambda f: _deleted_rows(ds, f, self.caches)
+        )
+        return index, 1024 + 64 * len(covered)
+
+    def key_addresses(self, keys: pa.Table) -> np.ndarray:
+        """The row address of the live base row holding each of ``keys``, or -1.
+
+        Example:
+            ``leaf.key_addresses(pa.table({"id": [3, 4]}))`` -> ``array([4294967299, -1])``
+        """
+        keys = keys.select(self.primary_key)
+        index = self._key_index()
+        if index is not None:
+            keyset, addrs = index
+        else:  # too big to keep: the btree (or a scan) finds the rows
+            rows = self.dataset.scanner(
+                columns=self.primary_key,
+                filter=_key_filter(keys, self.primary_key),
+                with_row_address=True,
+            ).to_table()
+            keyset, addrs = KeySet(rows.select(self.primary_key)), rows.column(ROWADDR).to_numpy()
+        pos = keyset.positions(keys)
+        return np.where(pos >= 0, addrs[np.maximum(pos, 0)].astype(np.int64), -1)
+
     def _text_pieces(self) -> list[Piece]:
-        return [self._fragment_piece(f) for f in self._fragments]
+        index = self.text_index()
+        covered = set() if index is None else index.covered
+        return [self._fragment_piece(f) for f in self._fragments if f.fragment_id not in covered]
 
     def _fragment_piece(self, fragment: lance.LanceFragment) -> Piece:
         files = ",".join(data_file_paths(fragment))
@@ -617,7 +711,10 @@ class BaseSourceExec(SourceLeaf):
         )
 
     def piece_rows(self, piece: int, index: np.ndarray) -> pa.Table:
-        addresses = self.pieces()[piece].addresses[index]
+        return self.rows_at(self.pieces()[piece].addresses[index])
+
+    def rows_at(self, addresses: np.ndarray) -> pa.Table:
+        """Full rows (source schema) at row ``addresses``."""
         names = stored_columns(self._schema, self.dataset)
         out = conform(
             take_rows(self.dataset, pa.array(addresses.astype(np.uint64)), names),

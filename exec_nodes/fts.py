@@ -8,9 +8,10 @@ document's score then uses those global statistics, so every score is the BM25 s
 document would have in the fully merged table (Lance's scorer, ``memwal_sql.compat.lance_fts``).
 
 * An FTS leaf holds its source's terms, tokenized with Lance's tokenizer (the base index's
-  parameters), cached per immutable piece: a base fragment's data files, a generation, a MemTable
-  batch list. The base table is tokenized once per data file, not searched through its index:
-  BM25 over the latest corpus needs the statistics of exactly the rows that are not superseded.
+  parameters), cached per immutable piece: a generation, a MemTable batch list, a base fragment
+  the base's inverted index does not cover. The fragments it covers are searched through it
+  (:class:`~exec_nodes.fts_index.BaseTextIndex`): the query terms' postings, and the index's
+  statistics less the rows deleted, vanished or superseded since.
 * :class:`GlobalBM25Exec` finds the newest version of every key among the newer-than-base
   sources (highest ``_gen``, then ``_rowaddr``, the scan's rule), marks each source's rows that
   are their key's latest live version, gathers the statistics over those rows, scores the
@@ -24,6 +25,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +33,7 @@ import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
 from exec_nodes.dedup import Versions
+from exec_nodes.fts_index import BaseTextIndex
 from exec_nodes.source import SourceLeaf
 from memwal_sql.compat.lance_fts import BM25_B, BM25_K1
 from memwal_sql.expressions.predicate import Predicate
@@ -116,7 +119,8 @@ class GlobalBM25Exec(ExecNode):
         """The best ``k`` (or fewer) latest documents matching the filter, with ``_score``."""
         searched = {id(c) for c, ok in zip(self._children, self.searched) if ok}
         pieces = [(c, i, p) for c in self._children for i, p in enumerate(c.pieces())]
-        live = self._latest(pieces)
+        indexed = [(c, x) for c in self._children if (x := c.text_index()) is not None]
+        live, superseded = self._latest(pieces, indexed)
         # Each distinct term once, weighted by how often the query names it (as in Lance).
         counts = Counter(self.terms)
         query = pa.array(list(counts), pa.string())
@@ -132,32 +136,59 @@ class GlobalBM25Exec(ExecNode):
             kept = ok[doc]
             term, doc, tf = _pairs(term[kept], doc[kept])
             frequency += np.bincount(term, minlength=len(query))
-            postings.append((child, i, piece, (term, doc, tf), id(child) in searched))
+            read = partial(child.piece_rows, i)
+            postings.append(_Postings(read, term, doc, tf, lengths, id(child) in searched))
+        for (child, index), gone in zip(indexed, superseded):
+            found = index.matches(list(counts), gone)
+            stats.documents += found.documents
+            stats.tokens += found.tokens
+            frequency += found.frequency
+            rowid, doc = np.unique(found.rowid, return_inverse=True)
+            lengths = np.zeros(len(rowid), dtype=np.int64)
+            lengths[doc] = found.length
+            read = partial(_rows_at, child, rowid)
+            postings.append(
+                _Postings(read, found.term, doc, found.tf, lengths, id(child) in searched)
+            )
         stats.document_frequency = dict(zip(counts, frequency.tolist()))
         stats.superseded, stats.deleted = self._left_out
         self.stats = stats
         return self._best(postings, stats, weights, frequency)
 
-    def _latest(self, pieces: list[tuple[SourceLeaf, int, Piece]]) -> list[np.ndarray]:
-        """Per piece, which rows are their key's latest live version; the same pieces (no
-        write since the last search) give the same answer, kept."""
-        key = tuple(id(p) for _, _, p in pieces)
+    def _latest(
+        self,
+        pieces: list[tuple[SourceLeaf, int, Piece]],
+        indexed: list[tuple[SourceLeaf, BaseTextIndex]],
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per piece, which rows are their key's latest live version, and per index the
+        (sorted) addresses of the live rows it covers that a newer source supersedes or
+        deletes; the same pieces and indexes (no write since the last search) give the same
+        answer, kept."""
+        key = (*(id(p) for _, _, p in pieces), *(id(x) for _, x in indexed))
         with _LATEST_LOCK:
             hit = _LATEST.get(key)
         if hit is not None:
             self._left_out = hit[2]
             return hit[1]
-        out = self._compute_latest(pieces)
+        out = self._compute_latest(pieces, indexed)
         with _LATEST_LOCK:
             _LATEST.clear()  # one entry: the pieces it holds keep their ids unique
-            _LATEST[key] = ([p for _, _, p in pieces], out, self._left_out)
+            _LATEST[key] = (
+                [p for _, _, p in pieces] + [x for _, x in indexed],
+                out,
+                self._left_out,
+            )
         return out
 
-    def _compute_latest(self, pieces: list[tuple[SourceLeaf, int, Piece]]) -> list[np.ndarray]:
+    def _compute_latest(
+        self,
+        pieces: list[tuple[SourceLeaf, int, Piece]],
+        indexed: list[tuple[SourceLeaf, BaseTextIndex]],
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         newer = [(c, p) for c, _, p in pieces if c.generation != BASE_GENERATION]
         self._left_out = (0, 0)
         if not newer:
-            return [p.present for _, _, p in pieces]
+            return [p.present for _, _, p in pieces], [np.zeros(0, np.uint64) for _ in indexed]
         # The newest version of every key among the newer sources, the scan's way.
         newest = Versions.of(
             [
@@ -199,24 +230,37 @@ class GlobalBM25Exec(ExecNode):
             deleted += int(np.count_nonzero(gone & hit & win_dead[at]))
             superseded += int(np.count_nonzero(gone & ~(hit & win_dead[at])))
             out.append(ok)
+        replaced = []
+        for child, index in indexed:  # the base rows its index covers, found by key
+            addr = child.key_addresses(newest.keys)
+            hit = addr >= 0
+            hit[hit] = np.isin(addr[hit] >> 32, list(index.covered))
+            deleted += int(np.count_nonzero(hit & win_dead))
+            superseded += int(np.count_nonzero(hit & ~win_dead))
+            replaced.append(np.sort(addr[hit].astype(np.uint64)))
         self._left_out = (superseded, deleted)
-        return out
+        return out, replaced
 
     def _best(
-        self, postings: list, stats: CorpusStats, weights: np.ndarray, frequency: np.ndarray
+        self,
+        postings: list[_Postings],
+        stats: CorpusStats,
+        weights: np.ndarray,
+        frequency: np.ndarray,
     ) -> pa.Table:
         n_docs = stats.documents
         avgdl = stats.average_length
         idf = np.log(1 + (n_docs - frequency + 0.5) / (frequency + 0.5))
-        scored = []  # (score, piece number, row)
-        for number, (_child, _i, piece, (term, doc, tf), searched) in enumerate(postings):
-            if not searched or len(doc) == 0:
+        scored = []  # (score, postings number, row)
+        for number, p in enumerate(postings):
+            if not p.searched or len(p.doc) == 0:
                 continue
-            norm = BM25_K1 * (1 - BM25_B + BM25_B * piece.tokens.lengths / max(avgdl, 1e-12))
+            term, doc, tf = p.term, p.doc, p.tf
+            norm = BM25_K1 * (1 - BM25_B + BM25_B * p.lengths / max(avgdl, 1e-12))
             part = weights[term] * idf[term] * tf * (BM25_K1 + 1) / (tf + norm[doc])
             # A document's parts are added in the query's order of terms.
-            score = np.bincount(doc, weights=part, minlength=len(piece.present))
-            rows = np.unique(doc)
+            score = np.bincount(doc, weights=part, minlength=len(p.lengths))
+            rows = np.flatnonzero(np.bincount(doc, minlength=len(p.lengths)))  # with a posting
             scored.append((score[rows], np.full(len(rows), number), rows))
         if not scored:
             return empty_rows(self.schema)
@@ -243,18 +287,37 @@ class GlobalBM25Exec(ExecNode):
         return out.slice(0, self.k)
 
     def _rows(
-        self, postings: list, numbers: np.ndarray, rows: np.ndarray, scores: np.ndarray
+        self, postings: list[_Postings], numbers: np.ndarray, rows: np.ndarray, scores: np.ndarray
     ) -> pa.Table:
         def read(number: int, at: np.ndarray) -> pa.Table:
-            child, i = postings[number][0], postings[number][1]
-            return child.piece_rows(i, rows[at])
+            return postings[number].read(rows[at])
 
         return gather(numbers, read).append_column(
             pa.field(SCORE, pa.float32()), pa.array(scores.astype(np.float32))
         )
 
 
-_LATEST: dict[tuple[int, ...], tuple[list[Piece], list[np.ndarray], tuple[int, int]]] = {}
+@dataclass(frozen=True)
+class _Postings:
+    """One group of scored documents: a piece's, or an index's. ``doc`` numbers documents
+    ``0..len(lengths)``; ``read(rows)`` gives the full rows of document numbers ``rows``."""
+
+    read: Callable[[np.ndarray], pa.Table]
+    term: np.ndarray
+    doc: np.ndarray
+    tf: np.ndarray
+    lengths: np.ndarray
+    searched: bool
+
+
+def _rows_at(child: SourceLeaf, rowid: np.ndarray, rows: np.ndarray) -> pa.Table:
+    return child.rows_at(rowid[rows])
+
+
+_LATEST: dict[
+    tuple[int, ...],
+    tuple[list[object], tuple[list[np.ndarray], list[np.ndarray]], tuple[int, int]],
+] = {}
 _LATEST_LOCK = threading.Lock()
 
 

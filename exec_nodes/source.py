@@ -13,7 +13,9 @@ runs.
 * ``Lookup``: ``probe(keys)`` (:class:`KeyProbe`), called by ``CoalesceFirstExec`` and the
   other lookup nodes.
 * ``Knn``: ``top(n)`` and ``rows(candidates)``, called by ``FilterStaleExec``.
-* ``FullText``: ``pieces()`` and ``piece_rows(piece, index)``, called by ``GlobalBM25Exec``.
+* ``FullText``: ``pieces()`` and ``piece_rows(piece, index)``, called by ``GlobalBM25Exec``;
+  the base also ``text_index()``, ``key_addresses(keys)`` and ``rows_at(addresses)`` when it is
+  searched through its inverted index.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
+from exec_nodes.fts_index import BaseTextIndex
 from memwal_sql.compat.lance import take_rows
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.substrait import lance_filter
@@ -218,7 +221,7 @@ class KnnSource(ExecNode):
     several generations). ``top(n)`` is computed once per ``n`` and kept, so asking again
     for the same or fewer rows costs nothing."""
 
-    _locks = ("_lock",)
+    _locks: tuple[str, ...] = ("_lock",)
     _computed: tuple[str, ...] = ("_top",)
 
     def __init__(
@@ -317,7 +320,7 @@ class SourceLeaf(KeyedExec, KnnSource):
     scan) or probed (``probes``): tests check what a plan touched.
     """
 
-    _locks = ("_lock",)
+    _locks: tuple[str, ...] = ("_lock",)
     _computed: tuple[str, ...] = ("_top", "_pieces")
 
     def __init__(
@@ -460,6 +463,20 @@ class SourceLeaf(KeyedExec, KnnSource):
 
     def piece_rows(self, piece: int, index: np.ndarray) -> pa.Table:
         """Full rows (source schema) of piece ``piece`` at row indices ``index``."""
+        raise NotImplementedError
+
+    def text_index(self) -> BaseTextIndex | None:
+        """The inverted index this source is searched through besides its ``pieces()`` (the
+        base's, for the fragments it covers), or None."""
+        return None
+
+    def key_addresses(self, keys: pa.Table) -> np.ndarray:
+        """With a ``text_index``: the row address of the live row holding each of ``keys``,
+        or -1."""
+        raise NotImplementedError
+
+    def rows_at(self, addresses: np.ndarray) -> pa.Table:
+        """With a ``text_index``: full rows (source schema) at row ``addresses``."""
         raise NotImplementedError
 
     def _piece(self, rows: pa.Table, addresses: np.ndarray) -> Piece:

@@ -57,6 +57,11 @@ def single_data_file(dataset: lance.LanceDataset, fragment: lance.LanceFragment)
     return f"{dataset.uri.rstrip('/')}/data/{data_file_paths(fragment)[0]}"
 
 
+def index_directory(dataset: lance.LanceDataset, uuid: str) -> str:
+    """The URI of the directory holding the files of index segment ``uuid``."""
+    return f"{dataset.uri.rstrip('/')}/_indices/{uuid}"
+
+
 def row_addr_treemap(rows: Mapping[int, np.ndarray | range | None]) -> bytes:
     """Row addresses as a scanner's ``row_addr_allowlist``/``row_addr_blocklist`` takes them:
     per fragment id, its row offsets (sorted, or a ``range``; None: the whole fragment).

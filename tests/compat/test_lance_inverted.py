@@ -1,0 +1,59 @@
+"""The decoder of Lance's inverted index files against the documents themselves: every
+term's postings (row ids and term frequencies) in every partition, terms held by exactly 128,
+256 and 130 documents (full blocks only, and a tail), in a two-partition index."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+
+import lance
+import numpy as np
+import pyarrow as pa
+
+from memwal_sql.compat.lance_inverted import open_index, read_docs, read_postings, token_ids
+
+
+def test_every_posting_decodes_to_the_documents_term_frequencies(tmp_path) -> None:
+    rng = np.random.default_rng(7)
+    n = 6000
+    p = 1.0 / np.arange(1, 3001) ** 1.1
+    picked = rng.choice(3000, size=(n, 20), p=p / p.sum())
+    texts = []
+    for i in range(n):
+        # Stemming and stop words leave these as they are; many distinct words per document
+        # make Lance's builder spill a second partition.
+        spread = [(i * 7 + j * 13) % 3000 for j in range(60)]
+        words = [f"w{v}" for v in [*picked[i], *spread]]
+        words += ["aaq"] * (i % 3 + 1) if i % 47 == 0 and i < 47 * 128 else []
+        words += ["bbq"] if i % 23 == 0 and i < 23 * 256 else []
+        words += ["ccq ccq"] if i % 41 == 0 and i < 41 * 130 else []
+        texts.append(" ".join(words))
+    ds = lance.write_dataset(
+        pa.table({"id": np.arange(n), "t": texts}), str(tmp_path), max_rows_per_file=3000
+    )
+    ds.create_scalar_index("t", "INVERTED", with_position=False, memory_limit=1)
+    ds = lance.dataset(str(tmp_path))
+    files = open_index(f"{ds.uri}/_indices/{ds.describe_indices()[0].segments[0].uuid}")
+    assert not isinstance(files, str)
+    assert len(files.partitions) >= 2
+    want: dict[str, dict[int, int]] = defaultdict(dict)
+    table = ds.to_table(columns=["t"], with_row_id=True)
+    for rowid, text in zip(table["_rowid"].to_pylist(), table["t"].to_pylist()):
+        for term, tf in Counter(text.split()).items():
+            want[term][rowid] = tf
+    assert {len(want[t]) for t in ("aaq", "bbq", "ccq")} == {128, 256, 130}
+    got: dict[str, dict[int, int]] = defaultdict(dict)
+    total = documents = 0
+    for p in files.partitions:
+        rowid, length, tokens = read_docs(files, p)
+        total += tokens
+        documents += len(rowid)
+        assert int(length.sum()) == tokens
+        ids = token_ids(files, p, list(want))
+        for (term, _), (doc, tf) in zip(ids.items(), read_postings(files, p, list(ids.values()))):
+            got[term].update(zip(rowid[doc].tolist(), tf.tolist()))
+    assert got == want
+    assert documents == n and total == sum(len(t.split()) for t in texts)
+    meta = json.loads(files.reader("metadata.lance").metadata().schema.metadata[b"params"])
+    assert meta == files.params

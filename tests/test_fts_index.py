@@ -1,0 +1,169 @@
+"""Full-text search through the base's inverted index: the postings and statistics read from
+Lance's index files, corrected to the latest corpus, give the scores Lance's own search gives
+on a fully merged, fully indexed copy; and the base is not tokenized."""
+
+from __future__ import annotations
+
+import json
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import memwal_sql as mw
+from memwal_sql.formats.tokenizer import Tokenizer
+from tests.lsm import Model
+from tests.test_fts import SCHEMA, assert_same, lance_fts
+
+VOCABULARY = np.array([f"w{i}" for i in range(3000)])
+QUERIES = ["w1 w7 w40", "w2 w2 w300", "w3 zzzabsent", "w0 w5 w9 w11 w2999"]
+
+
+def rows(keys: list[int], seed: int, words: int = 60) -> pa.Table:
+    """Documents of Zipf-distributed words, each also holding its own key (no two tie)."""
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, len(VOCABULARY) + 1) ** 1.1
+    lengths = rng.integers(words // 2, words, len(keys))
+    picked = rng.choice(len(VOCABULARY), size=int(lengths.sum()), p=p / p.sum())
+    ends = np.cumsum(lengths)
+    body = [
+        " ".join(VOCABULARY[picked[e - n : e]]) + f" doc{k}x{seed}"
+        for k, n, e in zip(keys, lengths, ends)
+    ]
+    return pa.table(
+        {"k": pa.array(keys, pa.int64()), "body": body, "g": pa.array([k % 3 for k in keys])},
+        schema=SCHEMA,
+    )
+
+
+def partitions(tbl) -> int:
+    from lance.file import LanceFileReader
+
+    ds = tbl.dataset()
+    (index,) = [d for d in ds.describe_indices() if d.field_names == ["body"]]
+    count = 0
+    for segment in index.segments:
+        meta = LanceFileReader(f"{ds.uri}/_indices/{segment.uuid}/metadata.lance").metadata()
+        count += len(json.loads(meta.schema.metadata[b"partitions"]))
+    return count
+
+
+def check(tbl, model: Model, root, ks=(10, 40)) -> None:
+    for query in QUERIES:
+        for k in ks:
+            assert_same(tbl.fts(query, k=k), lance_fts(model, root, query, k))
+
+
+@pytest.fixture
+def indexed(tmp_path):
+    """A 6,000-row base with a two-partition inverted index (Lance's ``memory_limit``)."""
+    base = rows(list(range(6000)), 0)
+    tbl = mw.create_table(
+        str(tmp_path / "t"),
+        base,
+        primary_key="k",
+        region_spec=mw.RegionSpec.bucket("k", 2),
+        writer_config=mw.WriterConfig(durable_write=False),
+    )
+    tbl.create_index("body", "INVERTED", memory_limit=1)
+    model = Model(["k"])
+    model.upsert(base)
+    yield tbl, model
+    tbl.close()
+
+
+def test_index_search_is_exact_after_updates_deletes_merges_and_appends(indexed, tmp_path):
+    tbl, model = indexed
+    assert partitions(tbl) >= 2
+    root = tmp_path / "m"
+    check(tbl, model, root)
+    # Updates and deletes of base rows that hold the query terms, some of them merged into
+    # the base (deleted rows in indexed fragments, new unindexed fragments), some flushed,
+    # some still in the MemTable.
+    holders = [r["k"] for r in tbl.fts("w1 w2 w3 w7", k=400).to_pylist()]
+    steps = [holders[0:120], holders[120:200], holders[200:260]]
+    for i, keys in enumerate(steps):
+        update, gone = keys[: len(keys) // 2], keys[len(keys) // 2 :]
+        fresh = rows(update + [10_000 + 100 * i + j for j in range(30)], 10 + i, words=20)
+        tbl.upsert(fresh)
+        model.upsert(fresh)
+        tbl.delete(pa.table({"k": pa.array(gone, pa.int64())}))
+        model.delete(pa.table({"k": pa.array(gone, pa.int64())}))
+        if i == 0:
+            tbl.flush()
+            tbl.merge()
+        elif i == 1:
+            tbl.flush()
+        check(tbl, model, root)
+    text = tbl.explain_search("w1 w7", k=10)
+    assert "through index" in text and "tokenizing 0 unindexed" not in text, text
+    assert "superseded" in text and "deleted" in text
+    # The index caught up (a delta partition): nothing is tokenized in the base any more.
+    tbl.catch_up_indexes()
+    check(tbl, model, root, ks=(10,))
+    assert "tokenizing 0 unindexed fragments" in tbl.explain_search("w1 w7", k=10)
+
+
+def test_an_indexed_base_is_not_tokenized(indexed, monkeypatch, tmp_path):
+    tbl, model = indexed
+    fresh = rows([1, 2, 9000], 5)
+    tbl.upsert(fresh)
+    model.upsert(fresh)
+    tokenized: list[int] = []
+    real = Tokenizer.tokenize
+
+    def counting(self, texts):
+        tokenized.append(len(texts))
+        return real(self, texts)
+
+    monkeypatch.setattr(Tokenizer, "tokenize", counting)
+    assert_same(tbl.fts("w1 w7 w40", k=10), lance_fts(model, tmp_path / "m", "w1 w7 w40", 10))
+    assert sum(tokenized) == 3  # the MemTable's rows only, none of the base's 6,000
+    text = tbl.explain_search("w1 w7 w40", k=10)
+    assert "through index" in text, text
+
+
+def test_an_index_with_positions_falls_back_to_tokenizing_and_says_why(tmp_path):
+    base = rows(list(range(300)), 1)
+    tbl = mw.create_table(str(tmp_path / "t"), base, primary_key="k")
+    tbl.create_index("body", "INVERTED", with_position=True)
+    model = Model(["k"])
+    model.upsert(base)
+    fresh = rows([1, 2, 3, 900], 2)
+    tbl.upsert(fresh)
+    model.upsert(fresh)
+    check(tbl, model, tmp_path / "m", ks=(10,))
+    text = tbl.explain_search("w1 w7", k=10)
+    assert "tokenizing all" in text and "with_position" in text, text
+    tbl.close()
+
+
+def test_an_unsupported_index_layout_is_refused(tmp_path, monkeypatch):
+    from memwal_sql.compat import lance_inverted
+
+    ds = lance.write_dataset(rows(list(range(50)), 3), str(tmp_path))
+    ds.create_scalar_index("body", "INVERTED")
+    uuid = ds.describe_indices()[0].segments[0].uuid
+    directory = f"{ds.uri}/_indices/{uuid}"
+    assert not isinstance(lance_inverted.open_index(directory), str)
+    monkeypatch.setitem(lance_inverted._SUPPORTED, "format_version", "3")
+    assert "format_version is '2', only '3'" in lance_inverted.open_index(directory)
+
+
+def test_the_base_full_text_leaf_yields_every_live_document(indexed):
+    from exec_nodes.base_source import BaseSourceExec
+    from exec_nodes.source import FullText
+    from memwal_sql.formats.source_rows import source_schema
+    from memwal_sql.writer.memtable_indexes import tokenizer_for
+
+    tbl, _ = indexed
+    tbl.delete(pa.table({"k": pa.array([5, 6], pa.int64())}))
+    tbl.flush()
+    tbl.merge()  # two rows deleted in the indexed fragment
+    ds = tbl.dataset()
+    text = FullText("body", tokenizer_for({}, tbl.caches), ("k",))
+    leaf = BaseSourceExec(ds, source_schema(ds.schema), text, caches=tbl.caches)
+    assert leaf.text_index() is not None and leaf.pieces() == []
+    keys = leaf.to_table().column("k").to_pylist()
+    assert sorted(keys) == [k for k in range(6000) if k not in (5, 6)]
