@@ -6,6 +6,12 @@ regions, then, in a fresh process for each, streams every latest row through ``t
 through SQL (``SELECT tenant, count(*), sum(score) ... GROUP BY tenant``) and reports the peak
 resident set size (``VmHWM``) against the same process's peak before the scan, and rows/s.
 
+Then, in a fresh process for each of two region specs (a bucket of the key, and an identity
+of a non-key column, whose writes check that no key changes region), one upsert of
+``--one-upsert`` rows (5M by default, about 150 MB of Arrow) into an empty table: the peak
+resident set it adds (``VmHWM``, reset before the call) against the rows' Arrow size, and the
+first ``count_rows`` after it, live, against the same on the rows once flushed (a fresh open).
+
 Prints a table and writes JSON (``--out``).
 """
 
@@ -48,6 +54,59 @@ peak = peak_kib()
 print(json.dumps({"rows": rows, "seconds": seconds, "rss_imported_kib": imported,
                   "rss_before_kib": before,
                   "peak_rss_kib": peak}))
+"""
+
+
+UPSERT = r"""
+import json, sys, time
+import numpy as np
+import pyarrow as pa
+import memwal_sql as mw
+import memwal_sql.table  # imported before the peak is read: not the upsert's memory
+
+
+def peak_kib():
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmHWM")).split()[1])
+
+
+def reset_peak():  # VmHWM starts again from the current RSS
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+n, spec = int(sys.argv[2]), sys.argv[3]
+schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("tenant", pa.int32(), False),
+                    pa.field("name", pa.string()), pa.field("score", pa.float64()),
+                    pa.field("ts", pa.int64())])
+kw = (dict(region_spec=mw.RegionSpec.bucket("id", 4)) if spec == "bucket" else
+      dict(region_spec=mw.RegionSpec.identity("tenant"), allow_non_key_region_spec=True))
+tbl = mw.create_table(sys.argv[1], schema, primary_key="id", **kw)
+ids = np.arange(n, dtype=np.int64)
+data = pa.table({"id": ids, "tenant": (ids % 4).astype(np.int32),
+                 "name": pa.array(np.char.add("name-", (ids % 5000).astype(str))),
+                 "score": np.random.default_rng(1).random(n), "ts": np.zeros(n, np.int64)},
+                schema=schema)
+tbl.upsert(data.slice(0, 10))
+reset_peak()
+before = peak_kib()
+t0 = time.perf_counter()
+tbl.upsert(data)
+seconds = time.perf_counter() - t0
+peak = peak_kib()
+t0 = time.perf_counter()
+assert tbl.count_rows() == n
+count_live = time.perf_counter() - t0
+tbl.flush()
+tbl.close()
+tbl = mw.open_table(sys.argv[1])
+t0 = time.perf_counter()
+assert tbl.count_rows() == n
+count_flushed = time.perf_counter() - t0
+print(json.dumps({"rows": n, "arrow_bytes": data.nbytes, "seconds": seconds,
+                  "rss_before_kib": before, "peak_rss_kib": peak,
+                  "peak_over_arrow": (peak - before) * 1024 / data.nbytes,
+                  "first_count_live_s": count_live, "first_count_flushed_s": count_flushed}))
 """
 
 
@@ -117,6 +176,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--base-rows", type=int, default=10_000_000)
     ap.add_argument("--upserts", type=int, default=1_000_000)
+    ap.add_argument(
+        "--one-upsert", type=int, default=5_000_000, help="rows of the single upsert measured"
+    )
     ap.add_argument("--out", default="benchmarks/results/bench_memory.json")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="memwal-bench-memory-")
@@ -149,12 +211,34 @@ def main() -> None:
                 f"{r['rows']:>13,}{r['rows'] / r['seconds']:>14,.0f}"
                 f"{r['rss_before_kib'] / 1024:>10.0f}MB{r['peak_rss_kib'] / 1024:>9.0f}MB"
             )
+        upserts = []
+        for spec in ("bucket", "identity"):  # a key-routed spec, and one on a non-key column
+            out = subprocess.run(
+                [sys.executable, "-c", UPSERT, f"{work}/u_{spec}", str(args.one_upsert), spec],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            r = {"region_spec": spec, **json.loads(out.stdout.strip().splitlines()[-1])}
+            upserts.append(r)
+        print(
+            f"\n{'one upsert of':<16}{'rows':>11}{'Arrow MB':>10}{'peak - before':>15}"
+            f"{'x Arrow':>9}{'count live':>12}{'flushed':>9}"
+        )
+        for r in upserts:
+            print(
+                f"{r['region_spec'] + ' spec':<16}{r['rows']:>11,}{r['arrow_bytes'] / 2**20:>10.0f}"
+                f"{(r['peak_rss_kib'] - r['rss_before_kib']) / 1024:>13.0f}MB"
+                f"{r['peak_over_arrow']:>9.2f}{r['first_count_live_s']:>11.2f}s"
+                f"{r['first_count_flushed_s']:>8.2f}s"
+            )
         write_results(
             args.out,
             {
                 "base_rows": args.base_rows,
                 "upserts": args.upserts,
                 "results": results,
+                "one_upsert": upserts,
             },
         )
     finally:
