@@ -179,18 +179,20 @@ def main() -> None:
     ap.add_argument(
         "--one-upsert", type=int, default=5_000_000, help="rows of the single upsert measured"
     )
+    ap.add_argument("--only-upsert", action="store_true", help="measure the one upsert only")
     ap.add_argument("--out", default="benchmarks/results/bench_memory.json")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="memwal-bench-memory-")
     try:
-        t0 = time.perf_counter()
-        build(f"{work}/t", args.base_rows, args.upserts)
-        print(
-            f"built {args.base_rows:,} base rows + {args.upserts:,} upserts in "
-            f"{time.perf_counter() - t0:.0f} s"
-        )
         results = []
-        for kind in ("scan", "sql"):
+        if not args.only_upsert:
+            t0 = time.perf_counter()
+            build(f"{work}/t", args.base_rows, args.upserts)
+            print(
+                f"built {args.base_rows:,} base rows + {args.upserts:,} upserts in "
+                f"{time.perf_counter() - t0:.0f} s"
+            )
+        for kind in () if args.only_upsert else ("scan", "sql"):
             out = (
                 subprocess.run(
                     [sys.executable, "-c", SCAN, f"{work}/t", kind],
@@ -204,7 +206,8 @@ def main() -> None:
             r = json.loads(out)
             r["kind"] = kind
             results.append(r)
-        print(f"\n{'read':<28}{'rows':>13}{'rows/s':>14}{'RSS before':>12}{'peak RSS':>11}")
+        if results:
+            print(f"\n{'read':<28}{'rows':>13}{'rows/s':>14}{'RSS before':>12}{'peak RSS':>11}")
         for r in results:
             print(
                 f"{'tbl.scan() streamed' if r['kind'] == 'scan' else 'SQL GROUP BY':<28}"
