@@ -392,7 +392,9 @@ def test_a_big_base_is_probed_through_its_btree_while_its_key_index_builds_in_th
     plan = tbl._reads.last_lookup_plan
     assert not plan.base.uses_key_index() and "via btree" in plan.base.describe()
     assert "base_keys" not in {kind for kind, _ in tbl.caches.lookup.entries()}
+    assert not base_source._building  # one query builds nothing: a CLI call never waits for it
     scanned = tbl.to_arrow().sort_by("k").to_pylist()  # superseded rows dropped batch by batch
+    assert base_source._building  # the second query started the build
     assert scanned == [{"k": k, "v": v} for k, v in sorted(latest.items())]
     gate.set()
     base_source._KEY_INDEX_BUILDS.submit(lambda: None).result()  # after the build it queued
