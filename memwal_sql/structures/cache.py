@@ -34,6 +34,8 @@ BUDGET_ENV = "MEMWAL_LOOKUP_CACHE_BYTES"
 DEFAULT_BUDGET = 512 << 20
 
 
+_HITS, _MISSES, _EVICTIONS = 0, 1, 2  # positions of a part's counters
+
 #: The share of the budget the protected segment may hold (the rest is probation's), as the
 #: protected segment of a segmented LRU (Caffeine's is 80%).
 PROTECTED_SHARE = 0.8
@@ -114,7 +116,9 @@ class LookupCache:
         self._freq: dict[_Key, int] = {}
         self._accesses = 0
         self._part_bytes: dict[str, int] = {}
-        self._stats: dict[str, CacheStats] = {}
+        # Per part: hits, misses, evictions (plain counters: a lookup asks the cache a few
+        # dozen times, and a CacheStats object per ask cost 5% of a point lookup).
+        self._stats: dict[str, list[int]] = {}
         self._lock = threading.Lock()
         # Discards asked for by finalizers (see discard_later): appending takes no lock.
         self._pending: deque[tuple[str, str | None]] = deque()
@@ -138,9 +142,9 @@ class LookupCache:
             entry = self._protected.get(key) or self._probation.get(key)
             if entry is not None and (current is None or current(entry[0])):
                 self._touch(key, entry)
-                self._tally(part, CacheStats(hits=1))
+                self._tally(part, _HITS)
                 return entry[0]
-            self._tally(part, CacheStats(misses=1))
+            self._tally(part, _MISSES)
         value, nbytes = load()
         with self._lock:
             if self._pending:
@@ -259,8 +263,8 @@ class LookupCache:
             if self._pending:
                 self._apply_pending()
             if part is not None:
-                return self._stats.get(part, CacheStats())
-            return sum(self._stats.values(), CacheStats())
+                return CacheStats(*self._stats.get(part, (0, 0, 0)))
+            return sum((CacheStats(*n) for n in self._stats.values()), CacheStats())
 
     def _discard(self, key_prefix: str, part: str | None) -> None:
         for segment in (self._probation, self._protected, self._ghosts):
@@ -326,7 +330,7 @@ class LookupCache:
             segment = self._probation or self._protected
             key, (_, nbytes) = next(iter(segment.items()))
             self._forget(key)
-            self._tally(key[0], CacheStats(evictions=1))
+            self._tally(key[0], _EVICTIONS)
             self._ghosts[key] = nbytes
             self._ghost_bytes += nbytes
         # Remember keys of at most REMEMBERED budgets, and at most REMEMBERED keys per entry
@@ -356,8 +360,11 @@ class LookupCache:
         self.nbytes += nbytes
         self._part_bytes[part] = self._part_bytes.get(part, 0) + nbytes
 
-    def _tally(self, part: str, delta: CacheStats) -> None:
-        self._stats[part] = self._stats.get(part, CacheStats()) + delta
+    def _tally(self, part: str, counter: int) -> None:
+        counts = self._stats.get(part)
+        if counts is None:
+            counts = self._stats[part] = [0, 0, 0]
+        counts[counter] += 1
 
 
 class CachePart:

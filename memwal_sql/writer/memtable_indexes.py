@@ -70,6 +70,7 @@ class _Growing:
         self._parts: list[pa.Table] = []
         self._rows: pa.Table | None = None
         self.num_rows = 0
+        self.grown = False
 
     def _new_rows(self, batches: Sequence[pa.RecordBatch]) -> pa.Table | None:
         """The rows of the batches not seen yet (None when nothing is new); starts over
@@ -99,6 +100,7 @@ class _Growing:
         self._parts.append(table)
         self._rows = None
         self.num_rows += table.num_rows
+        self.grown = True  # its size is counted again at the next access (_cached)
         return table
 
     @property
@@ -264,6 +266,7 @@ class KeysIndex(_Growing):
         self.primary_key = list(primary_key)
         self._starts: list[int] = []  # first row of each part
         self._runs: list[tuple[int, int, KeySet, np.ndarray]] = []  # first part, rows, index
+        self._view: KeysView | None = None  # as of the last update that brought rows
 
     def update(self, batches: Sequence[pa.RecordBatch]) -> KeysView:
         with self.lock:
@@ -276,11 +279,14 @@ class KeysIndex(_Growing):
             new = self._new_rows(batches)
             if new is not None:
                 self._starts.append(self.num_rows - new.num_rows)
+                self._view = None
             if new is not None and new.num_rows:
                 self._runs.append(self._run(len(self._parts) - 1))
                 while len(self._runs) > 1 and self._runs[-1][1] >= self._runs[-2][1]:
                     self._runs[-2:] = [self._run(self._runs[-2][0])]
-            return KeysView(tuple(self._runs), tuple(self._parts), tuple(self._starts))
+            if self._view is None:  # one view per state: a lookup per key must not copy
+                self._view = KeysView(tuple(self._runs), tuple(self._parts), tuple(self._starts))
+            return self._view
 
     @property
     def nbytes(self) -> int:
@@ -298,7 +304,7 @@ class KeysIndex(_Growing):
 
     def _reset(self) -> None:
         super()._reset()
-        self._starts, self._runs = [], []
+        self._starts, self._runs, self._view = [], [], None
 
 
 @dataclass(frozen=True)
@@ -368,8 +374,10 @@ def _cached(
     uri = f"{id(batches[0])}#{key}"
     index = part.get(kind, uri, load, lambda index: index.holds(batches))
     # It grows in place as the MemTable does: count what it holds now (as of its last update;
-    # this access's update is counted at the next).
-    part.resize(kind, uri, index.nbytes)
+    # this access's update is counted at the next), when that changed.
+    if index.grown:
+        index.grown = False
+        part.resize(kind, uri, index.nbytes)
     return index
 
 
