@@ -120,8 +120,9 @@ _KEY_INDEX_SHARE = 4  # a base's key index may take a quarter of the cache
 # A base of at least this many rows with a btree on its first key column builds its key index
 # in the background (from the second query that wants it), and is probed through the btree
 # meanwhile: the first query after an open costs what Lance's own lookup costs, not a read of
-# every key (benchmarks/bench_scale.py).
-BACKGROUND_KEY_INDEX_ROWS = 1 << 18
+# every key (benchmarks/bench_scale.py at 2M rows). Below it, reading every key costs less than
+# a first probe of the btree (benchmarks/bench_lookup.py's cold first lookup at 600k rows).
+BACKGROUND_KEY_INDEX_ROWS = 1 << 20
 # One build at a time: each reads a whole key column, and a second would only compete.
 _KEY_INDEX_BUILDS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memwal-lookup-keys")
 _building: set[str] = set()
