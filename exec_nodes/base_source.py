@@ -214,7 +214,8 @@ class BaseSourceExec(SourceLeaf):
             self.index = access.index
             self.nprobes = access.nprobes
             self.refine_factor = access.refine_factor
-            self.indexed_only = access.indexed_only and access.index is not None
+            ids = access.fragment_ids if access.index is not None else None
+            self.fragment_ids = None if ids is None else list(ids)
         else:
             self._fragments = dataset.get_fragments()
             self._text: BaseTextIndex | str | None = None
@@ -231,10 +232,7 @@ class BaseSourceExec(SourceLeaf):
                 "" if self.exact else f" then {self.predicate}"
             )
         if isinstance(access, Lookup):
-            indexed = any(
-                d.field_names == [self.primary_key[0]] and d.index_type == "BTree"
-                for d in self.dataset.describe_indices()
-            )
+            indexed = self._has_key_btree()
             how = "btree" + ("" if self._fits_cache() else " (key index too big for the cache)")
             if self.uses_key_index():
                 how = "cached key index, " + (
@@ -245,7 +243,7 @@ class BaseSourceExec(SourceLeaf):
         if isinstance(access, Knn):
             return str(access) + (
                 f" index {self.index} nprobes={self.nprobes} refine_factor={self.refine_factor}"
-                + (" indexed rows only" if self.indexed_only else "")
+                + ("" if self.fragment_ids is None else f" indexed rows only {self.fragment_ids}")
                 if self.index
                 else " flat (no vector index)"
             )
@@ -583,17 +581,8 @@ class BaseSourceExec(SourceLeaf):
             if self.refine_factor:
                 options["refine_factor"] = self.refine_factor
         indexed_rows = None
-        if self.indexed_only:
-            covered = {
-                i
-                for d in self.dataset.describe_indices()
-                if d.name == self.index
-                for s in d.segments
-                for i in s.fragment_ids
-            }
-            indexed_rows = sum(
-                f.count_rows() for f in self.dataset.get_fragments() if f.fragment_id in covered
-            )
+        if self.fragment_ids is not None:
+            indexed_rows = sum(self._fragment(i).count_rows() for i in self.fragment_ids)
         return lance_nearest(self.dataset, self, n, options, BASE_GENERATION, indexed_rows)
 
     def rows(self, candidates: pa.Table) -> pa.Table:

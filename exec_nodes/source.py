@@ -136,9 +136,9 @@ class KnnQuery:
 @dataclass(frozen=True)
 class Knn:
     """The source's nearest rows for ``query``; the base table searches its vector ``index``
-    (``nprobes`` partitions, candidates re-ranked with ``refine_factor``), when it has one,
-    and with ``indexed_only`` only the rows the index covers (the indexed read plan searches
-    the gap generations for the rest).
+    (``nprobes`` partitions, candidates re-ranked with ``refine_factor``), when it has one;
+    given ``fragment_ids`` (those the index covers), only their rows, through the index (the
+    indexed read plan searches the gap generations for the rest).
 
     Example:
         >>> q = KnnQuery("vec", np.zeros(2, np.float32), "l2", None, 10, ("id",))
@@ -150,7 +150,7 @@ class Knn:
     index: str | None = None
     nprobes: int | None = None
     refine_factor: int | None = None
-    indexed_only: bool = False
+    fragment_ids: tuple[int, ...] | None = None
 
     def __str__(self) -> str:
         return f"knn k={self.query.k}"

@@ -241,7 +241,8 @@ def plan_vector_search(
     # Plan"): not the uncovered base rows flat.
     indexed = plan_indexed_read(snapshot, [column]) if index is not None else None
     gap = indexed.gap if indexed is not None else {}
-    base = Knn(knn, index.name if index else None, nprobes, refine_factor, indexed is not None)
+    fragments = indexed.fragment_ids if indexed is not None else None
+    base = Knn(knn, index.name if index else None, nprobes, refine_factor, fragments)
     sources: list[KnnSource] = [base_leaf(snapshot, base)]
     kept_ids = set(kept)
     for region in snapshot.regions:
