@@ -89,7 +89,15 @@ def test_a_failed_refill_is_tried_again_at_the_next_put(kept, monkeypatch):
     monkeypatch.setattr(spare_files, "create_temp_file", real)
     kept.put_if_not_exists("wal/next.arrow", b"x")  # no spare, but it wakes the refill
     kept._spares.wait_idle()
-    assert len(spares_of(kept, "wal")) == kept._spares.per_directory
+    assert full_but_the_put_that_waited(kept)
+
+
+def full_but_the_put_that_waited(store) -> bool:
+    """The directory refilled. The put that woke the refill either found the batch already
+    under way, waited for it and took a spare of it, or found none and wrote its own file: a
+    thread-timing race (one CI run took the first way), both right."""
+    n = len(spares_of(store, "wal"))
+    return store._spares.per_directory - 1 <= n <= store._spares.per_directory
 
 
 def test_a_refill_that_dies_hangs_nothing(kept, monkeypatch):
@@ -105,7 +113,7 @@ def test_a_refill_that_dies_hangs_nothing(kept, monkeypatch):
     )
     kept.put_if_not_exists("wal/next.arrow", b"x")  # the thread lives on and refills
     kept._spares.wait_idle()
-    assert len(spares_of(kept, "wal")) == kept._spares.per_directory
+    assert full_but_the_put_that_waited(kept)
     kept.release_spare_files("wal")
 
 
