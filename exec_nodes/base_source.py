@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance.file import LanceFileReader
 
-from exec_nodes.fts_index import BaseTextIndex
+from exec_nodes.fts_index import BaseTextIndex, open_text_index
 from exec_nodes.source import (
     Access,
     FragmentRange,
@@ -50,13 +50,11 @@ from exec_nodes.source import (
 )
 from memwal_sql.compat.lance import (
     data_file_paths,
-    index_directory,
     row_addr_treemap,
     single_data_file,
     storage_options_of,
     take_rows,
 )
-from memwal_sql.compat.lance_inverted import IndexFiles, open_index
 from memwal_sql.expressions.substrait import lance_filter
 from memwal_sql.expressions.visitors import evaluate, referenced_columns
 from memwal_sql.formats.source_rows import (
@@ -134,6 +132,9 @@ _building_lock = threading.Lock()
 # estimated at 3x their stored size (what bench_read's rows take in Arrow).
 _WHOLE_BASE_SHARE = 2
 _MEMORY_PER_STORED_BYTE = 3
+# Keys are found by reading the whole key column rather than by probing the btree from
+# (base rows / _KEYS_PER_SCAN) keys on.
+_KEYS_PER_SCAN = 256
 
 
 def fragment_rows_key(uri: str, fragment: lance.LanceFragment) -> str:
@@ -624,27 +625,10 @@ class BaseSourceExec(SourceLeaf):
 
     def _open_text_index(self) -> tuple[BaseTextIndex | str, int]:
         ds = self.dataset
-        found = [
-            d
-            for d in ds.describe_indices()
-            if d.field_names == [self.column] and "Inverted" in d.type_url
-        ]
-        if not found:
-            return "no inverted index", 64
-        if ds.has_stable_row_ids:
-            return "the table has stable row ids, the index holds no row addresses", 64
-        files: list[IndexFiles] = []
-        covered: set[int] = set()
-        for segment in found[0].segments:
-            fragments = set(segment.fragment_ids)
-            if segment.base_id is not None or fragments & covered:
-                return "index segments in another base or overlapping", 64
-            opened = open_index(index_directory(ds, segment.uuid), storage_options_of(ds))
-            if isinstance(opened, str):
-                return opened, 64
-            files.append(opened)
-            covered |= fragments
-        covered &= {f.fragment_id for f in self._fragments}
+        opened = open_text_index(ds, self.column, {f.fragment_id for f in self._fragments})
+        if isinstance(opened, str):
+            return opened, 64
+        files, covered = opened
         index = BaseTextIndex(
             ds, files, covered, self.caches, lambda f: _deleted_rows(ds, f, self.caches)
         )
@@ -660,6 +644,13 @@ class BaseSourceExec(SourceLeaf):
         index = self._key_index()
         if index is not None:
             keyset, addrs = index
+        elif keys.num_rows * _KEYS_PER_SCAN > _base_facts(self.dataset).rows:
+            # So many keys that reading the key column and filtering it in Arrow costs less
+            # than the btree's probes (about 250 rows' scan per probe: bench_scale's FTS).
+            rows = self.dataset.to_table(columns=self.primary_key, with_row_address=True)
+            k = self.primary_key[0]
+            rows = rows.filter(pc.is_in(rows.column(k), value_set=pc.unique(keys.column(k))))
+            keyset, addrs = KeySet(rows.select(self.primary_key)), rows.column(ROWADDR).to_numpy()
         else:  # too big to keep: the btree (or a scan) finds the rows
             rows = self.dataset.scanner(
                 columns=self.primary_key,
@@ -685,7 +676,7 @@ class BaseSourceExec(SourceLeaf):
             assert rows.num_rows == fragment.metadata.physical_rows, "rows out of place"
             addresses = (np.int64(fid) << 32) | np.arange(rows.num_rows, dtype=np.int64)
             piece = self._piece(rows.select(columns), addresses)
-            return piece, piece.tokens.docs.nbytes * 3 + piece.keys.nbytes
+            return piece, piece.tokens.nbytes + piece.keys.nbytes
 
         key = f"{self.dataset.uri}#{files}#{self.column}"
         piece: Piece = self.caches.search.get("fts", key, load_terms)

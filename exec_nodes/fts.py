@@ -137,19 +137,27 @@ class GlobalBM25Exec(ExecNode):
             term, doc, tf = _pairs(term[kept], doc[kept])
             frequency += np.bincount(term, minlength=len(query))
             read = partial(child.piece_rows, i)
-            postings.append(_Postings(read, term, doc, tf, lengths, id(child) in searched))
+            postings.append(
+                _Postings(read, term, doc, tf, lengths[doc], len(lengths), id(child) in searched)
+            )
         for (child, index), gone in zip(indexed, superseded):
             found = index.matches(list(counts), gone)
             stats.documents += found.documents
             stats.tokens += found.tokens
             frequency += found.frequency
-            rowid, doc = np.unique(found.rowid, return_inverse=True)
-            lengths = np.zeros(len(rowid), dtype=np.int64)
-            lengths[doc] = found.length
-            read = partial(_rows_at, child, rowid)
-            postings.append(
-                _Postings(read, found.term, doc, found.tf, lengths, id(child) in searched)
-            )
+            for part in found.partitions:
+                read = partial(_rows_at, child, part.rowid)
+                postings.append(
+                    _Postings(
+                        read,
+                        part.term,
+                        part.doc,
+                        part.tf,
+                        part.length,
+                        part.documents,
+                        id(child) in searched,
+                    )
+                )
         stats.document_frequency = dict(zip(counts, frequency.tolist()))
         stats.superseded, stats.deleted = self._left_out
         self.stats = stats
@@ -248,25 +256,28 @@ class GlobalBM25Exec(ExecNode):
         weights: np.ndarray,
         frequency: np.ndarray,
     ) -> pa.Table:
-        n_docs = stats.documents
-        avgdl = stats.average_length
+        n_docs, avgdl = stats.documents, max(stats.average_length, 1e-12)
         idf = np.log(1 + (n_docs - frequency + 0.5) / (frequency + 0.5))
-        scored = []  # (score, postings number, row)
+        coefficient = weights * idf * (BM25_K1 + 1)
+        groups = []  # (postings number, each posting's part of its document's score)
         for number, p in enumerate(postings):
             if not p.searched or len(p.doc) == 0:
                 continue
-            term, doc, tf = p.term, p.doc, p.tf
-            norm = BM25_K1 * (1 - BM25_B + BM25_B * p.lengths / max(avgdl, 1e-12))
-            part = weights[term] * idf[term] * tf * (BM25_K1 + 1) / (tf + norm[doc])
-            # A document's parts are added in the query's order of terms.
-            score = np.bincount(doc, weights=part, minlength=len(p.lengths))
-            rows = np.flatnonzero(np.bincount(doc, minlength=len(p.lengths)))  # with a posting
-            scored.append((score[rows], np.full(len(rows), number), rows))
-        if not scored:
+            tf = p.tf.astype(np.float64)
+            norm = BM25_K1 * (1 - BM25_B) + (BM25_K1 * BM25_B / avgdl) * p.length
+            # Postings come grouped by term: each term's factor repeated, not gathered.
+            factor = np.repeat(coefficient, np.bincount(p.term, minlength=len(weights)))
+            groups.append((number, factor * tf / (tf + norm)))
+        if not groups:
             return empty_rows(self.schema)
+        # Without a filter the best k are known to score at least a floor: only documents
+        # that may reach it are scored (MaxScore); a filter may reject any of them.
+        unfiltered = self.predicate is None and self.post_filter is None
+        floor = _floors(postings, groups, len(weights), self.k) if unfiltered else None
+        scored = [(*_scores(postings[n], part, floor), n) for n, part in groups]
         scores = np.concatenate([s for s, _, _ in scored])
-        numbers = np.concatenate([n for _, n, _ in scored])
-        rows = np.concatenate([r for _, _, r in scored])
+        rows = np.concatenate([r for _, r, _ in scored])
+        numbers = np.repeat([n for _, _, n in scored], [len(r) for _, r, _ in scored])
         picked: list[pa.Table] = []
         have, start, step = 0, 0, max(self.k, 16)
         order = np.zeros(0, dtype=np.int64)
@@ -299,14 +310,16 @@ class GlobalBM25Exec(ExecNode):
 
 @dataclass(frozen=True)
 class _Postings:
-    """One group of scored documents: a piece's, or an index's. ``doc`` numbers documents
-    ``0..len(lengths)``; ``read(rows)`` gives the full rows of document numbers ``rows``."""
+    """One group of scored documents: a piece's, or an index partition's. Per posting its
+    term number, document (``0..documents``), term frequency and document length;
+    ``read(rows)`` gives the full rows of document numbers ``rows``."""
 
     read: Callable[[np.ndarray], pa.Table]
     term: np.ndarray
     doc: np.ndarray
     tf: np.ndarray
-    lengths: np.ndarray
+    length: np.ndarray
+    documents: int
     searched: bool
 
 
@@ -330,6 +343,82 @@ def _pairs(term: np.ndarray, doc: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     new[1:] = (term[1:] != term[:-1]) | (doc[1:] != doc[:-1])
     starts = np.flatnonzero(new)
     return term[starts], doc[starts], np.diff(np.append(starts, len(doc)))
+
+
+_DENSE = 4  # every posting is scored when more than 1 in _DENSE name a candidate
+
+
+def _term_bounds(term: np.ndarray, terms: int) -> np.ndarray:
+    """Where each term's postings start and end (postings grouped by term)."""
+    return np.concatenate([[0], np.cumsum(np.bincount(term, minlength=terms))])
+
+
+def _floors(
+    postings: list[_Postings], groups: list[tuple[int, np.ndarray]], terms: int, k: int
+) -> np.ndarray:
+    """Per term, the least part a posting must have for its document to possibly be among the
+    best ``k`` (MaxScore): the documents with each term's best parts are scored exactly, and
+    their ``k``-th best score is one the best ``k`` reach. A document reaches it only if each
+    of its parts plus every other term's best part does, and only if it holds one of the
+    *essential* terms: those the least-scoring terms' best parts cannot reach it without. A
+    term that is not essential gets an infinite floor (its postings name no candidate; they
+    still add to the candidates' scores)."""
+    best = np.zeros(terms)
+    sampled = []
+    for number, part in groups:
+        p = postings[number]
+        bounds = _term_bounds(p.term, terms)
+        picked = []
+        for t in range(terms):
+            chunk = part[bounds[t] : bounds[t + 1]]
+            if len(chunk) == 0:
+                continue
+            best[t] = max(best[t], float(chunk.max()))
+            n = min(len(chunk), 4 * k)
+            picked.append(bounds[t] + np.argpartition(chunk, len(chunk) - n)[len(chunk) - n :])
+        rows = np.unique(p.doc[np.concatenate(picked)])
+        sampled.append(_exact(p, part, rows, bounds))
+    scores = np.concatenate(sampled)
+    if len(scores) < k:
+        return np.full(terms, -np.inf)
+    # A hair lower than exact: the sums below may round differently from the bound.
+    reached = float(np.partition(scores, len(scores) - k)[len(scores) - k]) * (1 - 1e-9)
+    floor = reached - (best.sum() - best)
+    order = np.argsort(best, kind="stable")
+    floor[order[np.cumsum(best[order]) < reached]] = np.inf
+    return floor
+
+
+def _exact(p: _Postings, part: np.ndarray, rows: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """The scores of a group's documents ``rows`` (ascending), their parts added term by term
+    as the bincount adds them."""
+    score = np.zeros(len(rows))
+    for t in range(len(bounds) - 1):
+        docs = p.doc[bounds[t] : bounds[t + 1]]
+        if len(docs) == 0 or len(rows) == 0:
+            continue
+        at = np.minimum(np.searchsorted(docs, rows), len(docs) - 1)
+        score += np.where(docs[at] == rows, part[bounds[t] + at], 0.0)
+    return score
+
+
+def _scores(
+    p: _Postings, part: np.ndarray, floor: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The scores of a group's documents with a posting (or, with a ``floor``, of those with
+    a part above their term's floor), and the documents, ascending."""
+    if floor is not None:
+        kept = part >= floor[p.term]
+        if np.count_nonzero(kept) * _DENSE < len(part):  # else scoring them all costs less
+            rows = np.sort(p.doc[kept])  # each term's documents ascending: one run per term
+            rows = rows[np.diff(rows, prepend=-1) != 0]
+            return _exact(p, part, rows, _term_bounds(p.term, len(floor))), rows
+    # A document's parts are added in the query's order of terms.
+    score = np.bincount(p.doc, weights=part, minlength=p.documents)
+    held = np.zeros(p.documents, dtype=bool)
+    held[p.doc] = True
+    rows = np.flatnonzero(held)
+    return score[rows], rows
 
 
 def _best_first(scores: np.ndarray, n: int) -> np.ndarray:

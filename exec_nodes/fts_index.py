@@ -11,7 +11,9 @@ business: the base leaf tokenizes those.
 
 Decoded postings are kept per (index, partition, term) in the ``search`` cache, so memory grows
 with the terms searched, not with the base; the document files (row id and length, 12 bytes
-a document) are kept per partition to look lengths up.
+a document) are kept per partition to look lengths up. The documents left out are a mask per
+partition (1 byte a document) and each term's live postings are kept per left-out set, so the
+searches between two writes filter nothing again.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from functools import partial
 
 import lance
 import numpy as np
+import pyarrow as pa
 
+from memwal_sql.compat.lance import index_directory, storage_options_of
 from memwal_sql.compat.lance_inverted import (
     IndexFiles,
+    open_index,
     read_docs,
     read_postings,
     token_ids,
@@ -33,7 +38,7 @@ from memwal_sql.compat.lance_inverted import (
 from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.rowmask import RowMask
 
-_Posting = tuple[np.ndarray, np.ndarray, np.ndarray]  # row ids, term frequencies, lengths
+_Posting = tuple[np.ndarray, np.ndarray, np.ndarray]  # document ids, frequencies, lengths
 
 
 @dataclass(frozen=True)
@@ -63,18 +68,42 @@ class _Docs:
 
 
 @dataclass(frozen=True)
+class PartitionMatches:
+    """One partition's live postings of a query's distinct terms, in the partition's document
+    ids: per posting its term number, document, term frequency and document length;
+    ``rowid`` gives each document's row address."""
+
+    term: np.ndarray
+    doc: np.ndarray
+    tf: np.ndarray
+    length: np.ndarray
+    rowid: np.ndarray
+
+    @property
+    def documents(self) -> int:
+        return len(self.rowid)
+
+
+@dataclass(frozen=True)
 class IndexMatches:
     """What the index gives one query: the corpus it covers after the corrections (documents,
-    tokens), per distinct term how many of those documents hold it, and the postings of the
-    live documents (term number, row address, term frequency, document length)."""
+    tokens), per distinct term how many of those documents hold it, and per partition the
+    postings of its live documents."""
 
     documents: int
     tokens: int
     frequency: np.ndarray
-    term: np.ndarray
-    rowid: np.ndarray
-    tf: np.ndarray
-    length: np.ndarray
+    partitions: list[PartitionMatches]
+
+
+@dataclass(frozen=True)
+class _Dead:
+    """A partition's documents out of the latest corpus (by document id), and how many
+    documents and tokens stay."""
+
+    mask: np.ndarray
+    documents: int
+    tokens: int
 
 
 class BaseTextIndex:
@@ -126,46 +155,60 @@ class BaseTextIndex:
         delete) left out of everything, as are deleted rows and rows of fragments no longer
         covered."""
         documents = tokens = 0
-        dead = []
+        frequency = np.zeros(len(terms), dtype=np.int64)
+        out = []
+        # One search after a write and every later one until the next: the left-out set is
+        # named by its content, so the masks and live postings are found again.
+        superseded_key = hashlib.sha1(superseded.tobytes(), usedforsecurity=False).hexdigest()
         for files, p in self.partitions:
-            docs = self._docs(files, p)
+            docs = index_docs(self.caches, files, p)
+            dead_key = f"{files.uri}#{p}#{self._gone_key}#{superseded_key}"
+            dead = self._dead(files, p, docs, superseded, dead_key)
+            documents += dead.documents
+            tokens += dead.tokens
+            parts = self._live_postings(files, p, terms, dead, dead_key)
+            for number, (doc, _, _) in enumerate(parts):
+                frequency[number] += len(doc)
+            term = np.repeat(np.arange(len(terms)), [len(doc) for doc, _, _ in parts])
+            doc, tf, length = (np.concatenate([part[i] for part in parts]) for i in range(3))
+            out.append(PartitionMatches(term, doc, tf, length, docs.rowid))
+        return IndexMatches(documents, tokens, frequency, out)
+
+    def _dead(
+        self, files: IndexFiles, partition: int, docs: _Docs, superseded: np.ndarray, key: str
+    ) -> _Dead:
+        def load() -> tuple[_Dead, int]:
             pos = np.searchsorted(docs.sorted_rowid, superseded)
             found = pos < len(docs.rowid)
             found[found] = docs.sorted_rowid[pos[found]] == superseded[found]
-            out = np.concatenate([self._gone(files, p, docs), docs.doc_of(pos[found])])
-            documents += len(docs.rowid) - len(out)
-            tokens += docs.total - int(docs.length[out].sum(dtype=np.int64))
-            dead.append(docs.rowid[out])
-        gone = np.sort(np.concatenate(dead)) if dead else np.zeros(0, np.uint64)
-        postings = [self._postings(files, p, terms) for files, p in self.partitions]
-        frequency = np.zeros(len(terms), dtype=np.int64)
-        none = np.zeros(0, np.uint32)
-        parts = [(none.astype(np.int64), none.astype(np.uint64), none, none)]
-        for number in range(len(terms)):  # term by term: a document's parts add in query order
-            for by_term in postings:
-                rowid, tf, length = by_term[number]
-                keep = np.ones(len(rowid), dtype=bool)
-                if len(gone):
-                    keep = gone[np.minimum(np.searchsorted(gone, rowid), len(gone) - 1)] != rowid
-                frequency[number] += int(np.count_nonzero(keep))
-                term = np.full(int(np.count_nonzero(keep)), number, dtype=np.int64)
-                parts.append((term, rowid[keep], tf[keep], length[keep]))
-        term, rowid, tf, length = (np.concatenate(c) for c in zip(*parts))
-        return IndexMatches(documents, tokens, frequency, term, rowid, tf, length)
+            mask = np.zeros(len(docs.rowid), dtype=bool)
+            mask[self._gone(files, partition, docs)] = True
+            mask[docs.doc_of(pos[found])] = True
+            n = int(np.count_nonzero(mask))
+            dropped = int(docs.length[mask].sum(dtype=np.int64)) if n else 0
+            dead = _Dead(mask, len(docs.rowid) - n, docs.total - dropped)
+            return dead, mask.nbytes + 64
 
-    def _docs(self, files: IndexFiles, partition: int) -> _Docs:
-        def load() -> tuple[_Docs, int]:
-            rowid, length, total = read_docs(files, partition)
-            order = None if np.all(rowid[1:] > rowid[:-1]) else np.argsort(rowid, kind="stable")
-            ascending = rowid if order is None else rowid[order]
-            fragment = ascending >> np.uint64(32)
-            new = np.ones(len(fragment), dtype=bool)
-            new[1:] = fragment[1:] != fragment[:-1]
-            starts = np.append(np.flatnonzero(new), len(fragment))
-            docs = _Docs(rowid, length, total, ascending, order, fragment[new], starts)
-            return docs, docs.nbytes
+        return self.caches.search.get("fts_dead", key, load)
 
-        return self.caches.search.get("fts_docs", f"{files.uri}#{partition}", load)
+    def _live_postings(
+        self, files: IndexFiles, partition: int, terms: Sequence[str], dead: _Dead, key: str
+    ) -> list[_Posting]:
+        """Each term's postings (document ids, term frequencies, lengths) without the dead
+        documents, kept per left-out set."""
+        cache = self.caches.search
+        decoded = index_postings(self.caches, files, partition, terms)
+
+        def load(posting: _Posting) -> tuple[_Posting, int]:
+            doc, tf, length = posting
+            keep = ~dead.mask[doc]
+            live = (doc[keep], tf[keep], length[keep])
+            return live, sum(a.nbytes for a in live) + 64
+
+        return [
+            cache.get("fts_live_postings", f"{key}#{t}", partial(load, posting))
+            for t, posting in zip(terms, decoded)
+        ]
 
     def _gone(self, files: IndexFiles, partition: int, docs: _Docs) -> np.ndarray:
         """Ids of the partition's documents no longer in the base (deleted, or of a fragment
@@ -188,32 +231,127 @@ class BaseTextIndex:
         key = f"{files.uri}#{partition}#{self._gone_key}"
         return self.caches.search.get("fts_gone", key, load)
 
-    def _postings(self, files: IndexFiles, partition: int, terms: Sequence[str]) -> list[_Posting]:
-        """Each term's (row ids, term frequencies, document lengths) in a partition: the terms
-        not cached yet decoded together, then kept."""
-        cache = self.caches.search
-        keys = [f"{files.uri}#{partition}#{t}" for t in terms]
-        missing = [t for t, key in zip(terms, keys) if not cache.contains("fts_postings", key)]
-        fresh = self._decode(files, partition, missing) if missing else {}
 
-        def load(term: str) -> tuple[_Posting, int]:
-            value = fresh[term] if term in fresh else self._decode(files, partition, [term])[term]
-            return value, sum(a.nbytes for a in value) + 64
+class IndexTerms:
+    """A generation's documents as its own inverted index holds them (the
+    :class:`~memwal_sql.formats.tokenizer.DocumentTerms` a full-text search reads): each row's
+    token count from the document files, the query terms' occurrences from their postings.
+    Nothing is tokenized; only the documents files and the query terms' postings are read.
 
-        return [cache.get("fts_postings", key, partial(load, t)) for t, key in zip(terms, keys)]
+    Example:
+        ``IndexTerms(files, rows=ds.count_rows(), caches=c).occurrences(pa.array(["fox"]))``
+    """
 
-    def _decode(
-        self, files: IndexFiles, partition: int, terms: Sequence[str]
-    ) -> dict[str, _Posting]:
-        ids = token_ids(files, partition, terms)
-        docs = self._docs(files, partition)
-        decoded = dict(zip(ids, read_postings(files, partition, list(ids.values()))))
-        none = np.zeros(0, np.uint32)
-        out = {}
-        for t in terms:
-            doc, tf = decoded.get(t, (none, none))
-            out[t] = (docs.rowid[doc], tf, docs.length[doc])
-        return out
+    def __init__(self, files: IndexFiles, rows: int, caches: Caches) -> None:
+        self.files = files
+        self.caches = caches
+        self.lengths = np.zeros(rows, dtype=np.int64)
+        # A generation is one fragment: a row id's low half is the row's offset.
+        self._rows = []
+        for p in files.partitions:
+            docs = index_docs(caches, files, p)
+            offsets = (docs.rowid & np.uint64(0xFFFFFFFF)).astype(np.int64)
+            self.lengths[offsets] = docs.length
+            self._rows.append(offsets)
+
+    @property
+    def nbytes(self) -> int:
+        return self.lengths.nbytes + sum(r.nbytes for r in self._rows)
+
+    def occurrences(self, terms: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """Every occurrence of ``terms`` as :meth:`Tokens.occurrences` gives them: a
+        document holding a term ``tf`` times is named ``tf`` times."""
+        names = terms.to_pylist()
+        position, row = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+        for p, offsets in zip(self.files.partitions, self._rows):
+            for number, (doc, tf, _) in enumerate(
+                index_postings(self.caches, self.files, p, names)
+            ):
+                position.append(np.full(int(tf.sum()), number, dtype=np.int64))
+                row.append(np.repeat(offsets[doc], tf.astype(np.int64)))
+        position_all, row_all = np.concatenate(position), np.concatenate(row)
+        order = np.lexsort((row_all, position_all))
+        return position_all[order], row_all[order]
+
+
+def index_docs(caches: Caches, files: IndexFiles, partition: int) -> _Docs:
+    """A partition's document file, read once and kept in ``caches.search``."""
+
+    def load() -> tuple[_Docs, int]:
+        rowid, length, total = read_docs(files, partition)
+        order = None if np.all(rowid[1:] > rowid[:-1]) else np.argsort(rowid, kind="stable")
+        ascending = rowid if order is None else rowid[order]
+        fragment = ascending >> np.uint64(32)
+        new = np.ones(len(fragment), dtype=bool)
+        new[1:] = fragment[1:] != fragment[:-1]
+        starts = np.append(np.flatnonzero(new), len(fragment))
+        docs = _Docs(rowid, length, total, ascending, order, fragment[new], starts)
+        return docs, docs.nbytes
+
+    return caches.search.get("fts_docs", f"{files.uri}#{partition}", load)
+
+
+def index_postings(
+    caches: Caches, files: IndexFiles, partition: int, terms: Sequence[str]
+) -> list[_Posting]:
+    """Each term's (document ids, term frequencies, document lengths) in a partition: the
+    terms not cached yet decoded together, then kept in ``caches.search``."""
+    cache = caches.search
+    keys = [f"{files.uri}#{partition}#{t}" for t in terms]
+    missing = [t for t, key in zip(terms, keys) if not cache.contains("fts_postings", key)]
+    fresh = _decode(caches, files, partition, missing) if missing else {}
+
+    def load(term: str) -> tuple[_Posting, int]:
+        value = fresh[term] if term in fresh else _decode(caches, files, partition, [term])[term]
+        return value, sum(a.nbytes for a in value) + 64
+
+    return [cache.get("fts_postings", key, partial(load, t)) for t, key in zip(terms, keys)]
+
+
+def _decode(
+    caches: Caches, files: IndexFiles, partition: int, terms: Sequence[str]
+) -> dict[str, _Posting]:
+    ids = token_ids(files, partition, terms)
+    docs = index_docs(caches, files, partition)
+    decoded = dict(zip(ids, read_postings(files, partition, list(ids.values()))))
+    none = np.zeros(0, np.uint32)
+    out = {}
+    for t in terms:
+        doc, tf = decoded.get(t, (none, none))
+        out[t] = (doc.astype(np.int64), tf, docs.length[doc])
+    return out
+
+
+def open_text_index(
+    dataset: lance.LanceDataset, column: str, fragment_ids: set[int]
+) -> tuple[list[IndexFiles], set[int]] | str:
+    """The files of ``dataset``'s inverted index on ``column`` and the fragments of
+    ``fragment_ids`` it covers, or why it is not read here.
+
+    Example:
+        ``open_text_index(ds, "text", {f.fragment_id for f in ds.get_fragments()})``
+    """
+    found = [
+        d
+        for d in dataset.describe_indices()
+        if d.field_names == [column] and "Inverted" in d.type_url
+    ]
+    if not found:
+        return "no inverted index"
+    if dataset.has_stable_row_ids:
+        return "the table has stable row ids, the index holds no row addresses"
+    files: list[IndexFiles] = []
+    covered: set[int] = set()
+    for segment in found[0].segments:
+        fragments = set(segment.fragment_ids)
+        if segment.base_id is not None or fragments & covered:
+            return "index segments in another base or overlapping"
+        opened = open_index(index_directory(dataset, segment.uuid), storage_options_of(dataset))
+        if isinstance(opened, str):
+            return opened
+        files.append(opened)
+        covered |= fragments
+    return files, covered & fragment_ids
 
 
 def _deletion_name(fragment: lance.LanceFragment) -> str:
@@ -222,4 +360,12 @@ def _deletion_name(fragment: lance.LanceFragment) -> str:
     return f"{dv.id}-{dv.read_version}"
 
 
-__all__ = ["BaseTextIndex", "IndexMatches"]
+__all__ = [
+    "BaseTextIndex",
+    "IndexMatches",
+    "IndexTerms",
+    "PartitionMatches",
+    "index_docs",
+    "index_postings",
+    "open_text_index",
+]

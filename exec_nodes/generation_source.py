@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
+from exec_nodes.fts_index import IndexTerms, open_text_index
 from exec_nodes.source import (
     Access,
     FullText,
@@ -29,7 +30,8 @@ from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.substrait import lance_filter
 from memwal_sql.expressions.visitors import matches
 from memwal_sql.formats.generation import open_generation, read_generation_pk_index
-from memwal_sql.formats.source_rows import ROWADDR, conform, stored_columns
+from memwal_sql.formats.source_rows import ROWADDR, TOMBSTONE, conform, stored_columns
+from memwal_sql.formats.tokenizer import Tokenizer
 from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.keyset import KeySet, encode_keys, last_per_key
 from memwal_sql.writer.memtable_indexes import Piece
@@ -128,6 +130,9 @@ class GenerationSourceExec(SourceLeaf):
     def _how(self) -> str:
         if isinstance(self.access, Lookup):
             return f"{self.access} via _pk_index"
+        if isinstance(self.access, FullText):
+            indexed = isinstance(self.pieces()[0].tokens, IndexTerms)
+            return f"{self.access} {'through its inverted index' if indexed else 'tokenized'}"
         return f"{self.access} flat" if isinstance(self.access, Knn) else str(self.access)
 
     def whole_rows(self) -> pa.Table | None:
@@ -224,14 +229,37 @@ class GenerationSourceExec(SourceLeaf):
     # FullText
 
     def _text_pieces(self) -> list[Piece]:
-        column = self._needs(FullText).column
+        access = self._needs(FullText)
 
         def load() -> tuple[Piece, int]:
-            table = self._rows()
-            piece = self._piece(table, table.column(ROWADDR).to_numpy().astype(np.int64))
-            return piece, piece.tokens.docs.nbytes * 3 + piece.keys.nbytes
+            terms = self._index_terms(access)
+            if terms is None:  # no index of the same tokenizer: tokenized here
+                table = self._rows()
+                piece = self._piece(table, table.column(ROWADDR).to_numpy().astype(np.int64))
+            else:
+                names = [*self.primary_key, TOMBSTONE, ROWADDR]
+                table = self._few_columns(pa.schema([self.source_schema.field(n) for n in names]))
+                present = ~table.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
+                addresses = table.column(ROWADDR).to_numpy().astype(np.int64)
+                piece = Piece(table.select(self.primary_key), addresses, terms, present)
+            return piece, piece.tokens.nbytes + piece.keys.nbytes
 
-        return [self.caches.search.get("fts", f"{self.uri}#{column}", load)]
+        return [self.caches.search.get("fts", f"{self.uri}#{access.column}", load)]
+
+    def _index_terms(self, access: FullText) -> IndexTerms | None:
+        """The generation's documents through its own inverted index on the column (built at
+        flush), when that index splits texts as the search does."""
+        ds = open_generation(self.uri, self.storage_options)
+        frags = ds.get_fragments()
+        if len(frags) != 1:
+            return None
+        opened = open_text_index(ds, access.column, {frags[0].fragment_id})
+        if isinstance(opened, str) or len(opened[0]) != 1 or not opened[1]:
+            return None
+        files = opened[0][0]
+        if Tokenizer(files.params).signature != access.tokenizer.signature:
+            return None
+        return IndexTerms(files, frags[0].metadata.physical_rows, self.caches)
 
     def piece_rows(self, piece: int, index: np.ndarray) -> pa.Table:
         return self._rows().take(pa.array(index))

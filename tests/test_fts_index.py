@@ -99,6 +99,7 @@ def test_index_search_is_exact_after_updates_deletes_merges_and_appends(indexed,
     text = tbl.explain_search("w1 w7", k=10)
     assert "through index" in text and "tokenizing 0 unindexed" not in text, text
     assert "superseded" in text and "deleted" in text
+    assert "through its inverted index" in text, text  # the flushed generation
     # The index caught up (a delta partition): nothing is tokenized in the base any more.
     tbl.catch_up_indexes()
     check(tbl, model, root, ks=(10,))
@@ -167,3 +168,65 @@ def test_the_base_full_text_leaf_yields_every_live_document(indexed):
     assert leaf.text_index() is not None and leaf.pieces() == []
     keys = leaf.to_table().column("k").to_pylist()
     assert sorted(keys) == [k for k in range(6000) if k not in (5, 6)]
+
+
+def test_flushed_generations_are_read_through_their_own_index(indexed, monkeypatch, tmp_path):
+    """Generations flushed while the base has an inverted index carry one of their own (built
+    at flush): a search reads their documents' lengths and the query terms' postings from it,
+    tokenizes only the MemTable, and still scores exactly as Lance does on a merged copy."""
+    tbl, model = indexed
+    holders = [r["k"] for r in tbl.fts("w1 w2 w7", k=200).to_pylist()]
+    for i, keys in enumerate([holders[:60], holders[60:120], holders[120:140]]):
+        fresh = rows(keys[: len(keys) // 2] + [20_000 + 100 * i + j for j in range(25)], 30 + i)
+        gone = pa.table({"k": pa.array(keys[len(keys) // 2 :], pa.int64())})
+        for target in (tbl, model):
+            target.upsert(fresh)
+            target.delete(gone)
+        if i < 2:
+            tbl.flush()  # two generations; the last step stays in the MemTable
+    tokenized: list[int] = []
+    real = Tokenizer.tokenize
+
+    def counting(self, texts):
+        tokenized.append(len(texts))
+        return real(self, texts)
+
+    monkeypatch.setattr(Tokenizer, "tokenize", counting)
+    check(tbl, model, tmp_path / "m")
+    assert max(tokenized) <= 25 + 10 + 10  # the MemTable's rows (and tombstones) only
+    text = tbl.explain_search("w1 w7", k=10)
+    generations = text.count("GenerationSourceExec")
+    assert generations >= 2 and text.count("through its inverted index") == generations, text
+
+
+@pytest.mark.parametrize("query", ["w0 w2999", "w1 w1 w5", "w2 w3 w4 w5 w6", "w2998 w2999"])
+def test_pruned_top_k_equals_scoring_every_document(indexed, monkeypatch, query):
+    """MaxScore scores only the documents that may reach the k-th best score: the same rows
+    and scores as scoring every document, ties included, while scoring fewer of them when a
+    rare term decides the best (``w0`` is in most documents, ``w2999`` in few)."""
+    from exec_nodes import fts
+
+    tbl, _ = indexed
+    tbl.upsert(rows([1, 2, 3, 7000], 9))
+    scored: list[int] = []
+    real_scores = fts._scores
+
+    def counting(p, part, floor):
+        out = real_scores(p, part, floor)
+        scored.append(len(out[1]))
+        return out
+
+    monkeypatch.setattr(fts, "_scores", counting)
+    for k in (1, 3, 10, 50):
+        scored.clear()
+        pruned = tbl.fts(query, k=k)
+        pruned_count = sum(scored)
+        with monkeypatch.context() as m:
+            m.setattr(fts, "_floors", lambda *a: None)
+            scored.clear()
+            every = tbl.fts(query, k=k)
+            every_count = sum(scored)
+        assert pruned.equals(every), (query, k)
+        assert pruned_count <= every_count
+        if query == "w0 w2999" and k <= 3:  # fewer than 10 documents hold w2999
+            assert pruned_count * 4 < every_count, (pruned_count, every_count)

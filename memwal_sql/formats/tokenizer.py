@@ -20,7 +20,7 @@ import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -62,6 +62,19 @@ _MAX_KEPT_QUERY = 4096  # longer query texts are not kept: 1024 of them would ho
 _TOKEN_BYTES = 160
 
 
+class DocumentTerms(Protocol):
+    """What a full-text search reads of a list of documents: each one's token count and the
+    occurrences of the query's terms. :class:`Tokens` holds them tokenized; an inverted
+    index's files give them without tokenizing."""
+
+    lengths: np.ndarray
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def occurrences(self, terms: pa.Array) -> tuple[np.ndarray, np.ndarray]: ...
+
+
 @dataclass(frozen=True)
 class Tokens:
     """The terms of a column of documents: token ``i`` is term ``term_ids[i]`` (an index into
@@ -74,6 +87,12 @@ class Tokens:
     sort_postings: bool = True
     """Find terms' documents in a term-sorted copy (built once: for tokens that live long)
     rather than by scanning every token (for tokens rebuilt often, as a MemTable's are)."""
+
+    @property
+    def nbytes(self) -> int:
+        """The token arrays' memory (about thrice the documents array: with the term ids
+        and the term-sorted copy), what a cache counts."""
+        return self.docs.nbytes * 3 + self.lengths.nbytes
 
     @cached_property
     def _vocabulary_array(self) -> pa.Array:
@@ -173,20 +192,7 @@ class Tokenizer:
         n = len(texts)
         texts = texts.cast(pa.large_string()) if pa.types.is_string_view(texts.type) else texts
         texts = pc.fill_null(texts, "")
-        if self.base == "simple":
-            parts = pc.split_pattern_regex(texts, r"[^\p{L}\p{N}]+")
-        elif self.base == "whitespace":
-            parts = pc.utf8_split_whitespace(texts)
-        else:
-            parts = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32)), texts)
-        flat = pc.list_flatten(parts)
-        docs = pc.list_parent_indices(parts)
-        keep = pc.not_equal(flat, "")
-        if self.max_token_length is not None:  # Lance keeps tokens shorter than the limit
-            keep = pc.and_(keep, pc.less(pc.binary_length(flat), self.max_token_length))
-        flat, docs = flat.filter(keep), docs.filter(keep)
-        if self.lower_case:
-            flat = pc.utf8_lower(flat)
+        flat, docs = self._split(texts)
         encoded = pc.dictionary_encode(flat)
         raw_ids = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         vocabulary: list[str] = []
@@ -201,10 +207,94 @@ class Tokenizer:
                     vocabulary.append(token)
         term_ids = mapping[raw_ids] if len(raw_ids) else raw_ids
         live = term_ids >= 0
-        doc_ids = docs.to_numpy(zero_copy_only=False).astype(np.int64)[live]
+        doc_ids, term_ids = docs[live], term_ids[live]
+        if len(doc_ids) and np.any(doc_ids[1:] < doc_ids[:-1]):
+            order = np.argsort(doc_ids, kind="stable")  # occurrences come by document
+            doc_ids, term_ids = doc_ids[order], term_ids[order]
         return Tokens(
-            doc_ids, term_ids[live], vocabulary, np.bincount(doc_ids, minlength=n).astype(np.int64)
+            doc_ids, term_ids, vocabulary, np.bincount(doc_ids, minlength=n).astype(np.int64)
         )
+
+    def _split(self, texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
+        """The tokens of ``texts`` (no NULLs), cased as configured, and each one's document
+        (ascending within the ASCII and within the other documents). ASCII documents are split over their bytes in numpy (a lookup table), the
+        others by a Unicode regex: the same tokens, at a fraction of the regex's cost."""
+        if self.base != "simple" or len(texts) == 0:
+            return self._split_by_kernel(texts)
+        ascii_docs = pc.string_is_ascii(texts).to_numpy(zero_copy_only=False)
+        if not ascii_docs.any():
+            return self._split_by_kernel(texts)
+        flat, docs = self._split_ascii(texts, ascii_docs)
+        if ascii_docs.all():
+            return flat, docs
+        others = np.flatnonzero(~ascii_docs)
+        more, more_docs = self._split_by_kernel(texts.take(pa.array(others)))
+        kind = flat.type if flat.type == more.type else pa.large_string()
+        return pa.concat_arrays([flat.cast(kind), more.cast(kind)]), np.concatenate(
+            [docs, others[more_docs]]
+        )
+
+    def _split_by_kernel(self, texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
+        n = len(texts)
+        if self.base == "simple":
+            parts = pc.split_pattern_regex(texts, r"[^\p{L}\p{N}]+")
+        elif self.base == "whitespace":
+            parts = pc.utf8_split_whitespace(texts)
+        else:
+            parts = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32)), texts)
+        flat = pc.list_flatten(parts)
+        docs = pc.list_parent_indices(parts)
+        keep = pc.not_equal(flat, "")
+        if self.max_token_length is not None:  # Lance keeps tokens shorter than the limit
+            keep = pc.and_(keep, pc.less(pc.binary_length(flat), self.max_token_length))
+        flat, docs = flat.filter(keep), docs.filter(keep)
+        if self.lower_case:
+            flat = pc.utf8_lower(flat)
+        return flat, docs.to_numpy(zero_copy_only=False).astype(np.int64)
+
+    def _split_ascii(self, texts: pa.Array, ascii_docs: np.ndarray) -> tuple[pa.Array, np.ndarray]:
+        """Runs of ASCII letters and digits of the documents ``ascii_docs`` marks (the
+        others give none): token boundaries from byte arithmetic, the tokens' bytes gathered
+        into one buffer."""
+        large = pa.types.is_large_string(texts.type)
+        _, offset_buffer, data_buffer = texts.buffers()
+        offsets = np.frombuffer(offset_buffer, dtype=np.int64 if large else np.int32)
+        offsets = offsets[texts.offset : texts.offset + len(texts) + 1].astype(np.int64)
+        data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer else np.zeros(0, np.uint8)
+        data = data[offsets[0] : offsets[-1]]
+        offsets = offsets - offsets[0]
+        # Letters and digits by byte arithmetic (faster than a lookup table).
+        word = ((data - np.uint8(48)) < 10) | (((data | np.uint8(32)) - np.uint8(97)) < 26)
+        if not ascii_docs.all():
+            word &= np.repeat(ascii_docs, np.diff(offsets))
+        # A token starts at a word byte after a non-word byte or at a document's start, and
+        # ends before a non-word byte or a document's end.
+        first = np.zeros(len(data) + 1, dtype=bool)
+        first[offsets] = True
+        before = np.concatenate([[False], word[:-1]]) & ~first[:-1]
+        after = np.concatenate([word[1:], [False]]) & ~first[1:]
+        starts = np.flatnonzero(word & ~before)
+        ends = np.flatnonzero(word & ~after) + 1
+        token_bytes = np.compress(word, data)
+        if self.lower_case:
+            token_bytes = token_bytes + (((token_bytes - np.uint8(65)) < 26).view(np.uint8) << 5)
+        token_offsets = np.concatenate([[0], np.cumsum(ends - starts)])
+        kind, width = (
+            (pa.large_string(), np.int64)
+            if token_offsets[-1] >= 1 << 31
+            else (pa.string(), np.int32)
+        )
+        flat = pa.Array.from_buffers(
+            kind,
+            len(starts),
+            [None, pa.py_buffer(token_offsets.astype(width)), pa.py_buffer(token_bytes)],
+        )
+        docs = np.searchsorted(offsets, starts, side="right") - 1
+        if self.max_token_length is not None:  # Lance keeps tokens shorter than the limit
+            keep = (ends - starts) < self.max_token_length
+            if not keep.all():
+                flat, docs = flat.filter(pa.array(keep)), docs[keep]
+        return flat, docs.astype(np.int64)
 
     def terms(self, text: str) -> list[str]:
         """The terms of one text, in order (what a query becomes); recent short texts are
@@ -315,4 +405,4 @@ class GrowingTokens:
         return self._cached
 
 
-__all__ = ["GrowingTokens", "Tokenizer", "Tokens"]
+__all__ = ["DocumentTerms", "GrowingTokens", "Tokenizer", "Tokens"]

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from memwal_sql.formats.source_rows import ROWADDR, TOMBSTONE, conform, empty_rows
-from memwal_sql.formats.tokenizer import GrowingTokens, Tokenizer, Tokens
+from memwal_sql.formats.tokenizer import DocumentTerms, GrowingTokens, Tokenizer
 from memwal_sql.structures.cache import CachePart, Caches
 from memwal_sql.structures.keyset import KeySet
 from memwal_sql.writer.memtable import on_flushed
@@ -44,7 +44,7 @@ class Piece:
 
     keys: pa.Table
     addresses: np.ndarray  # _rowaddr of each row
-    tokens: Tokens
+    tokens: DocumentTerms
     present: np.ndarray  # rows that exist at the snapshot (base deletions and tombstones out)
     _keys: tuple[KeySet, np.ndarray] | None = None
 

@@ -32,3 +32,36 @@ def test_occurrences_are_every_occurrence_of_each_term_in_order(docs, terms, sor
     term, doc = tokens.occurrences(pa.array(terms, pa.string()))
     assert term.tolist() == want_term and doc.tolist() == want_doc
     assert term.dtype == doc.dtype == np.int64
+
+
+_TEXT = st.lists(
+    st.sampled_from([*"aZ09 _-.\t\nÄéß漢ı", "ab", "Runner", "x" * 41]), max_size=12
+).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    docs=st.lists(st.one_of(st.none(), _TEXT), max_size=10),
+    lower_case=st.booleans(),
+    max_token_length=st.sampled_from([None, 3, 40]),
+    large=st.booleans(),
+)
+def test_ascii_documents_split_as_the_unicode_regex_splits_them(
+    docs, lower_case, max_token_length, large
+):
+    """The byte-table split of ASCII documents (and of the ASCII ones among others) gives the
+    regex's tokens, document by document: a wrong boundary, case or length limit differs."""
+    tok = Tokenizer({"lower_case": lower_case, "max_token_length": max_token_length})
+    texts = pa.array(docs, pa.large_string() if large else pa.string())
+    texts = pa.compute.fill_null(texts, "")
+    for sliced in (texts, texts.slice(1)):
+        flat, doc = tok._split(sliced)
+        want_flat, want_doc = tok._split_by_kernel(sliced)
+        got = sorted(zip(doc.tolist(), flat.to_pylist()))
+        assert got == sorted(zip(want_doc.tolist(), want_flat.to_pylist()))
+        tokens = tok.tokenize(sliced)
+        assert np.all(np.diff(tokens.docs) >= 0)  # occurrences by document
+        finals = tok._finals(want_flat.to_pylist())
+        want_terms = sorted((d, t) for d, t in zip(want_doc.tolist(), finals) if t is not None)
+        got_terms = [tokens.vocabulary[i] for i in tokens.term_ids]
+        assert sorted(zip(tokens.docs.tolist(), got_terms)) == want_terms
