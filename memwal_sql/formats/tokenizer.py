@@ -67,7 +67,8 @@ class DocumentTerms(Protocol):
     occurrences of the query's terms. :class:`Tokens` holds them tokenized; an inverted
     index's files give them without tokenizing."""
 
-    lengths: np.ndarray
+    @property
+    def lengths(self) -> np.ndarray: ...
 
     @property
     def nbytes(self) -> int: ...
