@@ -28,6 +28,7 @@ from exec_nodes.fts import (
     SCORE,
     GlobalBM25Exec,
 )
+from exec_nodes.generation_source import generation_vector_index, rows_in_memory
 from exec_nodes.knn import (
     GenerationRunsKnnExec,
     KnnQuery,
@@ -44,7 +45,7 @@ from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.vectors import DISTANCE
 from memwal_sql.writer.memtable_indexes import tokenizer_for
 from planner.indexed import IndexedRead, plan_indexed_read
-from planner.leaves import base_leaf, memtable_leaves, region_leaves
+from planner.leaves import base_leaf, generation_leaf, memtable_leaves, region_leaves
 from planner.lookup import region_lookups
 from planner.plan import PlanExec
 from planner.pruning import prune_regions
@@ -168,8 +169,9 @@ def _base_index(
     caches: Caches,
 ) -> T | None:
     """``parse(name, statistics)`` of the base index on ``column`` whose type names
-    ``type_word``; parsed once per base version (vector statistics carry every centroid, so
-    only what ``parse`` keeps is cached, in ``caches.search``)."""
+    ``type_word``; parsed once per index (its segments' uuids: a merge or a new base version
+    leaves them as they are, and Lance's ``index_statistics`` carry every centroid, so only
+    what ``parse`` keeps is cached, in ``caches.search``)."""
     for d in dataset.describe_indices():
         if d.field_names == [column] and type_word in d.type_url:
 
@@ -178,7 +180,7 @@ def _base_index(
                 stats = json.loads(stats) if isinstance(stats, str) else stats
                 return parse(name, stats), 1024
 
-            key = f"{dataset.uri}@{dataset.version}#{d.name}"
+            key = f"{dataset.uri}#{d.name}#{','.join(sorted(g.uuid for g in d.segments))}"
             return caches.search.get(f"base_index_{type_word}", key, load)
     return None
 
@@ -249,10 +251,25 @@ def plan_vector_search(
         if region.region_id not in kept_ids:
             continue
         sources.extend(memtable_leaves(snapshot, region, Knn(knn)))
-        generations = [
-            (g.generation, g.uri)
-            for g in region.generations_newest_first(gap.get(region.region_id, ()))
-        ]
+        generations = []
+        for g in region.generations_newest_first(gap.get(region.region_id, ())):
+            # A generation is searched through its own index (built at flush with the base
+            # index's centroids, so probed like the base's) until its rows are in memory,
+            # where an exact search costs less; one without an index is searched exactly
+            # (spec, "Indexed Read Plan": every read stays indexed while the base's catches
+            # up, and no search reads a whole generation on its path).
+            own = None
+            if index is not None and not rows_in_memory(
+                g.uri, snapshot.leaf_storage_options, g.generation, schema, snapshot.caches
+            ):
+                own = generation_vector_index(
+                    g.uri, snapshot.leaf_storage_options, column, metric, snapshot.caches
+                )
+            if own is not None:
+                access = Knn(knn, own, nprobes, refine_factor)
+                sources.append(generation_leaf(snapshot, region, g, access))
+            else:
+                generations.append((g.generation, g.uri))
         if generations:
             sources.append(
                 GenerationRunsKnnExec(
