@@ -80,16 +80,22 @@ def rows_in_memory(
     caches: Caches,
 ) -> bool:
     """Whether the generation's rows are in the lookup cache (see :func:`generation_rows`).
-    If not, and it is small enough to keep, they are read in the background, one generation
-    at a time: a search meanwhile goes through the generation's index, and later ones find
-    its rows in memory, where an exact search costs less than Lance's (about 1 ms against 5
-    for 15k rows; benchmarks/bench_scale.py).
+    If not, and it is small enough to keep, they are read in the background from the second
+    ask on, one generation at a time: a search meanwhile goes through the generation's index,
+    and later ones find its rows in memory, where an exact search costs less than Lance's
+    (about 1 ms against 5 for 15k rows; benchmarks/bench_scale.py).
 
     Example:
         ``rows_in_memory(gen.uri, None, gen.generation, schema, tbl.caches)``
     """
     if caches.lookup.contains("rows", uri):
         return caches.lookup.peek("rows", uri) is not None  # None: too big to keep
+    # Read from the second query that wants them: a process that asks once (a CLI call, a
+    # Spark task) reads no whole generation, and its one query has both cores.
+    asked = caches.lookup.get("rows_wanted", uri, lambda: ([0], 64))
+    asked[0] += 1
+    if asked[0] < 2:
+        return False
     with _loading_lock:
         if uri in _loading:
             return False
@@ -122,16 +128,16 @@ def generation_dataset(
 
 def generation_vector_index(
     uri: str, storage_options: dict[str, str] | None, column: str, metric: str, caches: Caches
-) -> str | None:
+) -> tuple[str, int] | None:
     """The name of the generation's vector index on ``column`` that ranks by ``metric`` (the
-    one its flush built with the base index's centroids), or None: then it is searched
-    exactly. Asked once per generation and column (``caches.search``).
+    one its flush built with the base index's centroids) and the rows it indexes, or None.
+    Asked once per generation and column (``caches.search``).
 
     Example:
-        ``generation_vector_index(gen.uri, None, "vec", "l2", tbl.caches)  # "vec_idx"``
+        ``generation_vector_index(gen.uri, None, "vec", "l2", tbl.caches)  # ("vec_idx", 15000)``
     """
 
-    def load() -> tuple[str | None, int]:
+    def load() -> tuple[tuple[str, int] | None, int]:
         ds = generation_dataset(uri, storage_options, caches)
         for d in ds.describe_indices():
             details = d.details if isinstance(d.details, dict) else {}
@@ -140,7 +146,7 @@ def generation_vector_index(
                 and "VectorIndex" in d.type_url
                 and str(details.get("metric_type", "")).lower() == metric
             ):
-                return d.name, 64
+                return (d.name, d.num_rows_indexed), 64
         return None, 64
 
     return caches.search.get("generation_vector_index", f"{uri}#{column}#{metric}", load)
@@ -202,8 +208,7 @@ class GenerationSourceExec(SourceLeaf):
         super().__init__(region_id, generation, schema, access, caches=caches, keys=keys)
         self.uri = uri
         self.storage_options = storage_options
-        # A search through the generation's index: the planner found one (and Lance runs it).
-        self.in_lance = isinstance(access, Knn) and access.index is not None
+        self.in_lance = isinstance(access, Knn)
 
     def _where(self) -> str:
         return (
@@ -286,9 +291,13 @@ class GenerationSourceExec(SourceLeaf):
         return self._take_newest(index_keys(keys, pk), keyset, ids, self.take_offsets)
 
     def take_offsets(self, offsets: np.ndarray) -> pa.Table:
-        """The generation's rows at ``offsets`` (what its ``_pk_index`` stores)."""
+        """The generation's rows at ``offsets`` (what its ``_pk_index`` stores): from its rows
+        in memory, else taken from its file while they are read in the background (a lookup,
+        or a search's check of its candidates, does not wait for a whole generation)."""
         self._needs(Lookup)
-        rows = self.whole_rows()
+        opts, schema = self.storage_options, self.source_schema
+        in_memory = rows_in_memory(self.uri, opts, self.generation, schema, self.caches)
+        rows = self.whole_rows() if in_memory else None
         if rows is not None:
             return rows.take(pa.array(offsets))
         ds = generation_dataset(self.uri, self.storage_options, self.caches)

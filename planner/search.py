@@ -51,6 +51,12 @@ from planner.plan import PlanExec
 from planner.pruning import prune_regions
 from planner.regions import check_one_region_per_key
 
+#: A generation not in memory with at least this many rows is searched through its own vector
+#: index, a smaller one flat. On 15k rows of 32 dimensions (benchmarks/bench_scale.py), Lance's
+#: flat search took 5-6 ms on the first query and after, its IVF_PQ search (the base's 76 of
+#: 353 partitions probed, refined) 18-23 ms on the first (opening the index) and 5-6 after.
+INDEXED_GENERATION_ROWS = 1 << 16
+
 #: A PQ- or SQ-quantized index ranks by approximate distances: its candidates are re-ranked by
 #: exact distance over this many times ``k`` rows unless the caller says otherwise.
 DEFAULT_REFINE_FACTOR = 10
@@ -253,23 +259,22 @@ def plan_vector_search(
         sources.extend(memtable_leaves(snapshot, region, Knn(knn)))
         generations = []
         for g in region.generations_newest_first(gap.get(region.region_id, ())):
-            # A generation is searched through its own index (built at flush with the base
-            # index's centroids, so probed like the base's) until its rows are in memory,
-            # where an exact search costs less; one without an index is searched exactly
-            # (spec, "Indexed Read Plan": every read stays indexed while the base's catches
-            # up, and no search reads a whole generation on its path).
-            own = None
-            if index is not None and not rows_in_memory(
-                g.uri, snapshot.leaf_storage_options, g.generation, schema, snapshot.caches
-            ):
-                own = generation_vector_index(
-                    g.uri, snapshot.leaf_storage_options, column, metric, snapshot.caches
-                )
-            if own is not None:
-                access = Knn(knn, own, nprobes, refine_factor)
-                sources.append(generation_leaf(snapshot, region, g, access))
-            else:
+            # In memory, a generation is searched exactly (about 1 ms for 15k rows); else by
+            # Lance, so that no search reads a whole generation on its path: through its own
+            # index (built at flush with the base index's centroids, probed like the base's:
+            # spec, "Indexed Read Plan") when it is big enough for that to pay, else flat.
+            gen_opts = snapshot.leaf_storage_options
+            if rows_in_memory(g.uri, gen_opts, g.generation, schema, snapshot.caches):
                 generations.append((g.generation, g.uri))
+                continue
+            own = None
+            if index is not None:
+                own = generation_vector_index(g.uri, gen_opts, column, metric, snapshot.caches)
+            if own is not None and own[1] >= INDEXED_GENERATION_ROWS:
+                access = Knn(knn, own[0], nprobes, refine_factor)
+            else:
+                access = Knn(knn)
+            sources.append(generation_leaf(snapshot, region, g, access))
         if generations:
             sources.append(
                 GenerationRunsKnnExec(
