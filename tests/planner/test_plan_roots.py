@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 import memwal_sql as mw
+from tests.test_vector_search import rows_loaded
 from exec_nodes.base import ExecNode
 from exec_nodes.knn import GenerationRunsKnnExec
 from exec_nodes.source import Lookup, Scan
@@ -97,6 +98,7 @@ def test_a_lookup_plan_applies_its_residual_before_projecting(tbl):
 
 def test_planning_a_search_runs_nothing_until_it_executes(tbl):
     q = mw.SearchQuery(query=np.zeros(2, np.float32), k=3)
+    rows_loaded(tbl, q.query)  # generations in memory are searched in runs
     plan = tbl._search.plan(q)
     stale = plan.root.children[0]
     assert [c.fetched() for c in stale.children] == [0] * len(stale.children)
