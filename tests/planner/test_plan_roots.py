@@ -11,7 +11,6 @@ import pyarrow as pa
 import pytest
 
 import memwal_sql as mw
-from tests.test_vector_search import rows_loaded
 from exec_nodes.base import ExecNode
 from exec_nodes.knn import GenerationRunsKnnExec
 from exec_nodes.source import Lookup, Scan
@@ -20,6 +19,7 @@ from memwal_sql.read_snapshot import GenerationRef, take_read_snapshot
 from planner.leaves import generation_leaves, region_leaves
 from planner.lookup import plan_lookup
 from planner.scan import plan_scan
+from tests.test_vector_search import rows_loaded
 
 SCHEMA = pa.schema(
     [

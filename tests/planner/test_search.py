@@ -63,7 +63,7 @@ def _latest_rows(model: Model) -> dict[int, dict]:
 
 
 def test_gap_generations_are_searched_through_their_own_indexes(lagging, monkeypatch) -> None:
-    uri, model = lagging
+    uri, _ = lagging
     monkeypatch.setattr(planner.search, "INDEXED_GENERATION_ROWS", 0)  # these are small
     loads = _NoBackgroundLoads()
     monkeypatch.setattr(generation_source, "_ROWS_LOADS", loads)
@@ -129,7 +129,5 @@ def test_small_generations_are_searched_flat_then_exactly_in_memory(lagging) -> 
     generation_source._ROWS_LOADS.submit(lambda: None).result()  # after the loads queued
     text = tbl.explain_search(query, k=10)
     assert " flat" not in text and "GenerationsKnnExec" in text, text
-    assert tbl.vector_search(query, k=10).column("k").to_pylist() == brute_force(
-        model, query, 10
-    )
+    assert tbl.vector_search(query, k=10).column("k").to_pylist() == brute_force(model, query, 10)
     tbl.close()
