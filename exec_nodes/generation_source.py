@@ -291,13 +291,9 @@ class GenerationSourceExec(SourceLeaf):
         return self._take_newest(index_keys(keys, pk), keyset, ids, self.take_offsets)
 
     def take_offsets(self, offsets: np.ndarray) -> pa.Table:
-        """The generation's rows at ``offsets`` (what its ``_pk_index`` stores): from its rows
-        in memory, else taken from its file while they are read in the background (a lookup,
-        or a search's check of its candidates, does not wait for a whole generation)."""
+        """The generation's rows at ``offsets`` (what its ``_pk_index`` stores)."""
         self._needs(Lookup)
-        opts, schema = self.storage_options, self.source_schema
-        in_memory = rows_in_memory(self.uri, opts, self.generation, schema, self.caches)
-        rows = self.whole_rows() if in_memory else None
+        rows = self.whole_rows()
         if rows is not None:
             return rows.take(pa.array(offsets))
         ds = generation_dataset(self.uri, self.storage_options, self.caches)

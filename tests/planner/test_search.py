@@ -19,14 +19,11 @@ BASE_KEYS = 2000
 
 
 class _NoBackgroundLoads:
-    """Stands in for the pool that reads generations' rows off a search's path, so every
-    search of the test sees them out of memory (as a fresh process does); counts the asks."""
-
-    def __init__(self) -> None:
-        self.asked: list[str] = []
+    """Stands in for the pool that reads generations' rows off a search's path, so that
+    searches see them out of memory (as a fresh process does)."""
 
     def submit(self, fn: Any) -> None:
-        self.asked.append(fn.__name__)
+        pass
 
 
 @pytest.fixture
@@ -65,8 +62,7 @@ def _latest_rows(model: Model) -> dict[int, dict]:
 def test_gap_generations_are_searched_through_their_own_indexes(lagging, monkeypatch) -> None:
     uri, _ = lagging
     monkeypatch.setattr(planner.search, "INDEXED_GENERATION_ROWS", 0)  # these are small
-    loads = _NoBackgroundLoads()
-    monkeypatch.setattr(generation_source, "_ROWS_LOADS", loads)
+    monkeypatch.setattr(generation_source, "_ROWS_LOADS", _NoBackgroundLoads())
     searched: list[dict] = []
     nearest = generation_source.lance_nearest
 
@@ -91,12 +87,6 @@ def test_gap_generations_are_searched_through_their_own_indexes(lagging, monkeyp
     assert {s["generation"] for s in searched} == {1, 2, 3}
     assert len(searched) >= gap + fresh
     assert all("use_index" not in s and s["nprobes"] == 4 for s in searched), searched
-    # No generation's rows were read on the search's path (its candidates' newer versions
-    # were taken from the files); those asked for twice are left to the background.
-    assert not any(kind == "rows" for kind, _ in tbl.caches.lookup.entries())
-    tbl.vector_search(query, k=10)
-    assert sorted(loads.asked) == ["load"] * (gap + fresh)
-    assert not any(kind == "rows" for kind, _ in tbl.caches.lookup.entries())
     tbl.close()
 
 
@@ -104,19 +94,21 @@ def test_indexed_search_keeps_recall_and_returns_no_stale_row(lagging, monkeypat
     uri, model = lagging
     monkeypatch.setattr(planner.search, "INDEXED_GENERATION_ROWS", 0)
     monkeypatch.setattr(generation_source, "_ROWS_LOADS", _NoBackgroundLoads())
-    tbl = mw.open_table(uri, cache=64 << 20)
     latest = _latest_rows(model)
     found = 0
     queries = 20
     for seed in range(queries):
+        # A fresh cache each time: every generation not in memory, searched through its index.
+        tbl = mw.open_table(uri, cache=64 << 20)
         query = np.random.default_rng(100 + seed).normal(size=DIM).astype(np.float32)
+        text = tbl.explain_search(query, k=10)
+        assert text.count("via its index") == 6, text
         got = tbl.vector_search(query, k=10)
         for row in got.drop_columns(["_distance"]).to_pylist():
             assert row == latest[row["k"]], f"stale or deleted row returned: {row}"
         found += len(set(got.column("k").to_pylist()) & set(brute_force(model, query, 10)))
+        tbl.close()
     assert found / (10 * queries) >= 0.95
-    assert "via its index" in tbl.explain_search(query, k=10)
-    tbl.close()
 
 
 def test_small_generations_are_searched_flat_then_exactly_in_memory(lagging) -> None:
