@@ -2,9 +2,10 @@
 
 One KNN node per source: the base table through Lance (its vector index, refined), each MemTable
 exactly, and per region its flushed generations in memory exactly as one matrix, the others
-through Lance, each on its own (through its own vector index if it is big, else flat); :class:`~exec_nodes.stale.FilterStaleExec` over them keeps
-only each key's latest version, checked against *every* region (a region the filter prunes may
-still hold a newer version of a base row's key, one that no longer matches); a global
+through Lance, each on its own (through its own vector index if it is big, else flat);
+:class:`~exec_nodes.stale.FilterStaleExec` over them keeps only each key's latest version,
+checked against *every* region (a region the filter prunes may still hold a newer version of a
+base row's key, one that no longer matches); a global
 :class:`~exec_nodes.stale.TopKExec` ranks what is left. The filter goes into every source, so it
 applies to each row's latest version: an older version that matched is stale either way.
 

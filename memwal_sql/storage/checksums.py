@@ -188,10 +188,10 @@ def verify_generation_once(
     verified for a lookup is not read again when a search opens the generation), once its
     region manifest has said whether it has a record (:func:`checksums_known`)."""
     with _verified_lock:
-        done = _verified.get(uri, set())
+        known = _verified.get(uri, set())
         if uri in _verified:
             _verified.move_to_end(uri)
-        done = None if done is None else set(done)
+        done = None if known is None else set(known)  # a copy: others may add to it
     if done is None or (names is not None and done.issuperset(names)):
         return
     store, directory = generation_store(uri, storage_options)
