@@ -8,7 +8,6 @@ import pyarrow as pa
 import pytest
 
 import memwal_sql as mw
-from tests.test_vector_search import rows_loaded
 from memwal_sql.errors import InvalidInputError
 from memwal_sql.structures import cache as cache_module
 from memwal_sql.structures.cache import (
@@ -18,6 +17,7 @@ from memwal_sql.structures.cache import (
     LookupCache,
     default_caches,
 )
+from tests.test_vector_search import rows_loaded
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
 
