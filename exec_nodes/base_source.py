@@ -212,6 +212,7 @@ class BaseSourceExec(SourceLeaf):
             ids = access.fragment_ids
             self.fragment_ids = None if ids is None else list(ids)
         elif isinstance(access, Knn):
+            self.in_lance = True
             self.index = access.index
             self.nprobes = access.nprobes
             self.refine_factor = access.refine_factor

@@ -223,6 +223,9 @@ class KnnSource(ExecNode):
 
     _locks: tuple[str, ...] = ("_lock",)
     _computed: tuple[str, ...] = ("_top",)
+    #: Searched by Lance, which releases the GIL: :class:`~exec_nodes.stale.FilterStaleExec`
+    #: runs such sources on its threads while it searches the others (numpy) in its own.
+    in_lance: bool = False
 
     def __init__(
         self, region_id: str | None, generation: int, schema: pa.Schema, search: KnnQuery

@@ -111,12 +111,10 @@ class FilterStaleExec(ExecNode):
         ]
         while True:
             self.rounds += 1
-            # The base table's search runs in Lance, which releases the GIL: start it first
-            # and search the newer sources (numpy, in this thread) meanwhile.
+            # The searches Lance runs (the base table, generations through their indexes)
+            # release the GIL: start them first and search the rest (numpy) meanwhile.
             pairs = list(enumerate(zip(self._children, fetch)))
-            in_lance = {
-                i: _POOL.submit(c.top, n) for i, (c, n) in pairs if c.generation == BASE_GENERATION
-            }
+            in_lance = {i: _POOL.submit(c.top, n) for i, (c, n) in pairs if c.in_lance}
             here = {i: c.top(n) for i, (c, n) in pairs if i not in in_lance}
             parts = [in_lance[i].result() if i in in_lance else here[i] for i, _ in pairs]
             parts = [

@@ -8,6 +8,8 @@ because catch-up is derived so that the uncovered fragments hold only rows of th
 (:mod:`memwal_sql.formats.index_catchup`). When catch-up is unknown or a gap generation is gone, there is
 no indexed plan and the whole base table is read.
 
+Vector searches use it: the gap generations are searched like the region's newer ones, each
+through its own vector index when it is not in memory and big enough (planner/search.py).
 Point lookups through the base table's btree use it: a generation answers a key from its cached
 ``_pk_index`` behind its bloom filter, which is faster than probing the uncovered fragments
 (benchmarks/bench_maintenance.py, reads while the index lags). Scans do not: a generation has no

@@ -35,6 +35,21 @@ def memtable_leaves(
     ]
 
 
+def generation_leaf(
+    snapshot: ReadSnapshot, region: RegionSources, generation: GenerationRef, access: Access
+) -> GenerationSourceExec:
+    """The leaf of one of ``region``'s generations (a gap one too) read by ``access``."""
+    return GenerationSourceExec(
+        region.region_id,
+        generation.generation,
+        generation.uri,
+        snapshot.source_schema,
+        access,
+        snapshot.leaf_storage_options,
+        caches=snapshot.caches,
+    )
+
+
 def generation_leaves(
     snapshot: ReadSnapshot,
     region: RegionSources,
@@ -43,11 +58,8 @@ def generation_leaves(
 ) -> list[GenerationSourceExec]:
     """The leaves of ``region``'s flushed generations (and its ``gap`` ones, see
     :meth:`RegionSources.generations_newest_first`), newest first."""
-    schema, caches, rid = snapshot.source_schema, snapshot.caches, region.region_id
-    opts = snapshot.leaf_storage_options
     return [
-        GenerationSourceExec(rid, g.generation, g.uri, schema, access, opts, caches=caches)
-        for g in region.generations_newest_first(gap)
+        generation_leaf(snapshot, region, g, access) for g in region.generations_newest_first(gap)
     ]
 
 

@@ -1,10 +1,11 @@
 """Plan searches over a snapshot (spec, "Vector Search Queries", "Full-Text Search Queries").
 
 One KNN node per source: the base table through Lance (its vector index, refined), each MemTable
-exactly, and per region its flushed generations exactly as one matrix (a generation too big to
-keep in memory through Lance, on its own); :class:`~exec_nodes.stale.FilterStaleExec` over them keeps
-only each key's latest version, checked against *every* region (a region the filter prunes may
-still hold a newer version of a base row's key, one that no longer matches); a global
+exactly, and per region its flushed generations in memory exactly as one matrix, the others
+through Lance, each on its own (through its own vector index if it is big, else flat);
+:class:`~exec_nodes.stale.FilterStaleExec` over them keeps only each key's latest version,
+checked against *every* region (a region the filter prunes may still hold a newer version of a
+base row's key, one that no longer matches); a global
 :class:`~exec_nodes.stale.TopKExec` ranks what is left. The filter goes into every source, so it
 applies to each row's latest version: an older version that matched is stale either way.
 
@@ -28,6 +29,7 @@ from exec_nodes.fts import (
     SCORE,
     GlobalBM25Exec,
 )
+from exec_nodes.generation_source import generation_vector_index, rows_in_memory
 from exec_nodes.knn import (
     GenerationRunsKnnExec,
     KnnQuery,
@@ -44,11 +46,17 @@ from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.vectors import DISTANCE
 from memwal_sql.writer.memtable_indexes import tokenizer_for
 from planner.indexed import IndexedRead, plan_indexed_read
-from planner.leaves import base_leaf, memtable_leaves, region_leaves
+from planner.leaves import base_leaf, generation_leaf, memtable_leaves, region_leaves
 from planner.lookup import region_lookups
 from planner.plan import PlanExec
 from planner.pruning import prune_regions
 from planner.regions import check_one_region_per_key
+
+#: A generation not in memory with at least this many rows is searched through its own vector
+#: index, a smaller one flat. On 15k rows of 32 dimensions (benchmarks/bench_scale.py), Lance's
+#: flat search took 5-6 ms on the first query and after, its IVF_PQ search (the base's 76 of
+#: 353 partitions probed, refined) 18-23 ms on the first (opening the index) and 5-6 after.
+INDEXED_GENERATION_ROWS = 1 << 16
 
 #: A PQ- or SQ-quantized index ranks by approximate distances: its candidates are re-ranked by
 #: exact distance over this many times ``k`` rows unless the caller says otherwise.
@@ -168,8 +176,9 @@ def _base_index(
     caches: Caches,
 ) -> T | None:
     """``parse(name, statistics)`` of the base index on ``column`` whose type names
-    ``type_word``; parsed once per base version (vector statistics carry every centroid, so
-    only what ``parse`` keeps is cached, in ``caches.search``)."""
+    ``type_word``; parsed once per index (its segments' uuids: a merge or a new base version
+    leaves them as they are, and Lance's ``index_statistics`` carry every centroid, so only
+    what ``parse`` keeps is cached, in ``caches.search``)."""
     for d in dataset.describe_indices():
         if d.field_names == [column] and type_word in d.type_url:
 
@@ -178,7 +187,7 @@ def _base_index(
                 stats = json.loads(stats) if isinstance(stats, str) else stats
                 return parse(name, stats), 1024
 
-            key = f"{dataset.uri}@{dataset.version}#{d.name}"
+            key = f"{dataset.uri}#{d.name}#{','.join(sorted(g.uuid for g in d.segments))}"
             return caches.search.get(f"base_index_{type_word}", key, load)
     return None
 
@@ -249,10 +258,24 @@ def plan_vector_search(
         if region.region_id not in kept_ids:
             continue
         sources.extend(memtable_leaves(snapshot, region, Knn(knn)))
-        generations = [
-            (g.generation, g.uri)
-            for g in region.generations_newest_first(gap.get(region.region_id, ()))
-        ]
+        generations = []
+        for g in region.generations_newest_first(gap.get(region.region_id, ())):
+            # In memory, a generation is searched exactly (about 1 ms for 15k rows); else by
+            # Lance, so that no search reads a whole generation on its path: through its own
+            # index (built at flush with the base index's centroids, probed like the base's:
+            # spec, "Indexed Read Plan") when it is big enough for that to pay, else flat.
+            gen_opts = snapshot.leaf_storage_options
+            if rows_in_memory(g.uri, gen_opts, g.generation, schema, snapshot.caches):
+                generations.append((g.generation, g.uri))
+                continue
+            own = None
+            if index is not None:
+                own = generation_vector_index(g.uri, gen_opts, column, metric, snapshot.caches)
+            if own is not None and own[1] >= INDEXED_GENERATION_ROWS:
+                access = Knn(knn, own[0], nprobes, refine_factor)
+            else:
+                access = Knn(knn)
+            sources.append(generation_leaf(snapshot, region, g, access))
         if generations:
             sources.append(
                 GenerationRunsKnnExec(

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import google_crc32c
 
@@ -42,7 +42,8 @@ from memwal_sql.storage.store import ObjectStore
 CHECKSUMS = "_memwal_checksums.json"
 _VERIFIED_MAX = 4096
 
-_verified: OrderedDict[str, bool] = OrderedDict()
+# Generation uri -> the names of its files verified so far; None: every file.
+_verified: OrderedDict[str, set[str] | None] = OrderedDict()
 _verified_lock = threading.Lock()
 # Generation uri -> the CRC32C of its record, as the region manifest listing it says. Kept for
 # more generations than any process reads between a manifest read and the generation's.
@@ -146,15 +147,23 @@ def recorded_wal_entry_position(store: ObjectStore, directory: str) -> int | Non
         return None
 
 
-def verify_generation(store: ObjectStore, directory: str, names: list[str] | None = None) -> bool:
-    """Check the files of the generation at ``directory`` (or only ``names``) against their
-    record: :class:`CorruptGenerationError` for a missing, truncated or changed one. Returns
-    False for a generation without a record (nothing to check against)."""
+def verify_generation(
+    store: ObjectStore,
+    directory: str,
+    names: list[str] | None = None,
+    skip: Collection[str] = (),
+) -> bool:
+    """Check the files of the generation at ``directory`` (or only ``names``; never those in
+    ``skip``) against their record: :class:`CorruptGenerationError` for a missing, truncated
+    or changed one. Returns False for a generation without a record (nothing to check
+    against)."""
     record = recorded_checksums(store, directory)
     if record is None:
         return False
     strict = _expected_crc(store, directory) is not None
     for name in names if names is not None else sorted(record):
+        if name in skip:
+            continue
         if name not in record:
             if not strict:
                 continue
@@ -174,20 +183,28 @@ def verify_generation(store: ObjectStore, directory: str, names: list[str] | Non
 def verify_generation_once(
     uri: str, storage_options: Mapping[str, str] | None, names: tuple[str, ...] | None = None
 ) -> None:
-    """:func:`verify_generation` for the generation at ``uri``, at most once per process
-    for each set of files (generations never change once flushed), once its region manifest
-    has said whether it has a record (:func:`checksums_known`)."""
-    key = f"{uri}\n{names}"
+    """:func:`verify_generation` for the generation at ``uri`` (every file, or ``names``),
+    each file at most once per process (generations never change once flushed: a file
+    verified for a lookup is not read again when a search opens the generation), once its
+    region manifest has said whether it has a record (:func:`checksums_known`)."""
     with _verified_lock:
-        if key in _verified:
-            _verified.move_to_end(key)
-            return
+        known = _verified.get(uri, set())
+        if uri in _verified:
+            _verified.move_to_end(uri)
+        done = None if known is None else set(known)  # a copy: others may add to it
+    if done is None or (names is not None and done.issuperset(names)):
+        return
     store, directory = generation_store(uri, storage_options)
-    verify_generation(store, directory, list(names) if names is not None else None)
+    verify_generation(store, directory, list(names) if names is not None else None, done)
     if not checksums_known(store.uri_for(directory)):
         return  # checked as far as known: a manifest read later may ask for more
     with _verified_lock:
-        _verified[key] = True
+        if names is None:
+            _verified[uri] = None
+        else:
+            known = _verified.get(uri, set())
+            _verified[uri] = None if known is None else known | set(names)
+        _verified.move_to_end(uri)
         while len(_verified) > _VERIFIED_MAX:
             _verified.popitem(last=False)
 

@@ -1,0 +1,125 @@
+"""The vector-search plan's indexed read (planner/search.py): generations, the gap's included,
+searched through their own vector indexes until their rows are in memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import exec_nodes.generation_source as generation_source
+import memwal_sql as mw
+import planner.search
+from tests.lsm import Model
+from tests.test_vector_search import DIM, SCHEMA, brute_force, vec_batch
+
+BASE_KEYS = 2000
+
+
+class _NoBackgroundLoads:
+    """Stands in for the pool that reads generations' rows off a search's path, so that
+    searches see them out of memory (as a fresh process does)."""
+
+    def submit(self, fn: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def lagging(tmp_path: Any) -> tuple[str, Model]:
+    """A table whose IVF_PQ index lags two merges (each of updates, inserts and deletes of
+    base rows), with a fresh flushed generation over the gap; and its model."""
+    uri = str(tmp_path / "t")
+    tbl = mw.create_table(
+        uri,
+        vec_batch(list(range(BASE_KEYS)), 0),
+        primary_key="k",
+        region_spec=mw.RegionSpec.bucket("k", 2),
+    )
+    tbl.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=4)
+    model = Model(["k"])
+    model.upsert(vec_batch(list(range(BASE_KEYS)), 0))
+    for seed, (keys, gone) in enumerate(
+        [(list(range(0, 900, 3)), [1, 4, 7]), ([*range(0, 900, 5), 3000, 3001], [2, 3, 8])], 1
+    ):
+        rows = vec_batch(keys, seed)
+        tbl.upsert(rows), model.upsert(rows)
+        tbl.delete(gone), model.delete(pa.table({"k": gone}))
+        tbl.flush()
+        tbl.merge()
+    fresh = vec_batch([6, 9, 12, 3002], 9)  # updates of gap rows too
+    tbl.upsert(fresh), model.upsert(fresh)
+    tbl.flush()
+    tbl.close()
+    return uri, model
+
+
+def _latest_rows(model: Model) -> dict[int, dict]:
+    return {r["k"]: r for r in model.table(SCHEMA).to_pylist()}
+
+
+def test_gap_generations_are_searched_through_their_own_indexes(lagging, monkeypatch) -> None:
+    uri, _ = lagging
+    monkeypatch.setattr(planner.search, "INDEXED_GENERATION_ROWS", 0)  # these are small
+    monkeypatch.setattr(generation_source, "_ROWS_LOADS", _NoBackgroundLoads())
+    searched: list[dict] = []
+    nearest = generation_source.lance_nearest
+
+    def spy(ds, node, n, options, generation, indexed_rows=None):
+        searched.append({"generation": generation, **options})
+        return nearest(ds, node, n, options, generation, indexed_rows)
+
+    monkeypatch.setattr(generation_source, "lance_nearest", spy)
+    tbl = mw.open_table(uri, cache=64 << 20)
+    query = np.random.default_rng(3).normal(size=DIM).astype(np.float32)
+    text = tbl.explain_search(query, k=10)
+    plan = tbl._search.last_plan
+    assert plan.indexed is not None, text  # the base index lags the merges
+    gap = sum(len(g) for g in plan.indexed.gap.values())
+    assert gap == 4  # two merges, two regions
+    fresh = sum(len(r.generations) for r in plan.snapshot.regions)
+    assert fresh == 2  # the unmerged flush, in both regions
+    assert "indexed read: vec_idx behind the merges" in text
+    # Every generation (the gap's and the fresh ones) through its own index, none exactly.
+    assert text.count("via its index vec_idx") == gap + fresh, text
+    assert "GenerationsKnnExec" not in text and " flat" not in text, text
+    assert {s["generation"] for s in searched} == {1, 2, 3}
+    assert len(searched) >= gap + fresh
+    assert all("use_index" not in s and s["nprobes"] == 4 for s in searched), searched
+    tbl.close()
+
+
+def test_indexed_search_keeps_recall_and_returns_no_stale_row(lagging, monkeypatch) -> None:
+    uri, model = lagging
+    monkeypatch.setattr(planner.search, "INDEXED_GENERATION_ROWS", 0)
+    monkeypatch.setattr(generation_source, "_ROWS_LOADS", _NoBackgroundLoads())
+    latest = _latest_rows(model)
+    found = 0
+    queries = 20
+    for seed in range(queries):
+        # A fresh cache each time: every generation not in memory, searched through its index.
+        tbl = mw.open_table(uri, cache=64 << 20)
+        query = np.random.default_rng(100 + seed).normal(size=DIM).astype(np.float32)
+        text = tbl.explain_search(query, k=10)
+        assert text.count("via its index") == 6, text
+        got = tbl.vector_search(query, k=10)
+        for row in got.drop_columns(["_distance"]).to_pylist():
+            assert row == latest[row["k"]], f"stale or deleted row returned: {row}"
+        found += len(set(got.column("k").to_pylist()) & set(brute_force(model, query, 10)))
+        tbl.close()
+    assert found / (10 * queries) >= 0.95
+
+
+def test_small_generations_are_searched_flat_then_exactly_in_memory(lagging) -> None:
+    uri, model = lagging
+    tbl = mw.open_table(uri, cache=64 << 20)
+    query = np.random.default_rng(5).normal(size=DIM).astype(np.float32)
+    first = tbl.explain_search(query, k=10)
+    assert "via its index" not in first and first.count("knn k=10 flat") == 6, first
+    tbl.explain_search(query, k=10)  # asks for their rows again, off the search's path
+    generation_source._ROWS_LOADS.submit(lambda: None).result()  # after the loads queued
+    text = tbl.explain_search(query, k=10)
+    assert " flat" not in text and "GenerationsKnnExec" in text, text
+    assert tbl.vector_search(query, k=10).column("k").to_pylist() == brute_force(model, query, 10)
+    tbl.close()
