@@ -179,8 +179,8 @@ class Versions:
         versions keep anyway), not by an aggregate and a second key set; where no key repeats
         (one large write), every row is its key's version and its entry is its place in the
         concatenation."""
-        if tables and sum(t.num_rows for t in tables):
-            rows = pa.concat_tables(tables)
+        if any(t.num_rows for t in tables):
+            rows = pa.concat_tables([t for t in tables if t.num_rows])
             keyset = KeySet(rows.select(list(primary_key)))
             gen = rows.column(GEN).to_numpy()
             addr = rows.column(ROWADDR).to_numpy()
