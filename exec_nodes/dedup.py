@@ -46,11 +46,7 @@ def newest_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
     """
     gen = table.column(GEN).to_numpy()
     addr = table.column(ROWADDR).to_numpy()
-    dead = (
-        table.column(TOMBSTONE).to_numpy(zero_copy_only=False)
-        if TOMBSTONE in table.column_names
-        else np.zeros(table.num_rows, dtype=bool)
-    )
+    dead = _dead(table)
     if table.num_rows and (gen.min() < 0 or gen.max() >= 1 << 30 or addr.max() >= 1 << 32):
         return _newest_by_sort(table, primary_key, dead)
     # One hash aggregate instead of a multi-column sort: pack (gen, rowaddr, tombstone) into one
@@ -63,6 +59,13 @@ def newest_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
         .append_column(ROWADDR, pa.array(((p >> 1) & 0xFFFFFFFF).astype(np.uint64)))
         .append_column(TOMBSTONE, pa.array((p & 1).astype(bool)))
     )
+
+
+def _dead(table: pa.Table) -> np.ndarray:
+    """Which rows of ``table`` are tombstones (none without the column)."""
+    if TOMBSTONE in table.column_names:
+        return table.column(TOMBSTONE).to_numpy(zero_copy_only=False)
+    return np.zeros(table.num_rows, dtype=bool)
 
 
 def _newest_by_sort(table: pa.Table, primary_key: Sequence[str], dead: np.ndarray) -> pa.Table:
@@ -147,12 +150,14 @@ class Versions:
     """The newest version of each key among some sources: the key columns, and per key its
     ``_gen``, ``_rowaddr`` and whether it is a tombstone (see :func:`newest_per_key`)."""
 
-    def __init__(self, newest: pa.Table, primary_key: Sequence[str]) -> None:
+    def __init__(
+        self, newest: pa.Table, primary_key: Sequence[str], keyset: KeySet | None = None
+    ) -> None:
         self.keys = newest.select(list(primary_key))
         self.gen = newest.column(GEN).to_numpy().astype(np.int64)
         self.addr = newest.column(ROWADDR).to_numpy().astype(np.int64)
         self.dead = newest.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
-        self._keyset = KeySet(self.keys)
+        self._keyset = keyset if keyset is not None else KeySet(self.keys)
         self._base: dict[tuple[str, int], RowMask | None] = {}
         # Per source (a generation's uri), the entry each physical row is the version of, or
         # -1: a row is checked by its row address, never by hashing its key again.
@@ -160,13 +165,53 @@ class Versions:
 
     @classmethod
     def of(
-        cls, tables: Sequence[pa.Table], primary_key: Sequence[str], key_fields: Sequence[pa.Field]
+        cls,
+        tables: Sequence[pa.Table],
+        primary_key: Sequence[str],
+        key_fields: Sequence[pa.Field],
+        names: Sequence[str] = (),
     ) -> Versions:
         """The newest versions among the rows of ``tables`` (key columns, ``_gen``,
-        ``_rowaddr``, ``_tombstone``)."""
-        tables = [t for t in tables if t.num_rows]
-        if tables:
-            return cls(newest_per_key(pa.concat_tables(tables), primary_key), primary_key)
+        ``_rowaddr``, ``_tombstone``), with each table indexed (:meth:`index_source`) under
+        its name in ``names``, if given.
+
+        The newest version of each key is found in the key set's sort order (which the
+        versions keep anyway), not by an aggregate and a second key set; where no key repeats
+        (one large write), every row is its key's version and its entry is its place in the
+        concatenation."""
+        if any(t.num_rows for t in tables):
+            rows = pa.concat_tables([t for t in tables if t.num_rows])
+            keyset = KeySet(rows.select(list(primary_key)))
+            gen = rows.column(GEN).to_numpy()
+            addr = rows.column(ROWADDR).to_numpy()
+            keep, span = None, int(addr.max()) + 1
+            if gen.min() >= 0 and (int(gen.max()) + 1) * span < 1 << 62:
+                # newest_per_key's rule as one integer: _gen, then _rowaddr (a generation's
+                # reach past 2**32), then a tombstone
+                wide = gen.astype(np.int64) * span + addr.astype(np.int64)
+                keep = keyset.newest_rows((wide << 1) | _dead(rows).astype(np.int64))
+            if keep is None:
+                out = cls(newest_per_key(rows, primary_key), primary_key)
+                for name, t in zip(names, tables):
+                    out.index_source(name, t, primary_key)
+                return out
+            entry = np.arange(rows.num_rows)
+            if not keep.all():
+                rows, keyset = rows.filter(pa.array(keep)), keyset.subset(keep)
+                entry = np.where(keep, np.cumsum(keep) - 1, -1)
+            out = cls(
+                rows.select([*primary_key, GEN, ROWADDR]).append_column(
+                    TOMBSTONE, pa.array(_dead(rows))
+                ),
+                primary_key,
+                keyset,
+            )
+            start = 0
+            for name, t in zip(names, tables):
+                at = t.column(ROWADDR).to_numpy().astype(np.int64)
+                out._at[name] = _ByAddress(at, entry[start : start + t.num_rows])
+                start += t.num_rows
+            return out
         empty = pa.table({f.name: pa.array([], f.type) for f in key_fields})
         empty = (
             empty.append_column(GEN, pa.array([], pa.int64()))
@@ -207,7 +252,10 @@ class Versions:
         return self._base[version]
 
     def take(self, mask: np.ndarray) -> Versions:
-        """The entries where ``mask`` is true."""
+        """The entries where ``mask`` is true (these versions themselves if it is everywhere:
+        their key set is not built again)."""
+        if mask.all():
+            return self
         out = Versions.__new__(Versions)
         out.keys = self.keys.filter(pa.array(mask))
         out.gen, out.addr, out.dead = self.gen[mask], self.addr[mask], self.dead[mask]
@@ -398,17 +446,18 @@ class DeduplicateExec(ExecNode):
         def load() -> tuple[Versions, int]:
             # Lance releases the GIL: read the generations side by side.
             tables = list(_READERS.map(lambda g: g.read_counted(cols), gens))
-            got = Versions.of(tables, self.primary_key, self._key_fields())
-            for g, rows in zip(gens, tables):
-                got.index_source(_source_name(g), rows, self.primary_key)
+            names = [_source_name(g) for g in gens]
+            got = Versions.of(tables, self.primary_key, self._key_fields(), names)
             return got, got.nbytes
 
         in_gens: Versions = self.caches.scan.get("newest_versions", gens_key, load)
         # The versions keep the base row masks and bitsets they compute: count them as of now.
         self.caches.scan.resize("newest_versions", gens_key, in_gens.nbytes)
         mem_rows = [m.read_counted(cols) for m in mems]
-        in_mems = Versions.of(mem_rows, self.primary_key, self._key_fields())
-        pos = in_gens.positions(in_mems.keys)
+        names = [_source_name(m) for m in mems]
+        in_mems = Versions.of(mem_rows, self.primary_key, self._key_fields(), names)
+        # No generation yet (the first read after a large write): nothing to look up.
+        pos = in_gens.positions(in_mems.keys) if len(in_gens) else np.full(len(in_mems), -1)
         hit = pos >= 0
         mem_wins = ~hit
         if hit.any():
@@ -416,8 +465,9 @@ class DeduplicateExec(ExecNode):
         replaced = np.zeros(len(in_gens), dtype=bool)
         replaced[pos[hit & mem_wins]] = True
         won = in_mems.take(mem_wins)
-        for m, rows in zip(mems, mem_rows):
-            won.index_source(_source_name(m), rows, self.primary_key)
+        if won is not in_mems:  # entries dropped: index the sources again
+            for name, rows in zip(names, mem_rows):
+                won.index_source(name, rows, self.primary_key)
         return in_gens, won, replaced
 
     def _key_fields(self) -> list[pa.Field]:

@@ -160,11 +160,19 @@ def _checksummed(
 ) -> bytes:
     """The entry at ``position`` of schema message ``template`` and the messages ``body`` (in
     parts, not joined first), its checksum written in."""
+    return b"".join(_checksummed_parts(template, body, position))
+
+
+def _checksummed_parts(
+    template: tuple[bytes, int], body: Sequence[pa.Buffer | bytes], position: int
+) -> list[bytes | memoryview]:
+    """:func:`_checksummed` as parts: the schema message with the checksum, then ``body``."""
     header, at = template
     crc = google_crc32c.extend(google_crc32c.value(_position_bytes(position)), header)
     for part in body:
         crc = google_crc32c.extend(crc, part)
-    return b"".join([header[:at], b"%08x" % crc, header[at + 8 :], *body])
+    first = header[:at] + b"%08x" % crc + header[at + 8 :]
+    return [first, *(p if isinstance(p, bytes) else memoryview(p) for p in body)]
 
 
 def _position_bytes(position: int) -> bytes:
@@ -216,15 +224,19 @@ def _checked_header(header: bytes, body: pa.Buffer, position: int) -> bytes | No
 
 
 class WalEntryEncoder:
-    """:func:`encode_wal_entry` for a stream of entries of one schema, at a fraction of the cost.
+    """:func:`encode_wal_entry` for a stream of entries of one schema, at a fraction of the cost
+    and without a copy of a large entry.
 
     An IPC stream is its schema message, one message per batch, then the end-of-stream marker.
-    Each batch is serialized on its own, with no stream writer, and the checksum is taken over
-    the parts without joining them first. The schema message differs between entries of a
-    generation only in the checksum's eight hex digits, so it is encoded once per generation
+    A small batch is serialized on its own, with no stream writer. A large one (over
+    ``COPY_BELOW`` bytes) is not copied at all: pyarrow's stream writer hands its messages to a
+    sink in parts, the column buffers as views of the batch's own memory, and the entry is
+    those parts (:meth:`parts`), which the store writes one after another. The checksum is
+    taken over the parts without joining them. The schema message differs between entries of
+    a generation only in the checksum's eight hex digits, so it is encoded once per generation
     and the digits are written into a copy. The bytes are identical to :func:`encode_wal_entry`
-    (a test checks it). Schemas with dictionary columns need dictionary messages first and go
-    through the stream writer.
+    (a test checks it). Schemas with dictionary columns need dictionary messages first and
+    write all of an entry's batches through one stream writer.
 
     Example:
         >>> b = pa.record_batch({"id": [1], "_tombstone": [False]})
@@ -234,27 +246,78 @@ class WalEntryEncoder:
         True
     """
 
+    COPY_BELOW = 1 << 20
+    """Batches up to this many bytes are serialized into one buffer (a copy): one C call
+    instead of a stream writer's dozen Python ones, for the small entries of a write stream."""
+
     def __init__(self, schema: pa.Schema, *, writer_epoch: int) -> None:
         self.schema = schema
         self.writer_epoch = writer_epoch
         self._fast = not any(_has_dictionary(f.type) for f in schema)
         self._template: tuple[int, tuple[bytes, int]] | None = None  # per generation
+        self._schema_length = len(schema.serialize())
 
     def encode(self, batches: Sequence[pa.RecordBatch], generation: int, position: int) -> bytes:
         """The WAL entry at ``position`` holding ``batches`` of MemTable ``generation``."""
-        if not self._fast:
-            return encode_wal_entry(
-                batches,
-                self.schema,
-                writer_epoch=self.writer_epoch,
-                generation=generation,
-                position=position,
-            )
+        return b"".join(self.parts(batches, generation, position))
+
+    def parts(
+        self, batches: Sequence[pa.RecordBatch], generation: int, position: int
+    ) -> list[bytes | memoryview]:
+        """:meth:`encode` as parts whose concatenation is the entry: the memory of large
+        batches is viewed, not copied, so the parts stay valid while ``batches`` do."""
         if self._template is None or self._template[0] != generation:
             metadata = _entry_metadata(self.writer_epoch, generation)
             self._template = (generation, _header_template(self.schema, metadata))
-        body = [*(b.serialize() for b in batches), _END_OF_STREAM]
-        return _checksummed(self._template[1], body, position)
+        body: list[pa.Buffer | bytes | memoryview] = []
+        if not self._fast:
+            body.extend(self._messages(batches))
+        else:
+            for b in batches:
+                if b.nbytes <= self.COPY_BELOW:
+                    body.append(b.serialize())
+                else:
+                    body.extend(self._messages([b]))
+        body.append(_END_OF_STREAM)
+        return _checksummed_parts(self._template[1], body, position)
+
+    def _messages(self, batches: Sequence[pa.RecordBatch]) -> list[pa.Buffer | bytes]:
+        """The IPC messages of ``batches`` (dictionaries first, as a stream writer orders
+        them), in the parts the writer produces, without the schema message."""
+        sink = _PartsSink()
+        writer = pa.ipc.new_stream(sink, self.schema)
+        for b in batches:
+            writer.write_batch(b)
+        # Not closed: that only appends the end-of-stream marker, which the entry adds itself.
+        return sink.after(self._schema_length)
+
+
+class _PartsSink:
+    """A write-only file for pyarrow's IPC stream writer that keeps what it is given as it is
+    given: the buffers of a batch's columns arrive as views of the batch's memory."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.parts: list[pa.Buffer | bytes] = []
+
+    def write(self, data: pa.Buffer | bytes) -> int:
+        self.parts.append(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def after(self, skip: int) -> list[pa.Buffer | bytes]:
+        """The parts written after the first ``skip`` bytes (the schema message)."""
+        for i, part in enumerate(self.parts):
+            if skip < len(part):
+                return [part[skip:], *self.parts[i + 1 :]] if skip else self.parts[i:]
+            skip -= len(part)
+        return []
 
 
 def _has_dictionary(t: pa.DataType) -> bool:

@@ -103,6 +103,10 @@ DEFAULT_TIMEOUTS = {
     "client_max_retries": "2",
     "client_retry_timeout": "15",
 }
+Data = bytes | memoryview | Sequence[bytes | memoryview]
+"""What a put stores: bytes, or parts whose concatenation is the object. Parts are written one
+after another, never joined first on local disk, so a large WAL entry goes to disk from its
+record batches' own memory (:class:`memwal_sql.formats.wal.WalEntryEncoder`)."""
 
 
 def is_access_denied(error: BaseException) -> bool:
@@ -336,9 +340,12 @@ class ObjectStore:
         return f"{self.uri}/{path}" if path else self.uri
 
     def put_if_not_exists(
-        self, path: str, data: bytes | memoryview, *, checksummed: bool = False, sync: bool = True
+        self, path: str, data: Data, *, checksummed: bool = False, sync: bool = True
     ) -> None:
         """Create ``path`` atomically; raise :class:`ObjectExistsError` if it exists.
+
+        ``data`` may be a sequence of parts (:data:`Data`). On local disk they are written as
+        they are; an object store's conditional put takes one body, so there they are joined.
 
         ``checksummed``: the data carries a checksum that its readers verify, so on local disk
         the put may make its name and data durable in one device flush, with no order between
@@ -394,7 +401,7 @@ class ObjectStore:
         if self._spares is not None:
             self._spares.release(f"{self.uri}/{prefix.strip('/')}")
 
-    def put(self, path: str, data: bytes | memoryview) -> None:
+    def put(self, path: str, data: Data) -> None:
         """Create or replace ``path`` atomically (readers never see a torn object)."""
         with storage_failures(f"put of {path}"):
             obs.put(self._store, path, _as_bytes(data))
@@ -539,9 +546,7 @@ class ObjectStore:
             shutil.rmtree(self._local_root / prefix.strip("/"), ignore_errors=True)
         return len(paths)
 
-    def _durable_local_create(
-        self, path: str, data: bytes | memoryview, checksummed: bool, sync: bool
-    ) -> None:
+    def _durable_local_create(self, path: str, data: Data, checksummed: bool, sync: bool) -> None:
         assert self._local_root is not None
         dst = f"{self.uri}/{path}"
         directory, _, name = dst.rpartition("/")
@@ -565,7 +570,7 @@ class ObjectStore:
 
     @staticmethod
     def _publish(
-        tmp: str, fd: int, data: bytes | memoryview, dst: str, path: str, one_flush: bool | None
+        tmp: str, fd: int, data: Data, dst: str, path: str, one_flush: bool | None
     ) -> None:
         """Write the temporary file ``tmp`` (open as ``fd``) and rename it to ``dst`` unless that
         exists. Ordered: fsync it before the rename and the directory after, so that a name
@@ -874,7 +879,7 @@ def _boot_time() -> float:
     return 0.0
 
 
-def _rewrite_durably(dst: str, data: bytes | memoryview) -> None:
+def _rewrite_durably(dst: str, data: Data) -> None:
     """Replace the file ``dst`` by a new copy of ``data``, fsynced before it takes the name,
     then fsync the directory. Best effort: if the disk fails that too, ``dst`` stays as it is
     (the caller reports the first failure)."""
@@ -896,10 +901,22 @@ def _rewrite_durably(dst: str, data: bytes | memoryview) -> None:
         pass
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+def _write_all(fd: int, data: Data) -> None:
+    """Write ``data`` at ``fd``'s offset, its parts in order, up to ``_IOV_MAX`` of them a
+    system call."""
+    parts = [memoryview(p).cast("B") for p in _parts(data)]
+    i = 0
+    while i < len(parts):
+        n = os.writev(fd, parts[i : i + _IOV_MAX])
+        while i < len(parts) and n >= len(parts[i]):
+            n -= len(parts[i])
+            i += 1
+        if n:  # a short write: the rest of this part next
+            parts[i] = parts[i][n:]
+
+
+def _parts(data: Data) -> Sequence[bytes | memoryview]:
+    return [data] if isinstance(data, (bytes, memoryview)) else data
 
 
 def _sync(fd: int, what: str) -> None:
@@ -931,6 +948,10 @@ def _raise_unless_gone(e: OSError) -> None:
 
 
 _AT_FDCWD = -100
+try:
+    _IOV_MAX = max(16, os.sysconf("SC_IOV_MAX"))  # buffers a writev takes; 1024 on Linux
+except (AttributeError, OSError, ValueError):
+    _IOV_MAX = 16  # POSIX's least
 _RENAME_NOREPLACE = 1
 _SYNC_FILE_RANGE_WRITE = 2
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
@@ -948,6 +969,8 @@ def _start_writeback(fd: int) -> None:
         _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
 
 
-def _as_bytes(data: bytes | memoryview) -> bytes:
-    # obstore takes a memoryview for an iterable of chunks, so hand it bytes.
-    return data if isinstance(data, bytes) else bytes(data)
+def _as_bytes(data: Data) -> bytes:
+    # obstore takes a memoryview (or a list) for an iterable of chunks, so hand it bytes.
+    if isinstance(data, bytes):
+        return data
+    return bytes(data) if isinstance(data, memoryview) else b"".join(data)

@@ -88,9 +88,12 @@ class LookupCache:
       2Q's A1out: a remembered key loaded again goes straight to the protected segment while
       it has room; once protected is full, only if it is asked for clearly more often than
       protected's least recently used entry (TinyLFU's admission, with counts halved every few
-      accesses per entry held), which it pushes out. A cyclic pass over a working set up to
-      ``REMEMBERED + 1`` budgets asks for each key as often: protected keeps what filled it
-      and hits it on every pass, while entries that were hot once and no longer are give way.
+      accesses per entry held), which it pushes out; otherwise it enters probation at the
+      evicting end (BIP's insertion), so that it goes before the entries it would push out.
+      A cyclic pass over a working set up to ``REMEMBERED + 1`` budgets asks for each key as
+      often: protected keeps what filled it and probation what it held, both hit on every
+      pass (over 1.5 budgets, a pass loads only the third that does not fit), while entries
+      that were hot once and no longer are give way.
 
     Each operation is O(1) (``OrderedDict`` segments), under one lock.
 
@@ -166,6 +169,11 @@ class LookupCache:
                     self._promote(key, (value, nbytes))
                 else:
                     self._probation[key] = (value, nbytes)
+                    if remembered:
+                        # Evicted before it was asked for again, as every entry of a cyclic
+                        # pass over more than the budget is: it goes first, rather than the
+                        # entries it would push out, which the pass asks for again (BIP).
+                        self._probation.move_to_end(key, last=False)
                 self._evict()
         return value
 

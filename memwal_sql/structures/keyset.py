@@ -152,6 +152,55 @@ class KeySet:
     def __len__(self) -> int:
         return self._size
 
+    def newest_rows(self, rank: np.ndarray) -> np.ndarray | None:
+        """Which rows of the set's input hold the highest ``rank`` of their key (the first of
+        them on a tie: one per key), from the set's sort order, no aggregate; None where that
+        order cannot tell equal keys apart (two string or composite keys sharing a hash).
+
+        Example:
+            >>> KeySet(pa.table({"id": [5, 7, 5]})).newest_rows(np.array([1, 2, 3])).tolist()
+            [False, True, True]
+        """
+        keep = np.ones(self._size, dtype=bool)
+        s = self._sorted if self._integer else self._hashes
+        same = s[1:] == s[:-1]
+        if not same.any():
+            return keep
+        if not self._integer or self._order is None:
+            return None
+        first = np.r_[True, ~same]
+        group = np.cumsum(first) - 1
+        ranked = rank[self._order]
+        best = np.maximum.reduceat(ranked, np.flatnonzero(first))
+        won = np.flatnonzero(ranked == best[group])
+        won = won[np.r_[True, group[won[1:]] != group[won[:-1]]]]  # one winner per key
+        keep[:] = False
+        keep[self._order[won]] = True
+        return keep
+
+    def subset(self, keep: np.ndarray) -> KeySet:
+        """The set of the input rows where ``keep`` is true (renumbered in order), without
+        sorting again.
+
+        Example:
+            >>> s = KeySet(pa.table({"id": [5, 7, 5]})).subset(np.array([False, True, True]))
+            >>> s.positions(pa.table({"id": [5, 7]})).tolist()
+            [1, 0]
+        """
+        assert self._order is not None
+        out = KeySet.__new__(KeySet)
+        out.columns, out._integer, out._packing = self.columns, self._integer, self._packing
+        out._bits = None
+        kept = keep[self._order]
+        out._order = (np.cumsum(keep) - 1)[self._order[kept]]
+        out._size = len(out._order)
+        if self._integer:
+            out._sorted = self._sorted[kept]
+        else:
+            out._hashes = self._hashes[kept]
+            out._values = self._values.filter(pa.array(kept))
+        return out
+
     @property
     def nbytes(self) -> int:
         """Memory the set holds, with its membership bitset once a big test built it (a

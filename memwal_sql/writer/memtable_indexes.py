@@ -59,6 +59,25 @@ class Piece:
         return np.where(pos >= 0, rows[np.maximum(pos, 0)], -1)
 
 
+_SMALL_CHUNK_ROWS = 65_536
+
+
+def _fewer_chunks(table: pa.Table) -> pa.Table:
+    """``table`` in one chunk if its chunks are small on average: a take from thousands of
+    chunks (a WAL tail of single-row entries, read at once) costs per chunk, on every lookup.
+    Large chunks (a large write's) stay as they are: joining them would copy the MemTable.
+
+    Example:
+        >>> t = pa.Table.from_batches([pa.record_batch({"a": [1]})] * 3)
+        >>> _fewer_chunks(t).column("a").num_chunks
+        1
+    """
+    chunks = table.column(0).num_chunks if table.num_columns else 0
+    if chunks > 1 and table.num_rows < _SMALL_CHUNK_ROWS * chunks:
+        return table.combine_chunks()
+    return table
+
+
 class _Growing:
     """Rows of a MemTable in the source schema, extended batch by batch."""
 
@@ -82,11 +101,7 @@ class _Growing:
         new = list(batches[n:])
         if not new:
             return None
-        table = pa.Table.from_batches(new, schema=new[0].schema)
-        if len(new) > 1:
-            # One chunk per part: a take from thousands of chunks (a WAL tail of single-row
-            # entries, read at once) costs per chunk, on every lookup.
-            table = table.combine_chunks()
+        table = _fewer_chunks(pa.Table.from_batches(new, schema=new[0].schema))
         offsets = np.arange(self.num_rows, self.num_rows + table.num_rows, dtype=np.uint64)
         table = conform(
             table.drop_columns([c for c in (ROWADDR,) if c in table.column_names]),
@@ -117,7 +132,7 @@ class _Growing:
     def rows(self) -> pa.Table:
         if self._rows is None:
             self._rows = (
-                pa.concat_tables(self._parts).combine_chunks()
+                _fewer_chunks(pa.concat_tables(self._parts))
                 if self._parts
                 else empty_rows(self.schema)
             )

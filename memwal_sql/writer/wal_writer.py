@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
@@ -165,7 +165,8 @@ class WalWriter:
         generation = group[0][1]
         position = self.next_position
         try:
-            data = self._encoder.encode([g[2] for g in group], generation, position)
+            # Parts, not one buffer: a large entry is written from its batches' memory.
+            data = self._encoder.parts([g[2] for g in group], generation, position)
             t0 = time.perf_counter()
             self._put(position, data)
             elapsed = time.perf_counter() - t0
@@ -182,12 +183,12 @@ class WalWriter:
             self.next_position = position + 1
             self.flushed_seq = group[-1][0]
             self.entries_written += 1
-            self.bytes_written += len(data)
+            self.bytes_written += sum(len(p) for p in data)
             self.put_seconds += elapsed
             self._writing = False
             self._cond.notify_all()
 
-    def _put(self, position: int, data: bytes | memoryview) -> None:
+    def _put(self, position: int, data: Sequence[bytes | memoryview]) -> None:
         path = layout.wal_entry_path(self.region_id, position)
         for attempt in range(_PUT_ATTEMPTS):
             try:
@@ -205,9 +206,9 @@ class WalWriter:
                     raise
                 time.sleep(0.05 * 2**attempt)
 
-    def _holds(self, position: int, data: bytes | memoryview) -> bool:
+    def _holds(self, position: int, data: Sequence[bytes | memoryview]) -> bool:
         try:
-            return self.store.get(layout.wal_entry_path(self.region_id, position)) == bytes(data)
+            return self.store.get(layout.wal_entry_path(self.region_id, position)) == b"".join(data)
         except StorageError:
             return False
 

@@ -152,3 +152,106 @@ def test_versions_by_row_address_agree_with_versions_by_key(sources, replace):
         hidden = np.array([h for _, _, h in sources[i]], dtype=bool)
         assert not every[hidden].any()
     assert versions.is_version_at("not indexed", np.zeros(1, np.int64)) is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 40), max_size=30),  # keys of one source
+            st.booleans(),  # addresses past 2**32 (a generation's second file)
+            st.lists(st.booleans(), min_size=30, max_size=30),  # tombstones
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    st.booleans(),
+)
+def test_versions_from_the_key_sets_order_agree_with_newest_per_key(sources, strings):
+    # Versions.of finds each key's newest row in its key set's sort order (no aggregate),
+    # and indexes each source by row address; both must say what newest_per_key says.
+    from exec_nodes.dedup import Versions
+
+    tables = []
+    for gen, (keys, far, dead) in enumerate(sources):
+        n = len(keys)
+        ids = (
+            pa.array([f"k{k}" for k in keys], pa.string())
+            if strings
+            else pa.array(keys, pa.int64())
+        )
+        addr = (np.arange(n)[::-1] + (1 << 32 if far else 0)).astype(np.uint64)
+        tables.append(
+            pa.table(
+                {
+                    "id": ids,
+                    GEN: np.full(n, gen + 1),
+                    ROWADDR: addr,
+                    TOMBSTONE: pa.array(dead[:n], pa.bool_()),
+                }
+            )
+        )
+    names = [f"s{i}" for i in range(len(tables))]
+    got = Versions.of(tables, ["id"], [tables[0].schema.field("id")], names)
+    rows = pa.concat_tables(tables)
+    want = newest_per_key(rows, ["id"]) if rows.num_rows else rows.select(["id"])
+    newest = {
+        k: (g, a, d)
+        for k, g, a, d in zip(
+            want["id"].to_pylist(),
+            *(want[c].to_pylist() for c in (GEN, ROWADDR, TOMBSTONE) if c in want.column_names),
+        )
+    }
+    assert len(got) == len(newest)
+    keys = got.keys["id"].to_pylist()
+    assert dict(zip(keys, zip(got.gen.tolist(), got.addr.tolist(), got.dead.tolist()))) == newest
+    for name, t in zip(names, tables):
+        entry = got.entries_at(name, t[ROWADDR].to_numpy())
+        if entry is None:
+            continue
+        for k, g, a, d, e in zip(
+            t["id"].to_pylist(),
+            t[GEN].to_pylist(),
+            t[ROWADDR].to_pylist(),
+            t[TOMBSTONE].to_pylist(),
+            entry.tolist(),
+        ):
+            is_newest = newest[k] == (g, a, d) and not d
+            assert (e >= 0) == is_newest and (e < 0 or keys[e] == k)
+
+
+def test_the_first_count_after_a_large_write_builds_one_key_set_and_no_aggregate(
+    tmp_path, monkeypatch
+):
+    # A large write, unflushed, read at once: each key's newest row comes from the key set's
+    # sort order, which the versions keep; no hash aggregate and no second set of the keys
+    # (counted: KeySets built over the write's rows, aggregates run).
+    import memwal_sql as mw
+    from memwal_sql.structures import keyset as keyset_module
+
+    schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string())])
+    tbl = mw.create_table(str(tmp_path), schema, primary_key="id")
+    n = 40_000
+    tbl.upsert(pa.table({"id": [1, 2, 3], "v": ["x", "y", "z"]}, schema=schema))
+    tbl.upsert(pa.table({"id": np.arange(n), "v": ["a"] * n}, schema=schema))
+    tbl.delete([5])
+    built, aggregates = [], []
+    real_init = keyset_module.KeySet.__init__
+
+    def init(self, keys):
+        built.append(keys.num_rows)
+        real_init(self, keys)
+
+    monkeypatch.setattr(keyset_module.KeySet, "__init__", init)
+    monkeypatch.setattr(
+        keyset_module,
+        "last_per_key",
+        lambda *a: aggregates.append(1) or (_ for _ in ()).throw(AssertionError("aggregate")),
+    )
+    import exec_nodes.dedup as dedup_module
+
+    monkeypatch.setattr(dedup_module, "last_per_key", keyset_module.last_per_key)
+    assert tbl.count_rows() == n - 1
+    assert aggregates == []
+    assert len([b for b in built if b >= n]) == 1
+    tbl.close()

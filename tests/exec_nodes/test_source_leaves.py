@@ -76,3 +76,22 @@ def test_a_knn_leafs_schema_is_the_light_candidate_schema(base, generation):
     query = KnnQuery("f", np.zeros(1, np.float32), "l2", None, 2, ("id",))
     for leaf in leaves(base, generation, Knn(query)):
         assert leaf.schema.names == ["id", "_gen", "_rowaddr", "_distance"]
+
+
+def test_a_large_writes_rows_are_read_from_the_memtable_without_a_copy():
+    # The MemTable's rows in the source schema view its batches: a large write's columns are
+    # not copied (only _gen and _rowaddr are added); many small batches are joined in one.
+    from memwal_sql.formats.source_rows import source_schema
+    from memwal_sql.writer.memtable_indexes import RowsIndex
+
+    n = 200_000
+    wal = pa.schema([("id", pa.int64()), ("v", pa.string()), ("_tombstone", pa.bool_())])
+    small = pa.record_batch({"id": [1], "v": ["x"], "_tombstone": [False]}, schema=wal)
+    big = pa.record_batch(
+        {"id": range(n), "v": ["abcdef"] * n, "_tombstone": [False] * n}, schema=wal
+    )
+    rows = RowsIndex(source_schema(wal), 1).update([small, big])
+    assert rows.num_rows == n + 1
+    assert rows.column("v").chunk(1).buffers()[2].address == big.column("v").buffers()[2].address
+    many = RowsIndex(source_schema(wal), 1).update([small] * 300)
+    assert many.column("v").num_chunks == 1

@@ -468,3 +468,44 @@ def test_a_changed_bit_in_a_run_leaves_its_entry_to_be_looked_at_alone():
         runs = decode_wal_runs([datas[1], changed, datas[3]], 1)
         assert runs[1] is None, i
         assert [(r.first, r.count) for r in runs if r] == [(1, 1), (3, 1)], i
+
+
+@pytest.mark.parametrize("dictionary", [False, True])
+def test_a_large_entry_is_parts_viewing_its_batches_with_the_same_bytes(dictionary):
+    # Over COPY_BELOW a batch is not serialized into a buffer of its own: the entry's parts
+    # view its columns' memory, and they join to exactly the stream writer's bytes.
+    import numpy as np
+
+    vt = pa.dictionary(pa.int8(), pa.string()) if dictionary else pa.string()
+    s = wal_schema(pa.schema([pa.field("id", pa.int64(), False), pa.field("v", vt)]), ["id"])
+    n = 200_000
+    b = pa.record_batch(
+        [
+            pa.array(np.arange(n)),
+            pa.array(["a", None, "ccc", "d"] * (n // 4)).cast(vt),
+            pa.array(np.zeros(n, bool)),
+        ],
+        schema=s,
+    )
+    assert b.nbytes > WalEntryEncoder.COPY_BELOW
+    enc = WalEntryEncoder(s, writer_epoch=4)
+    batches = [b.slice(3, n - 10), b, b.slice(0, 5)]
+    data = b"".join(enc.parts(batches, 2, 9))
+    assert data == encode_wal_entry(batches, s, writer_epoch=4, generation=2, position=9)
+    before = pa.total_allocated_bytes()
+    parts = enc.parts([b], 2, 10)
+    copied = pa.total_allocated_bytes() - before
+    copied += sum(len(p) for p in parts if isinstance(p, bytes))
+    assert copied < b.nbytes / 100  # message headers and padding only
+    assert decode_wal_entry(data, 9).num_rows == 2 * n - 5
+
+
+def test_a_put_of_parts_survives_short_writes(tmp_path, monkeypatch):
+    import memwal_sql.storage.store as store_module
+
+    real = os.writev
+    monkeypatch.setattr(store_module.os, "writev", lambda fd, bufs: real(fd, [bytes(bufs[0])[:3]]))
+    store = store_module.ObjectStore(str(tmp_path))
+    parts = [b"abcdefg", memoryview(b""), memoryview(b"hi"), b"jklmnopqrstu"]
+    store.put_if_not_exists("w/a", parts, checksummed=True)
+    assert store.get("w/a") == b"abcdefghijklmnopqrstu"

@@ -747,3 +747,46 @@ def test_a_failing_flush_listener_leaves_the_flush_done(table, monkeypatch, capl
     assert [g.generation for g in manifest(table, w.region_id).flushed_generations] == [1, 2]
     assert table.to_arrow().sort_by("id").column("id").to_pylist() == [1, 2, 3]
     assert "flush listener failed after generation 1" in caplog.text
+
+
+def test_a_large_wal_entry_is_put_without_a_copy_of_its_rows(tmp_path, monkeypatch):
+    # The entry goes to disk from its batches' own memory: while its put runs, the writer holds
+    # no serialized copy of it (in Arrow's pool) and no joined one (in Python's heap), only
+    # what the MemTable holds once the write is done.
+    import tracemalloc
+
+    import numpy as np
+
+    from memwal_sql.storage import ObjectStore
+
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="id")
+    w = tbl.writer()
+    w.upsert(rows([0]))
+    n = 300_000
+    ids = np.arange(1, n + 1)
+    data = pa.table({"id": ids, "v": pa.array(np.char.add("v", ids.astype(str))), "n": ids / 3})
+    data = data.cast(SCHEMA)
+    real, at_put = ObjectStore.put_if_not_exists, []
+
+    def put(self, path, payload, **kw):
+        if "/wal/" in path:
+            size = len(payload) if isinstance(payload, bytes) else sum(len(p) for p in payload)
+            at_put.append((held(), size))
+        return real(self, path, payload, **kw)
+
+    def held():
+        return pa.total_allocated_bytes() + tracemalloc.get_traced_memory()[0]
+
+    monkeypatch.setattr(ObjectStore, "put_if_not_exists", put)
+    tracemalloc.start()
+    try:
+        w.upsert(data)
+        after = held()
+    finally:
+        tracemalloc.stop()
+    [(during, size)] = at_put
+    assert size > data.nbytes  # the whole write is one entry
+    assert during - after < size / 20
+    monkeypatch.undo()
+    w.close()
+    assert mw.open_table(str(tmp_path)).count_rows() == n + 1
