@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
-from exec_nodes.base_source import BaseSourceExec
+from exec_nodes.base_source import BaseSourceExec, scan_in_memory
 from exec_nodes.generation_source import GenerationSourceExec
 from exec_nodes.memtable_source import MemTableSourceExec
 from exec_nodes.source import FragmentRange, Lookup, Scan, SourceLeaf
@@ -329,10 +329,21 @@ class DeduplicateExec(ExecNode):
         predicate: Predicate | None,
         output: pa.Schema,
         caches: Caches,
+        source_schema: pa.Schema | None = None,
     ) -> None:
         self.caches = caches
         self.newer = list(newer)
         self.base_dataset = base
+        # Given the snapshot's source schema (the lookup cache keeps whole fragments in it),
+        # a filtered scan of a small base may read them (see scan_in_memory); decided once
+        # per plan, so that the plan explains what runs.
+        self.source_schema = source_schema
+        self.base_in_memory = (
+            base is not None
+            and source_schema is not None
+            and predicate is not None
+            and scan_in_memory(base, caches)
+        )
         self.base_parts = [None if p is None else list(p) for p in base_parts] if base else []
         self.primary_key = list(primary_key)
         self.predicate = predicate
@@ -531,8 +542,9 @@ class DeduplicateExec(ExecNode):
         columns = list(dict.fromkeys([*wanted, *(self.primary_key if with_keys else [])]))
         ds = self.base_dataset
         ranges = None if part is None else tuple(part)
-        scan = Scan(tuple(columns), self.predicate, ranges)
-        return BaseSourceExec(ds, ds.schema, scan, caches=self.caches)
+        scan = Scan(tuple(columns), self.predicate, ranges, in_memory=self.base_in_memory)
+        schema = ds.schema if self.source_schema is None else self.source_schema
+        return BaseSourceExec(ds, schema, scan, caches=self.caches)
 
     def superseded(self) -> list[RowMask] | None:
         """The base table's deletion mask for this snapshot: base rows whose key has a version

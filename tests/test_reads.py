@@ -152,6 +152,38 @@ def test_system_columns_tag_sources(tmp_path):
     tbl.close()
 
 
+def test_a_small_base_is_filtered_in_memory_from_its_second_filtered_scan(tmp_path):
+    """The first filtered scan of a base version reads it through Lance; later ones evaluate
+    the filter over its fragments kept whole in the lookup cache, read once, and return the
+    same rows (superseded and deleted base rows left out)."""
+    tbl = mw.create_table(str(tmp_path), batch(list(range(30)), 1), primary_key="k")
+    tbl.upsert(batch([1, 2, 40], 3))
+    tbl.flush()
+    tbl.delete([4, 5])
+    model = Model(["k"])
+    model.upsert(batch(list(range(30)), 1))
+    model.upsert(batch([1, 2, 40], 3))
+    model.delete(pa.table({"k": pa.array([4, 5], pa.int64())}))
+    ctx = mw.connect()
+    ctx.register("t", tbl)
+    for f in ["n >= 50 OR n IS NULL", "s = 's3' AND k < 20"]:
+        in_memory = []
+        for _ in range(3):
+            got = ctx.sql(f"SELECT * FROM t WHERE {f}").to_arrow_table()
+            assert got.sort_by("k") == expected(model, f), f
+            in_memory.append("over whole fragments in memory" in ctx.last_plan("t").explain())
+        assert in_memory == [False, True, True] if f.startswith("n") else [True] * 3
+    kept = [uri for kind, uri in tbl.caches.lookup.entries() if kind == "rows"]
+    assert any(uri.startswith(tbl.dataset().uri) for uri in kept)  # the base's one fragment
+    with cache_budget(0):  # nothing kept whole: every scan goes through Lance
+        other = mw.open_table(str(tmp_path))
+        for _ in range(2):
+            assert other.to_arrow(filter="n >= 50").sort_by("k") == expected(model, "n >= 50")
+            assert "in memory" not in other.explain("n >= 50")
+        other.close()
+    tbl.close()
+
+
 def test_eventual_reads_see_only_flushed_generations(tmp_path):
     tbl = mw.create_table(str(tmp_path), batch([1], 0), primary_key="k")
     tbl.upsert(batch([2], 0))
