@@ -142,21 +142,30 @@ def scan_in_memory(dataset: lance.LanceDataset, caches: Caches) -> bool:
     """Whether a filtered scan of ``dataset`` should evaluate its filter over the fragments
     kept whole in the lookup cache (the rows lookups keep) rather than through a Lance scan.
 
-    Only while the whole base fits the share lookups may keep whole, and from the second
-    filtered scan of a base version on: a process that scans once (a CLI call) reads only
-    what Lance's filtered scan reads. A Lance scan costs a few milliseconds whatever it
-    returns (planning, decoding the filter columns); over rows in memory a selective filter
-    costs a fraction of that (benchmarks/bench_read.py, the small layout of issue 38).
+    Only while the whole base fits the share lookups may keep whole, and once a filtered scan
+    of this base version has run (:func:`count_filtered_scan`): a process that scans once (a
+    CLI call) reads only what Lance's filtered scan reads. A Lance scan costs a few
+    milliseconds whatever it returns (planning, decoding the filter columns); over rows in
+    memory a selective filter costs a fraction of that (benchmarks/bench_read.py).
 
     Example:
-        ``scan_in_memory(tbl.dataset(), tbl.caches)`` -> ``False`` (first), then ``True``
+        ``scan_in_memory(tbl.dataset(), tbl.caches)`` -> ``False`` before the first scan
     """
     facts = _base_facts(dataset)
-    if not _whole_base_fits(facts, caches):
-        return False
-    asked = caches.lookup.get("base_scans", facts.cache_key, lambda: ([0], 64))
-    asked[0] += 1  # a lost count under a race only delays the switch by one scan
-    return asked[0] >= 2
+    return _whole_base_fits(facts, caches) and _filtered_scans(facts, caches)[0] > 0
+
+
+def count_filtered_scan(dataset: lance.LanceDataset, caches: Caches) -> None:
+    """Count a filtered scan of ``dataset`` that ran (see :func:`scan_in_memory`).
+
+    Example:
+        ``count_filtered_scan(tbl.dataset(), tbl.caches)``
+    """
+    _filtered_scans(_base_facts(dataset), caches)[0] += 1  # a race loses a count: harmless
+
+
+def _filtered_scans(facts: _BaseFacts, caches: Caches) -> list[int]:
+    return caches.lookup.get("base_scans", facts.cache_key, lambda: ([0], 64))
 
 
 def _whole_base_fits(facts: _BaseFacts, caches: Caches) -> bool:

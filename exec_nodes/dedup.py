@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
-from exec_nodes.base_source import BaseSourceExec, scan_in_memory
+from exec_nodes.base_source import BaseSourceExec, count_filtered_scan, scan_in_memory
 from exec_nodes.generation_source import GenerationSourceExec
 from exec_nodes.memtable_source import MemTableSourceExec
 from exec_nodes.source import FragmentRange, Lookup, Scan, SourceLeaf
@@ -336,8 +336,9 @@ class DeduplicateExec(ExecNode):
         self.base_dataset = base
         # Given the snapshot's source schema (the lookup cache keeps whole fragments in it),
         # a filtered scan of a small base may read them (see scan_in_memory); decided once
-        # per plan, so that the plan explains what runs.
+        # per plan, so that the plan explains what runs, and counted when it runs.
         self.source_schema = source_schema
+        self._counted = False
         self.base_in_memory = (
             base is not None
             and source_schema is not None
@@ -584,6 +585,11 @@ class DeduplicateExec(ExecNode):
     def _base_rows(
         self, part: Sequence[FragmentRange] | None, output: pa.Schema
     ) -> Iterator[pa.RecordBatch]:
+        if self.predicate is not None and self.base_dataset is not None:
+            with self._lock:
+                counted, self._counted = self._counted, True
+            if not counted:
+                count_filtered_scan(self.base_dataset, self.caches)
         masks = self.superseded()
         # With the mask, a base row is kept or dropped by its row address alone: the key
         # columns are read only if the query wants them.

@@ -2,7 +2,10 @@
 
 Scans run as SQL over the table registered in a private DataFusion session, so a SQL filter
 string gets exactly DataFusion's semantics (the pushed part is applied by our nodes after
-deduplication, the rest by DataFusion). Lookups run the point-lookup plan directly.
+deduplication, the rest by DataFusion). A filter DataFusion pushes whole into the scan (or
+none) leaves DataFusion nothing to do: ``to_arrow`` then runs the plan itself, with the
+predicate DataFusion pushed the first time it saw the filter. Lookups run the point-lookup
+plan directly.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,6 +34,12 @@ from memwal_sql.session import (
 from memwal_sql.structures.keyset import KeySet
 from planner.lookup import LookupPlan, plan_lookup
 
+# The filters whose pushed predicate a table's reads remember (then forget all at once).
+_PUSHED_FILTERS = 256
+# Runs a direct scan's other partitions beside the caller's (DataFusion runs each partition
+# on a thread of its own; Lance's scans and Arrow's kernels release the GIL).
+_PARTITIONS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-scan")
+
 if TYPE_CHECKING:
     from memwal_sql.table_state import TableState
 
@@ -42,6 +52,9 @@ class TableReads:
         self._ctx: MemWalContext | None = None
         self._lock = threading.Lock()
         self.last_lookup_plan: LookupPlan | None = None
+        # Per filter text: the table schema it was planned against and the predicate
+        # DataFusion pushed, or None when DataFusion keeps a part of the filter itself.
+        self._pushed: dict[str, tuple[pa.Schema, tuple[Predicate | None] | None]] = {}
 
     def _frame(
         self,
@@ -100,9 +113,63 @@ class TableReads:
         consistency: Consistency,
         system_columns: bool,
     ) -> pa.Table:
+        pushed = None if system_columns else self._pushed_whole(filter, consistency)
+        if pushed is not None:
+            names = list(
+                self.table.schema.names if columns is None else self._checked(columns, False)
+            )
+            if len(set(names)) == len(names):
+                return self._run_plan(names, pushed[0], consistency)
         _, df, _, ds = self._frame(columns, filter, consistency, system_columns)
         with typed_errors(ds):
             return plain_strings(df.to_arrow_table())
+
+    def _pushed_whole(
+        self, filter: str | None, consistency: Consistency
+    ) -> tuple[Predicate | None] | None:
+        """The predicate DataFusion pushes into the scan for ``filter`` (in a 1-tuple), if it
+        pushes all of it; else None. Learnt from DataFusion's planning the first time a filter
+        is seen (and again after a schema change): then remembered."""
+        if filter is None:
+            return (None,)
+        if not isinstance(filter, str):
+            return None  # DataFusion's path says what is wrong with it
+        schema = self.table.schema
+        with self._lock:
+            known = self._pushed.get(filter)
+        if known is None or not known[0].equals(schema):
+            predicate, _, kept = self.pushed_filter(filter, consistency)
+            known = (schema, None if kept else (predicate,))
+            with self._lock:
+                if len(self._pushed) >= _PUSHED_FILTERS:
+                    self._pushed.clear()
+                self._pushed[filter] = known
+        return known[1]
+
+    def _run_plan(
+        self, names: list[str], predicate: Predicate | None, consistency: Consistency
+    ) -> pa.Table:
+        """The rows the scan (or point-lookup) plan of ``predicate`` yields, columns
+        ``names``: its partitions run side by side, without DataFusion, which would only pass
+        them through (about 2 ms a query: benchmarks/bench_read.py, docs/performance.md)."""
+        table = self.table
+        what = f"reading {table.uri}"
+
+        def run() -> pa.Table:
+            with read_failures(what):
+                ds = MemWalDataset(table, consistency=consistency)
+                root = ds.plan(predicate)
+                schema = ds.project(names)
+
+                def part(i: int) -> list[pa.RecordBatch]:
+                    return list(root.execute_columns(i, schema))
+
+                others = [_PARTITIONS.submit(part, i) for i in range(root.partitions - 1)]
+                last = part(root.partitions - 1)
+                batches = [b for f in others for b in f.result()] + last
+                return pa.Table.from_batches(batches, schema=schema)
+
+        return plain_strings(table.store.while_answering(run, what))
 
     def scan(
         self,

@@ -184,6 +184,71 @@ def test_a_small_base_is_filtered_in_memory_from_its_second_filtered_scan(tmp_pa
     tbl.close()
 
 
+_CONDITIONS = st.sampled_from(
+    ["k < 12", "n >= 50", "n IS NULL", "n IS NOT NULL", "s = 's7'", "n = 3", "grp <> 'g1'"]
+)
+_FILTERS = st.one_of(
+    st.none(),
+    _CONDITIONS,
+    st.builds(
+        lambda a, b, op: f"({a}) {op} ({b})",
+        _CONDITIONS,
+        _CONDITIONS,
+        st.sampled_from(["AND", "OR"]),
+    ),
+    st.builds(lambda a: f"NOT ({a})", _CONDITIONS),
+    st.sampled_from(["k = 3", "k IN (1, 4, 40)", "s LIKE 's1%'", "n + 1 > 30"]),  # lookups, kept
+)
+
+
+def _last_planned(reads):
+    """The dataset DataFusion last planned a query of the table in (None: none yet)."""
+    return None if reads._ctx is None else reads._ctx.memwal_schema.last_datasets.get("t_strong_0")
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ops=ops,
+    filters=st.lists(_FILTERS, min_size=1, max_size=4),
+    columns=st.sampled_from([None, ["s", "k"], ["n"]]),
+)
+def test_to_arrow_without_datafusion_returns_what_datafusion_returns(ops, filters, columns):
+    """A filter DataFusion pushes whole into the scan is run by ``to_arrow`` without
+    DataFusion from then on: the same rows (NULLs included) as the SQL query, and DataFusion
+    plans nothing for it; a filter DataFusion keeps a part of still goes through DataFusion."""
+    with tempfile.TemporaryDirectory() as d:
+        tbl = mw.create_table(
+            d,
+            batch(list(range(10)), 1),
+            primary_key="k",
+            writer_config=mw.WriterConfig(max_memtable_rows=6),
+        )
+        model = Model(["k"])
+        model.upsert(batch(list(range(10)), 1))
+        ctx = mw.connect()
+        ctx.register("t", tbl)
+        for op, ks, seed in [*ops, ("read", [], 0)]:
+            if op != "read":
+                tbl = apply_op(tbl, model, op, ks, seed, d, batch, delete_columns=["k", "grp"])
+                ctx.register("t", tbl)
+                continue
+            for f in filters:
+                select = "*" if columns is None else ", ".join(columns)
+                sql = f"SELECT {select} FROM t" + ("" if f is None else f" WHERE {f}")
+                want = ctx.sql(sql).to_arrow_table()
+                tbl.to_arrow(columns, filter=f)  # DataFusion plans a filter the first time
+                reads = tbl._reads
+                planned = _last_planned(reads)
+                got = tbl.to_arrow(columns, filter=f)
+                unplanned = _last_planned(reads) is planned
+                kept = f is not None and ("LIKE" in f or "+" in f)
+                assert unplanned != kept, f
+                assert got.schema == want.schema, f
+                order = [(c, "ascending") for c in got.column_names]
+                assert repr(got.sort_by(order).to_pylist()) == repr(want.sort_by(order).to_pylist())
+        tbl.close()
+
+
 def test_eventual_reads_see_only_flushed_generations(tmp_path):
     tbl = mw.create_table(str(tmp_path), batch([1], 0), primary_key="k")
     tbl.upsert(batch([2], 0))
