@@ -3,9 +3,10 @@
 Scans run as SQL over the table registered in a private DataFusion session, so a SQL filter
 string gets exactly DataFusion's semantics (the pushed part is applied by our nodes after
 deduplication, the rest by DataFusion). A filter DataFusion pushes whole into the scan (or
-none) leaves DataFusion nothing to do: ``to_arrow`` then runs the plan itself, with the
-predicate DataFusion pushed the first time it saw the filter. Lookups run the point-lookup
-plan directly.
+none), but for plain ``LIKE`` conditions, leaves DataFusion nothing to do that Arrow cannot:
+``to_arrow`` then runs the plan itself, with the predicate DataFusion pushed the first time
+it saw the filter, and applies the ``LIKE`` conditions with Arrow's ``match_like``. Lookups
+run the point-lookup plan directly.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from datafusion import col
 
-from memwal_sql.compat.datafusion import plain_strings, refuse_long_sql
+from memwal_sql.compat.datafusion import plain_likes, plain_strings, refuse_long_sql, scan_only
 from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMismatchError
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.formats.source_rows import GEN, ROWADDR
@@ -52,9 +54,9 @@ class TableReads:
         self._ctx: MemWalContext | None = None
         self._lock = threading.Lock()
         self.last_lookup_plan: LookupPlan | None = None
-        # Per filter text: the table schema it was planned against and the predicate
-        # DataFusion pushed, or None when DataFusion keeps a part of the filter itself.
-        self._pushed: dict[str, tuple[pa.Schema, tuple[Predicate | None] | None]] = {}
+        # Per filter text: the table schema it was planned against and how to run it without
+        # DataFusion (see _pushed_whole), or None when it needs DataFusion.
+        self._pushed: dict[str, tuple[pa.Schema, _Direct | None]] = {}
 
     def _frame(
         self,
@@ -113,38 +115,63 @@ class TableReads:
         consistency: Consistency,
         system_columns: bool,
     ) -> pa.Table:
-        pushed = None if system_columns else self._pushed_whole(filter, consistency)
-        if pushed is not None:
+        direct = None if system_columns else self._pushed_whole(filter, consistency)
+        if direct is not None:
+            predicate, likes = direct
             names = list(
                 self.table.schema.names if columns is None else self._checked(columns, False)
             )
             if len(set(names)) == len(names):
-                return self._run_plan(names, pushed[0], consistency)
+                extra = [c for c, _, _ in likes if c not in names]
+                rows = self._run_plan(names + extra, predicate, consistency)
+                if likes and rows.num_rows:
+                    rows = rows.filter(_like_mask(rows, likes))
+                return rows.select(names)
         _, df, _, ds = self._frame(columns, filter, consistency, system_columns)
         with typed_errors(ds):
             return plain_strings(df.to_arrow_table())
 
-    def _pushed_whole(
-        self, filter: str | None, consistency: Consistency
-    ) -> tuple[Predicate | None] | None:
-        """The predicate DataFusion pushes into the scan for ``filter`` (in a 1-tuple), if it
-        pushes all of it; else None. Learnt from DataFusion's planning the first time a filter
-        is seen (and again after a schema change): then remembered."""
+    def _pushed_whole(self, filter: str | None, consistency: Consistency) -> _Direct | None:
+        """How to run ``filter`` without DataFusion: the predicate DataFusion pushes into the
+        scan, and the plain ``LIKE`` conditions it keeps; None if it keeps anything else.
+        Learnt from DataFusion's planning the first time a filter is seen (and again after a
+        schema change): then remembered."""
         if filter is None:
-            return (None,)
+            return None, []
         if not isinstance(filter, str):
             return None  # DataFusion's path says what is wrong with it
         schema = self.table.schema
         with self._lock:
             known = self._pushed.get(filter)
         if known is None or not known[0].equals(schema):
-            predicate, _, kept = self.pushed_filter(filter, consistency)
-            known = (schema, None if kept else (predicate,))
+            _, df, _, ds = self._frame(None, filter, consistency, False)
+            direct = self._scan_only(df, ds) or self._pushed_but_likes(filter, consistency)
+            known = (schema, direct)
             with self._lock:
                 if len(self._pushed) >= _PUSHED_FILTERS:
                     self._pushed.clear()
                 self._pushed[filter] = known
         return known[1]
+
+    def _pushed_but_likes(self, filter: str, consistency: Consistency) -> _Direct | None:
+        """The predicate DataFusion pushes for ``filter`` without its plain ``LIKE``
+        conditions, and those, if it pushes all the rest; else None."""
+        _, df, _, ds = self._frame(None, None, consistency, False)
+        rest, likes = plain_likes(df.parse_sql_expr(filter))
+        strings = (pa.string(), pa.large_string())
+        if not likes or any(self.table.schema.field(c).type not in strings for c, _, _ in likes):
+            return None
+        for e in rest:
+            df = df.filter(e)
+        found = self._scan_only(df, ds)
+        return None if found is None else (found[0], likes)
+
+    def _scan_only(self, df: Any, ds: MemWalDataset | None) -> _Direct | None:
+        """The predicate DataFusion pushes into the scan of ``ds`` planning ``df`` (the
+        table, filtered), if its plan is that scan and nothing else; else None."""
+        with typed_errors(ds):
+            plan = df.execution_plan().display_indent()
+        return (ds.last_predicate, []) if ds is not None and scan_only(plan) else None
 
     def _run_plan(
         self, names: list[str], predicate: Predicate | None, consistency: Consistency
@@ -267,6 +294,21 @@ class TableReads:
 
     def explain_lookup(self, keys: Any, consistency: Consistency) -> str:
         return self._lookup_plan(keys, consistency)[0].explain()
+
+
+# A filter run without DataFusion: the predicate it pushes, and plain LIKE conditions as
+# (column, pattern, negated).
+_Direct = tuple[Predicate | None, list[tuple[str, str, bool]]]
+
+
+def _like_mask(rows: pa.Table, likes: list[tuple[str, str, bool]]) -> pa.ChunkedArray:
+    """Where every ``column [NOT] LIKE 'pattern'`` of ``likes`` is TRUE (SQL's NULL: false)."""
+    mask = None
+    for column, pattern, negated in likes:
+        hit = pc.match_like(rows.column(column), pattern)
+        hit = pc.invert(hit) if negated else hit
+        mask = hit if mask is None else pc.and_kleene(mask, hit)
+    return pc.fill_null(mask, False)
 
 
 def _datafusion_message(e: Exception, table_name: str) -> str:

@@ -197,8 +197,23 @@ _FILTERS = st.one_of(
         st.sampled_from(["AND", "OR"]),
     ),
     st.builds(lambda a: f"NOT ({a})", _CONDITIONS),
-    st.sampled_from(["k = 3", "k IN (1, 4, 40)", "s LIKE 's1%'", "n + 1 > 30"]),  # lookups, kept
+    st.sampled_from(["k = 3", "k IN (1, 4, 40)"]),  # point lookups
+    st.builds(
+        lambda a, like: f"({a}) AND {like}",
+        _CONDITIONS,
+        st.sampled_from(["s LIKE 's1%'", "s NOT LIKE '%3'", "grp LIKE 'g_'", "s LIKE '_'"]),
+    ),
+    st.sampled_from(["s LIKE 's1%' AND s NOT LIKE 's1_'", "s LIKE '%' OR n = 1"]),
+    # DataFusion keeps these: ILIKE, an escape, a computed value
+    st.sampled_from(["s ILIKE 'S1%'", "s LIKE 's\\_1'", "n + 1 > 30"]),
 )
+
+
+def _batch_nulls(ks, seed):
+    """:func:`batch`, with ``s`` NULL in some rows (LIKE is NULL there)."""
+    rows = batch(ks, seed)
+    s = [None if (k + seed) % 4 == 0 else v for k, v in zip(ks, rows.column("s").to_pylist())]
+    return rows.set_column(3, SCHEMA.field("s"), pa.array(s, pa.string()))
 
 
 def _last_planned(reads):
@@ -213,23 +228,25 @@ def _last_planned(reads):
     columns=st.sampled_from([None, ["s", "k"], ["n"]]),
 )
 def test_to_arrow_without_datafusion_returns_what_datafusion_returns(ops, filters, columns):
-    """A filter DataFusion pushes whole into the scan is run by ``to_arrow`` without
-    DataFusion from then on: the same rows (NULLs included) as the SQL query, and DataFusion
-    plans nothing for it; a filter DataFusion keeps a part of still goes through DataFusion."""
+    """A filter DataFusion pushes whole into the scan (but for plain LIKE conditions) is run
+    by ``to_arrow`` without DataFusion from then on: the same rows (NULLs included) as the SQL
+    query, and DataFusion plans nothing for it; a filter DataFusion keeps another part of still
+    goes through DataFusion."""
     with tempfile.TemporaryDirectory() as d:
         tbl = mw.create_table(
             d,
-            batch(list(range(10)), 1),
+            _batch_nulls(list(range(10)), 1),
             primary_key="k",
             writer_config=mw.WriterConfig(max_memtable_rows=6),
         )
         model = Model(["k"])
-        model.upsert(batch(list(range(10)), 1))
         ctx = mw.connect()
         ctx.register("t", tbl)
         for op, ks, seed in [*ops, ("read", [], 0)]:
             if op != "read":
-                tbl = apply_op(tbl, model, op, ks, seed, d, batch, delete_columns=["k", "grp"])
+                tbl = apply_op(
+                    tbl, model, op, ks, seed, d, _batch_nulls, delete_columns=["k", "grp"]
+                )
                 ctx.register("t", tbl)
                 continue
             for f in filters:
@@ -241,12 +258,25 @@ def test_to_arrow_without_datafusion_returns_what_datafusion_returns(ops, filter
                 planned = _last_planned(reads)
                 got = tbl.to_arrow(columns, filter=f)
                 unplanned = _last_planned(reads) is planned
-                kept = f is not None and ("LIKE" in f or "+" in f)
+                kept = f is not None and any(w in f for w in ("ILIKE", "\\", "+", " OR n"))
                 assert unplanned != kept, f
                 assert got.schema == want.schema, f
                 order = [(c, "ascending") for c in got.column_names]
                 assert repr(got.sort_by(order).to_pylist()) == repr(want.sort_by(order).to_pylist())
         tbl.close()
+
+
+def test_like_conditions_are_null_for_null_values_without_datafusion(tmp_path):
+    tbl = mw.create_table(str(tmp_path), _batch_nulls(list(range(12)), 0), primary_key="k")
+    tbl.upsert(_batch_nulls([1, 2, 3], 1))
+    ctx = mw.connect()
+    ctx.register("t", tbl)
+    for f in ["s LIKE 's%'", "s NOT LIKE 's1%'", "k < 8 AND s NOT LIKE '%9'"]:
+        want = ctx.sql(f"SELECT k FROM t WHERE {f}").to_arrow_table().column("k").to_pylist()
+        for _ in range(2):  # DataFusion's first planning, then without it
+            got = tbl.to_arrow(["k"], filter=f).column("k").to_pylist()
+            assert sorted(got) == sorted(want) and len(got) < tbl.count_rows(), f
+    tbl.close()
 
 
 def test_eventual_reads_see_only_flushed_generations(tmp_path):
