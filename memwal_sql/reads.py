@@ -122,7 +122,7 @@ class TableReads:
                 self.table.schema.names if columns is None else self._checked(columns, False)
             )
             if len(set(names)) == len(names):
-                extra = [c for c, _, _ in likes if c not in names]
+                extra = list(dict.fromkeys(c for c, _, _ in likes if c not in names))
                 rows = self._run_plan(names + extra, predicate, consistency)
                 if likes and rows.num_rows:
                     rows = rows.filter(_like_mask(rows, likes))
@@ -158,8 +158,9 @@ class TableReads:
         conditions, and those, if it pushes all the rest; else None."""
         _, df, _, ds = self._frame(None, None, consistency, False)
         rest, likes = plain_likes(df.parse_sql_expr(filter))
+        types = {f.name: f.type for f in self.table.schema}
         strings = (pa.string(), pa.large_string())
-        if not likes or any(self.table.schema.field(c).type not in strings for c, _, _ in likes):
+        if not likes or any(types.get(c) not in strings for c, _, _ in likes):
             return None
         for e in rest:
             df = df.filter(e)
@@ -178,7 +179,7 @@ class TableReads:
     ) -> pa.Table:
         """The rows the scan (or point-lookup) plan of ``predicate`` yields, columns
         ``names``: its partitions run side by side, without DataFusion, which would only pass
-        them through (about 2 ms a query: benchmarks/bench_read.py, docs/performance.md)."""
+        them through (about 2 ms a query on 2 cores: issue 38's small layout)."""
         table = self.table
         what = f"reading {table.uri}"
 
