@@ -4,7 +4,8 @@ method through Lance (its scanner, key index or btree, vector index, data files)
 * A scan takes the projection and the filter directly in Lance, except for a fragment with a
   deletion vector, which is read from its data file (see :meth:`BaseSourceExec._direct_file`);
   it may cover only some fragments, or row ranges of them (a big fragment is split so that
-  partitions are even).
+  partitions are even). A filtered scan of a small base (see :func:`scan_in_memory`)
+  evaluates its filter over the fragments kept whole in the lookup cache instead.
 * A lookup probes the base table's keys and row addresses at the pinned version, read once
   (one column, like Lance's own btree pages) and cached, so a batch of keys costs a
   vectorised probe and then the rows that exist: from small fragments kept whole in the
@@ -22,6 +23,7 @@ method through Lance (its scanner, key index or btree, vector index, data files)
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -137,6 +139,50 @@ _MEMORY_PER_STORED_BYTE = 3
 _KEYS_PER_SCAN = 256
 
 
+def scan_in_memory(dataset: lance.LanceDataset, caches: Caches) -> bool:
+    """Whether a filtered scan of ``dataset`` should evaluate its filter over the fragments
+    kept whole in the lookup cache (the rows lookups keep) rather than through a Lance scan.
+
+    Only while the whole base fits the share lookups may keep whole, and once a filtered scan
+    of this base version has run (:func:`count_filtered_scan`): a process that scans once (a
+    CLI call) reads only what Lance's filtered scan reads. A Lance scan costs a few
+    milliseconds whatever it returns (planning, decoding the filter columns); over rows in
+    memory a selective filter costs a fraction of that (benchmarks/bench_read.py).
+
+    Example:
+        ``scan_in_memory(tbl.dataset(), tbl.caches)`` -> ``False`` before the first scan
+    """
+    facts = _base_facts(dataset)
+    return _whole_base_fits(facts, caches) and _filtered_scans(facts, caches)[0] > 0
+
+
+def count_filtered_scan(dataset: lance.LanceDataset, caches: Caches) -> None:
+    """Count a filtered scan of ``dataset`` that ran (see :func:`scan_in_memory`).
+
+    Example:
+        ``count_filtered_scan(tbl.dataset(), tbl.caches)``
+    """
+    _filtered_scans(_base_facts(dataset), caches)[0] += 1  # a race loses a count: harmless
+
+
+def _filtered_scans(facts: _BaseFacts, caches: Caches) -> list[int]:
+    return caches.lookup.get("base_scans", facts.cache_key, lambda: ([0], 64))
+
+
+def _whole_base_fits(facts: _BaseFacts, caches: Caches) -> bool:
+    """Whether every fragment of the base, kept whole, fits the lookup cache's share for them
+    (with the key index, when that fits too)."""
+    if facts.stored_bytes is None:
+        return False
+    index = facts.rows * _KEY_INDEX_ROW_BYTES if _key_index_fits(facts, caches) else 0
+    memory = facts.stored_bytes * _MEMORY_PER_STORED_BYTE + index
+    return memory <= caches.max_bytes // _WHOLE_BASE_SHARE
+
+
+def _key_index_fits(facts: _BaseFacts, caches: Caches) -> bool:
+    return facts.rows * _KEY_INDEX_ROW_BYTES <= caches.max_bytes // _KEY_INDEX_SHARE
+
+
 def fragment_rows_key(uri: str, fragment: lance.LanceFragment) -> str:
     """The lookup cache's key (kind ``"rows"``) of a base fragment's rows kept whole: data
     files are immutable and uniquely named, so the same files hold the same rows."""
@@ -203,7 +249,6 @@ class BaseSourceExec(SourceLeaf):
             table = dataset.schema  # Lance builds it anew on each access
             self.columns = table.names if access.columns is None else list(access.columns)
             self.predicate = access.predicate
-            self.filter, self.exact = lance_filter(access.predicate, table)
             self.ranges = None if access.ranges is None else list(access.ranges)
             self.batch_size = access.batch_size
             fields = [table.field(c) for c in self.columns]
@@ -223,6 +268,21 @@ class BaseSourceExec(SourceLeaf):
             self._text: BaseTextIndex | str | None = None
         self._text_lock = threading.Lock()  # apart: pieces() asks for the index under _lock
 
+    @functools.cached_property
+    def _pushed(self) -> tuple[pc.Expression | None, bool]:
+        # Made when first asked: a scan served from memory never pushes its filter to Lance.
+        return lance_filter(self.predicate, self.dataset.schema)
+
+    @property
+    def filter(self) -> pc.Expression | None:
+        """The scan's filter as Lance takes it (None: none, or one Lance cannot take)."""
+        return self._pushed[0]
+
+    @property
+    def exact(self) -> bool:
+        """Whether :attr:`filter` is the whole predicate (else it is evaluated here)."""
+        return self._pushed[1]
+
     def _where(self) -> str:
         return f"version={self.dataset.version} gen={BASE_GENERATION}"
 
@@ -230,6 +290,9 @@ class BaseSourceExec(SourceLeaf):
         access = self.access
         if isinstance(access, Scan):
             frags = "all" if self.ranges is None else f"[{', '.join(map(str, self.ranges))}]"
+            if access.in_memory and self.predicate is not None:
+                how = f"filter {self.predicate} over whole fragments in memory"
+                return f"{access} fragments={frags} columns={self.columns} {how}"
             return f"{access} fragments={frags} columns={self.columns} filter={self.filter}" + (
                 "" if self.exact else f" then {self.predicate}"
             )
@@ -266,14 +329,58 @@ class BaseSourceExec(SourceLeaf):
             # The planner splits this very version's fragments into partitions.
             assert fragment is not None, f"fragment {r} not in version {self.dataset.version}"
             parts.append((fragment, r))
-        files = [self._direct_file(f) for f, _ in parts]
-        rest = [p for p, uri in zip(parts, files) if uri is None]
+        wholes = [self._in_memory(f) for f, _ in parts]
+        files = [
+            None if w is not None else self._direct_file(f) for (f, _), w in zip(parts, wholes)
+        ]
+        rest = [p for p, w, uri in zip(parts, wholes, files) if w is None and uri is None]
         if rest:
             every = self.ranges is None and len(rest) == len(parts)  # Lance lists them itself
             yield from self._lance_scan(None if every else rest)
-        for (fragment, part), uri in zip(parts, files):
-            if uri is not None:
+        for (fragment, part), whole, uri in zip(parts, wholes, files):
+            if whole is not None:
+                yield from self._memory_scan(fragment, part, whole)
+            elif uri is not None:
                 yield from self._file_scan(fragment, part, uri)
+
+    def _in_memory(self, fragment: lance.LanceFragment) -> pa.Table | None:
+        """The whole rows of ``fragment`` (from the lookup cache, read once) that an
+        ``in_memory`` scan evaluates its filter over, or None to read it through Lance."""
+        assert isinstance(self.access, Scan)
+        if not self.access.in_memory or self.predicate is None:
+            return None
+        if fragment.metadata.deletion_file is not None and self.caches.deletions.max_bytes == 0:
+            return None  # its deleted rows would be found anew by every query
+        names = stored_columns(self.source_schema, self.dataset)
+        # The whole rows hold no true row addresses: a filter on one is Lance's to apply.
+        if not {*self.columns, *referenced_columns(self.predicate)} <= set(names):
+            return None
+        return self._whole(fragment, names)
+
+    def _memory_scan(
+        self, fragment: lance.LanceFragment, part: FragmentRange | None, whole: pa.Table
+    ) -> Iterator[pa.RecordBatch]:
+        """The live rows of ``fragment`` (or of a row range of it) that match the filter,
+        from its rows kept whole: the filter evaluated over them, the matches taken."""
+        assert self.predicate is not None
+        start = 0 if part is None else part.start
+        end = whole.num_rows if part is None or part.end is None else part.end
+        hit = pc.fill_null(evaluate(self.predicate, whole.slice(start, end - start)), False)
+        at = pc.indices_nonzero(hit).to_numpy().astype(np.uint64) + np.uint64(start)
+        addresses = (np.uint64(fragment.fragment_id) << np.uint64(32)) | at
+        if fragment.metadata.deletion_file is not None and len(at):
+            deleted = _deleted_rows(self.dataset, fragment, self.caches).hits(addresses)
+            if deleted is not None:
+                at, addresses = at[~deleted], addresses[~deleted]
+        if not len(at):
+            return
+        taken = whole.select(self.columns).take(pa.array(at))  # no columns: count(*)
+        columns = [
+            *conform(taken, self._schema.remove(len(self.columns))).columns,
+            pa.array(addresses),
+        ]
+        rows = pa.Table.from_arrays(columns, schema=self._schema)
+        yield from rows.to_batches(max_chunksize=_ROWS_BATCH)
 
     def _lance_scan(
         self, parts: list[tuple[lance.LanceFragment, FragmentRange | None]] | None
@@ -450,10 +557,7 @@ class BaseSourceExec(SourceLeaf):
         _KEY_INDEX_BUILDS.submit(build)
 
     def _fits_cache(self) -> bool:
-        return (
-            _base_facts(self.dataset).rows * _KEY_INDEX_ROW_BYTES
-            <= self.caches.max_bytes // _KEY_INDEX_SHARE
-        )
+        return _key_index_fits(_base_facts(self.dataset), self.caches)
 
     def addresses_of(self, keys: pa.Table) -> np.ndarray | None:
         """The sorted row addresses of the base rows holding ``keys`` (keys it does not hold
@@ -546,20 +650,19 @@ class BaseSourceExec(SourceLeaf):
         )
 
     def _fragments_fit_cache(self) -> bool:
-        facts = _base_facts(self.dataset)
-        if facts.stored_bytes is None:
-            return False
-        index = facts.rows * _KEY_INDEX_ROW_BYTES if self._fits_cache() else 0
-        memory = facts.stored_bytes * _MEMORY_PER_STORED_BYTE + index
-        return memory <= self.caches.max_bytes // _WHOLE_BASE_SHARE
+        return _whole_base_fits(_base_facts(self.dataset), self.caches)
 
     def _fragment_rows(self, fragment_id: int, names: list[str]) -> pa.Table | None:
-        fragment = self._fragment(fragment_id)
+        return self._whole(self._fragment(fragment_id), names)
+
+    def _whole(self, fragment: lance.LanceFragment, names: list[str]) -> pa.Table | None:
+        """Every physical row of ``fragment`` (columns ``names`` in the source schema), kept
+        in the lookup cache; None for a fragment too big to keep (see ``whole_fragment``)."""
         return self.caches.lookup.get(
             "rows",
             fragment_rows_key(self.dataset.uri, fragment),
             lambda: whole_fragment(
-                fragment, names, BASE_GENERATION, self.schema, self.caches.max_bytes
+                fragment, names, BASE_GENERATION, self.source_schema, self.caches.max_bytes
             ),
         )
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
-from exec_nodes.base_source import BaseSourceExec
+from exec_nodes.base_source import BaseSourceExec, count_filtered_scan, scan_in_memory
 from exec_nodes.generation_source import GenerationSourceExec
 from exec_nodes.memtable_source import MemTableSourceExec
 from exec_nodes.source import FragmentRange, Lookup, Scan, SourceLeaf
@@ -377,10 +377,22 @@ class DeduplicateExec(ExecNode):
         predicate: Predicate | None,
         output: pa.Schema,
         caches: Caches,
+        source_schema: pa.Schema | None = None,
     ) -> None:
         self.caches = caches
         self.newer = list(newer)
         self.base_dataset = base
+        # Given the snapshot's source schema (the lookup cache keeps whole fragments in it),
+        # a filtered scan of a small base may read them (see scan_in_memory); decided once
+        # per plan, so that the plan explains what runs, and counted when it runs.
+        self.source_schema = source_schema
+        self._counted = False
+        self.base_in_memory = (
+            base is not None
+            and source_schema is not None
+            and predicate is not None
+            and scan_in_memory(base, caches)
+        )
         self.base_parts = [None if p is None else list(p) for p in base_parts] if base else []
         self.primary_key = list(primary_key)
         self.predicate = predicate
@@ -581,8 +593,9 @@ class DeduplicateExec(ExecNode):
         columns = list(dict.fromkeys([*wanted, *(self.primary_key if with_keys else [])]))
         ds = self.base_dataset
         ranges = None if part is None else tuple(part)
-        scan = Scan(tuple(columns), self.predicate, ranges)
-        return BaseSourceExec(ds, ds.schema, scan, caches=self.caches)
+        scan = Scan(tuple(columns), self.predicate, ranges, in_memory=self.base_in_memory)
+        schema = ds.schema if self.source_schema is None else self.source_schema
+        return BaseSourceExec(ds, schema, scan, caches=self.caches)
 
     def superseded(self) -> list[RowMask] | None:
         """The base table's deletion mask for this snapshot: base rows whose key has a version
@@ -622,6 +635,11 @@ class DeduplicateExec(ExecNode):
     def _base_rows(
         self, part: Sequence[FragmentRange] | None, output: pa.Schema
     ) -> Iterator[pa.RecordBatch]:
+        if self.predicate is not None and self.base_dataset is not None:
+            with self._lock:
+                counted, self._counted = self._counted, True
+            if not counted:
+                count_filtered_scan(self.base_dataset, self.caches)
         masks = self.superseded()
         # With the mask, a base row is kept or dropped by its row address alone: the key
         # columns are read only if the query wants them.

@@ -93,6 +93,9 @@ class Scan:
     predicate: Predicate | None = None
     ranges: tuple[FragmentRange, ...] | None = None  # of the base table; None: all of it
     batch_size: int | None = None
+    # The base table's filtered scan evaluates its filter over the fragments kept whole in the
+    # lookup cache (read once), not through a Lance scan per query.
+    in_memory: bool = False
 
     def __str__(self) -> str:
         return "scan"

@@ -2,7 +2,11 @@
 
 Scans run as SQL over the table registered in a private DataFusion session, so a SQL filter
 string gets exactly DataFusion's semantics (the pushed part is applied by our nodes after
-deduplication, the rest by DataFusion). Lookups run the point-lookup plan directly.
+deduplication, the rest by DataFusion). A filter DataFusion pushes whole into the scan (or
+none), but for plain ``LIKE`` conditions, leaves DataFusion nothing to do that Arrow cannot:
+``to_arrow`` then runs the plan itself, with the predicate DataFusion pushed the first time
+it saw the filter, and applies the ``LIKE`` conditions with Arrow's ``match_like``. Lookups
+run the point-lookup plan directly.
 """
 
 from __future__ import annotations
@@ -10,13 +14,15 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from datafusion import col
 
-from memwal_sql.compat.datafusion import plain_strings, refuse_long_sql
+from memwal_sql.compat.datafusion import plain_likes, plain_strings, refuse_long_sql, scan_only
 from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMismatchError
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.formats.source_rows import GEN, ROWADDR
@@ -30,6 +36,12 @@ from memwal_sql.session import (
 from memwal_sql.structures.keyset import KeySet
 from planner.lookup import LookupPlan, plan_lookup
 
+# The filters whose pushed predicate a table's reads remember (then forget all at once).
+_PUSHED_FILTERS = 256
+# Runs a direct scan's other partitions beside the caller's (DataFusion runs each partition
+# on a thread of its own; Lance's scans and Arrow's kernels release the GIL).
+_PARTITIONS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-scan")
+
 if TYPE_CHECKING:
     from memwal_sql.table_state import TableState
 
@@ -42,6 +54,9 @@ class TableReads:
         self._ctx: MemWalContext | None = None
         self._lock = threading.Lock()
         self.last_lookup_plan: LookupPlan | None = None
+        # Per filter text: the table schema it was planned against and how to run it without
+        # DataFusion (see _pushed_whole), or None when it needs DataFusion.
+        self._pushed: dict[str, tuple[pa.Schema, _Direct | None]] = {}
 
     def _frame(
         self,
@@ -100,9 +115,89 @@ class TableReads:
         consistency: Consistency,
         system_columns: bool,
     ) -> pa.Table:
+        direct = None if system_columns else self._pushed_whole(filter, consistency)
+        if direct is not None:
+            predicate, likes = direct
+            names = list(
+                self.table.schema.names if columns is None else self._checked(columns, False)
+            )
+            if len(set(names)) == len(names):
+                extra = list(dict.fromkeys(c for c, _, _ in likes if c not in names))
+                rows = self._run_plan(names + extra, predicate, consistency)
+                if likes and rows.num_rows:
+                    rows = rows.filter(_like_mask(rows, likes))
+                return rows.select(names)
         _, df, _, ds = self._frame(columns, filter, consistency, system_columns)
         with typed_errors(ds):
             return plain_strings(df.to_arrow_table())
+
+    def _pushed_whole(self, filter: str | None, consistency: Consistency) -> _Direct | None:
+        """How to run ``filter`` without DataFusion: the predicate DataFusion pushes into the
+        scan, and the plain ``LIKE`` conditions it keeps; None if it keeps anything else.
+        Learnt from DataFusion's planning the first time a filter is seen (and again after a
+        schema change): then remembered."""
+        if filter is None:
+            return None, []
+        if not isinstance(filter, str):
+            return None  # DataFusion's path says what is wrong with it
+        schema = self.table.schema
+        with self._lock:
+            known = self._pushed.get(filter)
+        if known is None or not known[0].equals(schema):
+            _, df, _, ds = self._frame(None, filter, consistency, False)
+            direct = self._scan_only(df, ds) or self._pushed_but_likes(filter, consistency)
+            known = (schema, direct)
+            with self._lock:
+                if len(self._pushed) >= _PUSHED_FILTERS:
+                    self._pushed.clear()
+                self._pushed[filter] = known
+        return known[1]
+
+    def _pushed_but_likes(self, filter: str, consistency: Consistency) -> _Direct | None:
+        """The predicate DataFusion pushes for ``filter`` without its plain ``LIKE``
+        conditions, and those, if it pushes all the rest; else None."""
+        _, df, _, ds = self._frame(None, None, consistency, False)
+        rest, likes = plain_likes(df.parse_sql_expr(filter))
+        types = {f.name: f.type for f in self.table.schema}
+        strings = (pa.string(), pa.large_string())
+        if not likes or any(types.get(c) not in strings for c, _, _ in likes):
+            return None
+        for e in rest:
+            df = df.filter(e)
+        found = self._scan_only(df, ds)
+        return None if found is None else (found[0], likes)
+
+    def _scan_only(self, df: Any, ds: MemWalDataset | None) -> _Direct | None:
+        """The predicate DataFusion pushes into the scan of ``ds`` planning ``df`` (the
+        table, filtered), if its plan is that scan and nothing else; else None."""
+        with typed_errors(ds):
+            plan = df.execution_plan().display_indent()
+        return (ds.last_predicate, []) if ds is not None and scan_only(plan) else None
+
+    def _run_plan(
+        self, names: list[str], predicate: Predicate | None, consistency: Consistency
+    ) -> pa.Table:
+        """The rows the scan (or point-lookup) plan of ``predicate`` yields, columns
+        ``names``: its partitions run side by side, without DataFusion, which would only pass
+        them through (about 2 ms a query on 2 cores: issue 38's small layout)."""
+        table = self.table
+        what = f"reading {table.uri}"
+
+        def run() -> pa.Table:
+            with read_failures(what):
+                ds = MemWalDataset(table, consistency=consistency)
+                root = ds.plan(predicate)
+                schema = ds.project(names)
+
+                def part(i: int) -> list[pa.RecordBatch]:
+                    return list(root.execute_columns(i, schema))
+
+                others = [_PARTITIONS.submit(part, i) for i in range(root.partitions - 1)]
+                last = part(root.partitions - 1)
+                batches = [b for f in others for b in f.result()] + last
+                return pa.Table.from_batches(batches, schema=schema)
+
+        return plain_strings(table.store.while_answering(run, what))
 
     def scan(
         self,
@@ -200,6 +295,21 @@ class TableReads:
 
     def explain_lookup(self, keys: Any, consistency: Consistency) -> str:
         return self._lookup_plan(keys, consistency)[0].explain()
+
+
+# A filter run without DataFusion: the predicate it pushes, and plain LIKE conditions as
+# (column, pattern, negated).
+_Direct = tuple[Predicate | None, list[tuple[str, str, bool]]]
+
+
+def _like_mask(rows: pa.Table, likes: list[tuple[str, str, bool]]) -> pa.ChunkedArray:
+    """Where every ``column [NOT] LIKE 'pattern'`` of ``likes`` is TRUE (SQL's NULL: false)."""
+    mask = None
+    for column, pattern, negated in likes:
+        hit = pc.match_like(rows.column(column), pattern)
+        hit = pc.invert(hit) if negated else hit
+        mask = hit if mask is None else pc.and_kleene(mask, hit)
+    return pc.fill_null(mask, False)
 
 
 def _datafusion_message(e: Exception, table_name: str) -> str:

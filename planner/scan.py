@@ -137,5 +137,6 @@ def plan_scan(
         predicate=predicate,
         output=output_schema(base_schema, system_columns),
         caches=snapshot.caches,
+        source_schema=snapshot.source_schema,
     )
     return ScanPlan(snapshot, predicate, kept, pruned, root)

@@ -152,6 +152,133 @@ def test_system_columns_tag_sources(tmp_path):
     tbl.close()
 
 
+def test_a_small_base_is_filtered_in_memory_from_its_second_filtered_scan(tmp_path):
+    """The first filtered scan of a base version reads it through Lance; later ones evaluate
+    the filter over its fragments kept whole in the lookup cache, read once, and return the
+    same rows (superseded and deleted base rows left out)."""
+    tbl = mw.create_table(str(tmp_path), batch(list(range(30)), 1), primary_key="k")
+    tbl.upsert(batch([1, 2, 40], 3))
+    tbl.flush()
+    tbl.delete([4, 5])
+    model = Model(["k"])
+    model.upsert(batch(list(range(30)), 1))
+    model.upsert(batch([1, 2, 40], 3))
+    model.delete(pa.table({"k": pa.array([4, 5], pa.int64())}))
+    ctx = mw.connect()
+    ctx.register("t", tbl)
+    for f in ["n >= 50 OR n IS NULL", "s = 's3' AND k < 20"]:
+        in_memory = []
+        for _ in range(3):
+            got = ctx.sql(f"SELECT * FROM t WHERE {f}").to_arrow_table()
+            assert got.sort_by("k") == expected(model, f), f
+            in_memory.append("over whole fragments in memory" in ctx.last_plan("t").explain())
+        assert in_memory == [False, True, True] if f.startswith("n") else [True] * 3
+    kept = [uri for kind, uri in tbl.caches.lookup.entries() if kind == "rows"]
+    assert any(uri.startswith(tbl.dataset().uri) for uri in kept)  # the base's one fragment
+    with cache_budget(0):  # nothing kept whole: every scan goes through Lance
+        other = mw.open_table(str(tmp_path))
+        for _ in range(2):
+            assert other.to_arrow(filter="n >= 50").sort_by("k") == expected(model, "n >= 50")
+            assert "in memory" not in other.explain("n >= 50")
+        other.close()
+    tbl.close()
+
+
+_CONDITIONS = st.sampled_from(
+    ["k < 12", "n >= 50", "n IS NULL", "n IS NOT NULL", "s = 's7'", "n = 3", "grp <> 'g1'"]
+)
+_FILTERS = st.one_of(
+    st.none(),
+    _CONDITIONS,
+    st.builds(
+        lambda a, b, op: f"({a}) {op} ({b})",
+        _CONDITIONS,
+        _CONDITIONS,
+        st.sampled_from(["AND", "OR"]),
+    ),
+    st.builds(lambda a: f"NOT ({a})", _CONDITIONS),
+    st.sampled_from(["k = 3", "k IN (1, 4, 40)"]),  # point lookups
+    st.builds(
+        lambda a, like: f"({a}) AND {like}",
+        _CONDITIONS,
+        st.sampled_from(["s LIKE 's1%'", "s NOT LIKE '%3'", "grp LIKE 'g_'", "s LIKE '_'"]),
+    ),
+    st.sampled_from(["s LIKE 's1%' AND s NOT LIKE 's1_'", "s LIKE '%' OR n = 1"]),
+    # DataFusion keeps these: ILIKE, an escape, a computed value
+    st.sampled_from(["s ILIKE 'S1%'", "s LIKE 's\\_1'", "n + 1 > 30"]),
+)
+
+
+def _batch_nulls(ks, seed):
+    """:func:`batch`, with ``s`` NULL in some rows (LIKE is NULL there)."""
+    rows = batch(ks, seed)
+    s = [None if (k + seed) % 4 == 0 else v for k, v in zip(ks, rows.column("s").to_pylist())]
+    return rows.set_column(3, SCHEMA.field("s"), pa.array(s, pa.string()))
+
+
+def _last_planned(reads):
+    """The dataset DataFusion last planned a query of the table in (None: none yet)."""
+    return None if reads._ctx is None else reads._ctx.memwal_schema.last_datasets.get("t_strong_0")
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ops=ops,
+    filters=st.lists(_FILTERS, min_size=1, max_size=4),
+    columns=st.sampled_from([None, ["s", "k"], ["n"]]),
+)
+def test_to_arrow_without_datafusion_returns_what_datafusion_returns(ops, filters, columns):
+    """A filter DataFusion pushes whole into the scan (but for plain LIKE conditions) is run
+    by ``to_arrow`` without DataFusion from then on: the same rows (NULLs included) as the SQL
+    query, and DataFusion plans nothing for it; a filter DataFusion keeps another part of still
+    goes through DataFusion."""
+    with tempfile.TemporaryDirectory() as d:
+        tbl = mw.create_table(
+            d,
+            _batch_nulls(list(range(10)), 1),
+            primary_key="k",
+            writer_config=mw.WriterConfig(max_memtable_rows=6),
+        )
+        model = Model(["k"])
+        ctx = mw.connect()
+        ctx.register("t", tbl)
+        for op, ks, seed in [*ops, ("read", [], 0)]:
+            if op != "read":
+                tbl = apply_op(
+                    tbl, model, op, ks, seed, d, _batch_nulls, delete_columns=["k", "grp"]
+                )
+                ctx.register("t", tbl)
+                continue
+            for f in filters:
+                select = "*" if columns is None else ", ".join(columns)
+                sql = f"SELECT {select} FROM t" + ("" if f is None else f" WHERE {f}")
+                want = ctx.sql(sql).to_arrow_table()
+                tbl.to_arrow(columns, filter=f)  # DataFusion plans a filter the first time
+                reads = tbl._reads
+                planned = _last_planned(reads)
+                got = tbl.to_arrow(columns, filter=f)
+                unplanned = _last_planned(reads) is planned
+                kept = f is not None and any(w in f for w in ("ILIKE", "\\", "+", " OR n"))
+                assert unplanned != kept, f
+                assert got.schema == want.schema, f
+                order = [(c, "ascending") for c in got.column_names]
+                assert repr(got.sort_by(order).to_pylist()) == repr(want.sort_by(order).to_pylist())
+        tbl.close()
+
+
+def test_like_conditions_are_null_for_null_values_without_datafusion(tmp_path):
+    tbl = mw.create_table(str(tmp_path), _batch_nulls(list(range(12)), 0), primary_key="k")
+    tbl.upsert(_batch_nulls([1, 2, 3], 1))
+    ctx = mw.connect()
+    ctx.register("t", tbl)
+    for f in ["s LIKE 's%'", "s NOT LIKE 's1%'", "k < 8 AND s NOT LIKE '%9'"]:
+        want = ctx.sql(f"SELECT k FROM t WHERE {f}").to_arrow_table().column("k").to_pylist()
+        for _ in range(2):  # DataFusion's first planning, then without it
+            got = tbl.to_arrow(["k"], filter=f).column("k").to_pylist()
+            assert sorted(got) == sorted(want) and len(got) < tbl.count_rows(), f
+    tbl.close()
+
+
 def test_eventual_reads_see_only_flushed_generations(tmp_path):
     tbl = mw.create_table(str(tmp_path), batch([1], 0), primary_key="k")
     tbl.upsert(batch([2], 0))

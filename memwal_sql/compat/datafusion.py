@@ -16,11 +16,16 @@
   (``benchmarks/bench_inputs.py`` measures it up to the bound). Nesting (parentheses, ``NOT``,
   function calls) is already bounded by its parser (50 levels). :func:`sql_operators` counts
   the operators of a text before DataFusion sees it.
+* A physical plan that is our dataset's scan alone reads ``CooperativeExec`` over
+  ``DatasetExec`` (:func:`scan_only`); a filter it folds to false plans ``EmptyExec``.
+* It never pushes ``LIKE`` into a pyarrow dataset, and its Python ``Like`` expression does
+  not say whether it is ``ILIKE``: only its canonical name does (:func:`plain_likes`).
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pyarrow as pa
 
@@ -126,3 +131,65 @@ def plain_strings(table: pa.Table) -> pa.Table:
             f, changed = f.with_type(pa.binary()), True
         fields.append(f)
     return table.cast(pa.schema(fields, metadata=table.schema.metadata)) if changed else table
+
+
+_SCAN_OPERATORS = frozenset({"CooperativeExec", "DatasetExec"})
+
+
+def scan_only(plan: str) -> bool:
+    """Whether a physical plan (``display_indent()``) is a pyarrow dataset's scan and nothing
+    else: DataFusion does nothing to the rows the dataset yields.
+
+    Example:
+        >>> scan_only("CooperativeExec\\n  DatasetExec: number_of_fragments=2, projection=[k]\\n")
+        True
+    """
+    operators = {line.strip().split(":")[0] for line in plan.splitlines() if line.strip()}
+    return "DatasetExec" in operators and operators <= _SCAN_OPERATORS
+
+
+def plain_likes(expr: Any) -> tuple[list[Any], list[tuple[str, str, bool]]]:
+    """A parsed filter split at its top-level ``AND``: the conjuncts that are not a plain
+    ``LIKE``, and the plain ones as ``(column, pattern, negated)``: ``column [NOT] LIKE
+    'pattern'``, case-sensitive, without ``ESCAPE`` or a backslash in the pattern (whose
+    meaning DataFusion's kernel and Arrow's ``match_like`` might not share).
+
+    Example:
+        ``plain_likes(df.parse_sql_expr("x = 1 AND s LIKE 'g%'"))`` -> ``([x = 1], [("s", "g%", False)])``
+    """
+    rest: list[Any] = []
+    likes: list[tuple[str, str, bool]] = []
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        kind = e.variant_name()
+        if kind == "BinaryExpr" and e.rex_call_operator() == "AND":
+            stack.extend(reversed(e.rex_call_operands()))
+            continue
+        like = _plain_like(e) if kind == "Like" else None
+        if like is None:
+            rest.append(e)
+        else:
+            likes.append(like)
+    return rest, likes
+
+
+def _plain_like(e: Any) -> tuple[str, str, bool] | None:
+    v = e.to_variant()
+    column, pattern = v.expr(), v.pattern()
+    if v.escape_char() is not None or column.variant_name() != "Column":
+        return None
+    if pattern.variant_name() != "Literal":
+        return None
+    try:
+        text = pattern.to_variant().value_string()
+    except Exception:  # a NULL pattern
+        return None
+    if not isinstance(text, str) or "\\" in text or '"' in text:
+        return None
+    # The canonical name is the only place ILIKE shows: it must read as a plain LIKE.
+    negated = bool(v.negated())
+    want = f'{column.canonical_name()} {"NOT " if negated else ""}LIKE Utf8("{text}")'
+    if e.canonical_name() != want:
+        return None
+    return column.to_variant().name(), text, negated

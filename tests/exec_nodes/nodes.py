@@ -52,8 +52,10 @@ def check_contract(node: ExecNode, want_rows: int | None = None) -> pa.Table:
     return table
 
 
-def base_scan(dataset, columns, predicate, ranges=None) -> BaseSourceExec:
+def base_scan(dataset, columns, predicate, ranges=None, in_memory=False) -> BaseSourceExec:
     """The base table's leaf scanning ``columns`` (and ``_rowaddr``) where ``predicate``
-    holds, optionally only row ``ranges``."""
-    scan = Scan(tuple(columns), predicate, None if ranges is None else tuple(ranges))
-    return BaseSourceExec(dataset, dataset.schema, scan, caches=CACHES)
+    holds, optionally only row ``ranges``; ``in_memory``: over its fragments kept whole."""
+    scan = Scan(
+        tuple(columns), predicate, None if ranges is None else tuple(ranges), None, in_memory
+    )
+    return BaseSourceExec(dataset, SOURCE if in_memory else dataset.schema, scan, caches=CACHES)
