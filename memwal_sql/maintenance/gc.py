@@ -61,6 +61,8 @@ from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.storage.checksums import recorded_wal_entry_position
 
 if TYPE_CHECKING:
+    import lance
+
     from memwal_sql.table_state import TableState
 
 
@@ -137,7 +139,12 @@ def _collectable(table: TableState) -> dict[str, _Collectable]:
 
 def _collectable_once(table: TableState) -> dict[str, _Collectable]:
     ds = table.dataset()
-    oldest_version = min(v["version"] for v in ds.versions())
+    # A tag pins a base version for Lance's readers of the base table; MemWAL reads start from
+    # the latest version, so only untagged retained versions hold generations back.
+    tagged = {t["version"] for t in ds.tags.list().values()}
+    oldest_version = min(
+        [v["version"] for v in ds.versions() if v["version"] not in tagged] + [ds.version]
+    )
     oldest = table.dataset(oldest_version)
     coverage = index_coverage(table.store, oldest)
     latest = table.merged_generations(ds)
@@ -176,6 +183,12 @@ def _now() -> float:
     return time.time()
 
 
+def _version_times(ds: lance.LanceDataset) -> list[tuple[int, float]]:
+    """Each base version and when it was committed, oldest first (Lance's naive timestamps are
+    local time, as ``timestamp()`` reads them)."""
+    return sorted((v["version"], v["timestamp"].timestamp()) for v in ds.versions())
+
+
 def expire_base_versions(table: TableState, retention: timedelta) -> list[int]:
     """Remove the base-table versions superseded longer than ``retention`` ago (and the files
     only they use), keeping tagged ones; returns the versions removed.
@@ -184,10 +197,9 @@ def expire_base_versions(table: TableState, retention: timedelta) -> list[int]:
         ``expire_base_versions(tbl, timedelta(hours=1))  # [1, 2, 3]``
     """
     ds = table.dataset()
-    versions = sorted((v["version"], v["timestamp"].timestamp()) for v in ds.versions())
+    versions = _version_times(ds)
     cutoff = _now() - retention.total_seconds()
-    # Version v stopped being the latest when v+1 was committed (Lance's naive timestamps are
-    # local time, as ``timestamp()`` reads them).
+    # Version v stopped being the latest when v+1 was committed.
     expired = [v for (v, _), (_, then) in zip(versions, versions[1:]) if then <= cutoff]
     if expired:
         ds.cleanup_old_versions(versions=expired, error_if_tagged_old_versions=False)
