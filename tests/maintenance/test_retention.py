@@ -14,7 +14,7 @@ import memwal_sql as mw
 from memwal_sql.maintenance import gc
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
-ROWS, CHURN, PASS_SECONDS = 20_000, 1_000, 600  # `memwal maintain --watch 600`
+ROWS, CHURN, PASS_SECONDS = 20_000, 200, 600  # `memwal maintain --watch 600`
 
 
 def rows(keys, seed):
@@ -71,13 +71,13 @@ def test_thirty_default_passes_over_upserts_level_off_after_the_retention(
     assert {k: v[:14] for k, v in zip(live["k"].to_pylist(), live["v"].to_pylist())} == expected
     lance.write_dataset(live, str(tmp_path / "live"))
     live_size = disk_bytes(tmp_path / "live")
-    # The figure (docs/maintenance.md#retention): 20,000 rows of ~100 bytes (437 KB as plain
-    # Lance), 5% upserted every 10 minutes. Each pass's merge and index update rewrite about
-    # the live size, and an hour retains six passes: the table levels off at about 16x its
-    # live size once the first hour has passed and grows no more (a fence sentinel per claim).
-    # Not the 3x the issue asked for: that takes a retention of about two passes.
-    assert max(sizes[8:]) <= 1.05 * sizes[7], f"{live_size} {sizes}"
-    assert max(sizes) <= 20 * live_size, f"{live_size} {sizes}"
+    # The figure (docs/maintenance.md#retention): 20,000 rows of ~100 bytes (about 425 KB as
+    # plain Lance), 1% upserted every 10 minutes. Every pass rewrites the key index (~165 KB)
+    # and commits ~7 versions (~8 KB of manifest and transaction each), a compaction every
+    # ~5 passes rewrites the table, and an hour retains six passes of that: after the first
+    # hour the table levels off at 8.5-10x its live size, not the 3x the issue asked for.
+    assert max(sizes[20:]) <= 1.05 * max(sizes[10:20]), f"{live_size} {sizes}"
+    assert max(sizes) <= 11 * live_size, f"{live_size} {sizes}"
     version, table = pinned
     assert lance.dataset(uri, version=version).to_table().sort_by("k").equals(table)
     assert lance.dataset(uri, version="release").count_rows() == ROWS
