@@ -306,7 +306,7 @@ def _gc_region(
         # The spec keeps a WAL entry while the generation holding its rows is kept: say why that
         # generation is kept, or that one Lance flushed recorded no WAL position.
         why = (
-            f"the {kept_gens.what} holding their rows are kept: {kept_gens.reason}"
+            f"their rows are in {kept_gens.what}, kept too: {kept_gens.reason}"
             if kept_gens is not None
             else "a collected generation recorded no WAL position at flush (Lance flushed "
             "it), so they wait until every listed generation is collectable"

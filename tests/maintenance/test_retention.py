@@ -142,3 +142,14 @@ def test_a_writer_gone_without_close_is_flushed_after_the_idle_time_and_a_live_o
     live.upsert(rows([5], 2))  # not fenced
     live.close()
     assert sorted(tbl.to_arrow()["k"].to_pylist()) == [1, 2, 3, 4, 5]
+
+
+def test_gc_says_why_it_keeps_the_wal_entries_of_merged_generations(tmp_path):
+    tbl = mw.create_table(str(tmp_path), SCHEMA, primary_key="k")
+    with tbl.writer() as w:
+        w.upsert(rows([1, 2], 1))
+    tbl.merge()
+    gens, wal = tbl.gc().kept  # merged, but the version before the merge is retained
+    assert gens.what == "generation 1" and wal.what == "1 flushed WAL entries"
+    assert "predates their merge" in gens.reason
+    assert wal.reason == f"their rows are in generation 1, kept too: {gens.reason}"
