@@ -72,9 +72,7 @@ class MaintenanceConfig:
         for name in ("base_versions_older_than", "recover_regions_idle_for"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, timedelta):
-                raise InvalidInputError(
-                    f"{name} is a datetime.timedelta (or None), not {value!r}"
-                )
+                raise InvalidInputError(f"{name} is a datetime.timedelta (or None), not {value!r}")
         if self.target_rows_per_fragment < 1:
             raise InvalidInputError(
                 f"target_rows_per_fragment must be at least 1, not {self.target_rows_per_fragment}"

@@ -42,7 +42,8 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 from memwal_sql._proto.memwal_pb2 import FlushedGeneration, RegionManifest
@@ -186,7 +187,12 @@ def _now() -> float:
 def _version_times(ds: lance.LanceDataset) -> list[tuple[int, float]]:
     """Each base version and when it was committed, oldest first (Lance's naive timestamps are
     local time, as ``timestamp()`` reads them)."""
-    return sorted((v["version"], v["timestamp"].timestamp()) for v in ds.versions())
+    out = []
+    for v in ds.versions():
+        version, stamp = v["version"], v["timestamp"]
+        assert isinstance(version, int) and isinstance(stamp, datetime)  # the stub's union
+        out.append((version, stamp.timestamp()))
+    return sorted(out)
 
 
 def expire_base_versions(table: TableState, retention: timedelta) -> list[int]:
@@ -200,7 +206,7 @@ def expire_base_versions(table: TableState, retention: timedelta) -> list[int]:
     versions = _version_times(ds)
     cutoff = _now() - retention.total_seconds()
     # Version v stopped being the latest when v+1 was committed.
-    expired = [v for (v, _), (_, then) in zip(versions, versions[1:]) if then <= cutoff]
+    expired = [v for (v, _), (_, then) in pairwise(versions) if then <= cutoff]
     if expired:
         ds.cleanup_old_versions(versions=expired, error_if_tagged_old_versions=False)
     return expired

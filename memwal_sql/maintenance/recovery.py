@@ -105,9 +105,7 @@ def _count(store: ObjectStore, rid: str, positions: list[int]) -> tuple[int, int
     return entries, rows
 
 
-def wal_backlog(
-    store: ObjectStore, rid: str, manifest: RegionManifest | None = None
-) -> WalBacklog:
+def wal_backlog(store: ObjectStore, rid: str, manifest: RegionManifest | None = None) -> WalBacklog:
     """What ``rid``'s WAL holds beyond its flushed generations (see :class:`WalBacklog`).
 
     Example:

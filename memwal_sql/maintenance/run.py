@@ -120,9 +120,7 @@ def maintain_table(table: TableState, config: MaintenanceConfig | None = None) -
         )
     snapshots = step("snapshots", lambda: build_region_snapshots(table), SnapshotResult)
     gc = step("gc", lambda: gc_table(table, config), GcResult)
-    return MaintenanceResult(
-        merge, indexes, compaction, snapshots, gc, failures, skipped, recovery
-    )
+    return MaintenanceResult(merge, indexes, compaction, snapshots, gc, failures, skipped, recovery)
 
 
 def _retrying(job: Callable[[], T], attempts: int = ATTEMPTS) -> T:

@@ -71,9 +71,7 @@ class TableMaintenance:
         Example:
             ``tbl.maintenance.flush_regions().recovered  # {region id: rows flushed}``
         """
-        return self._run(
-            "flush", lambda: recover_regions(self._table, regions=regions, force=True)
-        )
+        return self._run("flush", lambda: recover_regions(self._table, regions=regions, force=True))
 
     def merge(
         self, config: MaintenanceConfig | None = None, *, regions: Sequence[str] | None = None

@@ -22,9 +22,7 @@ def rows(keys, seed):
 
 
 def disk_bytes(root):
-    return sum(
-        os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root) for f in files
-    )
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root) for f in files)
 
 
 class SimulatedClock:
@@ -46,9 +44,7 @@ class SimulatedClock:
         self.now += PASS_SECONDS
 
 
-def test_thirty_default_passes_over_upserts_level_off_after_the_retention(
-    tmp_path, monkeypatch
-):
+def test_thirty_default_passes_over_upserts_level_off_after_the_retention(tmp_path, monkeypatch):
     uri = str(tmp_path / "t")
     tbl = mw.create_table(uri, rows(list(range(ROWS)), 0), primary_key="k")
     clock = SimulatedClock(monkeypatch)
