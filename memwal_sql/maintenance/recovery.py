@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from memwal_sql._proto.memwal_pb2 import RegionManifest
-from memwal_sql.errors import CorruptWalEntryError, UnknownRegionError
+from memwal_sql.errors import CorruptWalEntryError, UnknownRegionError, WriterFencedError
 from memwal_sql.formats.region_manifest import RegionManifestStore
 from memwal_sql.formats.wal import decode_wal_runs, read_wal_entry
 from memwal_sql.maintenance.config import MaintenanceConfig
@@ -111,7 +111,8 @@ def wal_backlog(store: ObjectStore, rid: str, manifest: RegionManifest | None = 
     Example:
         ``wal_backlog(tbl.store, rid).rows  # rows a claim would replay``
     """
-    manifest = manifest or RegionManifestStore(store, rid).latest()
+    if manifest is None:
+        manifest = RegionManifestStore(store, rid).latest()
     positions, last = _activity(store, rid)
     after = manifest.replay_after_wal_entry_position if manifest is not None else 0
     entries, rows = _count(store, rid, [p for p in positions if p > after])
@@ -165,7 +166,11 @@ def recover_regions(
             result.waiting[rid] = round(quiet, 3)  # its writer's to flush: not read
             continue
         entries, rows = _count(table.store, rid, pending)
-        if entries:  # else only the sentinel of the last claim
+        if not entries:
+            continue  # only the sentinel of the last claim
+        try:
             flush_region(table, rid)
-            result.recovered[rid] = rows
+        except WriterFencedError:
+            continue  # another maintainer (or a writer) claimed it meanwhile: it replays them
+        result.recovered[rid] = rows
     return result
