@@ -277,6 +277,10 @@ def _compaction(c: argparse.ArgumentParser) -> None:
     )
 
 
+def _regions(c: argparse.ArgumentParser, help: str) -> None:
+    c.add_argument("--region", dest="regions", action="append", metavar="REGION", help=help)
+
+
 def _maintenance(command: Any) -> None:
     c = command(
         "merge",
@@ -286,12 +290,9 @@ def _maintenance(command: Any) -> None:
         "  memwal merge ./events --region 0b7c...-older-region --region 5e1f...-newer-region",
     )
     _uri(c)
-    c.add_argument(
-        "--region",
-        dest="regions",
-        action="append",
-        metavar="REGION",
-        help="merge only this region (repeatable), in the order given: where two of them hold "
+    _regions(
+        c,
+        "merge only this region (repeatable), in the order given: where two of them hold "
         "one key (KeyInTwoRegionsError), the last one's version wins",
     )
     c = command(
@@ -303,13 +304,7 @@ def _maintenance(command: Any) -> None:
         "  memwal flush ./events\n  memwal flush ./events --region 0b7c...-region-id",
     )
     _uri(c)
-    c.add_argument(
-        "--region",
-        dest="regions",
-        action="append",
-        metavar="REGION",
-        help="flush only this region (repeatable)",
-    )
+    _regions(c, "flush only this region (repeatable)")
     c = command(
         "compact",
         ops_commands.compact,
