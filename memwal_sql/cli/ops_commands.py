@@ -181,7 +181,8 @@ def maintain(a: argparse.Namespace) -> None:
 def _pass_summary(r: Any) -> str:
     return (
         f"flushed {sum(r.recovery.recovered.values()):,} WAL row(s) of "
-        f"{len(r.recovery.recovered)} idle region(s), merged {sum(len(g) for g in r.merge.merged.values())} generation(s) "
+        f"{len(r.recovery.recovered)} idle region(s), "
+        f"merged {sum(len(g) for g in r.merge.merged.values())} generation(s) "
         f"({r.merge.rows_upserted:,} rows upserted, {r.merge.rows_deleted:,} deleted), "
         f"optimized {len(r.indexes.optimized)} index(es), "
         f"compacted {r.compaction.fragments_removed} fragment(s) into "

@@ -52,7 +52,7 @@ class MaintenanceConfig:
       any writer left), replays, flushes and releases it. ``None`` never does.
 
     Example:
-        ``tbl.maintenance.run(MaintenanceConfig(base_versions_older_than=timedelta(hours=1)))``
+        ``tbl.maintenance.run(MaintenanceConfig(base_versions_older_than=timedelta(hours=2)))``
     """
 
     keep_manifest_versions: int = 10

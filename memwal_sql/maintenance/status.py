@@ -1,7 +1,7 @@
 """What ``memwal inspect`` reports: per region its generations, merge lag, index catch-up,
 storage use, and the WAL rows no generation holds yet.
 
-Everything comes from one listing of the region's directory, its latest manifest, the base
+Everything comes from listings of the region's directory, its latest manifest, the base
 table's MemWAL index details and index metadata, and the WAL entries after the manifest's
 replay position (what a reader replays anyway); nothing else is read.
 
