@@ -117,3 +117,16 @@ def test_a_slow_live_writer_is_never_fenced(tmp_path, clock):
     w.upsert({"k": [99], "v": ["still mine"]})  # not fenced
     w.close()
     assert sorted(tbl.to_arrow()["k"].to_pylist()) == [0, 1, 2, 3, 99]
+
+
+def test_memwal_maintain_takes_the_idle_time_as_an_option(tmp_path, capsys):
+    uri = str(tmp_path / "t")
+    mw.create_table(uri, SCHEMA, primary_key="k").close()
+    killed_writer(uri, 2)
+    main(["maintain", uri])
+    assert "flushed 0 WAL row(s) of 0 idle region(s), merged 0 generation(s)" in (
+        capsys.readouterr().out
+    )
+    main(["maintain", uri, "--recover-regions-idle-for", "0"])
+    out = capsys.readouterr().out
+    assert "flushed 20 WAL row(s) of 1 idle region(s), merged 1 generation(s)" in out
