@@ -413,6 +413,7 @@ class MemWalTable(TableState):
         keep_manifest_versions: int | None = None,
         target_rows_per_fragment: int | None = None,
         deletion_threshold: float | None = None,
+        recover_regions_idle_for: timedelta | None = None,
     ) -> MaintenanceResult:
         """One maintenance pass (:meth:`TableMaintenance.run
         <memwal_sql.maintenance.TableMaintenance.run>`) with the table's maintenance config,
@@ -426,6 +427,7 @@ class MemWalTable(TableState):
             keep_manifest_versions=keep_manifest_versions,
             target_rows_per_fragment=target_rows_per_fragment,
             deletion_threshold=deletion_threshold,
+            recover_regions_idle_for=recover_regions_idle_for,
         )
         return self.maintenance.run(config)
 

@@ -481,8 +481,8 @@ def test_storage_options_file_forms(tmp_path):
 
 @pytest.mark.parametrize(
     "command",
-    ["create", "ingest", "sql", "lookup", "inspect", "merge", "compact", "gc", "maintain", "verify",
-     "set-aside", "demo"],
+    ["create", "ingest", "sql", "lookup", "inspect", "flush", "merge", "compact", "gc", "maintain",
+     "verify", "set-aside", "demo"],
 )  # fmt: skip
 def test_every_command_has_help_with_examples(capsys, command):
     with pytest.raises(SystemExit) as e:

@@ -1,5 +1,5 @@
-"""The operator's commands: ``inspect``, ``merge``, ``gc``, ``maintain``, ``verify``,
-``set-aside`` and ``demo``."""
+"""The operator's commands: ``inspect``, ``flush``, ``merge``, ``gc``, ``maintain``,
+``verify``, ``set-aside`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tqdm import tqdm
 import memwal_sql as mw
 from memwal_sql.cli import storage_options
 from memwal_sql.cli.output import size, text_table
-from memwal_sql.maintenance.config import MaintenanceConfig
+from memwal_sql.maintenance.config import RECOVER_REGIONS_IDLE_FOR, MaintenanceConfig
 
 
 def _open(a: argparse.Namespace) -> mw.MemWalTable:
@@ -46,13 +46,14 @@ def inspect(a: argparse.Namespace) -> None:
         f"  regions:      {len(regions)}, "
         f"{sum(r.unmerged_generations for r in healthy)} unmerged generation(s), "
         f"{sum(r.unmerged_rows for r in healthy):,} unmerged row(s), "
+        f"{sum(r.unflushed_rows for r in healthy):,} unflushed WAL row(s), "
         f"{size(sum(sum(r.storage_bytes.values()) for r in healthy))} in _mem_wal/"
     )
     if not regions:
         return
     header = (
         "region", "epoch", "gens", "merged", "unmerged", "unmerged rows", "merge lag",
-        "WAL", "storage", "index catch-up",
+        "WAL", "unflushed", "idle", "storage", "index catch-up",
     )  # fmt: skip
     lines = [
         [
@@ -64,6 +65,8 @@ def inspect(a: argparse.Namespace) -> None:
             r.unmerged_rows,
             _duration(r.merge_lag_seconds),
             r.wal_entries,
+            f"{r.unflushed_rows} rows/{r.unflushed_wal_entries} entries",
+            _duration(r.idle_seconds),
             size(sum(r.storage_bytes.values())),
             _catchup(r.index_catchup, r.merged_generation),
         ]
@@ -74,6 +77,13 @@ def inspect(a: argparse.Namespace) -> None:
     for r in regions:
         if r.problem is not None:
             print(f"region {r.region_id} DAMAGED: {r.problem}")
+    if any(r.unflushed_rows for r in healthy):
+        print(
+            "\nunflushed WAL rows are in no generation yet: their writer flushes them, "
+            "`memwal maintain` does once the region is idle for "
+            f"{_duration(RECOVER_REGIONS_IDLE_FOR.total_seconds())}, "
+            "`memwal flush URI` does now (fencing a live writer of the region)"
+        )
 
 
 def _duration(seconds: float) -> str:
@@ -95,6 +105,14 @@ def _catchup(indexes: dict[str, int | None], merged: int) -> str:
     return ", ".join(parts) or "-"
 
 
+def flush(a: argparse.Namespace) -> None:
+    r = _open(a).maintenance.flush_regions(a.regions)
+    for rid, rows in r.recovered.items():
+        print(f"region {rid}: flushed {rows:,} WAL row(s) into a generation")
+    if not r.recovered:
+        print("no region has unflushed WAL rows")
+
+
 def merge(a: argparse.Namespace) -> None:
     r = _open(a).maintenance.merge(regions=a.regions)
     gens = sum(len(g) for g in r.merged.values())
@@ -107,9 +125,11 @@ def merge(a: argparse.Namespace) -> None:
 def _config(a: argparse.Namespace) -> MaintenanceConfig:
     """The maintenance settings the command's arguments give (the others left as default)."""
     older = getattr(a, "base_versions_older_than", None)
+    idle = getattr(a, "recover_regions_idle_for", None)
     return MaintenanceConfig().updated(
         keep_manifest_versions=getattr(a, "keep_manifest_versions", None),
         base_versions_older_than=None if older is None else timedelta(seconds=older),
+        recover_regions_idle_for=None if idle is None else timedelta(seconds=idle),
         target_rows_per_fragment=getattr(a, "target_rows_per_fragment", None),
         deletion_threshold=getattr(a, "deletion_threshold", None),
     )
@@ -160,6 +180,8 @@ def maintain(a: argparse.Namespace) -> None:
 
 def _pass_summary(r: Any) -> str:
     return (
+        f"flushed {sum(r.recovery.recovered.values()):,} WAL row(s) of "
+        f"{len(r.recovery.recovered)} idle region(s), "
         f"merged {sum(len(g) for g in r.merge.merged.values())} generation(s) "
         f"({r.merge.rows_upserted:,} rows upserted, {r.merge.rows_deleted:,} deleted), "
         f"optimized {len(r.indexes.optimized)} index(es), "

@@ -228,7 +228,7 @@ def _inspect(command: Any) -> None:
         "inspect",
         ops_commands.inspect,
         "show each region: writer epoch, generations, unmerged rows, merge lag, WAL entries, "
-        "storage and index catch-up",
+        "unflushed WAL rows, idle time, storage and index catch-up",
         "  memwal inspect ./events\n  memwal inspect s3://bucket/events --json | jq .regions",
     )
     _uri(c)
@@ -246,11 +246,15 @@ def _older_than(c: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"region manifest versions to keep ({_DEFAULTS.keep_manifest_versions})",
     )
+    retention = _DEFAULTS.base_versions_older_than
     c.add_argument(
         "--base-versions-older-than",
         type=float,
         metavar="SECONDS",
-        help="first drop base-table versions older than this",
+        help="first drop base-table versions superseded longer ago than this "
+        f"({retention.total_seconds():.0f}; tagged versions stay)"
+        if retention is not None
+        else "first drop base-table versions superseded longer ago than this",
     )
 
 
@@ -273,6 +277,10 @@ def _compaction(c: argparse.ArgumentParser) -> None:
     )
 
 
+def _regions(c: argparse.ArgumentParser, help: str) -> None:
+    c.add_argument("--region", dest="regions", action="append", metavar="REGION", help=help)
+
+
 def _maintenance(command: Any) -> None:
     c = command(
         "merge",
@@ -282,14 +290,21 @@ def _maintenance(command: Any) -> None:
         "  memwal merge ./events --region 0b7c...-older-region --region 5e1f...-newer-region",
     )
     _uri(c)
-    c.add_argument(
-        "--region",
-        dest="regions",
-        action="append",
-        metavar="REGION",
-        help="merge only this region (repeatable), in the order given: where two of them hold "
+    _regions(
+        c,
+        "merge only this region (repeatable), in the order given: where two of them hold "
         "one key (KeyInTwoRegionsError), the last one's version wins",
     )
+    c = command(
+        "flush",
+        ops_commands.flush,
+        "fold WAL rows no generation holds (a writer that exited without close) into "
+        "generations now: claim, replay, flush and release each region that has some "
+        "(fencing a live writer of it)",
+        "  memwal flush ./events\n  memwal flush ./events --region 0b7c...-region-id",
+    )
+    _uri(c)
+    _regions(c, "flush only this region (repeatable)")
     c = command(
         "compact",
         ops_commands.compact,
@@ -311,8 +326,8 @@ def _maintenance(command: Any) -> None:
     c = command(
         "maintain",
         ops_commands.maintain,
-        "merge, index catch-up, compaction, region snapshots and gc: once, N times, or every SECONDS "
-        "alongside live writers (Ctrl-C stops --watch)",
+        "flush of idle regions' WAL rows, merge, index catch-up, compaction, region snapshots "
+        "and gc: once, N times, or every SECONDS alongside live writers (Ctrl-C stops --watch)",
         "  memwal maintain ./events\n"
         "  memwal maintain s3://bucket/events --watch 60 --storage-options-file s3.env\n"
         "  memwal maintain ./events --watch 5 --iterations 12",
@@ -322,6 +337,15 @@ def _maintenance(command: Any) -> None:
         "--watch", type=float, metavar="SECONDS", help="repeat every SECONDS until stopped"
     )
     c.add_argument("--iterations", type=int, default=0, metavar="N", help="stop after N passes")
+    idle = _DEFAULTS.recover_regions_idle_for
+    c.add_argument(
+        "--recover-regions-idle-for",
+        type=float,
+        metavar="SECONDS",
+        help="flush the WAL rows of a region whose writer is gone once it has seen no write "
+        f"for this long ({idle.total_seconds() if idle else 0:.0f}); it fences a writer "
+        "quieter than that",
+    )
     _older_than(c)
     _compaction(c)
 

@@ -1,4 +1,4 @@
-"""Background maintenance: merging generations into the base table, index catch-up, base-table
+"""Background maintenance: recovering regions whose writer is gone, merging generations into the base table, index catch-up, base-table
 compaction, region snapshots, garbage collection, and a scrub for damage."""
 
 from memwal_sql.maintenance.compaction import CompactionResult, compact_base
@@ -7,6 +7,12 @@ from memwal_sql.maintenance.gc import GcResult, gc_table
 from memwal_sql.maintenance.index_builder import SnapshotResult, build_region_snapshots
 from memwal_sql.maintenance.indexes import CatchupResult, catch_up_indexes
 from memwal_sql.maintenance.merger import MergeResult, merge_region, merge_table
+from memwal_sql.maintenance.recovery import (
+    RecoveryResult,
+    WalBacklog,
+    recover_regions,
+    wal_backlog,
+)
 from memwal_sql.maintenance.run import MaintenanceResult, StepFailure, maintain_table
 from memwal_sql.maintenance.status import RegionStatus, region_status
 from memwal_sql.maintenance.table_maintenance import TableMaintenance
@@ -20,11 +26,13 @@ __all__ = [
     "MaintenanceResult",
     "MergeResult",
     "Problem",
+    "RecoveryResult",
     "RegionStatus",
     "SnapshotResult",
     "StepFailure",
     "TableMaintenance",
     "VerifyReport",
+    "WalBacklog",
     "build_region_snapshots",
     "catch_up_indexes",
     "compact_base",
@@ -32,6 +40,8 @@ __all__ = [
     "maintain_table",
     "merge_region",
     "merge_table",
+    "recover_regions",
     "region_status",
     "verify_table",
+    "wal_backlog",
 ]

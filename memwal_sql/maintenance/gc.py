@@ -16,6 +16,10 @@ Per region, it removes:
 * ``*_gen_*`` directories no manifest references, from failed or fenced flushes, once their
   generation is below the region's next generation (so no flush is still writing them);
 * manifest versions older than the newest ``keep_manifest_versions``;
+* base-table versions superseded longer ago than ``base_versions_older_than`` (an hour), first,
+  through Lance's ``cleanup_old_versions``: counted from when the next version was committed,
+  so a read that began on the latest version has the whole retention to finish, however old
+  that version was. Tagged versions stay (a tag pins a version for as long as it exists);
 * on local disk, temporary files of puts a crash interrupted (older than a minute).
 
 Lance writes base-table versions without fsync, and GC deletes on their word. So on local disk a
@@ -38,6 +42,8 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 from memwal_sql._proto.memwal_pb2 import FlushedGeneration, RegionManifest
@@ -56,6 +62,8 @@ from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.storage.checksums import recorded_wal_entry_position
 
 if TYPE_CHECKING:
+    import lance
+
     from memwal_sql.table_state import TableState
 
 
@@ -132,7 +140,12 @@ def _collectable(table: TableState) -> dict[str, _Collectable]:
 
 def _collectable_once(table: TableState) -> dict[str, _Collectable]:
     ds = table.dataset()
-    oldest_version = min(v["version"] for v in ds.versions())
+    # A tag pins a base version for Lance's readers of the base table; MemWAL reads start from
+    # the latest version, so only untagged retained versions hold generations back.
+    tagged = {t["version"] for t in ds.tags.list().values()}
+    oldest_version = min(
+        [v["version"] for v in ds.versions() if v["version"] not in tagged] + [ds.version]
+    )
     oldest = table.dataset(oldest_version)
     coverage = index_coverage(table.store, oldest)
     latest = table.merged_generations(ds)
@@ -166,6 +179,39 @@ def collectable_generations(table: TableState) -> dict[str, int]:
     return {rid: c.generation for rid, c in _collectable(table).items()}
 
 
+def _now() -> float:
+    """The time retention is measured against (a function so tests can move it on)."""
+    return time.time()
+
+
+def _version_times(ds: lance.LanceDataset) -> list[tuple[int, float]]:
+    """Each base version and when it was committed, oldest first (Lance's naive timestamps are
+    local time, as ``timestamp()`` reads them)."""
+    out = []
+    for v in ds.versions():
+        version, stamp = v["version"], v["timestamp"]
+        assert isinstance(version, int) and isinstance(stamp, datetime)  # the stub's union
+        out.append((version, stamp.timestamp()))
+    return sorted(out)
+
+
+def expire_base_versions(table: TableState, retention: timedelta) -> list[int]:
+    """Remove the base-table versions superseded longer than ``retention`` ago (and the files
+    only they use), keeping tagged ones; returns the versions removed.
+
+    Example:
+        ``expire_base_versions(tbl, timedelta(hours=1))  # [1, 2, 3]``
+    """
+    ds = table.dataset()
+    versions = _version_times(ds)
+    cutoff = _now() - retention.total_seconds()
+    # Version v stopped being the latest when v+1 was committed.
+    expired = [v for (v, _), (_, then) in pairwise(versions) if then <= cutoff]
+    if expired:
+        ds.cleanup_old_versions(versions=expired, error_if_tagged_old_versions=False)
+    return expired
+
+
 def _last_pass_began(table: TableState) -> float:
     """When the previous pass began, less the slack; 0 (sync everything) without a marker."""
     try:
@@ -181,9 +227,9 @@ def gc_table(table: TableState, config: MaintenanceConfig | None = None) -> GcRe
     Example:
         ``gc_table(tbl, MaintenanceConfig(base_versions_older_than=timedelta(hours=1)))``
 
-    ``config.base_versions_older_than`` first removes base-table versions older than that
-    (Lance's ``cleanup_old_versions``); otherwise generations wait until the base table's own
-    retention drops the versions that still list them.
+    ``config.base_versions_older_than`` first removes base-table versions superseded longer
+    ago than that (:func:`expire_base_versions`); ``None`` keeps them all, and the generations
+    they list stay.
     """
     config = config or MaintenanceConfig()
     result = GcResult()
@@ -191,7 +237,7 @@ def gc_table(table: TableState, config: MaintenanceConfig | None = None) -> GcRe
     if local:  # before the cleanup too: it may leave only the newest version
         table.store.sync_written_since(_last_pass_began(table))
     if config.base_versions_older_than is not None:
-        table.dataset().cleanup_old_versions(older_than=config.base_versions_older_than)
+        expire_base_versions(table, config.base_versions_older_than)
     collectable = _collectable(table)
     if local:
         # A version committed while this pass ran may be the one just read: sync it too. The
@@ -216,7 +262,9 @@ def _gc_region(
     listed = sorted(manifest.flushed_generations, key=lambda g: g.generation)
     dead = [g for g in listed if g.generation <= collectable]
     wal_bound = _wal_bound(store, rid, manifest, listed, dead)
-    _explain_kept(rid, state, [g for g in listed if g.generation > collectable], result)
+    kept_gens = _explain_kept(rid, state, [g for g in listed if g.generation > collectable])
+    if kept_gens is not None:
+        result.kept.append(kept_gens)
     # 1. Merged generations: drop them from the manifest first (so no new reader lists them),
     #    then delete their files.
     if dead:
@@ -261,14 +309,15 @@ def _gc_region(
         result.wal_entries += 1
         result.objects += 1
     if held:
-        result.kept.append(
-            GcKept(
-                rid,
-                f"{held} flushed WAL entries",
-                "the generations holding their rows are not collectable yet (the spec keeps "
-                "WAL entries until their generation is merged)",
-            )
+        # The spec keeps a WAL entry while the generation holding its rows is kept: say why that
+        # generation is kept, or that one Lance flushed recorded no WAL position.
+        why = (
+            f"their rows are in {kept_gens.what}, kept too: {kept_gens.reason}"
+            if kept_gens is not None
+            else "a collected generation recorded no WAL position at flush (Lance flushed "
+            "it), so they wait until every listed generation is collectable"
         )
+        result.kept.append(GcKept(rid, f"{held} flushed WAL entries", why))
     # 4. Old manifest versions (the hint and the newest ``keep`` stay).
     versions = manifests.list_versions()
     for v in versions[:-keep] if keep > 0 else []:
@@ -300,10 +349,11 @@ def _wal_bound(
 
 
 def _explain_kept(
-    rid: str, state: _Collectable | None, kept: list[FlushedGeneration], result: GcResult
-) -> None:
+    rid: str, state: _Collectable | None, kept: list[FlushedGeneration]
+) -> GcKept | None:
+    """Why the generations ``kept`` stay: the first of them is the one held back."""
     if not kept:
-        return
+        return None
     gens = [g.generation for g in kept]
     what = f"generation {gens[0]}" if len(gens) == 1 else f"generations {gens[0]}-{gens[-1]}"
     if state is None or gens[0] > state.merged_latest:
@@ -311,8 +361,8 @@ def _explain_kept(
     elif gens[0] > state.merged_oldest:
         reason = (
             f"base version {state.oldest_version} is retained and predates their merge "
-            "(drop older base versions with base_versions_older_than, or wait for the base "
-            "table's version cleanup)"
+            "(GC drops it once superseded for base_versions_older_than, or when its tag is "
+            "deleted)"
         )
     else:
         reason = (
@@ -320,4 +370,4 @@ def _explain_kept(
             f"{state.index_caught_up if state.index_caught_up is not None else '(unknown)'} "
             "(catch the indexes up: maintain)"
         )
-    result.kept.append(GcKept(rid, what, reason))
+    return GcKept(rid, what, reason)

@@ -1,6 +1,8 @@
-"""One maintenance pass: merge, index catch-up, compaction, region snapshots, garbage collection.
+"""One maintenance pass: recovery of stranded WAL rows, merge, index catch-up, compaction,
+region snapshots, garbage collection.
 
-The order matters: generations are merged first, the indexes then cover the merged rows, the
+The order matters: regions whose writer is gone are flushed first (their rows become
+generations), generations are merged next, the indexes then cover the merged rows, the
 base table is compacted once they do (so every index is remapped onto the rewritten
 fragments), the region snapshot then lists what the merge left, and the collector last, so it
 can delete what the merge and the catch-up made obsolete in the same pass.
@@ -36,6 +38,7 @@ from memwal_sql.maintenance.gc import GcResult, gc_table
 from memwal_sql.maintenance.index_builder import SnapshotResult, build_region_snapshots
 from memwal_sql.maintenance.indexes import CatchupResult, catch_up_indexes
 from memwal_sql.maintenance.merger import MergeResult, merge_table
+from memwal_sql.maintenance.recovery import RecoveryResult, recover_regions
 from memwal_sql.storage import storage_failures
 
 if TYPE_CHECKING:
@@ -48,8 +51,9 @@ _log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class StepFailure:
-    """A step of a maintenance pass that failed: ``step`` (``merge``, ``indexes``,
-    ``compaction``, ``snapshots`` or ``gc``) and the error, which says what stopped it."""
+    """A step of a maintenance pass that failed: ``step`` (``recovery``, ``merge``,
+    ``indexes``, ``compaction``, ``snapshots`` or ``gc``) and the error, which says what
+    stopped it."""
 
     step: str
     error: MemWalError
@@ -71,6 +75,7 @@ class MaintenanceResult:
     gc: GcResult
     failures: list[StepFailure] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    recovery: RecoveryResult = field(default_factory=RecoveryResult)
 
     @property
     def ok(self) -> bool:
@@ -100,6 +105,7 @@ def maintain_table(table: TableState, config: MaintenanceConfig | None = None) -
             _log.warning("maintenance of %s: %s; the other steps go on", table.uri, failures[-1])
             return empty()
 
+    recovery = step("recovery", lambda: recover_regions(table, config), RecoveryResult)
     merge = step("merge", lambda: merge_table(table, config), MergeResult)
     indexes = step("indexes", lambda: catch_up_indexes(table), CatchupResult)
     skipped = {}
@@ -114,7 +120,7 @@ def maintain_table(table: TableState, config: MaintenanceConfig | None = None) -
         )
     snapshots = step("snapshots", lambda: build_region_snapshots(table), SnapshotResult)
     gc = step("gc", lambda: gc_table(table, config), GcResult)
-    return MaintenanceResult(merge, indexes, compaction, snapshots, gc, failures, skipped)
+    return MaintenanceResult(merge, indexes, compaction, snapshots, gc, failures, skipped, recovery)
 
 
 def _retrying(job: Callable[[], T], attempts: int = ATTEMPTS) -> T:

@@ -1,8 +1,9 @@
-"""What ``memwal inspect`` reports: per region its generations, merge lag, index catch-up and
-storage use.
+"""What ``memwal inspect`` reports: per region its generations, merge lag, index catch-up,
+storage use, and the WAL rows no generation holds yet.
 
-Everything comes from one listing of the region's directory, its latest manifest, the base
-table's MemWAL index details and index metadata; nothing is opened or read in full.
+Everything comes from listings of the region's directory, its latest manifest, the base
+table's MemWAL index details and index metadata, and the WAL entries after the manifest's
+replay position (what a reader replays anyway); nothing else is read.
 
 Example:
     ``for r in region_status(tbl): print(r.region_id, r.unmerged_rows, r.storage_bytes)``
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from memwal_sql.errors import CorruptManifestError
 from memwal_sql.formats.index_catchup import index_coverage
 from memwal_sql.formats.region_manifest import RegionManifestStore, check_not_behind_index
+from memwal_sql.maintenance.recovery import wal_backlog
 from memwal_sql.storage import layout
 
 if TYPE_CHECKING:
@@ -38,6 +40,10 @@ class RegionStatus:
     merge_lag_seconds: float  # age of the oldest unmerged generation (0: nothing to merge)
     replay_after_wal_entry_position: int
     wal_entries: int
+    # WAL data entries after the replay position, and their rows: in no generation yet
+    unflushed_wal_entries: int = 0
+    unflushed_rows: int = 0
+    idle_seconds: float = 0.0  # since the region's last WAL entry or manifest version
     # index name -> newest generation of the region it covers (None: unknown)
     index_catchup: dict[str, int | None] = field(default_factory=dict)
     storage_bytes: dict[str, int] = field(default_factory=dict)  # wal, generations, manifests
@@ -82,6 +88,7 @@ def region_status(table: TableState) -> list[RegionStatus]:
         wal_entries = 0
         oldest_unmerged = now
         unmerged_dirs = {g.path for g in unmerged}
+        backlog = wal_backlog(table.store, rid, m)
         for meta in table.store.list(prefix):
             top = meta.path[len(prefix) :].split("/", 1)[0]
             if top == "wal":
@@ -108,6 +115,9 @@ def region_status(table: TableState) -> list[RegionStatus]:
                 merge_lag_seconds=round(now - oldest_unmerged, 3) if unmerged else 0.0,
                 replay_after_wal_entry_position=m.replay_after_wal_entry_position,
                 wal_entries=wal_entries,
+                unflushed_wal_entries=backlog.entries,
+                unflushed_rows=backlog.rows,
+                idle_seconds=round(max(0.0, now - backlog.last_write), 3),
                 index_catchup={
                     name: None if gens is None else gens.get(rid, 0)
                     for name, gens in catchup.items()

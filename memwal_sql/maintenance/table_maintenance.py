@@ -30,6 +30,7 @@ from memwal_sql.maintenance.gc import GcResult, gc_table
 from memwal_sql.maintenance.index_builder import SnapshotResult, build_region_snapshots
 from memwal_sql.maintenance.indexes import CatchupResult, catch_up_indexes
 from memwal_sql.maintenance.merger import MergeResult, merge_table
+from memwal_sql.maintenance.recovery import RecoveryResult, recover_regions
 from memwal_sql.maintenance.run import MaintenanceResult, maintain_table
 from memwal_sql.maintenance.status import RegionStatus, region_status
 from memwal_sql.maintenance.verify import VerifyReport, verify_table
@@ -60,6 +61,17 @@ class TableMaintenance:
 
     def _run(self, what: str, job: Callable[[], T]) -> T:
         return self._table.store.run_io(f"{what} of {self._table.uri}", job)
+
+    def flush_regions(self, regions: Sequence[str] | None = None) -> RecoveryResult:
+        """Fold the WAL rows no generation holds into generations now, for every region (or
+        ``regions``): claim each region that has some, replay, flush and release it. A live
+        writer of such a region is fenced (its next write fails; nothing acknowledged is lost).
+        :meth:`run` does this only for regions idle for ``recover_regions_idle_for``.
+
+        Example:
+            ``tbl.maintenance.flush_regions().recovered  # {region id: rows flushed}``
+        """
+        return self._run("flush", lambda: recover_regions(self._table, regions=regions, force=True))
 
     def merge(
         self, config: MaintenanceConfig | None = None, *, regions: Sequence[str] | None = None
@@ -122,9 +134,10 @@ class TableMaintenance:
         return self._run("gc", lambda: gc_table(self._table, cfg))
 
     def run(self, config: MaintenanceConfig | None = None) -> MaintenanceResult:
-        """One maintenance pass: :meth:`merge`, :meth:`catch_up_indexes`, :meth:`compact`
-        (once ``small_fragment_trigger`` fragments are small), :meth:`build_region_snapshots`,
-        then :meth:`gc`. A step that fails does not stop the others: its typed error, which
+        """One maintenance pass: the flush of regions whose writer is gone (unflushed WAL
+        entries, and no write for ``recover_regions_idle_for``), :meth:`merge`,
+        :meth:`catch_up_indexes`, :meth:`compact` (once ``small_fragment_trigger`` fragments are
+        small), :meth:`build_region_snapshots`, then :meth:`gc`. A step that fails does not stop the others: its typed error, which
         names the row or file behind it, is in the result's ``failures`` (and logged), and the
         next pass runs it again.
 
