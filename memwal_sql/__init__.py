@@ -9,6 +9,7 @@ Example:
 """
 
 import logging
+import os
 from typing import TYPE_CHECKING
 
 from memwal_sql import errors
@@ -44,6 +45,16 @@ __all__ = [
     "region_id_for",
 ]
 __version__ = "0.1.0"
+
+#: What ``LANCE_LOG`` is set to when this package is imported before Lance and the user set none:
+#: Lance's Rust log at ``error`` only, so its warnings (empty IVF partitions, index statistics)
+#: stay off stderr. ``lance::index`` is off: the only error it logs on our tables is "Index
+#: __lance_mem_wal has no fields", on every full-text query, which Lance logs for its own MemWAL
+#: index too (docs/search.md has a minimal repro) and which changes no result. Module
+#: directives only: a bare level would also set pylance's Python logger.
+QUIET_LANCE_LOG = "lance=error,lance::index=off"
+# Lance reads LANCE_LOG once, at its import: the table code imports it on first use, after this.
+os.environ.setdefault("LANCE_LOG", QUIET_LANCE_LOG)
 
 # The library logs (writer claims and flushes, merges, GC) on the ``memwal_sql`` logger and
 # prints nothing; the application decides where the records go.

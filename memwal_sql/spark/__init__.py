@@ -79,7 +79,11 @@ def local_session(app: str, master: str = "local[2]", **conf: str) -> SparkSessi
     }
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with warnings.catch_warnings():
+        # Starting the JVM forks with a preexec_fn, which runs Lance's at-fork warning when
+        # Lance is loaded; the child execs java at once and never touches Lance.
+        warnings.filterwarnings("ignore", "lance is not fork-safe", UserWarning)
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
