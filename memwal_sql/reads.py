@@ -30,6 +30,9 @@ from memwal_sql.session import (
 from memwal_sql.structures.keyset import KeySet
 from planner.lookup import LookupPlan, plan_lookup
 
+#: The column ``lookup(..., align=True)`` adds: whether the key was found (live).
+FOUND = "_found"
+
 if TYPE_CHECKING:
     from memwal_sql.table_state import TableState
 
@@ -192,7 +195,8 @@ class TableReads:
             rows = rows.select(names).take(pa.array(at, mask=at < 0))
             for name in pk:
                 rows = rows.set_column(names.index(name), rows.field(name), key_table.column(name))
-            return rows
+            # A missing key's row would otherwise look like a row whose values are null.
+            return rows.append_column(pa.field(FOUND, pa.bool_(), False), pa.array(at >= 0))
         if rows.num_rows > 1:  # input order, first occurrence of each key
             where = KeySet(key_table).positions(rows.select(pk))
             rows = rows.take(pa.array(np.argsort(where, kind="stable")))

@@ -352,7 +352,7 @@ class MemWalContext(SessionContext):
     def register(
         self,
         name: str,
-        table: TableState | str,
+        table: TableState | str | os.PathLike[str],
         *,
         consistency: Consistency = "strong",
         system_columns: bool = False,
@@ -364,7 +364,8 @@ class MemWalContext(SessionContext):
         acknowledged writes, with ``"eventual"`` the flushed generations only.
         ``system_columns=True`` adds ``_gen`` (-1 for the base table) and ``_rowaddr``.
         """
-        if isinstance(table, str):
+        if isinstance(table, (str, os.PathLike)):
+            table = os.fspath(table)
             if self._open_table is None:
                 raise InvalidInputError(
                     f"this session cannot open {table!r} by its uri; register the table "

@@ -107,7 +107,7 @@ def to_spark(spark: SparkSession, result: Any) -> DataFrame:
 
 def write(
     df: DataFrame,
-    uri: str,
+    uri: str | os.PathLike[str],
     *,
     operation: str = "upsert",
     storage_options: dict[str, str] | None = None,
@@ -128,6 +128,7 @@ def write(
 
     if operation not in ("upsert", "delete"):
         raise InvalidInputError(f"operation must be 'upsert' or 'delete', not {operation!r}")
+    uri = os.fspath(uri)
     options = dict(storage_options or {})
     table = mw.open_table(uri, options or None)
     spec = table.region_spec
