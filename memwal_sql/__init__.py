@@ -13,11 +13,10 @@ import os
 from typing import TYPE_CHECKING
 
 from memwal_sql import errors
-from memwal_sql.partitioning.region_spec import RegionSpec
 
 if TYPE_CHECKING:  # loaded on first use at runtime (see __getattr__)
     from memwal_sql.maintenance.config import MaintenanceConfig
-    from memwal_sql.partitioning.region_spec import region_id_for
+    from memwal_sql.partitioning.region_spec import RegionSpec, region_id_for
     from memwal_sql.search import SearchQuery
     from memwal_sql.session import MemWalContext
     from memwal_sql.sql import connect
@@ -63,7 +62,8 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 # Loaded on first use: the table and writers import Lance, whose Rust logger reads LANCE_LOG
 # once, at import (the ``memwal`` command line sets it first); the session pulls in DataFusion
-# and the read side (planner, exec nodes), which import back from this package.
+# and the read side (planner, exec nodes), which import back from this package. Importing the
+# package itself loads nothing heavy, so ``memwal`` handles a Ctrl-C from its first moment.
 _LAZY = {
     "DEFAULT_REGION_ID": "memwal_sql.table_state",
     "MaintenanceConfig": "memwal_sql.maintenance.config",
@@ -73,6 +73,7 @@ _LAZY = {
     "create_table": "memwal_sql.table",
     "open_table": "memwal_sql.table",
     "region_id_for": "memwal_sql.partitioning.region_spec",
+    "RegionSpec": "memwal_sql.partitioning.region_spec",
     "RegionWriter": "memwal_sql.writer.region_writer",
     "WriterConfig": "memwal_sql.writer.config",
     "connect": "memwal_sql.sql",

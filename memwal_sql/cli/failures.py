@@ -14,7 +14,6 @@ from memwal_sql import errors
 
 USAGE = 2  # exit status of a bad command line, as argparse's own
 FAILED = 1  # exit status of a command that could not do its job
-INTERRUPTED = 130  # exit status after Ctrl-C, as a shell reports a SIGINT (128 + 2)
 
 
 class CliError(Exception):
