@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -36,7 +37,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         os.environ["LANCE_LOG"] = QUIET_LANCE_LOG  # the library's default, unless the user's
     # Loading pyarrow, Lance and DataFusion takes a second or more: a Ctrl-C meanwhile has
     # nothing to save, so it ends the process at once, quietly.
-    loading = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    loading = (
+        threading.current_thread() is threading.main_thread()  # where signals are handled
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    )
     if loading:
         signal.signal(signal.SIGINT, _interrupted_while_loading)
     try:
