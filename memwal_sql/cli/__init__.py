@@ -15,16 +15,17 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 from typing import TextIO
+
+from memwal_sql.cli.failures import FAILED, INTERRUPTED, describe, flatten
 
 # Lance's Rust logger reads LANCE_LOG once, when lance is imported. "off" itself would break
 # pylance's Python logger setup ("OFF" is no Python level); a spec of module directives only
 # turns every Rust target off and leaves pylance's Python logger at its default.
 QUIET_LANCE_LOG = "lance=off"
-INTERRUPTED = 130  # exit status after Ctrl-C, as a shell reports a SIGINT (128 + 2)
 
 __all__ = ["main"]
 
@@ -45,14 +46,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         signal.signal(signal.SIGINT, _interrupted_while_loading)
     try:
         from memwal_sql.cli import parser
-        from memwal_sql.cli.failures import FAILED, describe, flatten
     finally:
         if loading:
             signal.signal(signal.SIGINT, signal.default_int_handler)
     args = parser.build().parse_args(argv)
     _log_to_stderr(args.verbose)
     try:
-        with _one_line_warnings(flatten):
+        with _one_line_warnings():
             args.run(args)
         sys.stdout.flush()
     except BrokenPipeError:
@@ -101,7 +101,7 @@ def _log_to_stderr(verbose: int) -> None:
 
 
 @contextmanager
-def _one_line_warnings(flatten: Callable[[str], str]) -> Iterator[None]:
+def _one_line_warnings() -> Iterator[None]:
     """The library's warnings (a torn WAL entry read past, ...) as ``memwal: warning: ...``."""
 
     def show(

@@ -14,8 +14,8 @@ import pyarrow as pa
 from tqdm import tqdm
 
 import memwal_sql as mw
-from memwal_sql.cli import INTERRUPTED, region_specs, storage_options
-from memwal_sql.cli.failures import CliError, UsageError, flatten, one_line
+from memwal_sql.cli import region_specs, storage_options
+from memwal_sql.cli.failures import INTERRUPTED, CliError, UsageError, flatten, one_line
 from memwal_sql.cli.keys import parse_keys
 from memwal_sql.cli.output import write_rows
 from memwal_sql.cli.sources import Source, null_values, open_source

@@ -8,12 +8,11 @@ Example:
 
 from __future__ import annotations
 
-import pyarrow as pa
-
 from memwal_sql import errors
 
 USAGE = 2  # exit status of a bad command line, as argparse's own
 FAILED = 1  # exit status of a command that could not do its job
+INTERRUPTED = 130  # exit status after Ctrl-C, as a shell reports a SIGINT (128 + 2)
 
 
 class CliError(Exception):
@@ -68,6 +67,8 @@ def describe(e: BaseException) -> str | None:
         return one_line(e)
     if isinstance(e, FileNotFoundError):
         return f"no such file or directory: {e.filename or e}"
+    import pyarrow as pa  # here: the command line loads it only once Ctrl-C is handled
+
     if isinstance(e, pa.ArrowInvalid):
         return f"cannot read the input: {flatten(str(e))}"
     if isinstance(e, OSError):
