@@ -381,7 +381,9 @@ class MemWalContext(SessionContext):
         DataFrame derived from it) runs is raised as itself, not as DataFusion's plain
         ``Exception``. Without ``options``, an untrusted session refuses every statement
         but a query (:class:`~memwal_sql.errors.StatementNotAllowedError`); any session
-        refuses one of more than ``MAX_SQL_OPERATORS`` operators (``InvalidInputError``)."""
+        refuses one of more than ``MAX_SQL_OPERATORS`` operators (``InvalidInputError``).
+        A statement that does not parse or plan is a :class:`~memwal_sql.errors.SqlError`
+        with its line and column."""
         if options is None and not self.trusted:
             options = SAFE_SQL
         try:

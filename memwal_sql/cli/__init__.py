@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import TextIO
 
+import memwal_sql
 from memwal_sql.cli.failures import FAILED, INTERRUPTED, describe, flatten
 
 # Lance's Rust logger reads LANCE_LOG once, when lance is imported. "off" itself would break
@@ -32,8 +33,6 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run ``memwal`` with ``argv`` (default: the process's arguments)."""
-    import memwal_sql
-
     if os.environ.get("LANCE_LOG") in (None, memwal_sql.QUIET_LANCE_LOG):
         os.environ["LANCE_LOG"] = QUIET_LANCE_LOG  # the library's default, unless the user's
     # Loading pyarrow, Lance and DataFusion takes a second or more: a Ctrl-C meanwhile has

@@ -6,6 +6,7 @@ import argparse
 import os
 import re
 import sys
+import textwrap
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -203,10 +204,10 @@ def sql(a: argparse.Namespace) -> None:
 
 
 def _print_plans(rows: pa.Table) -> None:
-    for i, (kind, plan) in enumerate(zip(*rows.to_pydict().values())):
-        print(f"{'' if i == 0 else chr(10)}{kind}:")
-        for line in str(plan).rstrip().splitlines():
-            print(f"  {line}")
+    kinds, plans = rows.column("plan_type").to_pylist(), rows.column("plan").to_pylist()
+    print(
+        "\n\n".join(f"{k}:\n{textwrap.indent(str(p).rstrip(), '  ')}" for k, p in zip(kinds, plans))
+    )
 
 
 def _interruptible(query: Callable[[], _T]) -> _T:
