@@ -317,3 +317,27 @@ def test_the_entry_point_prints_version_and_plain_errors(tmp_path):
     assert p.returncode == 1 and p.stdout == ""
     assert p.stderr.startswith("memwal: error: SQL error at line 1, column 8 (near 'nope')")
     assert p.stderr.count("\n") == 1 and "No field named nope" in p.stderr
+
+
+FORK = """
+import warnings
+import lance  # loaded first, as in a script that used Lance before Spark
+import memwal_sql.spark as mws
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    spark = mws.local_session("fork-warning", **{"spark.driver.memory": "512m"})
+    spark.range(3).count()
+    spark.stop()
+print([str(w.message) for w in seen if "fork" in str(w.message)])
+"""
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_starting_spark_after_lance_gives_no_fork_safety_warning():
+    # Starting the JVM forks with a preexec_fn, which runs Lance's at-fork warning.
+    p = subprocess.run(
+        [sys.executable, "-c", FORK], capture_output=True, text=True, env=_env(), timeout=300
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "[]", p.stdout
