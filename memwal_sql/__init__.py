@@ -9,14 +9,14 @@ Example:
 """
 
 import logging
+import os
 from typing import TYPE_CHECKING
 
 from memwal_sql import errors
-from memwal_sql.partitioning.region_spec import RegionSpec
 
 if TYPE_CHECKING:  # loaded on first use at runtime (see __getattr__)
     from memwal_sql.maintenance.config import MaintenanceConfig
-    from memwal_sql.partitioning.region_spec import region_id_for
+    from memwal_sql.partitioning.region_spec import RegionSpec, region_id_for
     from memwal_sql.search import SearchQuery
     from memwal_sql.session import MemWalContext
     from memwal_sql.sql import connect
@@ -45,6 +45,16 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
+#: What ``LANCE_LOG`` is set to when this package is imported before Lance and the user set none:
+#: Lance's Rust log at ``error`` only, so its warnings (empty IVF partitions, index statistics)
+#: stay off stderr. ``lance::index`` is off: the only error it logs on our tables is "Index
+#: __lance_mem_wal has no fields", on every full-text query, which Lance logs for its own MemWAL
+#: index too (docs/search.md has a minimal repro) and which changes no result. Module
+#: directives only: a bare level would also set pylance's Python logger.
+QUIET_LANCE_LOG = "lance=error,lance::index=off"
+# Lance reads LANCE_LOG once, at its import: the table code imports it on first use, after this.
+os.environ.setdefault("LANCE_LOG", QUIET_LANCE_LOG)
+
 # The library logs (writer claims and flushes, merges, GC) on the ``memwal_sql`` logger and
 # prints nothing; the application decides where the records go.
 logging.getLogger(__name__).addHandler(logging.NullHandler())
@@ -52,7 +62,8 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 # Loaded on first use: the table and writers import Lance, whose Rust logger reads LANCE_LOG
 # once, at import (the ``memwal`` command line sets it first); the session pulls in DataFusion
-# and the read side (planner, exec nodes), which import back from this package.
+# and the read side (planner, exec nodes), which import back from this package. Importing the
+# package itself loads nothing heavy, so ``memwal`` handles a Ctrl-C from its first moment.
 _LAZY = {
     "DEFAULT_REGION_ID": "memwal_sql.table_state",
     "MaintenanceConfig": "memwal_sql.maintenance.config",
@@ -62,6 +73,7 @@ _LAZY = {
     "create_table": "memwal_sql.table",
     "open_table": "memwal_sql.table",
     "region_id_for": "memwal_sql.partitioning.region_spec",
+    "RegionSpec": "memwal_sql.partitioning.region_spec",
     "RegionWriter": "memwal_sql.writer.region_writer",
     "WriterConfig": "memwal_sql.writer.config",
     "connect": "memwal_sql.sql",

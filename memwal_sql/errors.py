@@ -66,6 +66,23 @@ class StatementNotAllowedError(InvalidInputError):
     reads or writes a path or changes the session; ``mw.connect(trusted=True)`` allows them."""
 
 
+class SqlError(MemWalError, ValueError):
+    """A SQL statement does not parse or plan (a syntax error, an unknown table, column or
+    function). ``line`` and ``column`` (1-based) point into ``statement`` where DataFusion
+    says, or at the name it could not resolve; ``None`` when neither is known."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        statement: str = "",
+        line: int | None = None,
+        column: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.statement, self.line, self.column = statement, line, column
+
+
 class InvalidRegionSpecError(InvalidInputError):
     """A region spec is malformed or does not fit the table schema."""
 

@@ -41,6 +41,8 @@ _PUSHED_FILTERS = 256
 # Runs a direct scan's other partitions beside the caller's (DataFusion runs each partition
 # on a thread of its own; Lance's scans and Arrow's kernels release the GIL).
 _PARTITIONS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-scan")
+#: The column ``lookup(..., align=True)`` adds: whether the key was found (live).
+FOUND = "_found"
 
 if TYPE_CHECKING:
     from memwal_sql.table_state import TableState
@@ -287,7 +289,8 @@ class TableReads:
             rows = rows.select(names).take(pa.array(at, mask=at < 0))
             for name in pk:
                 rows = rows.set_column(names.index(name), rows.field(name), key_table.column(name))
-            return rows
+            # A missing key's row would otherwise look like a row whose values are null.
+            return rows.append_column(pa.field(FOUND, pa.bool_(), False), pa.array(at >= 0))
         if rows.num_rows > 1:  # input order, first occurrence of each key
             where = KeySet(key_table).positions(rows.select(pk))
             rows = rows.take(pa.array(np.argsort(where, kind="stable")))

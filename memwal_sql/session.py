@@ -38,7 +38,7 @@ from datafusion import DataFrame, SessionConfig, SessionContext, SQLOptions, Tab
 from datafusion import catalog as dfc
 
 from exec_nodes.base import ExecNode
-from memwal_sql.compat.datafusion import refuse_long_sql
+from memwal_sql.compat.datafusion import refuse_long_sql, sql_error
 from memwal_sql.errors import InvalidInputError, MemWalError, StatementNotAllowedError
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.substrait import decode_filter
@@ -352,7 +352,7 @@ class MemWalContext(SessionContext):
     def register(
         self,
         name: str,
-        table: TableState | str,
+        table: TableState | str | os.PathLike[str],
         *,
         consistency: Consistency = "strong",
         system_columns: bool = False,
@@ -364,7 +364,8 @@ class MemWalContext(SessionContext):
         acknowledged writes, with ``"eventual"`` the flushed generations only.
         ``system_columns=True`` adds ``_gen`` (-1 for the base table) and ``_rowaddr``.
         """
-        if isinstance(table, str):
+        if isinstance(table, (str, os.PathLike)):
+            table = os.fspath(table)
             if self._open_table is None:
                 raise InvalidInputError(
                     f"this session cannot open {table!r} by its uri; register the table "
@@ -380,22 +381,24 @@ class MemWalContext(SessionContext):
         DataFrame derived from it) runs is raised as itself, not as DataFusion's plain
         ``Exception``. Without ``options``, an untrusted session refuses every statement
         but a query (:class:`~memwal_sql.errors.StatementNotAllowedError`); any session
-        refuses one of more than ``MAX_SQL_OPERATORS`` operators (``InvalidInputError``)."""
+        refuses one of more than ``MAX_SQL_OPERATORS`` operators (``InvalidInputError``).
+        A statement that does not parse or plan is a :class:`~memwal_sql.errors.SqlError`
+        with its line and column."""
         if options is None and not self.trusted:
             options = SAFE_SQL
-        with self.memwal_schema.planning(query):
-            try:
+        try:
+            with self.memwal_schema.planning(query):
                 df = super().sql(query, options, *args, **kwargs)
-            except Exception as e:
-                refused = _REFUSED.search(str(e)) if options is SAFE_SQL else None
-                if refused is None:
-                    raise
-                raise StatementNotAllowedError(
-                    f"{refused.group(2)} is not allowed in this session: a session of "
-                    "mw.connect() runs queries only (no DDL, COPY, INSERT or SET, nothing that "
-                    "reads or writes a path). mw.connect(trusted=True), or `memwal sql "
-                    "--trusted`, allows them"
-                ) from None
+        except MemWalError:
+            raise
+        except Exception as e:
+            refused = _REFUSED.search(str(e)) if options is SAFE_SQL else None
+            if refused is not None:
+                raise _not_allowed(refused.group(2)) from None
+            typed = sql_error(e, query) if isinstance(query, str) else None
+            if typed is None:
+                raise
+            raise typed from None
         df.df = _Typed(df.df, self.memwal_schema)
         return df
 
@@ -408,6 +411,30 @@ class MemWalContext(SessionContext):
         """The scan plan of the last query that read MemWAL table ``name``."""
         ds = self.memwal_schema.last_datasets.get(name)
         return ds.last_plan if ds is not None else None
+
+
+# Statements that change rows: memwal-sql's SQL reads only, the table's API and CLI write.
+_DML = {
+    "Insert": "INSERT",
+    "Update": "UPDATE",
+    "Delete": "DELETE",
+    "MergeInto": "MERGE INTO",
+    "Truncate": "TRUNCATE",
+}
+
+
+def _not_allowed(statement: str) -> StatementNotAllowedError:
+    if statement in _DML:
+        return StatementNotAllowedError(
+            f"{_DML[statement]} is not supported: SQL here runs queries only. Write rows with "
+            "tbl.upsert(rows) or `memwal ingest URI FILE`, delete keys with tbl.delete(keys) "
+            "or `memwal ingest URI FILE --delete`"
+        )
+    return StatementNotAllowedError(
+        f"{statement} is not allowed in this session: a session of mw.connect() runs queries "
+        "only (no DDL, COPY, INSERT or SET, nothing that reads or writes a path). "
+        "mw.connect(trusted=True), or `memwal sql --trusted`, allows them"
+    )
 
 
 def read_failures(what: str) -> AbstractContextManager[None]:

@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -34,7 +35,6 @@ from memwal_sql.errors import (
     MemWalError,
     PrimaryKeyError,
     SchemaMismatchError,
-    StorageError,
     TableExistsError,
     TableNotFoundError,
     WriterFencedError,
@@ -57,7 +57,7 @@ from memwal_sql.maintenance import (
 )
 from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.read_snapshot import Consistency
-from memwal_sql.storage import ObjectStore, layout, storage_failures
+from memwal_sql.storage import ObjectStore, layout, storage_error, storage_failures
 from memwal_sql.storage.store import is_access_denied, with_default_timeouts
 from memwal_sql.structures.cache import Caches
 from memwal_sql.table_state import TableState
@@ -66,6 +66,9 @@ from memwal_sql.writer.memtable import duplicate_keys, latest_per_key
 from memwal_sql.writer.region_writer import RegionWriter
 
 if TYPE_CHECKING:  # imported on first use: the read side pulls in DataFusion
+    import pandas
+    import polars
+
     from memwal_sql.reads import TableReads
     from memwal_sql.search import IndexInfo, SearchQuery, TableSearch
 from memwal_sql.formats.wal import TOMBSTONE
@@ -134,6 +137,47 @@ class MemWalTable(TableState):
         """
         return self._reads.scan(columns, filter, consistency, with_system_columns)
 
+    def to_pandas(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        *,
+        consistency: Consistency = "strong",
+    ) -> pandas.DataFrame:
+        """Like :meth:`to_arrow`, as a pandas DataFrame (needs pandas).
+
+        Example:
+            ``tbl.to_pandas(["id", "score"], filter="score > 0.5")``
+        """
+        return self.to_arrow(columns, filter, consistency=consistency).to_pandas()
+
+    def to_polars(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        *,
+        consistency: Consistency = "strong",
+    ) -> polars.DataFrame:
+        """Like :meth:`to_arrow`, as a polars DataFrame (needs polars: ``pip install polars``).
+
+        Example:
+            ``tbl.to_polars(filter="score > 0.5")``
+        """
+        try:
+            import polars
+        except ImportError as e:
+            raise ImportError("to_polars() needs polars: pip install polars") from e
+        frame = polars.from_arrow(self.to_arrow(columns, filter, consistency=consistency))
+        assert isinstance(frame, polars.DataFrame)  # from a table, never a Series
+        return frame
+
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
+        """The latest rows as an Arrow C stream (the Arrow PyCapsule interface), so that any
+        library that takes one reads the table directly: ``pa.table(tbl)``,
+        ``polars.DataFrame(tbl)``, DuckDB's ``SELECT * FROM tbl``. Each call reads a fresh
+        snapshot, with ``consistency="strong"``."""
+        return self.scan().__arrow_c_stream__(requested_schema)
+
     def count_rows(self, filter: str | None = None, *, consistency: Consistency = "strong") -> int:
         """Number of live keys (matching ``filter``).
 
@@ -156,14 +200,17 @@ class MemWalTable(TableState):
 
         By default each distinct key found gives one row, in the order the keys first occur;
         absent and deleted keys are left out. With ``align=True`` the result has one row per
-        input key, in input order (repeats repeated), and a missing key's row holds the key and
-        nulls elsewhere.
+        input key, in input order (repeats repeated), and a last column ``_found``: false for
+        a key that is absent or deleted, whose row holds the key and nulls elsewhere.
+
+        ``keys`` may also be one key value (``tbl.lookup(42)``) and, for a composite key, a
+        tuple of its values or a list of tuples (``tbl.lookup([("acme", 7), ("zeta", 1)])``).
 
         Each source is probed once per call, newest first, generations behind their bloom
         filters, the base table through its primary-key btree.
 
         Example:
-            ``tbl.lookup([3, 1, 42], columns=["name"], align=True)  # id, name; 3 rows``
+            ``tbl.lookup([3, 1, 42], columns=["name"], align=True)  # id, name, _found; 3 rows``
         """
         return self._reads.lookup(keys, columns, consistency, with_system_columns, align)
 
@@ -660,7 +707,7 @@ DATA_STORAGE_VERSIONS = ("2.0", "2.1", "2.2")
 
 
 def create_table(
-    uri: str,
+    uri: str | os.PathLike[str],
     data_or_schema: WriteData | pa.Schema | None = None,
     *,
     primary_key: str | Sequence[str],
@@ -671,6 +718,7 @@ def create_table(
     allow_non_key_region_spec: bool = False,
     maintenance: MaintenanceConfig | None = None,
     cache: int | Caches | None = None,
+    exist_ok: bool = False,
 ) -> MemWalTable:
     """Create a MemWAL table: the base Lance table with the primary key and the MemWAL index.
 
@@ -691,7 +739,9 @@ def create_table(
     ``"2.0"`` scans faster and takes more bytes (the README's "Lance file format").
     ``maintenance`` is the returned table object's default maintenance config (see
     :class:`~memwal_sql.maintenance.TableMaintenance`; not stored with the table). ``cache``
-    is the table's read caches, as for :func:`open_table`.
+    is the table's read caches, as for :func:`open_table`. With ``exist_ok=True`` a MemWAL
+    table already at ``uri`` with the same primary key is opened instead (``data_or_schema``
+    is then not written), so a script that creates its table can run again.
 
     Example:
         >>> import memwal_sql as mw, pyarrow as pa, tempfile
@@ -700,6 +750,7 @@ def create_table(
         >>> tbl.primary_key
         ('id',)
     """
+    uri = os.fspath(uri)
     caches = Caches.of(cache)
     keys = _normalise_pk(primary_key)
     spec = region_spec if region_spec is not None else RegionSpec.unsharded()
@@ -721,6 +772,17 @@ def create_table(
         )
     opts = with_default_timeouts(uri, storage_options) or None
     existing = _try_dataset(uri, opts)
+    if exist_ok and existing is not None and has_mem_wal_index(existing):
+        table = open_table(
+            uri, storage_options, writer_config=writer_config, maintenance=maintenance, cache=cache
+        )
+        if list(table.primary_key) != keys:
+            table.close()
+            raise TableExistsError(
+                f"a table with primary key {list(table.primary_key)}, not {keys}, already "
+                f"exists at {uri}; open it with mw.open_table or pick another uri"
+            )
+        return table
     if data_or_schema is None:
         if existing is None:
             raise TableNotFoundError(
@@ -773,18 +835,20 @@ def create_table(
             # As in one upsert, the last row of a key wins: the base holds each key once.
             data = latest_per_key(data.cast(schema), keys)
         spec = spec.bind(schema)
-        ds = lance.write_dataset(
-            data,
-            uri,
-            schema=schema,
-            mode="create",
-            storage_options=opts,
-            data_storage_version=data_storage_version,  # type: ignore[arg-type]  # the stub's Literal
-        )
+        with storage_failures(f"creating a table at {uri}"):
+            ds = lance.write_dataset(
+                data,
+                uri,
+                schema=schema,
+                mode="create",
+                storage_options=opts,
+                data_storage_version=data_storage_version,  # type: ignore[arg-type]  # the stub's Literal
+            )
     spec = spec.bind(_plain_schema(ds.schema))
     writer_config = writer_config or WriterConfig()
-    ds = create_mem_wal_index(ds, _index_details(ds, spec, writer_config), opts)
-    ds = _ensure_key_index(ds, keys, uri, opts)
+    with storage_failures(f"enabling MemWAL at {uri}"):
+        ds = create_mem_wal_index(ds, _index_details(ds, spec, writer_config), opts)
+        ds = _ensure_key_index(ds, keys, uri, opts)
     table = MemWalTable(
         uri,
         ds,
@@ -803,7 +867,7 @@ def create_table(
 
 
 def open_table(
-    uri: str,
+    uri: str | os.PathLike[str],
     storage_options: Mapping[str, str] | None = None,
     *,
     writer_config: WriterConfig | None = None,
@@ -826,6 +890,7 @@ def open_table(
     Example:
         ``tbl = mw.open_table("s3://bucket/events", storage_options={...}, cache=1 << 30)``
     """
+    uri = os.fspath(uri)
     caches = Caches.of(cache)
     opts = with_default_timeouts(uri, storage_options) or None
     ds = _try_dataset(uri, opts)
@@ -914,4 +979,4 @@ def _try_dataset(uri: str, storage_options: dict[str, str] | None) -> lance.Lanc
             ) from e
         if is_not_found(e):
             return None
-        raise StorageError(f"cannot open a table at {uri}: {e}") from e
+        raise storage_error(f"opening a table at {uri}", e) from e

@@ -568,8 +568,8 @@ def test_errors(tmp_path, files, table, capsys):
         (["create", table, "--primary-key", "id", "--from", csv], 1, "memwal ingest"),
         # keys, tables, sources
         (["lookup", table, "abc"], 2, "int64"),
-        (["sql", "SELECT 1", "--table", table], 2, "NAME=URI"),
-        (["sql", "SELEC 1", "--table", f"t={table}"], 1, "query failed"),
+        (["sql", "SELECT 1", "--table", str(tmp_path / "9lives")], 2, "NAME=URI"),
+        (["sql", "SELEC 1", "--table", f"t={table}"], 1, "SQL syntax error at line 1, column 1"),
         (["create", missing, "--primary-key", "id", "--with-data"], 2, "--from"),
         (["ingest", table, str(extra), "--delete"], 0, None),
         (["ingest", table, str(files / "update.jsonl"), str(tmp_path / "t.csv")], 1, "no such file"),

@@ -112,15 +112,20 @@ def test_lookup_returns_the_keys_and_aligns_with_the_input_on_request(tmp_path):
     got = tbl.lookup([4, 2, 1, 4, 99], columns=["v"])
     assert got.column_names == ["k", "v"]
     assert got.to_pylist() == [{"k": 4, "v": "v4-1"}, {"k": 1, "v": "v1-0"}]
-    # align=True: one row per input key, in place; a missing (or deleted) key has nulls.
-    aligned = tbl.lookup([4, 2, 1, 4, 99], columns=["v"], align=True)
-    assert aligned.schema == pa.schema([SCHEMA.field("k"), SCHEMA.field("v")])
+    # align=True: one row per input key, in place; a missing (or deleted) key has nulls and
+    # _found false, so it differs from a row whose values are null.
+    tbl.upsert(pa.table({"k": [5], "v": [None]}, schema=SCHEMA))
+    aligned = tbl.lookup([4, 2, 1, 4, 99, 5], columns=["v"], align=True)
+    assert aligned.schema == pa.schema(
+        [SCHEMA.field("k"), SCHEMA.field("v"), pa.field("_found", pa.bool_(), False)]
+    )
     assert aligned.to_pylist() == [
-        {"k": 4, "v": "v4-1"},
-        {"k": 2, "v": None},
-        {"k": 1, "v": "v1-0"},
-        {"k": 4, "v": "v4-1"},
-        {"k": 99, "v": None},
+        {"k": 4, "v": "v4-1", "_found": True},
+        {"k": 2, "v": None, "_found": False},
+        {"k": 1, "v": "v1-0", "_found": True},
+        {"k": 4, "v": "v4-1", "_found": True},
+        {"k": 99, "v": None, "_found": False},
+        {"k": 5, "v": None, "_found": True},
     ]
     assert tbl.lookup(pa.array([], pa.int64()), align=True).num_rows == 0
     # Composite keys, keys named ahead of the columns asked for.
@@ -128,9 +133,9 @@ def test_lookup_returns_the_keys_and_aligns_with_the_input_on_request(tmp_path):
     comp = mw.create_table(str(tmp_path / "c"), rows, primary_key=["a", "b"])
     probe = pa.table({"a": ["y", "q", "x"], "b": [1, 1, 1]})
     assert comp.lookup(probe, columns=["v", "a"], align=True).to_pylist() == [
-        {"a": "y", "b": 1, "v": 2},
-        {"a": "q", "b": 1, "v": None},
-        {"a": "x", "b": 1, "v": 1},
+        {"a": "y", "b": 1, "v": 2, "_found": True},
+        {"a": "q", "b": 1, "v": None, "_found": False},
+        {"a": "x", "b": 1, "v": 1, "_found": True},
     ]
     tbl.close()
 

@@ -1,8 +1,9 @@
 """The README's code blocks run as written, in order, in a fresh directory.
 
-Every ``python`` block runs; ``bash`` blocks run too, except the install block (``make ...``,
-which is how this test itself is run). The S3 and Spark how-tos run against the test S3 server
-and the test Spark session.
+Every ``python`` block runs, each in a process of its own; ``bash`` blocks run too, except the
+install block (``make ...``, which is how this test itself is run). Neither prints anything of
+Lance's log on stderr. The S3 and Spark how-tos run against the test S3 server and the test
+Spark session.
 """
 
 from __future__ import annotations
@@ -48,16 +49,25 @@ def run_python(code: str, where: Path) -> None:
 
 
 def run_bash(code: str, where: Path) -> None:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", code],
-        cwd=where,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    env = _env(PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    _run(["bash", "-euo", "pipefail", "-c", code], code, where, env)
+
+
+def run_python_process(code: str, where: Path) -> None:
+    """Like :func:`run_python`, in a process of its own, as a user runs the block."""
+    _run([sys.executable, "-c", code], code, where, _env())
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """This environment without LANCE_LOG: Lance's log as a user gets it by default."""
+    return {**{k: v for k, v in os.environ.items() if k != "LANCE_LOG"}, **extra}
+
+
+def _run(command: list[str], code: str, where: Path, env: dict[str, str]) -> None:
+    done = subprocess.run(command, cwd=where, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{code}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+    # Nothing from Lance's (Rust) log: the library keeps it at error unless LANCE_LOG is set.
+    assert "lance" not in done.stderr.lower(), f"{code}\n--- stderr\n{done.stderr}"
 
 
 def quickstart(where: Path) -> None:
@@ -80,7 +90,7 @@ def test_every_python_and_shell_block_runs(tmp_path):
         if heading in SPECIAL:
             continue
         if lang == "python":
-            run_python(code, tmp_path)
+            run_python_process(code, tmp_path)
         elif lang == "bash":
             run_bash(code, tmp_path)
         else:

@@ -2,22 +2,25 @@
 verify, set-aside, demo (``memwal --help``; each command's ``--help`` has examples).
 
 A failure is one line on stderr, ``memwal: error: ...``, saying what to do next; the exit status
-is 1, or 2 for a bad command line. Nothing here may import Lance before :func:`main` has set
-``LANCE_LOG`` (the package imports its table code on first use).
+is 1, or 2 for a bad command line. Ctrl-C exits with status 130 and no traceback, also while the
+libraries load: this module imports nothing heavy (pyarrow, Lance, DataFusion) before
+:func:`main` has its SIGINT handler in place, and sets ``LANCE_LOG`` before Lance is loaded.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
-import traceback
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from types import FrameType
 from typing import TextIO
 
-from memwal_sql.cli import parser
+import memwal_sql
 from memwal_sql.cli.failures import FAILED, INTERRUPTED, describe, flatten
 
 # Lance's Rust logger reads LANCE_LOG once, when lance is imported. "off" itself would break
@@ -30,7 +33,21 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run ``memwal`` with ``argv`` (default: the process's arguments)."""
-    os.environ.setdefault("LANCE_LOG", QUIET_LANCE_LOG)
+    if os.environ.get("LANCE_LOG") in (None, memwal_sql.QUIET_LANCE_LOG):
+        os.environ["LANCE_LOG"] = QUIET_LANCE_LOG  # the library's default, unless the user's
+    # Loading pyarrow, Lance and DataFusion takes a second or more: a Ctrl-C meanwhile has
+    # nothing to save, so it ends the process at once, quietly.
+    loading = (
+        threading.current_thread() is threading.main_thread()  # where signals are handled
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    )
+    if loading:
+        signal.signal(signal.SIGINT, _interrupted_while_loading)
+    try:
+        from memwal_sql.cli import parser
+    finally:
+        if loading:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     args = parser.build().parse_args(argv)
     _log_to_stderr(args.verbose)
     try:
@@ -46,13 +63,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         except (OSError, ValueError):
             pass
         raise SystemExit(FAILED) from None
-    except KeyboardInterrupt:
-        print("memwal: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # a command may say what was done (ingest's rows)
+        print(f"memwal: interrupted{f': {e}' if str(e) else ''}", file=sys.stderr)
         raise SystemExit(INTERRUPTED) from None
     except Exception as e:
         text = describe(e)
         if text is None:  # not a failure we expect: a bug
             if args.verbose:
+                import traceback
+
                 traceback.print_exc()
             text = (
                 f"unexpected {type(e).__name__}: {flatten(str(e))} "
@@ -60,6 +79,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         print(f"memwal: error: {text}", file=sys.stderr)
         raise SystemExit(getattr(e, "status", FAILED)) from None
+
+
+def _interrupted_while_loading(signum: int, frame: FrameType | None) -> None:
+    sys.stderr.write("memwal: interrupted\n")
+    sys.stderr.flush()
+    os._exit(INTERRUPTED)
 
 
 def _log_to_stderr(verbose: int) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+import textwrap
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -19,6 +21,7 @@ from memwal_sql.cli.keys import parse_keys
 from memwal_sql.cli.output import write_rows
 from memwal_sql.cli.sources import Source, null_values, open_source
 from memwal_sql.errors import MemWalError, TableExistsError, TableNotFoundError
+from memwal_sql.storage import layout
 
 _T = TypeVar("_T")
 
@@ -102,7 +105,7 @@ def ingest(a: argparse.Namespace) -> None:
     ]
     known = [src.known_rows() for src, _ in plan]
     total = None if None in known else sum(n or 0 for n in known)
-    written, regions = 0, 0
+    written, regions, at = 0, 0, (plan[0][0].path, 0)
     try:
         with tqdm(
             total=total,
@@ -113,12 +116,14 @@ def ingest(a: argparse.Namespace) -> None:
             file=sys.stderr,
         ) as bar:
             for src, columns in plan:
+                at = (src.path, 0)
                 for batch in src.batches(a.batch_rows, columns):
                     if a.delete:
                         tbl.delete(pa.Table.from_batches([batch]))
                     else:
                         tbl.upsert(batch)
                     written += batch.num_rows
+                    at = (src.path, at[1] + batch.num_rows)
                     bar.update(batch.num_rows)
             regions = len(tbl.live_writers())
         tbl.close()
@@ -127,6 +132,15 @@ def ingest(a: argparse.Namespace) -> None:
         raise CliError(
             f"{one_line(e)} ({written:,} row(s) of this run were written before the failure)"
         ) from e
+    except KeyboardInterrupt:
+        _close_quietly(tbl)  # flushes what was acknowledged
+        # Python raises the interrupt between two steps: the write under way may have landed.
+        raise KeyboardInterrupt(
+            f"{written:,} row(s) of this run were written durably (up to row {at[1]:,} of "
+            f"{at[0]}; the write under way may have landed too). To resume, run the same "
+            f"command again: {'deleting' if a.delete else 'upserting'} a row twice gives "
+            "the same table"
+        ) from None
     except BaseException:
         _close_quietly(tbl)
         raise
@@ -181,9 +195,19 @@ def sql(a: argparse.Namespace) -> None:
         rows = _interruptible(lambda: ctx.sql(a.query).to_arrow_table())
     except MemWalError:
         raise
-    except Exception as e:  # DataFusion's errors: ValueError, or a plain Exception
+    except Exception as e:  # DataFusion's errors at execution: ValueError, or a plain Exception
         raise CliError(f"query failed: {flatten(str(e))}") from None
-    write_rows(rows, a.output)
+    if rows.column_names == ["plan_type", "plan"] and a.output == "table":
+        _print_plans(rows)  # EXPLAIN: multi-line plans, which a table cell would cut short
+    else:
+        write_rows(rows, a.output)
+
+
+def _print_plans(rows: pa.Table) -> None:
+    kinds, plans = rows.column("plan_type").to_pylist(), rows.column("plan").to_pylist()
+    print(
+        "\n\n".join(f"{k}:\n{textwrap.indent(str(p).rstrip(), '  ')}" for k, p in zip(kinds, plans))
+    )
 
 
 def _interruptible(query: Callable[[], _T]) -> _T:
@@ -216,18 +240,44 @@ def _interruptible(query: Callable[[], _T]) -> _T:
     return done[0]
 
 
+_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.+)$")
+
+
 def _named_tables(specs: Sequence[str]) -> list[tuple[str, str]]:
+    """(name, uri) of each ``--table [NAME=]URI``; a local directory that is no table but
+    holds tables gives each of them, named by its directory."""
     out: dict[str, str] = {}
-    for spec in specs:
-        name, eq, uri = spec.partition("=")
-        if not eq or not name or not uri:
-            raise UsageError(
-                f"bad --table {spec!r}: write NAME=URI, e.g. events=s3://bucket/events"
-            )
+
+    def add(name: str, uri: str) -> None:
         if name in out:
-            raise UsageError(f"--table {name} is given twice")
+            raise UsageError(f"--table {name} is given twice; name one of them: NAME=URI")
         out[name] = uri
+
+    for spec in specs:
+        named = _NAME.match(spec)
+        if named is not None:
+            add(named.group(1), named.group(2))
+            continue
+        path = spec.removeprefix("file://")
+        if "://" not in path and os.path.isdir(path) and not _is_lance(path):
+            tables = sorted(e.name for e in os.scandir(path) if _is_lance(e.path))
+            if not tables:
+                raise CliError(f"no tables in {spec}; give --table NAME=URI for each")
+            for name in tables:
+                add(name, os.path.join(spec, name))
+            continue
+        name = os.path.basename(spec.rstrip("/"))
+        if not _NAME.match(f"{name}=x"):
+            raise UsageError(
+                f"bad --table {spec!r}: {name!r} is no SQL name; write NAME=URI, e.g. "
+                "events=s3://bucket/events"
+            )
+        add(name, spec)
     return list(out.items())
+
+
+def _is_lance(path: str) -> bool:
+    return os.path.isdir(os.path.join(path, layout.VERSIONS_DIR))
 
 
 def lookup(a: argparse.Namespace) -> None:

@@ -8,8 +8,6 @@ Example:
 
 from __future__ import annotations
 
-import pyarrow as pa
-
 from memwal_sql import errors
 
 USAGE = 2  # exit status of a bad command line, as argparse's own
@@ -69,6 +67,8 @@ def describe(e: BaseException) -> str | None:
         return one_line(e)
     if isinstance(e, FileNotFoundError):
         return f"no such file or directory: {e.filename or e}"
+    import pyarrow as pa  # here: the command line loads it only once Ctrl-C is handled
+
     if isinstance(e, pa.ArrowInvalid):
         return f"cannot read the input: {flatten(str(e))}"
     if isinstance(e, OSError):

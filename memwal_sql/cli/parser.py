@@ -7,6 +7,7 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
+import memwal_sql
 from memwal_sql.cli import data_commands, ops_commands, region_specs, storage_options
 from memwal_sql.cli.output import OUTPUT_HELP, OUTPUTS
 from memwal_sql.cli.sources import FORMAT_HELP, FORMATS, NULL_VALUES_HELP
@@ -25,6 +26,7 @@ examples:
   memwal create ./events --primary-key id --from events.parquet --region-spec bucket:id:4
   memwal ingest ./events more.csv updates.jsonl
   memwal sql "SELECT count(*) FROM events" --table events=./events
+  memwal sql "SELECT 1 + 1"
   memwal lookup ./events 42 43 --columns id,user
   memwal inspect ./events
   memwal maintain ./events --watch 60
@@ -50,6 +52,7 @@ def build() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _verbose(p, 0)
+    p.add_argument("--version", action="version", version=f"memwal {memwal_sql.__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)
     # Also after the command; SUPPRESS keeps a -v given before it.
@@ -177,9 +180,12 @@ def _sql(command: Any) -> None:
     c = command(
         "sql",
         data_commands.sql,
-        "run a SQL query (DataFusion) over one or more tables, each registered by "
-        "--table NAME=URI; every acknowledged write is seen",
+        "run a SQL query (DataFusion) over the tables given by --table (none, one or more); "
+        "every acknowledged write is seen. EXPLAIN prints the plan as text. Writes are "
+        "`memwal ingest` (upserts) and `memwal ingest --delete`",
         "  memwal sql \"SELECT count(*) FROM events\" --table events=./events\n"
+        "  memwal sql \"SELECT count(*) FROM events JOIN users USING (uid)\" --table ./data\n"
+        "  memwal sql \"EXPLAIN SELECT * FROM events WHERE id = 42\" --table ./events\n"
         "  memwal sql \"SELECT u.name, count(*) AS n FROM events e JOIN users u ON e.uid = u.id\n"
         "              GROUP BY u.name ORDER BY n DESC LIMIT 10\" \\\n"
         "      --table events=s3://bucket/events --table users=s3://bucket/users \\\n"
@@ -190,9 +196,11 @@ def _sql(command: Any) -> None:
     c.add_argument(
         "--table",
         action="append",
-        required=True,
-        metavar="NAME=URI",
-        help="register the table at URI under NAME (repeat for more tables)",
+        default=[],
+        metavar="[NAME=]URI",
+        help="register the table at URI under NAME (default: the last part of URI); a local "
+        "directory that is not a table registers each table in it by its directory name "
+        "(repeat for more tables)",
     )
     c.add_argument(
         "--trusted",

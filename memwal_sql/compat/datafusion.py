@@ -20,6 +20,10 @@
   ``DatasetExec`` (:func:`scan_only`); a filter it folds to false plans ``EmptyExec``.
 * It never pushes ``LIKE`` into a pyarrow dataset, and its Python ``Like`` expression does
   not say whether it is ``ILIKE``: only its canonical name does (:func:`plain_likes`).
+* A statement that does not parse or plan is a plain ``ValueError`` whose text is all there
+  is: a parser error ends in ``at Line: L, Column: C``; a planning error names what it could
+  not resolve but not where. :func:`sql_error` reads both into a
+  :class:`~memwal_sql.errors.SqlError`.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from memwal_sql.errors import InvalidInputError
+from memwal_sql.errors import InvalidInputError, SqlError
 
 #: The most operators a filter or a SQL statement may hold: far below where DataFusion's
 #: parser overflows its stack (about 9,000), and where its quadratic planning stays short
@@ -193,3 +197,68 @@ def _plain_like(e: Any) -> tuple[str, str, bool] | None:
     if e.canonical_name() != want:
         return None
     return column.to_variant().name(), text, negated
+
+
+# DataFusion's error texts for a statement that does not parse or plan (its DataFusionError
+# variants SQL, Plan, SchemaError, NotImplemented), as datafusion-python words them.
+_PARSE = re.compile(r'^SQL error: ParserError\("(.*)"\)$', re.S)
+_PLAN_PREFIXES = (
+    "Error during planning: ",
+    "Schema error: ",
+    "SQL error: ",
+    "This feature is not implemented: ",
+)
+_AT = re.compile(r"\s*at Line: (\d+), Column: (\d+)\s*$")
+# What a planning error names: table 'memwal.public.t', function 'f', field named x.
+_NAMED = re.compile(
+    r"(?:table|function|column|field) '(?:[^'.]*\.)*([^'.]+)'|field named \"?(?:\w+\.)*(\w+)\"?"
+)
+
+
+def sql_error(error: Exception, statement: str) -> SqlError | None:
+    """DataFusion's failure to parse or plan ``statement`` as a :class:`SqlError` with the
+    line and column (1-based) it points at, or ``None`` for any other failure.
+
+    Example:
+        >>> e = sql_error(ValueError('SQL error: ParserError("Expected: an SQL statement, '
+        ...     'found: SELEC at Line: 1, Column: 1")'), "SELEC 1")
+        >>> e.line, e.column, str(e)
+        (1, 1, "SQL syntax error at line 1, column 1 (near 'SELEC 1'): Expected: an SQL statement, found: SELEC")
+    """
+    text = str(error).removeprefix("DataFusion error: ").strip()
+    parsed = _PARSE.match(text)
+    if parsed is not None:
+        kind, detail = "SQL syntax error", parsed.group(1)
+    else:
+        prefix = next((p for p in _PLAN_PREFIXES if text.startswith(p)), None)
+        if prefix is None:
+            return None
+        kind, detail = "SQL error", text.removeprefix(prefix)
+    line = column = None
+    at = _AT.search(detail)
+    if at is not None:
+        line, column = int(at.group(1)), int(at.group(2))
+        detail = detail[: at.start()]
+    elif detail.endswith("found: EOF"):  # the statement ended early: point past its end
+        lines = statement.rstrip().splitlines() or [""]
+        line, column = len(lines), len(lines[-1]) + 1
+    else:
+        named = _NAMED.search(detail)
+        if named is not None:
+            line, column = _position(statement, named.group(1) or named.group(2))
+    detail = " ".join(detail.split())
+    where = ""
+    if line is not None and column is not None:
+        lines = statement.splitlines() or [""]
+        near = lines[line - 1][column - 1 : column + 29].strip() if line <= len(lines) else ""
+        where = f" at line {line}, column {column}" + (f" (near {near!r})" if near else "")
+    return SqlError(f"{kind}{where}: {detail}", statement=statement, line=line, column=column)
+
+
+def _position(statement: str, name: str) -> tuple[int | None, int | None]:
+    """The line and column (1-based) of the first whole-word ``name`` in ``statement``."""
+    found = re.search(rf"(?<!\w){re.escape(name)}(?!\w)", statement, re.I)
+    if found is None:
+        return None, None
+    before = statement[: found.start()]
+    return before.count("\n") + 1, found.start() - (before.rfind("\n") + 1) + 1

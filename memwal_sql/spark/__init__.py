@@ -79,7 +79,11 @@ def local_session(app: str, master: str = "local[2]", **conf: str) -> SparkSessi
     }
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with warnings.catch_warnings():
+        # Starting the JVM forks with a preexec_fn, which runs Lance's at-fork warning when
+        # Lance is loaded; the child execs java at once and never touches Lance.
+        warnings.filterwarnings("ignore", "lance is not fork-safe", UserWarning)
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
@@ -103,7 +107,7 @@ def to_spark(spark: SparkSession, result: Any) -> DataFrame:
 
 def write(
     df: DataFrame,
-    uri: str,
+    uri: str | os.PathLike[str],
     *,
     operation: str = "upsert",
     storage_options: dict[str, str] | None = None,
@@ -124,6 +128,7 @@ def write(
 
     if operation not in ("upsert", "delete"):
         raise InvalidInputError(f"operation must be 'upsert' or 'delete', not {operation!r}")
+    uri = os.fspath(uri)
     options = dict(storage_options or {})
     table = mw.open_table(uri, options or None)
     spec = table.region_spec

@@ -794,33 +794,83 @@ class storage_failures:
             return
         if not (isinstance(exc, self.kinds) or is_io_error(exc)):
             return
-        if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)) or is_access_denied(exc):
-            raise AuthenticationError(
-                f"{self.what} was refused by the object store ({exc}); check the credentials "
-                "in storage_options (aws_access_key_id, aws_secret_access_key) and what they "
-                "may access"
-            ) from exc
-        if is_commit_conflict(exc):
-            raise CommitConflictError(
-                f"{self.what} lost a race to another commit ({exc}); run it again"
-            ) from exc
-        if _NO_BUCKET in str(exc):
-            named = re.search(r"<BucketName>([^<]+)</BucketName>", str(exc))
-            bucket = named.group(1) if named else "BUCKET"
-            raise StorageError(
-                f"{self.what} failed: the bucket {bucket!r} does not exist ({_NO_BUCKET}); "
-                f"create it first (for example `aws s3 mb s3://{bucket}`), or check the uri "
-                "and aws_endpoint in storage_options"
-            ) from exc
-        if is_unanswered(exc):
-            first_line = str(exc).partition("\n")[0]  # not obstore's debug dump
-            raise StorageUnavailableError(
-                f"{self.what} failed: the object store did not answer ({first_line}); check "
-                "that the endpoint is up and reachable (storage_options' timeout and retries "
-                "bound the wait), then run it again"
-            ) from exc
-        advice = f". {self.advice}" if self.advice else ""
-        raise StorageError(f"{self.what} failed: {exc}{advice}") from exc
+        raise storage_error(self.what, exc, self.advice) from exc
+
+
+def storage_error(what: str, exc: BaseException, advice: str = "") -> MemWalError:
+    """The typed error for the object store's or the OS's failure ``exc`` of ``what``: its
+    cause on one line and what to do next (credentials, a missing bucket, ``allow_http``, a
+    path that cannot be written).
+
+    Example:
+        >>> storage_error("creating /x", OSError("Permission denied (os error 13)")).args[0]
+        'creating /x failed: Permission denied (os error 13); check that this process may create and write files there'
+    """
+    if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)) or is_access_denied(exc):
+        return AuthenticationError(
+            f"{what} was refused by the object store ({exc}); check the credentials "
+            "in storage_options (aws_access_key_id, aws_secret_access_key) and what they "
+            "may access"
+        )
+    if is_commit_conflict(exc):
+        return CommitConflictError(f"{what} lost a race to another commit ({exc}); run it again")
+    if _NO_BUCKET in str(exc):
+        named = re.search(r"<BucketName>([^<]+)</BucketName>", str(exc))
+        bucket = named.group(1) if named else "BUCKET"
+        return StorageError(
+            f"{what} failed: the bucket {bucket!r} does not exist ({_NO_BUCKET}); "
+            f"create it first (for example `aws s3 mb s3://{bucket}`), or check the uri "
+            "and aws_endpoint in storage_options"
+        )
+    if is_unanswered(exc):
+        first_line = str(exc).partition("\n")[0]  # not obstore's debug dump
+        return StorageUnavailableError(
+            f"{what} failed: the object store did not answer ({first_line}); check "
+            "that the endpoint is up and reachable (storage_options' timeout and retries "
+            "bound the wait), then run it again"
+        )
+    cause = storage_cause(exc)
+    advice = f". {advice}" if advice else ""
+    hint = next((h for needle, h in _HINTS if needle in cause), "")
+    return StorageError(f"{what} failed: {cause}{advice}{hint}")
+
+
+# What to do next for the object store's and the OS's failures that say too little themselves.
+_HINTS = (
+    (
+        "builder error",  # reqwest refuses an http:// URL unless the store allows it
+        "; an http:// endpoint needs allow_http=true in storage_options",
+    ),
+    (
+        "Permission denied",
+        "; check that this process may create and write files there",
+    ),
+    (
+        "Read-only file system",
+        "; the path is on a read-only file system: pick a writable one",
+    ),
+    (
+        "Not a directory",
+        "; a part of the path is a file, not a directory: check the uri",
+    ),
+    (
+        "No such file or directory",
+        "; check that the path exists, or that its parent directories can be created",
+    ),
+)
+_RUST_SOURCE = re.compile(r",? ?/\S+\.rs:\d+:\d+")
+
+
+def storage_cause(exc: BaseException) -> str:
+    """The first paragraph of ``exc``'s text on one line, without the debug dump or the Rust
+    source location Lance and obstore append.
+
+    Example:
+        >>> storage_cause(OSError("LanceError(IO): No such file, /x/lance-io/src/s.rs:10:2"))
+        'LanceError(IO): No such file'
+    """
+    text = str(exc).split("\n\nDebug source:", 1)[0].split("\n\n", 1)[0]
+    return " ".join(_RUST_SOURCE.sub("", text).split())
 
 
 def _unlink_if_exists(path: str) -> bool:

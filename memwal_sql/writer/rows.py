@@ -22,6 +22,8 @@ no missing element, and a squared norm of at most a quarter of the largest float
 
 from __future__ import annotations
 
+import datetime
+import decimal
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
@@ -34,6 +36,7 @@ from memwal_sql.formats.wal import TOMBSTONE, wal_schema
 
 if TYPE_CHECKING:
     import pandas
+    import polars
     import pyspark.sql
 
     from memwal_sql.partitioning.region_spec import RegionSpec
@@ -52,20 +55,42 @@ ColumnValues: TypeAlias = "pa.Array | pa.ChunkedArray | np.ndarray | Sequence[ob
 #: pandas or Spark DataFrame (or anything else that exports an Arrow stream).
 WriteData: TypeAlias = (
     "pa.Table | pa.RecordBatch | pa.RecordBatchReader | Mapping[str, ColumnValues]"
-    " | ArrowStreamExportable | pandas.DataFrame | pyspark.sql.DataFrame"
+    " | Sequence[Mapping[str, object]] | ArrowStreamExportable | pandas.DataFrame"
+    " | polars.DataFrame | pyspark.sql.DataFrame"
 )
 #: Primary keys to delete or look up: a table holding the key columns or, for a one-column key,
-#: its values (an Arrow array, a list, a numpy array or a pandas Series).
+#: its values (an Arrow array, a list, a numpy array or a pandas Series) or one value; a
+#: composite key as a tuple of its values, or a list of such tuples.
 Keys: TypeAlias = (
     "WriteData | pa.Array | pa.ChunkedArray | np.ndarray | pandas.Series | Sequence[object]"
+    " | str | bytes | int | float | tuple[object, ...]"
 )
+# One key value, as a lookup or delete takes it for a one-column key.
+_SCALARS = (
+    str,
+    bytes,
+    int,
+    float,
+    decimal.Decimal,
+    datetime.date,
+    datetime.time,
+    datetime.timedelta,
+    np.generic,
+    pa.Scalar,
+)
+
 #: What a WAL entry holds: rows to insert or replace, or tombstones of deleted keys.
 WriteKind: TypeAlias = Literal["upserts", "deletes"]
 
 
 def to_arrow_table(data: WriteData) -> pa.Table:
-    """Accept a pa.Table, RecordBatch, RecordBatchReader, pandas or Spark DataFrame, or a dict of
-    columns."""
+    """Accept a pa.Table, RecordBatch, RecordBatchReader, pandas, polars or Spark DataFrame,
+    anything that exports an Arrow stream, a dict of columns or a list of row dicts.
+
+    Example:
+        >>> to_arrow_table([{"id": 1, "v": "a"}, {"id": 2}]).to_pydict()
+        {'id': [1, 2], 'v': ['a', None]}
+    """
     try:
         table = _convert(data)
     except InvalidInputError:
@@ -93,13 +118,16 @@ def _convert(data: Any) -> pa.Table:
         return data.read_all()
     if isinstance(data, Mapping):
         return pa.table(dict(data))
+    if isinstance(data, (list, tuple)) and (not data or isinstance(data[0], Mapping)):
+        return pa.Table.from_pylist(list(data))  # rows as dicts
     if hasattr(data, "__arrow_c_stream__") or type(data).__module__.startswith("pandas"):
         return pa.table(data)
     if type(data).__module__.startswith("pyspark") and hasattr(data, "toArrow"):
         return data.toArrow()  # a Spark DataFrame, collected to this process
     raise InvalidInputError(
         f"cannot write a {type(data).__name__}; pass a pyarrow Table, RecordBatch, "
-        "RecordBatchReader, pandas or Spark DataFrame, or a dict of columns"
+        "RecordBatchReader, pandas, polars or Spark DataFrame, anything with "
+        "__arrow_c_stream__, a dict of columns or a list of row dicts"
     )
 
 
@@ -174,14 +202,42 @@ class RowCoercer:
         return _one_batch(pa.Table.from_arrays(cols, schema=self.schema))
 
     def key_table(self, keys: Keys) -> pa.Table:
-        """``keys`` as a table: a table as given, or an array/list of a one-column key."""
+        """``keys`` as a table: a table as given, an array/list of a one-column key, one key
+        value, or a composite key as a tuple (one key) or a list of tuples.
+
+        Example:
+            >>> schema = pa.schema([pa.field("a", pa.string(), False), pa.field("b", pa.int64(), False)])
+            >>> RowCoercer(schema, ["a", "b"]).key_table([("x", 1), ("y", 2)]).to_pydict()
+            {'a': ['x', 'y'], 'b': [1, 2]}
+        """
+        composite = len(self.primary_key) > 1
+        if isinstance(keys, _SCALARS):
+            if composite:
+                raise PrimaryKeyError(
+                    f"the primary key is composite {self.primary_key}: pass a key as a tuple "
+                    f"of {len(self.primary_key)} values, or a table of key columns"
+                )
+            keys = [keys]
+        if composite and isinstance(keys, tuple) and keys and isinstance(keys[0], _SCALARS):
+            keys = [keys]  # one composite key
+        if composite and isinstance(keys, list) and keys and isinstance(keys[0], tuple):
+            wrong = next((k for k in keys if len(k) != len(self.primary_key)), None)
+            if wrong is not None:
+                raise PrimaryKeyError(
+                    f"key {wrong!r} has {len(wrong)} value(s); the primary key has "
+                    f"{len(self.primary_key)} columns {self.primary_key}"
+                )
+            return to_arrow_table(dict(zip(self.primary_key, zip(*keys))))
+        if isinstance(keys, list) and keys and isinstance(keys[0], Mapping):
+            return to_arrow_table(keys)
         if isinstance(keys, (pa.Array, pa.ChunkedArray, list, tuple)) or type(keys).__name__ in (
             "ndarray",
             "Series",
         ):
-            if len(self.primary_key) != 1:
+            if composite:
                 raise PrimaryKeyError(
-                    f"the primary key is composite {self.primary_key}: pass a table of key columns"
+                    f"the primary key is composite {self.primary_key}: pass a table of key "
+                    "columns, or tuples of key values"
                 )
             return to_arrow_table({self.primary_key[0]: keys})
         return to_arrow_table(keys)
