@@ -55,6 +55,19 @@ def check(tbl, model: Model, root, ks=(10, 40)) -> None:
             assert_same(tbl.fts(query, k=k), lance_fts(model, root, query, k))
 
 
+def count_tokenized(monkeypatch) -> list[int]:
+    """From now on, the number of documents of each ``Tokenizer.tokenize`` call."""
+    tokenized: list[int] = []
+    real = Tokenizer.tokenize
+
+    def counting(self, texts):
+        tokenized.append(len(texts))
+        return real(self, texts)
+
+    monkeypatch.setattr(Tokenizer, "tokenize", counting)
+    return tokenized
+
+
 @pytest.fixture
 def indexed(tmp_path):
     """A 6,000-row base with a two-partition inverted index (Lance's ``memory_limit``)."""
@@ -111,14 +124,7 @@ def test_an_indexed_base_is_not_tokenized(indexed, monkeypatch, tmp_path):
     fresh = rows([1, 2, 9000], 5)
     tbl.upsert(fresh)
     model.upsert(fresh)
-    tokenized: list[int] = []
-    real = Tokenizer.tokenize
-
-    def counting(self, texts):
-        tokenized.append(len(texts))
-        return real(self, texts)
-
-    monkeypatch.setattr(Tokenizer, "tokenize", counting)
+    tokenized = count_tokenized(monkeypatch)
     assert_same(tbl.fts("w1 w7 w40", k=10), lance_fts(model, tmp_path / "m", "w1 w7 w40", 10))
     assert sum(tokenized) == 3  # the MemTable's rows only, none of the base's 6,000
     text = tbl.explain_search("w1 w7 w40", k=10)
@@ -184,14 +190,7 @@ def test_flushed_generations_are_read_through_their_own_index(indexed, monkeypat
             target.delete(gone)
         if i < 2:
             tbl.flush()  # two generations; the last step stays in the MemTable
-    tokenized: list[int] = []
-    real = Tokenizer.tokenize
-
-    def counting(self, texts):
-        tokenized.append(len(texts))
-        return real(self, texts)
-
-    monkeypatch.setattr(Tokenizer, "tokenize", counting)
+    tokenized = count_tokenized(monkeypatch)
     check(tbl, model, tmp_path / "m")
     assert max(tokenized) <= 25 + 10 + 10  # the MemTable's rows (and tombstones) only
     text = tbl.explain_search("w1 w7", k=10)
