@@ -54,6 +54,8 @@ def test_the_wheel_holds_every_module_typing_file_and_the_console_script(dist):
         f"memwal_sql-{memwal_sql.__version__}.dist-info/entry_points.txt"
     )
     assert "memwal = memwal_sql.cli:main" in entry_points.decode()
+    # The README's install lines name the wheel this version builds.
+    assert f"./dist/{wheel.name}" in (ROOT / "README.md").read_text()
 
 
 def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_quickstart(dist, tmp_path):

@@ -61,8 +61,8 @@ def _workers_run_this_interpreter(spark: SparkSession) -> None:
     """Point the workers of ``spark`` at ``sys.executable`` when nothing else is configured.
 
     PySpark fixes the workers' interpreter when its context starts, from ``PYSPARK_PYTHON`` or
-    else ``python3`` on PATH (a Python without memwal_sql unless the venv is activated); it
-    ignores ``spark.pyspark.python`` outside spark-submit, so that setting is applied here too.
+    else ``python3`` on PATH (a Python without memwal_sql unless the venv is activated); only
+    spark-submit turns ``spark.pyspark.python`` into ``PYSPARK_PYTHON``, so it is applied here.
     The data source and every Python function registered after this run the interpreter set.
     """
     sc = spark.sparkContext
