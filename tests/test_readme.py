@@ -117,7 +117,7 @@ def test_the_spark_how_to_runs_under_the_venv_python_without_activation(tmp_path
     quickstart(tmp_path)
     other = tmp_path / "other-bin"
     other.mkdir()
-    (other / "python3").symlink_to(Path(sys._base_executable).resolve())
+    (other / "python3").symlink_to(Path(sys.base_prefix) / "bin" / "python3")  # not the venv's
     venv_bin = str(Path(sys.executable).parent)
     path = [str(other)] + [d for d in os.environ["PATH"].split(os.pathsep) if d != venv_bin]
     drop = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV", "PYTHONPATH")
