@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint docs bench perf-docs proto clean
+.PHONY: demo test test-fast lint docs dist bench perf-docs proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ lint: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
+# An sdist and a wheel into dist/ (the version is memwal_sql.__version__). The wheel is built from
+# the sdist, so a file the sdist leaves out fails here rather than on a user's machine.
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not s3"
 
@@ -61,4 +67,4 @@ proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=memwal_sql/_proto --pyi_out=memwal_sql/_proto proto/memwal.proto
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

@@ -111,7 +111,20 @@ def test_the_s3_how_to_runs(tmp_path, s3_server, monkeypatch):
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_the_spark_how_to_runs(tmp_path, spark):
+def test_the_spark_how_to_runs_under_the_venv_python_without_activation(tmp_path):
+    """As a user runs it: ``.venv/bin/python`` with the venv not activated, so the ``python3``
+    on PATH is another Python, without memwal_sql; the block's own Spark session is used."""
     quickstart(tmp_path)
+    other = tmp_path / "other-bin"
+    other.mkdir()
+    (other / "python3").symlink_to(Path(sys.base_prefix) / "bin" / "python3")  # not the venv's
+    venv_bin = str(Path(sys.executable).parent)
+    path = [str(other)] + [d for d in os.environ["PATH"].split(os.pathsep) if d != venv_bin]
+    drop = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV", "PYTHONPATH")
+    env = {k: v for k, v in _env(PATH=os.pathsep.join(path)).items() if k not in drop}
+    lacking = subprocess.run(
+        ["python3", "-c", "import memwal_sql"], cwd=tmp_path, env=env, capture_output=True
+    )
+    assert lacking.returncode != 0, "the PATH's python3 must lack memwal_sql for this test"
     (code,) = [c for h, lang, c in blocks() if h == "Use Spark" and lang == "python"]
-    run_python(code, tmp_path)
+    _run([sys.executable, "-c", code], code, tmp_path, env)

@@ -45,11 +45,32 @@ def register(spark: SparkSession) -> None:
     """Make ``format("memwal")`` available to ``spark``'s readers and writers (and turn on
     Spark's filter pushdown into Python data sources, which memwal reads need).
 
+    Spark's Python workers run this interpreter unless ``PYSPARK_PYTHON`` or
+    ``spark.pyspark.python`` names another, so a session started from a venv's python without
+    activating the venv finds memwal_sql in its workers.
+
     Example:
         ``register(spark); spark.read.format("memwal").load("/data/events")``
     """
+    _workers_run_this_interpreter(spark)
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(MemWalDataSource)
+
+
+def _workers_run_this_interpreter(spark: SparkSession) -> None:
+    """Point the workers of ``spark`` at ``sys.executable`` when nothing else is configured.
+
+    PySpark fixes the workers' interpreter when its context starts, from ``PYSPARK_PYTHON`` or
+    else ``python3`` on PATH (a Python without memwal_sql unless the venv is activated); only
+    spark-submit turns ``spark.pyspark.python`` into ``PYSPARK_PYTHON``, so it is applied here.
+    The data source and every Python function registered after this run the interpreter set.
+    """
+    sc = spark.sparkContext
+    configured = os.environ.get("PYSPARK_PYTHON") or sc.getConf().get("spark.pyspark.python")
+    if configured is None:
+        # Also for a context this process starts later (after spark.stop()).
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+    sc.pythonExec = configured or sys.executable
 
 
 def local_session(app: str, master: str = "local[2]", **conf: str) -> SparkSession:

@@ -45,7 +45,6 @@ from memwal_sql.errors import InvalidInputError, ObjectExistsError, WriterFenced
 from memwal_sql.expressions.predicate import And, Predicate
 from memwal_sql.spark.arrow import spark_compatible, to_spark_batch
 from memwal_sql.spark.filters import spark_predicate
-from memwal_sql.storage import layout
 
 _OPTIONS = {
     "path",
@@ -324,7 +323,11 @@ def stream_batch() -> tuple[str, int]:
 
 
 def _batch_path(query_id: str, batch_id: int) -> str:
-    return f"{layout.MEM_WAL_DIR}/_spark_sinks/{query_id}/{batch_id:020d}.json"
+    # Imported here: importing memwal_sql.spark must not load Lance, whose at-fork hook warns
+    # when a Spark session started after it launches the JVM.
+    from memwal_sql.storage.layout import MEM_WAL_DIR
+
+    return f"{MEM_WAL_DIR}/_spark_sinks/{query_id}/{batch_id:020d}.json"
 
 
 def batch_applied(store: Any, query_id: str, batch_id: int) -> bool:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -356,3 +359,33 @@ def test_an_s3_table_with_storage_options_as_source_options(spark, s3_server):
     summary = mws.write(spark.createDataFrame(rows(range(20, 30))), uri, storage_options=s3_server)
     assert summary.rows == 10
     assert mw.open_table(uri, s3_server).count_rows() == 30
+
+
+def test_register_points_the_workers_at_this_interpreter_unless_another_is_configured(
+    spark, monkeypatch
+):
+    sc = spark.sparkContext
+    try:
+        # As PySpark leaves a session started without PYSPARK_PYTHON: python3 from PATH.
+        monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+        monkeypatch.setattr(sc, "pythonExec", "python3")
+        mws.register(spark)
+        assert sc.pythonExec == sys.executable
+        assert os.environ["PYSPARK_PYTHON"] == sys.executable  # and for a later context
+
+        monkeypatch.setenv("PYSPARK_PYTHON", "/opt/env/python")
+        sc.pythonExec = "/opt/env/python"
+        mws.register(spark)
+        assert sc.pythonExec == "/opt/env/python"
+
+        # spark.pyspark.python, which PySpark itself ignores outside spark-submit.
+        monkeypatch.delenv("PYSPARK_PYTHON")
+        conf = sc.getConf().set("spark.pyspark.python", "/opt/conf/python")
+        monkeypatch.setattr(sc, "getConf", lambda: conf)
+        sc.pythonExec = "python3"
+        mws.register(spark)
+        assert sc.pythonExec == "/opt/conf/python" and "PYSPARK_PYTHON" not in os.environ
+    finally:
+        monkeypatch.undo()
+        mws.register(spark)  # the source again with this interpreter, for the other tests
+    assert sc.pythonExec == sys.executable
