@@ -120,9 +120,7 @@ def table_metrics(table: TableState, written: Mapping[str, list[int]]) -> TableM
     regions = [_region(s, written.get(s.region_id, (0, 0))) for s in region_status(table)]
     # A region this object wrote that no manifest lists yet is still one it wrote.
     listed = {r.region_id for r in regions}
-    regions += [
-        _region(None, counts, rid) for rid, counts in written.items() if rid not in listed
-    ]
+    regions += [_region(None, counts, rid) for rid, counts in written.items() if rid not in listed]
     caches = table.caches
     stats = caches.stats()
     cache = CacheMetrics(
@@ -138,9 +136,7 @@ def table_metrics(table: TableState, written: Mapping[str, list[int]]) -> TableM
     )
 
 
-def _region(
-    s: RegionStatus | None, written: Iterable[int], region_id: str = ""
-) -> RegionMetrics:
+def _region(s: RegionStatus | None, written: Iterable[int], region_id: str = "") -> RegionMetrics:
     entries, rows = written
     if s is None:
         return RegionMetrics(region_id, entries, rows, 0, 0, 0, 0.0, 0, 0, 0, 0.0)

@@ -4,6 +4,8 @@ in-memory reader), and ``memwal inspect --watch``."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -178,3 +180,30 @@ def test_inspect_watch_shows_the_metrics(tmp_path, capsys):
             1,
             3,
         )
+
+
+GLOBAL_PROVIDER = """
+import sys, pyarrow as pa, memwal_sql as mw
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+tbl = mw.create_table(sys.argv[1], pa.schema([pa.field("id", pa.int64(), False)]),
+                      primary_key="id")
+tbl.upsert({"id": [1, 2, 3]})
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))  # after the table opened
+for rm in reader.get_metrics_data().resource_metrics:
+    for sm in rm.scope_metrics:
+        for m in sm.metrics:
+            if m.name == "memwal.region.unflushed_rows":
+                print(sm.scope.name, [p.value for p in m.data.data_points])
+"""
+
+
+def test_a_table_is_observed_by_the_global_meter_provider_set_after_it_opened(tmp_path):
+    # Its own process: the global provider can be set once per process.
+    out = subprocess.run(
+        [sys.executable, "-c", GLOBAL_PROVIDER, str(tmp_path / "t")],
+        capture_output=True, text=True, check=True, timeout=300,
+    )  # fmt: skip
+    assert out.stdout.split("\n") == ["memwal_sql [3]", ""], out.stderr
