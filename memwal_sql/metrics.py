@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from memwal_sql.errors import InvalidInputError
 from memwal_sql.maintenance.status import RegionStatus, region_status
-from memwal_sql.structures.cache import Caches, default_caches
+from memwal_sql.structures.cache import default_caches
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
@@ -163,7 +163,6 @@ class Observed(Protocol):
     """What the instruments observe: a table that can take its metrics snapshot."""
 
     uri: str
-    caches: Caches
 
     def metrics(self) -> TableMetrics: ...
 
@@ -179,19 +178,18 @@ class _Watch:
 
 
 _lock = threading.Lock()
-_tables: weakref.WeakKeyDictionary[Any, _Watch] = weakref.WeakKeyDictionary()
+_tables: weakref.WeakKeyDictionary[Observed, _Watch] = weakref.WeakKeyDictionary()
 _providers: list[object] = []  # providers (None: the global one) already instrumented
 
-# name, unit, description, value of a region; counters only grow
-_REGION_COUNTERS: tuple[tuple[str, str, str, Callable[[RegionMetrics], float]], ...] = (
+# Region instruments: name, unit, description, value; the first three are counters (they only
+# grow), the others gauges.
+_REGION: tuple[tuple[str, str, str, Callable[[RegionMetrics], float]], ...] = (
     ("memwal.region.entries_written", "{entry}", "WAL entries this process's writers put",
      lambda r: r.entries_written),
     ("memwal.region.rows_written", "{row}", "rows this process's writers put",
      lambda r: r.rows_written),
     ("memwal.region.wal_position", "{entry}", "the newest WAL entry's position (every writer's)",
      lambda r: r.wal_position),
-)  # fmt: skip
-_REGION_GAUGES: tuple[tuple[str, str, str, Callable[[RegionMetrics], float]], ...] = (
     ("memwal.region.unflushed_wal_entries", "{entry}", "WAL data entries in no generation yet",
      lambda r: r.unflushed_wal_entries),
     ("memwal.region.unflushed_rows", "{row}", "WAL rows in no generation yet",
@@ -207,15 +205,16 @@ _REGION_GAUGES: tuple[tuple[str, str, str, Callable[[RegionMetrics], float]], ..
     ("memwal.region.merge_lag", "s", "age of the oldest unmerged generation",
      lambda r: r.merge_lag_seconds),
 )  # fmt: skip
-_CACHE_COUNTERS: tuple[tuple[str, str, str, Callable[[CacheMetrics], float]], ...] = (
+_REGION_COUNTERS = 3
+# Cache instruments, the same way: hits, misses and evictions are counters, bytes a gauge.
+_CACHE: tuple[tuple[str, str, str, Callable[[CacheMetrics], float]], ...] = (
     ("memwal.cache.hits", "{hit}", "cache answers from memory", lambda c: c.hits),
     ("memwal.cache.misses", "{miss}", "cache answers that loaded", lambda c: c.misses),
     ("memwal.cache.evictions", "{eviction}", "entries evicted to stay in budget",
      lambda c: c.evictions),
-)  # fmt: skip
-_CACHE_GAUGES: tuple[tuple[str, str, str, Callable[[CacheMetrics], float]], ...] = (
     ("memwal.cache.bytes", "By", "bytes the cache holds", lambda c: c.nbytes),
-)
+)  # fmt: skip
+_CACHE_COUNTERS = 3
 
 
 def observe(table: Observed) -> None:
@@ -247,14 +246,11 @@ def instrument(meter_provider: MeterProvider | None = None) -> None:
     from opentelemetry import metrics
 
     meter = metrics.get_meter(METER_NAME, meter_provider=meter_provider)
-    for name, unit, text, value in _REGION_COUNTERS:
-        meter.create_observable_counter(name, [_regions(name, value)], unit, text)
-    for name, unit, text, value in _REGION_GAUGES:
-        meter.create_observable_gauge(name, [_regions(name, value)], unit, text)
-    for name, unit, text, cache_value in _CACHE_COUNTERS:
-        meter.create_observable_counter(name, [_caches(name, cache_value)], unit, text)
-    for name, unit, text, cache_value in _CACHE_GAUGES:
-        meter.create_observable_gauge(name, [_caches(name, cache_value)], unit, text)
+    counter, gauge = meter.create_observable_counter, meter.create_observable_gauge
+    for i, (name, unit, text, value) in enumerate(_REGION):
+        (counter if i < _REGION_COUNTERS else gauge)(name, [_regions(name, value)], unit, text)
+    for i, (name, unit, text, cache_value) in enumerate(_CACHE):
+        (counter if i < _CACHE_COUNTERS else gauge)(name, [_caches(name, cache_value)], unit, text)
 
 
 def forget(table: Observed) -> None:
