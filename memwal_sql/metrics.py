@@ -170,11 +170,13 @@ class Observed(Protocol):
 class _Watch:
     """One observed table's latest snapshot, shared by the instruments of one collection: an
     instrument asking again means a new collection, so the snapshot is taken again (no clock,
-    so two quick collections never see a stale one)."""
+    so two quick collections never see a stale one). A snapshot that failed is None for the
+    rest of the collection, so a table whose storage is down costs one try, not one per
+    instrument."""
 
     def __init__(self) -> None:
         self.snapshot: TableMetrics | None = None
-        self.read_by: set[str] = set()
+        self.read_by: set[str] | None = None  # None: no snapshot tried yet
 
 
 _lock = threading.Lock()
@@ -270,19 +272,21 @@ def _snapshots(instrument_name: str) -> list[TableMetrics]:
     out = []
     for table, watch in tables:
         with _lock:
-            stale = watch.snapshot is None or instrument_name in watch.read_by
+            stale = watch.read_by is None or instrument_name in watch.read_by
         if stale:
+            snapshot = None
             try:
                 snapshot = table.metrics()
             except Exception as e:  # one table's storage failing must not hide the others
                 log.warning("memwal_sql metrics of %s not collected: %s", table.uri, e)
-                continue
             with _lock:
                 watch.snapshot, watch.read_by = snapshot, set()
         with _lock:
-            watch.read_by.add(instrument_name)
-            if watch.snapshot is not None:
-                out.append(watch.snapshot)
+            if watch.read_by is not None:
+                watch.read_by.add(instrument_name)
+            snapshot = watch.snapshot
+        if snapshot is not None:
+            out.append(snapshot)
     return out
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,6 +15,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import memwal_sql as mw
+from memwal_sql import metrics
 from memwal_sql.cli import main
 from memwal_sql.metrics import instrument
 
@@ -123,7 +125,10 @@ def points(reader: InMemoryMetricReader, uri: str) -> dict[tuple[str, str], floa
     return out
 
 
-def test_opentelemetry_instruments_report_the_snapshot(tmp_path):
+def test_opentelemetry_instruments_report_the_snapshot(tmp_path, monkeypatch):
+    # Only this test's tables: those other tests left open (some on a stopped S3 server) are
+    # observed too, and would make the collection slow.
+    monkeypatch.setattr(metrics, "_tables", weakref.WeakKeyDictionary())
     reader = InMemoryMetricReader()
     instrument(MeterProvider(metric_readers=[reader]))
     tbl = table(tmp_path / "t")
@@ -207,3 +212,24 @@ def test_a_table_is_observed_by_the_global_meter_provider_set_after_it_opened(tm
         capture_output=True, text=True, check=True, timeout=300,
     )  # fmt: skip
     assert out.stdout.split("\n") == ["memwal_sql [3]", ""], out.stderr
+
+
+def test_a_table_whose_snapshot_fails_is_tried_once_per_collection(tmp_path, monkeypatch):
+    monkeypatch.setattr(metrics, "_tables", weakref.WeakKeyDictionary())
+    reader = InMemoryMetricReader()
+    instrument(MeterProvider(metric_readers=[reader]))
+    good, bad = table(tmp_path / "good"), table(tmp_path / "bad")
+    with good.writer(region_values=(0,)) as w:
+        w.upsert(rows(K0[0]))
+    tries = []
+
+    def failing() -> None:
+        tries.append(1)
+        raise mw.errors.StorageError("the object store did not answer")
+
+    monkeypatch.setattr(bad, "metrics", failing)
+    seen = points(reader, good.uri)
+    assert seen["memwal.region.rows_written", w.region_id] == 1  # the others still reported
+    assert len(tries) == 1  # not once per instrument
+    points(reader, good.uri)
+    assert len(tries) == 2
