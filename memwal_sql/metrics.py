@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 import weakref
@@ -221,14 +222,18 @@ _CACHE_COUNTERS = 3
 
 def observe(table: Observed) -> None:
     """Report ``table``'s metrics through the instruments (done when a table is opened)
-    until it is closed (:func:`forget`) or garbage-collected.
+    until it is closed (:func:`forget`) or garbage-collected. The global provider's
+    instruments are created at the first table opened once the application has imported
+    OpenTelemetry (or by :func:`instrument`): importing it costs a cold query tens of
+    milliseconds, which a process that does not use it should not pay.
 
     Example:
         ``observe(tbl)``
     """
     with _lock:
         _tables.setdefault(table, _Watch())
-    instrument()
+    if "opentelemetry.metrics" in sys.modules:
+        instrument()
 
 
 def instrument(meter_provider: MeterProvider | None = None) -> None:

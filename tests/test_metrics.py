@@ -233,3 +233,22 @@ def test_a_table_whose_snapshot_fails_is_tried_once_per_collection(tmp_path, mon
     assert len(tries) == 1  # not once per instrument
     points(reader, good.uri)
     assert len(tries) == 2
+
+
+NO_OPENTELEMETRY = """
+import sys, pyarrow as pa, memwal_sql as mw
+tbl = mw.create_table(sys.argv[1], pa.schema([pa.field("id", pa.int64(), False)]),
+                      primary_key="id")
+tbl.upsert({"id": [1]})
+print(tbl.metrics().regions[0].unflushed_rows, "opentelemetry" in sys.modules)
+"""
+
+
+def test_a_process_that_does_not_use_opentelemetry_does_not_import_it(tmp_path):
+    """Importing OpenTelemetry costs a cold query tens of milliseconds: opening a table creates
+    no instruments unless the application imported it; the snapshot works all the same."""
+    out = subprocess.run(
+        [sys.executable, "-c", NO_OPENTELEMETRY, str(tmp_path / "t")],
+        capture_output=True, text=True, check=True, timeout=300,
+    )  # fmt: skip
+    assert out.stdout.split() == ["1", "False"], out.stderr
