@@ -16,6 +16,7 @@ from memwal_sql import errors
 
 if TYPE_CHECKING:  # loaded on first use at runtime (see __getattr__)
     from memwal_sql.maintenance.config import MaintenanceConfig
+    from memwal_sql.metrics import CacheMetrics, RegionMetrics, TableMetrics
     from memwal_sql.partitioning.region_spec import RegionSpec, region_id_for
     from memwal_sql.search import SearchQuery
     from memwal_sql.session import MemWalContext
@@ -28,14 +29,17 @@ if TYPE_CHECKING:  # loaded on first use at runtime (see __getattr__)
 
 __all__ = [
     "DEFAULT_REGION_ID",
+    "CacheMetrics",
     "CacheStats",
     "Caches",
     "MaintenanceConfig",
     "MemWalContext",
     "MemWalTable",
+    "RegionMetrics",
     "RegionSpec",
     "RegionWriter",
     "SearchQuery",
+    "TableMetrics",
     "WriterConfig",
     "connect",
     "create_table",
@@ -69,6 +73,9 @@ _LAZY = {
     "MaintenanceConfig": "memwal_sql.maintenance.config",
     "Caches": "memwal_sql.structures.cache",
     "CacheStats": "memwal_sql.structures.cache",
+    "CacheMetrics": "memwal_sql.metrics",
+    "RegionMetrics": "memwal_sql.metrics",
+    "TableMetrics": "memwal_sql.metrics",
     "MemWalTable": "memwal_sql.table",
     "create_table": "memwal_sql.table",
     "open_table": "memwal_sql.table",

@@ -55,6 +55,7 @@ from memwal_sql.maintenance import (
     TableMaintenance,
     VerifyReport,
 )
+from memwal_sql.metrics import TableMetrics, forget, observe, table_metrics
 from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.read_snapshot import Consistency
 from memwal_sql.storage import ObjectStore, layout, storage_error, storage_failures
@@ -92,6 +93,7 @@ class MemWalTable(TableState):
         self.maintenance = TableMaintenance(self, maintenance)
         self._reads_impl: TableReads | None = None
         self._search_impl: TableSearch | None = None
+        observe(self)
 
     # ---- reads (implemented in memwal_sql.reads) ---------------------------------------------
 
@@ -487,6 +489,18 @@ class MemWalTable(TableState):
         """
         return self.maintenance.verify(progress)
 
+    def metrics(self) -> TableMetrics:
+        """A snapshot of the table's metrics (:class:`~memwal_sql.TableMetrics`): per region,
+        the WAL entries and rows this object's writers put, the WAL rows no generation holds
+        yet, generations, unmerged rows and merge lag; and the cache's hits, misses and
+        evictions. Computed now, from what ``memwal inspect`` reads; the same numbers are
+        OpenTelemetry instruments (:mod:`memwal_sql.metrics`).
+
+        Example:
+            ``m = tbl.metrics(); m.region(rid).unflushed_rows, m.cache.hits``
+        """
+        return table_metrics(self, self._layout.written)
+
     # ---- routed writes -----------------------------------------------------------------------
 
     def upsert(self, data: WriteData) -> None:
@@ -584,6 +598,7 @@ class MemWalTable(TableState):
         :meth:`writer` claims go on working. A writer fenced by another one is left as it is:
         its acknowledged writes are safe in the WAL for the new writer."""
         self._closed = True
+        forget(self)
         with self._writers_lock:
             self._writers.clear()
             if self._pool is not None:

@@ -24,6 +24,9 @@ def _open(a: argparse.Namespace) -> mw.MemWalTable:
 
 def inspect(a: argparse.Namespace) -> None:
     tbl = _open(a)
+    if a.watch is not None:
+        _watch(tbl, a)
+        return
     regions = tbl.maintenance.status()
     spec = tbl.region_spec.describe() if tbl.region_spec else "manual regions"
     version = tbl.dataset().version
@@ -84,6 +87,68 @@ def inspect(a: argparse.Namespace) -> None:
             f"{_duration(RECOVER_REGIONS_IDLE_FOR.total_seconds())}, "
             "`memwal flush URI` does now (fencing a live writer of the region)"
         )
+
+
+def _watch(tbl: mw.MemWalTable, a: argparse.Namespace) -> None:
+    """``inspect --watch``: the table's metrics every ``a.watch`` seconds, the screen redrawn
+    on a terminal, one block (or JSON line) after another otherwise."""
+    redraw = sys.stdout.isatty() and not a.json
+    before: mw.TableMetrics | None = None
+    shown = 0
+    try:
+        while True:
+            m = tbl.metrics()
+            if a.json:
+                print(json.dumps(m.to_dict()), flush=True)
+            else:
+                text = _metrics_text(m, before)
+                # Home and clear, then the new view: the terminal shows only the latest.
+                gap = "\x1b[H\x1b[2J" if redraw else "\n" if shown else ""
+                print(gap + text, flush=True)
+            before, shown = m, shown + 1
+            if a.iterations and shown >= a.iterations:
+                return
+            time.sleep(a.watch)
+    except KeyboardInterrupt:
+        print(f"stopped after {shown} refresh(es)")
+
+
+def _metrics_text(m: mw.TableMetrics, before: mw.TableMetrics | None) -> str:
+    """One view of ``m``; WAL entries per second since ``before`` (every writer's)."""
+    elapsed = m.taken_at - before.taken_at if before is not None else 0.0
+    earlier = {r.region_id: r.wal_position for r in before.regions} if before else {}
+    c = m.cache
+    lines = [
+        [
+            r.region_id,
+            r.wal_position,
+            f"{(r.wal_position - earlier[r.region_id]) / elapsed:.1f}"
+            if elapsed > 0 and r.region_id in earlier
+            else "-",
+            f"{r.unflushed_rows} rows/{r.unflushed_wal_entries} entries",
+            _duration(r.idle_seconds),
+            r.generations,
+            r.unmerged_generations,
+            r.unmerged_rows,
+            _duration(r.merge_lag_seconds),
+        ]
+        for r in m.regions
+        if r.problem is None
+    ]
+    header = (
+        "region", "WAL position", "entries/s", "unflushed", "idle", "gens", "unmerged",
+        "unmerged rows", "merge lag",
+    )  # fmt: skip
+    return "\n".join(
+        [
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(m.taken_at))} {m.uri}",
+            f"cache: {c.hits:,} hits, {c.misses:,} misses, {c.evictions:,} evictions, "
+            f"{size(c.nbytes)} of {size(c.max_bytes)}" + (" (shared)" if c.shared else ""),
+            "",
+            text_table(header, lines),
+            *(f"region {r.region_id} DAMAGED: {r.problem}" for r in m.regions if r.problem),
+        ]
+    )
 
 
 def _duration(seconds: float) -> str:

@@ -236,11 +236,23 @@ def _inspect(command: Any) -> None:
         "inspect",
         ops_commands.inspect,
         "show each region: writer epoch, generations, unmerged rows, merge lag, WAL entries, "
-        "unflushed WAL rows, idle time, storage and index catch-up",
-        "  memwal inspect ./events\n  memwal inspect s3://bucket/events --json | jq .regions",
+        "unflushed WAL rows, idle time, storage and index catch-up; with --watch, the "
+        "table's metrics live",
+        "  memwal inspect ./events\n  memwal inspect s3://bucket/events --json | jq .regions\n"
+        "  memwal inspect ./events --watch 2",
     )
     _uri(c)
     c.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    c.add_argument(
+        "--watch",
+        type=float,
+        metavar="SECONDS",
+        help="show the metrics (tbl.metrics()) every SECONDS until stopped (Ctrl-C); with "
+        "--json, one JSON line each time",
+    )
+    c.add_argument(
+        "--iterations", type=int, default=0, metavar="N", help="with --watch: stop after N views"
+    )
 
 
 _DEFAULTS = MaintenanceConfig()

@@ -41,12 +41,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class WalBacklog:
     """A region's WAL entries after its manifest's replay position (not in any generation):
-    data entries and their rows (fence sentinels not counted), and when the region was last
-    written (its newest WAL entry or manifest version, seconds since the epoch; 0: never)."""
+    data entries and their rows (fence sentinels not counted), when the region was last
+    written (its newest WAL entry or manifest version, seconds since the epoch; 0: never), and
+    its newest WAL entry's position (0: none; GC's deletions do not lower it)."""
 
     entries: int
     rows: int
     last_write: float
+    newest_position: int = 0
 
 
 @dataclass
@@ -116,7 +118,8 @@ def wal_backlog(store: ObjectStore, rid: str, manifest: RegionManifest | None = 
     positions, last = _activity(store, rid)
     after = manifest.replay_after_wal_entry_position if manifest is not None else 0
     entries, rows = _count(store, rid, [p for p in positions if p > after])
-    return WalBacklog(entries, rows, last)
+    # The replay position stands in for entries GC deleted, so the position never goes back.
+    return WalBacklog(entries, rows, last, max([after, *positions[-1:]]))
 
 
 def flush_region(table: TableState, rid: str) -> None:

@@ -43,6 +43,7 @@ class RegionStatus:
     # WAL data entries after the replay position, and their rows: in no generation yet
     unflushed_wal_entries: int = 0
     unflushed_rows: int = 0
+    wal_position: int = 0  # the newest WAL entry's position (0: none)
     idle_seconds: float = 0.0  # since the region's last WAL entry or manifest version
     # index name -> newest generation of the region it covers (None: unknown)
     index_catchup: dict[str, int | None] = field(default_factory=dict)
@@ -117,6 +118,7 @@ def region_status(table: TableState) -> list[RegionStatus]:
                 wal_entries=wal_entries,
                 unflushed_wal_entries=backlog.entries,
                 unflushed_rows=backlog.rows,
+                wal_position=backlog.newest_position,
                 idle_seconds=round(max(0.0, now - backlog.last_write), 3),
                 index_catchup={
                     name: None if gens is None else gens.get(rid, 0)

@@ -98,6 +98,9 @@ class TableLayout:
     data_storage_version: str
     caches: Caches
     """The table's caches: the MemTables' in-memory indexes live in ``caches.memtable``."""
+    written: dict[str, list[int]] = field(default_factory=dict)
+    """WAL entries and rows put by the table's writers, per region: ``[entries, rows]``
+    (plain counters, read by ``tbl.metrics()``; they outlive the writers)."""
     merged_generations: Callable[[], Mapping[str, int]] = dict
     """The newest generation of each region merged into the base table (the MemWAL index)."""
     maintained_indexes: Callable[[], Sequence[MaintainedIndex]] = tuple
@@ -159,6 +162,7 @@ class RegionWriter:
         self._mutex = threading.RLock()
         self._lock = threading.Condition(self._mutex)
         self._stats = WriterStats()
+        self._written = table.written.setdefault(self.region_id, [0, 0])
         self._closed = False
         self._releasing = False
         self._error: BaseException | None = None
@@ -685,6 +689,7 @@ class RegionWriter:
             seq = self._wal.append(batch, self._active.generation, nbytes)
             self._active.append(batch, seq, nbytes)
             self._stats.rows_written += batch.num_rows
+            self._written[1] += batch.num_rows
             if kind == "upserts":
                 self._stats.upserts += 1
             else:
@@ -780,6 +785,7 @@ class RegionWriter:
         self._lock.notify_all()
 
     def _entry_written(self, generation: int, position: int) -> None:
+        self._written[0] += 1
         mt = self._memtables_by_gen.get(generation)
         if mt is not None:
             mt.wal_position = max(mt.wal_position, position)
