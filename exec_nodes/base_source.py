@@ -748,22 +748,26 @@ class BaseSourceExec(SourceLeaf):
         index = self._key_index()
         if index is not None:
             keyset, addrs = index
-        elif keys.num_rows * _KEYS_PER_SCAN > _base_facts(self.dataset).rows:
-            # So many keys that reading the key column and filtering it in Arrow costs less
-            # than the btree's probes (about 250 rows' scan per probe: bench_scale's FTS).
-            rows = self.dataset.to_table(columns=self.primary_key, with_row_address=True)
-            k = self.primary_key[0]
-            rows = rows.filter(pc.is_in(rows.column(k), value_set=pc.unique(keys.column(k))))
+        else:  # too big to keep: the rows holding the keys are read now
+            rows = self._rows_of(keys)
             keyset, addrs = KeySet(rows.select(self.primary_key)), rows.column(ROWADDR).to_numpy()
-        else:  # too big to keep: the btree (or a scan) finds the rows
-            rows = self.dataset.scanner(
+        pos = keyset.positions(keys)
+        return np.where(pos >= 0, addrs[np.maximum(pos, 0)].astype(np.int64), -1)
+
+    def _rows_of(self, keys: pa.Table) -> pa.Table:
+        """The live base rows (key columns, ``_rowaddr``) whose first key column holds one of
+        ``keys``': through the btree, or, for so many keys that reading the key column and
+        filtering it in Arrow costs less than the btree's probes (about 250 rows' scan per
+        probe: bench_scale's full-text search), by that."""
+        if keys.num_rows * _KEYS_PER_SCAN <= _base_facts(self.dataset).rows:
+            return self.dataset.scanner(
                 columns=self.primary_key,
                 filter=_key_filter(keys, self.primary_key),
                 with_row_address=True,
             ).to_table()
-            keyset, addrs = KeySet(rows.select(self.primary_key)), rows.column(ROWADDR).to_numpy()
-        pos = keyset.positions(keys)
-        return np.where(pos >= 0, addrs[np.maximum(pos, 0)].astype(np.int64), -1)
+        rows = self.dataset.to_table(columns=self.primary_key, with_row_address=True)
+        k = self.primary_key[0]
+        return rows.filter(pc.is_in(rows.column(k), value_set=pc.unique(keys.column(k))))
 
     def _text_pieces(self) -> list[Piece]:
         index = self.text_index()

@@ -176,6 +176,34 @@ def test_the_base_full_text_leaf_yields_every_live_document(indexed):
     assert sorted(keys) == [k for k in range(6000) if k not in (5, 6)]
 
 
+@pytest.mark.parametrize("count", [3, 40])
+def test_base_rows_of_newer_keys_are_found_by_btree_or_by_one_key_column_read(indexed, count):
+    """A full-text search finds the base rows a newer source supersedes by key: a few keys
+    through the btree, many (more than one per 256 base rows) by reading the key column once;
+    both give the live row's address, -1 for a deleted or absent key."""
+    from exec_nodes import base_source
+    from exec_nodes.base_source import BaseSourceExec
+    from exec_nodes.source import FullText
+    from memwal_sql.formats.source_rows import source_schema
+    from memwal_sql.writer.memtable_indexes import tokenizer_for
+
+    tbl, _ = indexed
+    tbl.delete(pa.table({"k": pa.array([5], pa.int64())}))
+    tbl.flush()
+    tbl.merge()  # key 5 deleted in the base
+    ds = tbl.dataset()
+    text = FullText("body", tokenizer_for({}, tbl.caches), ("k",))
+    leaf = BaseSourceExec(ds, source_schema(ds.schema), text, caches=tbl.caches)
+    leaf._key_index = lambda: None  # a base too big to keep its keys
+    wanted = [5, 99_999, *range(100, 100 + 7 * count, 7)][:count]
+    many = len(wanted) * base_source._KEYS_PER_SCAN > ds.count_rows()
+    assert many == (count == 40)
+    found = leaf.key_addresses(pa.table({"k": pa.array(wanted, pa.int64())}))
+    live = ds.to_table(columns=["k"], with_row_address=True).to_pydict()
+    address = dict(zip(live["k"], live["_rowaddr"]))
+    assert found.tolist() == [address.get(k, -1) for k in wanted]
+
+
 def test_flushed_generations_are_read_through_their_own_index(indexed, monkeypatch, tmp_path):
     """Generations flushed while the base has an inverted index carry one of their own (built
     at flush): a search reads their documents' lengths and the query terms' postings from it,
