@@ -5,10 +5,10 @@ Example:
     >>> from memwal_sql.maintenance.config import MaintenanceConfig
     >>> cfg = MaintenanceConfig(keep_manifest_versions=3)
     >>> cfg.keep_manifest_versions, cfg.deletion_threshold
-    (3, 0.05)
+    (3, 0.1)
     >>> later = cfg.updated(base_versions_older_than=timedelta(hours=2), deletion_threshold=None)
     >>> later.keep_manifest_versions, later.base_versions_older_than, later.deletion_threshold
-    (3, datetime.timedelta(seconds=7200), 0.05)
+    (3, datetime.timedelta(seconds=7200), 0.1)
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from datetime import timedelta
 from memwal_sql.errors import InvalidInputError
 
 TARGET_ROWS_PER_FRAGMENT = 1 << 20  # Lance's default
-# Delta Lake's optimize.maxDeletedRowsRatio, below Lance's 10%: see maintenance/compaction.py.
-DELETION_THRESHOLD = 0.05
+# Lance's default; Delta Lake's 5% keeps two rewritten copies within an hour: compaction.py.
+DELETION_THRESHOLD = 0.10
 SMALL_FRAGMENT_TRIGGER = 8  # small fragments a maintenance pass waits for (compaction.py)
 # How long a superseded base version stays readable: Paimon keeps snapshots an hour (docs/
 # maintenance.md#retention says why an hour, counted from when a version stopped being latest).
@@ -43,7 +43,8 @@ class MaintenanceConfig:
     - ``deletion_threshold``: compaction rewrites a fragment once this share of its rows is
       deleted (0.0 removes every deletion vector).
     - ``small_fragment_trigger``: a maintenance pass compacts only once this many fragments are
-      small (or one reached the threshold); an explicit compaction compacts whatever there is.
+      below a size tier's bound (this many rows, its square, ...; then only those are merged)
+      or one reached the threshold; an explicit compaction compacts whatever there is.
     - ``max_generations_per_region``: a merge pass merges at most this many generations of
       each region (``None``: all of them).
     - ``recover_regions_idle_for``: a maintenance pass takes over a region whose WAL holds

@@ -3,7 +3,14 @@
 Merges add rows the base table's indexes (primary-key btree, vector, full-text) do not cover;
 until they are optimized, reads of those rows go through the gap generations
 (:mod:`planner.indexed`) and the garbage collector keeps the generations. Each pass optimizes the
-indexes that lag (Lance's ``optimize_indices``: the new rows go into the index). Lance 14 records
+indexes that lag (Lance's ``optimize_indices``: the new rows go into the index). A btree gets
+the new rows as a delta segment of its own instead of being rewritten: rewriting it on every
+pass left a whole copy of it per pass for the retention window to keep (docs/maintenance.md#retention),
+more than the table itself over an hour of ten-minute passes. Once :data:`BTREE_SEGMENTS` segments
+gathered, the deltas are merged into one (all but the oldest segment, which holds the rows from
+before: compaction rewrites that one anyway when it remaps the index). Lance compacts no two
+fragments that different segments cover, so compaction first merges the deltas too
+(:func:`merge_btree_segments`). Lance 14 records
 the catch-up progress (``index_catchup`` in the MemWAL index details) in that same commit; our
 readers and the garbage collector derive it from what each index covers instead
 (:mod:`memwal_sql.formats.index_catchup`), which stays exact even for an index rebuilt by other means.
@@ -35,7 +42,13 @@ from memwal_sql.formats.memwal_index import region_generations
 from memwal_sql.writer.rows import is_vector_type, unusable_vectors
 
 if TYPE_CHECKING:
+    import lance
+
     from memwal_sql.table_state import TableState
+
+#: Segments a btree gathers before a catch-up merges its delta segments into one. Each is probed
+#: on a lookup, and a merge rewrites all but the oldest, which is small between compactions.
+BTREE_SEGMENTS = 8
 
 
 @dataclass
@@ -61,7 +74,7 @@ def catch_up_indexes(table: TableState) -> CatchupResult:
     problems: list[str] = []
     try:
         if behind:
-            ds.optimize.optimize_indices(index_names=behind)
+            _optimize(ds, behind)
     except (OSError, ValueError, RuntimeError) as e:
         if is_commit_conflict(e):
             raise
@@ -94,7 +107,7 @@ def _catch_up_one(table: TableState, name: str) -> str | None:
     if coverage is None or coverage.complete:
         return None  # dropped, or caught up by someone else meanwhile
     try:
-        ds.optimize.optimize_indices(index_names=[name])
+        _optimize(ds, [name])
         return None
     except (OSError, ValueError, RuntimeError) as e:
         if is_commit_conflict(e):
@@ -121,6 +134,41 @@ def _catch_up_one(table: TableState, name: str) -> str | None:
         f"{name}: the vector of key {key} (base fragment {fragment}) {why}, which no index "
         f"can place; upsert that key with a usable vector, or NULL, and maintain again"
     )
+
+
+def _optimize(ds: lance.LanceDataset, names: list[str]) -> None:
+    """Bring indexes ``names`` over the rows they lack: btrees by a delta segment (merging the
+    deltas once :data:`BTREE_SEGMENTS` gathered), the others as Lance optimizes them."""
+    segments = {d.name: len(d.segments) for d in ds.describe_indices() if d.index_type == "BTree"}
+    others = [n for n in names if n not in segments]
+    if others:
+        ds.optimize.optimize_indices(index_names=others)
+    for name in names:
+        if name in segments:
+            n = segments[name]
+            ds.optimize.optimize_indices(
+                index_names=[name], num_indices_to_merge=n - 1 if n >= BTREE_SEGMENTS else 0
+            )
+
+
+def merge_btree_segments(table: TableState, *, keep_oldest: bool) -> list[str]:
+    """Merge each btree's segments into one (``keep_oldest``: its delta segments into one,
+    leaving the oldest), as compaction bins only fragments one segment covers; the names of
+    the btrees merged.
+
+    Example:
+        ``merge_btree_segments(tbl, keep_oldest=True)  # ["id_pk_btree"]``
+    """
+    ds = table.dataset()
+    keep = 2 if keep_oldest else 1
+    merged = []
+    for d in ds.describe_indices():
+        if d.index_type == "BTree" and len(d.segments) > keep:
+            ds.optimize.optimize_indices(
+                index_names=[d.name], num_indices_to_merge=len(d.segments) - keep + 1
+            )
+            merged.append(d.name)
+    return merged
 
 
 def recorded_catchup(details: MemWalIndexDetails) -> dict[str, dict[str, int]]:

@@ -112,6 +112,7 @@ def test_compaction_materializes_deletions_at_the_threshold_and_merges_small_fra
 
 def test_a_maintenance_pass_waits_for_small_fragments_to_gather(tmp_path):
     tbl, model = new_table(str(tmp_path))  # one base fragment, small (below 1M rows)
+    (base,) = fragments(tbl)
     counts = []
     for i in range(8):
         upsert(tbl, model, batch(range(BASE + 10 * i, BASE + 10 * i + 10), f"n{i}"))  # no deletes
@@ -123,7 +124,32 @@ def test_a_maintenance_pass_waits_for_small_fragments_to_gather(tmp_path):
             break
     *waiting, (after, removed) = counts
     assert waiting and all(n < SMALL_FRAGMENT_TRIGGER and not r for n, r in waiting)
-    assert removed >= SMALL_FRAGMENT_TRIGGER and after == 1
+    # The small fragments of one size tier became one; the bigger base fragment, small too
+    # (below Lance's target), was not rewritten with them.
+    assert removed >= SMALL_FRAGMENT_TRIGGER and after == 2
+    assert fragments(tbl)[0].fragment_id == base.fragment_id
+    assert fragments(tbl)[1].metadata.physical_rows == 10 * len(counts)  # every new row
+    check(tbl, model)
+    tbl.close()
+
+
+def test_a_pass_rewrites_a_worn_small_fragment_without_the_bigger_ones(tmp_path):
+    tbl, model = new_table(str(tmp_path))
+    (base,) = fragments(tbl)
+    upsert(tbl, model, batch(range(BASE, BASE + 100), "new"))
+    tbl.flush()
+    assert tbl.maintain().compaction.fragments_removed == 0
+    (_, *news) = fragments(tbl)
+    worn = next(f for f in news if f.metadata.physical_rows >= 40)  # the bigger region's share
+    keys = worn.to_table(columns=["k"])["k"].to_pylist()
+    upsert(tbl, model, batch(keys[: len(keys) // 4], "again"))  # 25% of it superseded
+    tbl.flush()
+    r = tbl.maintain()
+    assert r.ok, r.failures
+    assert r.compaction.fragments_removed >= 1
+    ids = [f.fragment_id for f in fragments(tbl)]
+    assert base.fragment_id in ids and worn.fragment_id not in ids
+    assert fragments(tbl)[0].metadata.deletion_file is None  # the base was never touched
     check(tbl, model)
     tbl.close()
 
