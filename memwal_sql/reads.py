@@ -41,6 +41,10 @@ _PUSHED_FILTERS = 256
 # Runs a direct scan's other partitions beside the caller's (DataFusion runs each partition
 # on a thread of its own; Lance's scans and Arrow's kernels release the GIL).
 _PARTITIONS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-scan")
+# A LIKE filter's matching rows are looked up for the columns it does not read while they are
+# at most this share of the rows the pushed predicate keeps (1/4): a lookup reads a row at
+# random, about three times what a scan pays per row (docs/reads.md#like-filters).
+_LATE_SHARE = 4
 #: The column ``lookup(..., align=True)`` adds: whether the key was found (live).
 FOUND = "_found"
 
@@ -124,11 +128,7 @@ class TableReads:
                 self.table.schema.names if columns is None else self._checked(columns, False)
             )
             if len(set(names)) == len(names):
-                extra = list(dict.fromkeys(c for c, _, _ in likes if c not in names))
-                rows = self._run_plan(names + extra, predicate, consistency)
-                if likes and rows.num_rows:
-                    rows = rows.filter(_like_mask(rows, likes))
-                return rows.select(names)
+                return self._run_plan(names, predicate, consistency, likes)
         _, df, _, ds = self._frame(columns, filter, consistency, system_columns)
         with typed_errors(ds):
             return plain_strings(df.to_arrow_table())
@@ -177,27 +177,52 @@ class TableReads:
         return (ds.last_predicate, []) if ds is not None and scan_only(plan) else None
 
     def _run_plan(
-        self, names: list[str], predicate: Predicate | None, consistency: Consistency
+        self,
+        names: list[str],
+        predicate: Predicate | None,
+        consistency: Consistency,
+        likes: list[tuple[str, str, bool]] | None = None,
     ) -> pa.Table:
-        """The rows the scan (or point-lookup) plan of ``predicate`` yields, columns
-        ``names``: its partitions run side by side, without DataFusion, which would only pass
-        them through (about 2 ms a query on 2 cores: issue 38's small layout)."""
+        """The rows the scan (or point-lookup) plan of ``predicate`` yields, where every plain
+        ``LIKE`` of ``likes`` holds, columns ``names``: its partitions run side by side,
+        without DataFusion, which would only pass them through (about 2 ms a query on 2 cores:
+        issue 38's small layout).
+
+        With ``LIKE``s and columns they do not need, the scan reads the keys and the ``LIKE``
+        columns first, and only the rows that match are then looked up, in the same snapshot,
+        for the rest: Lance materializes every column of the rows its pushed predicate keeps,
+        and a ``LIKE`` usually keeps few of them (the filtered scan of ``bench_scale``: 20,009
+        rows read, 1,684 kept, the vectors of the others never read)."""
         table = self.table
         what = f"reading {table.uri}"
+        pk = list(table.primary_key)
+        likes = likes or []
+        like_columns = [c for c, _, _ in likes]
+        whole = list(dict.fromkeys([*names, *like_columns]))
+        narrow = list(dict.fromkeys([*pk, *like_columns]))
+
+        def matching(rows: pa.Table) -> pa.Table:
+            return rows.filter(_like_mask(rows, likes)) if likes and rows.num_rows else rows
 
         def run() -> pa.Table:
             with read_failures(what):
                 ds = MemWalDataset(table, consistency=consistency)
-                root = ds.plan(predicate)
-                schema = ds.project(names)
-
-                def part(i: int) -> list[pa.RecordBatch]:
-                    return list(root.execute_columns(i, schema))
-
-                others = [_PARTITIONS.submit(part, i) for i in range(root.partitions - 1)]
-                last = part(root.partitions - 1)
-                batches = [b for f in others for b in f.result()] + last
-                return pa.Table.from_batches(batches, schema=schema)
+                if not likes or set(names) <= set(narrow):
+                    return matching(_execute(ds.plan(predicate), ds.project(whole))).select(names)
+                scanned = _execute(ds.plan(predicate), ds.project(narrow))
+                rows = matching(scanned)
+                if rows.num_rows > scanned.num_rows // _LATE_SHARE:
+                    # Most rows match: reading the rest whole beats looking them up one by one.
+                    rows = matching(_execute(ds.plan(predicate), ds.project(whole)))
+                    return rows.select(names)
+                if not rows.num_rows:
+                    return ds.project(names).empty_table()
+                keys = rows.select(pk)
+                rows = plan_lookup(ds.snapshot(), table.store, table.region_spec, keys).to_table()
+                if rows.num_rows > 1:  # the scan's order
+                    where = KeySet(keys).positions(rows.select(pk))
+                    rows = rows.take(pa.array(np.argsort(where, kind="stable")))
+                return rows.select(names).cast(ds.project(names))  # the scan's schema
 
         return plain_strings(table.store.while_answering(run, what))
 
@@ -303,6 +328,17 @@ class TableReads:
 # A filter run without DataFusion: the predicate it pushes, and plain LIKE conditions as
 # (column, pattern, negated).
 _Direct = tuple[Predicate | None, list[tuple[str, str, bool]]]
+
+
+def _execute(root: Any, schema: pa.Schema) -> pa.Table:
+    """The rows of plan ``root``, columns ``schema``: its partitions run side by side."""
+
+    def part(i: int) -> list[pa.RecordBatch]:
+        return list(root.execute_columns(i, schema))
+
+    others = [_PARTITIONS.submit(part, i) for i in range(root.partitions - 1)]
+    last = part(root.partitions - 1)
+    return pa.Table.from_batches([b for f in others for b in f.result()] + last, schema=schema)
 
 
 def _like_mask(rows: pa.Table, likes: list[tuple[str, str, bool]]) -> pa.ChunkedArray:

@@ -279,6 +279,43 @@ def test_like_conditions_are_null_for_null_values_without_datafusion(tmp_path):
     tbl.close()
 
 
+def test_a_like_filter_reads_the_other_columns_of_its_matching_rows_only(tmp_path, monkeypatch):
+    """The scan reads the keys and the LIKE's column; only the keys that match are looked up
+    for the other columns, in the scan's snapshot (a write in between is not seen), unless
+    more than a quarter of the rows match."""
+    from memwal_sql import reads
+
+    tbl = mw.create_table(str(tmp_path), batch(list(range(200)), 0), primary_key="k")
+    tbl.upsert(batch(list(range(0, 200, 3)), 1))
+    looked_up = []
+    real = reads.plan_lookup
+
+    def counted(snapshot, store, spec, keys, *rest):
+        looked_up.append(sorted(keys.column("k").to_pylist()))
+        tbl.upsert(batch(keys.column("k").to_pylist(), 2))  # after the snapshot: not seen
+        return real(snapshot, store, spec, keys, *rest)
+
+    f = "n < 150 AND s LIKE 's1%'"
+    ctx = mw.connect()
+    ctx.register("t", tbl)
+    want = ctx.sql(f"SELECT * FROM t WHERE {f}").to_arrow_table().sort_by("k")
+    tbl.to_arrow(filter=f)  # DataFusion plans a filter the first time
+    monkeypatch.setattr(reads, "plan_lookup", counted)
+    got = tbl.to_arrow(filter=f)
+    assert got.sort_by("k") == want and 0 < want.num_rows
+    assert looked_up == [sorted(want.column("k").to_pylist())]  # only the matching rows
+    assert ctx.sql("SELECT count(*) AS n FROM t WHERE n < 150").to_pydict()["n"][0] > want.num_rows
+    looked_up.clear()
+    now = ctx.sql(f"SELECT k, s FROM t WHERE {f}").to_arrow_table().sort_by("k")
+    assert tbl.to_arrow(["k", "s"], filter=f).sort_by("k") == now and not looked_up
+    # A LIKE most rows match: the rows are read whole instead of looked up.
+    most = "n < 150 AND s LIKE 's%'"
+    want = ctx.sql(f"SELECT * FROM t WHERE {most}").to_arrow_table().sort_by("k")
+    tbl.to_arrow(filter=most)
+    assert tbl.to_arrow(filter=most).sort_by("k") == want and want.num_rows and not looked_up
+    tbl.close()
+
+
 def test_eventual_reads_see_only_flushed_generations(tmp_path):
     tbl = mw.create_table(str(tmp_path), batch([1], 0), primary_key="k")
     tbl.upsert(batch([2], 0))
