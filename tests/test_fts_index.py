@@ -238,8 +238,8 @@ def test_pruned_top_k_equals_scoring_every_document(indexed, monkeypatch, query)
     scored: list[int] = []
     real_scores = fts._scores
 
-    def counting(p, part, floor):
-        out = real_scores(p, part, floor)
+    def counting(p, part, floor, reached):
+        out = real_scores(p, part, floor, reached)
         scored.append(len(out[1]))
         return out
 
@@ -249,7 +249,7 @@ def test_pruned_top_k_equals_scoring_every_document(indexed, monkeypatch, query)
         pruned = tbl.fts(query, k=k)
         pruned_count = sum(scored)
         with monkeypatch.context() as m:
-            m.setattr(fts, "_floors", lambda *a: None)
+            m.setattr(fts, "_floors", lambda *a: (None, None))
             scored.clear()
             every = tbl.fts(query, k=k)
             every_count = sum(scored)
