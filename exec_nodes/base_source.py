@@ -214,6 +214,28 @@ def _base_facts(ds: lance.LanceDataset) -> _BaseFacts:
     return facts
 
 
+def _member(values: pa.ChunkedArray, wanted: pa.Array) -> pa.ChunkedArray | pa.Array:
+    """Which of ``values`` (no nulls) are among ``wanted``: integers spanning less than 8
+    values per value by a table, a batch at a time (a fifth of the hash set's time on
+    bench_scale's 2M keys), anything else by Arrow's hash set.
+
+    Example:
+        ``_member(pa.chunked_array([[1, 5, 9]]), pa.array([5]))`` -> ``[[false, true, false]]``
+    """
+    if pa.types.is_integer(values.type) and len(wanted) and len(values):
+        want = wanted.to_numpy()
+        span = pc.min_max(values)
+        lo = min(int(want.min()), span["min"].as_py())
+        hi = max(int(want.max()), span["max"].as_py())
+        if hi - lo < 8 * len(values):
+            table = np.zeros(hi - lo + 1, dtype=bool)
+            table[want - lo] = True
+            return pa.chunked_array(
+                [pa.array(table[c.to_numpy() - lo]) for c in values.chunks], pa.bool_()
+            )
+    return pc.is_in(values, value_set=wanted)
+
+
 def _key_filter(keys: pa.Table, primary_key: Sequence[str]) -> pc.Expression:
     """``first_key_column IN (...)``: exact for one-column keys; composite keys are narrowed
     by it (the btree index serves it) and then matched exactly by the caller."""
@@ -765,9 +787,22 @@ class BaseSourceExec(SourceLeaf):
                 filter=_key_filter(keys, self.primary_key),
                 with_row_address=True,
             ).to_table()
-        rows = self.dataset.to_table(columns=self.primary_key, with_row_address=True)
+        fragments = self.dataset.get_fragments()
+        if any(f.metadata.deletion_file is not None for f in fragments):
+            rows = self.dataset.to_table(columns=self.primary_key, with_row_address=True)
+        else:  # every row is there, in order: the addresses follow (reading them costs 2x)
+            rows = self.dataset.to_table(columns=self.primary_key, scan_in_order=True)
+            addresses = np.concatenate(
+                [np.zeros(0, np.uint64)]
+                + [
+                    (np.uint64(f.fragment_id) << np.uint64(32))
+                    | np.arange(f.metadata.physical_rows, dtype=np.uint64)
+                    for f in fragments
+                ]
+            )
+            rows = rows.append_column(ROWADDR, pa.array(addresses))
         k = self.primary_key[0]
-        return rows.filter(pc.is_in(rows.column(k), value_set=pc.unique(keys.column(k))))
+        return rows.filter(_member(rows.column(k), pc.unique(keys.column(k).combine_chunks())))
 
     def _text_pieces(self) -> list[Piece]:
         index = self.text_index()
