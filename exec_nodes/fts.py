@@ -38,7 +38,6 @@ from exec_nodes.fts_index import BaseTextIndex
 from exec_nodes.source import SourceLeaf
 from memwal_sql.compat.lance_fts import BM25_B, BM25_K1
 from memwal_sql.expressions.predicate import Predicate
-from memwal_sql.structures.cache import CachePart
 from memwal_sql.expressions.visitors import evaluate
 from memwal_sql.formats.source_rows import (
     BASE_GENERATION,
@@ -48,6 +47,7 @@ from memwal_sql.formats.source_rows import (
     empty_rows,
     gather,
 )
+from memwal_sql.structures.cache import CachePart
 from memwal_sql.writer.memtable_indexes import Piece
 
 SCORE = "_score"

@@ -104,7 +104,13 @@ def test_key_membership_by_table_or_hash_set_agree() -> None:
 
     narrow = pa.chunked_array([[5, 1, 9, -2], [7, 5, 100]])
     assert _member(narrow, pa.array([5, -2, 8, 100])).tolist() == [
-        True, False, False, True, False, True, True,
+        True,
+        False,
+        False,
+        True,
+        False,
+        True,
+        True,
     ]
     wide = pa.chunked_array([[0, 1 << 40, 3], [-(1 << 40)]])
     assert _member(wide, pa.array([1 << 40, -(1 << 40)])).tolist() == [False, True, False, True]
