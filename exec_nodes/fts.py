@@ -144,7 +144,6 @@ class GlobalBM25Exec(ExecNode):
             postings.append(
                 _Postings(
                     read,
-                    term,
                     doc,
                     tf,
                     lengths[doc],
@@ -163,7 +162,6 @@ class GlobalBM25Exec(ExecNode):
                 postings.append(
                     _Postings(
                         read,
-                        part.term,
                         part.doc,
                         part.tf,
                         part.length,
@@ -325,18 +323,17 @@ class GlobalBM25Exec(ExecNode):
 
 @dataclass(frozen=True)
 class _Postings:
-    """One group of scored documents: a piece's, or an index partition's. Per posting its
-    term number, document (``0..documents``), term frequency and document length;
-    ``read(rows)`` gives the full rows of document numbers ``rows``."""
+    """One group of scored documents: a piece's, or an index partition's. Per posting
+    (grouped by term, ``counts`` a term) its document (``0..documents``), term frequency
+    and document length; ``read(rows)`` gives the full rows of document numbers ``rows``."""
 
     read: Callable[[np.ndarray], pa.Table]
-    term: np.ndarray
     doc: np.ndarray
     tf: np.ndarray
     length: np.ndarray
     documents: int
     searched: bool
-    counts: np.ndarray  # postings per term
+    counts: np.ndarray
     key: str | None = None  # names the postings in ``cache``: what is derived from them is kept
     cache: CachePart | None = None
 

@@ -70,12 +70,11 @@ class _Docs:
 @dataclass(frozen=True)
 class PartitionMatches:
     """One partition's live postings of a query's distinct terms, in the partition's document
-    ids: per posting its term number, document, term frequency and document length;
-    ``rowid`` gives each document's row address, ``counts`` each term's postings. ``key``
+    ids, grouped by term (``counts`` a term): per posting its document, term frequency and
+    document length; ``rowid`` gives each document's row address. ``key``
     names these postings (the partition, its left-out set and the terms) in ``cache``, where
     a search keeps what it derives from them."""
 
-    term: np.ndarray
     doc: np.ndarray
     tf: np.ndarray
     length: np.ndarray
@@ -209,12 +208,9 @@ class BaseTextIndex:
         def load() -> tuple[PartitionMatches, int]:
             parts = self._live_postings(files, partition, terms, dead, dead_key)
             counts = np.array([len(doc) for doc, _, _ in parts], dtype=np.int64)
-            term = np.repeat(np.arange(len(terms)), counts)
             doc, tf, length = (np.concatenate([part[i] for part in parts]) for i in range(3))
-            found = PartitionMatches(
-                term, doc, tf, length, docs.rowid, counts, key, self.caches.search
-            )
-            return found, term.nbytes + doc.nbytes + tf.nbytes + length.nbytes + 64
+            found = PartitionMatches(doc, tf, length, docs.rowid, counts, key, self.caches.search)
+            return found, doc.nbytes + tf.nbytes + length.nbytes + 64
 
         return self.caches.search.get("fts_matches", key, load)
 
