@@ -790,15 +790,17 @@ class BaseSourceExec(SourceLeaf):
         fragments = self.dataset.get_fragments()
         k = self.primary_key[0]
         wanted = pc.unique(keys.column(k).combine_chunks())
-        if any(f.metadata.deletion_file is not None for f in fragments):
+        starts = np.concatenate([[0], np.cumsum([f.metadata.physical_rows for f in fragments])])
+        # Without deleted rows every row is there, in fragment order: the addresses of the
+        # rows found follow (reading every row's address would double the read).
+        deleted = any(f.metadata.deletion_file is not None for f in fragments)
+        rows = (
+            None if deleted else self.dataset.to_table(columns=self.primary_key, scan_in_order=True)
+        )
+        if rows is None or rows.num_rows != starts[-1]:
             rows = self.dataset.to_table(columns=self.primary_key, with_row_address=True)
             return rows.filter(pa.array(_member(rows.column(k), wanted)))
-        # Every row is there, in fragment order: the addresses of the rows found follow
-        # (reading every row's address would double the read).
-        rows = self.dataset.to_table(columns=self.primary_key, scan_in_order=True)
         at = np.flatnonzero(_member(rows.column(k), wanted))
-        sizes = [f.metadata.physical_rows for f in fragments]
-        starts = np.concatenate([[0], np.cumsum(sizes)])
         which = np.searchsorted(starts, at, side="right") - 1
         ids = np.array([f.fragment_id for f in fragments], dtype=np.uint64)
         addresses = (ids[which] << np.uint64(32)) | (at - starts[which]).astype(np.uint64)
