@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -46,9 +47,11 @@ from memwal_sql.formats.source_rows import (
     empty_rows,
     gather,
 )
+from memwal_sql.structures.cache import CachePart
 from memwal_sql.writer.memtable_indexes import Piece
 
 SCORE = "_score"
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -135,10 +138,19 @@ class GlobalBM25Exec(ExecNode):
             term, doc = piece.tokens.occurrences(query)
             kept = ok[doc]
             term, doc, tf = _pairs(term[kept], doc[kept])
-            frequency += np.bincount(term, minlength=len(query))
+            per_term = np.bincount(term, minlength=len(query))
+            frequency += per_term
             read = partial(child.piece_rows, i)
             postings.append(
-                _Postings(read, term, doc, tf, lengths[doc], len(lengths), id(child) in searched)
+                _Postings(
+                    read,
+                    doc,
+                    tf,
+                    lengths[doc],
+                    len(lengths),
+                    id(child) in searched,
+                    per_term,
+                )
             )
         for (child, index), gone in zip(indexed, superseded):
             found = index.matches(list(counts), gone)
@@ -150,12 +162,14 @@ class GlobalBM25Exec(ExecNode):
                 postings.append(
                     _Postings(
                         read,
-                        part.term,
                         part.doc,
                         part.tf,
                         part.length,
                         part.documents,
                         id(child) in searched,
+                        part.counts,
+                        part.key,
+                        part.cache,
                     )
                 )
         stats.document_frequency = dict(zip(counts, frequency.tolist()))
@@ -263,18 +277,17 @@ class GlobalBM25Exec(ExecNode):
         for number, p in enumerate(postings):
             if not p.searched or len(p.doc) == 0:
                 continue
-            tf = p.tf.astype(np.float64)
-            norm = BM25_K1 * (1 - BM25_B) + (BM25_K1 * BM25_B / avgdl) * p.length
             # Postings come grouped by term: each term's factor repeated, not gathered.
-            factor = np.repeat(coefficient, np.bincount(p.term, minlength=len(weights)))
-            groups.append((number, factor * tf / (tf + norm)))
+            groups.append((number, np.repeat(coefficient, p.counts) * _ratio(p, avgdl)))
         if not groups:
             return empty_rows(self.schema)
-        # Without a filter the best k are known to score at least a floor: only documents
-        # that may reach it are scored (MaxScore); a filter may reject any of them.
+        # Without a filter the best k are known to score at least ``reached``: only documents
+        # that may reach it are scored (MaxScore) and kept; a filter may reject any of them.
         unfiltered = self.predicate is None and self.post_filter is None
-        floor = _floors(postings, groups, len(weights), self.k) if unfiltered else None
-        scored = [(*_scores(postings[n], part, floor), n) for n, part in groups]
+        floor, reached = (
+            _floors(postings, groups, coefficient, self.k, avgdl) if unfiltered else (None, None)
+        )
+        scored = [(*_scores(postings[n], part, floor, reached), n) for n, part in groups]
         scores = np.concatenate([s for s, _, _ in scored])
         rows = np.concatenate([r for _, r, _ in scored])
         numbers = np.repeat([n for _, _, n in scored], [len(r) for _, r, _ in scored])
@@ -310,17 +323,44 @@ class GlobalBM25Exec(ExecNode):
 
 @dataclass(frozen=True)
 class _Postings:
-    """One group of scored documents: a piece's, or an index partition's. Per posting its
-    term number, document (``0..documents``), term frequency and document length;
-    ``read(rows)`` gives the full rows of document numbers ``rows``."""
+    """One group of scored documents: a piece's, or an index partition's. Per posting
+    (grouped by term, ``counts`` a term) its document (``0..documents``), term frequency
+    and document length; ``read(rows)`` gives the full rows of document numbers ``rows``."""
 
     read: Callable[[np.ndarray], pa.Table]
-    term: np.ndarray
     doc: np.ndarray
     tf: np.ndarray
     length: np.ndarray
     documents: int
     searched: bool
+    counts: np.ndarray
+    key: str | None = None  # names the postings in ``cache``: what is derived from them is kept
+    cache: CachePart | None = None
+
+    @property
+    def bounds(self) -> np.ndarray:
+        """Where each term's postings start and end."""
+        return np.concatenate([[0], np.cumsum(self.counts)])
+
+    def keep(self, kind: str, name: str, load: Callable[[], tuple[_T, int]]) -> _T:
+        """``load()``'s value, kept in the cache if these postings are named."""
+        if self.cache is None or self.key is None:
+            return load()[0]
+        return self.cache.get(kind, f"{self.key}#{name}", load)
+
+
+def _ratio(p: _Postings, avgdl: float) -> np.ndarray:
+    """Per posting the part of BM25 that depends on the document, ``tf / (tf + norm)``
+    (its score part is the term's coefficient times it): a function of the postings and the
+    average length alone, so kept with named postings until the corpus changes."""
+
+    def load() -> tuple[np.ndarray, int]:
+        tf = p.tf.astype(np.float64)
+        norm = BM25_K1 * (1 - BM25_B) + (BM25_K1 * BM25_B / avgdl) * p.length
+        ratio = tf / (tf + norm)
+        return ratio, ratio.nbytes + 64
+
+    return p.keep("fts_ratio", repr(avgdl), load)
 
 
 def _rows_at(child: SourceLeaf, rowid: np.ndarray, rows: np.ndarray) -> pa.Table:
@@ -348,82 +388,103 @@ def _pairs(term: np.ndarray, doc: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
 _DENSE = 4  # every posting is scored when more than 1 in _DENSE name a candidate
 
 
-def _term_bounds(term: np.ndarray, terms: int) -> np.ndarray:
-    """Where each term's postings start and end (postings grouped by term)."""
-    return np.concatenate([[0], np.cumsum(np.bincount(term, minlength=terms))])
-
-
 def _floors(
-    postings: list[_Postings], groups: list[tuple[int, np.ndarray]], terms: int, k: int
-) -> np.ndarray:
-    """Per term, the least part a posting must have for its document to possibly be among the
-    best ``k`` (MaxScore): the documents with each term's best parts are scored exactly, and
+    postings: list[_Postings],
+    groups: list[tuple[int, np.ndarray]],
+    coefficient: np.ndarray,
+    k: int,
+    avgdl: float,
+) -> tuple[np.ndarray, float] | tuple[None, None]:
+    """Per term the least part a posting must have for its document to possibly be among the
+    best ``k`` (MaxScore), and a score the best ``k`` reach (None, None: fewer than ``k``
+    documents sampled). The documents with each term's best parts are scored exactly, and
     their ``k``-th best score is one the best ``k`` reach. A document reaches it only if each
     of its parts plus every other term's best part does, and only if it holds one of the
     *essential* terms: those the least-scoring terms' best parts cannot reach it without. A
     term that is not essential gets an infinite floor (its postings name no candidate; they
     still add to the candidates' scores)."""
-    best = np.zeros(terms)
+    best = np.zeros(len(coefficient))
     sampled = []
     for number, part in groups:
         p = postings[number]
-        bounds = _term_bounds(p.term, terms)
-        picked = []
-        for t in range(terms):
-            chunk = part[bounds[t] : bounds[t + 1]]
-            if len(chunk) == 0:
-                continue
-            best[t] = max(best[t], float(chunk.max()))
-            n = min(len(chunk), 4 * k)
-            picked.append(bounds[t] + np.argpartition(chunk, len(chunk) - n)[len(chunk) - n :])
-        rows = np.unique(p.doc[np.concatenate(picked)])
-        sampled.append(_exact(p, part, rows, bounds))
+        top, picked = _sample(p, avgdl, 4 * k)
+        # The coefficient scales a term's ratios alike: the best ratio gives the best part.
+        best = np.maximum(best, coefficient * top)
+        sampled.append(_exact(p, part, np.unique(p.doc[picked])))
     scores = np.concatenate(sampled)
     if len(scores) < k:
-        return np.full(terms, -np.inf)
+        return None, None
     # A hair lower than exact: the sums below may round differently from the bound.
     reached = float(np.partition(scores, len(scores) - k)[len(scores) - k]) * (1 - 1e-9)
     floor = reached - (best.sum() - best)
     order = np.argsort(best, kind="stable")
     floor[order[np.cumsum(best[order]) < reached]] = np.inf
-    return floor
+    return floor, reached
 
 
-def _exact(p: _Postings, part: np.ndarray, rows: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+def _sample(p: _Postings, avgdl: float, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per term its best ratio (0 without postings), and the postings of each term's ``n``
+    best ratios (its ``n`` best parts), kept with named postings."""
+
+    def load() -> tuple[tuple[np.ndarray, np.ndarray], int]:
+        ratio, bounds = _ratio(p, avgdl), p.bounds
+        top = np.zeros(len(p.counts))
+        picked = [np.zeros(0, np.int64)]
+        for t in np.flatnonzero(p.counts).tolist():
+            chunk = ratio[bounds[t] : bounds[t + 1]]
+            top[t] = chunk.max()
+            m = min(len(chunk), n)
+            picked.append(bounds[t] + np.argpartition(chunk, len(chunk) - m)[len(chunk) - m :])
+        at = np.concatenate(picked)
+        return (top, at), top.nbytes + at.nbytes + 64
+
+    return p.keep("fts_sample", f"{avgdl!r}#{n}", load)
+
+
+def _exact(p: _Postings, part: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """The scores of a group's documents ``rows`` (ascending), their parts added term by term
     as the bincount adds them."""
     score = np.zeros(len(rows))
-    for t in range(len(bounds) - 1):
+    bounds = p.bounds
+    for t in np.flatnonzero(p.counts).tolist():
         docs = p.doc[bounds[t] : bounds[t + 1]]
-        if len(docs) == 0 or len(rows) == 0:
-            continue
+        if len(rows) == 0:
+            break
         at = np.minimum(np.searchsorted(docs, rows), len(docs) - 1)
         score += np.where(docs[at] == rows, part[bounds[t] + at], 0.0)
     return score
 
 
 def _scores(
-    p: _Postings, part: np.ndarray, floor: np.ndarray | None
+    p: _Postings, part: np.ndarray, floor: np.ndarray | None, reached: float | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The scores of a group's documents with a posting (or, with a ``floor``, of those with
-    a part above their term's floor), and the documents, ascending."""
-    if floor is not None:
-        kept = part >= floor[p.term]
+    """The scores of a group's documents with a posting, and the documents, ascending; with a
+    ``floor``, only of those with a part above their term's floor that score ``reached``."""
+    if floor is not None and reached is not None:
+        kept = part >= np.repeat(floor, p.counts)
         if np.count_nonzero(kept) * _DENSE < len(part):  # else scoring them all costs less
             rows = np.sort(p.doc[kept])  # each term's documents ascending: one run per term
             rows = rows[np.diff(rows, prepend=-1) != 0]
-            return _exact(p, part, rows, _term_bounds(p.term, len(floor))), rows
-    # A document's parts are added in the query's order of terms.
+            score = _exact(p, part, rows)
+            high = score >= reached
+            return score[high], rows[high]
+    # A document's parts are added in the query's order of terms. Every part is positive
+    # (idf > 0 as a term's documents are at most all, tf >= 1): a document scores iff it
+    # holds a term.
     score = np.bincount(p.doc, weights=part, minlength=p.documents)
-    held = np.zeros(p.documents, dtype=bool)
-    held[p.doc] = True
-    rows = np.flatnonzero(held)
+    rows = np.flatnonzero(score > 0 if reached is None else score >= reached)
     return score[rows], rows
 
 
 def _best_first(scores: np.ndarray, n: int) -> np.ndarray:
-    """Indices of the ``n`` highest scores, highest first (ties in index order)."""
-    top = np.argpartition(-scores, n - 1)[:n] if n < len(scores) else np.arange(len(scores))
+    """Indices of the ``n`` highest scores, highest first, ties in index order (the lowest
+    indices of a tie that ``n`` cuts through: the same rows whatever else was scored)."""
+    if n < len(scores):
+        nth = scores[np.argpartition(-scores, n - 1)[n - 1]]
+        above = np.flatnonzero(scores > nth)
+        top = np.concatenate([above, np.flatnonzero(scores == nth)[: n - len(above)]])
+    else:
+        top = np.arange(len(scores))
     return top[np.lexsort((top, -scores[top]))]
 
 

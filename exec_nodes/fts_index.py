@@ -35,7 +35,7 @@ from memwal_sql.compat.lance_inverted import (
     read_postings,
     token_ids,
 )
-from memwal_sql.structures.cache import Caches
+from memwal_sql.structures.cache import CachePart, Caches
 from memwal_sql.structures.rowmask import RowMask
 
 _Posting = tuple[np.ndarray, np.ndarray, np.ndarray]  # document ids, frequencies, lengths
@@ -70,14 +70,18 @@ class _Docs:
 @dataclass(frozen=True)
 class PartitionMatches:
     """One partition's live postings of a query's distinct terms, in the partition's document
-    ids: per posting its term number, document, term frequency and document length;
-    ``rowid`` gives each document's row address."""
+    ids, grouped by term (``counts`` a term): per posting its document, term frequency and
+    document length; ``rowid`` gives each document's row address. ``key``
+    names these postings (the partition, its left-out set and the terms) in ``cache``, where
+    a search keeps what it derives from them."""
 
-    term: np.ndarray
     doc: np.ndarray
     tf: np.ndarray
     length: np.ndarray
     rowid: np.ndarray
+    counts: np.ndarray
+    key: str
+    cache: CachePart
 
     @property
     def documents(self) -> int:
@@ -166,12 +170,9 @@ class BaseTextIndex:
             dead = self._dead(files, p, docs, superseded, dead_key)
             documents += dead.documents
             tokens += dead.tokens
-            parts = self._live_postings(files, p, terms, dead, dead_key)
-            for number, (doc, _, _) in enumerate(parts):
-                frequency[number] += len(doc)
-            term = np.repeat(np.arange(len(terms)), [len(doc) for doc, _, _ in parts])
-            doc, tf, length = (np.concatenate([part[i] for part in parts]) for i in range(3))
-            out.append(PartitionMatches(term, doc, tf, length, docs.rowid))
+            part = self._partition_matches(files, p, terms, docs, dead, dead_key)
+            frequency += part.counts
+            out.append(part)
         return IndexMatches(documents, tokens, frequency, out)
 
     def _dead(
@@ -190,6 +191,28 @@ class BaseTextIndex:
             return dead, mask.nbytes + 64
 
         return self.caches.search.get("fts_dead", key, load)
+
+    def _partition_matches(
+        self,
+        files: IndexFiles,
+        partition: int,
+        terms: Sequence[str],
+        docs: _Docs,
+        dead: _Dead,
+        dead_key: str,
+    ) -> PartitionMatches:
+        """The partition's live postings of ``terms`` as one group, kept per left-out set and
+        terms (a warm search concatenates nothing)."""
+        key = dead_key + "#" + "\x1f".join(terms)
+
+        def load() -> tuple[PartitionMatches, int]:
+            parts = self._live_postings(files, partition, terms, dead, dead_key)
+            counts = np.array([len(doc) for doc, _, _ in parts], dtype=np.int64)
+            doc, tf, length = (np.concatenate([part[i] for part in parts]) for i in range(3))
+            found = PartitionMatches(doc, tf, length, docs.rowid, counts, key, self.caches.search)
+            return found, doc.nbytes + tf.nbytes + length.nbytes + 64
+
+        return self.caches.search.get("fts_matches", key, load)
 
     def _live_postings(
         self, files: IndexFiles, partition: int, terms: Sequence[str], dead: _Dead, key: str

@@ -5,6 +5,7 @@ on a fully merged, fully indexed copy; and the base is not tokenized."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import lance
 import numpy as np
@@ -238,8 +239,8 @@ def test_pruned_top_k_equals_scoring_every_document(indexed, monkeypatch, query)
     scored: list[int] = []
     real_scores = fts._scores
 
-    def counting(p, part, floor):
-        out = real_scores(p, part, floor)
+    def counting(p, part, floor, reached):
+        out = real_scores(p, part, floor, reached)
         scored.append(len(out[1]))
         return out
 
@@ -249,7 +250,7 @@ def test_pruned_top_k_equals_scoring_every_document(indexed, monkeypatch, query)
         pruned = tbl.fts(query, k=k)
         pruned_count = sum(scored)
         with monkeypatch.context() as m:
-            m.setattr(fts, "_floors", lambda *a: None)
+            m.setattr(fts, "_floors", lambda *a: (None, None))
             scored.clear()
             every = tbl.fts(query, k=k)
             every_count = sum(scored)
@@ -257,3 +258,37 @@ def test_pruned_top_k_equals_scoring_every_document(indexed, monkeypatch, query)
         assert pruned_count <= every_count
         if query == "w0 w2999" and k <= 3:  # fewer than 10 documents hold w2999
             assert pruned_count * 4 < every_count, (pruned_count, every_count)
+
+
+def test_warm_searches_keep_what_they_derive_from_the_index_until_the_corpus_changes(
+    indexed, monkeypatch, tmp_path
+):
+    """Searching the same corpus again derives nothing from the base index's postings again
+    (their concatenation, BM25 ratios and MaxScore samples are kept); a write that changes
+    the average length derives the ratios anew, and both searches are exact."""
+    tbl, model = indexed
+    root = tmp_path / "m"
+    loads: Counter[str] = Counter()
+    real = tbl.caches.search.get
+
+    def get(kind, uri, load, current=None):
+        def counted():
+            loads[kind] += 1
+            return load()
+
+        return real(kind, uri, counted, current)
+
+    monkeypatch.setattr(tbl.caches.search, "get", get)
+    kinds = ("fts_matches", "fts_ratio", "fts_sample")
+    query = QUERIES[0]
+    assert_same(tbl.fts(query, k=10), lance_fts(model, root, query, 10))
+    first = {kind: loads[kind] for kind in kinds}
+    assert all(first[kind] == partitions(tbl) for kind in kinds), first
+    loads.clear()
+    assert_same(tbl.fts(query, k=10), lance_fts(model, root, query, 10))
+    assert not any(loads[kind] for kind in kinds), loads
+    fresh = rows([9001], 8, words=400)  # a long document: the average length grows
+    tbl.upsert(fresh)
+    model.upsert(fresh)
+    assert_same(tbl.fts(query, k=10), lance_fts(model, root, query, 10))
+    assert loads["fts_ratio"] == partitions(tbl) and loads["fts_matches"] == 0, loads

@@ -154,8 +154,8 @@ def decode_postings(
     freq_at = fb + 9 + 16 * doc_bits
     freq_bits = data[freq_at].astype(np.int64)
     deltas = _unpack(data, fb + 9, doc_bits)
-    docs[lane] = (np.cumsum(deltas, axis=1) + first[:, None]).astype(np.uint32)
-    freqs[lane] = _unpack(data, freq_at + 1, freq_bits).astype(np.uint32)
+    docs[lane] = np.cumsum(deltas, axis=1, dtype=np.uint32) + first[:, None].astype(np.uint32)
+    freqs[lane] = _unpack(data, freq_at + 1, freq_bits)
     for b in np.flatnonzero(~full):  # at most one tail per token
         n = int(lengths[token[b]] - within[b] * BLOCK)
         values = _varints(data[begin[b] + 4 : offsets[b + 1]], 2 * n)
@@ -176,20 +176,23 @@ def _u32_at(data: np.ndarray, at: np.ndarray) -> np.ndarray:
 
 def _unpack(data: np.ndarray, at: np.ndarray, bits: np.ndarray) -> np.ndarray:
     """BitPacker4x blocks (128 values, ``bits[i]`` bits each, 4 interleaved 32-bit lanes)
-    starting at byte offsets ``at``, as a ``(len(at), 128)`` array: one vectorised pass per
-    distinct bit width."""
-    out = np.zeros((len(at), BLOCK), dtype=np.uint64)
+    starting at byte offsets ``at``, as a ``(len(at), 128)`` ``uint32`` array: one
+    vectorised pass per distinct bit width, in 32-bit words (a value spans at most two)."""
+    out = np.zeros((len(at), BLOCK), dtype=np.uint32)
     for nb in np.unique(bits).tolist():
         if nb == 0:
             continue
         rows = np.flatnonzero(bits == nb)
-        raw = data[at[rows][:, None] + np.arange(16 * nb)]
-        words = np.ascontiguousarray(raw).view("<u4").reshape(len(rows), nb, 4).astype(np.uint64)
-        words = np.concatenate([words, np.zeros((len(rows), 1, 4), np.uint64)], axis=1)
+        # Each block's bytes copied as one row (no index per byte), then read as words.
+        raw = np.lib.stride_tricks.sliding_window_view(data, 16 * nb)[at[rows]]
+        words = raw.view("<u4").reshape(len(rows), nb, 4)
+        words = np.concatenate([words, np.zeros((len(rows), 1, 4), np.uint32)], axis=1)
         bit = np.arange(32) * nb  # value k of a lane starts at bit k * nb of that lane
-        lo, hi = words[:, bit // 32, :], words[:, bit // 32 + 1, :]
-        shift = (bit % 32).astype(np.uint64)[None, :, None]
-        values = ((lo | (hi << np.uint64(32))) >> shift) & np.uint64((1 << nb) - 1)
+        shift = (bit % 32).astype(np.uint32)[None, :, None]
+        # numpy shifts by 32 or more give 0: a value within one word takes nothing more.
+        values = (words[:, bit // 32, :] >> shift) | (words[:, bit // 32 + 1, :] << (32 - shift))
+        if nb < 32:
+            values &= np.uint32((1 << nb) - 1)
         out[rows] = values.reshape(len(rows), BLOCK)  # value i = 4k + lane
     return out
 

@@ -57,3 +57,37 @@ def test_every_posting_decodes_to_the_documents_term_frequencies(tmp_path) -> No
     assert documents == n and total == sum(len(t.split()) for t in texts)
     meta = json.loads(files.reader("metadata.lance").metadata().schema.metadata[b"params"])
     assert meta == files.params
+
+
+def _pack4x(values: np.ndarray, nb: int) -> bytes:
+    """BitPacker4x as Lance writes a block: lane ``l`` holds values ``4k + l``, each lane's
+    32 values packed little-endian into ``nb`` 32-bit words, word ``j`` of lane ``l`` at
+    word ``4j + l``."""
+    words = np.zeros((nb, 4), dtype=np.uint64)
+    for lane in range(4):
+        stream = 0
+        for k, v in enumerate(values[lane::4].tolist()):
+            stream |= v << (k * nb)
+        for j in range(nb):
+            words[j, lane] = (stream >> (32 * j)) & 0xFFFFFFFF
+    return words.astype("<u4").tobytes()
+
+
+def test_blocks_of_every_bit_width_unpack_to_their_values() -> None:
+    """Every width from 1 to 32 bits, blocks at unaligned byte offsets, widest values
+    included (a value crossing two words; 32-bit values taking a word each)."""
+    from memwal_sql.compat.lance_inverted import _unpack
+
+    rng = np.random.default_rng(3)
+    blocks, data, at, bits = [], b"", [], []
+    for nb in [*range(1, 33), 7, 32]:
+        values = rng.integers(0, 1 << nb, 128, dtype=np.uint64)
+        values[rng.integers(0, 128)] = (1 << nb) - 1
+        data += b"\x01" * (nb % 3)  # unaligned starts
+        at.append(len(data))
+        bits.append(nb)
+        data += _pack4x(values, nb)
+        blocks.append(values)
+    got = _unpack(np.frombuffer(data, np.uint8), np.array(at), np.array(bits))
+    assert got.dtype == np.uint32
+    assert np.array_equal(got.astype(np.uint64), np.stack(blocks))

@@ -76,3 +76,17 @@ def test_bm25_ranks_by_score_filters_candidates_and_keeps_unsearched_sources_in_
     assert node.stats.documents == 3
     only = GlobalBM25Exec([a, b], ["id"], ["fox"], 2, Compare("id", ">", pa.scalar(1)))
     assert only.to_table().column("id").to_pylist() == [7, 2]  # a one-word document ranks first
+
+
+def test_the_best_first_cut_through_a_tie_keeps_its_lowest_indices() -> None:
+    """Ranking candidates: highest score first, a tie in index order, and a tie the cut at
+    ``n`` goes through gives its lowest indices, so the rows returned do not depend on which
+    other documents were scored (MaxScore scores fewer)."""
+    from exec_nodes.fts import _best_first
+
+    scores = np.array([1.0, 3.0, 2.0, 3.0, 2.0, 2.0, 0.5, 2.0])
+    assert _best_first(scores, 4).tolist() == [1, 3, 2, 4]
+    assert _best_first(scores, 3).tolist() == [1, 3, 2]
+    assert _best_first(scores, 8).tolist() == [1, 3, 2, 4, 5, 7, 0, 6]
+    ties = np.full(1000, 7.0)
+    assert _best_first(ties, 5).tolist() == [0, 1, 2, 3, 4]

@@ -95,3 +95,24 @@ def test_a_large_writes_rows_are_read_from_the_memtable_without_a_copy():
     assert rows.column("v").chunk(1).buffers()[2].address == big.column("v").buffers()[2].address
     many = RowsIndex(source_schema(wal), 1).update([small] * 300)
     assert many.column("v").num_chunks == 1
+
+
+def test_key_membership_by_table_or_hash_set_agree() -> None:
+    """The base's many-keys read matches keys by a table for integers in a narrow span and
+    by Arrow's hash set otherwise (wide spans, strings): the same rows either way."""
+    from exec_nodes.base_source import _member
+
+    narrow = pa.chunked_array([[5, 1, 9, -2], [7, 5, 100]])
+    assert _member(narrow, pa.array([5, -2, 8, 100])).tolist() == [
+        True,
+        False,
+        False,
+        True,
+        False,
+        True,
+        True,
+    ]
+    wide = pa.chunked_array([[0, 1 << 40, 3], [-(1 << 40)]])
+    assert _member(wide, pa.array([1 << 40, -(1 << 40)])).tolist() == [False, True, False, True]
+    words = pa.chunked_array([["a", "b"], ["c"]])
+    assert _member(words, pa.array(["c", "a"])).tolist() == [True, False, True]
