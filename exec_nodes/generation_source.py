@@ -273,7 +273,7 @@ class GenerationSourceExec(SourceLeaf):
         uri, opts = self.uri, self.storage_options
 
         def load() -> tuple[pa.Table, int]:
-            ds = open_generation(uri, opts)
+            ds = generation_dataset(uri, opts, self.caches)
             names = stored_columns(schema, ds)
             table = conform(
                 ds.to_table(columns=names, with_row_address=True), schema, self.generation
@@ -296,8 +296,11 @@ class GenerationSourceExec(SourceLeaf):
         return self._take_newest(index_keys(keys, pk), keyset, ids, self.take_offsets)
 
     def take_offsets(self, offsets: np.ndarray) -> pa.Table:
-        """The generation's rows at ``offsets`` (what its ``_pk_index`` stores)."""
-        self._needs(Lookup)
+        """The generation's rows at ``offsets`` (what its ``_pk_index`` stores); with
+        ``Lookup(versions=True)``, their versions only, from the few columns kept for
+        deduplication (a search's stale check reads no candidate's vector or text)."""
+        if self._needs(Lookup).versions:
+            return self._few_columns(self.schema).take(pa.array(offsets))
         rows = self.whole_rows()
         if rows is not None:
             return rows.take(pa.array(offsets))

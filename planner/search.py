@@ -285,7 +285,8 @@ def plan_vector_search(
 
     def newer_sources(keys: pa.Table) -> list:
         # The gap generations too: a gap candidate may have a newer version in a later one.
-        return region_lookups(snapshot, store, spec, keys, gap or None)
+        # Their versions only: which row is a key's latest needs no row read.
+        return region_lookups(snapshot, store, spec, keys, gap or None, versions=True)
 
     k = search.k
     stale = FilterStaleExec(

@@ -123,3 +123,23 @@ def test_small_generations_are_searched_flat_then_exactly_in_memory(lagging) -> 
     assert " flat" not in text and "GenerationsKnnExec" in text, text
     assert tbl.vector_search(query, k=10).column("k").to_pylist() == brute_force(model, query, 10)
     tbl.close()
+
+
+def test_the_stale_check_reads_versions_not_the_generations_rows(lagging, monkeypatch) -> None:
+    # A first search (nothing in memory) checks its candidates against the generations by
+    # their key, _gen, _rowaddr and _tombstone alone: no generation is read whole for it.
+    uri, model = lagging
+    monkeypatch.setattr(generation_source, "_ROWS_LOADS", _NoBackgroundLoads())
+    latest = _latest_rows(model)
+    dropped = 0
+    for seed in range(10):
+        tbl = mw.open_table(uri, cache=64 << 20)
+        query = np.random.default_rng(200 + seed).normal(size=DIM).astype(np.float32)
+        got = tbl.vector_search(query, k=10)
+        for row in got.drop_columns(["_distance"]).to_pylist():
+            assert row == latest[row["k"]], f"stale or deleted row returned: {row}"
+        stale = tbl._search.last_plan.root.children[0]
+        dropped += stale.dropped_stale + stale.dropped_deleted
+        assert not [u for kind, u in tbl.caches.lookup.entries() if kind == "rows"]
+        tbl.close()
+    assert dropped > 0  # the check found newer versions in the generations
