@@ -273,7 +273,7 @@ class GenerationSourceExec(SourceLeaf):
         uri, opts = self.uri, self.storage_options
 
         def load() -> tuple[pa.Table, int]:
-            ds = generation_dataset(uri, opts, self.caches)
+            ds = open_generation(uri, opts)
             names = stored_columns(schema, ds)
             table = conform(
                 ds.to_table(columns=names, with_row_address=True), schema, self.generation
@@ -296,21 +296,23 @@ class GenerationSourceExec(SourceLeaf):
         return self._take_newest(index_keys(keys, pk), keyset, ids, self.take_offsets)
 
     def take_offsets(self, offsets: np.ndarray) -> pa.Table:
-        """The generation's rows at ``offsets`` (what its ``_pk_index`` stores); with
-        ``Lookup(versions=True)``, their versions only, from the few columns kept for
-        deduplication (a search's stale check reads no candidate's vector or text)."""
+        """The generation's rows at ``offsets`` (what its ``_pk_index`` stores) in the leaf's
+        schema: with ``Lookup(versions=True)`` their versions only, taken from the rows kept
+        in memory if they are, else read for these offsets alone (a search's stale check
+        reads no generation whole)."""
         if self._needs(Lookup).versions:
-            return self._few_columns(self.schema).take(pa.array(offsets))
-        rows = self.whole_rows()
-        if rows is not None:
-            return rows.take(pa.array(offsets))
+            rows = self.caches.lookup.peek("rows", self.uri)
+        else:
+            rows = self.whole_rows()
+        if isinstance(rows, pa.Table):
+            return rows.take(pa.array(offsets)).select(self.schema.names)
         ds = generation_dataset(self.uri, self.storage_options, self.caches)
-        names = stored_columns(self.source_schema, ds)
+        names = stored_columns(self.schema, ds)
         # Row addresses of fragment 0 are the offsets the _pk_index stores.
         row_ids = pa.array(offsets.astype(np.uint64))
-        out = conform(take_rows(ds, row_ids, names), self.source_schema, self.generation)
+        out = conform(take_rows(ds, row_ids, names), self.schema, self.generation)
         return out.set_column(
-            out.schema.get_field_index(ROWADDR), self.source_schema.field(ROWADDR), row_ids
+            out.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), row_ids
         )
 
     # Knn
