@@ -8,9 +8,7 @@ columns deduplication reads (``caches.scan``), its terms (``caches.search``).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import lance
 import numpy as np
@@ -40,10 +38,6 @@ from memwal_sql.structures.keyset import KeySet, encode_keys, last_per_key
 from memwal_sql.writer.memtable_indexes import Piece
 
 _FEW_COLUMNS = 6  # up to this many columns of a generation are kept (key columns, tombstone)
-# Rows of generations read off a search's path (see rows_in_memory): one at a time.
-_ROWS_LOADS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memwal-generation-rows")
-_loading: set[str] = set()
-_loading_lock = threading.Lock()
 _DATASET_BYTES = 4096  # an opened generation, as the lookup cache counts it (its manifest)
 
 
@@ -74,46 +68,6 @@ def generation_rows(
     return caches.lookup.get("rows", uri, load)
 
 
-def rows_in_memory(
-    uri: str,
-    storage_options: dict[str, str] | None,
-    generation: int,
-    schema: pa.Schema,
-    caches: Caches,
-) -> bool:
-    """Whether the generation's rows are in the lookup cache (see :func:`generation_rows`).
-    If not, and it is small enough to keep, they are read in the background from the second
-    ask on, one generation at a time: a search meanwhile goes through the generation's index,
-    and later ones find its rows in memory, where an exact search costs less than Lance's
-    (about 1 ms against 5 for 15k rows; benchmarks/bench_scale.py).
-
-    Example:
-        ``rows_in_memory(gen.uri, None, gen.generation, schema, tbl.caches)``
-    """
-    if caches.lookup.contains("rows", uri):
-        return caches.lookup.peek("rows", uri) is not None  # None: too big to keep
-    # Read from the second query that wants them: a process that asks once (a CLI call, a
-    # Spark task) reads no whole generation, and its one query has both cores.
-    asked = caches.lookup.get("rows_wanted", uri, lambda: ([0], 64))
-    asked[0] += 1
-    if asked[0] < 2:
-        return False
-    with _loading_lock:
-        if uri in _loading:
-            return False
-        _loading.add(uri)
-
-    def load() -> None:
-        try:
-            generation_rows(uri, storage_options, generation, schema, caches)
-        finally:
-            with _loading_lock:
-                _loading.discard(uri)
-
-    _ROWS_LOADS.submit(load)
-    return False
-
-
 def generation_dataset(
     uri: str, storage_options: dict[str, str] | None, caches: Caches
 ) -> lance.LanceDataset:
@@ -126,6 +80,29 @@ def generation_dataset(
     return caches.lookup.get(
         "dataset", uri, lambda: (open_generation(uri, storage_options), _DATASET_BYTES)
     )
+
+
+def generation_columns(
+    uri: str,
+    storage_options: dict[str, str] | None,
+    generation: int,
+    schema: pa.Schema,
+    caches: Caches,
+) -> pa.Table:
+    """Some columns of a generation's rows (``schema``, part of the source schema, with
+    ``_gen`` and ``_rowaddr``): taken from its rows when the lookup cache keeps them, else
+    read, those columns alone (not cached here: the caller keeps what it makes of them). An
+    exact KNN reads so the keys, tombstones and vectors, about what Lance's flat search reads.
+
+    Example:
+        ``generation_columns(gen.uri, None, gen.generation, schema, tbl.caches)``
+    """
+    kept = caches.lookup.peek("rows", uri)
+    if isinstance(kept, pa.Table):
+        return kept.select(schema.names)
+    ds = generation_dataset(uri, storage_options, caches)
+    table = ds.to_table(columns=stored_columns(schema, ds), with_row_address=True)
+    return conform(table, schema, generation).combine_chunks()
 
 
 def generation_vector_index(
@@ -374,11 +351,11 @@ class GenerationSourceExec(SourceLeaf):
 
 __all__ = [
     "GenerationSourceExec",
+    "generation_columns",
     "generation_dataset",
     "generation_rows",
     "generation_vector_index",
     "index_keys",
     "key_index",
-    "rows_in_memory",
     "stored_keys",
 ]

@@ -1,8 +1,8 @@
 """Plan searches over a snapshot (spec, "Vector Search Queries", "Full-Text Search Queries").
 
 One KNN node per source: the base table through Lance (its vector index, refined), each MemTable
-exactly, and per region its flushed generations in memory exactly as one matrix, the others
-through Lance, each on its own (through its own vector index if it is big, else flat);
+exactly, and per region its big flushed generations through their own vector indexes by Lance,
+the others exactly as one matrix (their keys and vectors read once);
 :class:`~exec_nodes.stale.FilterStaleExec` over them keeps only each key's latest version,
 checked against *every* region (a region the filter prunes may still hold a newer version of a
 base row's key, one that no longer matches); a global
@@ -29,7 +29,7 @@ from exec_nodes.fts import (
     SCORE,
     GlobalBM25Exec,
 )
-from exec_nodes.generation_source import generation_vector_index, rows_in_memory
+from exec_nodes.generation_source import generation_vector_index
 from exec_nodes.knn import (
     GenerationRunsKnnExec,
     KnnQuery,
@@ -52,10 +52,11 @@ from planner.plan import PlanExec
 from planner.pruning import prune_regions
 from planner.regions import check_one_region_per_key
 
-#: A generation not in memory with at least this many rows is searched through its own vector
-#: index, a smaller one flat. On 15k rows of 32 dimensions (benchmarks/bench_scale.py), Lance's
-#: flat search took 5-6 ms on the first query and after, its IVF_PQ search (the base's 76 of
-#: 353 partitions probed, refined) 18-23 ms on the first (opening the index) and 5-6 after.
+#: A generation with at least this many rows is searched through its own vector index, a
+#: smaller one exactly. On 15k rows of 32 dimensions (benchmarks/bench_scale.py), reading the
+#: keys and vectors took 3-4 ms and an exact search 1 ms; Lance's flat search 5-8 ms on every
+#: query, its IVF_PQ search (the base's 76 of 353 partitions probed, refined) 18-23 ms on the
+#: first (opening the index) and 5-6 after.
 INDEXED_GENERATION_ROWS = 1 << 16
 
 #: A PQ- or SQ-quantized index ranks by approximate distances: its candidates are re-ranked by
@@ -260,22 +261,19 @@ def plan_vector_search(
         sources.extend(memtable_leaves(snapshot, region, Knn(knn)))
         generations = []
         for g in region.generations_newest_first(gap.get(region.region_id, ())):
-            # In memory, a generation is searched exactly (about 1 ms for 15k rows); else by
-            # Lance, so that no search reads a whole generation on its path: through its own
-            # index (built at flush with the base index's centroids, probed like the base's:
-            # spec, "Indexed Read Plan") when it is big enough for that to pay, else flat.
+            # A big generation through its own index (built at flush with the base index's
+            # centroids, probed like the base's: spec, "Indexed Read Plan"); the others
+            # exactly, their vectors read once (about what Lance's flat search reads) and kept:
+            # about 1 ms for 15k rows after, against 5-8 for Lance's flat search each time.
             gen_opts = snapshot.leaf_storage_options
-            if rows_in_memory(g.uri, gen_opts, g.generation, schema, snapshot.caches):
-                generations.append((g.generation, g.uri))
-                continue
             own = None
             if index is not None:
                 own = generation_vector_index(g.uri, gen_opts, column, metric, snapshot.caches)
             if own is not None and own[1] >= INDEXED_GENERATION_ROWS:
                 access = Knn(knn, own[0], nprobes, refine_factor)
+                sources.append(generation_leaf(snapshot, region, g, access))
             else:
-                access = Knn(knn)
-            sources.append(generation_leaf(snapshot, region, g, access))
+                generations.append((g.generation, g.uri))
         if generations:
             sources.append(
                 GenerationRunsKnnExec(
