@@ -274,15 +274,19 @@ class GenerationSourceExec(SourceLeaf):
 
     def take_offsets(self, offsets: np.ndarray) -> pa.Table:
         """The generation's rows at ``offsets`` (what its ``_pk_index`` stores) in the leaf's
-        schema: with ``Lookup(versions=True)`` their versions only, taken from the rows kept
-        in memory if they are, else read for these offsets alone (a search's stale check
-        reads no generation whole)."""
+        schema: with ``Lookup(versions=True)`` their versions only, from the few columns
+        deduplication keeps (a search's stale check reads no generation whole)."""
         if self._needs(Lookup).versions:
-            rows = self.caches.lookup.peek("rows", self.uri)
+            versions = self._few_columns(self.schema)
+            addresses = versions.column(ROWADDR).to_numpy()
+            at = np.minimum(np.searchsorted(addresses, offsets), max(len(addresses) - 1, 0))
+            if len(addresses) and (addresses[at] == offsets).all():
+                return versions.take(pa.array(at))
+            rows = None  # a row its deletion vector hides: read those rows as they are
         else:
             rows = self.whole_rows()
-        if isinstance(rows, pa.Table):
-            return rows.take(pa.array(offsets)).select(self.schema.names)
+        if rows is not None:
+            return rows.take(pa.array(offsets))
         ds = generation_dataset(self.uri, self.storage_options, self.caches)
         names = stored_columns(self.schema, ds)
         # Row addresses of fragment 0 are the offsets the _pk_index stores.
