@@ -103,7 +103,7 @@ def plan_lookup(
     base = base_leaf(snapshot, Lookup(tuple(pk)))
     # Probed through its btree, the base table stays on the index while it catches up: the
     # generations of the gap are probed like newer ones and the base only where it is indexed.
-    indexed = None if base.uses_key_index() else plan_indexed_read(snapshot, pk[:1])
+    indexed = None if base.uses_key_index(keys.num_rows) else plan_indexed_read(snapshot, pk[:1])
     if indexed is not None:
         base = base_leaf(snapshot, Lookup(tuple(pk), tuple(indexed.fragment_ids)))
     regions = region_lookups(
