@@ -144,3 +144,23 @@ def test_the_stale_check_reads_versions_not_the_generations_rows(tmp_path) -> No
         assert stale.dropped_stale + stale.dropped_deleted >= 1  # at least the key queried
         assert not [u for kind, u in tbl.caches.lookup.entries() if kind == "rows"]
         tbl.close()
+
+
+@pytest.mark.parametrize(("sub_vectors", "refine"), [(4, 2), (2, 10)])
+def test_a_fine_pq_index_is_refined_over_fewer_candidates(tmp_path, sub_vectors, refine) -> None:
+    # 2 dimensions per sub-vector code rank almost exactly: 2 * k candidates re-ranked, not
+    # 10 * k (each a random read); coarser codes keep 10 * k. Recall stays >= 0.95 either way.
+    uri = str(tmp_path / "t")
+    tbl = mw.create_table(uri, vec_batch(list(range(BASE_KEYS)), 0), primary_key="k")
+    tbl.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=sub_vectors)
+    model = Model(["k"])
+    model.upsert(vec_batch(list(range(BASE_KEYS)), 0))
+    found = 0
+    for seed in range(20):
+        query = np.random.default_rng(300 + seed).normal(size=DIM).astype(np.float32)
+        text = tbl.explain_search(query, k=10)
+        assert f"refine_factor={refine}" in text, text
+        got = tbl.vector_search(query, k=10).column("k").to_pylist()
+        found += len(set(got) & set(brute_force(model, query, 10)))
+    assert found / 200 >= 0.95
+    tbl.close()
