@@ -158,9 +158,8 @@ def index_keys(keys: pa.Table, primary_key: Sequence[str]) -> pa.Table:
 class GenerationSourceExec(SourceLeaf):
     """A flushed generation at ``uri`` read by ``access``: a scan (its deletion vector
     applied), a lookup through its ``_pk_index``, a KNN through Lance (through the
-    generation's own vector index when ``Knn.index`` names the base's; else flat: the
-    generations the lookup cache keeps are searched by ``GenerationsKnnExec`` instead), its
-    documents.
+    generation's own vector index when ``Knn.index`` names the base's; else flat, when it is
+    too big for ``GenerationsKnnExec``, which searches the others exactly), its documents.
 
     Rows a generation's deletion vector hides (older duplicates of a key in the same flush)
     may be KNN candidates or documents here; they are never their key's newest version, so
