@@ -15,6 +15,7 @@ generation is small), the base table through Lance (its ANN index, refined, or a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +26,7 @@ from exec_nodes.generation_source import (
     GenerationSourceExec,
     generation_columns,
     generation_dataset,
+    generation_vector_index,
 )
 from exec_nodes.source import Knn, KnnQuery, KnnSource, take_addresses
 from memwal_sql.expressions.visitors import referenced_columns
@@ -142,11 +144,29 @@ class GenerationsKnnExec(KnnSource):
 _GENERATION_RUN_SHARE = 8
 
 
+@dataclass(frozen=True)
+class OwnIndex:
+    """How a generation of at least ``min_rows`` rows is searched when it has its own vector
+    index (built at flush with the base index's centroids): through it, probed and refined as
+    the base is (``nprobes``, ``refine_factor``), so its distances rank with the base's.
+
+    Example:
+        >>> OwnIndex(65536, 76, 2).min_rows
+        65536
+    """
+
+    min_rows: int
+    nprobes: int | None
+    refine_factor: int | None
+
+
 class GenerationRunsKnnExec(KnnSource):
-    """A region's flushed generations as one KNN source. At execution (deciding opens them),
-    those whose vectors fit a run's share of the cache are grouped in runs of consecutive
-    generations (oldest first, so a flush changes only the newest run), each searched as one
-    matrix (:class:`GenerationsKnnExec`); any other is searched through Lance on its own (a
+    """A region's flushed generations as one KNN source. At execution (deciding opens them,
+    after the base table's search has started), a generation of ``own_index.min_rows`` rows
+    or more with its own vector index is searched through it by Lance; the others whose
+    vectors fit a run's share of the cache are grouped in runs of consecutive generations
+    (oldest first, so a flush changes only the newest run), each searched as one matrix
+    (:class:`GenerationsKnnExec`); any other flat by Lance (a
     :class:`~exec_nodes.generation_source.GenerationSourceExec` with ``Knn`` access).
     ``top(n)`` is the ``n`` nearest of them all.
     """
@@ -163,6 +183,7 @@ class GenerationRunsKnnExec(KnnSource):
         storage_options: dict[str, str] | None = None,
         *,
         caches: Caches,
+        own_index: OwnIndex | None = None,
     ) -> None:
         ordered = sorted(generations)  # oldest first, as the runs are cut
         super().__init__(region_id, ordered[-1][0], schema, search)
@@ -170,6 +191,7 @@ class GenerationRunsKnnExec(KnnSource):
         self.search = search
         self.storage_options = storage_options
         self.caches = caches
+        self.own_index = own_index
         self._runs: list[KnnSource] | None = None
 
     @property
@@ -210,12 +232,20 @@ class GenerationRunsKnnExec(KnnSource):
 
         for generation, uri in self.generations:
             ds = generation_dataset(uri, opts, self.caches)
-            nbytes = row_bytes * sum(f.metadata.physical_rows for f in ds.get_fragments())
-            if nbytes > budget:  # too big to keep (or no cache): searched by Lance
+            rows = sum(f.metadata.physical_rows for f in ds.get_fragments())
+            access = self._own_index(uri, rows)
+            nbytes = row_bytes * rows
+            if access is not None or nbytes > budget:  # too big to keep (or no cache)
                 close_run()
                 sources.append(
                     GenerationSourceExec(
-                        rid, generation, uri, schema, Knn(self.search), opts, caches=self.caches
+                        rid,
+                        generation,
+                        uri,
+                        schema,
+                        access or Knn(self.search),
+                        opts,
+                        caches=self.caches,
                     )
                 )
                 continue
@@ -225,6 +255,19 @@ class GenerationRunsKnnExec(KnnSource):
             run_bytes += nbytes
         close_run()
         return sources[::-1]
+
+    def _own_index(self, uri: str, rows: int) -> Knn | None:
+        """The access through the generation's own vector index, if it is big enough and has
+        one that ranks by the search's metric."""
+        own = self.own_index
+        if own is None or rows < own.min_rows:
+            return None
+        found = generation_vector_index(
+            uri, self.storage_options, self.column, self.metric, self.caches
+        )
+        if found is None or found[1] < own.min_rows:
+            return None
+        return Knn(self.search, found[0], own.nprobes, own.refine_factor)
 
     def _nearest(self, n: int) -> pa.Table:
         runs = self.runs()
@@ -254,4 +297,5 @@ __all__ = [
     "GenerationsKnnExec",
     "KnnQuery",
     "KnnSource",
+    "OwnIndex",
 ]

@@ -29,11 +29,11 @@ from exec_nodes.fts import (
     SCORE,
     GlobalBM25Exec,
 )
-from exec_nodes.generation_source import generation_vector_index
 from exec_nodes.knn import (
     GenerationRunsKnnExec,
     KnnQuery,
     KnnSource,
+    OwnIndex,
 )
 from exec_nodes.source import FullText, Knn, SourceLeaf
 from exec_nodes.stale import FilterStaleExec
@@ -46,7 +46,7 @@ from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.vectors import DISTANCE
 from memwal_sql.writer.memtable_indexes import tokenizer_for
 from planner.indexed import IndexedRead, plan_indexed_read
-from planner.leaves import base_leaf, generation_leaf, memtable_leaves, region_leaves
+from planner.leaves import base_leaf, memtable_leaves, region_leaves
 from planner.lookup import region_lookups
 from planner.plan import PlanExec
 from planner.pruning import prune_regions
@@ -283,30 +283,34 @@ def plan_vector_search(
     fragments = indexed.fragment_ids if indexed is not None else None
     base = Knn(knn, index.name if index else None, nprobes, refine_factor, fragments)
     sources: list[KnnSource] = [base_leaf(snapshot, base)]
+    # A big generation through its own index (built at flush with the base index's centroids,
+    # probed like the base's: spec, "Indexed Read Plan"); the others exactly, their vectors
+    # read once (about what Lance's flat search reads) and kept: about 1 ms for 15k rows after,
+    # against 5-8 for Lance's flat search each time.
+    own_index = None
+    if index is not None:
+        own_index = OwnIndex(INDEXED_GENERATION_ROWS, nprobes, refine_factor)
     kept_ids = set(kept)
     for region in snapshot.regions:
         if region.region_id not in kept_ids:
             continue
         sources.extend(memtable_leaves(snapshot, region, Knn(knn)))
-        generations = []
-        for g in region.generations_newest_first(gap.get(region.region_id, ())):
-            # A big generation through its own index (built at flush with the base index's
-            # centroids, probed like the base's: spec, "Indexed Read Plan"); the others
-            # exactly, their vectors read once (about what Lance's flat search reads) and kept:
-            # about 1 ms for 15k rows after, against 5-8 for Lance's flat search each time.
-            gen_opts = snapshot.leaf_storage_options
-            own = None
-            if index is not None:
-                own = generation_vector_index(g.uri, gen_opts, column, metric, snapshot.caches)
-            if own is not None and own[1] >= INDEXED_GENERATION_ROWS:
-                access = Knn(knn, own[0], nprobes, refine_factor)
-                sources.append(generation_leaf(snapshot, region, g, access))
-            else:
-                generations.append((g.generation, g.uri))
+        # Which generation is searched how is decided at execution, once the base's search
+        # has started: opening the generations (their files verified) then runs beside it.
+        generations = [
+            (g.generation, g.uri)
+            for g in region.generations_newest_first(gap.get(region.region_id, ()))
+        ]
         if generations:
             sources.append(
                 GenerationRunsKnnExec(
-                    region.region_id, generations, schema, knn, opts, caches=snapshot.caches
+                    region.region_id,
+                    generations,
+                    schema,
+                    knn,
+                    opts,
+                    caches=snapshot.caches,
+                    own_index=own_index,
                 )
             )
 
