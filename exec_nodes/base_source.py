@@ -123,6 +123,11 @@ _KEY_INDEX_SHARE = 4  # a base's key index may take a quarter of the cache
 # every key (benchmarks/bench_scale.py at 2M rows). Below it, reading every key costs less than
 # a first probe of the btree (benchmarks/bench_lookup.py's cold first lookup at 600k rows).
 BACKGROUND_KEY_INDEX_ROWS = 1 << 20
+# A lookup of fewer keys does not ask for a big base's key index: the btree finds them about
+# as fast (one key at 2M rows, bench_scale: 2.7 ms against 2.3 through the index), while the
+# build reads every key and sorts them (hundreds of milliseconds of both cores, beside the
+# queries that follow). A scan, or a lookup of more keys, asks for it.
+FEW_KEYS = 64
 # One build at a time: each reads a whole key column, and a second would only compete.
 _KEY_INDEX_BUILDS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memwal-lookup-keys")
 _building: set[str] = set()
@@ -524,15 +529,21 @@ class BaseSourceExec(SourceLeaf):
 
     # Lookup
 
-    def uses_key_index(self) -> bool:
+    def uses_key_index(self, keys: int | None = None) -> bool:
         """True if keys are probed in the cached key index (built now if need be), not through
         the btree: False while a big base's index is being built in the background. Decided
-        once per leaf, so that a plan and its execution take the same path."""
+        once per leaf (the first call), so that a plan and its execution take the same path.
+        A lookup of ``keys`` keys, fewer than :data:`FEW_KEYS`, does not ask for a big base's
+        index to be built.
+
+        Example:
+            ``BaseSourceExec(ds, schema, Lookup(("id",)), caches=c).uses_key_index(1)``
+        """
         if self._uses_key_index is None:
-            self._uses_key_index = self._key_index_now()
+            self._uses_key_index = self._key_index_now(keys)
         return self._uses_key_index
 
-    def _key_index_now(self) -> bool:
+    def _key_index_now(self, keys: int | None) -> bool:
         if not self._fits_cache():
             return False
         facts = _base_facts(self.dataset)
@@ -542,6 +553,8 @@ class BaseSourceExec(SourceLeaf):
             or not self._has_key_btree()  # without one, a probe reads every key anyway
         ):
             return True
+        if keys is not None and keys < FEW_KEYS:
+            return False  # the btree finds a few keys about as fast: no build for them
         # Built from the second query on: a process that asks once (a CLI call) builds
         # nothing, and does not wait for a build at its exit.
         asked = self.caches.lookup.get("base_keys_wanted", facts.cache_key, lambda: ([0], 64))

@@ -8,9 +8,7 @@ columns deduplication reads (``caches.scan``), its terms (``caches.search``).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import lance
 import numpy as np
@@ -40,10 +38,6 @@ from memwal_sql.structures.keyset import KeySet, encode_keys, last_per_key
 from memwal_sql.writer.memtable_indexes import Piece
 
 _FEW_COLUMNS = 6  # up to this many columns of a generation are kept (key columns, tombstone)
-# Rows of generations read off a search's path (see rows_in_memory): one at a time.
-_ROWS_LOADS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memwal-generation-rows")
-_loading: set[str] = set()
-_loading_lock = threading.Lock()
 _DATASET_BYTES = 4096  # an opened generation, as the lookup cache counts it (its manifest)
 
 
@@ -74,46 +68,6 @@ def generation_rows(
     return caches.lookup.get("rows", uri, load)
 
 
-def rows_in_memory(
-    uri: str,
-    storage_options: dict[str, str] | None,
-    generation: int,
-    schema: pa.Schema,
-    caches: Caches,
-) -> bool:
-    """Whether the generation's rows are in the lookup cache (see :func:`generation_rows`).
-    If not, and it is small enough to keep, they are read in the background from the second
-    ask on, one generation at a time: a search meanwhile goes through the generation's index,
-    and later ones find its rows in memory, where an exact search costs less than Lance's
-    (about 1 ms against 5 for 15k rows; benchmarks/bench_scale.py).
-
-    Example:
-        ``rows_in_memory(gen.uri, None, gen.generation, schema, tbl.caches)``
-    """
-    if caches.lookup.contains("rows", uri):
-        return caches.lookup.peek("rows", uri) is not None  # None: too big to keep
-    # Read from the second query that wants them: a process that asks once (a CLI call, a
-    # Spark task) reads no whole generation, and its one query has both cores.
-    asked = caches.lookup.get("rows_wanted", uri, lambda: ([0], 64))
-    asked[0] += 1
-    if asked[0] < 2:
-        return False
-    with _loading_lock:
-        if uri in _loading:
-            return False
-        _loading.add(uri)
-
-    def load() -> None:
-        try:
-            generation_rows(uri, storage_options, generation, schema, caches)
-        finally:
-            with _loading_lock:
-                _loading.discard(uri)
-
-    _ROWS_LOADS.submit(load)
-    return False
-
-
 def generation_dataset(
     uri: str, storage_options: dict[str, str] | None, caches: Caches
 ) -> lance.LanceDataset:
@@ -126,6 +80,29 @@ def generation_dataset(
     return caches.lookup.get(
         "dataset", uri, lambda: (open_generation(uri, storage_options), _DATASET_BYTES)
     )
+
+
+def generation_columns(
+    uri: str,
+    storage_options: dict[str, str] | None,
+    generation: int,
+    schema: pa.Schema,
+    caches: Caches,
+) -> pa.Table:
+    """Some columns of a generation's rows (``schema``, part of the source schema, with
+    ``_gen`` and ``_rowaddr``): taken from its rows when the lookup cache keeps them, else
+    read, those columns alone (not cached here: the caller keeps what it makes of them). An
+    exact KNN reads so the keys, tombstones and vectors, about what Lance's flat search reads.
+
+    Example:
+        ``generation_columns(gen.uri, None, gen.generation, schema, tbl.caches)``
+    """
+    kept = caches.lookup.peek("rows", uri)
+    if isinstance(kept, pa.Table):
+        return kept.select(schema.names)
+    ds = generation_dataset(uri, storage_options, caches)
+    table = ds.to_table(columns=stored_columns(schema, ds), with_row_address=True)
+    return conform(table, schema, generation).combine_chunks()
 
 
 def generation_vector_index(
@@ -181,9 +158,8 @@ def index_keys(keys: pa.Table, primary_key: Sequence[str]) -> pa.Table:
 class GenerationSourceExec(SourceLeaf):
     """A flushed generation at ``uri`` read by ``access``: a scan (its deletion vector
     applied), a lookup through its ``_pk_index``, a KNN through Lance (through the
-    generation's own vector index when ``Knn.index`` names the base's; else flat: the
-    generations the lookup cache keeps are searched by ``GenerationsKnnExec`` instead), its
-    documents.
+    generation's own vector index when ``Knn.index`` names the base's; else flat, when it is
+    too big for ``GenerationsKnnExec``, which searches the others exactly), its documents.
 
     Rows a generation's deletion vector hides (older duplicates of a key in the same flush)
     may be KNN candidates or documents here; they are never their key's newest version, so
@@ -296,18 +272,27 @@ class GenerationSourceExec(SourceLeaf):
         return self._take_newest(index_keys(keys, pk), keyset, ids, self.take_offsets)
 
     def take_offsets(self, offsets: np.ndarray) -> pa.Table:
-        """The generation's rows at ``offsets`` (what its ``_pk_index`` stores)."""
-        self._needs(Lookup)
-        rows = self.whole_rows()
+        """The generation's rows at ``offsets`` (what its ``_pk_index`` stores) in the leaf's
+        schema: with ``Lookup(versions=True)`` their versions only, from the few columns
+        deduplication keeps (a search's stale check reads no generation whole)."""
+        if self._needs(Lookup).versions:
+            versions = self._few_columns(self.schema)
+            addresses = versions.column(ROWADDR).to_numpy()
+            at = np.minimum(np.searchsorted(addresses, offsets), max(len(addresses) - 1, 0))
+            if len(addresses) and (addresses[at] == offsets).all():
+                return versions.take(pa.array(at))
+            rows = None  # a row its deletion vector hides: read those rows as they are
+        else:
+            rows = self.whole_rows()
         if rows is not None:
             return rows.take(pa.array(offsets))
         ds = generation_dataset(self.uri, self.storage_options, self.caches)
-        names = stored_columns(self.source_schema, ds)
+        names = stored_columns(self.schema, ds)
         # Row addresses of fragment 0 are the offsets the _pk_index stores.
         row_ids = pa.array(offsets.astype(np.uint64))
-        out = conform(take_rows(ds, row_ids, names), self.source_schema, self.generation)
+        out = conform(take_rows(ds, row_ids, names), self.schema, self.generation)
         return out.set_column(
-            out.schema.get_field_index(ROWADDR), self.source_schema.field(ROWADDR), row_ids
+            out.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), row_ids
         )
 
     # Knn
@@ -369,11 +354,11 @@ class GenerationSourceExec(SourceLeaf):
 
 __all__ = [
     "GenerationSourceExec",
+    "generation_columns",
     "generation_dataset",
     "generation_rows",
     "generation_vector_index",
     "index_keys",
     "key_index",
-    "rows_in_memory",
     "stored_keys",
 ]

@@ -15,17 +15,25 @@ generation is small), the base table through Lance (its ANN index, refined, or a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from exec_nodes.base import ExecNode
-from exec_nodes.generation_source import GenerationSourceExec, generation_rows
-from exec_nodes.source import Knn, KnnQuery, KnnSource
+from exec_nodes.generation_source import (
+    GenerationSourceExec,
+    generation_columns,
+    generation_dataset,
+    generation_vector_index,
+)
+from exec_nodes.source import Knn, KnnQuery, KnnSource, take_addresses
+from memwal_sql.expressions.visitors import referenced_columns
 from memwal_sql.formats.source_rows import (
     GEN,
     ROWADDR,
+    TOMBSTONE,
     gather,
 )
 from memwal_sql.structures.cache import Caches
@@ -39,9 +47,12 @@ from memwal_sql.structures.vectors import (
 
 
 class GenerationsKnnExec(KnnSource):
-    """Exact KNN over a region's flushed generations that the lookup cache keeps (each is
-    MemTable-sized), searched as one matrix: one matrix-vector product for all of them
-    instead of one per generation, whose fixed costs dominated with many generations.
+    """Exact KNN over some of a region's flushed generations (each small enough to keep its
+    vectors), searched as one matrix: one matrix-vector product for all of them instead of
+    one per generation, whose fixed costs dominated with many generations. Of each, only the
+    columns a search reads (keys, tombstones, vectors, the filter's columns) are read, once,
+    and kept with the matrix; from its rows when the lookup cache keeps them. The winners'
+    rows are read afterwards (:meth:`rows`).
 
     A row that a newer generation of the set, or a later row of its own flush, supersedes is
     never a neighbour: it cannot be its key's latest version. Leaving it out is query-independent
@@ -79,28 +90,33 @@ class GenerationsKnnExec(KnnSource):
         return self._exact(*self._vectors(), n)
 
     def rows(self, candidates: pa.Table) -> pa.Table:
-        # Read from each generation's own rows: a take from the concatenation of them all
-        # gathers over its chunks, which is far slower (benchmarks/bench_search.py). A kept
-        # generation has one
-        # fragment, its row i at offset i.
-        offsets = split_addresses(candidates.column(ROWADDR).to_numpy())[1]
+        addresses = candidates.column(ROWADDR).to_numpy()
         uris = dict(zip(self.generations, self.uris, strict=True))
 
         def read(generation: int, at: np.ndarray) -> pa.Table:
-            table = _kept_rows(
-                uris[generation], self.storage_options, generation, self.source_schema, self.caches
-            )
-            return table.take(pa.array(offsets[at]))
+            uri, opts = uris[generation], self.storage_options
+            kept = self.caches.lookup.peek("rows", uri)
+            if isinstance(kept, pa.Table):  # its rows in memory: row i at offset i
+                return kept.take(pa.array(split_addresses(addresses[at])[1]))
+            ds = generation_dataset(uri, opts, self.caches)
+            return take_addresses(ds, addresses[at], self.source_schema, generation)
 
         return gather(candidates.column(GEN).to_numpy(), read)
 
+    def _columns(self) -> list[str]:
+        """The columns read of each generation: what the search and its filter read."""
+        names = [*self.primary_key, TOMBSTONE, self.column]
+        if self.predicate is not None:
+            names += sorted(referenced_columns(self.predicate))
+        return list(dict.fromkeys([*names, GEN, ROWADDR]))
+
     def _vectors(self) -> SourceVectors:
         uris = tuple(self.uris)
+        schema = pa.schema([self.source_schema.field(c) for c in self._columns()])
 
         def load() -> tuple[tuple[tuple[str, ...], SourceVectors], int]:
-            # The rows are the entries lookups use: a generation read whole serves both.
             table = pa.concat_tables(
-                _kept_rows(uri, self.storage_options, g, self.source_schema, self.caches)
+                generation_columns(uri, self.storage_options, g, schema, self.caches)
                 for g, uri in zip(self.generations, uris, strict=True)
             )
             matrix, live, sq_norms = neighbours(table, self.column)
@@ -111,43 +127,46 @@ class GenerationsKnnExec(KnnSource):
                 latest = np.zeros(table.num_rows, dtype=bool)
                 latest[newest] = True
                 live &= latest
-            # The rows are shared with the generations' own entries, but this one keeps them
-            # alive after those are evicted: counted here too.
             nbytes = table.nbytes + matrix.nbytes + live.nbytes + sq_norms.nbytes
             return (uris, (table, matrix, live, sq_norms)), nbytes
 
-        # One entry per run of generations, named by its oldest, and replaced when a flush
-        # adds a generation to the run: sets that no snapshot reads do not pile up.
-        key = f"{uris[0]}#{self.column}"
+        # One entry per run of generations (and columns a filter adds), named by its oldest,
+        # and replaced when a flush adds a generation to the run: sets that no snapshot reads
+        # do not pile up.
+        extra = schema.names[len(self.primary_key) + 2 : -2]
+        key = f"{uris[0]}#{self.column}" + (f"#{','.join(extra)}" if extra else "")
         return self.caches.search.get("vectors", key, load, lambda v: v[0] == uris)[1]
 
 
-def _kept_rows(
-    uri: str,
-    storage_options: dict[str, str] | None,
-    generation: int,
-    schema: pa.Schema,
-    caches: Caches,
-) -> pa.Table:
-    table = generation_rows(uri, storage_options, generation, schema, caches)
-    if table is None:
-        raise ValueError(
-            f"generation {uri} is not kept in memory: search it with GenerationSourceExec"
-        )
-    return table
-
-
-#: A run of a region's generations searched as one matrix holds at most this share of the lookup
-#: cache (rows, vectors, norms and masks), so a run never outgrows the cache and is rebuilt per
-#: query.
+#: A run of a region's generations searched as one matrix holds at most this share of the
+#: cache (the columns read, vectors, norms and masks), so a run never outgrows the cache and is
+#: rebuilt per query; a generation bigger than that alone is searched by Lance.
 _GENERATION_RUN_SHARE = 8
 
 
+@dataclass(frozen=True)
+class OwnIndex:
+    """How a generation of at least ``min_rows`` rows is searched when it has its own vector
+    index (built at flush with the base index's centroids): through it, probed and refined as
+    the base is (``nprobes``, ``refine_factor``), so its distances rank with the base's.
+
+    Example:
+        >>> OwnIndex(65536, 76, 2).min_rows
+        65536
+    """
+
+    min_rows: int
+    nprobes: int | None
+    refine_factor: int | None
+
+
 class GenerationRunsKnnExec(KnnSource):
-    """A region's flushed generations as one KNN source. At execution (deciding needs their
-    rows), those the lookup cache keeps are grouped in runs of consecutive generations (oldest
-    first, so a flush changes only the newest run), each searched as one matrix
-    (:class:`GenerationsKnnExec`); any other is searched through Lance on its own (a
+    """A region's flushed generations as one KNN source. At execution (deciding opens them,
+    after the base table's search has started), a generation of ``own_index.min_rows`` rows
+    or more with its own vector index is searched through it by Lance; the others whose
+    vectors fit a run's share of the cache are grouped in runs of consecutive generations
+    (oldest first, so a flush changes only the newest run), each searched as one matrix
+    (:class:`GenerationsKnnExec`); any other flat by Lance (a
     :class:`~exec_nodes.generation_source.GenerationSourceExec` with ``Knn`` access).
     ``top(n)`` is the ``n`` nearest of them all.
     """
@@ -164,6 +183,7 @@ class GenerationRunsKnnExec(KnnSource):
         storage_options: dict[str, str] | None = None,
         *,
         caches: Caches,
+        own_index: OwnIndex | None = None,
     ) -> None:
         ordered = sorted(generations)  # oldest first, as the runs are cut
         super().__init__(region_id, ordered[-1][0], schema, search)
@@ -171,6 +191,7 @@ class GenerationRunsKnnExec(KnnSource):
         self.search = search
         self.storage_options = storage_options
         self.caches = caches
+        self.own_index = own_index
         self._runs: list[KnnSource] | None = None
 
     @property
@@ -194,7 +215,9 @@ class GenerationRunsKnnExec(KnnSource):
         sources: list[KnnSource] = []
         run: list[tuple[int, str]] = []
         run_bytes, budget = 0, self.caches.max_bytes // _GENERATION_RUN_SHARE
-        vector_bytes = 4 * (schema.field(self.column).type.list_size + 2)  # vector, norm, masks
+        # What a run's entry counts per row: the vector twice (column and matrix), its norm,
+        # the key, _gen, _rowaddr and masks, about.
+        row_bytes = 8 * schema.field(self.column).type.list_size + 8 * (len(self.primary_key) + 3)
 
         def close_run() -> None:
             nonlocal run_bytes
@@ -208,22 +231,43 @@ class GenerationRunsKnnExec(KnnSource):
             run_bytes = 0
 
         for generation, uri in self.generations:
-            rows = generation_rows(uri, opts, generation, schema, self.caches)
-            if rows is None:
+            ds = generation_dataset(uri, opts, self.caches)
+            rows = sum(f.metadata.physical_rows for f in ds.get_fragments())
+            access = self._own_index(uri, rows)
+            nbytes = row_bytes * rows
+            if access is not None or nbytes > budget:  # too big to keep (or no cache)
                 close_run()
                 sources.append(
                     GenerationSourceExec(
-                        rid, generation, uri, schema, Knn(self.search), opts, caches=self.caches
+                        rid,
+                        generation,
+                        uri,
+                        schema,
+                        access or Knn(self.search),
+                        opts,
+                        caches=self.caches,
                     )
                 )
                 continue
-            nbytes = rows.nbytes + rows.num_rows * vector_bytes  # as the run's entry counts it
             if run and run_bytes + nbytes > budget:
                 close_run()
             run.append((generation, uri))
             run_bytes += nbytes
         close_run()
         return sources[::-1]
+
+    def _own_index(self, uri: str, rows: int) -> Knn | None:
+        """The access through the generation's own vector index, if it is big enough and has
+        one that ranks by the search's metric."""
+        own = self.own_index
+        if own is None or rows < own.min_rows:
+            return None
+        found = generation_vector_index(
+            uri, self.storage_options, self.column, self.metric, self.caches
+        )
+        if found is None or found[1] < own.min_rows:
+            return None
+        return Knn(self.search, found[0], own.nprobes, own.refine_factor)
 
     def _nearest(self, n: int) -> pa.Table:
         runs = self.runs()
@@ -253,4 +297,5 @@ __all__ = [
     "GenerationsKnnExec",
     "KnnQuery",
     "KnnSource",
+    "OwnIndex",
 ]

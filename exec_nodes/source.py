@@ -104,18 +104,37 @@ class Scan:
 @dataclass(frozen=True)
 class Lookup:
     """Probe the source by ``primary_key`` (:class:`KeyProbe`); the base table may be limited
-    to ``fragment_ids``.
+    to ``fragment_ids``. With ``versions``, a source newer than the base gives only each
+    key's version (:func:`version_schema`), not its row.
 
     Example:
-        >>> str(Lookup(("id",)))
-        'lookup key=[id]'
+        >>> str(Lookup(("id",), versions=True))
+        'lookup key=[id] versions only'
     """
 
     primary_key: tuple[str, ...]
     fragment_ids: tuple[int, ...] | None = None
+    # What deciding which version of a key is newest needs (a search's stale check): a
+    # generation then reads two columns, not the candidates' vectors and texts.
+    versions: bool = False
 
     def __str__(self) -> str:
-        return f"lookup key=[{', '.join(self.primary_key)}]"
+        return f"lookup key=[{', '.join(self.primary_key)}]" + (
+            " versions only" if self.versions else ""
+        )
+
+
+def version_schema(schema: pa.Schema, primary_key: Sequence[str]) -> pa.Schema:
+    """The columns of a key's version in a newer source: the key, ``_tombstone``, ``_gen`` and
+    ``_rowaddr`` (what ``Lookup(versions=True)`` gives).
+
+    Example:
+        >>> s = pa.schema([("id", pa.int64()), ("v", pa.string()), (TOMBSTONE, pa.bool_()),
+        ...                (GEN, pa.int64()), (ROWADDR, pa.uint64())])
+        >>> version_schema(s, ["id"]).names
+        ['id', '_tombstone', '_gen', '_rowaddr']
+    """
+    return pa.schema([schema.field(c) for c in (*primary_key, TOMBSTONE, GEN, ROWADDR)])
 
 
 @dataclass(frozen=True)
@@ -353,6 +372,8 @@ class SourceLeaf(KeyedExec, KnnSource):
         self._schema = schema
         if isinstance(access, Lookup):  # first: a point lookup builds a leaf per source per key
             self.primary_key = list(access.primary_key)
+            if access.versions:
+                self._schema = version_schema(schema, self.primary_key)
         elif isinstance(access, Knn):
             self._search(access.query)
         elif isinstance(access, FullText):
@@ -428,7 +449,10 @@ class SourceLeaf(KeyedExec, KnnSource):
             self.probes += 1
         if keys.num_rows == 0:
             return Probe(empty_rows(self.schema), np.zeros(0, dtype=bool))
-        return self._probe(keys)
+        found = self._probe(keys)
+        if found.rows.schema.names != self.schema.names:  # versions only
+            return Probe(found.rows.select(self.schema.names), found.hit)
+        return found
 
     def _probe(self, keys: pa.Table) -> Probe:
         raise NotImplementedError
@@ -596,5 +620,6 @@ __all__ = [
     "SourceLeaf",
     "lance_nearest",
     "take_addresses",
+    "version_schema",
     "whole_fragment",
 ]

@@ -304,7 +304,8 @@ class MemWalTable(TableState):
 
         ``filter`` (SQL) applies to each row's latest version. ``metric`` is the index's
         (else ``l2``); ``nprobes`` and ``refine_factor`` tune the base table's ANN index
-        (a quantized index is refined over ``10 * k`` candidates by default).
+        (a quantized index is refined over ``10 * k`` candidates by default, ``2 * k`` for
+        a PQ index of at most 2 dimensions per sub-vector).
 
         Example:
             ``tbl.vector_search([0.1, 0.2, 0.3], k=5, filter="category = 'a'")``

@@ -26,7 +26,7 @@ from exec_nodes.lookup import (
     PointLookupExec,
     distinct_keys,
 )
-from exec_nodes.source import Lookup
+from exec_nodes.source import Lookup, version_schema
 from memwal_sql.expressions.predicate import And, Compare, InList, Or, Predicate, conjuncts
 from memwal_sql.formats.bloom import pk_hashes
 from memwal_sql.formats.generation import BLOOM_FILTER
@@ -103,7 +103,7 @@ def plan_lookup(
     base = base_leaf(snapshot, Lookup(tuple(pk)))
     # Probed through its btree, the base table stays on the index while it catches up: the
     # generations of the gap are probed like newer ones and the base only where it is indexed.
-    indexed = None if base.uses_key_index() else plan_indexed_read(snapshot, pk[:1])
+    indexed = None if base.uses_key_index(keys.num_rows) else plan_indexed_read(snapshot, pk[:1])
     if indexed is not None:
         base = base_leaf(snapshot, Lookup(tuple(pk), tuple(indexed.fragment_ids)))
     regions = region_lookups(
@@ -119,17 +119,22 @@ def region_lookups(
     spec: RegionSpec | None,
     keys: pa.Table,
     gap: Mapping[str, Sequence[GenerationRef]] | None = None,
+    *,
+    versions: bool = False,
 ) -> list[CoalesceFirstExec]:
     """Per region, the node that finds the newest version (tombstones included) of each of
     ``keys`` the region holds: its MemTables, then its generations newest first (and the
     ``gap`` generations of an indexed read), each key routed to its region when the spec
-    allows, else asked of every region.
+    allows, else asked of every region. With ``versions``, the nodes give each key's
+    version (:func:`~exec_nodes.source.version_schema`), not its row.
 
     Example:
         ``[r.to_table() for r in region_lookups(snap, tbl.store, tbl.region_spec, keys)]``
     """
     pk = list(snapshot.primary_key)
     schema = snapshot.source_schema
+    if versions:
+        schema = version_schema(schema, pk)
     caches = snapshot.caches
     routable = (
         spec is not None
@@ -148,7 +153,7 @@ def region_lookups(
         for values, idx in spec.group_rows(keys.select(pk)).items():
             by_values[tuple(values)] = keys.take(pa.array(idx))
     regions = []
-    access = Lookup(tuple(pk))
+    access = Lookup(tuple(pk), versions=versions)
     for region in snapshot.regions:
         routed = routable and region.region_values is not None
         if routed:

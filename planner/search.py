@@ -1,8 +1,8 @@
 """Plan searches over a snapshot (spec, "Vector Search Queries", "Full-Text Search Queries").
 
 One KNN node per source: the base table through Lance (its vector index, refined), each MemTable
-exactly, and per region its flushed generations in memory exactly as one matrix, the others
-through Lance, each on its own (through its own vector index if it is big, else flat);
+exactly, and per region its big flushed generations through their own vector indexes by Lance,
+the others exactly as one matrix (their keys and vectors read once);
 :class:`~exec_nodes.stale.FilterStaleExec` over them keeps only each key's latest version,
 checked against *every* region (a region the filter prunes may still hold a newer version of a
 base row's key, one that no longer matches); a global
@@ -29,11 +29,11 @@ from exec_nodes.fts import (
     SCORE,
     GlobalBM25Exec,
 )
-from exec_nodes.generation_source import generation_vector_index, rows_in_memory
 from exec_nodes.knn import (
     GenerationRunsKnnExec,
     KnnQuery,
     KnnSource,
+    OwnIndex,
 )
 from exec_nodes.source import FullText, Knn, SourceLeaf
 from exec_nodes.stale import FilterStaleExec
@@ -46,21 +46,28 @@ from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.vectors import DISTANCE
 from memwal_sql.writer.memtable_indexes import tokenizer_for
 from planner.indexed import IndexedRead, plan_indexed_read
-from planner.leaves import base_leaf, generation_leaf, memtable_leaves, region_leaves
+from planner.leaves import base_leaf, memtable_leaves, region_leaves
 from planner.lookup import region_lookups
 from planner.plan import PlanExec
 from planner.pruning import prune_regions
 from planner.regions import check_one_region_per_key
 
-#: A generation not in memory with at least this many rows is searched through its own vector
-#: index, a smaller one flat. On 15k rows of 32 dimensions (benchmarks/bench_scale.py), Lance's
-#: flat search took 5-6 ms on the first query and after, its IVF_PQ search (the base's 76 of
-#: 353 partitions probed, refined) 18-23 ms on the first (opening the index) and 5-6 after.
+#: A generation with at least this many rows is searched through its own vector index, a
+#: smaller one exactly. On 15k rows of 32 dimensions (benchmarks/bench_scale.py), reading the
+#: keys and vectors took 3-4 ms and an exact search 1 ms; Lance's flat search 5-8 ms on every
+#: query, its IVF_PQ search (the base's 76 of 353 partitions probed, refined) 18-23 ms on the
+#: first (opening the index) and 5-6 after.
 INDEXED_GENERATION_ROWS = 1 << 16
 
 #: A PQ- or SQ-quantized index ranks by approximate distances: its candidates are re-ranked by
 #: exact distance over this many times ``k`` rows unless the caller says otherwise.
 DEFAULT_REFINE_FACTOR = 10
+#: ... but over twice ``k`` for a PQ index of at most 2 dimensions per sub-vector, whose codes
+#: rank almost exactly: recall is the same from 2 to 20 (docs/search.md has the measurements),
+#: while each refined row is a random read (a base search at 2M rows: 9 ms at 10, 6 at 2).
+#: Coarser codes gain recall up to 20 and beyond: they keep the default.
+FINE_PQ_REFINE_FACTOR = 2
+FINE_PQ_DIMENSIONS = 2
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,24 @@ class VectorIndex:
     index_type: str
     metric: str
     num_partitions: int
+    #: Of a PQ index: the vector dimensions each sub-vector's code stands for (else None).
+    dimensions_per_code: float | None = None
+
+    def default_refine_factor(self) -> int | None:
+        """Candidates re-ranked by exact distance unless the caller says (times ``k``): none
+        for IVF_FLAT (exact already), :data:`FINE_PQ_REFINE_FACTOR` for a PQ index of at most
+        :data:`FINE_PQ_DIMENSIONS` dimensions per code, else :data:`DEFAULT_REFINE_FACTOR`.
+
+        Example:
+            >>> VectorIndex("v", "IVF_PQ", "l2", 64, dimensions_per_code=2.0).default_refine_factor()
+            2
+        """
+        if self.index_type == "IVF_FLAT":
+            return None
+        per_code = self.dimensions_per_code
+        if per_code is not None and per_code <= FINE_PQ_DIMENSIONS:
+            return FINE_PQ_REFINE_FACTOR
+        return DEFAULT_REFINE_FACTOR
 
     def default_nprobes(self) -> int:
         """IVF partitions probed unless the caller says: 4 * sqrt(partitions), at least 20
@@ -194,11 +219,16 @@ def _base_index(
 
 def _vector_index(name: str, stats: dict) -> VectorIndex:
     first = (stats.get("indices") or [{}])[0]
+    sub = first.get("sub_index") or {}
+    per_code = None
+    if sub.get("index_type") == "PQ" and sub.get("num_sub_vectors") and sub.get("dimension"):
+        per_code = int(sub["dimension"]) / int(sub["num_sub_vectors"])
     return VectorIndex(
         name,
         str(stats.get("index_type", "")),
         str(first.get("metric_type", "l2")).lower(),
         int(first.get("num_partitions") or 1),
+        per_code,
     )
 
 
@@ -238,8 +268,8 @@ def plan_vector_search(
     if index is not None and index.metric != metric:
         index = None  # the index ranks by another metric: search the base exactly instead
     refine_factor, nprobes = search.refine_factor, search.nprobes
-    if refine_factor is None and index is not None and index.index_type != "IVF_FLAT":
-        refine_factor = DEFAULT_REFINE_FACTOR
+    if refine_factor is None and index is not None:
+        refine_factor = index.default_refine_factor()
     if nprobes is None and index is not None:
         nprobes = index.default_nprobes()
     kept, pruned, schema, opts, pk = _layout(snapshot, spec, base_schema, predicate)
@@ -253,39 +283,41 @@ def plan_vector_search(
     fragments = indexed.fragment_ids if indexed is not None else None
     base = Knn(knn, index.name if index else None, nprobes, refine_factor, fragments)
     sources: list[KnnSource] = [base_leaf(snapshot, base)]
+    # A big generation through its own index (built at flush with the base index's centroids,
+    # probed like the base's: spec, "Indexed Read Plan"); the others exactly, their vectors
+    # read once (about what Lance's flat search reads) and kept: about 1 ms for 15k rows after,
+    # against 5-8 for Lance's flat search each time.
+    own_index = None
+    if index is not None:
+        own_index = OwnIndex(INDEXED_GENERATION_ROWS, nprobes, refine_factor)
     kept_ids = set(kept)
     for region in snapshot.regions:
         if region.region_id not in kept_ids:
             continue
         sources.extend(memtable_leaves(snapshot, region, Knn(knn)))
-        generations = []
-        for g in region.generations_newest_first(gap.get(region.region_id, ())):
-            # In memory, a generation is searched exactly (about 1 ms for 15k rows); else by
-            # Lance, so that no search reads a whole generation on its path: through its own
-            # index (built at flush with the base index's centroids, probed like the base's:
-            # spec, "Indexed Read Plan") when it is big enough for that to pay, else flat.
-            gen_opts = snapshot.leaf_storage_options
-            if rows_in_memory(g.uri, gen_opts, g.generation, schema, snapshot.caches):
-                generations.append((g.generation, g.uri))
-                continue
-            own = None
-            if index is not None:
-                own = generation_vector_index(g.uri, gen_opts, column, metric, snapshot.caches)
-            if own is not None and own[1] >= INDEXED_GENERATION_ROWS:
-                access = Knn(knn, own[0], nprobes, refine_factor)
-            else:
-                access = Knn(knn)
-            sources.append(generation_leaf(snapshot, region, g, access))
+        # Which generation is searched how is decided at execution, once the base's search
+        # has started: opening the generations (their files verified) then runs beside it.
+        generations = [
+            (g.generation, g.uri)
+            for g in region.generations_newest_first(gap.get(region.region_id, ()))
+        ]
         if generations:
             sources.append(
                 GenerationRunsKnnExec(
-                    region.region_id, generations, schema, knn, opts, caches=snapshot.caches
+                    region.region_id,
+                    generations,
+                    schema,
+                    knn,
+                    opts,
+                    caches=snapshot.caches,
+                    own_index=own_index,
                 )
             )
 
     def newer_sources(keys: pa.Table) -> list:
         # The gap generations too: a gap candidate may have a newer version in a later one.
-        return region_lookups(snapshot, store, spec, keys, gap or None)
+        # Their versions only: which row is a key's latest needs no row read.
+        return region_lookups(snapshot, store, spec, keys, gap or None, versions=True)
 
     k = search.k
     stale = FilterStaleExec(

@@ -379,6 +379,7 @@ def test_a_big_base_is_probed_through_its_btree_while_its_key_index_builds_in_th
     import exec_nodes.base_source as base_source
 
     monkeypatch.setattr(base_source, "BACKGROUND_KEY_INDEX_ROWS", 1000)
+    monkeypatch.setattr(base_source, "FEW_KEYS", 0)  # every lookup asks for the index here
     uri = str(tmp_path)
     with mw.create_table(uri, batch(list(range(3000)), 0), primary_key="k") as t:
         t.upsert(batch(list(range(0, 3000, 5)), 1))
@@ -408,6 +409,39 @@ def test_a_big_base_is_probed_through_its_btree_while_its_key_index_builds_in_th
     plan = tbl._reads.last_lookup_plan
     assert plan.base.uses_key_index() and "cached key index" in plan.base.describe()
     assert tbl.to_arrow().sort_by("k").to_pylist() == scanned
+    tbl.close()
+
+
+def test_lookups_of_a_few_keys_never_build_a_big_bases_key_index(tmp_path, monkeypatch):
+    # Through the btree a few keys cost about what the key index costs them: they do not ask
+    # for a build (a read of every key). A batch of FEW_KEYS keys, asked twice, does.
+    import exec_nodes.base_source as base_source
+
+    monkeypatch.setattr(base_source, "BACKGROUND_KEY_INDEX_ROWS", 1000)
+    uri = str(tmp_path)
+    with mw.create_table(uri, batch(list(range(3000)), 0), primary_key="k") as t:
+        t.upsert(batch(list(range(0, 3000, 5)), 1))
+        t.flush()
+    builds: list[int] = []
+    load = BaseSourceExec._load_key_index
+    monkeypatch.setattr(
+        BaseSourceExec, "_load_key_index", lambda self: builds.append(1) or load(self)
+    )
+    tbl = mw.open_table(uri, cache=64 << 20)
+    for k in range(10):
+        assert tbl.lookup([k * 7]).to_pylist() == [
+            {"k": k * 7, "v": f"v{k * 7}-{1 if k * 7 % 5 == 0 else 0}"}
+        ]
+        assert "via btree" in tbl._reads.last_lookup_plan.base.describe()
+    base_source._KEY_INDEX_BUILDS.submit(lambda: None).result()
+    assert builds == [] and not base_source._building
+    many = list(range(100, 100 + base_source.FEW_KEYS))
+    for _ in range(2):
+        assert len(tbl.lookup(many)) == len(many)
+    base_source._KEY_INDEX_BUILDS.submit(lambda: None).result()  # after the build it queued
+    assert builds == [1]
+    assert tbl.lookup([7]).num_rows == 1
+    assert "cached key index" in tbl._reads.last_lookup_plan.base.describe()
     tbl.close()
 
 

@@ -58,15 +58,6 @@ def brute_force(
     return latest.column("k").to_numpy()[order].tolist()
 
 
-def rows_loaded(tbl: mw.MemWalTable, query: np.ndarray) -> None:
-    """Search twice, so the generations' rows are asked for twice, and wait for their reads
-    in the background: searches then find them in memory."""
-    import exec_nodes.generation_source as generation_source
-
-    tbl.vector_search(query, k=1), tbl.vector_search(query, k=1)
-    generation_source._ROWS_LOADS.submit(lambda: None).result()  # after the reads queued
-
-
 def check(tbl: mw.MemWalTable, model: Model, query: np.ndarray, k: int, **kw: object) -> None:
     got = tbl.vector_search(query, k=k, **kw)
     latest = {r["k"]: r for r in model.table(SCHEMA).to_pylist()}
@@ -149,8 +140,6 @@ def test_generations_beyond_a_runs_share_of_the_cache_are_searched_in_runs(tmp_p
         model.upsert(rows)
         tbl.flush()
     query = np.random.default_rng(5).normal(size=DIM).astype(np.float32)
-    assert "GenerationsKnnExec" not in tbl.explain_search(query, k=10)  # not in memory yet
-    rows_loaded(tbl, query)
     runs = tbl.explain_search(query, k=10).count("GenerationsKnnExec")
     assert 2 <= runs < 12
     for k in (1, 10, 40):

@@ -19,7 +19,6 @@ from memwal_sql.read_snapshot import GenerationRef, take_read_snapshot
 from planner.leaves import generation_leaves, region_leaves
 from planner.lookup import plan_lookup
 from planner.scan import plan_scan
-from tests.test_vector_search import rows_loaded
 
 SCHEMA = pa.schema(
     [
@@ -98,7 +97,6 @@ def test_a_lookup_plan_applies_its_residual_before_projecting(tbl):
 
 def test_planning_a_search_runs_nothing_until_it_executes(tbl):
     q = mw.SearchQuery(query=np.zeros(2, np.float32), k=3)
-    rows_loaded(tbl, q.query)  # generations in memory are searched in runs
     plan = tbl._search.plan(q)
     stale = plan.root.children[0]
     assert [c.fetched() for c in stale.children] == [0] * len(stale.children)

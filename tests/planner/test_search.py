@@ -18,14 +18,6 @@ from tests.test_vector_search import DIM, SCHEMA, brute_force, vec_batch
 BASE_KEYS = 2000
 
 
-class _NoBackgroundLoads:
-    """Stands in for the pool that reads generations' rows off a search's path, so that
-    searches see them out of memory (as a fresh process does)."""
-
-    def submit(self, fn: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def lagging(tmp_path: Any) -> tuple[str, Model]:
     """A table whose IVF_PQ index lags two merges (each of updates, inserts and deletes of
@@ -62,7 +54,6 @@ def _latest_rows(model: Model) -> dict[int, dict]:
 def test_gap_generations_are_searched_through_their_own_indexes(lagging, monkeypatch) -> None:
     uri, _ = lagging
     monkeypatch.setattr(planner.search, "INDEXED_GENERATION_ROWS", 0)  # these are small
-    monkeypatch.setattr(generation_source, "_ROWS_LOADS", _NoBackgroundLoads())
     searched: list[dict] = []
     nearest = generation_source.lance_nearest
 
@@ -93,7 +84,6 @@ def test_gap_generations_are_searched_through_their_own_indexes(lagging, monkeyp
 def test_indexed_search_keeps_recall_and_returns_no_stale_row(lagging, monkeypatch) -> None:
     uri, model = lagging
     monkeypatch.setattr(planner.search, "INDEXED_GENERATION_ROWS", 0)
-    monkeypatch.setattr(generation_source, "_ROWS_LOADS", _NoBackgroundLoads())
     latest = _latest_rows(model)
     found = 0
     queries = 20
@@ -111,15 +101,66 @@ def test_indexed_search_keeps_recall_and_returns_no_stale_row(lagging, monkeypat
     assert found / (10 * queries) >= 0.95
 
 
-def test_small_generations_are_searched_flat_then_exactly_in_memory(lagging) -> None:
+def test_small_generations_are_searched_exactly_reading_their_vectors_only(lagging) -> None:
     uri, model = lagging
     tbl = mw.open_table(uri, cache=64 << 20)
     query = np.random.default_rng(5).normal(size=DIM).astype(np.float32)
-    first = tbl.explain_search(query, k=10)
-    assert "via its index" not in first and first.count("knn k=10 flat") == 6, first
-    tbl.explain_search(query, k=10)  # asks for their rows again, off the search's path
-    generation_source._ROWS_LOADS.submit(lambda: None).result()  # after the loads queued
-    text = tbl.explain_search(query, k=10)
-    assert " flat" not in text and "GenerationsKnnExec" in text, text
+    text = tbl.explain_search(query, k=10)  # from the first search, with nothing in memory
+    assert " flat" not in text and "via its index" not in text, text
+    assert text.count("GenerationsKnnExec") == 2, text  # one run per region
     assert tbl.vector_search(query, k=10).column("k").to_pylist() == brute_force(model, query, 10)
+    # Their keys, tombstones and vectors were read, kept with the matrices: not their rows.
+    assert not [u for kind, u in tbl.caches.lookup.entries() if kind == "rows"]
+    search = tbl.caches.search
+    read = [search.peek(kind, key)[1][0] for kind, key in search.entries() if kind == "vectors"]
+    assert len(read) == 2
+    assert all(t.column_names == ["k", "_tombstone", "vec", "_gen", "_rowaddr"] for t in read)
+    tbl.close()
+
+
+def test_the_stale_check_reads_versions_not_the_generations_rows(tmp_path) -> None:
+    # The base's nearest rows to their own old vectors are stale: a flushed generation holds
+    # newer versions of their keys (and deleted one). The check finds that from each key's
+    # version (key, _gen, _rowaddr, _tombstone) alone: no generation is read whole for it.
+    uri = str(tmp_path / "t")
+    tbl = mw.create_table(uri, vec_batch(list(range(200)), 0), primary_key="k")
+    model = Model(["k"])
+    model.upsert(vec_batch(list(range(200)), 0))
+    moved = vec_batch(list(range(0, 40, 2)), 1)
+    tbl.upsert(moved), model.upsert(moved)
+    tbl.delete([1]), model.delete(pa.table({"k": [1]}))
+    tbl.flush()
+    tbl.close()
+    latest = _latest_rows(model)
+    old = vec_batch(list(range(40)), 0).column("vec").to_pylist()
+    for key in (0, 1, 2, 4):
+        tbl = mw.open_table(uri, cache=64 << 20)
+        query = np.asarray(old[key], np.float32)
+        got = tbl.vector_search(query, k=10)
+        for row in got.drop_columns(["_distance"]).to_pylist():
+            assert row == latest[row["k"]], f"stale or deleted row returned: {row}"
+        assert got.column("k").to_pylist() == brute_force(model, query, 10)
+        stale = tbl._search.last_plan.root.children[0]
+        assert stale.dropped_stale + stale.dropped_deleted >= 1  # at least the key queried
+        assert not [u for kind, u in tbl.caches.lookup.entries() if kind == "rows"]
+        tbl.close()
+
+
+@pytest.mark.parametrize(("sub_vectors", "refine"), [(4, 2), (2, 10)])
+def test_a_fine_pq_index_is_refined_over_fewer_candidates(tmp_path, sub_vectors, refine) -> None:
+    # 2 dimensions per sub-vector code rank almost exactly: 2 * k candidates re-ranked, not
+    # 10 * k (each a random read); coarser codes keep 10 * k. Recall stays >= 0.95 either way.
+    uri = str(tmp_path / "t")
+    tbl = mw.create_table(uri, vec_batch(list(range(BASE_KEYS)), 0), primary_key="k")
+    tbl.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=sub_vectors)
+    model = Model(["k"])
+    model.upsert(vec_batch(list(range(BASE_KEYS)), 0))
+    found = 0
+    for seed in range(20):
+        query = np.random.default_rng(300 + seed).normal(size=DIM).astype(np.float32)
+        text = tbl.explain_search(query, k=10)
+        assert f"refine_factor={refine}" in text, text
+        got = tbl.vector_search(query, k=10).column("k").to_pylist()
+        found += len(set(got) & set(brute_force(model, query, 10)))
+    assert found / 200 >= 0.95
     tbl.close()

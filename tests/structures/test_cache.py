@@ -17,7 +17,6 @@ from memwal_sql.structures.cache import (
     LookupCache,
     default_caches,
 )
-from tests.test_vector_search import rows_loaded
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), False), pa.field("v", pa.string())])
 
@@ -129,7 +128,6 @@ def test_search_matrices_deletions_and_memtable_indexes_have_their_own_parts(tmp
     assert "memtable_vectors" in {kind for kind, _ in tbl.caches.memtable.entries()}
     tbl.flush()  # the MemTable's indexes go with it
     assert tbl.caches.memtable.entries() == []
-    rows_loaded(tbl, np.zeros(2, np.float32))  # read whole from the second search on
     tbl.vector_search([0.0, 0.0], k=3)  # the generation's matrix
     assert "vectors" in {kind for kind, _ in tbl.caches.search.entries()}
     assert tbl.caches.deletions.nbytes == 0
