@@ -25,7 +25,10 @@ def test_fragment_runs_are_the_runs_of_each_row_ids_fragment(sizes, gaps, search
         fids[-1] = np.uint64(0xFFFFFFFF)
     rowid = np.concatenate(
         [np.zeros(0, np.uint64)]
-        + [(f << np.uint64(32)) | np.arange(0, 2 * n, 2, dtype=np.uint64) for f, n in zip(fids, sizes)]
+        + [
+            (f << np.uint64(32)) | np.arange(0, 2 * n, 2, dtype=np.uint64)
+            for f, n in zip(fids, sizes)
+        ]
     )
     old = fts_index._FRAGMENTS_SEARCHED
     fts_index._FRAGMENTS_SEARCHED = searched
