@@ -323,7 +323,8 @@ def _fragment_runs(rowid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         >>> [a.tolist() for a in _fragment_runs(np.array([1, 2, 5 << 32, 7 << 32], np.uint64))]
         [[0, 5, 7], [0, 2, 3, 4]]
     """
-    fragments, starts, at = [], [0], 0
+    fragments: list[int] = []
+    starts, at = [0], 0
     while at < len(rowid) and len(fragments) < _FRAGMENTS_SEARCHED:
         fragment = int(rowid[at]) >> 32
         fragments.append(fragment)
@@ -335,7 +336,7 @@ def _fragment_runs(rowid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         new = np.ones(len(rest), dtype=bool)
         new[1:] = rest[1:] != rest[:-1]
         fragments.extend(rest[new].tolist())
-        starts.extend((at + np.flatnonzero(new[1:]) + 1).tolist() + [len(rowid)])
+        starts.extend([*(at + np.flatnonzero(new[1:]) + 1).tolist(), len(rowid)])
     return np.array(fragments, dtype=np.uint64), np.array(starts, dtype=np.int64)
 
 

@@ -34,7 +34,8 @@ def avoid_huge_page_stalls() -> bool:
     whether it was on before (False when the variable decides or NumPy lacks the switch)."""
     if _ENV in os.environ:
         return False
-    switch = getattr(np._core.multiarray, "_set_madvise_hugepage", None)  # NumPy >= 2
+    multiarray = getattr(np, "_core", None)  # NumPy >= 2
+    switch = getattr(getattr(multiarray, "multiarray", None), "_set_madvise_hugepage", None)
     if switch is None:
         return False
     return bool(switch(False))
