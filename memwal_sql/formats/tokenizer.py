@@ -368,20 +368,20 @@ class GrowingTokens:
             return
         new = self.tokenizer.tokenize(texts)
         index = self._index
-        if not index:  # the first documents (a reader's whole WAL tail): their ids as they are
-            index.update(zip(new.vocabulary, range(len(new.vocabulary))))
-            self.vocabulary.extend(new.vocabulary)
-            self._docs.append(new.docs + self.documents)
-            self._term_ids.append(new.term_ids)
-        else:
+        if index:
             mapping = np.fromiter(
                 (index.setdefault(t, len(index)) for t in new.vocabulary),
                 dtype=np.int64,
                 count=len(new.vocabulary),
             )
             self.vocabulary.extend(list(index)[len(self.vocabulary) :])
-            self._docs.append(new.docs + self.documents)
-            self._term_ids.append(mapping[new.term_ids] if len(new.term_ids) else new.term_ids)
+            term_ids = mapping[new.term_ids] if len(new.term_ids) else new.term_ids
+        else:  # the first documents (a reader's whole WAL tail): their ids as they are
+            index.update(zip(new.vocabulary, range(len(new.vocabulary))))
+            self.vocabulary.extend(new.vocabulary)
+            term_ids = new.term_ids
+        self._docs.append(new.docs + self.documents)
+        self._term_ids.append(term_ids)
         self._lengths.append(new.lengths)
         self.documents += len(new.lengths)
         self._cached = None
