@@ -27,7 +27,6 @@ import pyarrow as pa
 from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails
 from memwal_sql._proto.memwal_pb2 import RegionSpec as RegionSpecProto
 from memwal_sql.compat.lance import is_not_found
-from memwal_sql.compat.numpy_memory import avoid_huge_page_stalls
 from memwal_sql.errors import (
     AuthenticationError,
     DuplicateKeyError,
@@ -77,10 +76,6 @@ from memwal_sql.formats.wal import TOMBSTONE
 from memwal_sql.writer.rows import Keys, RowCoercer, WriteData, WriteKind, to_arrow_table
 
 PK_METADATA = b"lance-schema:unenforced-primary-key"
-
-# A table's reads allocate large short-lived arrays: without this, their first touch may
-# compact memory in the kernel (memwal_sql.compat.numpy_memory).
-avoid_huge_page_stalls()
 
 
 class MemWalTable(TableState):

@@ -15,8 +15,6 @@ datafusion that breaks one fails there, by name, rather than somewhere in a read
   ``mem_wal_index_details()`` leaves out ``merged_generations``.
 * :mod:`.arrow`: what pyarrow 26 writes into Substrait for a pushed filter (literal fields
   newer Substrait versions dropped; types it cannot convert).
-* :mod:`.numpy_memory`: NumPy's private switch for its huge-page advice on large arrays
-  (turned off: the kernel's compaction for them stalled cold reads).
 * :mod:`.datafusion`: datafusion-python 55's quirks (view types in results; a schema
   provider's ``table_names`` read as an attribute; no dataset may have zero fragments).
 """

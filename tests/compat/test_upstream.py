@@ -429,19 +429,3 @@ def test_lance_reads_the_transaction_of_a_compaction_that_remapped_an_index(tmp_
     ds.optimize.compact_files(materialize_deletions_threshold=0.0)
     ds = lance.dataset(str(tmp_path))
     ds.read_transaction(ds.version)
-
-
-def test_numpy_huge_page_advice_is_off_once_a_table_module_is_loaded(monkeypatch):
-    """NumPy's private switch exists (NumPy 2) and reports the state it replaces: loading
-    ``memwal_sql.table`` left it off, and a process that names the variable keeps its own."""
-    from numpy._core.multiarray import _set_madvise_hugepage
-
-    import memwal_sql.table  # noqa: F401  (turns the advice off at import)
-    from memwal_sql.compat.numpy_memory import avoid_huge_page_stalls
-
-    assert _set_madvise_hugepage(True) is False  # off, as the table module left it
-    monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")
-    assert avoid_huge_page_stalls() is False and _set_madvise_hugepage(True) is True
-    monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE")
-    assert avoid_huge_page_stalls() is True  # it was on: turned off
-    assert _set_madvise_hugepage(False) is False
