@@ -304,14 +304,40 @@ def index_docs(caches: Caches, files: IndexFiles, partition: int) -> _Docs:
         rowid, length, total = read_docs(files, partition)
         order = None if np.all(rowid[1:] > rowid[:-1]) else np.argsort(rowid, kind="stable")
         ascending = rowid if order is None else rowid[order]
-        fragment = ascending >> np.uint64(32)
-        new = np.ones(len(fragment), dtype=bool)
-        new[1:] = fragment[1:] != fragment[:-1]
-        starts = np.append(np.flatnonzero(new), len(fragment))
-        docs = _Docs(rowid, length, total, ascending, order, fragment[new], starts)
+        docs = _Docs(rowid, length, total, ascending, order, *_fragment_runs(ascending))
         return docs, docs.nbytes
 
     return caches.search.get("fts_docs", f"{files.uri}#{partition}", load)
+
+
+_FRAGMENTS_SEARCHED = 64  # fragments found by binary search before the rest by a pass
+
+
+def _fragment_runs(rowid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fragments of ascending row ids ``rowid`` and where each one's rows start (and the
+    last ends). A row id's high half is its fragment: each fragment's end is a binary search,
+    so the ids are not shifted whole (at 10M documents that was 80 MB of fresh memory); past
+    a few dozen fragments the rest are found in one pass.
+
+    Example:
+        >>> [a.tolist() for a in _fragment_runs(np.array([1, 2, 5 << 32, 7 << 32], np.uint64))]
+        [[0, 5, 7], [0, 2, 3, 4]]
+    """
+    fragments: list[int] = []
+    starts, at = [0], 0
+    while at < len(rowid) and len(fragments) < _FRAGMENTS_SEARCHED:
+        fragment = int(rowid[at]) >> 32
+        fragments.append(fragment)
+        end = (fragment + 1) << 32  # past the largest row id for the last fragment id
+        at = len(rowid) if end >= 1 << 64 else int(np.searchsorted(rowid, np.uint64(end)))
+        starts.append(at)
+    if at < len(rowid):
+        rest = rowid[at:] >> np.uint64(32)
+        new = np.ones(len(rest), dtype=bool)
+        new[1:] = rest[1:] != rest[:-1]
+        fragments.extend(rest[new].tolist())
+        starts.extend([*(at + np.flatnonzero(new[1:]) + 1).tolist(), len(rowid)])
+    return np.array(fragments, dtype=np.uint64), np.array(starts, dtype=np.int64)
 
 
 def index_postings(

@@ -96,8 +96,12 @@ def read_docs(files: IndexFiles, partition: int) -> tuple[np.ndarray, np.ndarray
     """A partition's documents by document id: row ids (ascending in a fresh build, not in a
     partition ``optimize_indices`` merged), token counts; and the total count."""
     reader = files.reader(f"part_{partition}_docs.lance")
-    total = int((reader.metadata().schema.metadata or {})[b"total_tokens"])
-    table = reader.read_all(batch_size=1 << 20).to_table()
+    meta = reader.metadata()
+    total = int((meta.schema.metadata or {})[b"total_tokens"])
+    # One batch: the columns become numpy arrays without a copy. Joining batches of 1M
+    # documents copied 120 MB at 10M documents, 30-280 ms of a cold search (the copy's fresh
+    # pages, in the kernel).
+    table = reader.read_all(batch_size=max(meta.num_rows, 1)).to_table()
     rowid = table.column("_rowid").to_numpy().astype(np.uint64, copy=False)
     return rowid, table.column("_num_tokens").to_numpy().astype(np.uint32, copy=False), total
 

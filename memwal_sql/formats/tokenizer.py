@@ -368,14 +368,20 @@ class GrowingTokens:
             return
         new = self.tokenizer.tokenize(texts)
         index = self._index
-        mapping = np.fromiter(
-            (index.setdefault(t, len(index)) for t in new.vocabulary),
-            dtype=np.int64,
-            count=len(new.vocabulary),
-        )
-        self.vocabulary.extend(list(index)[len(self.vocabulary) :])
+        if index:
+            mapping = np.fromiter(
+                (index.setdefault(t, len(index)) for t in new.vocabulary),
+                dtype=np.int64,
+                count=len(new.vocabulary),
+            )
+            self.vocabulary.extend(list(index)[len(self.vocabulary) :])
+            term_ids = mapping[new.term_ids] if len(new.term_ids) else new.term_ids
+        else:  # the first documents (a reader's whole WAL tail): their ids as they are
+            index.update(zip(new.vocabulary, range(len(new.vocabulary))))
+            self.vocabulary.extend(new.vocabulary)
+            term_ids = new.term_ids
         self._docs.append(new.docs + self.documents)
-        self._term_ids.append(mapping[new.term_ids] if len(new.term_ids) else new.term_ids)
+        self._term_ids.append(term_ids)
         self._lengths.append(new.lengths)
         self.documents += len(new.lengths)
         self._cached = None
@@ -394,6 +400,8 @@ class GrowingTokens:
         if self._cached is None:
 
             def joined(parts: list[np.ndarray]) -> np.ndarray:
+                if len(parts) == 1:  # arrays are never written to: shared, not copied
+                    return parts[0]
                 return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
             self._cached = Tokens(

@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from types import SimpleNamespace
 
 import lance
 import numpy as np
 import pyarrow as pa
 
-from memwal_sql.compat.lance_inverted import open_index, read_docs, read_postings, token_ids
+from memwal_sql.compat.lance_inverted import (
+    IndexFiles,
+    open_index,
+    read_docs,
+    read_postings,
+    token_ids,
+)
 
 
 def test_every_posting_decodes_to_the_documents_term_frequencies(tmp_path) -> None:
@@ -91,3 +98,47 @@ def test_blocks_of_every_bit_width_unpack_to_their_values() -> None:
     got = _unpack(np.frombuffer(data, np.uint8), np.array(at), np.array(bits))
     assert got.dtype == np.uint32
     assert np.array_equal(got.astype(np.uint64), np.stack(blocks))
+
+
+def test_a_document_file_of_more_than_a_million_documents_is_read_in_one_batch(
+    tmp_path, monkeypatch
+) -> None:
+    """Past 2^20 documents (where batches of 2^20 split the file, and joining them copies
+    every row id and length) the file is read as one batch, and the row ids and lengths are
+    still every document's."""
+    n = (1 << 20) + 5
+    texts = pa.array(np.where(np.arange(n) % 2 == 0, "red fox", "red"))
+    ds = lance.write_dataset(pa.table({"id": np.arange(n), "t": texts}), str(tmp_path))
+    ds.create_scalar_index("t", "INVERTED", with_position=False)
+    files = open_index(f"{ds.uri}/_indices/{ds.describe_indices()[0].segments[0].uuid}")
+    assert not isinstance(files, str)
+    chunks: list[int] = []
+    real_reader = IndexFiles.reader
+
+    def reader(self: IndexFiles, name: str, columns: list[str] | None = None) -> object:
+        opened = real_reader(self, name, columns)
+        real_read_all = opened.read_all
+
+        def read_all(**kwargs: object) -> object:
+            results = real_read_all(**kwargs)
+            table = results.to_table()
+            chunks.append(table.column(0).num_chunks)
+            return SimpleNamespace(to_table=lambda: table)
+
+        opened.read_all = read_all
+        return opened
+
+    monkeypatch.setattr(IndexFiles, "reader", reader)
+    got_rows, got_lengths, total = [], [], 0
+    for p in files.partitions:
+        rowid, length, tokens = read_docs(files, p)
+        got_rows.append(rowid)
+        got_lengths.append(length)
+        total += tokens
+    assert chunks == [1] * len(files.partitions)
+    rowid, length = np.concatenate(got_rows), np.concatenate(got_lengths)
+    want = ds.to_table(columns=["t"], with_row_id=True)["_rowid"].to_numpy()  # by position
+    order = np.argsort(want)
+    assert np.array_equal(np.sort(rowid), want[order])
+    assert np.array_equal(length[np.argsort(rowid)], np.where(np.arange(n) % 2 == 0, 2, 1)[order])
+    assert total == n + (n + 1) // 2

@@ -9,7 +9,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memwal_sql.formats.tokenizer import Tokenizer
+from memwal_sql.formats.tokenizer import GrowingTokens, Tokenizer
 
 WORDS = ["red", "fox", "hen", "den", "sky", "blue", "the", "runs"]
 
@@ -65,3 +65,43 @@ def test_ascii_documents_split_as_the_unicode_regex_splits_them(
         want_terms = sorted((d, t) for d, t in zip(want_doc.tolist(), finals) if t is not None)
         got_terms = [tokens.vocabulary[i] for i in tokens.term_ids]
         assert sorted(zip(tokens.docs.tolist(), got_terms)) == want_terms
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    batches=st.lists(st.lists(st.one_of(st.none(), _TEXT), max_size=6), min_size=1, max_size=4),
+    terms=st.lists(st.sampled_from(["ab", "runner", "é", "ss", "a", "z", "09"]), unique=True),
+)
+def test_growing_tokens_are_the_tokens_of_all_documents_at_once(batches, terms):
+    """Documents added batch by batch (the first batch's term ids kept as they are, the
+    later ones mapped into its vocabulary) have each document's length and each term's
+    occurrences that tokenizing them together gives: a wrong id or offset differs."""
+    tok = Tokenizer()
+    grown = GrowingTokens(tok)
+    for batch in batches:
+        grown.extend(pa.array(batch, pa.string()))
+    every = [d for batch in batches for d in batch]
+    got, want = grown.tokens(), tok.tokenize(pa.array(every, pa.string()))
+    assert got.lengths.tolist() == want.lengths.tolist()
+    asked = pa.array(terms, pa.string())
+    assert [a.tolist() for a in got.occurrences(asked)] == [
+        a.tolist() for a in want.occurrences(asked)
+    ]
+    words = lambda t: sorted(zip(t.docs.tolist(), (t.vocabulary[i] for i in t.term_ids)))  # noqa: E731
+    assert words(got) == words(want)
+
+
+def test_growing_tokens_keep_the_first_batch_ids_and_map_the_later_ones():
+    """A reader's WAL tail is one extend, its term ids kept as the tokenizer gave them; a
+    later batch's ids join that vocabulary (not restart it)."""
+    grown = GrowingTokens(Tokenizer())
+    grown.extend(pa.array(["red fox", None, "fox den"]))
+    first = grown.tokens()
+    assert first.vocabulary == ["red", "fox", "den"]
+    assert first.term_ids.tolist() == [0, 1, 1, 2]
+    grown.extend(pa.array(["den hen"]))
+    second = grown.tokens()
+    assert second.vocabulary == ["red", "fox", "den", "hen"]
+    assert second.term_ids.tolist() == [0, 1, 1, 2, 2, 3]
+    assert second.docs.tolist() == [0, 0, 2, 2, 3, 3]
+    assert first.term_ids.tolist() == [0, 1, 1, 2]  # the earlier view is unchanged
