@@ -21,7 +21,7 @@ by every compaction that finds a new fragment beside it, and on a table smaller 
 table, and the retention window keeps each rewritten copy for an hour
 (docs/maintenance.md#retention). A maintenance pass therefore merges small fragments by size
 tier, as RocksDB's universal and Cassandra's size-tiered compaction do: once
-:data:`SMALL_FRAGMENT_TRIGGER` (8) fragments are below a tier's bound (8, 64, 512, ... rows, up to
+:data:`SMALL_FRAGMENT_TRIGGER` (8) fragments are below a tier's bound (64, 512, 4,096, ... rows, up to
 ``target_rows_per_fragment``), it compacts with that bound as Lance's target, so only those are
 rewritten, into one of the next tier. A row is rewritten about log8(table rows) times on its way up,
 and a fragment that reached the deletion threshold is rewritten whatever its size. An explicit
@@ -133,18 +133,17 @@ def _target_rows(
     """The target rows per fragment to compact with, or None when nothing is worth it.
 
     ``trigger`` 1 (an explicit compaction): ``target_rows``. Otherwise the lowest size tier's
-    bound (``trigger``, ``trigger``², ... rows, at most ``target_rows``) below which ``trigger``
+    bound (``trigger``², ``trigger``³, ... rows, at most ``target_rows``) below which ``trigger``
     fragments are; and once a fragment reached the deletion ``threshold``, at least the bound
     above its size, as Lance writes no fragment larger than the target. Sizes are physical rows,
     as Lance picks the fragments to rewrite by them."""
-    rows = [f.metadata.physical_rows for f in fragments]
-    worn = [
-        f.metadata.physical_rows
-        for f in fragments
-        if f.metadata.deletion_file is not None
-        and f.metadata.deletion_file.num_deleted_rows >= threshold * f.metadata.physical_rows
-        and f.metadata.deletion_file.num_deleted_rows
-    ]
+    rows, worn = [], []
+    for f in fragments:
+        meta = f.metadata  # built anew on every access
+        rows.append(meta.physical_rows)
+        deleted = meta.deletion_file.num_deleted_rows if meta.deletion_file else 0
+        if deleted and deleted >= threshold * meta.physical_rows:
+            worn.append(meta.physical_rows)
     if trigger <= 1:
         return target_rows if worn or sum(n < target_rows for n in rows) >= 2 else None
     bounds = []

@@ -43,7 +43,7 @@ class MaintenanceConfig:
     - ``deletion_threshold``: compaction rewrites a fragment once this share of its rows is
       deleted (0.0 removes every deletion vector).
     - ``small_fragment_trigger``: a maintenance pass compacts only once this many fragments are
-      below a size tier's bound (this many rows, its square, ...; then only those are merged)
+      below a size tier's bound (its square in rows, its cube, ...; then only those are merged)
       or one reached the threshold; an explicit compaction compacts whatever there is.
     - ``max_generations_per_region``: a merge pass merges at most this many generations of
       each region (``None``: all of them).
