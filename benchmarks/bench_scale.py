@@ -51,6 +51,8 @@ KINDS = ("scan", "lookup", "vector", "fts")
 FILTER = "x = 7 AND text LIKE '%return%'"
 TEXT_QUERY = "function return value"
 WARM_RUNS = 5
+LANCE_DEFAULT_NPROBES = 20  # LsmVectorSearchPlanner.plan_search's default
+RECALL_QUERIES = 20  # vectors whose recall@10 each system's search reports (not timed)
 GENERATION_ROWS = 30_000
 
 
@@ -136,6 +138,35 @@ def _query_vector() -> np.ndarray:
     return np.random.default_rng(7).normal(size=DIM).astype(np.float32)
 
 
+def _recall_vectors() -> np.ndarray:
+    return np.random.default_rng(11).normal(size=(RECALL_QUERIES, DIM)).astype(np.float32)
+
+
+def _our_nprobes(tbl: Any) -> int:
+    """The partitions memwal-sql probes by default in the base's vector index."""
+    from planner.search import vector_index
+
+    index = vector_index(tbl.dataset(), "vec", tbl.caches)
+    assert index is not None, "the layout has no vector index on vec"
+    return index.default_nprobes()
+
+
+def true_neighbours(uri: str) -> list[list[int]]:
+    """Each recall vector's 10 nearest latest rows by exact L2 (brute force over every row)."""
+    import memwal_sql as mw
+
+    latest = mw.open_table(uri).to_arrow(columns=["id", "vec"])
+    ids = latest["id"].to_numpy()
+    vecs = latest["vec"].combine_chunks().values.to_numpy().reshape(len(ids), DIM)
+    del latest
+    norms = np.einsum("ij,ij->i", vecs, vecs)
+    out = []
+    for q in _recall_vectors():
+        d = norms - 2 * (vecs @ q)
+        out.append(ids[np.argpartition(d, 10)[:10]].tolist())
+    return out
+
+
 def _lookup_key(base_rows: int) -> int:
     return int(np.random.default_rng(7).integers(0, base_rows))
 
@@ -159,7 +190,18 @@ def ours(kind: str, uri: str, base_rows: int) -> tuple[Callable[[], Any], Callab
     return (lambda: mw.open_table(uri)), queries[kind]
 
 
-def lance(kind: str, uri: str, base_rows: int) -> tuple[Callable[[], Any], Callable[[Any], int]]:
+def neighbours(system: str, opened: Any) -> list[list[int]]:
+    """The ids each system's search returns for the recall vectors (after the timed runs)."""
+    if system == "memwal":
+        search = lambda q: opened.vector_search(q, "vec", k=10)  # noqa: E731
+    else:
+        search = lambda q: opened(q)  # noqa: E731
+    return [search(q)["id"].to_pylist() for q in _recall_vectors()]
+
+
+def lance(
+    kind: str, uri: str, base_rows: int, system: str = "lance"
+) -> tuple[Callable[[], Any], Callable[[Any], int]]:
     """(open, query) for Lance's own reader of the same read (the snapshots of the regions'
     generations are read from their manifests, as Lance's LSM readers take them)."""
     import lance as lance_module
@@ -179,14 +221,18 @@ def lance(kind: str, uri: str, base_rows: int) -> tuple[Callable[[], Any], Calla
         tbl = mw.open_table(uri)
         ds, snaps = tbl.dataset(), lance_shard_snapshots(tbl)
         if kind == "scan":
-            return lambda: LsmScanner.from_snapshots(ds, snaps).filter(FILTER).to_table().num_rows
+            return lambda: LsmScanner.from_snapshots(ds, snaps).filter(FILTER).to_table()
         if kind == "lookup":
             planner = LsmPointLookupPlanner(ds, snaps)
-            return lambda: planner.plan_lookup(pa.array([key], pa.int64())).to_table().num_rows
+            return lambda: planner.plan_lookup(pa.array([key], pa.int64())).to_table()
         search = LsmVectorSearchPlanner(ds, snaps, "vec", pk_columns=["id"])
-        return lambda: search.plan_search(pa.array(q), k=10, columns=["id"]).to_table().num_rows
+        # Lance's planner probes 20 partitions unless told; "lance_probes" gives it ours.
+        nprobes = _our_nprobes(tbl) if system == "lance_probes" else LANCE_DEFAULT_NPROBES
+        return lambda v=q: search.plan_search(
+            pa.array(v), k=10, nprobes=nprobes, columns=["id"]
+        ).to_table()
 
-    return open_, lambda run: run()
+    return open_, lambda run: run().num_rows
 
 
 def peak_rss_mb() -> float:
@@ -197,7 +243,10 @@ def peak_rss_mb() -> float:
 
 def child(system: str, kind: str, uri: str, base_rows: int) -> dict[str, Any]:
     """One fresh process's measurement: open + first query (cold), then warm runs."""
-    open_, query = (ours if system == "memwal" else lance)(kind, uri, base_rows)
+    if system == "memwal":
+        open_, query = ours(kind, uri, base_rows)
+    else:
+        open_, query = lance(kind, uri, base_rows, system)
     t0 = time.perf_counter()
     opened = open_()
     n = query(opened)
@@ -212,6 +261,7 @@ def child(system: str, kind: str, uri: str, base_rows: int) -> dict[str, Any]:
         "warm_ms": float(np.median(warm)),
         "rows": n,
         "peak_rss_mb": peak_rss_mb(),
+        **({"neighbours": neighbours(system, opened)} if kind == "vector" else {}),
     }
 
 
@@ -223,6 +273,14 @@ def measure(system: str, kind: str, uri: str, base_rows: int) -> dict[str, Any]:
         text=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def with_recall(m: dict[str, Any], truth: list[list[int]]) -> dict[str, Any]:
+    """``m`` with its search's recall@10 against ``truth`` in place of the ids it found."""
+    if "neighbours" in m:
+        found = zip(m.pop("neighbours"), truth, strict=True)
+        m["recall_at_10"] = float(np.mean([len(set(f) & set(t)) / 10 for f, t in found]))
+    return m
 
 
 def main() -> None:
@@ -255,24 +313,36 @@ def main() -> None:
     try:
         results = []
         print(
-            f"\n{'read':<8}{'ours cold':>11}{'lance cold':>12}{'ratio':>7}"
+            f"\n{'read':<24}{'ours cold':>11}{'lance cold':>12}{'ratio':>7}"
             f"{'ours warm':>11}{'lance warm':>12}{'ratio':>7}{'ours RSS':>10}{'lance RSS':>11}"
         )
+        truth = true_neighbours(uri) if "vector" in args.kinds else []
         for kind in args.kinds:
-            a, b = measure("memwal", kind, uri, base_rows), measure("lance", kind, uri, base_rows)
-            r = {
-                "read": kind,
-                "memwal": a,
-                "lance": b,
-                "cold_ratio": a["cold_ms"] / b["cold_ms"],
-                "warm_ratio": a["warm_ms"] / b["warm_ms"],
-            }
-            results.append(r)
-            print(
-                f"{kind:<8}{a['cold_ms']:>9.1f}ms{b['cold_ms']:>10.1f}ms{r['cold_ratio']:>7.2f}"
-                f"{a['warm_ms']:>9.1f}ms{b['warm_ms']:>10.1f}ms{r['warm_ratio']:>7.2f}"
-                f"{a['peak_rss_mb']:>8.0f}MB{b['peak_rss_mb']:>9.0f}MB"
-            )
+            a = with_recall(measure("memwal", kind, uri, base_rows), truth)
+            # Lance's vector planner at its default (20 probes) and at memwal-sql's probes:
+            # an ANN search is compared at its recall, so both are reported.
+            anchors = ["lance", "lance_probes"] if kind == "vector" else ["lance"]
+            for anchor in anchors:
+                b = with_recall(measure(anchor, kind, uri, base_rows), truth)
+                read = kind if anchor == "lance" else f"{kind}, Lance our probes"
+                r = {
+                    "read": read,
+                    "memwal": a,
+                    "lance": b,
+                    "cold_ratio": a["cold_ms"] / b["cold_ms"],
+                    "warm_ratio": a["warm_ms"] / b["warm_ms"],
+                }
+                results.append(r)
+                recall = (
+                    f"  recall@10 {a['recall_at_10']:.3f} vs {b['recall_at_10']:.3f}"
+                    if "recall_at_10" in b
+                    else ""
+                )
+                print(
+                    f"{read:<24}{a['cold_ms']:>9.1f}ms{b['cold_ms']:>10.1f}ms{r['cold_ratio']:>7.2f}"
+                    f"{a['warm_ms']:>9.1f}ms{b['warm_ms']:>10.1f}ms{r['warm_ratio']:>7.2f}"
+                    f"{a['peak_rss_mb']:>8.0f}MB{b['peak_rss_mb']:>9.0f}MB{recall}"
+                )
         size = args.scale if args.base_rows is None else f"{base_rows}rows"
         out = args.out or f"benchmarks/results/bench_scale_{size}.json"
         write_results(

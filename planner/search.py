@@ -68,6 +68,8 @@ DEFAULT_REFINE_FACTOR = 10
 #: Coarser codes gain recall up to 20 and beyond: they keep the default.
 FINE_PQ_REFINE_FACTOR = 2
 FINE_PQ_DIMENSIONS = 2
+#: IVF partitions probed per square root of the index's partitions unless the caller says.
+NPROBES_PER_SQRT_PARTITION = 5.5
 
 
 @dataclass(frozen=True)
@@ -98,10 +100,17 @@ class VectorIndex:
         return DEFAULT_REFINE_FACTOR
 
     def default_nprobes(self) -> int:
-        """IVF partitions probed unless the caller says: 4 * sqrt(partitions), at least 20
-        (all of a small index). Measured on 250k vectors, 64 partitions, IVF_PQ with 16
-        sub-vectors on 32 dimensions: 20 probes reach recall@10 0.93, 32 reach 0.965."""
-        return min(self.num_partitions, max(20, math.ceil(4 * math.sqrt(self.num_partitions))))
+        """IVF partitions probed unless the caller says: ``5.5 * sqrt(partitions)``, at least
+        20 (all of a small index), for recall@10 >= 0.95 on hard data. Measured on random
+        Gaussian 32-d vectors, IVF_PQ with 16 sub-vectors (docs/search.md): at 2M rows (353
+        partitions) 76 probes reach 0.92, 100 reach 0.955; at 10M (790) 113 reach 0.965.
+
+        Example:
+            >>> VectorIndex("v", "IVF_PQ", "l2", 353).default_nprobes()
+            104
+        """
+        probes = math.ceil(NPROBES_PER_SQRT_PARTITION * math.sqrt(self.num_partitions))
+        return min(self.num_partitions, max(20, probes))
 
 
 #: What a search looks for: a text (full-text search) or a vector (a sequence of numbers).
