@@ -62,8 +62,10 @@ class InvalidFilterError(InvalidInputError):
 
 class StatementNotAllowedError(InvalidInputError):
     """A SQL statement that a session of ``mw.connect()`` refuses: DDL (``CREATE``,
-    ``DROP``, ``CREATE EXTERNAL TABLE``), ``COPY``, ``INSERT``, ``SET`` and any other that
-    reads or writes a path or changes the session; ``mw.connect(trusted=True)`` allows them."""
+    ``DROP``, ``CREATE EXTERNAL TABLE``), ``COPY``, ``SET`` and any other that reads or
+    writes a path or changes the session (``mw.connect(trusted=True)`` allows them); DML
+    but ``INSERT``, ``UPDATE`` and ``DELETE`` of a MemWAL table; any DML in a read-only
+    session."""
 
 
 class SqlError(MemWalError, ValueError):

@@ -36,6 +36,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 from datafusion import DataFrame, SessionConfig, SessionContext, SQLOptions, Table
 from datafusion import catalog as dfc
+from datafusion.expr import DmlStatement
+from datafusion.plan import LogicalPlan
 
 from exec_nodes.base import ExecNode
 from memwal_sql.compat.datafusion import refuse_long_sql, sql_error
@@ -286,6 +288,12 @@ class MemWalSchema(dfc.SchemaProvider):
         self.datasets.add(dataset)
         return Table(dataset)
 
+    def memwal_table(self, name: str) -> TableState | None:
+        """The MemWAL table registered as ``name``, if one is."""
+        with self._lock:
+            entry = self._memwal.get(name)
+        return entry[0] if entry is not None else None
+
     def register_table(self, name: str, table: Any) -> None:
         with self._lock:
             self._memwal.pop(name, None)
@@ -322,13 +330,23 @@ class _Catalog(dfc.CatalogProvider):
 # reads any file the process can), write (COPY ... TO writes anywhere, a WAL entry included),
 # or change the session (SET). Queries, EXPLAIN, SHOW and DESCRIBE remain.
 SAFE_SQL = SQLOptions().with_allow_ddl(False).with_allow_dml(False).with_allow_statements(False)
+# What an untrusted session plans DML with that SAFE_SQL refused: it runs it on MemWAL tables.
+_SAFE_SQL_DML = SQLOptions().with_allow_ddl(False).with_allow_dml(True).with_allow_statements(False)
+
+#: Writes a DML statement's rows to a MemWAL table (see :class:`MemWalContext`): ``(table,
+#: statement, rows)`` with ``statement`` one of ``INSERT``, ``UPDATE``, ``DELETE``; returns the
+#: rows affected.
+WriteRows = Callable[["TableState", str, DataFrame], int]
 _REFUSED = re.compile(r"(DDL|DML|Statement) not supported: (\w+)")
 
 
 class MemWalContext(SessionContext):
     """A DataFusion SessionContext that also resolves MemWAL tables (see :func:`connect`).
 
-    Unless ``trusted``, :meth:`sql` runs queries only (see :data:`SAFE_SQL`)."""
+    Unless ``trusted``, :meth:`sql` runs queries (see :data:`SAFE_SQL`) and, given
+    ``write_rows``, ``INSERT``, ``UPDATE`` and ``DELETE`` on MemWAL tables: the statement's
+    rows are computed at once and handed to ``write_rows``, and the result is DataFusion's one
+    ``count`` row."""
 
     def __init__(
         self,
@@ -336,9 +354,11 @@ class MemWalContext(SessionContext):
         *,
         trusted: bool = False,
         open_table: Callable[[str, dict[str, str] | None], TableState] | None = None,
+        write_rows: WriteRows | None = None,
     ) -> None:
         self.trusted = trusted
         self._open_table = open_table
+        self._write_rows = write_rows
         config = (
             (config or SessionConfig())
             .with_default_catalog_and_schema(CATALOG, SCHEMA)
@@ -389,18 +409,63 @@ class MemWalContext(SessionContext):
         try:
             with self.memwal_schema.planning(query):
                 df = super().sql(query, options, *args, **kwargs)
+                statement = df.logical_plan().to_variant()
         except MemWalError:
             raise
         except Exception as e:
             refused = _REFUSED.search(str(e)) if options is SAFE_SQL else None
             if refused is not None:
-                raise _not_allowed(refused.group(2)) from None
+                kind, name = refused.groups()
+                if kind == "DML" and name != "COPY" and self._write_rows is not None:
+                    return self._write(query, self._dml_on_memwal(query, name))
+                raise _not_allowed(name, self._write_rows is not None) from None
             typed = sql_error(e, query) if isinstance(query, str) else None
             if typed is None:
                 raise
             raise typed from None
+        if isinstance(statement, DmlStatement):  # a trusted session's
+            target = self._memwal_target(statement.table_name())
+            if target is not None and self._write_rows is not None:
+                return self._write(query, (target, statement))
         df.df = _Typed(df.df, self.memwal_schema)
         return df
+
+    def _dml_on_memwal(self, query: str, name: str) -> tuple[TableState, DmlStatement]:
+        """The MemWAL table and statement of ``query``, which :data:`SAFE_SQL` refused as
+        DML named ``name``: planned again allowing DML, and refused unless its target is a
+        MemWAL table (``COPY``, also DML to DataFusion, never gets here)."""
+        with self.memwal_schema.planning(query):
+            statement = super().sql(query, _SAFE_SQL_DML).logical_plan().to_variant()
+        if isinstance(statement, DmlStatement):
+            target = self._memwal_target(statement.table_name())
+            if target is not None:
+                return target, statement
+        raise _not_allowed(name.split()[0], True)
+
+    def _memwal_target(self, name: str) -> TableState | None:
+        *schema, table = name.split(".")
+        if schema not in ([], [SCHEMA], [CATALOG, SCHEMA]):
+            return None
+        return self.memwal_schema.memwal_table(table)
+
+    def _write(self, query: str, dml: tuple[TableState, DmlStatement]) -> DataFrame:
+        table, statement = dml
+        name = _dml_name(statement)
+        if name not in _WRITES:
+            raise StatementNotAllowedError(
+                f"{_DML.get(name, name)} is not supported on a MemWAL table: use INSERT INTO "
+                "(an upsert), UPDATE or DELETE FROM, or tbl.upsert / tbl.delete"
+            )
+        rows = self.create_dataframe_from_logical_plan(LogicalPlan(statement.input()))
+        rows.df = _Typed(rows.df, self.memwal_schema)
+        assert self._write_rows is not None
+        try:
+            count = self._write_rows(table, _WRITES[name], rows)
+        except MemWalError:
+            raise
+        except Exception as e:  # DataFusion's, computing the rows (a cast that fails, ...)
+            raise sql_error(e, query) or InvalidInputError(f"{_WRITES[name]} failed: {e}") from e
+        return self.from_arrow(pa.table({"count": pa.array([count], pa.uint64())}))
 
     def table(self, name: str) -> DataFrame:
         df = super().table(name)
@@ -413,22 +478,39 @@ class MemWalContext(SessionContext):
         return ds.last_plan if ds is not None else None
 
 
-# Statements that change rows: memwal-sql's SQL reads only, the table's API and CLI write.
+# Statements that change rows, by DataFusion's names (its error text and its WriteOp).
 _DML = {
     "Insert": "INSERT",
+    "Append": "INSERT",
+    "Overwrite": "INSERT OVERWRITE",
+    "Replace": "REPLACE INTO",
     "Update": "UPDATE",
     "Delete": "DELETE",
     "MergeInto": "MERGE INTO",
     "Truncate": "TRUNCATE",
 }
+# ... those a MemWAL table runs: INSERT as an upsert.
+_WRITES = {"Append": "INSERT", "Update": "UPDATE", "Delete": "DELETE"}
 
 
-def _not_allowed(statement: str) -> StatementNotAllowedError:
+def _dml_name(statement: DmlStatement) -> str:
+    try:
+        return str(statement.op()).rpartition(".")[2]
+    except NotImplementedError:  # datafusion-python 55 has no Python WriteOp for MERGE INTO
+        return "MergeInto"
+
+
+def _not_allowed(statement: str, writes: bool) -> StatementNotAllowedError:
     if statement in _DML:
+        why = (
+            "SQL writes only MemWAL tables (INSERT INTO as an upsert, UPDATE, DELETE FROM)"
+            if writes
+            else "this session is read-only (connect(read_only=True), memwal sql --read-only)"
+        )
         return StatementNotAllowedError(
-            f"{_DML[statement]} is not supported: SQL here runs queries only. Write rows with "
-            "tbl.upsert(rows) or `memwal ingest URI FILE`, delete keys with tbl.delete(keys) "
-            "or `memwal ingest URI FILE --delete`"
+            f"{_DML[statement]} is not supported here: {why}. Write rows with tbl.upsert(rows) "
+            "or `memwal ingest URI FILE`, delete with tbl.delete(keys), tbl.delete(filter=...) "
+            "or `memwal delete URI --where ...`"
         )
     return StatementNotAllowedError(
         f"{statement} is not allowed in this session: a session of mw.connect() runs queries "

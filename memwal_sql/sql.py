@@ -12,21 +12,65 @@ Example:
 
 from __future__ import annotations
 
-from datafusion import SessionConfig
+from datafusion import DataFrame, SessionConfig
 
+from memwal_sql.errors import InvalidInputError, StatementNotAllowedError
 from memwal_sql.search import register_search_functions
 from memwal_sql.session import MemWalContext
-from memwal_sql.table import open_table
+from memwal_sql.table import MemWalTable, open_table
+from memwal_sql.table_state import TableState
 
 
-def connect(config: SessionConfig | None = None, *, trusted: bool = False) -> MemWalContext:
-    """A DataFusion session with MemWAL support. Its SQL runs queries only, so SQL text from
-    anyone cannot read or write files (``CREATE EXTERNAL TABLE``, ``COPY``), drop tables or
-    change settings; ``trusted=True`` gives DataFusion's every statement.
+def connect(
+    config: SessionConfig | None = None, *, trusted: bool = False, read_only: bool = False
+) -> MemWalContext:
+    """A DataFusion session with MemWAL support. Its SQL runs queries and, on MemWAL tables,
+    ``INSERT`` (an upsert), ``UPDATE`` and ``DELETE`` (not with ``read_only=True``); SQL text
+    from anyone cannot read or write files (``CREATE EXTERNAL TABLE``, ``COPY``), drop tables
+    or change settings. ``trusted=True`` gives DataFusion's every statement.
+
+    A write runs when :meth:`~MemWalContext.sql` is called, through the table's routed
+    writers (durable as the table's writes are), and returns DataFusion's ``count`` row.
 
     Example:
         ``ctx = mw.connect(); ctx.register("events", tbl); ctx.sql("SELECT ...").to_arrow_table()``
+        ``ctx.sql("DELETE FROM events WHERE ts < '2026-01-01'").to_pydict()  # {'count': [n]}``
     """
-    ctx = MemWalContext(config, trusted=trusted, open_table=open_table)
+    write_rows = None if read_only else _write_rows
+    ctx = MemWalContext(config, trusted=trusted, open_table=open_table, write_rows=write_rows)
     register_search_functions(ctx)
     return ctx
+
+
+def _write_rows(table: TableState, statement: str, rows: DataFrame) -> int:
+    """Write one DML statement's rows (see :data:`~memwal_sql.session.WriteRows`)."""
+    if not isinstance(table, MemWalTable):
+        raise StatementNotAllowedError(f"{statement} needs a table opened for writing")
+    if statement == "DELETE":
+        spec = table.region_spec
+        routing = spec.source_columns if spec is not None else ()
+        keys = rows.select(*dict.fromkeys([*table.primary_key, *routing])).to_arrow_table()
+        if keys.num_rows:
+            table.delete(keys)
+        return keys.num_rows
+    new_rows = rows.to_arrow_table()
+    if statement == "UPDATE":
+        _refuse_key_changes(table, rows)
+    if new_rows.num_rows:
+        table.upsert(new_rows)
+    return new_rows.num_rows
+
+
+def _refuse_key_changes(table: MemWalTable, rows: DataFrame) -> None:
+    """An UPDATE's rows are its SET's projection of the matched rows: a key column must be
+    the matched row's own, or the update would write a new key and keep the old one."""
+    for expr in rows.logical_plan().to_variant().projections():
+        name, inner = expr.schema_name(), expr
+        if inner.variant_name() == "Alias":
+            inner = inner.to_variant().expr()
+        same = inner.variant_name() == "Column" and inner.to_variant().name() == name
+        if name in table.primary_key and not same:
+            raise InvalidInputError(
+                f"UPDATE cannot set key column {name!r}: a key is a row's identity. "
+                "DELETE the old key and INSERT the new one"
+            )

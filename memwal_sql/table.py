@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 from urllib.parse import urlparse
 
 import lance
@@ -518,16 +518,40 @@ class MemWalTable(TableState):
         self._refuse_region_changes(rows, rows)
         self._append_all(self._route(rows, rows), "upserts")
 
-    def delete(self, keys: Keys) -> None:
-        """Delete rows by primary key, routed like :meth:`upsert`.
+    @overload
+    def delete(self, keys: Keys) -> None: ...
+
+    @overload
+    def delete(self, *, filter: str) -> int: ...
+
+    def delete(self, keys: Keys | None = None, *, filter: str | None = None) -> int | None:
+        """Delete rows by primary key, routed like :meth:`upsert`; or, with ``filter`` (a SQL
+        predicate), delete every key whose latest row matches it and return how many.
 
         ``keys`` is an array of keys (single-column key) or a table of key columns; when the
-        region spec reads a non-key column, the table must hold that column too.
+        region spec reads a non-key column, the table must hold that column too. A ``filter``
+        is judged on each key's latest row when the delete reads them (as :meth:`to_arrow`
+        would); a write to a matched key that lands after that read is deleted too, as in
+        Paimon's deletes by predicate.
+
+        Example:
+            ``tbl.delete([1, 2])``; ``n = tbl.delete(filter="x > 5 AND s LIKE 'a%'")``
         """
         self._check_open()
+        if (keys is None) == (filter is None):
+            raise InvalidInputError("delete takes keys or filter=, not both and not neither")
+        if filter is not None:
+            spec = self.region_spec
+            routing = spec.source_columns if spec is not None else ()
+            columns = list(dict.fromkeys([*self.primary_key, *routing]))
+            matched = self.to_arrow(columns, filter)
+            if matched.num_rows:
+                self.delete(matched)
+            return matched.num_rows
         rows, routing = self._rows.deletes_for_regions(keys, self.region_spec)
         self._refuse_region_changes(rows, routing)
         self._append_all(self._route(rows, routing), "deletes")
+        return None
 
     def _refuse_region_changes(self, rows: pa.RecordBatch, routing: pa.RecordBatch) -> None:
         spec = self.region_spec

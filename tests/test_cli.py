@@ -357,6 +357,27 @@ def test_sql_joins_tables(tmp_path, capsys):
     ]
 
 
+def test_sql_writes_and_delete_where(tmp_path, capsys):
+    src = tmp_path / "t.csv"
+    src.write_text("id,x,s\n1,1,a\n2,5,b\n3,9,\n4,,c\n")
+    uri = str(tmp_path / "t")
+    run(capsys, "create", uri, "--primary-key", "id", "--from", str(src), "--with-data")
+    table = ["--table", f"t={uri}"]
+    assert run(capsys, "sql", "UPDATE t SET x = x * 10 WHERE s = 'b'", *table, "-o", "csv") == (
+        "count\n1\n"
+    )
+    assert run(capsys, "sql", "INSERT INTO t VALUES (5, 50, 'e')", *table, "-o", "csv") == (
+        "count\n1\n"
+    )
+    main(["delete", uri, "--where", "x > 8"])  # 2 (now 50), 3 (9) and 5; NULL x is kept
+    assert capsys.readouterr().err == "memwal: deleted 3 row(s)\n"
+    rows = run(capsys, "sql", "SELECT id, x FROM t ORDER BY id", *table, "-o", "csv")
+    assert rows == "id,x\n1,1\n4,\n"
+    refused = fails(capsys, "sql", "DELETE FROM t", *table, "--read-only")
+    assert "DELETE is not supported here: this session is read-only" in refused
+    assert run(capsys, "sql", "SELECT count(*) AS n FROM t", *table, "-o", "csv") == "n\n2\n"
+
+
 # ---- maintenance --------------------------------------------------------------------------------
 
 

@@ -21,7 +21,6 @@ from memwal_sql.cli import main
 from memwal_sql.errors import (
     PrimaryKeyError,
     SqlError,
-    StatementNotAllowedError,
     StorageError,
     TableExistsError,
 )
@@ -145,22 +144,6 @@ def test_sql_that_does_not_parse_or_plan_is_a_typed_error_with_its_position(
     assert isinstance(e.value, mw.errors.MemWalError) and isinstance(e.value, ValueError)
     assert (e.value.line, e.value.column, e.value.statement) == (line, column, statement)
     assert text in str(e.value)
-    tbl.close()
-
-
-def test_dml_says_what_writes_instead(tmp_path):
-    tbl = mw.create_table(tmp_path / "t", {"id": [1], "v": ["a"]}, primary_key="id")
-    ctx = mw.connect()
-    ctx.register("t", tbl)
-    for statement, name in [
-        ("INSERT INTO t VALUES (2, 'b')", "INSERT"),
-        ("DELETE FROM t WHERE id = 1", "DELETE"),
-        ("UPDATE t SET v = 'z'", "UPDATE"),
-    ]:
-        with pytest.raises(StatementNotAllowedError, match=f"^{name} is not supported") as e:
-            ctx.sql(statement)
-        assert "tbl.upsert" in str(e.value) and "memwal ingest URI FILE --delete" in str(e.value)
-    assert tbl.to_arrow().to_pylist() == [{"id": 1, "v": "a"}]
     tbl.close()
 
 

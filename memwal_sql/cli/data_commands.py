@@ -188,15 +188,20 @@ def _close_quietly(tbl: Any) -> None:
 
 def sql(a: argparse.Namespace) -> None:
     options = storage_options.from_args(a)
-    ctx = mw.connect(trusted=a.trusted)
+    ctx = mw.connect(trusted=a.trusted, read_only=a.read_only)
+    tables = []
     for name, uri in _named_tables(a.table):
-        ctx.register(name, mw.open_table(uri, options))
+        tables.append(mw.open_table(uri, options))
+        ctx.register(name, tables[-1])
     try:
         rows = _interruptible(lambda: ctx.sql(a.query).to_arrow_table())
     except MemWalError:
         raise
     except Exception as e:  # DataFusion's errors at execution: ValueError, or a plain Exception
         raise CliError(f"query failed: {flatten(str(e))}") from None
+    finally:
+        for tbl in tables:
+            _close_quietly(tbl)  # a write's rows flushed, its writers released
     if rows.column_names == ["plan_type", "plan"] and a.output == "table":
         _print_plans(rows)  # EXPLAIN: multi-line plans, which a table cell would cut short
     else:
@@ -278,6 +283,15 @@ def _named_tables(specs: Sequence[str]) -> list[tuple[str, str]]:
 
 def _is_lance(path: str) -> bool:
     return os.path.isdir(os.path.join(path, layout.VERSIONS_DIR))
+
+
+def delete(a: argparse.Namespace) -> None:
+    tbl = mw.open_table(a.uri, storage_options.from_args(a))
+    try:
+        n = _interruptible(lambda: tbl.delete(filter=a.where))
+    finally:
+        _close_quietly(tbl)
+    print(f"memwal: deleted {n:,} row(s)", file=sys.stderr)
 
 
 def lookup(a: argparse.Namespace) -> None:

@@ -27,6 +27,7 @@ examples:
   memwal ingest ./events more.csv updates.jsonl
   memwal sql "SELECT count(*) FROM events" --table events=./events
   memwal sql "SELECT 1 + 1"
+  memwal delete ./events --where "ts < '2026-01-01'"
   memwal lookup ./events 42 43 --columns id,user
   memwal inspect ./events
   memwal maintain ./events --watch 60
@@ -77,6 +78,7 @@ def build() -> argparse.ArgumentParser:
 
     _create(command)
     _ingest(command)
+    _delete(command)
     _sql(command)
     _lookup(command)
     _inspect(command)
@@ -176,14 +178,29 @@ def _ingest(command: Any) -> None:
     )
 
 
+def _delete(command: Any) -> None:
+    c = command(
+        "delete",
+        data_commands.delete,
+        "delete every key whose latest row matches a SQL predicate (judged on the rows as "
+        "the command reads them); prints how many",
+        "  memwal delete ./events --where \"ts < '2026-01-01'\"\n"
+        "  memwal delete ./events --where \"status = 'cancelled' AND amount IS NULL\"",
+    )
+    _uri(c)
+    c.add_argument("--where", required=True, metavar="PREDICATE", help="a SQL predicate")
+
+
 def _sql(command: Any) -> None:
     c = command(
         "sql",
         data_commands.sql,
-        "run a SQL query (DataFusion) over the tables given by --table (none, one or more); "
-        "every acknowledged write is seen. EXPLAIN prints the plan as text. Writes are "
-        "`memwal ingest` (upserts) and `memwal ingest --delete`",
+        "run a SQL statement (DataFusion) over the tables given by --table (none, one or "
+        "more); every acknowledged write is seen. EXPLAIN prints the plan as text. "
+        "INSERT INTO (an upsert), UPDATE and DELETE FROM write MemWAL tables durably and "
+        "print the rows they affected",
         "  memwal sql \"SELECT count(*) FROM events\" --table events=./events\n"
+        "  memwal sql \"DELETE FROM events WHERE ts < '2026-01-01'\" --table ./events\n"
         "  memwal sql \"SELECT count(*) FROM events JOIN users USING (uid)\" --table ./data\n"
         "  memwal sql \"EXPLAIN SELECT * FROM events WHERE id = 42\" --table ./events\n"
         "  memwal sql \"SELECT u.name, count(*) AS n FROM events e JOIN users u ON e.uid = u.id\n"
@@ -201,6 +218,11 @@ def _sql(command: Any) -> None:
         help="register the table at URI under NAME (default: the last part of URI); a local "
         "directory that is not a table registers each table in it by its directory name "
         "(repeat for more tables)",
+    )
+    c.add_argument(
+        "--read-only",
+        action="store_true",
+        help="refuse INSERT, UPDATE and DELETE: run queries only",
     )
     c.add_argument(
         "--trusted",
