@@ -693,13 +693,17 @@ class BaseSourceExec(SourceLeaf):
     def _whole(self, fragment: lance.LanceFragment, names: list[str]) -> pa.Table | None:
         """Every physical row of ``fragment`` (columns ``names`` in the source schema), kept
         in the lookup cache; None for a fragment too big to keep (see ``whole_fragment``)."""
-        return self.caches.lookup.get(
+        rows = self.caches.lookup.get(
             "rows",
             fragment_rows_key(self.dataset.uri, fragment),
             lambda: whole_fragment(
                 fragment, names, BASE_GENERATION, self.source_schema, self.caches.max_bytes
             ),
         )
+        if rows is not None and not rows.schema.equals(self.source_schema):
+            # Kept before a schema change: Lance adds an all-NULL column without a data file.
+            rows = conform(rows, self.source_schema, BASE_GENERATION)
+        return rows
 
     def _fragment(self, fragment_id: int) -> lance.LanceFragment:
         fragment = self.dataset.get_fragment(fragment_id)

@@ -65,7 +65,10 @@ def generation_rows(
         names = stored_columns(schema, ds)
         return whole_fragment(frags[0], names, generation, schema, caches.max_bytes)
 
-    return caches.lookup.get("rows", uri, load)
+    rows = caches.lookup.get("rows", uri, load)
+    if rows is not None and not rows.schema.equals(schema):
+        rows = conform(rows, schema, generation)  # kept before a schema change added columns
+    return rows
 
 
 def generation_dataset(

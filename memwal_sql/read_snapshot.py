@@ -40,7 +40,7 @@ from memwal_sql.errors import (
 )
 from memwal_sql.formats.region_manifest import RegionManifestStore, check_not_behind_index
 from memwal_sql.formats.source_rows import source_schema
-from memwal_sql.formats.wal import wal_positions
+from memwal_sql.formats.wal import conform_batch, wal_positions
 from memwal_sql.formats.wal_tail import WalTail
 from memwal_sql.partitioning.region_spec import RegionSpec, region_id_for
 from memwal_sql.storage import ObjectStore, layout
@@ -102,6 +102,8 @@ class ReadSnapshot:
 
     dataset: lance.LanceDataset
     primary_key: tuple[str, ...]
+    schema: pa.Schema
+    """The table's schema as of this snapshot (a schema change since is seen by the next)."""
     wal_schema: pa.Schema
     regions: tuple[RegionSources, ...]
     consistency: Consistency
@@ -139,6 +141,7 @@ def take_read_snapshot(table: TableState, consistency: Consistency = "strong") -
     # generation, a MemTable, or both (deduplication makes both harmless), never neither.
     memtables = {rid: w.memtables() for rid, w in live.items()}
     dataset = table.dataset()
+    table.follow_schema(dataset)
     merged = table.merged_generations(dataset)
     spec = table.region_spec
     regions = []
@@ -188,6 +191,9 @@ def take_read_snapshot(table: TableState, consistency: Consistency = "strong") -
             flushed = {g.generation for g in manifest.flushed_generations}
             for mt in memtables[rid]:
                 batches = tuple(mt.batches())
+                if batches and not batches[0].schema.equals(table.wal_schema):
+                    # A writer opened before a schema change: its rows in the table's schema.
+                    batches = tuple(conform_batch(b, table.wal_schema) for b in batches)
                 # A MemTable whose flush committed after we listed it is read as the generation;
                 # one source per (region, generation) keeps row addresses unambiguous.
                 if batches and mt.generation not in flushed:
@@ -205,6 +211,7 @@ def take_read_snapshot(table: TableState, consistency: Consistency = "strong") -
     return ReadSnapshot(
         dataset=dataset,
         primary_key=table.primary_key,
+        schema=table.schema,
         wal_schema=table.wal_schema,
         regions=tuple(regions),
         consistency=consistency,

@@ -107,6 +107,10 @@ class TableReads:
             raise InvalidInputError(f"columns must be a list of names, not the string {columns!r}")
         known = set(self.table.schema.names) | ({GEN, ROWADDR} if system_columns else set())
         unknown = [c for c in columns if c not in known]
+        if unknown:  # added since this table last looked, in another process maybe
+            self.table.follow_schema(self.table.dataset())
+            known |= set(self.table.schema.names)
+            unknown = [c for c in columns if c not in known]
         if unknown:
             raise SchemaMismatchError(
                 f"no column(s) {unknown} in the table; its columns are {self.table.schema.names}"
@@ -124,10 +128,8 @@ class TableReads:
         direct = None if system_columns else self._pushed_whole(filter, consistency)
         if direct is not None:
             predicate, likes = direct
-            names = list(
-                self.table.schema.names if columns is None else self._checked(columns, False)
-            )
-            if len(set(names)) == len(names):
+            names = None if columns is None else self._checked(columns, False)
+            if names is None or len(set(names)) == len(names):
                 return self._run_plan(names, predicate, consistency, likes)
         _, df, _, ds = self._frame(columns, filter, consistency, system_columns)
         with typed_errors(ds):
@@ -178,13 +180,14 @@ class TableReads:
 
     def _run_plan(
         self,
-        names: list[str],
+        columns: list[str] | None,
         predicate: Predicate | None,
         consistency: Consistency,
         likes: list[tuple[str, str, bool]] | None = None,
     ) -> pa.Table:
         """The rows the scan (or point-lookup) plan of ``predicate`` yields, where every plain
-        ``LIKE`` of ``likes`` holds, columns ``names``: its partitions run side by side,
+        ``LIKE`` of ``likes`` holds, ``columns`` (None: every column of the snapshot's
+        schema): its partitions run side by side,
         without DataFusion, which would only pass them through (about 2 ms a query on 2 cores:
         issue 38's small layout).
 
@@ -198,7 +201,6 @@ class TableReads:
         pk = list(table.primary_key)
         likes = likes or []
         like_columns = [c for c, _, _ in likes]
-        whole = list(dict.fromkeys([*names, *like_columns]))
         narrow = list(dict.fromkeys([*pk, *like_columns]))
 
         def matching(rows: pa.Table) -> pa.Table:
@@ -207,6 +209,8 @@ class TableReads:
         def run() -> pa.Table:
             with read_failures(what):
                 ds = MemWalDataset(table, consistency=consistency)
+                names = ds.schema.names if columns is None else columns
+                whole = list(dict.fromkeys([*names, *like_columns]))
                 if not likes or set(names) <= set(narrow):
                     return matching(_execute(ds.plan(predicate), ds.project(whole))).select(names)
                 scanned = _execute(ds.plan(predicate), ds.project(narrow))
@@ -294,19 +298,22 @@ class TableReads:
         align: bool = False,
     ) -> pa.Table:
         pk = list(self.table.primary_key)
-        if columns is None:
-            names = list(self.table.schema.names)
-        else:  # the key columns always, so rows can be matched to the keys asked for
+        names = None
+        if columns is not None:  # the key columns always, so rows can be matched to the keys
             asked = self._checked(columns, system_columns)
             names = pk + [c for c in asked if c not in pk]
 
-        def find() -> tuple[pa.Table, pa.Table]:
+        def find() -> tuple[pa.Table, pa.Table, pa.Schema]:
             plan, key_table = self._lookup_plan(keys, consistency)
             self.last_lookup_plan = plan
             with read_failures(f"lookup in {self.table.uri}"):
-                return plan.to_table(), key_table
+                return plan.to_table(), key_table, plan.snapshot.schema
 
-        rows, key_table = self.table.store.while_answering(find, f"lookup in {self.table.uri}")
+        rows, key_table, schema = self.table.store.while_answering(
+            find, f"lookup in {self.table.uri}"
+        )
+        if names is None:
+            names = list(schema.names)
         if system_columns:
             names += [c for c in (GEN, ROWADDR) if c not in names]
         if align:  # one row per key asked for, in its place; nulls for a missing key

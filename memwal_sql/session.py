@@ -179,7 +179,9 @@ class NodeDataset(RecordsErrors, pds.Dataset):
 class MemWalDataset(NodeDataset):
     """A MemWAL table as a pyarrow Dataset that DataFusion scans through our exec nodes.
 
-    The snapshot is taken at the first planning and pinned for the dataset's life.
+    The snapshot is taken when DataFusion asks for the table (once per query) and pinned for
+    the dataset's life; the dataset's schema is the snapshot's, so a column another process
+    added is seen from the first query that starts after it.
     """
 
     def __init__(
@@ -194,33 +196,31 @@ class MemWalDataset(NodeDataset):
         self._consistency = consistency
         self._system_columns = system_columns
         self._partitions = partitions or base_partitions()
-        self._schema = output_schema(table.schema, system_columns)
-        self._snapshot: ReadSnapshot | None = None
-        self._lock = threading.Lock()
         self._reading = f"reading {table.uri}"
+        self._lock = threading.Lock()
+        with self.recording_errors():
+            self._snapshot = take_read_snapshot(table, consistency)
+        self._schema = output_schema(self._snapshot.schema, system_columns)
         self.last_plan: ScanPlan | LookupPlan | None = None
         #: The filter DataFusion pushed into the last plan, decoded (None: no filter).
         self.last_predicate: Predicate | None = None
 
     def snapshot(self) -> ReadSnapshot:
-        with self._lock:
-            if self._snapshot is None:
-                self._snapshot = take_read_snapshot(self._table, self._consistency)
-            return self._snapshot
+        return self._snapshot
 
     def plan(self, predicate: Predicate | None) -> ScanPlan | LookupPlan:
-        table = self._table
+        table, snapshot = self._table, self._snapshot
         self.last_predicate = predicate
-        pinned = lookup_keys(predicate, table.primary_key, table.schema)
+        pinned = lookup_keys(predicate, table.primary_key, snapshot.schema)
         plan: ScanPlan | LookupPlan
         if pinned is not None:  # WHERE pk = v / pk IN (...): the point-lookup plan
             keys, rest = pinned
-            plan = plan_lookup(self.snapshot(), table.store, table.region_spec, keys, rest)
+            plan = plan_lookup(snapshot, table.store, table.region_spec, keys, rest)
         else:
             plan = plan_scan(
-                self.snapshot(),
+                snapshot,
                 table.region_spec,
-                table.schema,
+                snapshot.schema,
                 predicate,
                 system_columns=self._system_columns,
                 partitions=self._partitions,
@@ -283,7 +283,11 @@ class MemWalSchema(dfc.SchemaProvider):
             if entry is None:
                 return self._tables.get(name)
         table, options = entry
-        dataset = MemWalDataset(table, **options)
+        try:
+            dataset = MemWalDataset(table, **options)
+        except MemWalError as e:  # DataFusion would hand back only its text
+            self.planning_failed(e)
+            raise
         self.last_datasets[name] = dataset
         self.datasets.add(dataset)
         return Table(dataset)

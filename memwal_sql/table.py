@@ -54,6 +54,8 @@ from memwal_sql.maintenance import (
     SnapshotResult,
     TableMaintenance,
     VerifyReport,
+    add_columns,
+    alter_columns,
 )
 from memwal_sql.metrics import TableMetrics, forget, observe, table_metrics
 from memwal_sql.partitioning.region_spec import RegionSpec
@@ -502,6 +504,32 @@ class MemWalTable(TableState):
         """
         return table_metrics(self, self._layout.written)
 
+    # ---- schema evolution --------------------------------------------------------------------
+
+    def add_columns(self, columns: Mapping[str, pa.DataType] | Sequence[pa.Field]) -> None:
+        """Add nullable columns, NULL in every row written before (one base-table commit).
+
+        Routed writes (:meth:`upsert`) take the new columns at once; a writer opened before
+        (here or in another process) keeps writing its schema, and its rows read with NULL in
+        the new columns. Other processes' reads see the columns from their next query.
+
+        Example:
+            ``tbl.add_columns({"score": pa.float64()}); tbl.upsert({"id": [1], "score": [0.5]})``
+        """
+        self._check_open()
+        add_columns(self, columns)
+
+    def alter_columns(self, *changes: Mapping[str, Any]) -> None:
+        """Make non-key columns nullable: ``{"path": name, "nullable": True}``. A new type is
+        a :class:`~memwal_sql.errors.SchemaMismatchError`: Lance 14 refuses to cast a column
+        on a MemWAL table; add a column of the new type and fill it with ``UPDATE`` instead.
+
+        Example:
+            ``tbl.alter_columns({"path": "score", "nullable": True})``
+        """
+        self._check_open()
+        alter_columns(self, *changes)
+
     # ---- routed writes -----------------------------------------------------------------------
 
     def upsert(self, data: WriteData) -> None:
@@ -514,7 +542,12 @@ class MemWalTable(TableState):
             ``tbl.upsert(pa.table({"id": [1], "v": ["x"]}))``
         """
         self._check_open()
-        rows = self._rows.upserts(data)
+        try:
+            rows = self._rows.upserts(data)
+        except SchemaMismatchError:
+            if not self.follow_schema(self.dataset()):  # a column another process added?
+                raise
+            rows = self._rows.upserts(data)
         self._refuse_region_changes(rows, rows)
         self._append_all(self._route(rows, rows), "upserts")
 
@@ -668,6 +701,11 @@ class MemWalTable(TableState):
         key = repr(values)
         with self._writers_lock:
             w = self._writers.get(key)
+            if w is not None and not w.wal_schema.equals(self.wal_schema):
+                # Opened before a schema change: its MemTable is flushed in the old schema,
+                # and a new writer takes the rows in the new one.
+                w.close()
+                w = None
             if w is None:
                 w = self.writer() if values is None else self.writer(region_values=values)
                 self._writers[key] = w

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 import weakref
@@ -66,6 +67,7 @@ class TableState:
         self._dataset = dataset
         self._session = dataset.session()
         self.schema = _plain_schema(dataset.schema)
+        self._schema_version = dataset.version  # the base version self.schema was read from
         self.store = ObjectStore(uri, self.storage_options)
         self._rows = RowCoercer(self.schema, self.primary_key)
         self._layout = TableLayout(
@@ -112,6 +114,24 @@ class TableState:
                 session=self._session,
             ),
         )
+
+    def follow_schema(self, dataset: lance.LanceDataset) -> bool:
+        """Take the schema of ``dataset`` (the latest base version) if a schema change since
+        the last one this table saw gave it new or widened columns (``tbl.add_columns`` here
+        or in another process): reads return it, and writers opened from now on write it.
+        Writers opened before keep theirs; reads fill their rows' missing columns with NULL.
+        Returns whether the schema changed.
+        """
+        if dataset.version == self._schema_version:
+            return False
+        self._schema_version = dataset.version
+        schema = _plain_schema(dataset.schema)  # built anew on each access: once per version
+        if schema.equals(self.schema):
+            return False
+        self.schema = schema
+        self._rows = RowCoercer(schema, self.primary_key)
+        self._layout = dataclasses.replace(self._layout, base_schema=schema)
+        return True
 
     # ---- regions ------------------------------------------------------------------------------
 

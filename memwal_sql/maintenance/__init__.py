@@ -1,5 +1,5 @@
 """Background maintenance: recovering regions whose writer is gone, merging generations into the base table, index catch-up, base-table
-compaction, region snapshots, garbage collection, and a scrub for damage."""
+compaction, region snapshots, garbage collection, a scrub for damage, and schema evolution."""
 
 from memwal_sql.maintenance.compaction import CompactionResult, compact_base
 from memwal_sql.maintenance.config import MaintenanceConfig
@@ -14,6 +14,7 @@ from memwal_sql.maintenance.recovery import (
     wal_backlog,
 )
 from memwal_sql.maintenance.run import MaintenanceResult, StepFailure, maintain_table
+from memwal_sql.maintenance.schema import add_columns, alter_columns
 from memwal_sql.maintenance.status import RegionStatus, region_status
 from memwal_sql.maintenance.table_maintenance import TableMaintenance
 from memwal_sql.maintenance.verify import Problem, VerifyReport, verify_table
@@ -33,6 +34,8 @@ __all__ = [
     "TableMaintenance",
     "VerifyReport",
     "WalBacklog",
+    "add_columns",
+    "alter_columns",
     "build_region_snapshots",
     "catch_up_indexes",
     "compact_base",

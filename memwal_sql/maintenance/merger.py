@@ -35,6 +35,7 @@ from memwal_sql.compat.lance import is_commit_conflict
 from memwal_sql.errors import CommitConflictError, InvalidInputError, UnknownRegionError
 from memwal_sql.formats.generation import open_generation
 from memwal_sql.formats.region_manifest import RegionManifestStore, check_not_behind_index
+from memwal_sql.formats.source_rows import conform
 from memwal_sql.formats.wal import TOMBSTONE
 from memwal_sql.maintenance.config import MaintenanceConfig
 from memwal_sql.read_snapshot import region_values, take_read_snapshot
@@ -108,7 +109,9 @@ def merge_region(
         rows = latest_per_key(pa.concat_tables(tables, promote_options="default"), pk)
         dead = rows.filter(rows.column(TOMBSTONE)) if TOMBSTONE in rows.column_names else None
         live = rows.filter(pc.invert(rows.column(TOMBSTONE))) if dead is not None else rows
-        live = live.select(table.schema.names).cast(table.schema)
+        # In the base's schema, which a schema change may have widened since the generations
+        # were written: a column they lack is NULL (an upsert replaces the whole row).
+        live = conform(live, pa.schema(list(ds.schema)))
         builder = (
             ds.merge_insert(pk)
             .when_matched_update_all()

@@ -332,6 +332,11 @@ class RegionWriter:
         return out
 
     @property
+    def wal_schema(self) -> pa.Schema:
+        """The schema of the rows this writer writes: its table's when it was opened."""
+        return self._rows.schema
+
+    @property
     def closed(self) -> bool:
         """True once :meth:`close` ran (or the process released the writer at exit)."""
         return self._closed
