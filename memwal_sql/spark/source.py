@@ -9,7 +9,8 @@ a task fenced by another task writing the same region claims the region again an
 
 Options: ``consistency`` (``strong``/``eventual``), ``partitions`` (base fragment groups),
 ``columns`` (a comma-separated list: only those are read; PySpark's Python data sources get no
-column pruning from Spark), ``operation`` (``upsert``/``delete``); every other option is a
+column pruning from Spark), ``operation`` (``upsert``/``delete``), ``mergeSchema`` (``true``:
+a write first adds the DataFrame's columns the table lacks, nullable); every other option is a
 storage option (``aws_*``...).
 
 Example:
@@ -38,7 +39,7 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from memwal_sql.errors import InvalidInputError, ObjectExistsError, WriterFencedError
@@ -57,6 +58,8 @@ _OPTIONS = {
     "operation_column",
     "checkpointLocation",
     "checkpointlocation",
+    "mergeSchema",
+    "mergeschema",
 }
 _FENCED_RETRIES = 30
 _log = logging.getLogger(__name__)
@@ -111,6 +114,7 @@ class MemWalDataSource(DataSource):
                 "outputMode('complete') is not supported: a MemWAL table "
                 "takes upserts and deletes; use outputMode('append')"
             )
+        _merge_schema(dict(self.options), schema)
         return MemWalStreamWriter(dict(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> MemWalWriter:
@@ -122,7 +126,26 @@ class MemWalDataSource(DataSource):
         operation = dict(self.options).get("operation", "upsert")
         if operation not in ("upsert", "delete"):
             raise InvalidInputError(f"operation must be 'upsert' or 'delete', not {operation!r}")
+        if operation == "upsert":
+            _merge_schema(dict(self.options), schema)
         return MemWalWriter(dict(self.options), operation)
+
+
+def _merge_schema(options: dict[str, str], schema: StructType) -> None:
+    """With ``mergeSchema`` true, add the DataFrame's columns the table lacks (nullable, in
+    Arrow's types for Spark's), once on the driver before any task writes (Delta's option)."""
+    merge = options.get("mergeSchema", options.get("mergeschema", "false")).lower()
+    if merge not in ("true", "false"):
+        raise InvalidInputError(f"mergeSchema must be 'true' or 'false', not {merge!r}")
+    if merge == "false":
+        return
+    table = _open(options)
+    try:
+        new = [f for f in to_arrow_schema(schema) if f.name not in table.schema.names]
+        if new:
+            table.add_columns([f.with_nullable(True) for f in new])
+    finally:
+        table.close()
 
 
 class MemWalReader(DataSourceReader):

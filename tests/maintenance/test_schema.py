@@ -4,6 +4,11 @@ read path, flush, merge, compaction and reopen; checked against a model of the l
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+import time
+
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -214,3 +219,46 @@ def test_evolving_table_matches_the_model(tmp_path_factory, steps):
             )
     finally:
         tbl.close()
+
+
+def test_a_writer_in_another_process_keeps_writing_the_old_schema(table, tmp_path):
+    """The done-when of issue 40: a column is added while another process's writer goes on
+    writing the old schema; after its flush and a merge the old rows read NULL in it."""
+    tbl, model, uri = table
+    old_keys, new_keys = keys_of(tbl, 1, 40, 1000), keys_of(tbl, 0, 5, 1000)
+    go, ready = tmp_path / "go", tmp_path / "ready"
+    script = textwrap.dedent(f"""
+        import os, time, pyarrow as pa, memwal_sql as mw
+        tbl = mw.open_table({uri!r})
+        keys = {old_keys!r}
+        with tbl.writer(region_values=(1,)) as w:
+            w.upsert(pa.table({{"id": keys[:20], "n": keys[:20]}}))
+            open({str(ready)!r}, "w").close()
+            while not os.path.exists({str(go)!r}):
+                time.sleep(0.01)
+            w.upsert(pa.table({{"id": keys[20:], "n": keys[20:]}}))  # after the change
+        # leaving the block flushed the MemTable: a generation in the old schema
+    """)
+    writer = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        for _ in range(6000):
+            if ready.exists() or writer.poll() is not None:
+                break
+            time.sleep(0.01)
+        assert ready.exists(), "the writer process did not start"
+        tbl.add_columns({"note": pa.string()})
+        tbl.upsert({"id": new_keys, "n": new_keys, "note": [f"k{k}" for k in new_keys]})
+        go.touch()
+        assert writer.wait(timeout=120) == 0
+    finally:
+        writer.kill()
+    model.upsert(pa.table({"id": old_keys, "n": old_keys}, schema=OLD))
+    model.upsert(pa.table({"id": new_keys, "n": new_keys, "note": [f"k{k}" for k in new_keys]}))
+    want = expected(model, tbl.schema)
+    assert tbl.to_arrow().sort_by("id") == want
+    tbl.flush()
+    tbl.merge()
+    reopened = mw.open_table(uri)
+    assert reopened.to_arrow().sort_by("id") == want
+    assert reopened.dataset().to_table().sort_by("id").select(want.column_names) == want
+    reopened.close()

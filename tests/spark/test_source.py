@@ -389,3 +389,20 @@ def test_register_points_the_workers_at_this_interpreter_unless_another_is_confi
         monkeypatch.undo()
         mws.register(spark)  # the source again with this interpreter, for the other tests
     assert sc.pythonExec == sys.executable
+
+
+def test_merge_schema_adds_the_dataframes_new_columns(spark, table):
+    before = {r["id"]: r for r in mw.open_table(table).to_arrow().to_pylist()}
+    new = rows(range(1000, 1010)).append_column("note", pa.array([f"n{i}" for i in range(10)]))
+    frame = spark.createDataFrame(new)
+    with pytest.raises(Exception, match="note"):  # without the option: the table's schema
+        frame.write.format("memwal").mode("append").save(table)
+    frame.write.format("memwal").mode("append").option("mergeSchema", "true").save(table)
+    tbl = mw.open_table(table)
+    assert tbl.schema.field("note").type == pa.string() and tbl.schema.field("note").nullable
+    got = {r["id"]: r for r in tbl.to_arrow().to_pylist()}
+    assert {k: got[k]["note"] for k in range(1000, 1010)} == {
+        1000 + i: f"n{i}" for i in range(10)
+    }
+    assert all(got[k]["note"] is None for k in before)  # rows written before: NULL
+    tbl.close()
