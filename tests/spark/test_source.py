@@ -401,8 +401,6 @@ def test_merge_schema_adds_the_dataframes_new_columns(spark, table):
     tbl = mw.open_table(table)
     assert tbl.schema.field("note").type == pa.string() and tbl.schema.field("note").nullable
     got = {r["id"]: r for r in tbl.to_arrow().to_pylist()}
-    assert {k: got[k]["note"] for k in range(1000, 1010)} == {
-        1000 + i: f"n{i}" for i in range(10)
-    }
+    assert {k: got[k]["note"] for k in range(1000, 1010)} == {1000 + i: f"n{i}" for i in range(10)}
     assert all(got[k]["note"] is None for k in before)  # rows written before: NULL
     tbl.close()
