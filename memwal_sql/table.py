@@ -13,7 +13,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from functools import partial
@@ -40,6 +40,7 @@ from memwal_sql.errors import (
     WriterFencedError,
 )
 from memwal_sql.formats.bloom import is_supported_pk_type
+from memwal_sql.formats.debezium import Changes, decode_debezium
 from memwal_sql.formats.memwal_index import (
     create_mem_wal_index,
     has_mem_wal_index,
@@ -503,6 +504,36 @@ class MemWalTable(TableState):
             ``m = tbl.metrics(); m.region(rid).unflushed_rows, m.cache.hits``
         """
         return table_metrics(self, self._layout.written)
+
+    def apply_changes(self, events: Iterable[Any], format: str = "debezium") -> Changes:
+        """Apply change events: Debezium's JSON envelopes (dicts, JSON text or bytes, None for
+        a Kafka tombstone) in the order given, as :meth:`upsert` and :meth:`delete` of each
+        key's last event; returns what they did.
+
+        Example:
+            ``tbl.apply_changes(kafka_values, format="debezium").upserts``
+        """
+        self._check_open()
+        if format != "debezium":
+            raise InvalidInputError(f"format must be 'debezium', not {format!r}")
+        changes = decode_debezium(events, self.primary_key)
+        # Debezium's JSON gives dates as days and timestamps in epoch units: Arrow takes both.
+        if changes.upserts:
+            self.upsert(pa.Table.from_pylist(changes.upserts, schema=self.schema))
+        if changes.deletes:
+            spec = self.region_spec
+            routing = spec.source_columns if spec is not None else ()
+            columns = list(dict.fromkeys([*self.primary_key, *routing]))
+            lacking = {c for r in changes.deletes for c in columns if c not in r}
+            if lacking:
+                raise InvalidInputError(
+                    f"Debezium deletes lack the region column(s) {sorted(lacking)} this table's "
+                    "regions are split by: send whole 'before' rows (PostgreSQL: REPLICA "
+                    "IDENTITY FULL), or delete with tbl.delete(rows holding those columns)"
+                )
+            keys = pa.schema([self.schema.field(c) for c in columns])
+            self.delete(pa.Table.from_pylist(changes.deletes, schema=keys))
+        return changes
 
     # ---- schema evolution --------------------------------------------------------------------
 

@@ -10,8 +10,10 @@ a task fenced by another task writing the same region claims the region again an
 Options: ``consistency`` (``strong``/``eventual``), ``partitions`` (base fragment groups),
 ``columns`` (a comma-separated list: only those are read; PySpark's Python data sources get no
 column pruning from Spark), ``operation`` (``upsert``/``delete``), ``mergeSchema`` (``true``:
-a write first adds the DataFrame's columns the table lacks, nullable); every other option is a
-storage option (``aws_*``...).
+a write first adds the DataFrame's columns the table lacks, nullable), ``format``
+(``debezium``: each row is a change event, JSON in ``value_column``, default ``value``, or the
+envelope's own ``op``/``before``/``after`` columns); every other option is a storage option
+(``aws_*``...).
 
 Example:
     ``memwal_sql.spark.register(spark); spark.read.format("memwal").load(uri)``
@@ -60,6 +62,8 @@ _OPTIONS = {
     "checkpointlocation",
     "mergeSchema",
     "mergeschema",
+    "format",
+    "value_column",
 }
 _FENCED_RETRIES = 30
 _log = logging.getLogger(__name__)
@@ -114,7 +118,8 @@ class MemWalDataSource(DataSource):
                 "outputMode('complete') is not supported: a MemWAL table "
                 "takes upserts and deletes; use outputMode('append')"
             )
-        _merge_schema(dict(self.options), schema)
+        if "format" not in dict(self.options):
+            _merge_schema(dict(self.options), schema)
         return MemWalStreamWriter(dict(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> MemWalWriter:
@@ -123,12 +128,18 @@ class MemWalDataSource(DataSource):
                 "mode('overwrite') is not supported: a MemWAL table takes upserts and deletes; "
                 "use mode('append') (upsert) or .option('operation', 'delete')"
             )
-        operation = dict(self.options).get("operation", "upsert")
+        options = dict(self.options)
+        operation = options.get("operation", "upsert")
         if operation not in ("upsert", "delete"):
             raise InvalidInputError(f"operation must be 'upsert' or 'delete', not {operation!r}")
-        if operation == "upsert":
-            _merge_schema(dict(self.options), schema)
-        return MemWalWriter(dict(self.options), operation)
+        change_format = options.get("format")
+        if change_format is not None:
+            if change_format != "debezium":
+                raise InvalidInputError(f"format must be 'debezium', not {change_format!r}")
+            operation = "debezium"
+        elif operation == "upsert":
+            _merge_schema(options, schema)
+        return MemWalWriter(options, operation)
 
 
 def _merge_schema(options: dict[str, str], schema: StructType) -> None:
@@ -222,7 +233,7 @@ class MemWalWriter(DataSourceArrowWriter):
             for batch in iterator:
                 if batch.num_rows == 0:
                     continue
-                regions |= _write_batch(table, batch, self.operation)
+                regions |= _write_batch(table, batch, self.operation, self.options)
                 rows += batch.num_rows
         finally:
             table.close()  # flushes: the rows are stored before the task reports them
@@ -261,7 +272,9 @@ def _task_commits(messages: Sequence[WriterCommitMessage | None]) -> list[MemWal
     return out
 
 
-def _write_batch(table: Any, batch: pa.RecordBatch, operation: str) -> set[str]:
+def _write_batch(
+    table: Any, batch: pa.RecordBatch, operation: str, options: dict[str, str] | None = None
+) -> set[str]:
     """Write ``batch`` durably; return the regions the table has writers of. (Durably: a
     non-durable writer learns it was fenced only after its later writes, whose WAL entries
     were then never stored, and a task could not tell which of its batches to write again.) A writer fenced by
@@ -272,6 +285,8 @@ def _write_batch(table: Any, batch: pa.RecordBatch, operation: str) -> set[str]:
         try:
             if operation == "upsert":
                 table.upsert(batch)
+            elif operation == "debezium":
+                table.apply_changes(_change_events(batch, options), format="debezium")
             else:
                 table.delete(pa.Table.from_batches([batch]).select(list(table.primary_key)))
             return set(table.live_writers())
@@ -282,6 +297,21 @@ def _write_batch(table: Any, batch: pa.RecordBatch, operation: str) -> set[str]:
             # one of them write its batch before the other claims the region back.
             time.sleep(random.uniform(0, min(2.0, 0.02 * 2**attempt)))
     return set()
+
+
+def _change_events(batch: pa.RecordBatch, options: dict[str, str] | None) -> list[Any]:
+    """A batch's Debezium events: its ``value_column`` (JSON text or bytes, a Kafka value),
+    or, for a DataFrame of parsed envelopes, its rows."""
+    column = (options or {}).get("value_column", "value")
+    if column in batch.schema.names:
+        return batch.column(column).to_pylist()
+    if "op" in batch.schema.names:
+        return batch.to_pylist()
+    raise InvalidInputError(
+        f"format 'debezium' reads change events from column {column!r} (JSON, as Kafka "
+        "gives it) or from the envelope's op/before/after columns; the DataFrame has "
+        f"{batch.schema.names}: name the column with option('value_column', ...)"
+    )
 
 
 class MemWalStreamWriter(DataSourceStreamArrowWriter):
@@ -299,6 +329,9 @@ class MemWalStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
         self.operation_column = options.get("operation_column")
+        self.changes = options.get("format")
+        if self.changes not in (None, "debezium"):
+            raise InvalidInputError(f"format must be 'debezium', not {self.changes!r}")
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> MemWalCommit:
         query_id, batch_id = stream_batch()
@@ -310,8 +343,11 @@ class MemWalStreamWriter(DataSourceStreamArrowWriter):
                 return MemWalCommit(0, (), query_id, skipped=True)
             rows, regions = 0, set()
             for batch in iterator:
-                for operation, part in _operations(batch, self.operation_column):
-                    regions |= _write_batch(table, part, operation)
+                if self.changes is not None:
+                    regions |= _write_batch(table, batch, self.changes, self.options)
+                else:
+                    for operation, part in _operations(batch, self.operation_column):
+                        regions |= _write_batch(table, part, operation)
                 rows += batch.num_rows
         finally:
             table.close()

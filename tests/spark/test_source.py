@@ -404,3 +404,33 @@ def test_merge_schema_adds_the_dataframes_new_columns(spark, table):
     assert {k: got[k]["note"] for k in range(1000, 1010)} == {1000 + i: f"n{i}" for i in range(10)}
     assert all(got[k]["note"] is None for k in before)  # rows written before: NULL
     tbl.close()
+
+
+def test_the_sink_applies_debezium_events(spark, table):
+    import json
+
+    def event(op: str, i: int, v: float) -> str:
+        row = {"id": i, "tenant": f"t{i % 3}", "v": v}
+        before, after = (row, None) if op == "d" else (None, row)
+        return json.dumps({"payload": {"op": op, "before": before, "after": after,
+                                       "source": {"connector": "postgresql", "lsn": i}}})  # fmt: skip
+
+    model = {r["id"]: r for r in mw.open_table(table).to_arrow().to_pylist()}
+    values = [event("c", 2000 + i, 1.0) for i in range(20)]
+    values += [event("u", 2000 + i, 2.0) for i in range(0, 20, 2)]
+    values += [event("d", 2000 + i, 0.0) for i in range(0, 20, 4)] + [None]
+    values += [event("d", 300, 0.0), event("u", 301, 9.0)]
+    frame = spark.createDataFrame([(v,) for v in values], "value string").coalesce(1)
+    frame.write.format("memwal").mode("append").option("format", "debezium").save(table)
+    for i in range(20):
+        model[2000 + i] = {
+            "id": 2000 + i,
+            "tenant": f"t{(2000 + i) % 3}",
+            "v": 2.0 if i % 2 == 0 else 1.0,
+        }
+    for i in range(0, 20, 4):
+        model.pop(2000 + i)
+    model.pop(300)
+    model[301] = {"id": 301, "tenant": "t1", "v": 9.0}
+    expect = pa.Table.from_pylist(sorted(model.values(), key=lambda r: r["id"]), schema=SCHEMA)
+    assert sorted_rows(mw.open_table(table).to_arrow()).equals(expect)
