@@ -53,24 +53,33 @@ def _write_rows(table: TableState, statement: str, rows: DataFrame) -> int:
         if keys.num_rows:
             table.delete(keys)
         return keys.num_rows
-    new_rows = rows.to_arrow_table()
     if statement == "UPDATE":
-        _refuse_key_changes(table, rows)
+        changed = _set_columns(table, rows)
+        new_rows = rows.select(*table.primary_key, *changed).to_arrow_table()
+        if new_rows.num_rows:
+            table.update(new_rows)  # only the SET columns: the others keep their latest values
+        return new_rows.num_rows
+    new_rows = rows.to_arrow_table()
     if new_rows.num_rows:
         table.upsert(new_rows)
     return new_rows.num_rows
 
 
-def _refuse_key_changes(table: MemWalTable, rows: DataFrame) -> None:
-    """An UPDATE's rows are its SET's projection of the matched rows: a key column must be
-    the matched row's own, or the update would write a new key and keep the old one."""
+def _set_columns(table: MemWalTable, rows: DataFrame) -> list[str]:
+    """The columns an UPDATE sets. Its rows are its SET's projection of the matched rows, each
+    other column the matched row's own; a key column must be that, or the update would write
+    a new key and keep the old one."""
+    changed = []
     for expr in rows.logical_plan().to_variant().projections():
         name, inner = expr.schema_name(), expr
         if inner.variant_name() == "Alias":
             inner = inner.to_variant().expr()
-        same = inner.variant_name() == "Column" and inner.to_variant().name() == name
-        if name in table.primary_key and not same:
+        if inner.variant_name() == "Column" and inner.to_variant().name() == name:
+            continue
+        if name in table.primary_key:
             raise InvalidInputError(
                 f"UPDATE cannot set key column {name!r}: a key is a row's identity. "
                 "DELETE the old key and INSERT the new one"
             )
+        changed.append(name)
+    return changed

@@ -66,6 +66,7 @@ from memwal_sql.storage.store import is_access_denied, with_default_timeouts
 from memwal_sql.structures.cache import Caches
 from memwal_sql.table_state import TableState
 from memwal_sql.writer.config import WriterConfig
+from memwal_sql.writer.gate import WriteGate
 from memwal_sql.writer.memtable import duplicate_keys, latest_per_key
 from memwal_sql.writer.region_writer import RegionWriter
 
@@ -96,6 +97,7 @@ class MemWalTable(TableState):
         self.maintenance = TableMaintenance(self, maintenance)
         self._reads_impl: TableReads | None = None
         self._search_impl: TableSearch | None = None
+        self._gate = WriteGate()
         observe(self)
 
     # ---- reads (implemented in memwal_sql.reads) ---------------------------------------------
@@ -580,7 +582,36 @@ class MemWalTable(TableState):
                 raise
             rows = self._rows.upserts(data)
         self._refuse_region_changes(rows, rows)
-        self._append_all(self._route(rows, rows), "upserts")
+        with self._gate.shared():
+            self._append_all(self._route(rows, rows), "upserts")
+
+    def update(self, data: WriteData) -> None:
+        """Partial update: ``data`` holds the key columns and any of the others; only those
+        change (an explicit NULL sets NULL), a key not present is inserted with the others
+        NULL, and the last row of a key repeated in ``data`` wins.
+
+        Each key's latest row is read and the updated whole row written (copy on write), so
+        every reader, Lance's included, sees whole rows. The read and the write are atomic:
+        the regions' writers are claimed first (a write from another process fences them and
+        this call fails with ``WriterFencedError``), and no routed write of this table object
+        lands between them.
+
+        Example:
+            ``tbl.update({"id": [1, 2], "score": [0.9, None]})  # other columns kept``
+        """
+        self._check_open()
+        partial = latest_per_key(self._rows.partial(data), self.primary_key)
+        keys = partial.select(list(self.primary_key))
+        with self._gate.exclusive():
+            while True:
+                claimed = {id(w) for w in list(self._writers.values())}
+                current = self.lookup(keys, align=True)
+                rows = self._rows.upserts(_overlay(current, partial, self.schema))
+                prepared = self._route(rows, rows)  # claims the regions' writers
+                if {id(w) for w, _ in prepared} <= claimed:
+                    break  # the read was made while this table held every region it writes
+            self._refuse_region_changes(rows, rows)
+            self._append_all(prepared, "upserts")
 
     @overload
     def delete(self, keys: Keys) -> None: ...
@@ -614,7 +645,8 @@ class MemWalTable(TableState):
             return matched.num_rows
         rows, routing = self._rows.deletes_for_regions(keys, self.region_spec)
         self._refuse_region_changes(rows, routing)
-        self._append_all(self._route(rows, routing), "deletes")
+        with self._gate.shared():
+            self._append_all(self._route(rows, routing), "deletes")
         return None
 
     def _refuse_region_changes(self, rows: pa.RecordBatch, routing: pa.RecordBatch) -> None:
@@ -741,6 +773,18 @@ class MemWalTable(TableState):
                 w = self.writer() if values is None else self.writer(region_values=values)
                 self._writers[key] = w
             return w
+
+
+def _overlay(current: pa.Table, partial: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Whole rows: ``partial``'s columns over ``current`` (the latest rows of its keys, one
+    per key in its order; NULL where a key has none)."""
+    return pa.table(
+        [
+            partial.column(f.name) if f.name in partial.column_names else current.column(f.name)
+            for f in schema
+        ],
+        schema=schema,
+    )
 
 
 def _plain_schema(schema: pa.Schema) -> pa.Schema:

@@ -9,7 +9,8 @@ a task fenced by another task writing the same region claims the region again an
 
 Options: ``consistency`` (``strong``/``eventual``), ``partitions`` (base fragment groups),
 ``columns`` (a comma-separated list: only those are read; PySpark's Python data sources get no
-column pruning from Spark), ``operation`` (``upsert``/``delete``), ``mergeSchema`` (``true``:
+column pruning from Spark), ``operation`` (``upsert``/``update``/``delete``: ``update`` changes
+only the DataFrame's columns, see ``MemWalTable.update``), ``mergeSchema`` (``true``:
 a write first adds the DataFrame's columns the table lacks, nullable), ``format``
 (``debezium``: each row is a change event, JSON in ``value_column``, default ``value``, or the
 envelope's own ``op``/``before``/``after`` columns); every other option is a storage option
@@ -130,8 +131,10 @@ class MemWalDataSource(DataSource):
             )
         options = dict(self.options)
         operation = options.get("operation", "upsert")
-        if operation not in ("upsert", "delete"):
-            raise InvalidInputError(f"operation must be 'upsert' or 'delete', not {operation!r}")
+        if operation not in ("upsert", "update", "delete"):
+            raise InvalidInputError(
+                f"operation must be 'upsert', 'update' or 'delete', not {operation!r}"
+            )
         change_format = options.get("format")
         if change_format is not None:
             if change_format != "debezium":
@@ -285,6 +288,8 @@ def _write_batch(
         try:
             if operation == "upsert":
                 table.upsert(batch)
+            elif operation == "update":  # only the batch's columns change
+                table.update(batch)
             elif operation == "debezium":
                 table.apply_changes(_change_events(batch, options), format="debezium")
             else:

@@ -183,6 +183,31 @@ class RowCoercer:
         self._check_vectors(batch)
         return batch
 
+    def partial(self, data: WriteData) -> pa.Table:
+        """A partial update's rows: the key columns and any other columns, cast to the table's
+        types (unknown columns and nulls in a key or a non-nullable column refused).
+
+        Example:
+            >>> s = pa.schema([pa.field("id", pa.int64(), False), ("a", pa.int64()), ("b", pa.string())])
+            >>> RowCoercer(s, ["id"]).partial({"id": [1], "b": ["x"]}).column_names
+            ['id', 'b']
+        """
+        table = to_arrow_table(data)
+        names = set(table.schema.names)
+        self._check_keys(table, names)
+        extra = sorted(names - set(self.base_schema.names))
+        if extra or len(names) != table.num_columns:
+            raise SchemaMismatchError(
+                f"update columns do not match the table: unknown or repeated {extra or names} "
+                f"(table columns: {self.base_schema.names})"
+            )
+        fields = [f for f in self.base_schema if f.name in names]
+        cols = [self._cast(table.column(f.name), f) for f in fields]
+        for f, col in zip(fields, cols):
+            if f.name in self._not_null:
+                self._check_not_null(col, f.name)
+        return pa.Table.from_arrays(cols, schema=pa.schema(fields))
+
     def deletes(self, keys: Keys) -> pa.RecordBatch:
         """Tombstone rows: the key columns, every other column null, ``_tombstone = true``.
 

@@ -434,3 +434,15 @@ def test_the_sink_applies_debezium_events(spark, table):
     model[301] = {"id": 301, "tenant": "t1", "v": 9.0}
     expect = pa.Table.from_pylist(sorted(model.values(), key=lambda r: r["id"]), schema=SCHEMA)
     assert sorted_rows(mw.open_table(table).to_arrow()).equals(expect)
+
+
+def test_operation_update_changes_only_the_dataframes_columns(spark, table):
+    model = {r["id"]: r for r in mw.open_table(table).to_arrow().to_pylist()}
+    part = spark.createDataFrame([(i, float(-i)) for i in range(250, 260)] + [(5000, 1.0)],
+                                 "id long, v double")  # fmt: skip
+    part.write.format("memwal").mode("append").option("operation", "update").save(table)
+    for i in range(250, 260):
+        model[i] = {**model[i], "v": float(-i)}  # tenant kept
+    model[5000] = {"id": 5000, "tenant": None, "v": 1.0}
+    expect = pa.Table.from_pylist(sorted(model.values(), key=lambda r: r["id"]), schema=SCHEMA)
+    assert sorted_rows(mw.open_table(table).to_arrow()).equals(expect)
