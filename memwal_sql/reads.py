@@ -89,12 +89,15 @@ class TableReads:
                 consistency=consistency,
                 system_columns=system_columns,
             )
-            df = self._ctx.table(name)
-            if filter is not None:
-                df = _filtered(df, filter, name)
-            if columns is not None:
-                df = df.select(*(col(c) for c in self._names(columns, system_columns)))
-            return self._ctx, df, name, self._ctx.memwal_schema.last_datasets.get(name)
+            ctx = self._ctx
+        # Outside the lock: the table's snapshot is taken here, and a store that does not
+        # answer holds it for its whole timeout.
+        df = ctx.table(name)
+        if filter is not None:
+            df = _filtered(df, filter, name)
+        if columns is not None:
+            df = df.select(*(col(c) for c in self._names(columns, system_columns)))
+        return ctx, df, name, ctx.memwal_schema.last_datasets.get(name)
 
     def _names(self, columns: Sequence[str], system_columns: bool) -> list[str]:
         wanted = self._checked(columns, system_columns)

@@ -472,7 +472,8 @@ class MemWalContext(SessionContext):
         return self.from_arrow(pa.table({"count": pa.array([count], pa.uint64())}))
 
     def table(self, name: str) -> DataFrame:
-        df = super().table(name)
+        with self.memwal_schema.planning(name):  # a MemWAL table's snapshot is taken here
+            df = super().table(name)
         df.df = _Typed(df.df, self.memwal_schema)
         return df
 
