@@ -3,9 +3,11 @@
 Lance data files carry no checksum, so a flipped bit reads as a wrong value, and a damaged
 ``_pk_index`` can panic Lance's reader. At flush the writer records the size and CRC32C of
 every file of the generation in ``_memwal_checksums.json`` at the generation's root, a name
-Lance 14 does not read. Readers verify a generation's files once per process before they read
-it (the small ``_pk_index`` and ``bloom_filter.bin`` included), and the merger before it copies
-rows into the base table, so damage is a :class:`CorruptGenerationError` naming the file.
+Lance 14 does not read. Readers verify the files of a generation they open, once per process,
+before they open them (the small ``_pk_index`` and ``bloom_filter.bin`` included; a file no
+read opens, such as an index an exact search skips, is not read for it), and the merger every
+file before it copies rows into the base table, so damage is a :class:`CorruptGenerationError`
+naming the file.
 
 The region manifest that lists the generation records the CRC32C of that record
 (``FlushedGeneration.checksums_crc32c``), and every manifest read tells this module
