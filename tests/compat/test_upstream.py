@@ -207,7 +207,6 @@ def test_ivf_pq_codebook_round_trips_through_create_index(tmp_path):
     assert again["centroids"] == first["centroids"]
 
 
-
 @pytest.mark.parametrize("index_type", ["IVF_PQ", "IVF_FLAT", "IVF_HNSW_SQ"])
 def test_vector_index_statistics_from_the_files_are_lances(tmp_path, index_type):
     """What the search reads of a vector index (type, metric, partitions, PQ sub-vectors) from
@@ -232,7 +231,10 @@ def test_vector_index_statistics_from_the_files_are_lances(tmp_path, index_type)
     assert ours["num_partitions"] == theirs["num_partitions"] > 1  # Lance may build fewer
     if index_type == "IVF_PQ":
         pq = {k: theirs["sub_index"][k] for k in ("index_type", "num_sub_vectors", "dimension")}
-        assert ours["sub_index"] == pq == {"index_type": "PQ", "num_sub_vectors": 8, "dimension": 16}
+        assert (
+            ours["sub_index"] == pq == {"index_type": "PQ", "num_sub_vectors": 8, "dimension": 16}
+        )
+
 
 def test_lance_stop_words_are_what_the_tokenizer_removes(tmp_path):
     """Every word of the stop lists Lance's could come from is removed by Lance exactly when
