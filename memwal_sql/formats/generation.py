@@ -32,8 +32,8 @@ from memwal_sql.storage.checksums import (
 
 BLOOM_FILTER = "bloom_filter.bin"
 # What Lance opens to read a generation's rows (its manifests, data and deletion files), and
-# its indexes: a read that opens no index verifies none (a cold search verified 40% more bytes
-# than it read, and every transaction file).
+# its indexes: a read that opens no index verifies none (a cold exact search verified a third
+# more bytes than it read, in 12 of each generation's 21 files that it never opens).
 ROW_FILES = ("_versions/", "data/", "_deletions/")
 INDEX_FILES = ("_indices/",)
 

@@ -187,8 +187,7 @@ def _check(
                 continue
             raise _damaged(store, directory, name, "the checksum record has no entry for it")
         todo.append(name)
-    # One call for all: on local disk plain reads (obstore's get costs 3x per file), on an
-    # object store several requests at a time.
+    # One call for all: an object store answers several requests at a time.
     for name, data in zip(todo, store.get_many([f"{directory}/{n}" for n in todo]), strict=True):
         size, crc = record[name]
         if data is None:
