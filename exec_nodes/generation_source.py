@@ -30,7 +30,13 @@ from memwal_sql.compat.lance import take_rows
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.substrait import lance_filter
 from memwal_sql.expressions.visitors import matches
-from memwal_sql.formats.generation import open_generation, read_generation_pk_index
+from memwal_sql.formats.generation import (
+    INDEX_FILES,
+    ROW_FILES,
+    open_generation,
+    read_generation_pk_index,
+    verify_generation_files,
+)
 from memwal_sql.formats.source_rows import ROWADDR, TOMBSTONE, conform, stored_columns
 from memwal_sql.formats.tokenizer import Tokenizer
 from memwal_sql.structures.cache import Caches
@@ -58,7 +64,7 @@ def generation_rows(
     """
 
     def load() -> tuple[pa.Table | None, int]:
-        ds = open_generation(uri, storage_options)
+        ds = open_generation(uri, storage_options, ROW_FILES)
         frags = ds.get_fragments()
         if len(frags) != 1:
             return None, 64
@@ -74,14 +80,15 @@ def generation_rows(
 def generation_dataset(
     uri: str, storage_options: dict[str, str] | None, caches: Caches
 ) -> lance.LanceDataset:
-    """The generation at ``uri`` opened (and its files verified) once, kept in
-    ``caches.lookup``: a generation never changes, and each open reads its manifest again.
+    """The generation at ``uri`` opened once, kept in ``caches.lookup``: a generation never
+    changes, and each open reads its manifest again. The files a read of its rows opens are
+    verified (:data:`ROW_FILES`); a read through an index verifies its files first.
 
     Example:
         ``generation_dataset(gen.uri, None, tbl.caches).count_rows()``
     """
     return caches.lookup.get(
-        "dataset", uri, lambda: (open_generation(uri, storage_options), _DATASET_BYTES)
+        "dataset", uri, lambda: (open_generation(uri, storage_options, ROW_FILES), _DATASET_BYTES)
     )
 
 
@@ -222,7 +229,7 @@ class GenerationSourceExec(SourceLeaf):
         """Every physical row, from the lookup cache or (too big to keep) read now."""
         table = self.whole_rows()
         if table is None:
-            ds = open_generation(self.uri, self.storage_options)
+            ds = open_generation(self.uri, self.storage_options, ROW_FILES)
             names = stored_columns(self.source_schema, ds)
             rows = ds.to_table(columns=names, with_row_address=True)
             table = conform(rows, self.source_schema, self.generation)
@@ -252,7 +259,7 @@ class GenerationSourceExec(SourceLeaf):
         uri, opts = self.uri, self.storage_options
 
         def load() -> tuple[pa.Table, int]:
-            ds = open_generation(uri, opts)
+            ds = open_generation(uri, opts, ROW_FILES)
             names = stored_columns(schema, ds)
             table = conform(
                 ds.to_table(columns=names, with_row_address=True), schema, self.generation
@@ -303,6 +310,9 @@ class GenerationSourceExec(SourceLeaf):
     def _nearest(self, n: int) -> pa.Table:
         access = self._needs(Knn)
         ds = generation_dataset(self.uri, self.storage_options, self.caches)
+        if access.index is not None or self.predicate is not None:
+            # Lance opens the vector index, or may answer the filter from a scalar one.
+            verify_generation_files(self.uri, self.storage_options, INDEX_FILES)
         options: dict[str, object] = {"use_index": False}
         if access.index is not None:
             # Its index holds the base index's centroids and codebook: probed and refined
@@ -343,6 +353,7 @@ class GenerationSourceExec(SourceLeaf):
         frags = ds.get_fragments()
         if len(frags) != 1:
             return None
+        verify_generation_files(self.uri, self.storage_options, INDEX_FILES)
         opened = open_text_index(ds, access.column, {frags[0].fragment_id})
         if isinstance(opened, str) or len(opened[0]) != 1 or not opened[1]:
             return None

@@ -38,6 +38,7 @@ from exec_nodes.knn import (
 from exec_nodes.source import FullText, Knn, SourceLeaf
 from exec_nodes.stale import FilterStaleExec
 from exec_nodes.topk import TopKExec
+from memwal_sql.compat.lance import index_directory, storage_options_of, vector_index_statistics
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.read_snapshot import Consistency, ReadSnapshot
@@ -212,12 +213,18 @@ def _base_index(
     """``parse(name, statistics)`` of the base index on ``column`` whose type names
     ``type_word``; parsed once per index (its segments' uuids: a merge or a new base version
     leaves them as they are, and Lance's ``index_statistics`` carry every centroid, so only
-    what ``parse`` keeps is cached, in ``caches.search``)."""
+    what ``parse`` keeps is cached, in ``caches.search``). A vector index's statistics are
+    read from its files' metadata when their layout is known, without the centroids."""
     for d in dataset.describe_indices():
         if d.field_names == [column] and type_word in d.type_url:
 
-            def load(name: str = d.name) -> tuple[T, int]:
-                stats = dataset.index_statistics(name)
+            def load(name: str = d.name, uuid: str = d.segments[0].uuid) -> tuple[T, int]:
+                stats: dict | str | None = None
+                if type_word == "Vector":
+                    directory = index_directory(dataset, uuid)
+                    stats = vector_index_statistics(directory, storage_options_of(dataset))
+                if stats is None:
+                    stats = dataset.index_statistics(name)
                 stats = json.loads(stats) if isinstance(stats, str) else stats
                 return parse(name, stats), 1024
 

@@ -157,6 +157,13 @@ DAMAGE = {
     "flipped bit in bloom filter": lambda g: flip_bit(g / "bloom_filter.bin", 7),
 }
 
+# The accesses that do not open the damaged file, and so neither read nor verify it: scans read
+# a generation's rows only, and a lookup of many keys asks its key index, not its bloom filter.
+NOT_OPENED = {
+    "flipped bit in bloom filter": {"to_arrow", "count_rows", "sql", "lookup many"},
+    "zero-byte _pk_index": {"to_arrow", "count_rows", "sql"},
+}
+
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_a_damaged_generation_file_fails_reads_lookups_and_merges(tmp_path, damage):
@@ -170,6 +177,9 @@ def test_a_damaged_generation_file_fails_reads_lookups_and_merges(tmp_path, dama
     for name, access in accesses.items():
         if name == "writer":
             continue  # a writer reads no generation; it may go on writing
+        if name in NOT_OPENED.get(damage, ()):
+            access()
+            continue
         with pytest.raises(CorruptGenerationError, match="damaged"):
             access()
     assert mw.open_table(uri).dataset().to_table().sort_by("id").equals(base_before)

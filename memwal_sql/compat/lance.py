@@ -184,6 +184,53 @@ def is_commit_conflict(error: BaseException) -> bool:
     return STALE_COMPACTION in text or "conflict" in text.lower() or _RETRIES_EXHAUSTED in text
 
 
+def vector_index_statistics(
+    index_dir: str, storage_options: dict[str, str] | None = None
+) -> dict[str, object] | None:
+    """What ``index_statistics`` says of an IVF_PQ or IVF_FLAT index segment at ``index_dir``
+    (``index_type``; per segment ``metric_type``, ``num_partitions`` and the PQ
+    ``sub_index``), read from its files' metadata, without the IVF centroids: pylance 14
+    serializes every centroid as JSON (36 ms at 790 partitions) and its switch to leave them
+    out (``LANCE_INCLUDE_VECTOR_CENTROIDS``) is process-wide. None for any other layout (the
+    caller asks ``index_statistics``).
+
+    Lance 14 writes ``index.idx`` with schema metadata ``lance:index`` (type and distance)
+    and ``lance:flat`` (a list of one entry per IVF partition); an IVF_PQ index's
+    ``auxiliary.idx`` keeps its PQ parameters in ``storage_metadata``.
+
+    Example:
+        ``vector_index_statistics(index_directory(ds, uuid))["indices"][0]["num_partitions"]``
+    """
+    import json
+
+    from lance.file import LanceFileReader
+
+    def metadata(name: str) -> Mapping[bytes, bytes]:
+        reader = LanceFileReader(f"{index_dir}/{name}", storage_options=storage_options)
+        return reader.metadata().schema.metadata or {}
+
+    try:
+        meta = metadata("index.idx")
+        index = json.loads(meta[b"lance:index"])
+        kind, partitions = index["type"], len(json.loads(meta[b"lance:flat"]))
+        segment: dict[str, object] = {
+            "metric_type": str(index["distance_type"]).lower(),
+            "num_partitions": partitions,
+        }
+        if kind == "IVF_PQ":
+            pq = json.loads(json.loads(metadata("auxiliary.idx")[b"storage_metadata"])[0])
+            segment["sub_index"] = {
+                "index_type": "PQ",
+                "num_sub_vectors": int(pq["num_sub_vectors"]),
+                "dimension": int(pq["dimension"]),
+            }
+        elif kind != "IVF_FLAT":
+            return None
+    except (KeyError, ValueError, TypeError, IndexError, OSError):
+        return None
+    return {"index_type": kind, "indices": [segment]}
+
+
 def ivf_pq_model(
     index_uri: str, storage_options: dict[str, str] | None = None
 ) -> tuple[np.ndarray, int]:

@@ -3,9 +3,11 @@
 Lance data files carry no checksum, so a flipped bit reads as a wrong value, and a damaged
 ``_pk_index`` can panic Lance's reader. At flush the writer records the size and CRC32C of
 every file of the generation in ``_memwal_checksums.json`` at the generation's root, a name
-Lance 14 does not read. Readers verify a generation's files once per process before they read
-it (the small ``_pk_index`` and ``bloom_filter.bin`` included), and the merger before it copies
-rows into the base table, so damage is a :class:`CorruptGenerationError` naming the file.
+Lance 14 does not read. Readers verify the files of a generation they open, once per process,
+before they open them (the small ``_pk_index`` and ``bloom_filter.bin`` included; a file no
+read opens, such as an index an exact search skips, is not read for it), and the merger every
+file before it copies rows into the base table, so damage is a :class:`CorruptGenerationError`
+naming the file.
 
 The region manifest that lists the generation records the CRC32C of that record
 (``FlushedGeneration.checksums_crc32c``), and every manifest read tells this module
@@ -150,43 +152,78 @@ def recorded_wal_entry_position(store: ObjectStore, directory: str) -> int | Non
 def verify_generation(
     store: ObjectStore,
     directory: str,
-    names: list[str] | None = None,
+    names: Sequence[str] | None = None,
     skip: Collection[str] = (),
 ) -> bool:
     """Check the files of the generation at ``directory`` (or only ``names``; never those in
     ``skip``) against their record: :class:`CorruptGenerationError` for a missing, truncated
-    or changed one. Returns False for a generation without a record (nothing to check
-    against)."""
+    or changed one. A name ending in ``/`` stands for every recorded file under it. Returns
+    False for a generation without a record (nothing to check against).
+
+    Example:
+        ``verify_generation(store, gen_dir, ["data/", "_versions/"])  # what a row read opens``
+    """
     record = recorded_checksums(store, directory)
     if record is None:
         return False
+    _check(store, directory, record, _expand(names, record), skip)
+    return True
+
+
+def _check(
+    store: ObjectStore,
+    directory: str,
+    record: Mapping[str, tuple[int, int]],
+    names: Sequence[str],
+    skip: Collection[str],
+) -> None:
     strict = _expected_crc(store, directory) is not None
-    for name in names if names is not None else sorted(record):
+    todo = []
+    for name in names:
         if name in skip:
             continue
         if name not in record:
             if not strict:
                 continue
             raise _damaged(store, directory, name, "the checksum record has no entry for it")
+        todo.append(name)
+    # One call for all: an object store answers several requests at a time.
+    for name, data in zip(todo, store.get_many([f"{directory}/{n}" for n in todo]), strict=True):
         size, crc = record[name]
-        try:
-            data = store.get(f"{directory}/{name}")
-        except ObjectNotFoundError as e:
-            raise _damaged(store, directory, name, "it is missing") from e
+        if data is None:
+            raise _damaged(store, directory, name, "it is missing")
         if len(data) != size:
             raise _damaged(store, directory, name, f"it has {len(data)} bytes, not {size}")
         if google_crc32c.value(data) != crc:
             raise _damaged(store, directory, name, "its CRC32C does not match")
-    return True
+
+
+def _expand(names: Sequence[str] | None, record: Mapping[str, object]) -> list[str]:
+    """``names`` (None: every recorded file) with each directory (a name ending in ``/``)
+    replaced by its recorded files."""
+    if names is None:
+        return sorted(record)
+    out: list[str] = []
+    for name in names:
+        if name.endswith("/"):
+            out += sorted(n for n in record if n.startswith(name))
+        else:
+            out.append(name)
+    return list(dict.fromkeys(out))
 
 
 def verify_generation_once(
     uri: str, storage_options: Mapping[str, str] | None, names: tuple[str, ...] | None = None
 ) -> None:
-    """:func:`verify_generation` for the generation at ``uri`` (every file, or ``names``),
-    each file at most once per process (generations never change once flushed: a file
-    verified for a lookup is not read again when a search opens the generation), once its
-    region manifest has said whether it has a record (:func:`checksums_known`)."""
+    """:func:`verify_generation` for the generation at ``uri`` (every file, or ``names``:
+    files, or directories ending in ``/``), each file at most once per process (generations
+    never change once flushed: a file verified for a lookup is not read again when a search
+    opens the generation), once its region manifest has said whether it has a record
+    (:func:`checksums_known`).
+
+    Example:
+        ``verify_generation_once(gen.uri, None, ("bloom_filter.bin",))``
+    """
     with _verified_lock:
         known = _verified.get(uri, set())
         if uri in _verified:
@@ -195,15 +232,20 @@ def verify_generation_once(
     if done is None or (names is not None and done.issuperset(names)):
         return
     store, directory = generation_store(uri, storage_options)
-    verify_generation(store, directory, list(names) if names is not None else None, done)
+    record = recorded_checksums(store, directory)
+    files = _expand(names, record or {})
+    if record is not None:
+        _check(store, directory, record, files, done)
     if not checksums_known(store.uri_for(directory)):
         return  # checked as far as known: a manifest read later may ask for more
+    # A directory verified is remembered by its name as well as by its files.
+    checked = {*files, *(names or ())}
     with _verified_lock:
         if names is None:
             _verified[uri] = None
         else:
             known = _verified.get(uri, set())
-            _verified[uri] = None if known is None else known | set(names)
+            _verified[uri] = None if known is None else known | checked
         _verified.move_to_end(uri)
         while len(_verified) > _VERIFIED_MAX:
             _verified.popitem(last=False)

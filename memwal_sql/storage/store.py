@@ -409,6 +409,13 @@ class ObjectStore:
     def get(self, path: str) -> bytes:
         """Read a whole object; raise :class:`ObjectNotFoundError` if missing."""
         with storage_failures(f"get of {path}"):
+            if self._local_root is not None:
+                # A plain read: obstore's get and the copy out of it cost 3-5 times as much on
+                # local disk (a cold read's 86 WAL entries: 54-91 ms against 14-19).
+                data = self._read_local(path)
+                if data is None:
+                    raise ObjectNotFoundError(f"{self.uri_for(path)} does not exist")
+                return data
             try:
                 return bytes(obs.get(self._store, path).bytes())
             except FileNotFoundError as e:
@@ -446,15 +453,17 @@ class ObjectStore:
                 return list(pool.map(get, paths))
         if self._local_root is None:
             return [self._get_or_none(path) for path in paths]
-        out: builtins.list[bytes | None] = []
         with storage_failures(f"reading {len(paths)} objects from {self.uri}"):
-            for path in paths:
-                try:
-                    with open(f"{self.uri}/{path}", "rb") as f:
-                        out.append(f.read())
-                except FileNotFoundError:
-                    out.append(None)
-        return out
+            return [self._read_local(path) for path in paths]
+
+    def _read_local(self, path: str) -> bytes | None:
+        """A local object's bytes by a plain read (a third of obstore's cost per call), or
+        None if it does not exist."""
+        try:
+            with open(f"{self.uri}/{path}", "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
 
     def _get_or_none(self, path: str) -> bytes | None:
         try:

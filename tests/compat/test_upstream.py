@@ -207,6 +207,35 @@ def test_ivf_pq_codebook_round_trips_through_create_index(tmp_path):
     assert again["centroids"] == first["centroids"]
 
 
+@pytest.mark.parametrize("index_type", ["IVF_PQ", "IVF_FLAT", "IVF_HNSW_SQ"])
+def test_vector_index_statistics_from_the_files_are_lances(tmp_path, index_type):
+    """What the search reads of a vector index (type, metric, partitions, PQ sub-vectors) from
+    its files' metadata is what ``index_statistics`` says; another layout is left to it."""
+    from memwal_sql.compat.lance import index_directory, vector_index_statistics
+
+    v = np.random.default_rng(0).normal(size=(1000, 16)).astype(np.float32)
+    t = pa.table({"vec": pa.FixedSizeListArray.from_arrays(pa.array(v.ravel()), 16)})
+    ds = lance.write_dataset(t, str(tmp_path / "a"))
+    extra = {"num_sub_vectors": 8} if index_type == "IVF_PQ" else {}
+    ds = ds.create_index("vec", index_type, num_partitions=6, metric="cosine", **extra)
+    [segment] = [i for i in ds.list_indices() if i["fields"] == ["vec"]]
+    got = vector_index_statistics(index_directory(ds, segment["uuid"]))
+    if index_type == "IVF_HNSW_SQ":
+        assert got is None
+        return
+    assert got is not None
+    lances = ds.index_statistics(segment["name"])
+    assert got["index_type"] == lances["index_type"] == index_type
+    [ours], theirs = got["indices"], lances["indices"][0]
+    assert ours["metric_type"] == theirs["metric_type"] == "cosine"
+    assert ours["num_partitions"] == theirs["num_partitions"] > 1  # Lance may build fewer
+    if index_type == "IVF_PQ":
+        pq = {k: theirs["sub_index"][k] for k in ("index_type", "num_sub_vectors", "dimension")}
+        assert (
+            ours["sub_index"] == pq == {"index_type": "PQ", "num_sub_vectors": 8, "dimension": 16}
+        )
+
+
 def test_lance_stop_words_are_what_the_tokenizer_removes(tmp_path):
     """Every word of the stop lists Lance's could come from is removed by Lance exactly when
     our tokenizer removes it (the stop-word set is measured, not published)."""

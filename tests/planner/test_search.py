@@ -164,3 +164,72 @@ def test_a_fine_pq_index_is_refined_over_fewer_candidates(tmp_path, sub_vectors,
         found += len(set(got) & set(brute_force(model, query, 10)))
     assert found / 200 >= 0.95
     tbl.close()
+
+
+def test_a_search_verifies_the_files_it_opens_and_no_others(lagging, monkeypatch) -> None:
+    """Every generation's vector index and transaction files damaged: an exact search of the
+    generations opens neither, so it neither reads nor verifies them and answers right; a
+    search through the generations' own indexes opens them, and refuses (typed error)."""
+    from pathlib import Path
+
+    import memwal_sql.storage.checksums as checksums
+    from memwal_sql.errors import CorruptGenerationError
+    from tests.test_damage import flip_bit
+
+    uri, model = lagging
+    gens = sorted(Path(uri, "_mem_wal").glob("*/*_gen_*"))
+    assert len(gens) == 6
+    for gen in gens:
+        for damaged in [*gen.glob("_indices/*/index.idx"), *gen.glob("_transactions/*")]:
+            flip_bit(damaged, 20)
+    verified: list[str] = []
+    check = checksums._check
+
+    def spy(store, directory, record, names, skip):
+        verified.extend(n for n in names if n not in skip)
+        return check(store, directory, record, names, skip)
+
+    monkeypatch.setattr(checksums, "_check", spy)
+    query = np.random.default_rng(5).normal(size=DIM).astype(np.float32)
+    tbl = mw.open_table(uri, cache=64 << 20)
+    got = tbl.vector_search(query, k=10)
+    latest = _latest_rows(model)
+    for row in got.drop_columns(["_distance"]).to_pylist():
+        assert row == latest[row["k"]], f"stale or deleted row returned: {row}"
+    assert got.column("k").to_pylist() == brute_force(model, query, 10)
+    assert [n for n in verified if n.startswith("data/")], verified  # what it opened
+    assert not [n for n in verified if n.startswith(("_indices/", "_transactions/"))], verified
+    tbl.close()
+
+    monkeypatch.setattr(planner.search, "INDEXED_GENERATION_ROWS", 0)
+    tbl = mw.open_table(uri, cache=64 << 20)
+    with pytest.raises(CorruptGenerationError, match=r"_indices/.*damaged"):
+        tbl.vector_search(query, k=10)
+    tbl.close()
+
+
+def test_the_base_vector_index_is_described_without_its_centroids(tmp_path, monkeypatch) -> None:
+    # pylance's index_statistics serializes every IVF centroid as JSON (36 ms cold at 10M
+    # rows): the search reads what it needs from the index files' metadata instead.
+    import lance
+
+    uri = str(tmp_path / "t")
+    tbl = mw.create_table(uri, vec_batch(list(range(BASE_KEYS)), 0), primary_key="k")
+    tbl.create_index("vec", "IVF_PQ", num_partitions=9, num_sub_vectors=4)
+    partitions = tbl.dataset().index_statistics("vec_idx")["indices"][0]["num_partitions"]
+    tbl.close()
+    calls: list[str] = []
+    statistics = lance.LanceDataset.index_statistics
+
+    def spy(self, name):
+        calls.append(name)
+        return statistics(self, name)
+
+    monkeypatch.setattr(lance.LanceDataset, "index_statistics", spy)
+    tbl = mw.open_table(uri, cache=64 << 20)
+    found = planner.search.vector_index(tbl.dataset(), "vec", tbl.caches)
+    assert found == planner.search.VectorIndex("vec_idx", "IVF_PQ", "l2", partitions, DIM / 4)
+    query = np.random.default_rng(8).normal(size=DIM).astype(np.float32)
+    assert tbl.vector_search(query, k=10).num_rows == 10
+    assert "vec_idx" not in calls, calls
+    tbl.close()
