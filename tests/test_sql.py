@@ -82,7 +82,7 @@ statements = st.lists(
         st.tuples(st.just("update"), st.sampled_from(SETS), st.sampled_from(PREDICATES)),
         st.tuples(st.just("delete"), st.just(""), st.sampled_from(PREDICATES)),
         st.tuples(st.just("api_delete"), st.just(""), st.sampled_from(PREDICATES[:-1])),
-        st.tuples(st.sampled_from(["flush", "merge", "compact", "reopen"]), st.just(""), st.just("")),
+        st.tuples(st.sampled_from(["flush", "merge", "compact", "reopen", "crash"]), st.just(""), st.just("")),
     ),
     min_size=1,
     max_size=12,
