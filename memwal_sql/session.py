@@ -431,6 +431,8 @@ class MemWalContext(SessionContext):
             target = self._memwal_target(statement.table_name())
             if target is not None and self._write_rows is not None:
                 return self._write(query, (target, statement))
+            if target is not None:  # DataFusion cannot write one: say why, not "not implemented"
+                raise _not_allowed(_dml_name(statement), False)
         df.df = _Typed(df.df, self.memwal_schema)
         return df
 

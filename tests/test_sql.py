@@ -260,3 +260,14 @@ def test_a_sql_write_is_durable_when_it_returns(table):
     got = reopened.to_arrow().sort_by("id")
     assert got["id"].to_pylist() == [*range(10, 30), 500]
     reopened.close()
+
+
+def test_a_trusted_read_only_session_refuses_memwal_writes_too(table):
+    tbl, model, _ = table
+    ctx = mw.connect(trusted=True, read_only=True)
+    ctx.register("t", tbl)
+    with pytest.raises(
+        StatementNotAllowedError, match=r"^DELETE is not supported here: .*read-only"
+    ):
+        ctx.sql("DELETE FROM t WHERE id = 1")
+    assert tbl.to_arrow().sort_by("id") == model.table(SCHEMA)
