@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -121,11 +122,18 @@ class GlobalBM25Exec(ExecNode):
     def valid(self) -> pa.Table:
         """The best ``k`` (or fewer) latest documents matching the filter, with ``_score``."""
         searched = {id(c) for c, ok in zip(self._children, self.searched) if ok}
-        pieces = [(c, i, p) for c in self._children for i, p in enumerate(c.pieces())]
-        indexed = [(c, x) for c in self._children if (x := c.text_index()) is not None]
-        live, superseded = self._latest(pieces, indexed)
         # Each distinct term once, weighted by how often the query names it (as in Lance).
         counts = Counter(self.terms)
+        indexed = [(c, x) for c in self._children if (x := c.text_index()) is not None]
+        # The index's files are read and decoded (Lance and numpy, mostly without the GIL)
+        # while the other sources are tokenized: a cold search waits for the longer of the two.
+        early = [_POOL.submit(x.prefetch, list(counts)) for _, x in indexed]
+        try:
+            pieces = [(c, i, p) for c in self._children for i, p in enumerate(c.pieces())]
+        finally:
+            for future in early:
+                future.result()
+        live, superseded = self._latest(pieces, indexed)
         query = pa.array(list(counts), pa.string())
         weights = np.array(list(counts.values()), dtype=np.float64)
         stats = CorpusStats()
@@ -378,6 +386,7 @@ _LATEST: dict[
     tuple[list[object], tuple[list[np.ndarray], list[np.ndarray]], tuple[int, int]],
 ] = {}
 _LATEST_LOCK = threading.Lock()
+_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memwal-fts")
 
 
 def _pairs(term: np.ndarray, doc: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -153,6 +153,13 @@ class BaseTextIndex:
             f"index {uuids} ({len(self.partitions)} partitions) over {len(self.covered)} fragments"
         )
 
+    def prefetch(self, terms: Sequence[str]) -> None:
+        """Read what :meth:`matches` reads whatever is superseded (each partition's
+        document file, ``terms``' postings) into the cache, ahead of it."""
+        for files, p in self.partitions:
+            index_docs(self.caches, files, p)
+            index_postings(self.caches, files, p, terms)
+
     def matches(self, terms: Sequence[str], superseded: np.ndarray) -> IndexMatches:
         """The index's part of a search for distinct ``terms``: the base rows at row addresses
         ``superseded`` (sorted; live rows of covered fragments that newer sources replace or

@@ -218,22 +218,12 @@ class Tokenizer:
 
     def _split(self, texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
         """The tokens of ``texts`` (no NULLs), cased as configured, and each one's document
-        (ascending within the ASCII and within the other documents). ASCII documents are split over their bytes in numpy (a lookup table), the
-        others by a Unicode regex: the same tokens, at a fraction of the regex's cost."""
+        (ascending). The simple tokenizer's runs of letters and digits are found over the
+        UTF-8 bytes in numpy, each distinct non-ASCII character classified once: the
+        tokens of the Unicode regex (``_split_by_kernel``), at a fraction of its cost."""
         if self.base != "simple" or len(texts) == 0:
             return self._split_by_kernel(texts)
-        ascii_docs = pc.string_is_ascii(texts).to_numpy(zero_copy_only=False)
-        if not ascii_docs.any():
-            return self._split_by_kernel(texts)
-        flat, docs = self._split_ascii(texts, ascii_docs)
-        if ascii_docs.all():
-            return flat, docs
-        others = np.flatnonzero(~ascii_docs)
-        more, more_docs = self._split_by_kernel(texts.take(pa.array(others)))
-        kind = flat.type if flat.type == more.type else pa.large_string()
-        return pa.concat_arrays([flat.cast(kind), more.cast(kind)]), np.concatenate(
-            [docs, others[more_docs]]
-        )
+        return self._split_bytes(texts)
 
     def _split_by_kernel(self, texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
         n = len(texts)
@@ -253,10 +243,9 @@ class Tokenizer:
             flat = pc.utf8_lower(flat)
         return flat, docs.to_numpy(zero_copy_only=False).astype(np.int64)
 
-    def _split_ascii(self, texts: pa.Array, ascii_docs: np.ndarray) -> tuple[pa.Array, np.ndarray]:
-        """Runs of ASCII letters and digits of the documents ``ascii_docs`` marks (the
-        others give none): token boundaries from byte arithmetic, the tokens' bytes gathered
-        into one buffer."""
+    def _split_bytes(self, texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
+        """Runs of letters and digits (Unicode ``L*`` and ``N*``): token boundaries from
+        byte arithmetic, the tokens' bytes gathered into one buffer."""
         large = pa.types.is_large_string(texts.type)
         _, offset_buffer, data_buffer = texts.buffers()
         offsets = np.frombuffer(offset_buffer, dtype=np.int64 if large else np.int32)
@@ -264,16 +253,23 @@ class Tokenizer:
         data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer else np.zeros(0, np.uint8)
         data = data[offsets[0] : offsets[-1]]
         offsets = offsets - offsets[0]
-        # Letters and digits by byte arithmetic (faster than a lookup table).
+        # ASCII letters and digits by byte arithmetic (faster than a lookup table).
         word = ((data - np.uint8(48)) < 10) | (((data | np.uint8(32)) - np.uint8(97)) < 26)
-        if not ascii_docs.all():
-            word &= np.repeat(ascii_docs, np.diff(offsets))
+        unicode = bool(len(data)) and int(data.max()) >= 0x80
+        if unicode:
+            word |= _unicode_word_bytes(data)
         # A token starts at a word byte after a non-word byte or at a document's start, and
         # ends before a non-word byte or a document's end.
-        first = np.zeros(len(data) + 1, dtype=bool)
-        first[offsets] = True
-        before = np.concatenate([[False], word[:-1]]) & ~first[:-1]
-        after = np.concatenate([word[1:], [False]]) & ~first[1:]
+        inner = offsets[1:-1]
+        inner = inner[(inner > 0) & (inner < len(data))]  # empty documents at either end
+        before = np.empty(len(data), dtype=bool)
+        before[:1] = False
+        before[1:] = word[:-1]
+        before[inner] = False
+        after = np.empty(len(data), dtype=bool)
+        after[-1:] = False
+        after[:-1] = word[1:]
+        after[inner - 1] = False
         starts = np.flatnonzero(word & ~before)
         ends = np.flatnonzero(word & ~after) + 1
         token_bytes = np.compress(word, data)
@@ -295,6 +291,8 @@ class Tokenizer:
             keep = (ends - starts) < self.max_token_length
             if not keep.all():
                 flat, docs = flat.filter(pa.array(keep)), docs[keep]
+        if self.lower_case and unicode:  # the ASCII letters are lower already
+            flat = pc.utf8_lower(flat)
         return flat, docs.astype(np.int64)
 
     def terms(self, text: str) -> list[str]:
@@ -334,6 +332,46 @@ class Tokenizer:
 
             self._stemmer = Stemmer.Stemmer("english")
         return self._stemmer.stemWords(tokens)
+
+
+def _unicode_word_bytes(data: np.ndarray) -> np.ndarray:
+    """Which bytes of UTF-8 ``data`` belong to a non-ASCII letter or digit (Unicode ``L*``
+    or ``N*``, as the regex ``\\p{L}\\p{N}`` has them): each character's code point decoded
+    from its lead byte, each distinct one classified once.
+
+    Example:
+        >>> _unicode_word_bytes(np.frombuffer("é-€".encode(), np.uint8)).tolist()
+        [True, True, False, False, False, False]
+    """
+    lead = np.flatnonzero(data >= 0xC0)  # a continuation byte is 0x80-0xBF
+    b0 = data[lead].astype(np.int32)
+    width = 2 + (b0 >= 0xE0) + (b0 >= 0xF0)
+    last = len(data) - 1
+
+    def tail(i: int) -> np.ndarray:
+        return (data[np.minimum(lead + i, last)] & 0x3F).astype(np.int32)
+
+    point = np.where(
+        width == 2,
+        ((b0 & 0x1F) << 6) | tail(1),
+        np.where(
+            width == 3,
+            ((b0 & 0x0F) << 12) | (tail(1) << 6) | tail(2),
+            ((b0 & 0x07) << 18) | (tail(1) << 12) | (tail(2) << 6) | tail(3),
+        ),
+    )
+    distinct, which = np.unique(point, return_inverse=True)
+    letter = np.array(
+        [unicodedata.category(chr(c))[0] in "LN" for c in distinct.tolist()], dtype=bool
+    )
+    out = np.zeros(len(data), dtype=bool)
+    hit = letter[which.reshape(-1)]
+    at, n = lead[hit], width[hit]
+    total = int(n.sum())
+    # Every byte of each letter: its lead's position plus 0 .. width - 1.
+    first = np.repeat(np.cumsum(n) - n, n)
+    out[np.minimum(np.repeat(at, n) + np.arange(total) - first, last)] = True
+    return out
 
 
 def _fold(token: str) -> str:

@@ -35,7 +35,13 @@ def test_occurrences_are_every_occurrence_of_each_term_in_order(docs, terms, sor
 
 
 _TEXT = st.lists(
-    st.sampled_from([*"aZ09 _-.\t\nÄéß漢ı", "ab", "Runner", "x" * 41]), max_size=12
+    st.sampled_from(
+        # Letters and digits of 2, 3 and 4 bytes, and non-ASCII characters that split words
+        # (punctuation, a combining mark, a symbol, an emoji, a non-breaking space), and
+        # letters whose lower case has another length ("İ", "Ω" as "Ω").
+        [*"aZ09 _-.\t\nÄéß漢ı", *"\u0301“—€😀\u00a0İΩ٣𝐀ǅ", "ab", "Runner", "x" * 41, "é" * 20]
+    ),
+    max_size=12,
 ).map("".join)
 
 
@@ -46,17 +52,19 @@ _TEXT = st.lists(
     max_token_length=st.sampled_from([None, 3, 40]),
     large=st.booleans(),
 )
-def test_ascii_documents_split_as_the_unicode_regex_splits_them(
+def test_documents_split_over_bytes_as_the_unicode_regex_splits_them(
     docs, lower_case, max_token_length, large
 ):
-    """The byte-table split of ASCII documents (and of the ASCII ones among others) gives the
-    regex's tokens, document by document: a wrong boundary, case or length limit differs."""
+    """The split over UTF-8 bytes (ASCII and non-ASCII documents alike) gives the regex's
+    tokens, document by document, documents ascending: a wrong boundary, character class,
+    case or length limit differs."""
     tok = Tokenizer({"lower_case": lower_case, "max_token_length": max_token_length})
     texts = pa.array(docs, pa.large_string() if large else pa.string())
     texts = pa.compute.fill_null(texts, "")
     for sliced in (texts, texts.slice(1)):
         flat, doc = tok._split(sliced)
         want_flat, want_doc = tok._split_by_kernel(sliced)
+        assert np.all(np.diff(doc) >= 0)
         got = sorted(zip(doc.tolist(), flat.to_pylist()))
         assert got == sorted(zip(want_doc.tolist(), want_flat.to_pylist()))
         tokens = tok.tokenize(sliced)
