@@ -125,14 +125,18 @@ class GlobalBM25Exec(ExecNode):
         # Each distinct term once, weighted by how often the query names it (as in Lance).
         counts = Counter(self.terms)
         indexed = [(c, x) for c in self._children if (x := c.text_index()) is not None]
-        # The index's files are read and decoded (Lance and numpy, mostly without the GIL)
-        # while the other sources are tokenized: a cold search waits for the longer of the two.
+        # The index's files are read and decoded, and the sources opened and tokenized, side
+        # by side (Lance and numpy, mostly without the GIL): a cold search waits for the
+        # longest of them, not for their sum.
         early = [_POOL.submit(x.prefetch, list(counts)) for _, x in indexed]
+        early += [_POOL.submit(c.pieces) for c in self._children[1:]]
         try:
-            pieces = [(c, i, p) for c in self._children for i, p in enumerate(c.pieces())]
+            first = self._children[0].pieces() if self._children else []
         finally:
-            for future in early:
-                future.result()
+            found = [f.result() for f in early][len(indexed) :]
+        pieces = [
+            (c, i, p) for c, ps in zip(self._children, [first, *found]) for i, p in enumerate(ps)
+        ]
         live, superseded = self._latest(pieces, indexed)
         query = pa.array(list(counts), pa.string())
         weights = np.array(list(counts.values()), dtype=np.float64)
@@ -386,7 +390,7 @@ _LATEST: dict[
     tuple[list[object], tuple[list[np.ndarray], list[np.ndarray]], tuple[int, int]],
 ] = {}
 _LATEST_LOCK = threading.Lock()
-_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memwal-fts")
+_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-fts")
 
 
 def _pairs(term: np.ndarray, doc: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -486,9 +490,43 @@ def _scores(
     # A document's parts are added in the query's order of terms. Every part is positive
     # (idf > 0 as a term's documents are at most all, tf >= 1): a document scores iff it
     # holds a term.
-    score = np.bincount(p.doc, weights=part, minlength=p.documents)
-    rows = np.flatnonzero(score > 0 if reached is None else score >= reached)
-    return score[rows], rows
+    scores, rows = [], []
+    for lo, score in _dense_scores(p, part):
+        at = np.flatnonzero(score > 0 if reached is None else score >= reached)
+        scores.append(score[at])
+        rows.append(at + lo)
+    return np.concatenate(scores), np.concatenate(rows)
+
+
+_DENSE_DOCUMENTS = 1 << 18  # documents added up at once: a 2 MiB score array, used again
+
+
+def _dense_scores(p: _Postings, part: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """Every document's score, added up ``_DENSE_DOCUMENTS`` documents at a time, as
+    ``(first document, scores)``: a term's documents ascend, so each range of documents is
+    a slice of each term's postings. A score array of the partition's size (80 MB at 10M
+    documents) would be fresh memory on every search. Each range adds the terms' parts in the
+    query's order, as one ``bincount`` over all the postings would, so the scores are the
+    same, bit for bit.
+
+    Example:
+        ``list(_dense_scores(p, part))`` -> ``[(0, array([...])), (262144, array([...]))]``
+    """
+    if p.documents <= _DENSE_DOCUMENTS:
+        yield 0, np.bincount(p.doc, weights=part, minlength=p.documents)
+        return
+    bounds = p.bounds
+    terms = [
+        (p.doc[a:b], part[a:b]) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()) if b > a
+    ]
+    for lo in range(0, p.documents, _DENSE_DOCUMENTS):
+        hi = min(lo + _DENSE_DOCUMENTS, p.documents)
+        score = None
+        for doc, weights in terms:
+            a, b = np.searchsorted(doc, [lo, hi])
+            added = np.bincount(doc[a:b] - lo, weights=weights[a:b], minlength=hi - lo)
+            score = added if score is None else np.add(score, added, out=score)
+        yield lo, score if score is not None else np.zeros(hi - lo)
 
 
 def _best_first(scores: np.ndarray, n: int) -> np.ndarray:

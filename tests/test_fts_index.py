@@ -260,6 +260,39 @@ def test_pruned_top_k_equals_scoring_every_document(indexed, monkeypatch, query)
             assert pruned_count * 4 < every_count, (pruned_count, every_count)
 
 
+@pytest.mark.parametrize("pruned", [True, False])
+@pytest.mark.parametrize("query", ["w0 w1 w2", "w0 w2999", "w1 w1 w5"])
+def test_dense_scores_are_added_up_a_range_of_documents_at_a_time(
+    indexed, monkeypatch, query, pruned
+):
+    """Scoring every document 256 documents at a time gives the rows and scores (bit for
+    bit) of one score array over the whole partition, and no score array is longer than a
+    range: a range's postings sliced or offset wrongly, or its parts added in another
+    order, differs."""
+    from exec_nodes import fts
+
+    tbl, _ = indexed
+    tbl.upsert(rows([1, 2, 3, 7000], 9))
+    if not pruned:  # every posting scored, whatever the k-th best
+        monkeypatch.setattr(fts, "_floors", lambda *a: (None, None))
+    whole = {k: tbl.fts(query, k=k) for k in (1, 10, 50)}
+    monkeypatch.setattr(fts, "_DENSE_DOCUMENTS", 256)
+    lengths: list[int] = []
+    real = fts._dense_scores
+
+    def counting(p, part):
+        for lo, score in real(p, part):
+            lengths.append(len(score))
+            yield lo, score
+
+    monkeypatch.setattr(fts, "_dense_scores", counting)
+    for k, want in whole.items():
+        assert tbl.fts(query, k=k).equals(want), (query, k)
+    assert max(lengths, default=0) <= 256, lengths
+    if not pruned:  # each partition's 3,000 or so documents in ranges
+        assert len(lengths) >= 3 * 3 * partitions(tbl), lengths
+
+
 def test_warm_searches_keep_what_they_derive_from_the_index_until_the_corpus_changes(
     indexed, monkeypatch, tmp_path
 ):

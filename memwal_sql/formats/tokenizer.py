@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import threading
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -169,6 +170,7 @@ class Tokenizer:
             raise InvalidInputError("custom stop words are not supported yet")
         self._stemmer: Any = None
         self._final: dict[str, str | None] = {}
+        self._final_lock = threading.Lock()  # sources are tokenized side by side
         self._queries: dict[str, list[str]] = {}
 
     @property
@@ -310,19 +312,21 @@ class Tokenizer:
 
     def _finals(self, tokens: list[str]) -> list[str | None]:
         """Each distinct token after stemming, stop words and folding (None: removed)."""
-        new = [t for t in tokens if t not in self._final]
-        if len(self._final) + len(new) > _MAX_KNOWN_TOKENS:
-            self._final.clear()  # a long-lived tokenizer must not grow without bound
-        if new:
-            stems = self._stems(new)
-            for token, stem in zip(new, stems):
-                final: str | None = stem
-                if self.remove_stop_words and stem in ENGLISH_STOP_STEMS:
-                    final = None
-                elif self.ascii_folding and not stem.isascii():
-                    final = _fold(stem)
-                self._final[token] = final
-        return [self._final[t] for t in tokens]
+        with self._final_lock:
+            known = self._final
+            new = [t for t in tokens if t not in known]
+            if len(known) + len(new) > _MAX_KNOWN_TOKENS:
+                known.clear()  # a long-lived tokenizer must not grow without bound
+            if new:
+                stems = self._stems(new)
+                for token, stem in zip(new, stems):
+                    final: str | None = stem
+                    if self.remove_stop_words and stem in ENGLISH_STOP_STEMS:
+                        final = None
+                    elif self.ascii_folding and not stem.isascii():
+                        final = _fold(stem)
+                    known[token] = final
+            return [known[t] for t in tokens]
 
     def _stems(self, tokens: list[str]) -> list[str]:
         if not self.stem:
