@@ -177,11 +177,15 @@ def test_the_base_full_text_leaf_yields_every_live_document(indexed):
     assert sorted(keys) == [k for k in range(6000) if k not in (5, 6)]
 
 
+@pytest.mark.parametrize("deleted", [True, False])
 @pytest.mark.parametrize("count", [3, 40])
-def test_base_rows_of_newer_keys_are_found_by_btree_or_by_one_key_column_read(indexed, count):
+def test_base_rows_of_newer_keys_are_found_by_btree_or_by_one_key_column_read(
+    indexed, monkeypatch, count, deleted
+):
     """A full-text search finds the base rows a newer source supersedes by key: a few keys
-    through the btree, many (more than one per 256 base rows) by reading the key column once;
-    both give the live row's address, -1 for a deleted or absent key."""
+    through the btree, many (more than one per 256 base rows) by reading the key column once,
+    a batch at a time (the addresses from the fragments' order when no row is deleted); all
+    give the live row's address, -1 for a deleted or absent key."""
     from exec_nodes import base_source
     from exec_nodes.base_source import BaseSourceExec
     from exec_nodes.source import FullText
@@ -189,9 +193,11 @@ def test_base_rows_of_newer_keys_are_found_by_btree_or_by_one_key_column_read(in
     from memwal_sql.writer.memtable_indexes import tokenizer_for
 
     tbl, _ = indexed
-    tbl.delete(pa.table({"k": pa.array([5], pa.int64())}))
-    tbl.flush()
-    tbl.merge()  # key 5 deleted in the base
+    monkeypatch.setattr(base_source, "_KEY_BATCH_ROWS", 1000)  # several batches a fragment
+    if deleted:
+        tbl.delete(pa.table({"k": pa.array([5], pa.int64())}))
+        tbl.flush()
+        tbl.merge()  # key 5 deleted in the base
     ds = tbl.dataset()
     text = FullText("body", tokenizer_for({}, tbl.caches), ("k",))
     leaf = BaseSourceExec(ds, source_schema(ds.schema), text, caches=tbl.caches)
