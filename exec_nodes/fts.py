@@ -128,21 +128,15 @@ class GlobalBM25Exec(ExecNode):
         # The index's files are read and decoded, and the sources opened and tokenized, side
         # by side (Lance and numpy, mostly without the GIL): a cold search waits for the
         # longest of them, not for their sum.
-        import os
-        if os.environ.get("NOPAR"):
-            early = [] if os.environ.get("NOPRE") else [_POOL.submit(x.prefetch, list(counts)) for _, x in indexed]
-            pieces = [(c, i, p) for c in self._children for i, p in enumerate(c.pieces())]
-            for f in early: f.result()
-        else:
-          early = [_POOL.submit(x.prefetch, list(counts)) for _, x in indexed]
-          early += [_POOL.submit(c.pieces) for c in self._children[1:]]
-          try:
+        early = [_POOL.submit(x.prefetch, list(counts)) for _, x in indexed]
+        early += [_POOL.submit(c.pieces) for c in self._children[1:]]
+        try:
             first = self._children[0].pieces() if self._children else []
-          finally:
+        finally:
             found = [f.result() for f in early][len(indexed) :]
-          pieces = [
+        pieces = [
             (c, i, p) for c, ps in zip(self._children, [first, *found]) for i, p in enumerate(ps)
-          ]
+        ]
         live, superseded = self._latest(pieces, indexed)
         query = pa.array(list(counts), pa.string())
         weights = np.array(list(counts.values()), dtype=np.float64)
