@@ -390,7 +390,7 @@ _LATEST: dict[
     tuple[list[object], tuple[list[np.ndarray], list[np.ndarray]], tuple[int, int]],
 ] = {}
 _LATEST_LOCK = threading.Lock()
-_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-fts")
+_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memwal-fts")
 
 
 def _pairs(term: np.ndarray, doc: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

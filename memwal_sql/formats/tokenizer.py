@@ -197,7 +197,7 @@ class Tokenizer:
         texts = pc.fill_null(texts, "")
         flat, docs = self._split(texts)
         encoded = pc.dictionary_encode(flat)
-        raw_ids = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        raw_ids = encoded.indices.to_numpy(zero_copy_only=False)
         vocabulary: list[str] = []
         index: dict[str, int] = {}
         mapping = np.empty(len(encoded.dictionary), dtype=np.int64)
@@ -208,7 +208,7 @@ class Tokenizer:
                 mapping[i] = index.setdefault(token, len(index))
                 if mapping[i] == len(vocabulary):
                     vocabulary.append(token)
-        term_ids = mapping[raw_ids] if len(raw_ids) else raw_ids
+        term_ids = mapping[raw_ids] if len(raw_ids) else np.zeros(0, np.int64)
         live = term_ids >= 0
         doc_ids, term_ids = docs[live], term_ids[live]
         if len(doc_ids) and np.any(doc_ids[1:] < doc_ids[:-1]):
@@ -272,11 +272,12 @@ class Tokenizer:
         after[-1:] = False
         after[:-1] = word[1:]
         after[inner - 1] = False
-        starts = np.flatnonzero(word & ~before)
-        ends = np.flatnonzero(word & ~after) + 1
+        starts = np.flatnonzero(np.greater(word, before, out=before))  # word and not before
+        ends = np.flatnonzero(np.greater(word, after, out=after)) + 1
         token_bytes = np.compress(word, data)
-        if self.lower_case:
-            token_bytes = token_bytes + (((token_bytes - np.uint8(65)) < 26).view(np.uint8) << 5)
+        if self.lower_case:  # in place: each array here is fresh memory to a cold search
+            upper = (token_bytes - np.uint8(65)) < 26
+            token_bytes += upper.view(np.uint8) << np.uint8(5)
         token_offsets = np.concatenate([[0], np.cumsum(ends - starts)])
         kind, width = (
             (pa.large_string(), np.int64)
@@ -295,7 +296,7 @@ class Tokenizer:
                 flat, docs = flat.filter(pa.array(keep)), docs[keep]
         if self.lower_case and unicode:  # the ASCII letters are lower already
             flat = pc.utf8_lower(flat)
-        return flat, docs.astype(np.int64)
+        return flat, docs.astype(np.int64, copy=False)
 
     def terms(self, text: str) -> list[str]:
         """The terms of one text, in order (what a query becomes); recent short texts are
