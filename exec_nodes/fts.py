@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
@@ -128,14 +128,16 @@ class GlobalBM25Exec(ExecNode):
         # The index's files are read and decoded, and the sources opened and tokenized, side
         # by side (Lance and numpy, mostly without the GIL): a cold search waits for the
         # longest of them, not for their sum.
-        early = [_POOL.submit(x.prefetch, list(counts)) for _, x in indexed]
-        early += [_POOL.submit(c.pieces) for c in self._children[1:]]
+        reading = [_POOL.submit(x.prefetch, list(counts)) for _, x in indexed]
+        opened = [_POOL.submit(c.pieces) for c in self._children[1:]]
         try:
             first = self._children[0].pieces() if self._children else []
         finally:
-            found = [f.result() for f in early][len(indexed) :]
+            for future in reading:
+                future.result()
+            rest = [future.result() for future in opened]
         pieces = [
-            (c, i, p) for c, ps in zip(self._children, [first, *found]) for i, p in enumerate(ps)
+            (c, i, p) for c, ps in zip(self._children, [first, *rest]) for i, p in enumerate(ps)
         ]
         live, superseded = self._latest(pieces, indexed)
         query = pa.array(list(counts), pa.string())
@@ -368,14 +370,18 @@ def _ratio(p: _Postings, avgdl: float) -> np.ndarray:
     average length alone, so kept with named postings until the corpus changes."""
 
     def load() -> tuple[np.ndarray, int]:
-        # In place, two arrays rather than four (fresh pages cost as much as the arithmetic
-        # on millions of postings); the same operations, so the same values, bit for bit.
-        tf = p.tf.astype(np.float64)
-        norm = p.length.astype(np.float64)
-        norm *= BM25_K1 * BM25_B / avgdl
-        norm += BM25_K1 * (1 - BM25_B)
-        norm += tf
-        ratio = np.divide(tf, norm, out=tf)
+        # In place, the kept array and one range's worth of scratch rather than four arrays
+        # of the postings' size (fresh pages cost as much as the arithmetic on millions of
+        # postings); the same operations, so the same values, bit for bit.
+        ratio = p.tf.astype(np.float64)
+        norm = np.empty(min(len(ratio), _DENSE_DOCUMENTS))
+        for lo in range(0, len(ratio), len(norm)):
+            tf, part = ratio[lo : lo + len(norm)], norm[: len(ratio) - lo]
+            np.copyto(part, p.length[lo : lo + len(part)], casting="unsafe")
+            part *= BM25_K1 * BM25_B / avgdl
+            part += BM25_K1 * (1 - BM25_B)
+            part += tf
+            np.divide(tf, part, out=tf)
         return ratio, ratio.nbytes + 64
 
     return p.keep("fts_ratio", repr(avgdl), load)
@@ -490,12 +496,12 @@ def _scores(
     # A document's parts are added in the query's order of terms. Every part is positive
     # (idf > 0 as a term's documents are at most all, tf >= 1): a document scores iff it
     # holds a term.
-    scores, rows = [], []
+    kept_scores, kept_rows = [], []
     for lo, score in _dense_scores(p, part):
         at = np.flatnonzero(score > 0 if reached is None else score >= reached)
-        scores.append(score[at])
-        rows.append(at + lo)
-    return np.concatenate(scores), np.concatenate(rows)
+        kept_scores.append(score[at])
+        kept_rows.append(at + lo)
+    return np.concatenate(kept_scores), np.concatenate(kept_rows)
 
 
 _DENSE_DOCUMENTS = 1 << 18  # documents added up at once: a 2 MiB score array, used again

@@ -22,6 +22,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import pairwise
 
 import lance
 import numpy as np
@@ -220,10 +221,9 @@ class BaseTextIndex:
             doc = np.concatenate([d for d, _ in decoded], dtype=np.int64)
             tf = np.concatenate([f for _, f in decoded])
             live = ~dead.mask[doc]
-            bounds = np.cumsum([0, *sizes])
+            bounds = np.cumsum([0, *sizes]).tolist()
             counts = np.array(
-                [np.count_nonzero(live[a:b]) for a, b in zip(bounds[:-1], bounds[1:])],
-                dtype=np.int64,
+                [np.count_nonzero(live[a:b]) for a, b in pairwise(bounds)], dtype=np.int64
             )
             if counts.sum() < len(doc):
                 doc, tf = doc[live], tf[live]
@@ -288,9 +288,7 @@ class IndexTerms:
         names = terms.to_pylist()
         position, row = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
         for p, offsets in zip(self.files.partitions, self._rows):
-            for number, (doc, tf) in enumerate(
-                index_postings(self.caches, self.files, p, names)
-            ):
+            for number, (doc, tf) in enumerate(index_postings(self.caches, self.files, p, names)):
                 position.append(np.full(int(tf.sum()), number, dtype=np.int64))
                 row.append(np.repeat(offsets[doc], tf.astype(np.int64)))
         position_all, row_all = np.concatenate(position), np.concatenate(row)
