@@ -318,6 +318,7 @@ class Tokenizer:
             new = [t for t in tokens if t not in known]
             if len(known) + len(new) > _MAX_KNOWN_TOKENS:
                 known.clear()  # a long-lived tokenizer must not grow without bound
+                new = list(dict.fromkeys(tokens))  # the ones known a moment ago too
             if new:
                 stems = self._stems(new)
                 for token, stem in zip(new, stems):

@@ -113,3 +113,28 @@ def test_growing_tokens_keep_the_first_batch_ids_and_map_the_later_ones():
     assert second.term_ids.tolist() == [0, 1, 1, 2, 2, 3]
     assert second.docs.tolist() == [0, 0, 2, 2, 3, 3]
     assert first.term_ids.tolist() == [0, 1, 1, 2]  # the earlier view is unchanged
+
+
+def test_one_tokenizer_shared_by_threads_gives_each_the_terms_of_its_own(monkeypatch):
+    """A search tokenizes its sources side by side with one tokenizer, whose remembered
+    tokens are cleared when too many: each thread's terms are those a tokenizer of its own
+    gives (an unguarded clear between a lookup and its use loses a token)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from memwal_sql.formats import tokenizer
+
+    monkeypatch.setattr(tokenizer, "_MAX_KNOWN_TOKENS", 50)  # cleared over and over
+    rng = np.random.default_rng(3)
+    columns = [
+        pa.array([" ".join(f"t{n}x{i}" for n in rng.integers(0, 400, 20)) for _ in range(200)])
+        for i in range(6)
+    ]
+    shared = Tokenizer()
+
+    def terms(tok: Tokenizer, texts: pa.Array) -> list[tuple[int, str]]:
+        t = tok.tokenize(texts)
+        return sorted(zip(t.docs.tolist(), (t.vocabulary[i] for i in t.term_ids)))
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda texts: terms(shared, texts), columns * 4))
+    assert got == [terms(Tokenizer(), texts) for texts in columns * 4]
