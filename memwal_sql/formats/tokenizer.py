@@ -5,8 +5,9 @@ index scores base rows, so they must be split into the same terms. Lance 14 buil
 from the index parameters in this order (``InvertedIndexParams::build``): a base tokenizer
 (``simple``: runs of letters and digits; ``whitespace``; ``raw``: the whole text), tokens of
 ``max_token_length`` bytes or more removed, lower case, Snowball stemming, stop words (compared
-with the *stemmed* token), ASCII folding. The splitting and casing run in Arrow kernels over the
-whole column; stemming, stop words and folding run once per distinct token.
+with the *stemmed* token), ASCII folding. The splitting and casing run over the whole column's
+bytes in numpy (Arrow kernels for the whitespace and raw tokenizers); stemming, stop words and
+folding run once per distinct token.
 
 Example:
     >>> t = Tokenizer()
