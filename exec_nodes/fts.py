@@ -374,7 +374,7 @@ def _ratio(p: _Postings, avgdl: float) -> np.ndarray:
         # of the postings' size (fresh pages cost as much as the arithmetic on millions of
         # postings); the same operations, so the same values, bit for bit.
         ratio = p.tf.astype(np.float64)
-        norm = np.empty(min(len(ratio), _DENSE_DOCUMENTS))
+        norm = np.empty(max(1, min(len(ratio), _DENSE_DOCUMENTS)))
         for lo in range(0, len(ratio), len(norm)):
             tf, part = ratio[lo : lo + len(norm)], norm[: len(ratio) - lo]
             np.copyto(part, p.length[lo : lo + len(part)], casting="unsafe")
