@@ -331,3 +331,42 @@ def test_warm_searches_keep_what_they_derive_from_the_index_until_the_corpus_cha
     model.upsert(fresh)
     assert_same(tbl.fts(query, k=10), lance_fts(model, root, query, 10))
     assert loads["fts_ratio"] == partitions(tbl) and loads["fts_matches"] == 0, loads
+
+
+def test_non_ascii_texts_score_as_lance_scores_a_merged_copy(tmp_path):
+    """Accented, non-Latin, digit and symbol characters, empty and NULL texts: in the base
+    (through its index) and in a MemTable that updates and deletes base rows holding the
+    query terms (split over their UTF-8 bytes), the scores Lance gives a merged copy."""
+    words = ["naïve", "café", "Straße", "Ωmega", "東京", "x😀y", "“quoted”", "٣٤", "ÉCOLE"]
+    words += ["run", "runner", "w1"]
+
+    def docs(keys: list[int], seed: int) -> pa.Table:
+        rng = np.random.default_rng(seed)
+        body = [
+            None if k % 17 == 0 else "" if k % 13 == 0 else " ".join(rng.choice(words, 1 + k % 9))
+            for k in keys
+        ]
+        return pa.table(
+            {"k": pa.array(keys, pa.int64()), "body": body, "g": [k % 3 for k in keys]},
+            schema=SCHEMA,
+        )
+
+    base = docs(list(range(600)), 0)
+    tbl = mw.create_table(
+        str(tmp_path / "t"),
+        base,
+        primary_key="k",
+        writer_config=mw.WriterConfig(durable_write=False),
+    )
+    tbl.create_index("body", "INVERTED")
+    model = Model(["k"])
+    model.upsert(base)
+    fresh = docs([*range(0, 300, 3), *range(1000, 1050)], 1)
+    gone = pa.table({"k": pa.array(list(range(1, 300, 7)), pa.int64())})
+    for target in (tbl, model):
+        target.upsert(fresh)
+        target.delete(gone)
+    for query in ["naïve café", "東京 straße", "ωmega run", "école ٣٤ x"]:
+        for k in (5, 40):
+            assert_same(tbl.fts(query, k=k), lance_fts(model, tmp_path / "m", query, k))
+    tbl.close()
