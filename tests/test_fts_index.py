@@ -283,6 +283,7 @@ def test_dense_scores_are_added_up_a_range_of_documents_at_a_time(
         monkeypatch.setattr(fts, "_floors", lambda *a: (None, None))
     whole = {k: tbl.fts(query, k=k) for k in (1, 10, 50)}
     monkeypatch.setattr(fts, "_DENSE_DOCUMENTS", 256)
+    monkeypatch.setattr(fts, "_DENSE_WHOLE", 256)
     lengths: list[int] = []
     real = fts._dense_scores
 
