@@ -12,7 +12,7 @@ business: the base leaf tokenizes those.
 Decoded postings are kept per (index, partition, term) in the ``search`` cache, so memory grows
 with the terms searched, not with the base; the document files (row id and length, 12 bytes
 a document) are kept per partition to look lengths up. The documents left out are a mask per
-partition (1 byte a document) and each term's live postings are kept per left-out set, so the
+partition (1 byte a document) and a query's live postings are kept per left-out set, so the
 searches between two writes filter nothing again.
 """
 
@@ -22,6 +22,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import pairwise
 
 import lance
 import numpy as np
@@ -38,7 +39,7 @@ from memwal_sql.compat.lance_inverted import (
 from memwal_sql.structures.cache import CachePart, Caches
 from memwal_sql.structures.rowmask import RowMask
 
-_Posting = tuple[np.ndarray, np.ndarray, np.ndarray]  # document ids, frequencies, lengths
+_Posting = tuple[np.ndarray, np.ndarray]  # document ids, frequencies (uint32, as decoded)
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,13 @@ class BaseTextIndex:
             f"index {uuids} ({len(self.partitions)} partitions) over {len(self.covered)} fragments"
         )
 
+    def prefetch(self, terms: Sequence[str]) -> None:
+        """Read what :meth:`matches` reads whatever is superseded (each partition's
+        document file, ``terms``' postings) into the cache, ahead of it."""
+        for files, p in self.partitions:
+            index_docs(self.caches, files, p)
+            index_postings(self.caches, files, p, terms)
+
     def matches(self, terms: Sequence[str], superseded: np.ndarray) -> IndexMatches:
         """The index's part of a search for distinct ``terms``: the base rows at row addresses
         ``superseded`` (sorted; live rows of covered fragments that newer sources replace or
@@ -202,36 +210,29 @@ class BaseTextIndex:
         dead_key: str,
     ) -> PartitionMatches:
         """The partition's live postings of ``terms`` as one group, kept per left-out set and
-        terms (a warm search concatenates nothing)."""
+        terms (a warm search concatenates nothing). Built from the decoded postings in one
+        pass: joined, the dead left out, lengths looked up for the live ones only (each copy
+        of a common term's postings is fresh memory a cold search pays for)."""
         key = dead_key + "#" + "\x1f".join(terms)
 
         def load() -> tuple[PartitionMatches, int]:
-            parts = self._live_postings(files, partition, terms, dead, dead_key)
-            counts = np.array([len(doc) for doc, _, _ in parts], dtype=np.int64)
-            doc, tf, length = (np.concatenate([part[i] for part in parts]) for i in range(3))
-            found = PartitionMatches(doc, tf, length, docs.rowid, counts, key, self.caches.search)
-            return found, doc.nbytes + tf.nbytes + length.nbytes + 64
+            decoded = index_postings(self.caches, files, partition, terms)
+            sizes = [len(d) for d, _ in decoded]
+            doc = np.concatenate([d for d, _ in decoded], dtype=np.int64)
+            tf = np.concatenate([f for _, f in decoded])
+            live = ~dead.mask[doc]
+            bounds = np.cumsum([0, *sizes]).tolist()
+            counts = np.array(
+                [np.count_nonzero(live[a:b]) for a, b in pairwise(bounds)], dtype=np.int64
+            )
+            if counts.sum() < len(doc):
+                doc, tf = doc[live], tf[live]
+            found = PartitionMatches(
+                doc, tf, docs.length[doc], docs.rowid, counts, key, self.caches.search
+            )
+            return found, 2 * doc.nbytes + 64
 
         return self.caches.search.get("fts_matches", key, load)
-
-    def _live_postings(
-        self, files: IndexFiles, partition: int, terms: Sequence[str], dead: _Dead, key: str
-    ) -> list[_Posting]:
-        """Each term's postings (document ids, term frequencies, lengths) without the dead
-        documents, kept per left-out set."""
-        cache = self.caches.search
-        decoded = index_postings(self.caches, files, partition, terms)
-
-        def load(posting: _Posting) -> tuple[_Posting, int]:
-            doc, tf, length = posting
-            keep = ~dead.mask[doc]
-            live = (doc[keep], tf[keep], length[keep])
-            return live, sum(a.nbytes for a in live) + 64
-
-        return [
-            cache.get("fts_live_postings", f"{key}#{t}", partial(load, posting))
-            for t, posting in zip(terms, decoded)
-        ]
 
     def _gone(self, files: IndexFiles, partition: int, docs: _Docs) -> np.ndarray:
         """Ids of the partition's documents no longer in the base (deleted, or of a fragment
@@ -287,9 +288,7 @@ class IndexTerms:
         names = terms.to_pylist()
         position, row = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
         for p, offsets in zip(self.files.partitions, self._rows):
-            for number, (doc, tf, _) in enumerate(
-                index_postings(self.caches, self.files, p, names)
-            ):
+            for number, (doc, tf) in enumerate(index_postings(self.caches, self.files, p, names)):
                 position.append(np.full(int(tf.sum()), number, dtype=np.int64))
                 row.append(np.repeat(offsets[doc], tf.astype(np.int64)))
         position_all, row_all = np.concatenate(position), np.concatenate(row)
@@ -343,32 +342,25 @@ def _fragment_runs(rowid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def index_postings(
     caches: Caches, files: IndexFiles, partition: int, terms: Sequence[str]
 ) -> list[_Posting]:
-    """Each term's (document ids, term frequencies, document lengths) in a partition: the
-    terms not cached yet decoded together, then kept in ``caches.search``."""
+    """Each term's (document ids, term frequencies) in a partition, as decoded (``uint32``):
+    the terms not cached yet decoded together, then kept in ``caches.search``."""
     cache = caches.search
     keys = [f"{files.uri}#{partition}#{t}" for t in terms]
     missing = [t for t, key in zip(terms, keys) if not cache.contains("fts_postings", key)]
-    fresh = _decode(caches, files, partition, missing) if missing else {}
+    fresh = _decode(files, partition, missing) if missing else {}
 
     def load(term: str) -> tuple[_Posting, int]:
-        value = fresh[term] if term in fresh else _decode(caches, files, partition, [term])[term]
+        value = fresh[term] if term in fresh else _decode(files, partition, [term])[term]
         return value, sum(a.nbytes for a in value) + 64
 
     return [cache.get("fts_postings", key, partial(load, t)) for t, key in zip(terms, keys)]
 
 
-def _decode(
-    caches: Caches, files: IndexFiles, partition: int, terms: Sequence[str]
-) -> dict[str, _Posting]:
+def _decode(files: IndexFiles, partition: int, terms: Sequence[str]) -> dict[str, _Posting]:
     ids = token_ids(files, partition, terms)
-    docs = index_docs(caches, files, partition)
     decoded = dict(zip(ids, read_postings(files, partition, list(ids.values()))))
-    none = np.zeros(0, np.uint32)
-    out = {}
-    for t in terms:
-        doc, tf = decoded.get(t, (none, none))
-        out[t] = (doc.astype(np.int64), tf, docs.length[doc])
-    return out
+    none = (np.zeros(0, np.uint32), np.zeros(0, np.uint32))
+    return {t: decoded.get(t, none) for t in terms}
 
 
 def open_text_index(

@@ -177,11 +177,15 @@ def test_the_base_full_text_leaf_yields_every_live_document(indexed):
     assert sorted(keys) == [k for k in range(6000) if k not in (5, 6)]
 
 
+@pytest.mark.parametrize("deleted", [True, False])
 @pytest.mark.parametrize("count", [3, 40])
-def test_base_rows_of_newer_keys_are_found_by_btree_or_by_one_key_column_read(indexed, count):
+def test_base_rows_of_newer_keys_are_found_by_btree_or_by_one_key_column_read(
+    indexed, monkeypatch, count, deleted
+):
     """A full-text search finds the base rows a newer source supersedes by key: a few keys
-    through the btree, many (more than one per 256 base rows) by reading the key column once;
-    both give the live row's address, -1 for a deleted or absent key."""
+    through the btree, many (more than one per 256 base rows) by reading the key column once,
+    a batch at a time (the addresses from the fragments' order when no row is deleted); all
+    give the live row's address, -1 for a deleted or absent key."""
     from exec_nodes import base_source
     from exec_nodes.base_source import BaseSourceExec
     from exec_nodes.source import FullText
@@ -189,9 +193,11 @@ def test_base_rows_of_newer_keys_are_found_by_btree_or_by_one_key_column_read(in
     from memwal_sql.writer.memtable_indexes import tokenizer_for
 
     tbl, _ = indexed
-    tbl.delete(pa.table({"k": pa.array([5], pa.int64())}))
-    tbl.flush()
-    tbl.merge()  # key 5 deleted in the base
+    monkeypatch.setattr(base_source, "_KEY_BATCH_ROWS", 1000)  # several batches a fragment
+    if deleted:
+        tbl.delete(pa.table({"k": pa.array([5], pa.int64())}))
+        tbl.flush()
+        tbl.merge()  # key 5 deleted in the base
     ds = tbl.dataset()
     text = FullText("body", tokenizer_for({}, tbl.caches), ("k",))
     leaf = BaseSourceExec(ds, source_schema(ds.schema), text, caches=tbl.caches)
@@ -260,6 +266,40 @@ def test_pruned_top_k_equals_scoring_every_document(indexed, monkeypatch, query)
             assert pruned_count * 4 < every_count, (pruned_count, every_count)
 
 
+@pytest.mark.parametrize("pruned", [True, False])
+@pytest.mark.parametrize("query", ["w0 w1 w2", "w0 w2999", "w1 w1 w5"])
+def test_dense_scores_are_added_up_a_range_of_documents_at_a_time(
+    indexed, monkeypatch, query, pruned
+):
+    """Scoring every document 256 documents at a time gives the rows and scores (bit for
+    bit) of one score array over the whole partition, and no score array is longer than a
+    range: a range's postings sliced or offset wrongly, or its parts added in another
+    order, differs."""
+    from exec_nodes import fts
+
+    tbl, _ = indexed
+    tbl.upsert(rows([1, 2, 3, 7000], 9))
+    if not pruned:  # every posting scored, whatever the k-th best
+        monkeypatch.setattr(fts, "_floors", lambda *a: (None, None))
+    whole = {k: tbl.fts(query, k=k) for k in (1, 10, 50)}
+    monkeypatch.setattr(fts, "_DENSE_DOCUMENTS", 256)
+    monkeypatch.setattr(fts, "_DENSE_WHOLE", 256)
+    lengths: list[int] = []
+    real = fts._dense_scores
+
+    def counting(p, part):
+        for lo, score in real(p, part):
+            lengths.append(len(score))
+            yield lo, score
+
+    monkeypatch.setattr(fts, "_dense_scores", counting)
+    for k, want in whole.items():
+        assert tbl.fts(query, k=k).equals(want), (query, k)
+    assert max(lengths, default=0) <= 256, lengths
+    if not pruned:  # each partition's 3,000 or so documents in ranges
+        assert len(lengths) >= 3 * 3 * partitions(tbl), lengths
+
+
 def test_warm_searches_keep_what_they_derive_from_the_index_until_the_corpus_changes(
     indexed, monkeypatch, tmp_path
 ):
@@ -292,3 +332,42 @@ def test_warm_searches_keep_what_they_derive_from_the_index_until_the_corpus_cha
     model.upsert(fresh)
     assert_same(tbl.fts(query, k=10), lance_fts(model, root, query, 10))
     assert loads["fts_ratio"] == partitions(tbl) and loads["fts_matches"] == 0, loads
+
+
+def test_non_ascii_texts_score_as_lance_scores_a_merged_copy(tmp_path):
+    """Accented, non-Latin, digit and symbol characters, empty and NULL texts: in the base
+    (through its index) and in a MemTable that updates and deletes base rows holding the
+    query terms (split over their UTF-8 bytes), the scores Lance gives a merged copy."""
+    words = ["naïve", "café", "Straße", "Ωmega", "東京", "x😀y", "“quoted”", "٣٤", "ÉCOLE"]
+    words += ["run", "runner", "w1"]
+
+    def docs(keys: list[int], seed: int) -> pa.Table:
+        rng = np.random.default_rng(seed)
+        body = [
+            None if k % 17 == 0 else "" if k % 13 == 0 else " ".join(rng.choice(words, 1 + k % 9))
+            for k in keys
+        ]
+        return pa.table(
+            {"k": pa.array(keys, pa.int64()), "body": body, "g": [k % 3 for k in keys]},
+            schema=SCHEMA,
+        )
+
+    base = docs(list(range(600)), 0)
+    tbl = mw.create_table(
+        str(tmp_path / "t"),
+        base,
+        primary_key="k",
+        writer_config=mw.WriterConfig(durable_write=False),
+    )
+    tbl.create_index("body", "INVERTED")
+    model = Model(["k"])
+    model.upsert(base)
+    fresh = docs([*range(0, 300, 3), *range(1000, 1050)], 1)
+    gone = pa.table({"k": pa.array(list(range(1, 300, 7)), pa.int64())})
+    for target in (tbl, model):
+        target.upsert(fresh)
+        target.delete(gone)
+    for query in ["naïve café", "東京 straße", "ωmega run", "école ٣٤ x"]:
+        for k in (5, 40):
+            assert_same(tbl.fts(query, k=k), lance_fts(model, tmp_path / "m", query, k))
+    tbl.close()

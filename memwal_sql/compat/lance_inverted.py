@@ -146,26 +146,33 @@ def decode_postings(
     token = np.repeat(np.arange(len(lengths)), counts)
     within = np.arange(len(token)) - np.repeat(list_offsets[:-1] - list_offsets[0], counts)
     starts_out = np.concatenate([[0], np.cumsum(lengths)])
-    out_at = starts_out[token] + within * BLOCK  # where each block's documents go
     full = (within + 1) * BLOCK <= lengths[token]
-    docs = np.zeros(int(starts_out[-1]), dtype=np.uint32)
-    freqs = np.zeros_like(docs)
+    docs = np.empty(int(starts_out[-1]), dtype=np.uint32)
+    freqs = np.empty_like(docs)
     begin = offsets[:-1]
-    lane = out_at[full][:, None] + np.arange(BLOCK)
     fb = begin[full]
     first = _u32_at(data, fb + 4)
     doc_bits = data[fb + 8].astype(np.int64)
     freq_at = fb + 9 + 16 * doc_bits
     freq_bits = data[freq_at].astype(np.int64)
-    deltas = _unpack(data, fb + 9, doc_bits)
-    docs[lane] = np.cumsum(deltas, axis=1, dtype=np.uint32) + first[:, None].astype(np.uint32)
-    freqs[lane] = _unpack(data, freq_at + 1, freq_bits)
-    for b in np.flatnonzero(~full):  # at most one tail per token
-        n = int(lengths[token[b]] - within[b] * BLOCK)
-        values = _varints(data[begin[b] + 4 : offsets[b + 1]], 2 * n)
-        at = int(out_at[b])
-        docs[at : at + n] = np.cumsum(values[:n]).astype(np.uint32)
-        freqs[at : at + n] = values[n:].astype(np.uint32)
+    full_docs = np.cumsum(_unpack(data, fb + 9, doc_bits), axis=1, dtype=np.uint32)
+    full_docs += first[:, None].astype(np.uint32)
+    full_freqs = _unpack(data, freq_at + 1, freq_bits)
+    # A token's full blocks are consecutive rows of the full blocks, its documents' first
+    # ones: copied as slices (an index per document was 8 bytes a posting of fresh memory).
+    full_starts = np.concatenate([[0], np.cumsum(np.bincount(token[full], minlength=len(lengths)))])
+    tails = dict(zip(token[~full].tolist(), np.flatnonzero(~full).tolist()))  # one at most
+    for k in range(len(lengths)):
+        at, a, b = int(starts_out[k]), int(full_starts[k]), int(full_starts[k + 1])
+        n = (b - a) * BLOCK
+        docs[at : at + n] = full_docs[a:b].reshape(-1)
+        freqs[at : at + n] = full_freqs[a:b].reshape(-1)
+        if k in tails:
+            t = tails[k]
+            m = int(lengths[k]) - n
+            values = _varints(data[begin[t] + 4 : offsets[t + 1]], 2 * m)
+            docs[at + n : at + n + m] = np.cumsum(values[:m]).astype(np.uint32)
+            freqs[at + n : at + n + m] = values[m:].astype(np.uint32)
     return [
         (docs[starts_out[k] : starts_out[k + 1]], freqs[starts_out[k] : starts_out[k + 1]])
         for k in range(len(lengths))
@@ -180,8 +187,15 @@ def _u32_at(data: np.ndarray, at: np.ndarray) -> np.ndarray:
 
 def _unpack(data: np.ndarray, at: np.ndarray, bits: np.ndarray) -> np.ndarray:
     """BitPacker4x blocks (128 values, ``bits[i]`` bits each, 4 interleaved 32-bit lanes)
-    starting at byte offsets ``at``, as a ``(len(at), 128)`` ``uint32`` array: one
-    vectorised pass per distinct bit width, in 32-bit words (a value spans at most two)."""
+    starting at byte offsets ``at``, as a ``(len(at), 128)`` ``uint32`` array: per distinct
+    bit width, value ``k`` of every lane of every block at once (a value spans at most two
+    of its lane's 32-bit words, at offsets known for ``k``: slices, no gathers).
+
+    Example:
+        >>> lanes = np.array([1, 2, 3, 4], np.uint32).view(np.uint8)  # 1 bit: value 4k + lane
+        >>> _unpack(lanes, np.array([0]), np.array([1]))[0, :12].tolist()
+        [1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 1]
+    """
     out = np.zeros((len(at), BLOCK), dtype=np.uint32)
     for nb in np.unique(bits).tolist():
         if nb == 0:
@@ -189,15 +203,22 @@ def _unpack(data: np.ndarray, at: np.ndarray, bits: np.ndarray) -> np.ndarray:
         rows = np.flatnonzero(bits == nb)
         # Each block's bytes copied as one row (no index per byte), then read as words.
         raw = np.lib.stride_tricks.sliding_window_view(data, 16 * nb)[at[rows]]
-        words = raw.view("<u4").reshape(len(rows), nb, 4)
-        words = np.concatenate([words, np.zeros((len(rows), 1, 4), np.uint32)], axis=1)
-        bit = np.arange(32) * nb  # value k of a lane starts at bit k * nb of that lane
-        shift = (bit % 32).astype(np.uint32)[None, :, None]
-        # numpy shifts by 32 or more give 0: a value within one word takes nothing more.
-        values = (words[:, bit // 32, :] >> shift) | (words[:, bit // 32 + 1, :] << (32 - shift))
-        if nb < 32:
-            values &= np.uint32((1 << nb) - 1)
-        out[rows] = values.reshape(len(rows), BLOCK)  # value i = 4k + lane
+        # Word j of every lane of every block as one contiguous row: each value below is
+        # then whole-row arithmetic.
+        words = np.ascontiguousarray(raw.view("<u4").reshape(len(rows), nb, 4).transpose(1, 0, 2))
+        words = words.reshape(nb, -1)
+        values = np.empty((32, words.shape[1]), dtype=np.uint32)  # value 4k + lane at [k]
+        high = np.empty(words.shape[1], dtype=np.uint32)
+        mask = np.uint32((1 << nb) - 1) if nb < 32 else None
+        for k in range(32):
+            word, shift = divmod(k * nb, 32)
+            np.right_shift(words[word], np.uint32(shift), out=values[k])
+            if shift + nb > 32:  # the value's high bits open the lane's next word
+                np.left_shift(words[word + 1], np.uint32(32 - shift), out=high)
+                values[k] |= high
+            if mask is not None:
+                values[k] &= mask
+        out[rows] = values.reshape(32, len(rows), 4).transpose(1, 0, 2).reshape(len(rows), BLOCK)
     return out
 
 

@@ -5,8 +5,9 @@ index scores base rows, so they must be split into the same terms. Lance 14 buil
 from the index parameters in this order (``InvertedIndexParams::build``): a base tokenizer
 (``simple``: runs of letters and digits; ``whitespace``; ``raw``: the whole text), tokens of
 ``max_token_length`` bytes or more removed, lower case, Snowball stemming, stop words (compared
-with the *stemmed* token), ASCII folding. The splitting and casing run in Arrow kernels over the
-whole column; stemming, stop words and folding run once per distinct token.
+with the *stemmed* token), ASCII folding. The splitting and casing run over the whole column's
+bytes in numpy (Arrow kernels for the whitespace and raw tokenizers); stemming, stop words and
+folding run once per distinct token.
 
 Example:
     >>> t = Tokenizer()
@@ -16,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import threading
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -169,6 +171,7 @@ class Tokenizer:
             raise InvalidInputError("custom stop words are not supported yet")
         self._stemmer: Any = None
         self._final: dict[str, str | None] = {}
+        self._final_lock = threading.Lock()  # sources are tokenized side by side
         self._queries: dict[str, list[str]] = {}
 
     @property
@@ -195,7 +198,7 @@ class Tokenizer:
         texts = pc.fill_null(texts, "")
         flat, docs = self._split(texts)
         encoded = pc.dictionary_encode(flat)
-        raw_ids = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        raw_ids = encoded.indices.to_numpy(zero_copy_only=False)
         vocabulary: list[str] = []
         index: dict[str, int] = {}
         mapping = np.empty(len(encoded.dictionary), dtype=np.int64)
@@ -206,7 +209,7 @@ class Tokenizer:
                 mapping[i] = index.setdefault(token, len(index))
                 if mapping[i] == len(vocabulary):
                     vocabulary.append(token)
-        term_ids = mapping[raw_ids] if len(raw_ids) else raw_ids
+        term_ids = mapping[raw_ids] if len(raw_ids) else np.zeros(0, np.int64)
         live = term_ids >= 0
         doc_ids, term_ids = docs[live], term_ids[live]
         if len(doc_ids) and np.any(doc_ids[1:] < doc_ids[:-1]):
@@ -218,22 +221,12 @@ class Tokenizer:
 
     def _split(self, texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
         """The tokens of ``texts`` (no NULLs), cased as configured, and each one's document
-        (ascending within the ASCII and within the other documents). ASCII documents are split over their bytes in numpy (a lookup table), the
-        others by a Unicode regex: the same tokens, at a fraction of the regex's cost."""
+        (ascending). The simple tokenizer's runs of letters and digits are found over the
+        UTF-8 bytes in numpy, each distinct non-ASCII character classified once: the
+        tokens of the Unicode regex (``_split_by_kernel``), at a fraction of its cost."""
         if self.base != "simple" or len(texts) == 0:
             return self._split_by_kernel(texts)
-        ascii_docs = pc.string_is_ascii(texts).to_numpy(zero_copy_only=False)
-        if not ascii_docs.any():
-            return self._split_by_kernel(texts)
-        flat, docs = self._split_ascii(texts, ascii_docs)
-        if ascii_docs.all():
-            return flat, docs
-        others = np.flatnonzero(~ascii_docs)
-        more, more_docs = self._split_by_kernel(texts.take(pa.array(others)))
-        kind = flat.type if flat.type == more.type else pa.large_string()
-        return pa.concat_arrays([flat.cast(kind), more.cast(kind)]), np.concatenate(
-            [docs, others[more_docs]]
-        )
+        return self._split_bytes(texts)
 
     def _split_by_kernel(self, texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
         n = len(texts)
@@ -253,10 +246,9 @@ class Tokenizer:
             flat = pc.utf8_lower(flat)
         return flat, docs.to_numpy(zero_copy_only=False).astype(np.int64)
 
-    def _split_ascii(self, texts: pa.Array, ascii_docs: np.ndarray) -> tuple[pa.Array, np.ndarray]:
-        """Runs of ASCII letters and digits of the documents ``ascii_docs`` marks (the
-        others give none): token boundaries from byte arithmetic, the tokens' bytes gathered
-        into one buffer."""
+    def _split_bytes(self, texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
+        """Runs of letters and digits (Unicode ``L*`` and ``N*``): token boundaries from
+        byte arithmetic, the tokens' bytes gathered into one buffer."""
         large = pa.types.is_large_string(texts.type)
         _, offset_buffer, data_buffer = texts.buffers()
         offsets = np.frombuffer(offset_buffer, dtype=np.int64 if large else np.int32)
@@ -264,21 +256,29 @@ class Tokenizer:
         data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer else np.zeros(0, np.uint8)
         data = data[offsets[0] : offsets[-1]]
         offsets = offsets - offsets[0]
-        # Letters and digits by byte arithmetic (faster than a lookup table).
+        # ASCII letters and digits by byte arithmetic (faster than a lookup table).
         word = ((data - np.uint8(48)) < 10) | (((data | np.uint8(32)) - np.uint8(97)) < 26)
-        if not ascii_docs.all():
-            word &= np.repeat(ascii_docs, np.diff(offsets))
+        unicode = bool(len(data)) and int(data.max()) >= 0x80
+        if unicode:
+            word |= _unicode_word_bytes(data)
         # A token starts at a word byte after a non-word byte or at a document's start, and
         # ends before a non-word byte or a document's end.
-        first = np.zeros(len(data) + 1, dtype=bool)
-        first[offsets] = True
-        before = np.concatenate([[False], word[:-1]]) & ~first[:-1]
-        after = np.concatenate([word[1:], [False]]) & ~first[1:]
-        starts = np.flatnonzero(word & ~before)
-        ends = np.flatnonzero(word & ~after) + 1
+        inner = offsets[1:-1]
+        inner = inner[(inner > 0) & (inner < len(data))]  # empty documents at either end
+        before = np.empty(len(data), dtype=bool)
+        before[:1] = False
+        before[1:] = word[:-1]
+        before[inner] = False
+        after = np.empty(len(data), dtype=bool)
+        after[-1:] = False
+        after[:-1] = word[1:]
+        after[inner - 1] = False
+        starts = np.flatnonzero(np.greater(word, before, out=before))  # word and not before
+        ends = np.flatnonzero(np.greater(word, after, out=after)) + 1
         token_bytes = np.compress(word, data)
-        if self.lower_case:
-            token_bytes = token_bytes + (((token_bytes - np.uint8(65)) < 26).view(np.uint8) << 5)
+        if self.lower_case:  # in place: each array here is fresh memory to a cold search
+            upper = (token_bytes - np.uint8(65)) < 26
+            token_bytes += upper.view(np.uint8) << np.uint8(5)
         token_offsets = np.concatenate([[0], np.cumsum(ends - starts)])
         kind, width = (
             (pa.large_string(), np.int64)
@@ -295,7 +295,9 @@ class Tokenizer:
             keep = (ends - starts) < self.max_token_length
             if not keep.all():
                 flat, docs = flat.filter(pa.array(keep)), docs[keep]
-        return flat, docs.astype(np.int64)
+        if self.lower_case and unicode:  # the ASCII letters are lower already
+            flat = pc.utf8_lower(flat)
+        return flat, docs.astype(np.int64, copy=False)
 
     def terms(self, text: str) -> list[str]:
         """The terms of one text, in order (what a query becomes); recent short texts are
@@ -312,19 +314,22 @@ class Tokenizer:
 
     def _finals(self, tokens: list[str]) -> list[str | None]:
         """Each distinct token after stemming, stop words and folding (None: removed)."""
-        new = [t for t in tokens if t not in self._final]
-        if len(self._final) + len(new) > _MAX_KNOWN_TOKENS:
-            self._final.clear()  # a long-lived tokenizer must not grow without bound
-        if new:
-            stems = self._stems(new)
-            for token, stem in zip(new, stems):
-                final: str | None = stem
-                if self.remove_stop_words and stem in ENGLISH_STOP_STEMS:
-                    final = None
-                elif self.ascii_folding and not stem.isascii():
-                    final = _fold(stem)
-                self._final[token] = final
-        return [self._final[t] for t in tokens]
+        with self._final_lock:
+            known = self._final
+            new = [t for t in tokens if t not in known]
+            if len(known) + len(new) > _MAX_KNOWN_TOKENS:
+                known.clear()  # a long-lived tokenizer must not grow without bound
+                new = list(dict.fromkeys(tokens))  # the ones known a moment ago too
+            if new:
+                stems = self._stems(new)
+                for token, stem in zip(new, stems):
+                    final: str | None = stem
+                    if self.remove_stop_words and stem in ENGLISH_STOP_STEMS:
+                        final = None
+                    elif self.ascii_folding and not stem.isascii():
+                        final = _fold(stem)
+                    known[token] = final
+            return [known[t] for t in tokens]
 
     def _stems(self, tokens: list[str]) -> list[str]:
         if not self.stem:
@@ -334,6 +339,46 @@ class Tokenizer:
 
             self._stemmer = Stemmer.Stemmer("english")
         return self._stemmer.stemWords(tokens)
+
+
+def _unicode_word_bytes(data: np.ndarray) -> np.ndarray:
+    """Which bytes of UTF-8 ``data`` belong to a non-ASCII letter or digit (Unicode ``L*``
+    or ``N*``, as the regex ``\\p{L}\\p{N}`` has them): each character's code point decoded
+    from its lead byte, each distinct one classified once.
+
+    Example:
+        >>> _unicode_word_bytes(np.frombuffer("é-€".encode(), np.uint8)).tolist()
+        [True, True, False, False, False, False]
+    """
+    lead = np.flatnonzero(data >= 0xC0)  # a continuation byte is 0x80-0xBF
+    b0 = data[lead].astype(np.int32)
+    width = 2 + (b0 >= 0xE0) + (b0 >= 0xF0)
+    last = len(data) - 1
+
+    def tail(i: int) -> np.ndarray:
+        return (data[np.minimum(lead + i, last)] & 0x3F).astype(np.int32)
+
+    point = np.where(
+        width == 2,
+        ((b0 & 0x1F) << 6) | tail(1),
+        np.where(
+            width == 3,
+            ((b0 & 0x0F) << 12) | (tail(1) << 6) | tail(2),
+            ((b0 & 0x07) << 18) | (tail(1) << 12) | (tail(2) << 6) | tail(3),
+        ),
+    )
+    distinct, which = np.unique(point, return_inverse=True)
+    letter = np.array(
+        [unicodedata.category(chr(c))[0] in "LN" for c in distinct.tolist()], dtype=bool
+    )
+    out = np.zeros(len(data), dtype=bool)
+    hit = letter[which.reshape(-1)]
+    at, n = lead[hit], width[hit]
+    total = int(n.sum())
+    # Every byte of each letter: its lead's position plus 0 .. width - 1.
+    first = np.repeat(np.cumsum(n) - n, n)
+    out[np.minimum(np.repeat(at, n) + np.arange(total) - first, last)] = True
+    return out
 
 
 def _fold(token: str) -> str:

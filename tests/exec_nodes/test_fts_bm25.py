@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from exec_nodes.fts import SCORE, GlobalBM25Exec
 from exec_nodes.memtable_source import MemTableSourceExec
@@ -92,11 +93,16 @@ def test_the_best_first_cut_through_a_tie_keeps_its_lowest_indices() -> None:
     assert _best_first(ties, 5).tolist() == [0, 1, 2, 3, 4]
 
 
-def test_ratio_in_place_is_the_bm25_document_part_bit_for_bit():
-    """tf / (tf + k1 (1 - b + b len / avgdl)), computed in place, equals the formula written
-    out (the top k's ties and the 1e-4 agreement with Lance rest on it): a swapped constant
-    or a lost term differs."""
+@pytest.mark.parametrize("scratch", [1 << 18, 7000])
+def test_ratio_in_place_is_the_bm25_document_part_bit_for_bit(monkeypatch, scratch):
+    """tf / (tf + k1 (1 - b + b len / avgdl)), computed in place (a range of postings at a
+    time, through one scratch array), equals the formula written out (the top k's ties and
+    the 1e-4 agreement with Lance rest on it): a swapped constant, a lost term or a range
+    misaligned differs."""
+    from exec_nodes import fts
     from exec_nodes.fts import _Postings, _ratio
+
+    monkeypatch.setattr(fts, "_DENSE_DOCUMENTS", scratch)
 
     rng = np.random.default_rng(5)
     tf = rng.integers(1, 60, 50_000).astype(np.uint32)

@@ -98,21 +98,22 @@ def test_a_large_writes_rows_are_read_from_the_memtable_without_a_copy():
 
 
 def test_key_membership_by_table_or_hash_set_agree() -> None:
-    """The base's many-keys read matches keys by a table for integers in a narrow span and
-    by Arrow's hash set otherwise (wide spans, strings): the same rows either way."""
-    from exec_nodes.base_source import _member
+    """The base's many-keys read matches keys a batch at a time, by a table over the wanted
+    keys' span for integers in a narrow one and by Arrow's hash set otherwise (wide spans,
+    strings): the same rows either way, values outside the span included."""
+    from exec_nodes.base_source import _Member
 
-    narrow = pa.chunked_array([[5, 1, 9, -2], [7, 5, 100]])
-    assert _member(narrow, pa.array([5, -2, 8, 100])).tolist() == [
-        True,
-        False,
-        False,
-        True,
-        False,
-        True,
-        True,
-    ]
-    wide = pa.chunked_array([[0, 1 << 40, 3], [-(1 << 40)]])
-    assert _member(wide, pa.array([1 << 40, -(1 << 40)])).tolist() == [False, True, False, True]
-    words = pa.chunked_array([["a", "b"], ["c"]])
-    assert _member(words, pa.array(["c", "a"])).tolist() == [True, False, True]
+    batches = [pa.array([5, 1, 9, -2, -(1 << 62)]), pa.array([7, 5, 100, 101, 1 << 62])]
+    wanted = pa.array([5, -2, 8, 100])
+    narrow = _Member(wanted, rows=20)
+    assert narrow.table is not None
+    want = [[True, False, False, True, False], [False, True, True, False, False]]
+    assert [narrow(b).tolist() for b in batches] == want
+    hashed = _Member(wanted, rows=1)  # a span of 103 values for 1 row: no table
+    assert hashed.table is None
+    assert [hashed(b).tolist() for b in batches] == want
+    wide = _Member(pa.array([1 << 40, -(1 << 40)]), rows=4)
+    assert wide.table is None
+    assert wide(pa.array([0, 1 << 40, 3, -(1 << 40)])).tolist() == [False, True, False, True]
+    words = _Member(pa.array(["c", "a"]), rows=3)
+    assert words(pa.array(["a", "b", "c"])).tolist() == [True, False, True]

@@ -35,7 +35,13 @@ def test_occurrences_are_every_occurrence_of_each_term_in_order(docs, terms, sor
 
 
 _TEXT = st.lists(
-    st.sampled_from([*"aZ09 _-.\t\nÄéß漢ı", "ab", "Runner", "x" * 41]), max_size=12
+    st.sampled_from(
+        # Letters and digits of 2, 3 and 4 bytes, and non-ASCII characters that split words
+        # (punctuation, a combining mark, a symbol, an emoji, a non-breaking space), and
+        # letters whose lower case has another length ("İ", "Ω" as "Ω").
+        [*"aZ09 _-.\t\nÄéß漢ı", *"\u0301“—€😀\u00a0İΩ٣𝐀ǅ", "ab", "Runner", "x" * 41, "é" * 20]
+    ),
+    max_size=12,
 ).map("".join)
 
 
@@ -46,17 +52,19 @@ _TEXT = st.lists(
     max_token_length=st.sampled_from([None, 3, 40]),
     large=st.booleans(),
 )
-def test_ascii_documents_split_as_the_unicode_regex_splits_them(
+def test_documents_split_over_bytes_as_the_unicode_regex_splits_them(
     docs, lower_case, max_token_length, large
 ):
-    """The byte-table split of ASCII documents (and of the ASCII ones among others) gives the
-    regex's tokens, document by document: a wrong boundary, case or length limit differs."""
+    """The split over UTF-8 bytes (ASCII and non-ASCII documents alike) gives the regex's
+    tokens, document by document, documents ascending: a wrong boundary, character class,
+    case or length limit differs."""
     tok = Tokenizer({"lower_case": lower_case, "max_token_length": max_token_length})
     texts = pa.array(docs, pa.large_string() if large else pa.string())
     texts = pa.compute.fill_null(texts, "")
     for sliced in (texts, texts.slice(1)):
         flat, doc = tok._split(sliced)
         want_flat, want_doc = tok._split_by_kernel(sliced)
+        assert np.all(np.diff(doc) >= 0)
         got = sorted(zip(doc.tolist(), flat.to_pylist()))
         assert got == sorted(zip(want_doc.tolist(), want_flat.to_pylist()))
         tokens = tok.tokenize(sliced)
@@ -105,3 +113,28 @@ def test_growing_tokens_keep_the_first_batch_ids_and_map_the_later_ones():
     assert second.term_ids.tolist() == [0, 1, 1, 2, 2, 3]
     assert second.docs.tolist() == [0, 0, 2, 2, 3, 3]
     assert first.term_ids.tolist() == [0, 1, 1, 2]  # the earlier view is unchanged
+
+
+def test_one_tokenizer_shared_by_threads_gives_each_the_terms_of_its_own(monkeypatch):
+    """A search tokenizes its sources side by side with one tokenizer, whose remembered
+    tokens are cleared when too many: each thread's terms are those a tokenizer of its own
+    gives (an unguarded clear between a lookup and its use loses a token)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from memwal_sql.formats import tokenizer
+
+    monkeypatch.setattr(tokenizer, "_MAX_KNOWN_TOKENS", 50)  # cleared over and over
+    rng = np.random.default_rng(3)
+    columns = [
+        pa.array([" ".join(f"t{n}x{i}" for n in rng.integers(0, 400, 20)) for _ in range(200)])
+        for i in range(6)
+    ]
+    shared = Tokenizer()
+
+    def terms(tok: Tokenizer, texts: pa.Array) -> list[tuple[int, str]]:
+        t = tok.tokenize(texts)
+        return sorted(zip(t.docs.tolist(), (t.vocabulary[i] for i in t.term_ids)))
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda texts: terms(shared, texts), columns * 4))
+    assert got == [terms(Tokenizer(), texts) for texts in columns * 4]
