@@ -240,12 +240,8 @@ class KeySet:
         if bits is None:
             return self.positions(keys) >= 0
         probe, inside = self._integer_probe(keys)
-        rel = probe.astype(np.int64, copy=False) - int(self._sorted[0])
-        ok = (rel >= 0) & (rel < len(bits) * 8)
-        if inside is not None:
-            ok &= inside
-        at = np.where(ok, rel, 0)
-        return ok & ((bits[at >> 3] >> (at & 7)) & 1).astype(bool)
+        ok = _bits_hold(bits, int(self._sorted[0]), probe)
+        return ok if inside is None else ok & inside
 
     def _bitset(self) -> np.ndarray | None:
         """One bit per value between the set's smallest and largest integer key, built at the
@@ -335,3 +331,57 @@ class KeySet:
             match = valid & same.to_numpy(zero_copy_only=False) & (out[rows] < 0)
             out[rows[match]] = self._input_rows(cand[match])
         return out
+
+
+def _bits_hold(bits: np.ndarray, low: int, probe: np.ndarray) -> np.ndarray:
+    """Which of the integers ``probe`` have their bit set in ``bits`` (bit ``i`` of byte
+    ``j`` is the value ``low + 8 * j + i``)."""
+    rel = probe.astype(np.int64, copy=False) - low
+    ok = (rel >= 0) & (rel < len(bits) * 8)
+    at = np.where(ok, rel, 0)
+    return ok & ((bits[at >> 3] >> (at & 7)) & 1).astype(bool)
+
+
+class KeyMembership:
+    """Which keys a set holds, and nothing else (no positions): for many integer keys over a
+    dense range, one bit per value set straight from the unsorted keys, with no sort; else
+    a :class:`KeySet`. What a base scan probes when it only drops the keys newer sources
+    hold, and the set is built per process (a Spark task's: memwal_sql.spark.source).
+
+    Example:
+        >>> KeyMembership(pa.table({"id": [3, 1]})).contains(pa.table({"id": [1, 2, 3]})).tolist()
+        [True, False, True]
+    """
+
+    def __init__(self, keys: pa.Table) -> None:
+        self._set: KeySet | None = None
+        self._bits: np.ndarray | None = None
+        self._low = 0
+        col = keys.column(0) if keys.num_columns == 1 else None
+        if (
+            col is not None
+            and keys.num_rows >= _BITSET_MIN_KEYS
+            and pa.types.is_integer(col.type)
+            and col.type != pa.uint64()
+            and col.null_count == 0
+        ):
+            values = col.to_numpy().astype(np.int64, copy=False)
+            low, span = int(values.min()), int(values.max()) - int(values.min()) + 1
+            if span <= _BITSET_MAX_BITS:
+                rel = values - low
+                self._bits = np.zeros((span + 7) // 8, dtype=np.uint8)
+                np.bitwise_or.at(self._bits, rel >> 3, np.left_shift(1, rel & 7).astype(np.uint8))
+                self._low = low
+                return
+        self._set = KeySet(keys)
+
+    @property
+    def nbytes(self) -> int:
+        return self._set.nbytes if self._set is not None else self._bits.nbytes  # type: ignore[union-attr]
+
+    def contains(self, keys: pa.Table | pa.RecordBatch) -> np.ndarray:
+        """A boolean mask: which rows of ``keys`` (same key columns) are in the set."""
+        if self._set is not None:
+            return self._set.contains(keys)
+        assert self._bits is not None
+        return _bits_hold(self._bits, self._low, keys.column(0).to_numpy())
