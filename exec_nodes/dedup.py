@@ -192,9 +192,14 @@ class Versions:
             keep, span = None, int(addr.max()) + 1
             if gen.min() >= 0 and (int(gen.max()) + 1) * span < 1 << 62:
                 # newest_per_key's rule as one integer: _gen, then _rowaddr (a generation's
-                # reach past 2**32), then a tombstone
-                wide = gen.astype(np.int64) * span + addr.astype(np.int64)
-                keep = keyset.newest_rows((wide << 1) | _dead(rows).astype(np.int64))
+                # reach past 2**32), then a tombstone; computed in place (one array, not six,
+                # of a large write's rows)
+                wide = gen.astype(np.int64)
+                wide *= span
+                wide += addr.astype(np.int64, copy=False)
+                wide <<= 1
+                wide |= _dead(rows)
+                keep = keyset.newest_rows(wide)
             if keep is None:
                 out = cls(newest_per_key(rows, primary_key), primary_key)
                 for name, t in zip(names, tables):

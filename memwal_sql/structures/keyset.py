@@ -188,14 +188,22 @@ class KeySet:
             return keep
         if not self._integer or self._order is None:
             return None
-        first = np.r_[True, ~same]
+        # Only the sorted entries in runs of a repeated key are ranked: after one large write
+        # that repeats a few keys, a few rows, not a pass of several arrays over all of them.
+        in_run = np.zeros(self._size, dtype=bool)
+        in_run[:-1] = same
+        in_run[1:] |= same
+        at = np.flatnonzero(in_run)
+        sub = s[at]
+        first = np.r_[True, sub[1:] != sub[:-1]]
         group = np.cumsum(first) - 1
-        ranked = rank[self._order]
+        rows = self._order[at]
+        ranked = rank[rows]
         best = np.maximum.reduceat(ranked, np.flatnonzero(first))
         won = np.flatnonzero(ranked == best[group])
         won = won[np.r_[True, group[won[1:]] != group[won[:-1]]]]  # one winner per key
-        keep[:] = False
-        keep[self._order[won]] = True
+        keep[rows] = False
+        keep[rows[won]] = True
         return keep
 
     def subset(self, keep: np.ndarray) -> KeySet:
