@@ -636,18 +636,24 @@ class DeduplicateExec(ExecNode):
         batch's keys are probed instead)."""
         assert self.base_dataset is not None
         ds = self.base_dataset
-        lookup = BaseSourceExec(ds, ds.schema, Lookup(tuple(self.primary_key)), caches=self.caches)
+
+        def key_lookup() -> BaseSourceExec:
+            return BaseSourceExec(
+                ds, ds.schema, Lookup(tuple(self.primary_key)), caches=self.caches
+            )
+
         with self._lock:
             # No key index yet (a big base builds it in the background): probe each base
             # batch's keys instead, and cache no mask that says so. Decided before the
             # versions are computed: a probe may not need them (see base_probes_keys).
-            if self._masked is None and not lookup.uses_key_index():
+            if self._masked is None and not key_lookup().uses_key_index():
                 self._masked = False
             if self._masked is not None:
                 return None if self._masked is False else self._masked
         in_gens, in_mems, _ = self.versions()
         with self._lock:
             if self._masked is None:
+                lookup = key_lookup()
 
                 def load() -> tuple[RowMask | None, int]:
                     mask = base_mask(lookup, in_gens.keys)

@@ -385,7 +385,10 @@ class KeyMembership:
 
     @property
     def nbytes(self) -> int:
-        return self._set.nbytes if self._set is not None else self._bits.nbytes  # type: ignore[union-attr]
+        if self._set is not None:
+            return self._set.nbytes
+        assert self._bits is not None
+        return self._bits.nbytes
 
     def contains(self, keys: pa.Table | pa.RecordBatch) -> np.ndarray:
         """A boolean mask: which rows of ``keys`` (same key columns) are in the set."""
