@@ -31,7 +31,7 @@ from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.visitors import evaluate
 from memwal_sql.formats.source_rows import BASE_GENERATION, GEN, ROWADDR, TOMBSTONE, conform
 from memwal_sql.structures.cache import Caches
-from memwal_sql.structures.keyset import KeySet, last_per_key
+from memwal_sql.structures.keyset import KeyMembership, KeySet, last_per_key
 from memwal_sql.structures.rowmask import RowMask, split_addresses
 
 
@@ -116,8 +116,13 @@ class _ByAddress:
     def __init__(self, addresses: np.ndarray, values: np.ndarray) -> None:
         fragment, offset = split_addresses(addresses)
         self._per_fragment: dict[int, np.ndarray] = {}
-        for f in np.unique(fragment).tolist():
-            at = fragment == f
+        if not len(offset):
+            return
+        # A MemTable's or a small generation's rows are all in one fragment: no np.unique of
+        # millions of equal ids (a hash of each) for the first read after a large write.
+        one = fragment.min() == fragment.max()
+        for f in [int(fragment[0])] if one else np.unique(fragment).tolist():
+            at = slice(None) if one else fragment == f
             index = np.full(int(offset[at].max()) + 1, -1, dtype=np.int32)
             index[offset[at]] = values[at]
             self._per_fragment[f] = index
@@ -187,9 +192,14 @@ class Versions:
             keep, span = None, int(addr.max()) + 1
             if gen.min() >= 0 and (int(gen.max()) + 1) * span < 1 << 62:
                 # newest_per_key's rule as one integer: _gen, then _rowaddr (a generation's
-                # reach past 2**32), then a tombstone
-                wide = gen.astype(np.int64) * span + addr.astype(np.int64)
-                keep = keyset.newest_rows((wide << 1) | _dead(rows).astype(np.int64))
+                # reach past 2**32), then a tombstone; computed in place (one array, not six,
+                # of a large write's rows)
+                wide = gen.astype(np.int64)
+                wide *= span
+                wide += addr.astype(np.int64, copy=False)
+                wide <<= 1
+                wide |= _dead(rows)
+                keep = keyset.newest_rows(wide)
             if keep is None:
                 out = cls(newest_per_key(rows, primary_key), primary_key)
                 for name, t in zip(names, tables):
@@ -338,6 +348,12 @@ def _memtables_key(mems: Sequence[SourceLeaf]) -> str | None:
     return ";".join(names)
 
 
+def _first_batches(mems: Sequence[SourceLeaf]) -> list[pa.RecordBatch]:
+    """The MemTables' first batches: a cache entry named by their ids holds them, so that
+    the ids are never reused while it lives."""
+    return [m.batches[0] for m in mems if isinstance(m, MemTableSourceExec)]
+
+
 def _source_name(source: SourceLeaf) -> str:
     """A newer source's name in :class:`Versions` (a generation: its uri; a MemTable: its
     first batch, which the cached versions hold, so the name is never another's)."""
@@ -365,7 +381,7 @@ class DeduplicateExec(ExecNode):
 
     name = "DeduplicateExec"
     _locks = ("_lock",)
-    _computed = ("_split", "_masked")
+    _computed = ("_split", "_masked", "_newer_keys")
 
     def __init__(
         self,
@@ -400,6 +416,12 @@ class DeduplicateExec(ExecNode):
         self._lock = threading.Lock()
         self._split: tuple[Versions, Versions, np.ndarray] | None = None
         self._masked: list[RowMask] | Literal[False] | None = None
+        self._newer_keys: KeyMembership | None = None
+        # Set by a reader whose processes may read base parts only (a Spark task: see
+        # memwal_sql.spark.source): there a base part without a row mask probes the newer
+        # sources' keys, one key set, instead of waiting for their newest versions, which
+        # only the newer-rows partition needs.
+        self.base_probes_keys = False
         self._base_scans = [self._base_scan(p, output) for p in self.base_parts]
 
     @property
@@ -429,23 +451,32 @@ class DeduplicateExec(ExecNode):
         read anew by every snapshot: a query with one computes its part itself)."""
         with self._lock:
             if self._split is None:
-                gens = [s for s in self.newer if isinstance(s, GenerationSourceExec)]
-                mems = [s for s in self.newer if not isinstance(s, GenerationSourceExec)]
+                gens, mems, key = self._sources()
                 gens_key = "\n".join(sorted(g.uri for g in gens))
-                mems_key = _memtables_key(mems)
-                if mems_key is None:
+                if key is None:
                     self._split = self._split_versions(gens, gens_key, mems)
                 else:
-                    firsts = [m.batches[0] for m in mems if isinstance(m, MemTableSourceExec)]
+                    firsts = _first_batches(mems)
                     split, _ = self.caches.scan.get(
                         "split_versions",
-                        f"{gens_key}\n{mems_key}",
+                        key,
                         lambda: _sized((self._split_versions(gens, gens_key, mems), firsts)),
                         # the ids in the key are of batches the entry holds: never reused
                         lambda entry: all(a is b for a, b in zip(entry[1], firsts)),
                     )
                     self._split = split
             return self._split
+
+    def _sources(self) -> tuple[list[GenerationSourceExec], list[SourceLeaf], str | None]:
+        """The flushed generations, the other newer sources, and a name of all their rows
+        under which what is computed of them is cached (None with a WAL tail: see
+        :meth:`versions`)."""
+        gens = [s for s in self.newer if isinstance(s, GenerationSourceExec)]
+        mems = [s for s in self.newer if not isinstance(s, GenerationSourceExec)]
+        mems_key = _memtables_key(mems)
+        if mems_key is None:
+            return gens, mems, None
+        return gens, mems, "\n".join(sorted(g.uri for g in gens)) + f"\n{mems_key}"
 
     def _split_versions(
         self,
@@ -603,13 +634,26 @@ class DeduplicateExec(ExecNode):
         generations, base version); the MemTables' part is this query's. Found through the
         base's cached key index; None when the base is too big to keep one (then each base
         batch's keys are probed instead)."""
+        assert self.base_dataset is not None
+        ds = self.base_dataset
+
+        def key_lookup() -> BaseSourceExec:
+            return BaseSourceExec(
+                ds, ds.schema, Lookup(tuple(self.primary_key)), caches=self.caches
+            )
+
+        with self._lock:
+            # No key index yet (a big base builds it in the background): probe each base
+            # batch's keys instead, and cache no mask that says so. Decided before the
+            # versions are computed: a probe may not need them (see base_probes_keys).
+            if self._masked is None and not key_lookup().uses_key_index():
+                self._masked = False
+            if self._masked is not None:
+                return None if self._masked is False else self._masked
         in_gens, in_mems, _ = self.versions()
         with self._lock:
             if self._masked is None:
-                assert self.base_dataset is not None
-                ds = self.base_dataset
-                key = Lookup(tuple(self.primary_key))
-                lookup = BaseSourceExec(ds, ds.schema, key, caches=self.caches)
+                lookup = key_lookup()
 
                 def load() -> tuple[RowMask | None, int]:
                     mask = base_mask(lookup, in_gens.keys)
@@ -618,19 +662,51 @@ class DeduplicateExec(ExecNode):
                 gens = "\n".join(
                     sorted(s.uri for s in self.newer if isinstance(s, GenerationSourceExec))
                 )
-                # No key index yet (a big base builds it in the background): probe each base
-                # batch's keys instead, and cache no mask that says so.
-                from_gens = from_mems = None
-                if lookup.uses_key_index():
-                    from_gens = self.caches.scan.get(
-                        "base_mask", f"{ds.uri}@{ds.version}\n{gens}", load
-                    )
-                    from_mems = in_mems.base_mask(lookup)
+                from_gens = self.caches.scan.get(
+                    "base_mask", f"{ds.uri}@{ds.version}\n{gens}", load
+                )
+                from_mems = in_mems.base_mask(lookup)
                 if from_gens is None or from_mems is None:
                     self._masked = False
                 else:
                     self._masked = [m for m in (from_gens, from_mems) if len(m)]
             return None if self._masked is False else self._masked
+
+    def _newer_probe(self) -> list[KeyMembership] | list[Versions]:
+        """What a base batch's keys are probed against when there is no row mask: the newest
+        versions, or with ``base_probes_keys`` (unless this process has the versions only)
+        one set of every newer row's key, tombstones too, kept per set of sources as the
+        versions are. It reads the same cached key columns the versions do, and skips
+        finding the newest of each key and sorting the keys."""
+        _, mems, key = self._sources()
+        cached = self.caches.scan.contains
+        has_versions = self._split is not None or (
+            key is not None and cached("split_versions", key)
+        )
+        has_keys = self._newer_keys is not None or (key is not None and cached("newer_keys", key))
+        if not self.base_probes_keys or not self.newer or (has_versions and not has_keys):
+            in_gens, in_mems, _ = self.versions()
+            return [in_gens, in_mems]
+
+        def load() -> tuple[tuple[KeyMembership, list[pa.RecordBatch]], int]:
+            cols = [*self.primary_key, TOMBSTONE]  # the versions' columns: one cache entry
+            tables = list(_READERS.map(lambda s: s.read_counted(cols), self.newer))
+            keys = KeyMembership(pa.concat_tables(tables).select(self.primary_key))
+            return (keys, _first_batches(mems)), keys.nbytes
+
+        with self._lock:
+            if self._newer_keys is None:
+                if key is None:  # a WAL tail: read anew by every snapshot, kept by none
+                    self._newer_keys = load()[0][0]
+                else:
+                    firsts = _first_batches(mems)
+                    self._newer_keys, _ = self.caches.scan.get(
+                        "newer_keys",
+                        key,
+                        load,
+                        lambda entry: all(a is b for a, b in zip(entry[1], firsts)),
+                    )
+            return [self._newer_keys]
 
     def _base_rows(
         self, part: Sequence[FragmentRange] | None, output: pa.Schema
@@ -643,7 +719,7 @@ class DeduplicateExec(ExecNode):
         masks = self.superseded()
         # With the mask, a base row is kept or dropped by its row address alone: the key
         # columns are read only if the query wants them.
-        in_gens, in_mems, _ = self.versions() if masks is None else (None, None, None)
+        newer = self._newer_probe() if masks is None else None
         for batch in self._base_scan(part, output, with_keys=masks is None).execute():
             if masks is not None:
                 addr = batch.column(ROWADDR).to_numpy()
@@ -653,11 +729,11 @@ class DeduplicateExec(ExecNode):
                     if hit.any():
                         batch = batch.filter(pa.array(~hit))
             else:
-                assert in_gens is not None and in_mems is not None
+                assert newer is not None
                 keys = batch.select(self.primary_key)
-                newer = in_gens.contains(keys) | in_mems.contains(keys)
-                if newer.any():
-                    batch = batch.filter(pa.array(~newer))
+                hit = np.logical_or.reduce([s.contains(keys) for s in newer])
+                if hit.any():
+                    batch = batch.filter(pa.array(~hit))
             if batch.num_rows:
                 yield from conform(
                     pa.Table.from_batches([batch]), output, BASE_GENERATION

@@ -192,8 +192,11 @@ class MemWalReader(DataSourceReader):
             snapshot, table.region_spec, table.schema, self.predicate, partitions=parts
         )
         columns = _read_schema(table, self.options)
+        # A task may run in a Python worker that reads base parts only: it probes the newer
+        # rows' keys rather than building their newest versions (see DeduplicateExec).
+        plan.root.base_probes_keys = True
         shipped = pickle.dumps((plan.root, columns))
-        return [InputPartition((shipped, i)) for i in range(plan.root.partitions)]
+        return [InputPartition((shipped, i)) for i in task_order(plan.root.partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         shipped, i = partition.value
@@ -201,6 +204,18 @@ class MemWalReader(DataSourceReader):
         schema = spark_compatible(columns)
         for batch in root.execute_columns(i, columns):
             yield to_spark_batch(batch, schema)
+
+
+def task_order(partitions: int) -> list[int]:
+    """The plan's partitions in the order Spark should run them: the newer rows' (the last,
+    see DeduplicateExec) first. It alone builds the newest versions of every newer key, the
+    longest task; started last it would run alone while the other cores idle.
+
+    Example:
+        >>> task_order(4)
+        [3, 0, 1, 2]
+    """
+    return [partitions - 1, *range(partitions - 1)]
 
 
 @dataclass

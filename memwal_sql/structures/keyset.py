@@ -188,14 +188,22 @@ class KeySet:
             return keep
         if not self._integer or self._order is None:
             return None
-        first = np.r_[True, ~same]
+        # Only the sorted entries in runs of a repeated key are ranked: after one large write
+        # that repeats a few keys, a few rows, not a pass of several arrays over all of them.
+        in_run = np.zeros(self._size, dtype=bool)
+        in_run[:-1] = same
+        in_run[1:] |= same
+        at = np.flatnonzero(in_run)
+        sub = s[at]
+        first = np.r_[True, sub[1:] != sub[:-1]]
         group = np.cumsum(first) - 1
-        ranked = rank[self._order]
+        rows = self._order[at]
+        ranked = rank[rows]
         best = np.maximum.reduceat(ranked, np.flatnonzero(first))
         won = np.flatnonzero(ranked == best[group])
         won = won[np.r_[True, group[won[1:]] != group[won[:-1]]]]  # one winner per key
-        keep[:] = False
-        keep[self._order[won]] = True
+        keep[rows] = False
+        keep[rows[won]] = True
         return keep
 
     def subset(self, keep: np.ndarray) -> KeySet:
@@ -240,12 +248,8 @@ class KeySet:
         if bits is None:
             return self.positions(keys) >= 0
         probe, inside = self._integer_probe(keys)
-        rel = probe.astype(np.int64, copy=False) - int(self._sorted[0])
-        ok = (rel >= 0) & (rel < len(bits) * 8)
-        if inside is not None:
-            ok &= inside
-        at = np.where(ok, rel, 0)
-        return ok & ((bits[at >> 3] >> (at & 7)) & 1).astype(bool)
+        ok = _bits_hold(bits, int(self._sorted[0]), probe)
+        return ok if inside is None else ok & inside
 
     def _bitset(self) -> np.ndarray | None:
         """One bit per value between the set's smallest and largest integer key, built at the
@@ -335,3 +339,60 @@ class KeySet:
             match = valid & same.to_numpy(zero_copy_only=False) & (out[rows] < 0)
             out[rows[match]] = self._input_rows(cand[match])
         return out
+
+
+def _bits_hold(bits: np.ndarray, low: int, probe: np.ndarray) -> np.ndarray:
+    """Which of the integers ``probe`` have their bit set in ``bits`` (bit ``i`` of byte
+    ``j`` is the value ``low + 8 * j + i``)."""
+    rel = probe.astype(np.int64, copy=False) - low
+    ok = (rel >= 0) & (rel < len(bits) * 8)
+    at = np.where(ok, rel, 0)
+    return ok & ((bits[at >> 3] >> (at & 7)) & 1).astype(bool)
+
+
+class KeyMembership:
+    """Which keys a set holds, and nothing else (no positions): for many integer keys over a
+    dense range, one bit per value set straight from the unsorted keys, with no sort; else
+    a :class:`KeySet`. What a base scan probes when it only drops the keys newer sources
+    hold, and the set is built per process (a Spark task's: memwal_sql.spark.source).
+
+    Example:
+        >>> KeyMembership(pa.table({"id": [3, 1]})).contains(pa.table({"id": [1, 2, 3]})).tolist()
+        [True, False, True]
+    """
+
+    def __init__(self, keys: pa.Table) -> None:
+        self._set: KeySet | None = None
+        self._bits: np.ndarray | None = None
+        self._low = 0
+        col = keys.column(0) if keys.num_columns == 1 else None
+        if (
+            col is not None
+            and keys.num_rows >= _BITSET_MIN_KEYS
+            and pa.types.is_integer(col.type)
+            and col.type != pa.uint64()
+            and col.null_count == 0
+        ):
+            values = col.to_numpy().astype(np.int64, copy=False)
+            low, span = int(values.min()), int(values.max()) - int(values.min()) + 1
+            if span <= _BITSET_MAX_BITS:
+                rel = values - low
+                self._bits = np.zeros((span + 7) // 8, dtype=np.uint8)
+                np.bitwise_or.at(self._bits, rel >> 3, np.left_shift(1, rel & 7).astype(np.uint8))
+                self._low = low
+                return
+        self._set = KeySet(keys)
+
+    @property
+    def nbytes(self) -> int:
+        if self._set is not None:
+            return self._set.nbytes
+        assert self._bits is not None
+        return self._bits.nbytes
+
+    def contains(self, keys: pa.Table | pa.RecordBatch) -> np.ndarray:
+        """A boolean mask: which rows of ``keys`` (same key columns) are in the set."""
+        if self._set is not None:
+            return self._set.contains(keys)
+        assert self._bits is not None
+        return _bits_hold(self._bits, self._low, keys.column(0).to_numpy())

@@ -446,3 +446,35 @@ def test_operation_update_changes_only_the_dataframes_columns(spark, table):
     model[5000] = {"id": 5000, "tenant": None, "v": 1.0}
     expect = pa.Table.from_pylist(sorted(model.values(), key=lambda r: r["id"]), schema=SCHEMA)
     assert sorted_rows(mw.open_table(table).to_arrow()).equals(expect)
+
+
+def test_the_newer_rows_task_runs_first_and_a_base_task_builds_no_versions(table, monkeypatch):
+    # Spark runs a reader's partitions in the order they are listed, each in some Python
+    # worker. The newer rows' task (the one that finds every key's newest version) comes
+    # first; a task of a base part, in a worker that has no versions, drops the base rows
+    # newer sources hold (updates and deletes) by one set of their keys: no versions are
+    # computed there (counted), and the tasks together return to_arrow's rows.
+    import pickle
+
+    from exec_nodes import dedup
+    from exec_nodes.base_source import BaseSourceExec
+    from memwal_sql.spark.source import MemWalReader
+
+    # As for a base too big for the cached key index (no row mask: each batch is probed).
+    monkeypatch.setattr(BaseSourceExec, "uses_key_index", lambda self, keys=None: False)
+    computed = []
+    real_of = dedup.Versions.of
+    monkeypatch.setattr(
+        dedup.Versions, "of", lambda *a, **k: computed.append(1) or real_of(*a, **k)
+    )
+    reader = MemWalReader({"path": table})
+    parts = reader.partitions()
+    n = pickle.loads(parts[0].value[0])[0].partitions
+    assert [p.value[1] for p in parts] == [n - 1, *range(n - 1)] and n >= 2
+    base_rows = [b for p in parts[1:] for b in reader.read(p)]
+    assert computed == []
+    newer_rows = list(reader.read(parts[0]))
+    assert computed != []
+    got = pa.Table.from_batches(base_rows + newer_rows)
+    assert sorted_rows(got).equals(sorted_rows(mw.open_table(table).to_arrow()))
+    assert not set(got.column("id").to_pylist()) & set(range(40))  # deleted in a generation

@@ -97,3 +97,37 @@ def test_last_per_key_sorts_few_integer_keys_as_the_aggregate_would(keys, ranks)
     assert sorted(zip(got_keys.column("id").to_pylist(), got.tolist())) == sorted(
         zip(map(int, want_keys.column("id").to_pylist()), want.tolist())
     )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    keys=st.lists(st.integers(-(2**40), 2**40), min_size=1, max_size=50),
+    dense=st.booleans(),
+    strings=st.booleans(),
+)
+def test_key_membership_agrees_with_a_key_set(keys, dense, strings):
+    """Many integer keys over a dense range take the bitset built without a sort (counted:
+    no KeySet is built); sparse, string and few keys fall back to a KeySet."""
+    from memwal_sql.structures import keyset as keyset_module
+    from memwal_sql.structures.keyset import KeyMembership
+
+    values = np.array(keys, dtype=np.int64)
+    if dense:  # past the bitset's minimum, in a span it takes
+        values = np.concatenate([values % 100_000, np.arange(5_000, dtype=np.int64) * 7])
+    table = pa.table({"id": values.astype(str) if strings else values})
+    probes = np.concatenate([values[::3], values[::5] + 1, np.arange(-10, 10_000, 13)])
+    probe = pa.table({"id": probes.astype(str) if strings else probes})
+    built = []
+    real_init = keyset_module.KeySet.__init__
+
+    def init(self, k):
+        built.append(k.num_rows)
+        real_init(self, k)
+
+    keyset_module.KeySet.__init__ = init  # type: ignore[method-assign]
+    try:
+        got = KeyMembership(table).contains(probe)
+    finally:
+        keyset_module.KeySet.__init__ = real_init  # type: ignore[method-assign]
+    assert got.tolist() == np.isin(probes, values).tolist()
+    assert (built == []) == (dense and not strings)
