@@ -56,7 +56,8 @@ def rows(keys: list[int], seed: int) -> pa.Table:
 def matched(model: Model, select: str, where: str) -> pa.Table:
     """What ``SELECT select FROM t WHERE where`` gives over the model's rows (plain DataFusion)."""
     ctx = datafusion.SessionContext()
-    ctx.register_record_batches("t", [model.table(SCHEMA).to_batches() or [SCHEMA.empty_table()]])
+    batches = model.table(SCHEMA).to_batches() or [pa.RecordBatch.from_pylist([], schema=SCHEMA)]
+    ctx.register_record_batches("t", [batches])
     return ctx.sql(f"SELECT {select} FROM t WHERE {where}").to_arrow_table()
 
 
