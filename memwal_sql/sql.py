@@ -47,9 +47,7 @@ def _write_rows(table: TableState, statement: str, rows: DataFrame) -> int:
     if not isinstance(table, MemWalTable):
         raise StatementNotAllowedError(f"{statement} needs a table opened for writing")
     if statement == "DELETE":
-        spec = table.region_spec
-        routing = spec.source_columns if spec is not None else ()
-        keys = rows.select(*dict.fromkeys([*table.primary_key, *routing])).to_arrow_table()
+        keys = rows.select(*table.delete_columns).to_arrow_table()
         if keys.num_rows:
             table.delete(keys)
         return keys.num_rows

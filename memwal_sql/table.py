@@ -523,9 +523,7 @@ class MemWalTable(TableState):
         if changes.upserts:
             self.upsert(pa.Table.from_pylist(changes.upserts, schema=self.schema))
         if changes.deletes:
-            spec = self.region_spec
-            routing = spec.source_columns if spec is not None else ()
-            columns = list(dict.fromkeys([*self.primary_key, *routing]))
+            columns = self.delete_columns
             lacking = {c for r in changes.deletes for c in columns if c not in r}
             if lacking:
                 raise InvalidInputError(
@@ -613,6 +611,18 @@ class MemWalTable(TableState):
             self._refuse_region_changes(rows, rows)
             self._append_all(prepared, "upserts")
 
+    @property
+    def delete_columns(self) -> list[str]:
+        """What a delete reaches its rows' regions by: the key columns, then any other column
+        the region spec reads.
+
+        Example:
+            ``keys = tbl.to_arrow(tbl.delete_columns, filter="x > 5"); tbl.delete(keys)``
+        """
+        spec = self.region_spec
+        routing = spec.source_columns if spec is not None else ()
+        return list(dict.fromkeys([*self.primary_key, *routing]))
+
     @overload
     def delete(self, keys: Keys) -> None: ...
 
@@ -636,10 +646,7 @@ class MemWalTable(TableState):
         if (keys is None) == (filter is None):
             raise InvalidInputError("delete takes keys or filter=, not both and not neither")
         if filter is not None:
-            spec = self.region_spec
-            routing = spec.source_columns if spec is not None else ()
-            columns = list(dict.fromkeys([*self.primary_key, *routing]))
-            matched = self.to_arrow(columns, filter)
+            matched = self.to_arrow(self.delete_columns, filter)
             if matched.num_rows:
                 self.delete(matched)
             return matched.num_rows
