@@ -46,6 +46,7 @@ def add_columns(table: TableState, columns: Mapping[str, pa.DataType] | Sequence
     )
     if not fields:
         raise SchemaMismatchError("add_columns needs at least one column")
+    table.follow_schema(table.dataset())  # checked against the latest schema, not this table's
     names = [f.name for f in fields]
     for f in fields:
         if f.name in table.schema.names or names.count(f.name) > 1:
@@ -73,6 +74,7 @@ def alter_columns(table: TableState, *changes: Mapping[str, Any]) -> None:
     """
     if not changes:
         raise SchemaMismatchError("alter_columns needs at least one change")
+    table.follow_schema(table.dataset())
     for change in changes:
         name = change.get("path")
         if "data_type" in change:
