@@ -119,7 +119,7 @@ class MemWalDataSource(DataSource):
                 "outputMode('complete') is not supported: a MemWAL table "
                 "takes upserts and deletes; use outputMode('append')"
             )
-        if "format" not in dict(self.options):
+        if _change_format(dict(self.options)) is None:
             _merge_schema(dict(self.options), schema)
         return MemWalStreamWriter(dict(self.options))
 
@@ -135,14 +135,20 @@ class MemWalDataSource(DataSource):
             raise InvalidInputError(
                 f"operation must be 'upsert', 'update' or 'delete', not {operation!r}"
             )
-        change_format = options.get("format")
+        change_format = _change_format(options)
         if change_format is not None:
-            if change_format != "debezium":
-                raise InvalidInputError(f"format must be 'debezium', not {change_format!r}")
-            operation = "debezium"
-        elif operation == "upsert":
+            operation = change_format
+        elif operation != "delete":
             _merge_schema(options, schema)
         return MemWalWriter(options, operation)
+
+
+def _change_format(options: dict[str, str]) -> str | None:
+    """The ``format`` of change events the sink applies (``debezium``), if any."""
+    change_format = options.get("format")
+    if change_format not in (None, "debezium"):
+        raise InvalidInputError(f"format must be 'debezium', not {change_format!r}")
+    return change_format
 
 
 def _merge_schema(options: dict[str, str], schema: StructType) -> None:
@@ -349,9 +355,7 @@ class MemWalStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
         self.operation_column = options.get("operation_column")
-        self.changes = options.get("format")
-        if self.changes not in (None, "debezium"):
-            raise InvalidInputError(f"format must be 'debezium', not {self.changes!r}")
+        self.changes = _change_format(options)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> MemWalCommit:
         query_id, batch_id = stream_batch()
