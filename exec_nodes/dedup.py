@@ -348,6 +348,11 @@ def _memtables_key(mems: Sequence[SourceLeaf]) -> str | None:
     return ";".join(names)
 
 
+def _generations_key(gens: Sequence[GenerationSourceExec]) -> str:
+    """A set of generations' name in the caches: their uris, sorted."""
+    return "\n".join(sorted(g.uri for g in gens))
+
+
 def _first_batches(mems: Sequence[SourceLeaf]) -> list[pa.RecordBatch]:
     """The MemTables' first batches: a cache entry named by their ids holds them, so that
     the ids are never reused while it lives."""
@@ -452,7 +457,7 @@ class DeduplicateExec(ExecNode):
         with self._lock:
             if self._split is None:
                 gens, mems, key = self._sources()
-                gens_key = "\n".join(sorted(g.uri for g in gens))
+                gens_key = _generations_key(gens)
                 if key is None:
                     self._split = self._split_versions(gens, gens_key, mems)
                 else:
@@ -476,7 +481,7 @@ class DeduplicateExec(ExecNode):
         mems_key = _memtables_key(mems)
         if mems_key is None:
             return gens, mems, None
-        return gens, mems, "\n".join(sorted(g.uri for g in gens)) + f"\n{mems_key}"
+        return gens, mems, f"{_generations_key(gens)}\n{mems_key}"
 
     def _split_versions(
         self,
@@ -595,7 +600,7 @@ class DeduplicateExec(ExecNode):
 
         _, entries = self.caches.scan.get(
             "generation_entries",
-            "\n".join(sorted(g.uri for g in gens)),
+            _generations_key(gens),
             load,
             lambda entry: entry[0] is in_gens,  # they index this in_gens
         )
@@ -659,8 +664,8 @@ class DeduplicateExec(ExecNode):
                     mask = base_mask(lookup, in_gens.keys)
                     return mask, 64 if mask is None else mask.nbytes
 
-                gens = "\n".join(
-                    sorted(s.uri for s in self.newer if isinstance(s, GenerationSourceExec))
+                gens = _generations_key(
+                    [s for s in self.newer if isinstance(s, GenerationSourceExec)]
                 )
                 from_gens = self.caches.scan.get(
                     "base_mask", f"{ds.uri}@{ds.version}\n{gens}", load

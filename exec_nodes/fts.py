@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -133,9 +134,12 @@ class GlobalBM25Exec(ExecNode):
         try:
             first = self._children[0].pieces() if self._children else []
         finally:
-            for future in reading:
-                future.result()
-            rest = [future.result() for future in opened]
+            # Each task ends before the search goes on or fails; the first failure is its own.
+            futures.wait(reading)
+            futures.wait(opened)
+        for future in reading:
+            future.result()
+        rest = [future.result() for future in opened]
         pieces = [
             (c, i, p) for c, ps in zip(self._children, [first, *rest]) for i, p in enumerate(ps)
         ]
