@@ -263,11 +263,14 @@ class PointLookupExec(ExecNode):
         regions: Sequence[CoalesceFirstExec],
         base: BaseSourceExec,
         parallel_keys: int = 256,
+        *,
+        tombstones: bool = False,
     ) -> None:
         self.keys = keys
         self.regions = list(regions)
         self.base = base
         self.parallel_keys = parallel_keys
+        self.tombstones = tombstones  # give the tombstone of a deleted key, not drop it
 
     @property
     def schema(self) -> pa.Schema:
@@ -310,7 +313,7 @@ class PointLookupExec(ExecNode):
         elif rest.num_rows:
             found.append(self.base.probe(rest).rows)
         rows = pa.concat_tables(found) if found else empty_rows(self.schema)
-        yield from live_rows(rows).to_batches()
+        yield from (rows if self.tombstones else live_rows(rows)).to_batches()
 
 
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-lookup")

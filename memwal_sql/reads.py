@@ -25,7 +25,7 @@ from datafusion import col
 from memwal_sql.compat.datafusion import plain_likes, plain_strings, refuse_long_sql, scan_only
 from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMismatchError
 from memwal_sql.expressions.predicate import Predicate
-from memwal_sql.formats.source_rows import GEN, ROWADDR
+from memwal_sql.formats.source_rows import FOUND, GEN, ROWADDR, TOMBSTONE
 from memwal_sql.read_snapshot import Consistency, ReadSnapshot, take_read_snapshot
 from memwal_sql.session import (
     MemWalContext,
@@ -45,8 +45,6 @@ _PARTITIONS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-scan"
 # at most this share of the rows the pushed predicate keeps (1/4): a lookup reads a row at
 # random, about three times what a scan pays per row (docs/reads.md#like-filters).
 _LATE_SHARE = 4
-#: The column ``lookup(..., align=True)`` adds: whether the key was found (live).
-FOUND = "_found"
 
 if TYPE_CHECKING:
     from memwal_sql.table_state import TableState
@@ -281,7 +279,9 @@ class TableReads:
         assert ds is not None
         return ds.last_predicate, ds.snapshot(), "FilterExec" in plan.display_indent()
 
-    def _lookup_plan(self, keys: Any, consistency: Consistency) -> tuple[LookupPlan, pa.Table]:
+    def _lookup_plan(
+        self, keys: Any, consistency: Consistency, tombstones: bool = False
+    ) -> tuple[LookupPlan, pa.Table]:
         t = self.table
         key_table = t._rows.keys(keys)
         plan = plan_lookup(
@@ -289,6 +289,7 @@ class TableReads:
             t.store,
             t.region_spec,
             key_table,
+            tombstones=tombstones,
         )
         return plan, key_table
 
@@ -299,6 +300,7 @@ class TableReads:
         consistency: Consistency,
         system_columns: bool,
         align: bool = False,
+        tombstones: bool = False,
     ) -> pa.Table:
         pk = list(self.table.primary_key)
         names = None
@@ -307,7 +309,7 @@ class TableReads:
             names = pk + [c for c in asked if c not in pk]
 
         def find() -> tuple[pa.Table, pa.Table, pa.Schema]:
-            plan, key_table = self._lookup_plan(keys, consistency)
+            plan, key_table = self._lookup_plan(keys, consistency, tombstones)
             self.last_lookup_plan = plan
             with read_failures(f"lookup in {self.table.uri}"):
                 return plan.to_table(), key_table, plan.snapshot.schema
@@ -319,6 +321,8 @@ class TableReads:
             names = list(schema.names)
         if system_columns:
             names += [c for c in (GEN, ROWADDR) if c not in names]
+        if tombstones:
+            names.append(TOMBSTONE)
         if align:  # one row per key asked for, in its place; nulls for a missing key
             at = KeySet(rows.select(pk)).positions(key_table)
             rows = rows.select(names).take(pa.array(at, mask=at < 0))

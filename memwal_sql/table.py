@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 import lance
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails
 from memwal_sql._proto.memwal_pb2 import RegionSpec as RegionSpecProto
@@ -45,6 +46,8 @@ from memwal_sql.formats.memwal_index import (
     create_mem_wal_index,
     has_mem_wal_index,
 )
+from memwal_sql.formats.merged_tombstones import read_merged_tombstones
+from memwal_sql.formats.source_rows import FOUND
 from memwal_sql.maintenance import (
     CatchupResult,
     CompactionResult,
@@ -64,10 +67,16 @@ from memwal_sql.read_snapshot import Consistency
 from memwal_sql.storage import ObjectStore, layout, storage_error, storage_failures
 from memwal_sql.storage.store import is_access_denied, with_default_timeouts
 from memwal_sql.structures.cache import Caches
-from memwal_sql.table_state import TableState
+from memwal_sql.structures.keyset import KeySet
+from memwal_sql.table_state import SEQUENCE_METADATA, TableState
 from memwal_sql.writer.config import WriterConfig
 from memwal_sql.writer.gate import WriteGate
-from memwal_sql.writer.memtable import duplicate_keys, latest_per_key
+from memwal_sql.writer.memtable import (
+    duplicate_keys,
+    latest_per_key,
+    newest_per_key,
+    newest_positions,
+)
 from memwal_sql.writer.region_writer import RegionWriter
 
 if TYPE_CHECKING:  # imported on first use: the read side pulls in DataFusion
@@ -98,6 +107,12 @@ class MemWalTable(TableState):
         self._reads_impl: TableReads | None = None
         self._search_impl: TableSearch | None = None
         self._gate = WriteGate()
+        # A sequence table's merged deletes (version, their keys, their newest rows).
+        self._merged_tombstones: tuple[int | None, KeySet | None, pa.Table | None] = (
+            None,
+            None,
+            None,
+        )
         observe(self)
 
     # ---- reads (implemented in memwal_sql.reads) ---------------------------------------------
@@ -518,7 +533,7 @@ class MemWalTable(TableState):
         self._check_open()
         if format != "debezium":
             raise InvalidInputError(f"format must be 'debezium', not {format!r}")
-        changes = decode_debezium(events, self.primary_key)
+        changes = decode_debezium(events, self.primary_key, self.sequence_column)
         # Debezium's JSON gives dates as days and timestamps in epoch units: Arrow takes both.
         if changes.upserts:
             self.upsert(pa.Table.from_pylist(changes.upserts, schema=self.schema))
@@ -579,6 +594,13 @@ class MemWalTable(TableState):
             if not self.follow_schema(self.dataset()):  # a column another process added?
                 raise
             rows = self._rows.upserts(data)
+        if self.sequence_column is not None:
+            rows, routing = self._newest(rows, rows)
+            self._write_current(
+                pa.table(rows.select(list(self.primary_key))),
+                lambda current: self._drop_older(rows, routing, current),
+            )
+            return
         self._refuse_region_changes(rows, rows)
         with self._gate.shared():
             self._append_all(self._route(rows, rows), "upserts")
@@ -598,30 +620,130 @@ class MemWalTable(TableState):
             ``tbl.update({"id": [1, 2], "score": [0.9, None]})  # other columns kept``
         """
         self._check_open()
-        partial = latest_per_key(self._rows.partial(data), self.primary_key)
-        keys = partial.select(list(self.primary_key))
+        seq = self.sequence_column
+        partial = self._rows.partial(data)
+        if seq is not None and seq in partial.column_names:
+            self._check_sequences(partial.column(seq))
+            partial = newest_per_key(partial, self.primary_key, seq)
+        else:
+            partial = latest_per_key(partial, self.primary_key)
+
+        def rows_for(current: pa.Table) -> tuple[pa.RecordBatch, pa.RecordBatch]:
+            if seq is not None and seq not in partial.column_names:
+                deleted = pc.fill_null(current.column(TOMBSTONE), False)
+                absent = pc.or_(pc.invert(current.column(FOUND)), deleted)
+                if pc.any(absent).as_py():
+                    raise InvalidInputError(
+                        f"{pc.sum(absent).as_py()} of the keys updated are not in the table: "
+                        f"a new row needs its sequence, give the {seq!r} column"
+                    )
+            # A deleted key's tombstone holds only its key and sequence: the columns not
+            # given are NULL, as for a key never written.
+            rows = self._rows.upserts(_overlay(current, partial, self.schema))
+            return self._drop_older(rows, rows, current) if seq is not None else (rows, rows)
+
+        self._write_current(partial.select(list(self.primary_key)), rows_for)
+
+    def _write_current(
+        self,
+        keys: pa.Table,
+        rows_for: Callable[[pa.Table], tuple[pa.RecordBatch, pa.RecordBatch]],
+        kind: WriteKind = "upserts",
+    ) -> None:
+        """Write ``rows_for(current)``, where ``current`` is the newest version of each of
+        ``keys`` (:meth:`_current`), atomically: the regions' writers are claimed before the
+        read (a write from another process fences them, and this call fails with
+        ``WriterFencedError``), and no routed write of this table object lands between the
+        read and the write. ``rows_for`` gives the rows and the batch to route them by."""
         with self._gate.exclusive():
             while True:
                 claimed = {id(w) for w in list(self._writers.values())}
-                current = self.lookup(keys, align=True)
-                rows = self._rows.upserts(_overlay(current, partial, self.schema))
-                prepared = self._route(rows, rows)  # claims the regions' writers
+                rows, routing = rows_for(self._current(keys))
+                prepared = self._route(rows, routing) if rows.num_rows else []
                 if {id(w) for w, _ in prepared} <= claimed:
                     break  # the read was made while this table held every region it writes
-            self._refuse_region_changes(rows, rows)
-            self._append_all(prepared, "upserts")
+            self._refuse_region_changes(rows, routing)
+            self._append_all(prepared, kind)
+
+    def _current(self, keys: pa.Table) -> pa.Table:
+        """The newest row of each of ``keys``, aligned with them (``lookup(align=True)``).
+        With a sequence column, a deleted key's row is its tombstone (``_tombstone``), and
+        a key no source holds takes the sequence of its merged delete, if any."""
+        seq = self.sequence_column
+        current = self._reads.lookup(
+            keys, None, "strong", False, align=True, tombstones=seq is not None
+        )
+        if seq is None or pc.all(current.column(FOUND)).as_py():
+            return current
+        # Read after the lookup's snapshot: a merge that removed a delete from the sources it
+        # read recorded the delete here first.
+        version, rows = read_merged_tombstones(
+            self.store.uri_for(layout.MERGED_TOMBSTONES),
+            self.storage_options,
+            self._merged_tombstones[0],
+        )
+        if rows is not None:
+            rows = newest_per_key(rows, self.primary_key, seq)
+            self._merged_tombstones = (version, KeySet(rows.select(list(self.primary_key))), rows)
+        _, merged_keys, merged = self._merged_tombstones
+        if merged is None or merged_keys is None:
+            return current
+        at = merged_keys.positions(keys)
+        merged_seq = merged.column(seq).take(pa.array(at, mask=at < 0))
+        found = current.column(FOUND)
+        return current.set_column(
+            current.schema.get_field_index(seq),
+            current.schema.field(seq),
+            pc.if_else(found, current.column(seq), merged_seq.cast(current.schema.field(seq).type)),
+        )
+
+    def _newest(
+        self, rows: pa.RecordBatch, routing: pa.RecordBatch
+    ) -> tuple[pa.RecordBatch, pa.RecordBatch]:
+        """Of a sequence table's write, each key's row with the highest sequence (the later
+        one on a tie), and its routing rows."""
+        seq = self.sequence_column
+        assert seq is not None
+        self._check_sequences(rows.column(seq))
+        at = newest_positions(rows, self.primary_key, seq)
+        if at is None:
+            return rows, routing
+        return rows.take(at), routing.take(at)
+
+    def _drop_older(
+        self, rows: pa.RecordBatch, routing: pa.RecordBatch, current: pa.Table
+    ) -> tuple[pa.RecordBatch, pa.RecordBatch]:
+        """The rows whose sequence is at least their key's current one (``current``, aligned
+        with ``rows``; a key without one takes any row)."""
+        seq = self.sequence_column
+        assert seq is not None
+        self._check_sequences(rows.column(seq))
+        have = current.column(seq).combine_chunks()
+        keep = pc.fill_null(pc.greater_equal(rows.column(seq), have), True)
+        if pc.all(keep).as_py():
+            return rows, routing
+        return rows.filter(keep), routing.filter(keep)
+
+    def _check_sequences(self, values: pa.Array | pa.ChunkedArray) -> None:
+        if values.null_count:
+            raise InvalidInputError(
+                f"sequence column {self.sequence_column!r} holds {values.null_count} null(s): "
+                "every write to this table carries its sequence"
+            )
 
     @property
     def delete_columns(self) -> list[str]:
         """What a delete reaches its rows' regions by: the key columns, then any other column
-        the region spec reads.
+        the region spec reads; then the sequence column of a table that has one, which a
+        delete carries.
 
         Example:
             ``keys = tbl.to_arrow(tbl.delete_columns, filter="x > 5"); tbl.delete(keys)``
         """
         spec = self.region_spec
         routing = spec.source_columns if spec is not None else ()
-        return list(dict.fromkeys([*self.primary_key, *routing]))
+        seq = [self.sequence_column] if self.sequence_column is not None else []
+        return list(dict.fromkeys([*self.primary_key, *routing, *seq]))
 
     @overload
     def delete(self, keys: Keys) -> None: ...
@@ -634,10 +756,13 @@ class MemWalTable(TableState):
         predicate), delete every key whose latest row matches it and return how many.
 
         ``keys`` is an array of keys (single-column key) or a table of key columns; when the
-        region spec reads a non-key column, the table must hold that column too. A ``filter``
-        is judged on each key's latest row when the delete reads them (as :meth:`to_arrow`
+        region spec reads a non-key column, the table must hold that column too, and so the
+        sequence column of a table with one: a delete older than its key's current row
+        changes nothing, and an upsert older than the delete stays deleted. A ``filter`` is
+        judged on each key's latest row when the delete reads them (as :meth:`to_arrow`
         would); a write to a matched key that lands after that read is deleted too, as in
-        Paimon's deletes by predicate.
+        Paimon's deletes by predicate, unless it carries a newer sequence (the delete carries
+        the matched row's).
 
         Example:
             ``tbl.delete([1, 2])``; ``n = tbl.delete(filter="x > 5 AND s LIKE 'a%'")``
@@ -650,7 +775,18 @@ class MemWalTable(TableState):
             if matched.num_rows:
                 self.delete(matched)
             return matched.num_rows
-        rows, routing = self._rows.deletes_for_regions(keys, self.region_spec)
+        seq = self.sequence_column
+        rows, routing = self._rows.deletes_for_regions(
+            keys, self.region_spec, carry=[seq] if seq is not None else ()
+        )
+        if seq is not None:
+            rows, routing = self._newest(rows, routing)
+            self._write_current(
+                pa.table(rows.select(list(self.primary_key))),
+                lambda current: self._drop_older(rows, routing, current),
+                "deletes",
+            )
+            return None
         self._refuse_region_changes(rows, routing)
         with self._gate.shared():
             self._append_all(self._route(rows, routing), "deletes")
@@ -814,6 +950,38 @@ def _with_primary_key(schema: pa.Schema, primary_key: Sequence[str]) -> pa.Schem
     return pa.schema(fields, metadata=schema.metadata)
 
 
+def _mark_field(
+    ds: lance.LanceDataset, name: str, key: bytes, opts: Mapping[str, str] | None
+) -> lance.LanceDataset:
+    """``ds`` after setting ``key`` to ``"true"`` in field ``name``'s metadata."""
+    meta = {
+        (a if isinstance(a, str) else a.decode()): (b if isinstance(b, str) else b.decode())
+        for a, b in (ds.schema.field(name).metadata or {}).items()
+    }
+    meta[key.decode()] = "true"
+    ds.replace_field_metadata(name, meta)
+    return lance.dataset(ds.uri, storage_options=dict(opts) if opts else None)
+
+
+def _check_sequence_column(schema: pa.Schema, primary_key: Sequence[str], name: str) -> None:
+    if name not in schema.names:
+        raise SchemaMismatchError(f"sequence column {name!r} is not in the schema {schema.names}")
+    if name in primary_key:
+        raise InvalidInputError(f"sequence column {name!r} is a key column; pick another")
+    t = schema.field(name).type
+    if not (
+        pa.types.is_integer(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_temporal(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+    ):
+        raise SchemaMismatchError(
+            f"sequence column {name!r} has type {t}; a sequence is an integer, decimal, date, "
+            "timestamp or string column (a float's NaN has no order)"
+        )
+
+
 def _check_key_types(schema: pa.Schema, primary_key: Sequence[str]) -> None:
     """Refuse a key Lance 14 cannot index before anything is written: a MemTable flush of such
     a key would fail, leaving acknowledged rows stuck in the WAL."""
@@ -879,6 +1047,7 @@ def create_table(
     maintenance: MaintenanceConfig | None = None,
     cache: int | Caches | None = None,
     exist_ok: bool = False,
+    sequence_column: str | None = None,
 ) -> MemWalTable:
     """Create a MemWAL table: the base Lance table with the primary key and the MemWAL index.
 
@@ -902,6 +1071,11 @@ def create_table(
     is the table's read caches, as for :func:`open_table`. With ``exist_ok=True`` a MemWAL
     table already at ``uri`` with the same primary key is opened instead (``data_or_schema``
     is then not written), so a script that creates its table can run again.
+
+    ``sequence_column`` (an integer, decimal, date, timestamp or string column, never NULL in
+    a write) orders each key's writes: the row with the highest sequence wins whatever order
+    writes arrive in, the later one on a tie, and deletes carry it too (the README's "Sequence
+    column"). It is recorded in the column's field metadata, which Lance keeps and ignores.
 
     Example:
         >>> import memwal_sql as mw, pyarrow as pa, tempfile
@@ -936,10 +1110,11 @@ def create_table(
         table = open_table(
             uri, storage_options, writer_config=writer_config, maintenance=maintenance, cache=cache
         )
-        if list(table.primary_key) != keys:
+        if list(table.primary_key) != keys or table.sequence_column != sequence_column:
             table.close()
             raise TableExistsError(
-                f"a table with primary key {list(table.primary_key)}, not {keys}, already "
+                f"a table with primary key {list(table.primary_key)} and sequence column "
+                f"{table.sequence_column!r}, not {keys} and {sequence_column!r}, already "
                 f"exists at {uri}; open it with mw.open_table or pick another uri"
             )
         return table
@@ -970,18 +1145,7 @@ def create_table(
             for k in keys:
                 if ds.schema.field(k).nullable:  # Lance requires a key column not nullable
                     ds.alter_columns({"path": k, "nullable": False})  # type: ignore[dict-item]  # stub
-                meta = dict(ds.schema.field(k).metadata or {})
-                meta[PK_METADATA.decode()] = "true"
-                ds.replace_field_metadata(
-                    k,
-                    {
-                        str(a if isinstance(a, str) else a.decode()): str(
-                            b if isinstance(b, str) else b.decode()
-                        )
-                        for a, b in meta.items()
-                    },
-                )
-            ds = lance.dataset(uri, storage_options=opts)
+                ds = _mark_field(ds, k, PK_METADATA, opts)
     else:
         if existing is not None:
             raise TableExistsError(f"a table already exists at {uri}; use mw.open_table")
@@ -993,7 +1157,16 @@ def create_table(
             schema = _with_primary_key(data.schema, keys)
             RowCoercer(schema, keys).upserts(data)  # same validation as every later write
             # As in one upsert, the last row of a key wins: the base holds each key once.
-            data = latest_per_key(data.cast(schema), keys)
+            data = data.cast(schema)
+            if sequence_column is not None:
+                _check_sequence_column(schema, keys, sequence_column)
+                if data.column(sequence_column).null_count:
+                    raise InvalidInputError(
+                        f"sequence column {sequence_column!r} holds nulls: every row needs one"
+                    )
+                data = newest_per_key(data, keys, sequence_column)
+            else:
+                data = latest_per_key(data, keys)
         spec = spec.bind(schema)
         with storage_failures(f"creating a table at {uri}"):
             ds = lance.write_dataset(
@@ -1004,6 +1177,14 @@ def create_table(
                 storage_options=opts,
                 data_storage_version=data_storage_version,  # type: ignore[arg-type]  # the stub's Literal
             )
+    if sequence_column is not None:
+        _check_sequence_column(_plain_schema(ds.schema), keys, sequence_column)
+        given = ds.to_table(columns=[sequence_column]) if data_or_schema is None else None
+        if given is not None and given.column(0).null_count:
+            raise InvalidInputError(
+                f"column {sequence_column!r} of {uri} holds nulls; it cannot order writes"
+            )
+        ds = _mark_field(ds, sequence_column, SEQUENCE_METADATA, opts)
     spec = spec.bind(_plain_schema(ds.schema))
     writer_config = writer_config or WriterConfig()
     with storage_failures(f"enabling MemWAL at {uri}"):

@@ -40,6 +40,8 @@ from memwal_sql.writer.region_writer import RegionWriter, TableLayout
 from memwal_sql.writer.rows import RowCoercer
 
 #: The region ``table.writer()`` and routed writes use on a table without a region spec.
+# Our own configuration, on the sequence column's field (Lance keeps field metadata, ignores it).
+SEQUENCE_METADATA = b"memwal-sql:sequence-column"
 DEFAULT_REGION_ID = str(uuid.uuid5(REGION_NAMESPACE, "default-region"))
 
 
@@ -68,6 +70,8 @@ class TableState:
         self._session = dataset.session()
         self.schema = _plain_schema(dataset.schema)
         self._schema_version = dataset.version  # the base version self.schema was read from
+        #: The column whose highest value wins per key (``create_table(sequence_column=...)``).
+        self.sequence_column = sequence_column_of(self.schema)
         self.store = ObjectStore(uri, self.storage_options)
         self._rows = RowCoercer(self.schema, self.primary_key)
         self._layout = TableLayout(
@@ -77,6 +81,7 @@ class TableState:
             region_spec=region_spec,
             data_storage_version=dataset.data_storage_version,
             caches=self.caches,
+            sequence_column=self.sequence_column,
             # Weakly, so the table and its writers' layout make no reference cycle.
             merged_generations=_weak_call(self.merged_generations, dict),
             maintained_indexes=_weak_call(self.maintained_indexes, tuple),
@@ -291,6 +296,20 @@ class TableState:
             raise TableClosedError(
                 f"{self.uri} was closed; open it again with mw.open_table(uri) to write"
             )
+
+
+def sequence_column_of(schema: pa.Schema) -> str | None:
+    """The column ``schema`` marks as the table's sequence column, if any.
+
+    Example:
+        >>> f = pa.field("ts", pa.int64(), metadata={SEQUENCE_METADATA: "true"})
+        >>> sequence_column_of(pa.schema([("id", pa.int64()), f]))
+        'ts'
+    """
+    for f in schema:
+        if f.metadata and f.metadata.get(SEQUENCE_METADATA) == b"true":
+            return f.name
+    return None
 
 
 def _plain_schema(schema: pa.Schema) -> pa.Schema:

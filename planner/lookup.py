@@ -87,9 +87,12 @@ def plan_lookup(
     spec: RegionSpec | None,
     keys: pa.Table,
     residual: Predicate | None = None,
+    *,
+    tombstones: bool = False,
 ) -> LookupPlan:
     """Build the lookup plan of ``keys`` (a table of the primary-key columns); ``residual``
-    filters the rows found.
+    filters the rows found. With ``tombstones``, a deleted key's newest version is its
+    tombstone (``_tombstone`` true), not no row.
 
     Example:
         ``plan_lookup(take_read_snapshot(tbl), tbl.store, tbl.region_spec, pa.table({"id": [1]}))``
@@ -109,7 +112,7 @@ def plan_lookup(
     regions = region_lookups(
         snapshot, store, spec, keys, indexed.gap if indexed is not None else None
     )
-    root = PointLookupExec(keys, regions, base)
+    root = PointLookupExec(keys, regions, base, tombstones=tombstones)
     return LookupPlan(snapshot, root, indexed=indexed, residual=residual)
 
 

@@ -11,7 +11,10 @@ bare or as the ``payload`` of a ``{"schema": ..., "payload": ...}`` message:
 
 Applied in order, only each key's last event decides its state, so a batch of events becomes
 one upsert of the keys whose last event writes a row and one delete of those whose last event
-deletes it.
+deletes it. For a table with a sequence column, each event carries its sequence in that column:
+the row's own value if it has one, else the event's ``source.lsn`` (PostgreSQL's log position),
+else ``source.ts_ms``; then each key's event with the highest sequence decides (the later on a
+tie), whatever the order the events came in.
 
 Example:
     >>> events = [
@@ -49,12 +52,14 @@ class Changes:
     events: int = 0
 
 
-def decode_debezium(events: Iterable[Any], primary_key: Sequence[str]) -> Changes:
+def decode_debezium(
+    events: Iterable[Any], primary_key: Sequence[str], sequence: str | None = None
+) -> Changes:
     """The upserts and deletes of Debezium ``events`` (dicts, JSON text or bytes, or None for
-    a tombstone), applied in the order given.
+    a tombstone), applied in the order given, or by the ``sequence`` column when given.
 
     Example:
-        ``decode_debezium(kafka_values, ["id"]).upserts``
+        ``decode_debezium(kafka_values, ["id"], sequence="lsn").upserts``
     """
     last: dict[tuple[Any, ...], tuple[bool, dict[str, Any]]] = {}
     out = Changes()
@@ -65,17 +70,19 @@ def decode_debezium(events: Iterable[Any], primary_key: Sequence[str]) -> Change
             out.tombstones += 1
             continue
         op = event.get("op")
-        if op in _WRITES:
-            row = _row(event, "after", op, n)
-            last[_key(row, primary_key, n)] = (True, row)
-        elif op == "d":
-            row = _row(event, "before", op, n)
-            last[_key(row, primary_key, n)] = (False, row)
-        else:
+        if op not in _WRITES and op != "d":
             raise InvalidInputError(
                 f"change event {n} has op {op!r}: Debezium's are 'c', 'r', 'u' and 'd' "
                 "(a 't' truncate is not applied: delete the rows with tbl.delete(filter=...))"
             )
+        row = _row(event, "after" if op in _WRITES else "before", op, n)
+        key = _key(row, primary_key, n)
+        if sequence is not None:
+            row = {**row, sequence: _sequence(event, row, sequence, n)}
+            earlier = last.get(key)
+            if earlier is not None and earlier[1][sequence] > row[sequence]:
+                continue  # an older event that came late changes nothing
+        last[key] = (op in _WRITES, row)
     for writes, row in last.values():
         (out.upserts if writes else out.deletes).append(row)
     return out
@@ -113,6 +120,19 @@ def _row(event: dict[str, Any], side: str, op: str, n: int) -> dict[str, Any]:
         )
         raise InvalidInputError(f"change event {n} (op {op!r}) has no {side!r} row{advice}")
     return row
+
+
+def _sequence(event: dict[str, Any], row: dict[str, Any], sequence: str, n: int) -> Any:
+    if row.get(sequence) is not None:
+        return row[sequence]
+    source = event.get("source") or {}
+    for name in ("lsn", "ts_ms"):
+        if source.get(name) is not None:
+            return source[name]
+    raise InvalidInputError(
+        f"change event {n} has no sequence: its row has no {sequence!r} and its source no "
+        "'lsn' or 'ts_ms'"
+    )
 
 
 def _key(row: dict[str, Any], primary_key: Sequence[str], n: int) -> tuple[Any, ...]:

@@ -17,6 +17,8 @@ from memwal_sql.formats.wal import TOMBSTONE
 
 GEN = "_gen"
 ROWADDR = "_rowaddr"
+#: The column an aligned lookup adds: whether the key was found (with its tombstone, if asked).
+FOUND = "_found"
 BASE_GENERATION = -1  # the seed spec's generation of the base table
 
 

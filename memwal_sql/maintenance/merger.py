@@ -34,6 +34,7 @@ from exec_nodes.regions import OTHER_REGION, REGION, key_in_two_regions
 from memwal_sql.compat.lance import is_commit_conflict
 from memwal_sql.errors import CommitConflictError, InvalidInputError, UnknownRegionError
 from memwal_sql.formats.generation import open_generation
+from memwal_sql.formats.merged_tombstones import append_merged_tombstones
 from memwal_sql.formats.region_manifest import RegionManifestStore, check_not_behind_index
 from memwal_sql.formats.source_rows import conform
 from memwal_sql.formats.wal import TOMBSTONE
@@ -112,9 +113,22 @@ def merge_region(
         # In the base's schema, which a schema change may have widened since the generations
         # were written: a column they lack is NULL (an upsert replaces the whole row).
         live = conform(live, pa.schema(list(ds.schema)))
+        seq = table.sequence_column
+        if seq is not None and dead is not None and dead.num_rows:
+            # Before the commit that deletes their base rows (formats/merged_tombstones.py).
+            append_merged_tombstones(
+                table.store.uri_for(layout.MERGED_TOMBSTONES),
+                dead.select([*pk, seq]).filter(pc.is_valid(dead.column(seq))),
+                table.storage_options,
+            )
         builder = (
             ds.merge_insert(pk)
-            .when_matched_update_all()
+            # A sequence table's writes drop rows older than their key's current one, so a
+            # generation never holds one; the condition keeps a row a writer that ignores the
+            # sequence (Lance's own) put from replacing a newer base row.
+            .when_matched_update_all(
+                None if seq is None else f"source.{_sql_name(seq)} >= target.{_sql_name(seq)}"
+            )
             .when_not_matched_insert_all()
             .use_index(False)  # the index path skips the inserted-key conflict check (above)
         )

@@ -8,6 +8,7 @@ the spec is silent or contradicts itself)::
     _mem_wal/{region_id}/wal/{bitrev64(position)}.arrow
     _mem_wal/{region_id}/{hex8}_gen_{generation}/
     _mem_wal/{region_id}/torn_wal/{bitrev64(position)}.{ns}.arrow  (memwal-sql: set aside)
+    _mem_wal/merged_tombstones/  (memwal-sql: a Lance dataset, tables with a sequence column)
 
 Bit-reversed names spread consecutive numbers over the key space of an object store (no hot
 prefix) while staying parseable.
@@ -30,6 +31,7 @@ from memwal_sql.errors import InvalidInputError
 MEM_WAL_DIR = "_mem_wal"
 VERSIONS_DIR = "_versions"  # Lance's manifests of the base table
 BASE_SYNCED = f"{MEM_WAL_DIR}/base_synced.json"  # GC: when base-table files were last fsynced
+MERGED_TOMBSTONES = f"{MEM_WAL_DIR}/merged_tombstones"  # a sequence table's merged deletes
 WAL_SUFFIX = ".arrow"  # Lance 14 ignores `.lance` WAL entries and rejects IPC *file* format
 MANIFEST_SUFFIX = ".binpb"
 VERSION_HINT = "version_hint.json"

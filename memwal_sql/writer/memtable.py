@@ -78,6 +78,36 @@ def latest_per_key(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
     return table.take(pa.array(np.sort(last)))
 
 
+def newest_per_key(table: pa.Table, primary_key: Sequence[str], sequence: str) -> pa.Table:
+    """Keep the row of every key with the highest ``sequence`` (the later row on a tie), in
+    insertion order.
+
+    Example:
+        >>> t = pa.table({"id": [1, 1, 2, 1], "ts": [5, 3, 1, 5], "v": ["a", "b", "c", "d"]})
+        >>> newest_per_key(t, ["id"], "ts").to_pydict()
+        {'id': [2, 1], 'ts': [1, 5], 'v': ['c', 'd']}
+    """
+    at = newest_positions(table, primary_key, sequence)
+    return table if at is None else table.take(at)
+
+
+def newest_positions(
+    rows: pa.Table | pa.RecordBatch, primary_key: Sequence[str], sequence: str
+) -> pa.Array | None:
+    """The positions, ascending, of :func:`newest_per_key`'s rows; ``None`` if it keeps all."""
+    n = rows.num_rows
+    if n <= 1:
+        return None
+    # Arrow's sort is stable: ranked by sequence, then by position, the last rank wins.
+    order = pc.sort_indices(rows.column(sequence)).to_numpy()
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n, dtype=np.int64)
+    keys, best = last_per_key(pa.table({k: rows.column(k) for k in primary_key}), rank)
+    if keys.num_rows == n:
+        return None
+    return pa.array(np.sort(order[best]))
+
+
 def latest_per_key_in_key_order(
     table: pa.Table, primary_key: Sequence[str]
 ) -> tuple[pa.Table, SortedKeys]:

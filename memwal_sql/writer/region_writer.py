@@ -30,6 +30,7 @@ from memwal_sql._proto.memwal_pb2 import RegionManifest
 from memwal_sql.errors import (
     CommitConflictError,
     CorruptWalEntryError,
+    InvalidInputError,
     MemWalError,
     ObjectExistsError,
     ObjectNotFoundError,
@@ -105,6 +106,9 @@ class TableLayout:
     """The newest generation of each region merged into the base table (the MemWAL index)."""
     maintained_indexes: Callable[[], Sequence[MaintainedIndex]] = tuple
     """The indexes each flushed generation builds (the MemWAL index's maintained indexes)."""
+    sequence_column: str | None = None
+    """The table's sequence column: only the table's routed writes, which drop writes older
+    than a key's current sequence, may write such a table."""
 
 
 @dataclass
@@ -237,7 +241,17 @@ class RegionWriter:
             WriterFencedError: a newer writer claimed the region.
             WriterClosedError: the writer was closed.
         """
+        self._refuse_sequenced()
         self.wait_durable(self.append_rows(self._prepare_upserts(data), "upserts"))
+
+    def _refuse_sequenced(self) -> None:
+        column = self._table.sequence_column
+        if column is not None:
+            raise InvalidInputError(
+                f"this table orders each key's writes by its sequence column {column!r}, and a "
+                "region writer writes in arrival order: write with tbl.upsert, tbl.update and "
+                "tbl.delete, which drop writes older than a key's current sequence"
+            )
 
     def _prepare_upserts(self, data: WriteData) -> pa.RecordBatch:
         """Validate upserts into WAL-schema rows; raises before anything is written."""
@@ -260,6 +274,7 @@ class RegionWriter:
         Example:
             ``w.delete(pa.table({"id": [1, 2]}))`` or ``w.delete([1, 2])``
         """
+        self._refuse_sequenced()
         self.wait_durable(self.append_rows(self._prepare_deletes(keys), "deletes"))
 
     def flush(self) -> None:

@@ -268,13 +268,14 @@ class RowCoercer:
         return to_arrow_table(keys)
 
     def deletes_for_regions(
-        self, keys: Keys, spec: RegionSpec | None
+        self, keys: Keys, spec: RegionSpec | None, carry: Sequence[str] = ()
     ) -> tuple[pa.RecordBatch, pa.RecordBatch]:
         """Tombstones for ``keys``, and the batch to compute their region values on.
 
-        Tombstones carry only keys: when ``spec`` reads other columns, the second batch is the
-        tombstones with those columns taken from ``keys`` (which must hold them), cast to the
-        table's types. It is for routing and region checks only; the WAL stores the first.
+        Tombstones carry only keys, and the ``carry`` columns of ``keys`` (a sequence column)
+        cast to the table's types. When ``spec`` reads other columns, the second batch is the
+        tombstones with those columns taken from ``keys`` (which must hold them) too. It is
+        for routing and region checks only; the WAL stores the first.
         """
         table = self.key_table(keys)
         rows = self.deletes(table)
@@ -284,21 +285,31 @@ class RowCoercer:
             else [
                 c
                 for c in dict.fromkeys(c for f in spec.fields for c in f.source_columns)
-                if c not in self.primary_key
+                if c not in self.primary_key and c not in carry
             ]
         )
-        missing = [c for c in extra if c not in table.column_names]
-        if missing:
-            raise InvalidInputError(
-                f"the region spec reads column(s) {missing}: include them with the keys, so the "
-                "deletes reach their regions"
-            )
-        routing = rows
-        for c in extra:
-            i = routing.schema.get_field_index(c)
+        for columns, why in (
+            (carry, "this table orders each key's writes by it: a delete carries it too"),
+            (
+                extra,
+                "the region spec reads it: include it with the keys, so the deletes reach "
+                "their regions",
+            ),
+        ):
+            missing = [c for c in columns if c not in table.column_names]
+            if missing:
+                raise InvalidInputError(f"column(s) {missing} missing from the deletes: {why}")
+        rows = self._with_columns(rows, table, carry)
+        return rows, self._with_columns(rows, table, extra)
+
+    def _with_columns(
+        self, rows: pa.RecordBatch, table: pa.Table, columns: Sequence[str]
+    ) -> pa.RecordBatch:
+        for c in columns:
+            i = rows.schema.get_field_index(c)
             col = self._cast(table.column(c), self.base_schema.field(c)).combine_chunks()
-            routing = routing.set_column(i, routing.schema.field(i), col)
-        return rows, routing
+            rows = rows.set_column(i, rows.schema.field(i), col)
+        return rows
 
     def _live(self, n: int) -> pa.Array:
         """``_tombstone = false`` for ``n`` rows, cached: streams repeat batch sizes. Exactly
