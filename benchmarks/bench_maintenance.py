@@ -6,6 +6,10 @@ everything is flushed), in one run:
 * merge throughput: ``tbl.merge()`` (one merge-insert commit per generation, tombstones
   included, progress recorded atomically) in rows/s, against plain Lance ``merge_insert`` of the
   same live rows in the same number of commits (no deletes, no progress);
+* the conditional merge of a table with a sequence column (the same writes, ``ts`` the
+  sequence): ``tbl.merge()`` there updates a base row only if the new one's sequence is not
+  older, and records merged deletes first; against the plain merge, and Lance's
+  ``merge_insert`` with and without ``when_matched_update_all(condition=...)``;
 * read latency on the table with many generations, after the merge while the base table's key
   index still lags (reads of a key filter take the indexed read plan through the merged
   generations), and after index catch-up, region snapshots and GC: a full scan, a filtered
@@ -103,10 +107,30 @@ def main() -> None:
                 .execute(b)
             )
         plain_s = time.perf_counter() - t0
+        lance.write_dataset(
+            lance.dataset(tbl.uri).to_table(columns=SCHEMA.names), plain_uri, mode="overwrite"
+        )
+        t0 = time.perf_counter()
+        for b in live_batches:
+            (
+                lance.dataset(plain_uri)
+                .merge_insert("id")
+                .when_matched_update_all("source.ts >= target.ts")
+                .when_not_matched_insert_all()
+                .execute(b)
+            )
+        plain_conditional_s = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         result = tbl.merge()
         merge_s = time.perf_counter() - t0
+        sequenced = build(
+            f"{work}/seq", args.base_rows, args.upserts, args.memtable_rows, sequence_column="ts"
+        )
+        sequenced.close()
+        t0 = time.perf_counter()
+        sequenced.merge()
+        sequenced_merge_s = time.perf_counter() - t0
         lagging = {name: timed(fn) for name, fn in reads.items()}
         t0 = time.perf_counter()
         tbl.catch_up_indexes()
@@ -123,6 +147,18 @@ def main() -> None:
         print(f"{'memwal merge (atomic)':<28}{merge_s:>10.2f}{merged_rows / merge_s:>14,.0f}")
         print(f"{'plain lance merge_insert':<28}{plain_s:>10.2f}{merged_rows / plain_s:>14,.0f}")
         print(f"ratio (plain time / memwal time): {plain_s / merge_s:.2f}")
+        print(
+            f"{'memwal merge, sequence col':<28}{sequenced_merge_s:>10.2f}"
+            f"{merged_rows / sequenced_merge_s:>14,.0f}"
+        )
+        print(
+            f"{'lance merge_insert, cond.':<28}{plain_conditional_s:>10.2f}"
+            f"{merged_rows / plain_conditional_s:>14,.0f}"
+        )
+        print(
+            f"conditional / plain time: memwal {sequenced_merge_s / merge_s:.2f}, "
+            f"lance merge_insert {plain_conditional_s / plain_s:.2f}"
+        )
         print(f"index catch-up (optimize_indices): {index_s:.2f} s")
         print(f"gc deleted {gc.objects} objects")
         print(f"\n{'read':<22}{'before ms':>12}{'index lags':>12}{'after ms':>12}{'speed-up':>10}")
@@ -138,6 +174,8 @@ def main() -> None:
                 "rows": merged_rows,
                 "merge_s": merge_s,
                 "plain_merge_insert_s": plain_s,
+                "sequenced_merge_s": sequenced_merge_s,
+                "plain_conditional_merge_insert_s": plain_conditional_s,
                 "index_catch_up_s": index_s,
                 "read_before_s": before,
                 "read_index_lagging_s": lagging,

@@ -61,12 +61,14 @@ def build(
     upserts: int,
     memtable_rows: int,
     data_storage_version: str | None = None,
+    sequence_column: str | None = None,
 ) -> mw.MemWalTable:
     rng = np.random.default_rng(1)
     tbl = mw.create_table(
         uri,
         rows_for(np.arange(base_rows, dtype=np.int64), 0, rng),
         primary_key="id",
+        sequence_column=sequence_column,
         region_spec=mw.RegionSpec.identity("tenant"),
         allow_non_key_region_spec=True,  # a key's tenant never changes: it is id % 4
         writer_config=mw.WriterConfig(durable_write=False, max_memtable_rows=memtable_rows),
@@ -85,7 +87,10 @@ def build(
         version += 1
         tbl.upsert(rows_for(ids, version, rng))
         dels = np.unique(rng.integers(0, next_id, n // 100)).astype(np.int64)
-        tbl.delete(pa.table({"id": dels, "tenant": (dels % 4).astype(np.int32)}))
+        gone = pa.table({"id": dels, "tenant": (dels % 4).astype(np.int32)})
+        if sequence_column is not None:  # a delete carries its sequence
+            gone = gone.append_column(sequence_column, pa.array(np.full(len(dels), version)))
+        tbl.delete(gone)
         done += n
     return tbl
 

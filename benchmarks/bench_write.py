@@ -7,6 +7,8 @@ For batch sizes of 100, 1,000 and 10,000 rows, the same batches (70% new keys, 3
 * ``lance merge_insert``: a plain Lance ``merge_insert`` commit per batch;
 * ``memwal routed upsert`` / ``memwal partial update``: ``tbl.upsert`` of the batches against
   ``tbl.update`` of their key and ``score`` columns (each key's latest row read first), durable;
+* ``memwal sequenced upsert``: ``tbl.upsert`` into a table with a sequence column (``ts``, the
+  batch's number: every write is newer), whose write reads each key's current sequence first;
 * ``floor ipc+fsync``: one Arrow IPC stream file per batch, written and fsynced (the least a
   durable per-batch WAL can do); ``floor ipc+fsync+dirsync`` also fsyncs the directory, which
   POSIX needs for a new file's name to survive a power loss (on ext4, XFS and btrfs the file's
@@ -111,6 +113,11 @@ def open_memwal_routed(root: str, partial: bool) -> Session:
     return Session(tbl.upsert, tbl.close)
 
 
+def open_memwal_sequenced(root: str, _: bool) -> Session:
+    tbl = mw.create_table(f"{root}/t", SCHEMA, primary_key="id", sequence_column="ts")
+    return Session(tbl.upsert, tbl.close)
+
+
 def open_lance_shard(root: str, durable: bool) -> Session:
     ds = lance.write_dataset(SCHEMA.empty_table(), f"{root}/t")
     ds.initialize_mem_wal()
@@ -168,6 +175,7 @@ CONFIGS: list[tuple[str, Callable[[str, bool], Session], bool, bool]] = [
     ("lance merge_insert", open_merge_insert, False, False),
     ("memwal routed upsert", open_memwal_routed, False, False),
     ("memwal partial update", open_memwal_routed, True, False),
+    ("memwal sequenced upsert", open_memwal_sequenced, False, False),
 ]
 
 
@@ -422,6 +430,11 @@ def main() -> None:
             # what a partial update's read of its keys costs against a whole-row upsert
             "partial_update_vs_upsert": get("memwal partial update", br)["put_rows_per_s"]
             / get("memwal routed upsert", br)["put_rows_per_s"],
+            # what reading each key's current sequence costs against a plain upsert
+            "sequenced_vs_upsert": get("memwal sequenced upsert", br)["put_rows_per_s"]
+            / get("memwal routed upsert", br)["put_rows_per_s"],
+            "sequenced_vs_merge_insert": get("memwal sequenced upsert", br)["put_rows_per_s"]
+            / get("lance merge_insert", br)["put_rows_per_s"],
         }
         for k, v in ratios[br].items():
             print(f"{br:>6} {k:<42}{v:>8.2f}")
