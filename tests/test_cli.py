@@ -199,6 +199,21 @@ def test_create_in_a_chosen_file_format(tmp_path, capsys):
     assert out == "id,v\n1,a\n2,b\n"
 
 
+def test_create_with_a_sequence_column_then_ingest_out_of_order(tmp_path, capsys):
+    data = tmp_path / "orders.csv"
+    data.write_text("id,lsn,v\n1,5,new\n1,3,old\n2,1,b\n")
+    uri = str(tmp_path / "t")
+    out = run(capsys, "create", uri, "--primary-key", "id", "--from", str(data), "--with-data",
+              "--sequence-column", "lsn")  # fmt: skip
+    assert "ordered by lsn" in out and "1 older rows" in out
+    late = tmp_path / "late.csv"
+    late.write_text("id,lsn,v\n1,4,late\n2,2,newer\n")
+    run(capsys, "ingest", uri, str(late))
+    got = run(capsys, "sql", "SELECT id, v FROM t ORDER BY id", "--table", f"t={uri}", "-o", "csv")
+    assert got == "id,v\n1,new\n2,newer\n"
+    assert "sequence:     lsn" in run(capsys, "inspect", uri)
+
+
 def test_create_from_schema_only_then_ingest_keeps_csv_key_types(tmp_path, capsys):
     # The key is a string in the table: a CSV key "007" is read as the string, not 7.
     sample = tmp_path / "sample.jsonl"
@@ -317,7 +332,7 @@ def test_composed_region_spec_and_composite_key(tmp_path, capsys):
     # Deleting by key needs the region-spec columns too, to find the region.
     keys = tmp_path / "keys.csv"
     keys.write_text("tenant,id\nacme,1\n")
-    assert "region-spec column(s) ts" in fails(capsys, "ingest", uri, str(keys), "--delete")
+    assert "needs the column(s) ts" in fails(capsys, "ingest", uri, str(keys), "--delete")
     keys.write_text("tenant,id,ts\nacme,1,2024-01-01T10:00:00\n")
     run(capsys, "ingest", uri, str(keys), "--delete")
     out = run(capsys, "sql", "SELECT count(*) AS n FROM t", "--table", f"t={uri}", "-o", "csv")

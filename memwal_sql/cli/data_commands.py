@@ -51,6 +51,7 @@ def create(a: argparse.Namespace) -> None:
             storage_options=storage_options.from_args(a),
             data_storage_version=a.data_storage_version,
             allow_non_key_region_spec=a.allow_non_key_region_spec,
+            sequence_column=a.sequence_column,
         )
     except TableExistsError:
         raise CliError(
@@ -69,10 +70,14 @@ def create(a: argparse.Namespace) -> None:
         if isinstance(data, pa.Table):
             stored = tbl.dataset().count_rows()
             rows = f", {stored:,} rows"
-            if stored < data.num_rows:  # create_table keeps the last row of a repeated key
-                rows += f" ({data.num_rows - stored:,} earlier rows of repeated keys replaced)"
+            if stored < data.num_rows:  # create_table keeps one row of a repeated key
+                rows += f" ({data.num_rows - stored:,} older rows of repeated keys replaced)"
         regions = tbl.region_spec.describe() if tbl.region_spec else "manual regions"
-        print(f"created {tbl.uri}: primary key ({', '.join(tbl.primary_key)}), {regions}{rows}")
+        sequence = f", ordered by {tbl.sequence_column}" if tbl.sequence_column else ""
+        print(
+            f"created {tbl.uri}: primary key ({', '.join(tbl.primary_key)}), {regions}"
+            f"{sequence}{rows}"
+        )
 
 
 def _key_not_null(data: pa.Schema | pa.Table, keys: Sequence[str], path: str) -> Any:
@@ -161,15 +166,14 @@ def _ingest_columns(tbl: Any, src: Source, delete: bool) -> list[str] | None:
             f"{', '.join(have)}"
         )
     if delete:
-        spec_columns = tbl.region_spec.source_columns if tbl.region_spec else ()
-        routing = [c for c in spec_columns if c not in key]
-        lacking = [c for c in routing if c not in have]
+        needed = [c for c in tbl.delete_columns if c not in key]
+        lacking = [c for c in needed if c not in have]
         if lacking:
             raise CliError(
-                f"deleting from {src.path} needs the region-spec column(s) "
-                f"{', '.join(lacking)} too: the table's regions are split by them"
+                f"deleting from {src.path} needs the column(s) {', '.join(lacking)} too: the "
+                "table's regions are split by them, or orders writes by its sequence column"
             )
-        return key + routing
+        return key + needed
     unknown = [c for c in have if c not in tbl.schema.names]
     if unknown:
         raise CliError(

@@ -35,6 +35,7 @@ def inspect(a: argparse.Namespace) -> None:
             "uri": tbl.uri,
             "primary_key": list(tbl.primary_key),
             "region_spec": spec,
+            "sequence_column": tbl.sequence_column,
             "base_version": version,
             "regions": [r.to_dict() for r in regions],
         }
@@ -44,6 +45,8 @@ def inspect(a: argparse.Namespace) -> None:
     print(f"table {tbl.uri}")
     print(f"  primary key:  {', '.join(tbl.primary_key)}")
     print(f"  region spec:  {spec}")
+    if tbl.sequence_column is not None:
+        print(f"  sequence:     {tbl.sequence_column} (each key's highest wins)")
     print(f"  base version: {version}")
     print(
         f"  regions:      {len(regions)}, "

@@ -111,6 +111,7 @@ def _create(command: Any) -> None:
         "      --allow-non-key-region-spec --data-storage-version 2.0\n"
         "  memwal create ./m --primary-key id --from m.csv \\\n"
         "      --region-spec 'expression:id:int64:col0 % 10'\n"
+        "  memwal create ./orders --primary-key id --from orders.parquet --sequence-column lsn\n"
         "  memwal create ./existing-lance-table --primary-key id",
     )
     _uri(c)
@@ -140,6 +141,12 @@ def _create(command: Any) -> None:
         help="let --region-spec read columns outside the primary key, for rows that never "
         "change them: a write that moves a key to another region is then refused, and reads "
         "check that no key is in two regions",
+    )
+    c.add_argument(
+        "--sequence-column",
+        metavar="COL",
+        help="order each key's writes by COL (an integer, decimal, date, timestamp or string "
+        "column): the row with the highest value wins, whatever order writes arrive in",
     )
     c.add_argument(
         "--data-storage-version",

@@ -314,7 +314,8 @@ def _write_batch(
             elif operation == "debezium":
                 table.apply_changes(_change_events(batch, options), format="debezium")
             else:
-                table.delete(pa.Table.from_batches([batch]).select(list(table.primary_key)))
+                given = [c for c in table.delete_columns if c in batch.schema.names]
+                table.delete(pa.Table.from_batches([batch]).select(given))
             return set(table.live_writers())
         except WriterFencedError:
             if attempt == _FENCED_RETRIES - 1:
