@@ -1141,6 +1141,12 @@ def create_table(
             if stored.column(k).null_count:
                 raise PrimaryKeyError(f"column {k!r} of {uri} holds nulls; it cannot be a key")
         _refuse_duplicate_keys(stored, keys, uri)
+        if sequence_column is not None:  # checked before the key's metadata is written
+            _check_sequence_column(_plain_schema(ds.schema), keys, sequence_column)
+            if ds.to_table(columns=[sequence_column]).column(0).null_count:
+                raise InvalidInputError(
+                    f"column {sequence_column!r} of {uri} holds nulls; it cannot order writes"
+                )
         if not current_pk:
             for k in keys:
                 if ds.schema.field(k).nullable:  # Lance requires a key column not nullable
@@ -1156,17 +1162,18 @@ def create_table(
             data = to_arrow_table(data_or_schema)
             schema = _with_primary_key(data.schema, keys)
             RowCoercer(schema, keys).upserts(data)  # same validation as every later write
-            # As in one upsert, the last row of a key wins: the base holds each key once.
             data = data.cast(schema)
-            if sequence_column is not None:
-                _check_sequence_column(schema, keys, sequence_column)
-                if data.column(sequence_column).null_count:
-                    raise InvalidInputError(
-                        f"sequence column {sequence_column!r} holds nulls: every row needs one"
-                    )
-                data = newest_per_key(data, keys, sequence_column)
-            else:
-                data = latest_per_key(data, keys)
+        # As in one upsert, a key's newest row wins (its last, or its highest sequence): the
+        # base holds each key once.
+        if sequence_column is not None:
+            _check_sequence_column(schema, keys, sequence_column)
+            if data.column(sequence_column).null_count:
+                raise InvalidInputError(
+                    f"sequence column {sequence_column!r} holds nulls: every row needs one"
+                )
+            data = newest_per_key(data, keys, sequence_column)
+        else:
+            data = latest_per_key(data, keys)
         spec = spec.bind(schema)
         with storage_failures(f"creating a table at {uri}"):
             ds = lance.write_dataset(
@@ -1178,12 +1185,6 @@ def create_table(
                 data_storage_version=data_storage_version,  # type: ignore[arg-type]  # the stub's Literal
             )
     if sequence_column is not None:
-        _check_sequence_column(_plain_schema(ds.schema), keys, sequence_column)
-        given = ds.to_table(columns=[sequence_column]) if data_or_schema is None else None
-        if given is not None and given.column(0).null_count:
-            raise InvalidInputError(
-                f"column {sequence_column!r} of {uri} holds nulls; it cannot order writes"
-            )
         ds = _mark_field(ds, sequence_column, SEQUENCE_METADATA, opts)
     spec = spec.bind(_plain_schema(ds.schema))
     writer_config = writer_config or WriterConfig()

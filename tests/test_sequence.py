@@ -287,6 +287,11 @@ def test_a_sequence_column_must_exist_be_no_key_and_be_ordered(tmp_path, column,
     schema = pa.schema([pa.field("id", pa.int64(), False), ("f", pa.float64())])
     with pytest.raises(error):
         mw.create_table(str(tmp_path / "t"), schema, primary_key="id", sequence_column=column)
+    assert not (tmp_path / "t").exists()  # refused before anything was written
+    lance.write_dataset(schema.empty_table(), str(tmp_path / "t"))
+    with pytest.raises(error):  # enabling MemWAL on a Lance table: the same checks first
+        mw.create_table(str(tmp_path / "t"), None, primary_key="id", sequence_column=column)
+    assert mw.create_table(str(tmp_path / "t"), None, primary_key="id").sequence_column is None
 
 
 def test_sql_dml_keeps_the_sequence(table):
