@@ -339,3 +339,40 @@ def test_debezium_takes_the_rows_own_sequence_first():
     assert changes.upserts == [{"id": 1, "ts": 7}, {"id": 2, "ts": 42}]
     with pytest.raises(InvalidInputError, match="no sequence"):
         decode_debezium([{"op": "c", "after": {"id": 1}, "source": {}}], ["id"], "ts")
+
+
+def test_searches_see_only_each_keys_newest_row(tmp_path):
+    """Vector and full-text search read what scans read: the row an older write would have
+    replaced is the one they find, through the base's indexes and the unmerged rows."""
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64(), False),
+            pa.field("ts", pa.int64()),
+            pa.field("body", pa.string()),
+            pa.field("vec", pa.list_(pa.float32(), 2)),
+        ]
+    )
+
+    def docs(ids, ts, words, x):
+        return pa.table(
+            {
+                "id": ids,
+                "ts": [ts] * len(ids),
+                "body": [f"{words} doc{i}" for i in ids],
+                "vec": [[x, float(i)] for i in ids],
+            },
+            schema=schema,
+        )
+
+    tbl = mw.create_table(str(tmp_path / "t"), docs(range(40), 5, "plain", 0.0),
+                          primary_key="id", sequence_column="ts")  # fmt: skip
+    tbl.create_index("vec", "IVF_FLAT", num_partitions=2)
+    tbl.create_index("body", "INVERTED")
+    tbl.upsert(docs([1, 2], 9, "fresh", 100.0))
+    tbl.flush()
+    tbl.upsert(docs([1, 2, 3], 7, "stale", 50.0))  # older than 1 and 2 (not 3)
+    assert sorted(tbl.fts("stale", k=5).column("id").to_pylist()) == [3]
+    assert sorted(tbl.fts("fresh", k=5).column("id").to_pylist()) == [1, 2]
+    near = tbl.vector_search([50.0, 2.0], column="vec", k=1).to_pylist()[0]
+    assert (near["id"], near["ts"]) == (3, 7)  # 2 at (50, 2) was older than its row
+    tbl.close()

@@ -528,6 +528,7 @@ def test_a_debezium_stream_out_of_order_is_ordered_by_the_sequence_column(spark,
     assert query.exception() is None
     got = mw.open_table(uri).to_arrow().sort_by("id").to_pylist()
     assert got == expect
+    assert spark.read.format("memwal").load(uri).toArrow().sort_by("id").to_pylist() == expect
     # Deletes carry their sequence: one older than its row changes nothing.
     first, second = expect[0], expect[1]
     gone = [(first["id"], first["lsn"] - 1), (second["id"], second["lsn"] + 1)]
