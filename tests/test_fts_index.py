@@ -5,6 +5,7 @@ on a fully merged, fully indexed copy; and the base is not tokenized."""
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 
 import lance
@@ -371,3 +372,43 @@ def test_non_ascii_texts_score_as_lance_scores_a_merged_copy(tmp_path):
         for k in (5, 40):
             assert_same(tbl.fts(query, k=k), lance_fts(model, tmp_path / "m", query, k))
     tbl.close()
+
+
+def test_superseded_base_rows_are_found_while_the_index_files_are_read(
+    indexed, monkeypatch, tmp_path
+):
+    """A cold search looks up the base rows newer sources supersede while the base index's
+    document file and postings are still being read, not after: the read here waits (at most
+    a minute) for that lookup, and the scores stay exactly Lance's on a merged copy."""
+    from exec_nodes.base_source import BaseSourceExec
+    from exec_nodes.fts_index import BaseTextIndex
+
+    tbl, model = indexed
+    holders = [r["k"] for r in tbl.fts("w1 w7 w40", k=100).to_pylist()]
+    fresh = rows(holders[:40] + [30_000, 30_001], 7, words=20)
+    gone = pa.table({"k": pa.array(holders[40:60], pa.int64())})
+    for target in (tbl, model):
+        target.upsert(fresh)
+        target.delete(gone)
+    tbl.flush()
+    looked_up = threading.Event()
+    overlapped: list[bool] = []
+    key_addresses, prefetch = BaseSourceExec.key_addresses, BaseTextIndex.prefetch
+
+    def looking_up(self, keys):
+        looked_up.set()
+        return key_addresses(self, keys)
+
+    def waiting_prefetch(self, terms):
+        overlapped.append(looked_up.wait(60))
+        prefetch(self, terms)
+
+    monkeypatch.setattr(BaseSourceExec, "key_addresses", looking_up)
+    monkeypatch.setattr(BaseTextIndex, "prefetch", waiting_prefetch)
+    reopened = mw.open_table(tbl.uri)  # cold: nothing of the index read yet
+    try:
+        query = "w1 w7 w40"
+        assert_same(reopened.fts(query, k=10), lance_fts(model, tmp_path / "m", query, 10))
+    finally:
+        reopened.close()
+    assert overlapped == [True]
