@@ -495,7 +495,9 @@ def _scores(
         kept = part >= np.repeat(floor, p.counts)
         if np.count_nonzero(kept) * _DENSE < len(part):  # else scoring them all costs less
             rows = np.sort(p.doc[kept])  # each term's documents ascending: one run per term
-            rows = rows[np.diff(rows, prepend=-1) != 0]
+            new = np.ones(len(rows), dtype=bool)
+            new[1:] = rows[1:] != rows[:-1]
+            rows = rows[new]
             score = _exact(p, part, rows)
             high = score >= reached
             return score[high], rows[high]

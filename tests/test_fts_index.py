@@ -412,3 +412,51 @@ def test_superseded_base_rows_are_found_while_the_index_files_are_read(
     finally:
         reopened.close()
     assert overlapped == [True]
+
+
+def test_a_partitions_live_postings_are_12_bytes_each_and_leave_the_superseded_out(indexed):
+    """The live postings a search derives from each index partition are the decoded ones
+    less the documents newer sources supersede or delete, in the decoded order, at 12 bytes
+    a posting (document, frequency and length as ``uint32``: int64 copies were fresh memory
+    on every cold search); an offset slip between terms or a dead document kept differs."""
+    from exec_nodes.base_source import BaseSourceExec
+    from exec_nodes.fts_index import index_docs, index_postings
+    from exec_nodes.source import FullText
+    from memwal_sql.formats.source_rows import source_schema
+    from memwal_sql.writer.memtable_indexes import tokenizer_for
+
+    tbl, _ = indexed
+    holders = [r["k"] for r in tbl.fts("w1 w7", k=200).to_pylist()]
+    tbl.upsert(rows(holders[:30], 3, words=10))
+    tbl.delete(pa.table({"k": pa.array(holders[30:50], pa.int64())}))
+    terms = ["w1", "w7"]
+    ds = tbl.dataset()
+    text = FullText("body", tokenizer_for({}, tbl.caches), ("k",))
+    index = BaseSourceExec(ds, source_schema(ds.schema), text, caches=tbl.caches).text_index()
+    assert index is not None
+    live_keys = set(tbl.to_arrow().column("k").to_pylist())
+    fresh = set(holders[:30])
+    found = ds.to_table(columns=["k"], with_row_address=True).to_pydict()
+    superseded = np.sort(
+        np.array(
+            [a for k, a in zip(found["k"], found["_rowaddr"]) if k in fresh or k not in live_keys],
+            dtype=np.uint64,
+        )
+    )
+    matches = index.matches(terms, superseded)
+    left_out = 0
+    for (files, p), part in zip(index.partitions, matches.partitions):
+        docs = index_docs(tbl.caches, files, p)
+        want_doc, want_tf = [], []
+        for d, f in index_postings(tbl.caches, files, p, terms):
+            live = ~np.isin(docs.rowid[d], superseded)
+            left_out += int(np.count_nonzero(~live))
+            want_doc.append(d[live])
+            want_tf.append(f[live])
+        assert part.doc.tolist() == np.concatenate(want_doc).tolist()
+        assert part.tf.tolist() == np.concatenate(want_tf).tolist()
+        assert part.length.tolist() == docs.length[part.doc].tolist()
+        assert part.counts.tolist() == [len(d) for d in want_doc]
+        assert part.doc.nbytes + part.tf.nbytes + part.length.nbytes == 12 * len(part.doc)
+    assert left_out >= 40  # the updated and deleted holders of w1 or w7
+
