@@ -22,7 +22,6 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from itertools import pairwise
 
 import lance
 import numpy as np

@@ -385,7 +385,7 @@ def test_superseded_base_rows_are_found_while_the_index_files_are_read(
 
     tbl, model = indexed
     holders = [r["k"] for r in tbl.fts("w1 w7 w40", k=100).to_pylist()]
-    fresh = rows(holders[:40] + [30_000, 30_001], 7, words=20)
+    fresh = rows([*holders[:40], 30_000, 30_001], 7, words=20)
     gone = pa.table({"k": pa.array(holders[40:60], pa.int64())})
     for target in (tbl, model):
         target.upsert(fresh)
@@ -459,4 +459,3 @@ def test_a_partitions_live_postings_are_12_bytes_each_and_leave_the_superseded_o
         assert part.counts.tolist() == [len(d) for d in want_doc]
         assert part.doc.nbytes + part.tf.nbytes + part.length.nbytes == 12 * len(part.doc)
     assert left_out >= 40  # the updated and deleted holders of w1 or w7
-
