@@ -129,10 +129,11 @@ class GlobalBM25Exec(ExecNode):
         # The index's files are read and decoded, and the sources opened and tokenized, side
         # by side (Lance and numpy, mostly without the GIL): a cold search waits for the
         # longest of them, not for their sum. The rows newer sources supersede need the
-        # sources only, so they are found while the index's files are still being read (at
-        # 10M base rows the document file alone takes longer than opening every source).
-        reading = [_POOL.submit(x.prefetch, list(counts)) for _, x in indexed]
+        # sources only: they are found while the index's files are still read (the
+        # document file first, the postings once a thread is free of the sources).
+        reading = [_POOL.submit(x.prefetch_documents) for _, x in indexed]
         opened = [_POOL.submit(c.pieces) for c in self._children[1:]]
+        reading += [_POOL.submit(x.prefetch_postings, list(counts)) for _, x in indexed]
         try:
             first = self._children[0].pieces() if self._children else []
             rest = [future.result() for future in opened]

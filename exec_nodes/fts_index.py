@@ -153,11 +153,15 @@ class BaseTextIndex:
             f"index {uuids} ({len(self.partitions)} partitions) over {len(self.covered)} fragments"
         )
 
-    def prefetch(self, terms: Sequence[str]) -> None:
-        """Read what :meth:`matches` reads whatever is superseded (each partition's
-        document file, ``terms``' postings) into the cache, ahead of it."""
+    def prefetch_documents(self) -> None:
+        """Read each partition's document file into the cache, ahead of :meth:`matches`."""
         for files, p in self.partitions:
             index_docs(self.caches, files, p)
+
+    def prefetch_postings(self, terms: Sequence[str]) -> None:
+        """Read and decode ``terms``' postings in each partition into the cache, ahead of
+        :meth:`matches`."""
+        for files, p in self.partitions:
             index_postings(self.caches, files, p, terms)
 
     def matches(self, terms: Sequence[str], superseded: np.ndarray) -> IndexMatches:

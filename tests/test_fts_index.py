@@ -378,8 +378,8 @@ def test_superseded_base_rows_are_found_while_the_index_files_are_read(
     indexed, monkeypatch, tmp_path
 ):
     """A cold search looks up the base rows newer sources supersede while the base index's
-    document file and postings are still being read, not after: the read here waits (at most
-    a minute) for that lookup, and the scores stay exactly Lance's on a merged copy."""
+    document file is still being read, not after: the read here waits (at most a minute) for
+    that lookup, and the scores stay exactly Lance's on a merged copy."""
     from exec_nodes.base_source import BaseSourceExec
     from exec_nodes.fts_index import BaseTextIndex
 
@@ -393,18 +393,18 @@ def test_superseded_base_rows_are_found_while_the_index_files_are_read(
     tbl.flush()
     looked_up = threading.Event()
     overlapped: list[bool] = []
-    key_addresses, prefetch = BaseSourceExec.key_addresses, BaseTextIndex.prefetch
+    key_addresses, prefetch = BaseSourceExec.key_addresses, BaseTextIndex.prefetch_documents
 
     def looking_up(self, keys):
         looked_up.set()
         return key_addresses(self, keys)
 
-    def waiting_prefetch(self, terms):
+    def waiting_prefetch(self):
         overlapped.append(looked_up.wait(60))
-        prefetch(self, terms)
+        prefetch(self)
 
     monkeypatch.setattr(BaseSourceExec, "key_addresses", looking_up)
-    monkeypatch.setattr(BaseTextIndex, "prefetch", waiting_prefetch)
+    monkeypatch.setattr(BaseTextIndex, "prefetch_documents", waiting_prefetch)
     reopened = mw.open_table(tbl.uri)  # cold: nothing of the index read yet
     try:
         query = "w1 w7 w40"
