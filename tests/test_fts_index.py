@@ -459,3 +459,23 @@ def test_a_partitions_live_postings_are_12_bytes_each_and_leave_the_superseded_o
         assert part.counts.tolist() == [len(d) for d in want_doc]
         assert part.doc.nbytes + part.tf.nbytes + part.length.nbytes == 12 * len(part.doc)
     assert left_out >= 40  # the updated and deleted holders of w1 or w7
+
+
+def test_key_membership_by_table_drops_values_outside_the_wanted_span():
+    """The wanted keys' table is looked up with every value clipped to its span: values below
+    it, above it, at the int64 and uint64 ends, are not members; those inside are exactly
+    the wanted ones."""
+    from exec_nodes.base_source import _Member
+
+    member = _Member(pa.array([5, 7, 9], pa.int64()), 3)
+    assert member.table is not None
+    values = pa.array([-(2**63), -1, 0, 4, 5, 6, 7, 9, 10, 2**63 - 1], pa.int64())
+    assert member(values).tolist() == [False] * 4 + [True, False, True, True, False, False]
+    unsigned = _Member(pa.array([0, 3], pa.uint64()), 3)
+    assert unsigned(pa.array([0, 1, 3, 4, 2**64 - 1], pa.uint64())).tolist() == [
+        True,
+        False,
+        True,
+        False,
+        False,
+    ]
