@@ -482,7 +482,7 @@ def _exact(p: _Postings, part: np.ndarray, rows: np.ndarray) -> np.ndarray:
         docs = p.doc[bounds[t] : bounds[t + 1]]
         if len(rows) == 0:
             break
-        at = np.minimum(np.searchsorted(docs, rows), len(docs) - 1)
+        at = np.minimum(np.searchsorted(docs, rows.astype(docs.dtype, copy=False)), len(docs) - 1)
         score += np.where(docs[at] == rows, part[bounds[t] + at], 0.0)
     return score
 
@@ -513,7 +513,9 @@ def _scores(
     return np.concatenate(kept_scores), np.concatenate(kept_rows)
 
 
-_DENSE_DOCUMENTS = 1 << 18  # documents added up at once: a 2 MiB score array, used again
+# Documents added up at once: a 256 KiB score array, in the CPU's cache while each term's
+# postings are added to it (at 10M documents 28 ms instead of 39 with ranges of 2^18).
+_DENSE_DOCUMENTS = 1 << 15
 # Partitions of at most this many documents are added up at once: at 2M documents one array
 # was 3-4 ms faster warm than ranges; at 10M ranges were as fast and 80 MB less fresh memory.
 _DENSE_WHOLE = 1 << 22
@@ -528,7 +530,7 @@ def _dense_scores(p: _Postings, part: np.ndarray) -> Iterator[tuple[int, np.ndar
     postings would: the same scores, bit for bit.
 
     Example:
-        ``list(_dense_scores(p, part))`` -> ``[(0, array([...])), (262144, array([...]))]``
+        ``list(_dense_scores(p, part))`` -> ``[(0, array([...])), (32768, array([...]))]``
     """
     if p.documents <= _DENSE_WHOLE:
         yield 0, np.bincount(p.doc, weights=part, minlength=p.documents)
@@ -541,7 +543,8 @@ def _dense_scores(p: _Postings, part: np.ndarray) -> Iterator[tuple[int, np.ndar
         hi = min(lo + _DENSE_DOCUMENTS, p.documents)
         score = None
         for doc, weights in terms:
-            a, b = np.searchsorted(doc, [lo, hi])
+            # Bounds of the documents' own type: another would convert ``doc`` whole.
+            a, b = np.searchsorted(doc, np.array([lo, hi], dtype=doc.dtype))
             added = np.bincount(doc[a:b] - lo, weights=weights[a:b], minlength=hi - lo)
             score = added if score is None else np.add(score, added, out=score)
         yield lo, score if score is not None else np.zeros(hi - lo)
