@@ -479,3 +479,22 @@ def test_key_membership_by_table_drops_values_outside_the_wanted_span():
         False,
         False,
     ]
+
+
+def test_score_parts_computed_a_term_at_a_time_are_the_products_of_one_array():
+    """A posting's part is its term's coefficient times its ratio wherever it is computed:
+    a term's slice, a range, gathered positions and the whole array are the same products,
+    bit for bit (a coefficient of the wrong term, or an offset slip, differs)."""
+    from exec_nodes.fts import _Parts
+
+    rng = np.random.default_rng(3)
+    counts = np.array([5, 0, 7, 3])
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    parts = _Parts(rng.random(int(counts.sum())), np.array([1.7, 9.0, 0.3, 2.9]), bounds)
+    whole = np.repeat(parts.coefficient, counts) * parts.ratio
+    assert parts.whole().tobytes() == whole.tobytes()
+    assert [t for t, _, _ in parts.terms()] == [0, 2, 3]
+    for t, a, b in parts.terms():
+        assert parts.of(t, slice(a, b)).tobytes() == whole[a:b].tobytes()
+        at = np.array([b - 1, a])
+        assert parts.of(t, at).tobytes() == whole[at].tobytes()
