@@ -71,9 +71,9 @@ class _Docs:
 class PartitionMatches:
     """One partition's live postings of a query's distinct terms, in the partition's document
     ids, grouped by term (``counts`` a term): per posting its document, term frequency and
-    document length (``uint32``, as Lance's index holds them); ``rowid`` gives each document's row address. ``key``
-    names these postings (the partition, its left-out set and the terms) in ``cache``, where
-    a search keeps what it derives from them."""
+    document length (``uint32``, as Lance's index holds them); ``rowid`` gives each
+    document's row address. ``key`` names these postings (the partition, its left-out set
+    and the terms) in ``cache``, where a search keeps what it derives from them."""
 
     doc: np.ndarray
     tf: np.ndarray
@@ -220,7 +220,7 @@ class BaseTextIndex:
 
         def load() -> tuple[PartitionMatches, int]:
             decoded = index_postings(self.caches, files, partition, terms)
-            lives = [np.logical_not(dead.mask[d], out=np.empty(len(d), bool)) for d, _ in decoded]
+            lives = [np.logical_not(m, out=m) for m in (dead.mask[d] for d, _ in decoded)]
             counts = np.array([np.count_nonzero(live) for live in lives], dtype=np.int64)
             # The live postings written once, where they go, as decoded (uint32, as Lance's
             # document ids are): joining and filtering int64 copies was 90 MB of fresh memory
