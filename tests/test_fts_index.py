@@ -5,6 +5,7 @@ on a fully merged, fully indexed copy; and the base is not tokenized."""
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 
 import lance
@@ -371,3 +372,129 @@ def test_non_ascii_texts_score_as_lance_scores_a_merged_copy(tmp_path):
         for k in (5, 40):
             assert_same(tbl.fts(query, k=k), lance_fts(model, tmp_path / "m", query, k))
     tbl.close()
+
+
+def test_superseded_base_rows_are_found_while_the_index_files_are_read(
+    indexed, monkeypatch, tmp_path
+):
+    """A cold search looks up the base rows newer sources supersede while the base index's
+    document file is still being read, not after: the read here waits (at most a minute) for
+    that lookup, and the scores stay exactly Lance's on a merged copy."""
+    from exec_nodes.base_source import BaseSourceExec
+    from exec_nodes.fts_index import BaseTextIndex
+
+    tbl, model = indexed
+    holders = [r["k"] for r in tbl.fts("w1 w7 w40", k=100).to_pylist()]
+    fresh = rows([*holders[:40], 30_000, 30_001], 7, words=20)
+    gone = pa.table({"k": pa.array(holders[40:60], pa.int64())})
+    for target in (tbl, model):
+        target.upsert(fresh)
+        target.delete(gone)
+    tbl.flush()
+    looked_up = threading.Event()
+    overlapped: list[bool] = []
+    key_addresses, prefetch = BaseSourceExec.key_addresses, BaseTextIndex.prefetch_documents
+
+    def looking_up(self, keys):
+        looked_up.set()
+        return key_addresses(self, keys)
+
+    def waiting_prefetch(self):
+        overlapped.append(looked_up.wait(60))
+        prefetch(self)
+
+    monkeypatch.setattr(BaseSourceExec, "key_addresses", looking_up)
+    monkeypatch.setattr(BaseTextIndex, "prefetch_documents", waiting_prefetch)
+    reopened = mw.open_table(tbl.uri)  # cold: nothing of the index read yet
+    try:
+        query = "w1 w7 w40"
+        assert_same(reopened.fts(query, k=10), lance_fts(model, tmp_path / "m", query, 10))
+    finally:
+        reopened.close()
+    assert overlapped == [True]
+
+
+def test_a_partitions_live_postings_are_12_bytes_each_and_leave_the_superseded_out(indexed):
+    """The live postings a search derives from each index partition are the decoded ones
+    less the documents newer sources supersede or delete, in the decoded order, at 12 bytes
+    a posting (document, frequency and length as ``uint32``: int64 copies were fresh memory
+    on every cold search); an offset slip between terms or a dead document kept differs."""
+    from exec_nodes.base_source import BaseSourceExec
+    from exec_nodes.fts_index import index_docs, index_postings
+    from exec_nodes.source import FullText
+    from memwal_sql.formats.source_rows import source_schema
+    from memwal_sql.writer.memtable_indexes import tokenizer_for
+
+    tbl, _ = indexed
+    holders = [r["k"] for r in tbl.fts("w1 w7", k=200).to_pylist()]
+    tbl.upsert(rows(holders[:30], 3, words=10))
+    tbl.delete(pa.table({"k": pa.array(holders[30:50], pa.int64())}))
+    terms = ["w1", "w7"]
+    ds = tbl.dataset()
+    text = FullText("body", tokenizer_for({}, tbl.caches), ("k",))
+    index = BaseSourceExec(ds, source_schema(ds.schema), text, caches=tbl.caches).text_index()
+    assert index is not None
+    live_keys = set(tbl.to_arrow().column("k").to_pylist())
+    fresh = set(holders[:30])
+    found = ds.to_table(columns=["k"], with_row_address=True).to_pydict()
+    superseded = np.sort(
+        np.array(
+            [a for k, a in zip(found["k"], found["_rowaddr"]) if k in fresh or k not in live_keys],
+            dtype=np.uint64,
+        )
+    )
+    matches = index.matches(terms, superseded)
+    left_out = 0
+    for (files, p), part in zip(index.partitions, matches.partitions):
+        docs = index_docs(tbl.caches, files, p)
+        want_doc, want_tf = [], []
+        for d, f in index_postings(tbl.caches, files, p, terms):
+            live = ~np.isin(docs.rowid[d], superseded)
+            left_out += int(np.count_nonzero(~live))
+            want_doc.append(d[live])
+            want_tf.append(f[live])
+        assert part.doc.tolist() == np.concatenate(want_doc).tolist()
+        assert part.tf.tolist() == np.concatenate(want_tf).tolist()
+        assert part.length.tolist() == docs.length[part.doc].tolist()
+        assert part.counts.tolist() == [len(d) for d in want_doc]
+        assert part.doc.nbytes + part.tf.nbytes + part.length.nbytes == 12 * len(part.doc)
+    assert left_out >= 40  # the updated and deleted holders of w1 or w7
+
+
+def test_key_membership_by_table_drops_values_outside_the_wanted_span():
+    """The wanted keys' table is looked up with every value clipped to its span: values below
+    it, above it, at the int64 and uint64 ends, are not members; those inside are exactly
+    the wanted ones."""
+    from exec_nodes.base_source import _Member
+
+    member = _Member(pa.array([5, 7, 9], pa.int64()), 3)
+    assert member.table is not None
+    values = pa.array([-(2**63), -1, 0, 4, 5, 6, 7, 9, 10, 2**63 - 1], pa.int64())
+    assert member(values).tolist() == [False] * 4 + [True, False, True, True, False, False]
+    unsigned = _Member(pa.array([0, 3], pa.uint64()), 3)
+    assert unsigned(pa.array([0, 1, 3, 4, 2**64 - 1], pa.uint64())).tolist() == [
+        True,
+        False,
+        True,
+        False,
+        False,
+    ]
+
+
+def test_score_parts_computed_a_term_at_a_time_are_the_products_of_one_array():
+    """A posting's part is its term's coefficient times its ratio wherever it is computed:
+    a term's slice, a range, gathered positions and the whole array are the same products,
+    bit for bit (a coefficient of the wrong term, or an offset slip, differs)."""
+    from exec_nodes.fts import _Parts
+
+    rng = np.random.default_rng(3)
+    counts = np.array([5, 0, 7, 3])
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    parts = _Parts(rng.random(int(counts.sum())), np.array([1.7, 9.0, 0.3, 2.9]), bounds)
+    whole = np.repeat(parts.coefficient, counts) * parts.ratio
+    assert parts.whole().tobytes() == whole.tobytes()
+    assert [t for t, _, _ in parts.terms()] == [0, 2, 3]
+    for t, a, b in parts.terms():
+        assert parts.of(t, slice(a, b)).tobytes() == whole[a:b].tobytes()
+        at = np.array([b - 1, a])
+        assert parts.of(t, at).tobytes() == whole[at].tobytes()
