@@ -376,3 +376,20 @@ def test_searches_see_only_each_keys_newest_row(tmp_path):
     near = tbl.vector_search([50.0, 2.0], column="vec", k=1).to_pylist()[0]
     assert (near["id"], near["ts"]) == (3, 7)  # 2 at (50, 2) was older than its row
     tbl.close()
+
+
+def test_gc_compacts_the_merged_deletes_and_they_still_hold(table):
+    from datetime import timedelta
+
+    for ts in (20, 21, 22):  # three merges with deletes: three appends
+        table.delete(pa.table({"id": [ts], "ts": [ts]}))
+        table.flush()
+        table.merge()
+    store = table.store.uri_for(layout.MERGED_TOMBSTONES)
+    assert len(lance.dataset(store).get_fragments()) == 3
+    result = table.gc(base_versions_older_than=timedelta(0))
+    assert result.merged_tombstone_fragments == 2
+    assert len(lance.dataset(store).get_fragments()) == 1
+    assert len(lance.dataset(store).versions()) == 1  # the superseded ones expired
+    table.upsert(rows([20, 21, 22], [19, 21, 30], 0))  # older, a tie, newer
+    assert sorted(table.to_arrow().column("id").to_pylist()) == [1, 2, 3, 21, 22]

@@ -20,7 +20,9 @@ Per region, it removes:
   through Lance's ``cleanup_old_versions``: counted from when the next version was committed,
   so a read that began on the latest version has the whole retention to finish, however old
   that version was. Tagged versions stay (a tag pins a version for as long as it exists);
-* on local disk, temporary files of puts a crash interrupted (older than a minute).
+* on local disk, temporary files of puts a crash interrupted (older than a minute);
+* on a table with a sequence column, the merged deletes' small fragments, compacted, and their
+  versions superseded longer ago than ``base_versions_older_than``.
 
 Lance writes base-table versions without fsync, and GC deletes on their word. So on local disk a
 pass first fsyncs every base-table file written since the previous pass began (with a minute
@@ -46,8 +48,10 @@ from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
+import lance
+
 from memwal_sql._proto.memwal_pb2 import FlushedGeneration, RegionManifest
-from memwal_sql.compat.lance import is_version_gone
+from memwal_sql.compat.lance import is_not_found, is_version_gone
 from memwal_sql.errors import (
     CommitConflictError,
     CorruptWalEntryError,
@@ -62,8 +66,6 @@ from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.storage.checksums import recorded_wal_entry_position
 
 if TYPE_CHECKING:
-    import lance
-
     from memwal_sql.table_state import TableState
 
 
@@ -94,6 +96,7 @@ class GcResult:
     orphan_directories: int = 0
     manifest_versions: int = 0
     objects: int = 0
+    merged_tombstone_fragments: int = 0  # compacted away (tables with a sequence column)
     kept: list[GcKept] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -102,6 +105,11 @@ class GcResult:
             f"deleted {sum(len(g) for g in self.generations.values())} generation(s), "
             f"{self.wal_entries} WAL entries, {self.orphan_directories} orphan directories, "
             f"{self.manifest_versions} manifest versions ({self.objects} objects)"
+            + (
+                f"; compacted {self.merged_tombstone_fragments} fragments of merged deletes"
+                if self.merged_tombstone_fragments
+                else ""
+            )
         ]
         lines += [f"kept {k.what} of region {k.region_id}: {k.reason}" for k in self.kept]
         return "\n".join(lines)
@@ -202,7 +210,10 @@ def expire_base_versions(table: TableState, retention: timedelta) -> list[int]:
     Example:
         ``expire_base_versions(tbl, timedelta(hours=1))  # [1, 2, 3]``
     """
-    ds = table.dataset()
+    return _expire_versions(table.dataset(), retention)
+
+
+def _expire_versions(ds: lance.LanceDataset, retention: timedelta) -> list[int]:
     versions = _version_times(ds)
     cutoff = _now() - retention.total_seconds()
     # Version v stopped being the latest when v+1 was committed.
@@ -210,6 +221,34 @@ def expire_base_versions(table: TableState, retention: timedelta) -> list[int]:
     if expired:
         ds.cleanup_old_versions(versions=expired, error_if_tagged_old_versions=False)
     return expired
+
+
+def tidy_merged_tombstones(table: TableState, retention: timedelta | None) -> int:
+    """Compact a sequence table's merged deletes (each merge with deletes appends a fragment)
+    into few fragments, and remove their versions superseded longer than ``retention`` ago;
+    returns how many fragments the compaction replaced. Both are safe beside merges appending
+    (Lance rebases an append onto a compaction) and beside writes reading the latest version
+    (a version goes only ``retention`` after it was superseded).
+
+    Example:
+        ``tidy_merged_tombstones(tbl, timedelta(hours=1))  # 120``
+    """
+    uri, opts = table.store.uri_for(layout.MERGED_TOMBSTONES), table.storage_options or None
+    try:
+        ds = lance.dataset(uri, storage_options=opts)
+    except (OSError, ValueError) as e:
+        if is_not_found(e):
+            return 0
+        raise
+    fragments = len(ds.get_fragments())
+    compacted = 0
+    if fragments > 1:
+        ds.optimize.compact_files()
+        ds = lance.dataset(uri, storage_options=opts)
+        compacted = fragments - len(ds.get_fragments())
+    if retention is not None:
+        _expire_versions(ds, retention)
+    return compacted
 
 
 def _last_pass_began(table: TableState) -> float:
@@ -246,6 +285,10 @@ def gc_table(table: TableState, config: MaintenanceConfig | None = None) -> GcRe
         table.store.put(layout.BASE_SYNCED, json.dumps({"started": started}).encode())
     for rid in table.regions():
         _gc_region(table, rid, collectable.get(rid), config.keep_manifest_versions, result)
+    if table.sequence_column is not None:
+        result.merged_tombstone_fragments = tidy_merged_tombstones(
+            table, config.base_versions_older_than
+        )
     _log.info("gc of %s: %s", table.uri, result.summary().replace("\n", "; "))
     return result
 
