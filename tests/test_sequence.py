@@ -393,3 +393,72 @@ def test_gc_compacts_the_merged_deletes_and_they_still_hold(table):
     assert len(lance.dataset(store).versions()) == 1  # the superseded ones expired
     table.upsert(rows([20, 21, 22], [19, 21, 30], 0))  # older, a tie, newer
     assert sorted(table.to_arrow().column("id").to_pylist()) == [1, 2, 3, 21, 22]
+
+
+CHILD = """
+import sys
+import pyarrow as pa
+import memwal_sql as mw
+from tests.test_sequence import planned_write
+
+tbl = mw.open_table(sys.argv[1])
+for i in range(10_000):
+    kind, data = planned_write(i)
+    tbl.upsert(data) if kind == "upsert" else tbl.delete(data)
+    print(f"ACK {i}", flush=True)
+    if i % 10 == 9:
+        tbl.flush()
+        tbl.merge()
+"""
+
+
+def planned_write(i: int) -> tuple[str, pa.Table]:
+    """Write ``i`` of the crash test: upserts and deletes of a few keys, their sequences out
+    of order (a stamp goes up and down as ``i`` grows)."""
+    ks = [(i * 7 + j * 3) % 25 for j in range(4)]
+    stamps = [(i * 37 + j * 11) % 101 for j in range(4)]
+    if i % 5 == 4:
+        return "delete", pa.table({"id": ks, "ts": stamps})
+    return "upsert", rows(ks, stamps, i)
+
+
+def test_a_killed_writer_keeps_the_sequence_rule_for_every_acknowledged_write(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    uri = str(tmp_path / "t")
+    mw.create_table(uri, SCHEMA, primary_key="id", sequence_column="ts",
+                    region_spec=mw.RegionSpec.bucket("id", 2)).close()  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, uri],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    assert child.stdout is not None
+    acked = -1
+    for line in child.stdout:
+        acked = int(line.split()[1])
+        if acked == 47:  # past several merges of deletes
+            break
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    # The write after the last acknowledged one may have landed, whole, or not at all.
+    models = []
+    for last in (acked, acked + 1):
+        model = SequenceModel()
+        for i in range(last + 1):
+            kind, data = planned_write(i)
+            model.upsert(data) if kind == "upsert" else model.delete(data)
+        models.append(model)
+    tbl = mw.open_table(uri)
+    assert by_key(tbl.to_arrow()) in [m.table().to_pylist() for m in models]
+    model = next(m for m in models if m.table().to_pylist() == by_key(tbl.to_arrow()))
+    # After recovery the rule holds against what the dead writer left, merged or not.
+    late = rows(list(range(25)), 50, 99)
+    tbl.upsert(late)
+    model.upsert(late)
+    check_reads(tbl, model)
+    tbl.close()
