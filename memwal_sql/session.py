@@ -236,9 +236,20 @@ class MemWalSchema(dfc.SchemaProvider):
         self._memwal: dict[str, tuple[TableState, dict[str, Any]]] = {}
         self._tables: dict[str, Any] = {}
         self._lock = threading.Lock()
-        self.last_datasets: dict[str, MemWalDataset] = {}
+        self._last = threading.local()
         self.datasets: weakref.WeakSet[RecordsErrors] = weakref.WeakSet()
         self._planning = threading.local()
+
+    @property
+    def last_datasets(self) -> dict[str, MemWalDataset]:
+        """The dataset each table name was last planned with *in this thread*: DataFusion asks
+        for a table in the thread that plans the query, so a query finds its own dataset (its
+        snapshot and pushed predicate), never one another thread's query of the same name
+        made in between."""
+        datasets = getattr(self._last, "datasets", None)
+        if datasets is None:
+            datasets = self._last.datasets = {}
+        return datasets
 
     @contextmanager
     def planning(self, statement: str) -> Iterator[None]:

@@ -556,3 +556,38 @@ def test_a_filter_is_one_boolean_expression_and_nothing_else(tmp_path, bad):
             read()
     assert tbl.count_rows("id > 1 -- a comment") == 2
     assert tbl.to_arrow(filter="id IN (1, 3) AND NOT id = 3").to_pydict() == {"id": [1]}
+
+
+def test_a_filter_planned_beside_another_threads_keeps_its_own_predicate(tmp_path, monkeypatch):
+    """Two threads plan their first query of one table object with different filters; the
+    second plans between the first's planning and its look at what it planned. Each must
+    learn (and remember) its own pushed predicate, not the other's."""
+    from memwal_sql import reads as reads_module
+
+    tbl = mw.create_table(str(tmp_path / "t"), batch(list(range(30)), 0), primary_key="k")
+    first_planned, second_done = threading.Event(), threading.Event()
+    real = reads_module._filtered
+
+    def interleaved(df, text, name):
+        out = real(df, text, name)
+        if text == "n >= 50" and not first_planned.is_set():
+            first_planned.set()
+            assert second_done.wait(30)
+        return out
+
+    monkeypatch.setattr(reads_module, "_filtered", interleaved)
+    got = {}
+    first = threading.Thread(target=lambda: got.update(a=tbl.to_arrow(filter="n >= 50")))
+    first.start()
+    assert first_planned.wait(30)
+    got["b"] = tbl.to_arrow(filter="k < 3")
+    second_done.set()
+    first.join()
+    model = Model(["k"])
+    model.upsert(batch(list(range(30)), 0))
+    for key, f in (("a", "n >= 50"), ("b", "k < 3")):
+        want = expected(model, f)
+        assert got[key].sort_by([(c, "ascending") for c in got[key].column_names]) == want
+        again = tbl.to_arrow(filter=f)  # what was remembered for the filter
+        assert again.sort_by([(c, "ascending") for c in again.column_names]) == want
+    tbl.close()
