@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from exec_nodes.regions import KeyRegions, key_in_two_regions
-from memwal_sql.formats.generation import open_generation
+from memwal_sql.formats.generation import ROW_FILES, open_generation
 from memwal_sql.partitioning.region_spec import RegionSpec
 from memwal_sql.read_snapshot import ReadSnapshot, RegionSources
 
@@ -114,7 +114,7 @@ def _generation_regions(snapshot: ReadSnapshot) -> KeyRegions:
 
     def keys_of(uri: str) -> pa.Table:
         def load() -> tuple[pa.Table, int]:
-            keys = open_generation(uri, opts).to_table(columns=pk)
+            keys = open_generation(uri, opts, ROW_FILES).to_table(columns=pk)
             return keys, keys.nbytes
 
         return snapshot.caches.lookup.get("generation_keys", uri, load)
