@@ -68,6 +68,25 @@ def _dead(table: pa.Table) -> np.ndarray:
     return np.zeros(table.num_rows, dtype=bool)
 
 
+def _renumbered(keep: np.ndarray) -> np.ndarray:
+    """Each row's number among the rows ``keep`` keeps, -1 for the others: the kept rows
+    between two dropped ones are one slice of a shifted count (a cumulative sum of the flags
+    costs 3-20x this on a large write's rows, of which a few are dropped).
+
+    Example:
+        >>> _renumbered(np.array([True, False, True, True, False])).tolist()
+        [0, -1, 1, 2, -1]
+    """
+    dropped = np.flatnonzero(~keep)
+    n = len(keep)
+    if len(dropped) * 64 > n:  # many dropped: the count of kept flags is as cheap
+        return np.where(keep, np.cumsum(keep) - 1, -1)
+    out = np.arange(n, dtype=np.int64)
+    out -= np.repeat(np.arange(len(dropped) + 1), np.diff(np.r_[-1, dropped, n - 1]))
+    out[dropped] = -1
+    return out
+
+
 def _newest_by_sort(table: pa.Table, primary_key: Sequence[str], dead: np.ndarray) -> pa.Table:
     t = table.select([*primary_key, GEN, ROWADDR]).append_column(TOMBSTONE, pa.array(dead))
     order = pc.sort_indices(
@@ -113,22 +132,46 @@ class _ByAddress:
         [7, -1, 8]
     """
 
-    def __init__(self, addresses: np.ndarray, values: np.ndarray) -> None:
-        fragment, offset = split_addresses(addresses)
+    def __init__(self, addresses: np.ndarray | pa.ChunkedArray, values: np.ndarray) -> None:
+        # Built at the first get: a count after a large write asks none (see _newer_rows).
+        self._pending: tuple[np.ndarray | pa.ChunkedArray, np.ndarray] | None = (
+            addresses,
+            values,
+        )
         self._per_fragment: dict[int, np.ndarray] = {}
-        if not len(offset):
-            return
-        # A MemTable's or a small generation's rows are all in one fragment: no np.unique of
-        # millions of equal ids (a hash of each) for the first read after a large write.
-        one = fragment.min() == fragment.max()
-        for f in [int(fragment[0])] if one else np.unique(fragment).tolist():
-            at = slice(None) if one else fragment == f
-            index = np.full(int(offset[at].max()) + 1, -1, dtype=np.int32)
-            index[offset[at]] = values[at]
-            self._per_fragment[f] = index
+
+    def _built(self) -> dict[int, np.ndarray]:
+        if self._pending is None:
+            return self._per_fragment
+        addresses, values = self._pending
+        if isinstance(addresses, pa.ChunkedArray):
+            addresses = addresses.to_numpy()
+        fragment, offset = split_addresses(addresses)
+        per_fragment: dict[int, np.ndarray] = {}
+        if len(offset):
+            # A MemTable's or a small generation's rows are all in one fragment: no np.unique
+            # of millions of equal ids (a hash of each) for the first read after a large write.
+            one = fragment.min() == fragment.max()
+            for f in [int(fragment[0])] if one else np.unique(fragment).tolist():
+                at = slice(None) if one else fragment == f
+                index = np.full(int(offset[at].max()) + 1, -1, dtype=np.int32)
+                index[offset[at]] = values[at]
+                per_fragment[f] = index
+        # Published whole, then marked built: a query on another thread sees the arrays
+        # complete or builds them itself.
+        self._per_fragment = per_fragment
+        self._pending = None
+        return per_fragment
+
+    @property
+    def built(self) -> bool:
+        """Whether the arrays per fragment exist yet (they are made at the first :meth:`get`)."""
+        return self._pending is None
 
     @property
     def nbytes(self) -> int:
+        if self._pending is not None:  # what it holds until built: its values
+            return self._pending[1].nbytes
         return sum(a.nbytes for a in self._per_fragment.values())
 
     def get(self, addresses: np.ndarray) -> np.ndarray:
@@ -139,7 +182,7 @@ class _ByAddress:
             return out
         one = fragment.min() == fragment.max()  # the common case: a source of one fragment
         for f in [int(fragment[0])] if one else np.unique(fragment).tolist():
-            index = self._per_fragment.get(f)
+            index = self._built().get(f)
             if index is None:
                 continue
             at = slice(None) if one else fragment == f
@@ -158,10 +201,27 @@ class Versions:
     def __init__(
         self, newest: pa.Table, primary_key: Sequence[str], keyset: KeySet | None = None
     ) -> None:
-        self.keys = newest.select(list(primary_key))
-        self.gen = newest.column(GEN).to_numpy().astype(np.int64)
-        self.addr = newest.column(ROWADDR).to_numpy().astype(np.int64)
-        self.dead = newest.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
+        self._set(
+            newest.select(list(primary_key)),
+            newest.column(GEN).to_numpy(),
+            newest.column(ROWADDR).to_numpy(),
+            newest.column(TOMBSTONE).to_numpy(zero_copy_only=False),
+            keyset,
+        )
+
+    def _set(
+        self,
+        keys: pa.Table,
+        gen: np.ndarray,
+        addr: np.ndarray,
+        dead: np.ndarray,
+        keyset: KeySet | None,
+    ) -> None:
+        self.keys = keys
+        # No copy where the types already match: a large write's rows are millions.
+        self.gen = gen.astype(np.int64, copy=False)
+        self.addr = addr.astype(np.int64, copy=False)
+        self.dead = dead.astype(bool, copy=False)
         self._keyset = keyset if keyset is not None else KeySet(self.keys)
         self._base: dict[tuple[str, int], RowMask | None] = {}
         # Per source (a generation's uri), the entry each physical row is the version of, or
@@ -189,37 +249,36 @@ class Versions:
             keyset = KeySet(rows.select(list(primary_key)))
             gen = rows.column(GEN).to_numpy()
             addr = rows.column(ROWADDR).to_numpy()
+            dead = _dead(rows)
             keep, span = None, int(addr.max()) + 1
             if gen.min() >= 0 and (int(gen.max()) + 1) * span < 1 << 62:
-                # newest_per_key's rule as one integer: _gen, then _rowaddr (a generation's
-                # reach past 2**32), then a tombstone; computed in place (one array, not six,
-                # of a large write's rows)
-                wide = gen.astype(np.int64)
-                wide *= span
-                wide += addr.astype(np.int64, copy=False)
-                wide <<= 1
-                wide |= _dead(rows)
-                keep = keyset.newest_rows(wide)
+
+                def rank(at: np.ndarray) -> np.ndarray:
+                    # newest_per_key's rule as one integer: _gen, then _rowaddr (a
+                    # generation's reach past 2**32), then a tombstone; only for the rows of
+                    # repeated keys (after one large write: a few, not millions)
+                    wide = gen[at].astype(np.int64) * span + addr[at].astype(np.int64)
+                    return (wide << 1) | dead[at]
+
+                keep = keyset.newest_rows(rank)
             if keep is None:
                 out = cls(newest_per_key(rows, primary_key), primary_key)
                 for name, t in zip(names, tables):
                     out.index_source(name, t, primary_key)
                 return out
+            keys = rows.select(list(primary_key))
             entry = np.arange(rows.num_rows)
             if not keep.all():
-                rows, keyset = rows.filter(pa.array(keep)), keyset.subset(keep)
-                entry = np.where(keep, np.cumsum(keep) - 1, -1)
-            out = cls(
-                rows.select([*primary_key, GEN, ROWADDR]).append_column(
-                    TOMBSTONE, pa.array(_dead(rows))
-                ),
-                primary_key,
-                keyset,
-            )
+                # Some keys written twice (one large write after a small one): the dropped
+                # rows leave numpy arrays and the key columns only, not every column read.
+                entry = _renumbered(keep)
+                keys, keyset = keys.filter(pa.array(keep)), keyset.subset(keep, entry)
+                gen, addr, dead = gen[keep], addr[keep], dead[keep]
+            out = cls.__new__(cls)
+            out._set(keys, gen, addr, dead, keyset)
             start = 0
             for name, t in zip(names, tables):
-                at = t.column(ROWADDR).to_numpy().astype(np.int64)
-                out._at[name] = _ByAddress(at, entry[start : start + t.num_rows])
+                out._at[name] = _ByAddress(t.column(ROWADDR), entry[start : start + t.num_rows])
                 start += t.num_rows
             return out
         empty = pa.table({f.name: pa.array([], f.type) for f in key_fields})
@@ -545,6 +604,16 @@ class DeduplicateExec(ExecNode):
         if not self.newer:
             return
         in_gens, in_mems, replaced = self.versions()
+        if not len(output) and self.predicate is None:
+            # count(*): each key's newest version is one entry of the generations' versions
+            # (none of the MemTables' replaced it) or of the MemTables', so the newer rows are
+            # counted from the versions: no source is read again, no row checked by address.
+            for source in self.newer:
+                source.count_open()
+            live = np.count_nonzero(~in_gens.dead & ~replaced) + np.count_nonzero(~in_mems.dead)
+            if live:
+                yield from pa.table({"n": pa.nulls(int(live))}).select([]).to_batches()
+            return
         wanted = [f.name for f in output if f.name not in (GEN, ROWADDR)]
         columns = list(dict.fromkeys([*wanted, *self.primary_key, TOMBSTONE]))
         # With a filter, only matching rows are read in full (the filter goes into Lance for
