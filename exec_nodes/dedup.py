@@ -13,7 +13,7 @@ newer version.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -66,6 +66,41 @@ def _dead(table: pa.Table) -> np.ndarray:
     if TOMBSTONE in table.column_names:
         return table.column(TOMBSTONE).to_numpy(zero_copy_only=False)
     return np.zeros(table.num_rows, dtype=bool)
+
+
+def _dense_newest(keys: pa.Table, rank: Callable[[np.ndarray], np.ndarray]) -> np.ndarray | None:
+    """Which rows hold the highest ``rank`` of their key (the first row on a tie, as
+    :meth:`KeySet.newest_rows`), for one integer key column whose values span at most twice
+    its rows; None for other keys. No sort: each row writes its number into its key's slot
+    of an array over the span, and a row that does not read its own number back shares its
+    key with the row that does; only those rows (after one large write: a few) are ranked.
+
+    Example:
+        >>> _dense_newest(pa.table({"id": [5, 7, 5]}), lambda at: at).tolist()
+        [False, True, True]
+    """
+    col = keys.column(0)
+    n = keys.num_rows
+    if keys.num_columns != 1 or not pa.types.is_integer(col.type) or col.null_count:
+        return None
+    values = col.to_numpy()
+    low, high = int(values.min()), int(values.max())
+    if n >= 1 << 31 or high - low >= 2 * n + 1024:
+        return None
+    at = values - values.dtype.type(low)
+    slot = np.empty(high - low + 1, dtype=np.int32)
+    own = np.arange(n, dtype=np.int32)
+    slot[at] = own
+    keep = np.ones(n, dtype=bool)
+    lost = np.flatnonzero(slot[at] != own)
+    if not len(lost):
+        return keep
+    shared = np.union1d(lost, slot[at[lost]])  # every row of a repeated key, ascending
+    order = np.lexsort((shared, -rank(shared), at[shared]))  # key, newest, first row
+    key = at[shared][order]
+    keep[shared] = False
+    keep[shared[order[np.r_[True, key[1:] != key[:-1]]]]] = True
+    return keep
 
 
 def _renumbered(keep: np.ndarray) -> np.ndarray:
@@ -222,7 +257,7 @@ class Versions:
         self.gen = gen.astype(np.int64, copy=False)
         self.addr = addr.astype(np.int64, copy=False)
         self.dead = dead.astype(bool, copy=False)
-        self._keyset = keyset if keyset is not None else KeySet(self.keys)
+        self._keyset = keyset  # None: built at the first probe (see _keys)
         self._base: dict[tuple[str, int], RowMask | None] = {}
         # Per source (a generation's uri), the entry each physical row is the version of, or
         # -1: a row is checked by its row address, never by hashing its key again.
@@ -240,16 +275,18 @@ class Versions:
         ``_rowaddr``, ``_tombstone``), with each table indexed (:meth:`index_source`) under
         its name in ``names``, if given.
 
-        The newest version of each key is found in the key set's sort order (which the
-        versions keep anyway), not by an aggregate and a second key set; where no key repeats
-        (one large write), every row is its key's version and its entry is its place in the
+        The newest version of each key is found, for one integer key column over a dense
+        range, by :func:`_dense_newest` (no sort: the key set is built at the first probe,
+        which a count never makes), else in the key set's sort order (which the versions keep
+        anyway), not by an aggregate and a second key set; where no key repeats (one large
+        write), every row is its key's version and its entry is its place in the
         concatenation."""
         if any(t.num_rows for t in tables):
             rows = pa.concat_tables([t for t in tables if t.num_rows])
-            keyset = KeySet(rows.select(list(primary_key)))
             gen = rows.column(GEN).to_numpy()
             addr = rows.column(ROWADDR).to_numpy()
             dead = _dead(rows)
+            keyset: KeySet | None = None
             keep, span = None, int(addr.max()) + 1
             if gen.min() >= 0 and (int(gen.max()) + 1) * span < 1 << 62:
 
@@ -260,7 +297,10 @@ class Versions:
                     wide = gen[at].astype(np.int64) * span + addr[at].astype(np.int64)
                     return (wide << 1) | dead[at]
 
-                keep = keyset.newest_rows(rank)
+                keep = _dense_newest(rows.select(list(primary_key)), rank)
+                if keep is None:
+                    keyset = KeySet(rows.select(list(primary_key)))
+                    keep = keyset.newest_rows(rank)
             if keep is None:
                 out = cls(newest_per_key(rows, primary_key), primary_key)
                 for name, t in zip(names, tables):
@@ -272,7 +312,8 @@ class Versions:
                 # Some keys written twice (one large write after a small one): the dropped
                 # rows leave numpy arrays and the key columns only, not every column read.
                 entry = _renumbered(keep)
-                keys, keyset = keys.filter(pa.array(keep)), keyset.subset(keep, entry)
+                keys = keys.filter(pa.array(keep))
+                keyset = None if keyset is None else keyset.subset(keep, entry)
                 gen, addr, dead = gen[keep], addr[keep], dead[keep]
             out = cls.__new__(cls)
             out._set(keys, gen, addr, dead, keyset)
@@ -297,7 +338,15 @@ class Versions:
         """With the key set (and its bitset) and the base's row masks computed so far."""
         masks = sum(m.nbytes for m in list(self._base.values()) if m is not None)
         at = sum(a.nbytes for a in self._at.values())
-        return self.keys.nbytes + 3 * self.gen.nbytes + self._keyset.nbytes + at + masks
+        keyset = 0 if self._keyset is None else self._keyset.nbytes
+        return self.keys.nbytes + 3 * self.gen.nbytes + keyset + at + masks
+
+    def _keys(self) -> KeySet:
+        """The key set of the entries, built at the first probe (two queries racing may both
+        build it: the same set)."""
+        if self._keyset is None:
+            self._keyset = KeySet(self.keys)
+        return self._keyset
 
     @property
     def rank(self) -> np.ndarray:
@@ -306,11 +355,11 @@ class Versions:
 
     def positions(self, keys: pa.Table) -> np.ndarray:
         """For each of ``keys``, its entry here, or -1."""
-        return self._keyset.positions(keys)
+        return self._keys().positions(keys)
 
     def contains(self, keys: pa.Table | pa.RecordBatch) -> np.ndarray:
         """Which of ``keys`` have a version here."""
-        return self._keyset.contains(keys)
+        return self._keys().contains(keys)
 
     def base_mask(self, lookup: BaseSourceExec) -> RowMask | None:
         """The base rows of these keys (None: the base is too big to keep a key index), kept
@@ -328,7 +377,7 @@ class Versions:
         out = Versions.__new__(Versions)
         out.keys = self.keys.filter(pa.array(mask))
         out.gen, out.addr, out.dead = self.gen[mask], self.addr[mask], self.dead[mask]
-        out._keyset = KeySet(out.keys)
+        out._keyset = None
         out._base, out._at = {}, {}
         return out
 
