@@ -87,7 +87,11 @@ def _dense_newest(keys: pa.Table, rank: Callable[[np.ndarray], np.ndarray]) -> n
     low, high = int(values.min()), int(values.max())
     if n >= 1 << 31 or high - low >= 2 * n + 1024:
         return None
-    at = values - values.dtype.type(low)
+    # Offsets in int64 (uint64 keys as they are): a small key type's offsets may pass it.
+    if values.dtype == np.uint64:
+        at = values - np.uint64(low)
+    else:
+        at = values.astype(np.int64, copy=False) - low
     slot = np.empty(high - low + 1, dtype=np.int32)
     own = np.arange(n, dtype=np.int32)
     slot[at] = own
@@ -199,14 +203,9 @@ class _ByAddress:
         return per_fragment
 
     @property
-    def built(self) -> bool:
-        """Whether the arrays per fragment exist yet (they are made at the first :meth:`get`)."""
-        return self._pending is None
-
-    @property
     def nbytes(self) -> int:
-        if self._pending is not None:  # what it holds until built: its values
-            return self._pending[1].nbytes
+        if self._pending is not None:  # what it holds until built: its inputs
+            return self._pending[0].nbytes + self._pending[1].nbytes
         return sum(a.nbytes for a in self._per_fragment.values())
 
     def get(self, addresses: np.ndarray) -> np.ndarray:

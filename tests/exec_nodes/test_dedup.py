@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -314,3 +315,17 @@ def test_a_count_reads_each_newer_source_once_and_checks_no_row_by_address(tmp_p
     rows = tbl.to_arrow()
     assert rows.num_rows == 156 and built  # a scan does check rows by address
     tbl.close()
+
+
+@pytest.mark.parametrize("type_", [pa.int8(), pa.uint8(), pa.int64(), pa.uint64()])
+def test_newest_rows_of_a_dense_key_of_any_integer_type(type_):
+    from exec_nodes.dedup import _dense_newest
+
+    # Keys of every integer width and sign, offsets from the smallest past the key's own
+    # type (int8: 60 is offset 160 from -100): each key's newest row, one per key.
+    signed = type_.id in (pa.int8().id, pa.int64().id)
+    values = [-100, 60, -100, -35, 60] if signed else [0, 200, 0, 45, 200]
+    keep = _dense_newest(pa.table({"id": pa.array(values, type_)}), lambda at: at)
+    assert keep.tolist() == [False, False, True, True, True]
+    # A key spread too far for an array over its range: the caller sorts instead.
+    assert _dense_newest(pa.table({"id": pa.array([0, 10**6], pa.int64())}), lambda at: at) is None
