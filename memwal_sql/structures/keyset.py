@@ -8,6 +8,7 @@ and probing it per batch avoids Arrow's ``is_in``, which rebuilds its hash table
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -172,10 +173,14 @@ class KeySet:
     def __len__(self) -> int:
         return self._size
 
-    def newest_rows(self, rank: np.ndarray) -> np.ndarray | None:
+    def newest_rows(
+        self, rank: np.ndarray | Callable[[np.ndarray], np.ndarray]
+    ) -> np.ndarray | None:
         """Which rows of the set's input hold the highest ``rank`` of their key (the first of
         them on a tie: one per key), from the set's sort order, no aggregate; None where that
         order cannot tell equal keys apart (two string or composite keys sharing a hash).
+        ``rank`` may be a function giving the ranks of some input rows: only the rows of
+        repeated keys are ranked.
 
         Example:
             >>> KeySet(pa.table({"id": [5, 7, 5]})).newest_rows(np.array([1, 2, 3])).tolist()
@@ -198,7 +203,7 @@ class KeySet:
         first = np.r_[True, sub[1:] != sub[:-1]]
         group = np.cumsum(first) - 1
         rows = self._order[at]
-        ranked = rank[rows]
+        ranked = rank(rows) if callable(rank) else rank[rows]
         best = np.maximum.reduceat(ranked, np.flatnonzero(first))
         won = np.flatnonzero(ranked == best[group])
         won = won[np.r_[True, group[won[1:]] != group[won[:-1]]]]  # one winner per key
@@ -206,9 +211,9 @@ class KeySet:
         keep[rows[won]] = True
         return keep
 
-    def subset(self, keep: np.ndarray) -> KeySet:
+    def subset(self, keep: np.ndarray, renumbered: np.ndarray | None = None) -> KeySet:
         """The set of the input rows where ``keep`` is true (renumbered in order), without
-        sorting again.
+        sorting again; ``renumbered``, if the caller has it, is each kept row's new number.
 
         Example:
             >>> s = KeySet(pa.table({"id": [5, 7, 5]})).subset(np.array([False, True, True]))
@@ -220,7 +225,9 @@ class KeySet:
         out.columns, out._integer, out._packing = self.columns, self._integer, self._packing
         out._bits = None
         kept = keep[self._order]
-        out._order = (np.cumsum(keep) - 1)[self._order[kept]]
+        if renumbered is None:
+            renumbered = np.cumsum(keep) - 1
+        out._order = renumbered[self._order[kept]]
         out._size = len(out._order)
         if self._integer:
             out._sorted = self._sorted[kept]

@@ -103,13 +103,13 @@ class _Growing:
             return None
         table = _fewer_chunks(pa.Table.from_batches(new, schema=new[0].schema))
         offsets = np.arange(self.num_rows, self.num_rows + table.num_rows, dtype=np.uint64)
+        # The row numbers go in before conform, which then makes no second column of them.
         table = conform(
-            table.drop_columns([c for c in (ROWADDR,) if c in table.column_names]),
+            table.drop_columns([c for c in (ROWADDR,) if c in table.column_names]).append_column(
+                self.schema.field(ROWADDR), pa.array(offsets)
+            ),
             self.schema,
             self.generation,
-        )
-        table = table.set_column(
-            table.schema.get_field_index(ROWADDR), self.schema.field(ROWADDR), pa.array(offsets)
         )
         self._batches.extend(new)
         self._parts.append(table)

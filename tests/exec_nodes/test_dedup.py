@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -165,11 +166,12 @@ def test_versions_by_row_address_agree_with_versions_by_key(sources, replace):
         min_size=1,
         max_size=4,
     ),
-    st.booleans(),
+    st.sampled_from(["strings", "dense", "sparse"]),
 )
-def test_versions_from_the_key_sets_order_agree_with_newest_per_key(sources, strings):
-    # Versions.of finds each key's newest row in its key set's sort order (no aggregate),
-    # and indexes each source by row address; both must say what newest_per_key says.
+def test_versions_from_the_key_sets_order_agree_with_newest_per_key(sources, kind):
+    # Versions.of finds each key's newest row without a sort (integer keys over a dense
+    # range) or in its key set's sort order (no aggregate), and indexes each source by row
+    # address; both must say what newest_per_key says.
     from exec_nodes.dedup import Versions
 
     tables = []
@@ -177,8 +179,8 @@ def test_versions_from_the_key_sets_order_agree_with_newest_per_key(sources, str
         n = len(keys)
         ids = (
             pa.array([f"k{k}" for k in keys], pa.string())
-            if strings
-            else pa.array(keys, pa.int64())
+            if kind == "strings"
+            else pa.array([k * (10**9 if kind == "sparse" else 1) - 7 for k in keys], pa.int64())
         )
         addr = (np.arange(n)[::-1] + (1 << 32 if far else 0)).astype(np.uint64)
         tables.append(
@@ -220,12 +222,13 @@ def test_versions_from_the_key_sets_order_agree_with_newest_per_key(sources, str
             assert (e >= 0) == is_newest and (e < 0 or keys[e] == k)
 
 
-def test_the_first_count_after_a_large_write_builds_one_key_set_and_no_aggregate(
+def test_the_first_count_after_a_large_write_sorts_no_keys_and_runs_no_aggregate(
     tmp_path, monkeypatch
 ):
-    # A large write, unflushed, read at once: each key's newest row comes from the key set's
-    # sort order, which the versions keep; no hash aggregate and no second set of the keys
-    # (counted: KeySets built over the write's rows, aggregates run).
+    # A large write, unflushed, read at once: each key's newest row is found without a sort
+    # (its integer keys span a dense range), the count reads the versions alone, so no key
+    # set is built over the write's rows; a scan then builds one, once, and no hash
+    # aggregate runs (counted: KeySets built over the write's rows, aggregates run).
     import memwal_sql as mw
     from memwal_sql.structures import keyset as keyset_module
 
@@ -253,5 +256,76 @@ def test_the_first_count_after_a_large_write_builds_one_key_set_and_no_aggregate
     monkeypatch.setattr(dedup_module, "last_per_key", keyset_module.last_per_key)
     assert tbl.count_rows() == n - 1
     assert aggregates == []
-    assert len([b for b in built if b >= n]) == 1
+    assert [b for b in built if b >= n - 1] == []
+    got = tbl.to_arrow(filter="id < 10").sort_by("id")
+    assert got.column("id").to_pylist() == [0, 1, 2, 3, 4, 6, 7, 8, 9]
+    assert set(got.column("v").to_pylist()) == {"a"}  # the newer write's rows won
+    assert aggregates == []
+    assert len([b for b in built if b >= n - 1]) <= 1
     tbl.close()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.booleans(), max_size=300), st.integers(0, 2))
+def test_renumbering_the_kept_rows_is_their_running_count(keep, dense):
+    from exec_nodes.dedup import _renumbered
+
+    mask = np.array(keep, dtype=bool)
+    if dense:  # the few-dropped branch: at most one row in 64 dropped
+        mask[:] = True
+        mask[:: 64 * dense + 1][1:] = False
+    want = np.where(mask, np.cumsum(mask) - 1, -1)
+    assert _renumbered(mask).tolist() == want.tolist()
+
+
+def test_a_count_reads_each_newer_source_once_and_checks_no_row_by_address(tmp_path, monkeypatch):
+    # count(*) counts the live versions: the key columns each source gave them are all it
+    # reads (counted: source reads, address indexes built), and it agrees with the rows a
+    # scan returns across the base, a generation and a MemTable with updates and deletes.
+    import memwal_sql as mw
+    from exec_nodes import dedup as dedup_module
+    from exec_nodes.source import SourceLeaf
+
+    schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("v", pa.string())])
+    tbl = mw.create_table(
+        str(tmp_path),
+        pa.table({"id": np.arange(100), "v": ["b"] * 100}, schema=schema),
+        primary_key="id",
+    )
+    tbl.upsert(pa.table({"id": np.arange(50, 150), "v": ["g"] * 100}, schema=schema))
+    tbl.flush()
+    tbl.upsert(pa.table({"id": np.arange(140, 160), "v": ["m"] * 20}, schema=schema))
+    tbl.delete([3, 60, 145, 155, 999])
+    reads, built = [], []
+    real_read, real_built = SourceLeaf.read_counted, dedup_module._ByAddress._built
+
+    def read_counted(self, *a, **kw):
+        reads.append(type(self).__name__)
+        return real_read(self, *a, **kw)
+
+    def address_index(self):
+        built.append(1)
+        return real_built(self)
+
+    monkeypatch.setattr(SourceLeaf, "read_counted", read_counted)
+    monkeypatch.setattr(dedup_module._ByAddress, "_built", address_index)
+    assert tbl.count_rows() == 160 - 4
+    assert sorted(reads) == ["GenerationSourceExec", "MemTableSourceExec"]
+    assert built == []
+    rows = tbl.to_arrow()
+    assert rows.num_rows == 156 and built  # a scan does check rows by address
+    tbl.close()
+
+
+@pytest.mark.parametrize("type_", [pa.int8(), pa.uint8(), pa.int64(), pa.uint64()])
+def test_newest_rows_of_a_dense_key_of_any_integer_type(type_):
+    from exec_nodes.dedup import _dense_newest
+
+    # Keys of every integer width and sign, offsets from the smallest past the key's own
+    # type (int8: 60 is offset 160 from -100): each key's newest row, one per key.
+    signed = type_.id in (pa.int8().id, pa.int64().id)
+    values = [-100, 60, -100, -35, 60] if signed else [0, 200, 0, 45, 200]
+    keep = _dense_newest(pa.table({"id": pa.array(values, type_)}), lambda at: at)
+    assert keep.tolist() == [False, False, True, True, True]
+    # A key spread too far for an array over its range: the caller sorts instead.
+    assert _dense_newest(pa.table({"id": pa.array([0, 10**6], pa.int64())}), lambda at: at) is None

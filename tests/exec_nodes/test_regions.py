@@ -98,3 +98,29 @@ def test_generations_and_memtables_together(tmp_path):
     got = found(keys_in_two_regions_of(take_read_snapshot(tbl), tbl.region_spec))
     assert got == {(2, "x"), (3, "y"), (5, "x"), (6, "y")}
     tbl.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(-3, 9)), max_size=30))
+def test_one_integer_key_sorted_in_numpy_agrees_with_the_reference(pairs):
+    # One integer key column takes the sort path (_regions_per_key), not Acero's aggregate.
+    def held(part: list[tuple[str, int]]) -> KeyRegions:
+        return KeyRegions(
+            [
+                (r, pa.table({"a": pa.array([k for q, k in part if q == r], pa.int64())}))
+                for r in "abc"
+            ],
+            ["a"],
+        )
+
+    def keys(shared: pa.Table | None) -> set[int]:
+        if shared is None:
+            return set()
+        assert all(r[REGION] != r[OTHER_REGION] for r in shared.to_pylist())
+        return set(shared.column("a").to_pylist())
+
+    want = {k for k, _ in reference([(r, (k, "x")) for r, k in pairs])}
+    assert keys(held(pairs).shared()) == want
+    first, second = held(pairs[::2]), held(pairs[1::2])
+    parts = [first.shared(), second.shared(), first.shared_with(second)]
+    assert set().union(*(keys(p) for p in parts)) == want
