@@ -167,6 +167,8 @@ class GlobalBM25Exec(ExecNode):
                 (c, i, p) for c, ps in zip(self._children, each) for i, (p, _) in enumerate(ps)
             ]
             occurrences = [o for ps in each for _, o in ps]
+            # Kept by the pieces' own keys: a MemTable's next search gives those.
+            _keep(_piece_keys(self._children, pieces), indexed, gone)
             live = self._latest(pieces, gone)
         finally:
             # Each task ends before the search goes on or fails.
@@ -229,21 +231,12 @@ class GlobalBM25Exec(ExecNode):
         (sorted) addresses of the live rows it covers that a newer source supersedes or
         deletes; the same keys and indexes (no write since the last search) give the same
         answer, kept."""
-        key = (
-            *(id(k.keys) for _, ks in newer for k in ks),
-            *(id(x) for _, x in indexed),
-        )
         with _LATEST_LOCK:
-            hit = _SUPERSEDED.get(key)
+            hit = _SUPERSEDED.get(_named(newer, indexed))
         if hit is not None:
             return hit[1]
         out = self._compute_superseded(newer, indexed)
-        with _LATEST_LOCK:
-            _SUPERSEDED.clear()  # one entry: the objects it holds keep their ids unique
-            _SUPERSEDED[key] = (
-                [k.keys for _, ks in newer for k in ks] + [x for _, x in indexed],
-                out,
-            )
+        _keep(newer, indexed, out)
         return out
 
     def _compute_superseded(
@@ -490,6 +483,38 @@ _SUPERSEDED: dict[tuple[int, ...], tuple[list[object], _Superseded]] = {}
 _LATEST: dict[tuple[int, ...], tuple[list[object], list[np.ndarray], tuple[int, int]]] = {}
 _LATEST_LOCK = threading.Lock()
 _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memwal-fts")
+
+
+def _named(
+    newer: list[tuple[SourceLeaf, list[PieceKeys]]],
+    indexed: list[tuple[SourceLeaf, BaseTextIndex]],
+) -> tuple[int, ...]:
+    """What names a :class:`_Superseded`: its key tables and indexes (kept with it)."""
+    return (*(id(k.keys) for _, ks in newer for k in ks), *(id(x) for _, x in indexed))
+
+
+def _keep(
+    newer: list[tuple[SourceLeaf, list[PieceKeys]]],
+    indexed: list[tuple[SourceLeaf, BaseTextIndex]],
+    found: _Superseded,
+) -> None:
+    """``found`` kept as the one entry, named by ``newer`` and ``indexed`` (held with it, so
+    their ids stay unique)."""
+    held = [k.keys for _, ks in newer for k in ks] + [x for _, x in indexed]
+    with _LATEST_LOCK:
+        _SUPERSEDED.clear()
+        _SUPERSEDED[_named(newer, indexed)] = (held, found)
+
+
+def _piece_keys(
+    children: Sequence[SourceLeaf], pieces: list[tuple[SourceLeaf, int, Piece]]
+) -> list[tuple[SourceLeaf, list[PieceKeys]]]:
+    """The newer children's pieces' keys, as :meth:`GlobalBM25Exec._superseded` takes them."""
+    return [
+        (c, [PieceKeys.of(p) for owner, _, p in pieces if owner is c])
+        for c in children
+        if c.generation != BASE_GENERATION
+    ]
 
 
 def _occurrences(
