@@ -129,18 +129,20 @@ class GlobalBM25Exec(ExecNode):
         # The index's files are read and decoded, and the sources opened and tokenized, side
         # by side (Lance and numpy, mostly without the GIL): a cold search waits for the
         # longest of them, not for their sum. The rows newer sources supersede are found from
-        # their keys alone: once the sources whose keys come only with their pieces
+        # their keys alone, here: once the sources whose keys come only with their pieces
         # (generations) are opened, while those whose keys come without tokenizing (MemTables)
-        # are still tokenized and the index's files read (the document file first, the
-        # postings once a thread is free).
+        # are still tokenized. The index's files are read first (the document file, then the
+        # postings once the generations are opened): what follows the lookup needs them.
         newer = [c.generation != BASE_GENERATION for c in self._children]
         keys = [c.text_keys() if n else None for c, n in zip(self._children, newer)]
-        order = sorted(range(1, len(self._children)), key=lambda i: keys[i] is not None)
         reading = [_POOL.submit(x.prefetch_documents) for _, x in indexed]
-        opened: dict[int, futures.Future[list[Piece]]] = {
-            i: _POOL.submit(self._children[i].pieces) for i in order
-        }
-        reading += [_POOL.submit(x.prefetch_postings, list(counts)) for _, x in indexed]
+        opened: dict[int, futures.Future[list[Piece]]] = {}
+        for late in (False, True):
+            for i in range(1, len(self._children)):
+                if (keys[i] is not None) == late:
+                    opened[i] = _POOL.submit(self._children[i].pieces)
+            if not late:
+                reading += [_POOL.submit(x.prefetch_postings, list(counts)) for _, x in indexed]
         query = pa.array(list(counts), pa.string())
         # The query terms' occurrences in each piece (a generation's read from its index).
         found_in = [_POOL.submit(_occurrences, c, query) for c in self._children[1:]]
@@ -148,7 +150,10 @@ class GlobalBM25Exec(ExecNode):
             first = _occurrences(self._children[0], query) if self._children else []
 
             def pieces_of(i: int) -> list[Piece]:
-                return [p for p, _ in first] if i == 0 else opened[i].result()
+                if i == 0:
+                    return [p for p, _ in first]
+                # Not started on the pool yet: opened here rather than waited for.
+                return self._children[i].pieces() if opened[i].cancel() else opened[i].result()
 
             gone = self._superseded(
                 [
