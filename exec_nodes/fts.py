@@ -235,14 +235,12 @@ class GlobalBM25Exec(ExecNode):
         """The newest version of every key among the newer sources' pieces, and per index the
         (sorted) addresses of the live rows it covers that a newer source supersedes or
         deletes; the same keys and indexes (no write since the last search) give the same
-        answer, kept."""
+        answer, kept (:func:`_keep`)."""
         with _LATEST_LOCK:
             hit = _SUPERSEDED.get(_named(newer, indexed))
         if hit is not None:
             return hit[1]
-        out = self._compute_superseded(newer, indexed)
-        _keep(newer, indexed, out)
-        return out
+        return self._compute_superseded(newer, indexed)
 
     def _compute_superseded(
         self,

@@ -206,6 +206,7 @@ class PieceKeys:
 
     @classmethod
     def of(cls, piece: Piece) -> PieceKeys:
+        """``piece``'s own arrays (a search names what it derived from them by them)."""
         return cls(piece.keys, piece.addresses, piece.present)
 
 
@@ -508,7 +509,11 @@ class SourceLeaf(KeyedExec, KnnSource):
     def text_keys(self) -> list[PieceKeys] | None:
         """The keys of :meth:`pieces` (the same rows in the same order) when the source has
         them without tokenizing (a MemTable's rows), else None: a search finds the rows
-        newer sources supersede from them while the pieces are tokenized."""
+        newer sources supersede from them while the pieces are tokenized.
+
+        Example:
+            ``memtable_leaf.text_keys()[0].keys`` -> the key columns of its piece's rows
+        """
         return None
 
     def piece_rows(self, piece: int, index: np.ndarray) -> pa.Table:

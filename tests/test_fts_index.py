@@ -374,6 +374,18 @@ def test_non_ascii_texts_score_as_lance_scores_a_merged_copy(tmp_path):
     tbl.close()
 
 
+def update_holders(tbl, model) -> list[int]:
+    """Update 40 of the 100 best documents for "w1 w7 w40" and delete 20 more (in ``tbl``
+    and ``model``); the 100 keys, best first."""
+    holders = [r["k"] for r in tbl.fts("w1 w7 w40", k=100).to_pylist()]
+    fresh = rows([*holders[:40], 30_000, 30_001], 7, words=20)
+    gone = pa.table({"k": pa.array(holders[40:60], pa.int64())})
+    for target in (tbl, model):
+        target.upsert(fresh)
+        target.delete(gone)
+    return holders
+
+
 def test_superseded_base_rows_are_found_while_the_index_files_are_read(
     indexed, monkeypatch, tmp_path
 ):
@@ -384,12 +396,7 @@ def test_superseded_base_rows_are_found_while_the_index_files_are_read(
     from exec_nodes.fts_index import BaseTextIndex
 
     tbl, model = indexed
-    holders = [r["k"] for r in tbl.fts("w1 w7 w40", k=100).to_pylist()]
-    fresh = rows([*holders[:40], 30_000, 30_001], 7, words=20)
-    gone = pa.table({"k": pa.array(holders[40:60], pa.int64())})
-    for target in (tbl, model):
-        target.upsert(fresh)
-        target.delete(gone)
+    update_holders(tbl, model)
     tbl.flush()
     looked_up = threading.Event()
     overlapped: list[bool] = []
@@ -511,12 +518,7 @@ def test_superseded_base_rows_are_found_while_the_memtables_are_tokenized(
     from exec_nodes.memtable_source import MemTableSourceExec
 
     tbl, model = indexed
-    holders = [r["k"] for r in tbl.fts("w1 w7 w40", k=100).to_pylist()]
-    fresh = rows([*holders[:40], 30_000, 30_001], 7, words=20)
-    gone = pa.table({"k": pa.array(holders[40:60], pa.int64())})
-    for target in (tbl, model):
-        target.upsert(fresh)
-        target.delete(gone)
+    holders = update_holders(tbl, model)
     for w in tbl.live_writers().values():  # the WAL written, the MemTables left unflushed
         w.release()
     looked_up = threading.Event()

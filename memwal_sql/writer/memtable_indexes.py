@@ -237,7 +237,11 @@ class TextIndex(_Growing):
         tokenize), else None."""
         with self.lock:
             n = len(self._batches)
-            if self._piece is None or n != len(batches) or batches[-1] is not self._batches[-1]:
+            if (
+                self._piece is None
+                or n != len(batches)
+                or (n and batches[-1] is not self._batches[-1])
+            ):
                 return None
             return self._piece
 
