@@ -178,7 +178,8 @@ class GlobalBM25Exec(ExecNode):
         finally:
             # Each task ends before the search goes on or fails.
             futures.wait(reading)
-            futures.wait([*opened.values(), *found_in])
+            futures.wait(opened.values())
+            futures.wait(found_in)
         weights = np.array(list(counts.values()), dtype=np.float64)
         stats = CorpusStats()
         frequency = np.zeros(len(query), dtype=np.int64)
