@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 from exec_nodes.base import ExecNode
 from exec_nodes.dedup import Versions
 from exec_nodes.fts_index import BaseTextIndex
-from exec_nodes.source import SourceLeaf
+from exec_nodes.source import PieceKeys, SourceLeaf
 from memwal_sql.compat.lance_fts import BM25_B, BM25_K1
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.visitors import evaluate
@@ -128,35 +128,66 @@ class GlobalBM25Exec(ExecNode):
         indexed = [(c, x) for c in self._children if (x := c.text_index()) is not None]
         # The index's files are read and decoded, and the sources opened and tokenized, side
         # by side (Lance and numpy, mostly without the GIL): a cold search waits for the
-        # longest of them, not for their sum. The rows newer sources supersede need the
-        # sources only: they are found while the index's files are still read (the
-        # document file first, the postings once a thread is free of the sources).
+        # longest of them, not for their sum. The rows newer sources supersede are found from
+        # their keys alone, here: once the sources whose keys come only with their pieces
+        # (generations) are opened, while those whose keys come without tokenizing (MemTables)
+        # are still tokenized. The index's files are read first (the document file, then the
+        # postings once the generations are opened): what follows the lookup needs them.
+        newer = [c.generation != BASE_GENERATION for c in self._children]
+        keys = [c.text_keys() if n else None for c, n in zip(self._children, newer)]
         reading = [_POOL.submit(x.prefetch_documents) for _, x in indexed]
-        opened = [_POOL.submit(c.pieces) for c in self._children[1:]]
-        reading += [_POOL.submit(x.prefetch_postings, list(counts)) for _, x in indexed]
+        opened: dict[int, futures.Future[list[Piece]]] = {}
+        for late in (False, True):
+            for i in range(1, len(self._children)):
+                if (keys[i] is not None) == late:
+                    opened[i] = _POOL.submit(self._children[i].pieces)
+            if not late:
+                reading += [_POOL.submit(x.prefetch_postings, list(counts)) for _, x in indexed]
+        query = pa.array(list(counts), pa.string())
+        # The query terms' occurrences in each piece (a generation's read from its index).
+        found_in = [_POOL.submit(_occurrences, c, query) for c in self._children[1:]]
         try:
-            first = self._children[0].pieces() if self._children else []
-            rest = [future.result() for future in opened]
+            first = _occurrences(self._children[0], query) if self._children else []
+
+            def pieces_of(i: int) -> list[Piece]:
+                if i == 0:
+                    return [p for p, _ in first]
+                # Not started on the pool yet: opened here rather than waited for.
+                return self._children[i].pieces() if opened[i].cancel() else opened[i].result()
+
+            gone = self._superseded(
+                [
+                    (c, k if k is not None else [PieceKeys.of(p) for p in pieces_of(i)])
+                    for i, (c, k, n) in enumerate(zip(self._children, keys, newer))
+                    if n
+                ],
+                indexed,
+            )
+            futures.wait(reading)
+            for future in reading:
+                future.result()
+            found = [x.matches(list(counts), r) for (_, x), r in zip(indexed, gone.replaced)]
+            each = [first, *(f.result() for f in found_in)]
             pieces = [
-                (c, i, p) for c, ps in zip(self._children, [first, *rest]) for i, p in enumerate(ps)
+                (c, i, p) for c, ps in zip(self._children, each) for i, (p, _) in enumerate(ps)
             ]
-            live, superseded = self._latest(pieces, indexed)
+            occurrences = [o for ps in each for _, o in ps]
+            # Kept by the pieces' own keys: a MemTable's next search gives those.
+            _keep(_piece_keys(self._children, pieces), indexed, gone)
+            live = self._latest(pieces, gone)
         finally:
             # Each task ends before the search goes on or fails.
             futures.wait(reading)
-            futures.wait(opened)
-        for future in reading:
-            future.result()
-        query = pa.array(list(counts), pa.string())
+            futures.wait(opened.values())
+            futures.wait(found_in)
         weights = np.array(list(counts.values()), dtype=np.float64)
         stats = CorpusStats()
         frequency = np.zeros(len(query), dtype=np.int64)
         postings = []
-        for (child, i, piece), ok in zip(pieces, live):
+        for (child, i, piece), ok, (term, doc) in zip(pieces, live, occurrences):
             lengths = piece.tokens.lengths
             stats.documents += int(np.count_nonzero(ok & (lengths > 0)))
             stats.tokens += int(lengths[ok].sum())
-            term, doc = piece.tokens.occurrences(query)
             kept = ok[doc]
             term, doc, tf = _pairs(term[kept], doc[kept])
             per_term = np.bincount(term, minlength=len(query))
@@ -173,12 +204,11 @@ class GlobalBM25Exec(ExecNode):
                     per_term,
                 )
             )
-        for (child, index), gone in zip(indexed, superseded):
-            found = index.matches(list(counts), gone)
-            stats.documents += found.documents
-            stats.tokens += found.tokens
-            frequency += found.frequency
-            for part in found.partitions:
+        for (child, _), matched in zip(indexed, found):
+            stats.documents += matched.documents
+            stats.tokens += matched.tokens
+            frequency += matched.frequency
+            for part in matched.partitions:
                 read = partial(_rows_at, child, part.rowid)
                 postings.append(
                     _Postings(
@@ -198,53 +228,76 @@ class GlobalBM25Exec(ExecNode):
         self.stats = stats
         return self._best(postings, stats, weights, frequency)
 
-    def _latest(
+    def _superseded(
         self,
-        pieces: list[tuple[SourceLeaf, int, Piece]],
+        newer: list[tuple[SourceLeaf, list[PieceKeys]]],
         indexed: list[tuple[SourceLeaf, BaseTextIndex]],
-    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Per piece, which rows are their key's latest live version, and per index the
+    ) -> _Superseded:
+        """The newest version of every key among the newer sources' pieces, and per index the
         (sorted) addresses of the live rows it covers that a newer source supersedes or
-        deletes; the same pieces and indexes (no write since the last search) give the same
-        answer, kept."""
-        key = (*(id(p) for _, _, p in pieces), *(id(x) for _, x in indexed))
+        deletes; the same keys and indexes (no write since the last search) give the same
+        answer, kept (:func:`_keep`)."""
+        with _LATEST_LOCK:
+            hit = _SUPERSEDED.get(_named(newer, indexed))
+        if hit is not None:
+            return hit[1]
+        return self._compute_superseded(newer, indexed)
+
+    def _compute_superseded(
+        self,
+        newer: list[tuple[SourceLeaf, list[PieceKeys]]],
+        indexed: list[tuple[SourceLeaf, BaseTextIndex]],
+    ) -> _Superseded:
+        pieces = [(c, k) for c, ks in newer for k in ks]
+        if not pieces:
+            return _Superseded(None, [np.zeros(0, np.uint64) for _ in indexed], 0, 0)
+        # The newest version of every key among the newer sources, the scan's way.
+        newest = Versions.of(
+            [
+                k.keys.append_column(GEN, pa.array(np.full(k.keys.num_rows, c.generation)))
+                .append_column(ROWADDR, pa.array(k.addresses.astype(np.uint64)))
+                .append_column(TOMBSTONE, pa.array(~k.present))
+                for c, k in pieces
+            ],
+            self.primary_key,
+            list(pieces[0][1].keys.schema),
+        )
+        superseded, deleted, replaced = 0, 0, []
+        for child, index in indexed:  # the base rows its index covers, found by key
+            addr = child.key_addresses(newest.keys)
+            hit = addr >= 0
+            hit[hit] = np.isin(addr[hit] >> 32, list(index.covered))
+            deleted += int(np.count_nonzero(hit & newest.dead))
+            superseded += int(np.count_nonzero(hit & ~newest.dead))
+            replaced.append(np.sort(addr[hit].astype(np.uint64)))
+        return _Superseded(newest, replaced, superseded, deleted)
+
+    def _latest(
+        self, pieces: list[tuple[SourceLeaf, int, Piece]], gone: _Superseded
+    ) -> list[np.ndarray]:
+        """Per piece, which rows are their key's latest live version (and ``_left_out`` set);
+        the same pieces and versions give the same answer, kept."""
+        key = (*(id(p) for _, _, p in pieces), id(gone))
         with _LATEST_LOCK:
             hit = _LATEST.get(key)
         if hit is not None:
             self._left_out = hit[2]
             return hit[1]
-        out = self._compute_latest(pieces, indexed)
+        out = self._compute_latest(pieces, gone)
         with _LATEST_LOCK:
             _LATEST.clear()  # one entry: the pieces it holds keep their ids unique
-            _LATEST[key] = (
-                [p for _, _, p in pieces] + [x for _, x in indexed],
-                out,
-                self._left_out,
-            )
+            _LATEST[key] = ([p for _, _, p in pieces] + [gone], out, self._left_out)
         return out
 
     def _compute_latest(
-        self,
-        pieces: list[tuple[SourceLeaf, int, Piece]],
-        indexed: list[tuple[SourceLeaf, BaseTextIndex]],
-    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        newer = [(c, p) for c, _, p in pieces if c.generation != BASE_GENERATION]
-        self._left_out = (0, 0)
-        if not newer:
-            return [p.present for _, _, p in pieces], [np.zeros(0, np.uint64) for _ in indexed]
-        # The newest version of every key among the newer sources, the scan's way.
-        newest = Versions.of(
-            [
-                p.keys.append_column(GEN, pa.array(np.full(p.keys.num_rows, c.generation)))
-                .append_column(ROWADDR, pa.array(p.addresses.astype(np.uint64)))
-                .append_column(TOMBSTONE, pa.array(~p.present))
-                for c, p in newer
-            ],
-            self.primary_key,
-            list(newer[0][1].keys.schema),
-        )
+        self, pieces: list[tuple[SourceLeaf, int, Piece]], gone: _Superseded
+    ) -> list[np.ndarray]:
+        newest = gone.newest
+        if newest is None:
+            self._left_out = (0, 0)
+            return [p.present for _, _, p in pieces]
         win_gen, win_addr, win_dead = newest.gen, newest.addr, newest.dead
-        out, superseded, deleted = [], 0, 0
+        out, superseded, deleted = [], gone.superseded, gone.deleted
         for child, _, piece in pieces:
             if child.generation == BASE_GENERATION:
                 # Probe the base rows with the (few) newer keys, not the other way round.
@@ -269,20 +322,12 @@ class GlobalBM25Exec(ExecNode):
                 & (win_addr[at] == piece.addresses)
                 & ~win_dead[at]
             )
-            gone = piece.present & ~ok
-            deleted += int(np.count_nonzero(gone & hit & win_dead[at]))
-            superseded += int(np.count_nonzero(gone & ~(hit & win_dead[at])))
+            lost = piece.present & ~ok
+            deleted += int(np.count_nonzero(lost & hit & win_dead[at]))
+            superseded += int(np.count_nonzero(lost & ~(hit & win_dead[at])))
             out.append(ok)
-        replaced = []
-        for child, index in indexed:  # the base rows its index covers, found by key
-            addr = child.key_addresses(newest.keys)
-            hit = addr >= 0
-            hit[hit] = np.isin(addr[hit] >> 32, list(index.covered))
-            deleted += int(np.count_nonzero(hit & win_dead))
-            superseded += int(np.count_nonzero(hit & ~win_dead))
-            replaced.append(np.sort(addr[hit].astype(np.uint64)))
         self._left_out = (superseded, deleted)
-        return out, replaced
+        return out
 
     def _best(
         self,
@@ -426,12 +471,61 @@ def _rows_at(child: SourceLeaf, rowid: np.ndarray, rows: np.ndarray) -> pa.Table
     return child.rows_at(rowid[rows])
 
 
-_LATEST: dict[
-    tuple[int, ...],
-    tuple[list[object], tuple[list[np.ndarray], list[np.ndarray]], tuple[int, int]],
-] = {}
+@dataclass(frozen=True)
+class _Superseded:
+    """The newest version of every key among the newer sources (None: no newer rows), and
+    per base index the sorted addresses of the live rows it covers that they supersede or
+    delete, counted."""
+
+    newest: Versions | None
+    replaced: list[np.ndarray]
+    superseded: int
+    deleted: int
+
+
+_SUPERSEDED: dict[tuple[int, ...], tuple[list[object], _Superseded]] = {}
+_LATEST: dict[tuple[int, ...], tuple[list[object], list[np.ndarray], tuple[int, int]]] = {}
 _LATEST_LOCK = threading.Lock()
 _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memwal-fts")
+
+
+def _named(
+    newer: list[tuple[SourceLeaf, list[PieceKeys]]],
+    indexed: list[tuple[SourceLeaf, BaseTextIndex]],
+) -> tuple[int, ...]:
+    """What names a :class:`_Superseded`: its key tables and indexes (kept with it)."""
+    return (*(id(k.keys) for _, ks in newer for k in ks), *(id(x) for _, x in indexed))
+
+
+def _keep(
+    newer: list[tuple[SourceLeaf, list[PieceKeys]]],
+    indexed: list[tuple[SourceLeaf, BaseTextIndex]],
+    found: _Superseded,
+) -> None:
+    """``found`` kept as the one entry, named by ``newer`` and ``indexed`` (held with it, so
+    their ids stay unique)."""
+    held = [k.keys for _, ks in newer for k in ks] + [x for _, x in indexed]
+    with _LATEST_LOCK:
+        _SUPERSEDED.clear()
+        _SUPERSEDED[_named(newer, indexed)] = (held, found)
+
+
+def _piece_keys(
+    children: Sequence[SourceLeaf], pieces: list[tuple[SourceLeaf, int, Piece]]
+) -> list[tuple[SourceLeaf, list[PieceKeys]]]:
+    """The newer children's pieces' keys, as :meth:`GlobalBM25Exec._superseded` takes them."""
+    return [
+        (c, [PieceKeys.of(p) for owner, _, p in pieces if owner is c])
+        for c in children
+        if c.generation != BASE_GENERATION
+    ]
+
+
+def _occurrences(
+    child: SourceLeaf, query: pa.Array
+) -> list[tuple[Piece, tuple[np.ndarray, np.ndarray]]]:
+    """Each of ``child``'s pieces with the occurrences of the ``query`` terms in it."""
+    return [(p, p.tokens.occurrences(query)) for p in child.pieces()]
 
 
 def _pairs(term: np.ndarray, doc: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

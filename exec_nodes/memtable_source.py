@@ -13,13 +13,14 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from exec_nodes.source import Access, FullText, Knn, Lookup, Probe, SourceLeaf
+from exec_nodes.source import Access, FullText, Knn, Lookup, PieceKeys, Probe, SourceLeaf
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.visitors import matches
-from memwal_sql.formats.source_rows import ROWADDR, empty_rows
+from memwal_sql.formats.source_rows import ROWADDR, TOMBSTONE, conform, empty_rows
 from memwal_sql.structures.cache import Caches
 from memwal_sql.writer.memtable_indexes import (
     Piece,
+    TextIndex,
     VectorIndex,
     keys_index,
     rows_index,
@@ -119,8 +120,12 @@ class MemTableSourceExec(SourceLeaf):
     def _text_pieces(self) -> list[Piece]:
         if not self.batches:
             return []
+        self._text_rows, piece = self._text_index().update(self.batches, self.primary_key)
+        return [piece]
+
+    def _text_index(self) -> TextIndex:
         access = self._needs(FullText)
-        index = text_index(
+        return text_index(
             self.batches,
             self.generation,
             self.origin,
@@ -129,8 +134,23 @@ class MemTableSourceExec(SourceLeaf):
             access.tokenizer,
             caches=self.caches,
         )
-        self._text_rows, piece = index.update(self.batches, self.primary_key)
-        return [piece]
+
+    def text_keys(self) -> list[PieceKeys]:
+        """The MemTable's keys: its piece's when it is made already (the same objects: what a
+        search derived from them is found again), else read from its batches, row ``i`` at
+        address ``i`` as its piece has them."""
+        if not self.batches:
+            return []
+        held = self._text_index().current(self.batches)
+        if held is not None:
+            return [PieceKeys.of(held)]
+        rows = pa.Table.from_batches(self.batches, schema=self.batches[0].schema)
+        fields = pa.schema([self.source_schema.field(n) for n in self.primary_key])
+        present = np.ones(rows.num_rows, dtype=bool)
+        if TOMBSTONE in rows.column_names:
+            present &= ~rows.column(TOMBSTONE).to_numpy(zero_copy_only=False).astype(bool)
+        keys = conform(rows.select(self.primary_key), fields)
+        return [PieceKeys(keys, np.arange(rows.num_rows, dtype=np.int64), present)]
 
     def piece_rows(self, piece: int, index: np.ndarray) -> pa.Table:
         self.pieces()

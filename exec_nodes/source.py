@@ -195,6 +195,21 @@ class FullText:
         return f"full text column={self.column}"
 
 
+@dataclass(frozen=True)
+class PieceKeys:
+    """What a full-text search needs of a :class:`Piece` to find each key's latest version:
+    its rows' keys, row addresses and which rows are present (no terms)."""
+
+    keys: pa.Table
+    addresses: np.ndarray
+    present: np.ndarray
+
+    @classmethod
+    def of(cls, piece: Piece) -> PieceKeys:
+        """``piece``'s own arrays (a search names what it derived from them by them)."""
+        return cls(piece.keys, piece.addresses, piece.present)
+
+
 Access = Scan | Lookup | Knn | FullText
 A = TypeVar("A", Scan, Lookup, Knn, FullText)
 
@@ -491,6 +506,16 @@ class SourceLeaf(KeyedExec, KnnSource):
     def _text_pieces(self) -> list[Piece]:
         raise NotImplementedError
 
+    def text_keys(self) -> list[PieceKeys] | None:
+        """The keys of :meth:`pieces` (the same rows in the same order) when the source has
+        them without tokenizing (a MemTable's rows), else None: a search finds the rows
+        newer sources supersede from them while the pieces are tokenized.
+
+        Example:
+            ``memtable_leaf.text_keys()[0].keys`` -> the key columns of its piece's rows
+        """
+        return None
+
     def piece_rows(self, piece: int, index: np.ndarray) -> pa.Table:
         """Full rows (source schema) of piece ``piece`` at row indices ``index``."""
         raise NotImplementedError
@@ -615,6 +640,7 @@ __all__ = [
     "KnnQuery",
     "KnnSource",
     "Lookup",
+    "PieceKeys",
     "Probe",
     "Scan",
     "SourceLeaf",

@@ -374,6 +374,18 @@ def test_non_ascii_texts_score_as_lance_scores_a_merged_copy(tmp_path):
     tbl.close()
 
 
+def update_holders(tbl, model) -> list[int]:
+    """Update 40 of the 100 best documents for "w1 w7 w40" and delete 20 more (in ``tbl``
+    and ``model``); the 100 keys, best first."""
+    holders = [r["k"] for r in tbl.fts("w1 w7 w40", k=100).to_pylist()]
+    fresh = rows([*holders[:40], 30_000, 30_001], 7, words=20)
+    gone = pa.table({"k": pa.array(holders[40:60], pa.int64())})
+    for target in (tbl, model):
+        target.upsert(fresh)
+        target.delete(gone)
+    return holders
+
+
 def test_superseded_base_rows_are_found_while_the_index_files_are_read(
     indexed, monkeypatch, tmp_path
 ):
@@ -384,12 +396,7 @@ def test_superseded_base_rows_are_found_while_the_index_files_are_read(
     from exec_nodes.fts_index import BaseTextIndex
 
     tbl, model = indexed
-    holders = [r["k"] for r in tbl.fts("w1 w7 w40", k=100).to_pylist()]
-    fresh = rows([*holders[:40], 30_000, 30_001], 7, words=20)
-    gone = pa.table({"k": pa.array(holders[40:60], pa.int64())})
-    for target in (tbl, model):
-        target.upsert(fresh)
-        target.delete(gone)
+    update_holders(tbl, model)
     tbl.flush()
     looked_up = threading.Event()
     overlapped: list[bool] = []
@@ -498,3 +505,50 @@ def test_score_parts_computed_a_term_at_a_time_are_the_products_of_one_array():
         assert parts.of(t, slice(a, b)).tobytes() == whole[a:b].tobytes()
         at = np.array([b - 1, a])
         assert parts.of(t, at).tobytes() == whole[at].tobytes()
+
+
+def test_superseded_base_rows_are_found_while_the_memtables_are_tokenized(
+    indexed, monkeypatch, tmp_path
+):
+    """A cold search finds the base rows the WAL tail's MemTables supersede from their keys
+    alone, before they are tokenized: tokenizing here waits (at most a minute) for that
+    lookup. Scores stay exactly Lance's on a merged copy; a second search finds them again
+    without looking them up, and one after a write looks them up once more."""
+    from exec_nodes.base_source import BaseSourceExec
+    from exec_nodes.memtable_source import MemTableSourceExec
+
+    tbl, model = indexed
+    holders = update_holders(tbl, model)
+    for w in tbl.live_writers().values():  # the WAL written, the MemTables left unflushed
+        w.release()
+    looked_up = threading.Event()
+    overlapped: list[bool] = []
+    lookups: list[int] = []
+    key_addresses, tokenize = BaseSourceExec.key_addresses, MemTableSourceExec._text_pieces
+
+    def looking_up(self, keys):
+        lookups.append(keys.num_rows)
+        looked_up.set()
+        return key_addresses(self, keys)
+
+    def waiting_tokenize(self):
+        overlapped.append(looked_up.wait(60))
+        return tokenize(self)
+
+    monkeypatch.setattr(BaseSourceExec, "key_addresses", looking_up)
+    monkeypatch.setattr(MemTableSourceExec, "_text_pieces", waiting_tokenize)
+    reopened = mw.open_table(tbl.uri)  # cold: the WAL tail replayed, not tokenized yet
+    try:
+        query = "w1 w7 w40"
+        assert_same(reopened.fts(query, k=10), lance_fts(model, tmp_path / "m", query, 10))
+        assert overlapped and all(overlapped), overlapped
+        assert len(lookups) == 1
+        assert_same(reopened.fts(query, k=40), lance_fts(model, tmp_path / "m", query, 40))
+        assert len(lookups) == 1  # nothing written: the superseded rows are kept
+        more = rows([holders[70], 30_002], 9, words=20)
+        for target in (reopened, model):
+            target.upsert(more)
+        assert_same(reopened.fts(query, k=10), lance_fts(model, tmp_path / "m", query, 10))
+        assert len(lookups) == 2
+    finally:
+        reopened.close()

@@ -232,6 +232,19 @@ class TextIndex(_Growing):
         held = 0 if piece is None else piece.keys.nbytes + 9 * len(piece.present)
         return super().nbytes + self._terms.nbytes + held
 
+    def current(self, batches: Sequence[pa.RecordBatch]) -> Piece | None:
+        """The piece of exactly ``batches`` if :meth:`update` made it already (nothing to
+        tokenize), else None."""
+        with self.lock:
+            n = len(self._batches)
+            if (
+                self._piece is None
+                or n != len(batches)
+                or (n and batches[-1] is not self._batches[-1])
+            ):
+                return None
+            return self._piece
+
     def update(
         self, batches: Sequence[pa.RecordBatch], primary_key: Sequence[str]
     ) -> tuple[pa.Table, Piece]:

@@ -126,3 +126,31 @@ def test_ratio_in_place_is_the_bm25_document_part_bit_for_bit(monkeypatch, scrat
             plain = tf.astype(np.float64)
             exact = plain / (plain + (BM25_K1 * (1 - BM25_B) + (BM25_K1 * BM25_B / avgdl) * length))
             assert np.array_equal(got, exact)
+
+
+def test_a_memtables_text_keys_are_its_pieces_keys_without_tokenizing(monkeypatch):
+    """Before its piece is made, a MemTable leaf's keys come from its batches without
+    tokenizing: the same keys, addresses and present rows its piece then has; once the piece
+    is made, its own arrays (what a search derived from them is found by them again)."""
+    from memwal_sql.formats.tokenizer import Tokenizer
+
+    ids = [5, 3, 5, 9]
+    leaf = memtable(4, ids, ["a fox", "gone", "b fox", None], dead=[False, True, False, False])
+    tokenized: list[int] = []
+    real = Tokenizer.tokenize
+    monkeypatch.setattr(
+        Tokenizer, "tokenize", lambda self, texts: tokenized.append(len(texts)) or real(self, texts)
+    )
+    (early,) = leaf.text_keys()
+    assert tokenized == []
+    (piece,) = leaf.pieces()
+    assert tokenized == [4]
+    assert early.keys.equals(piece.keys)
+    assert early.addresses.tolist() == piece.addresses.tolist() == [0, 1, 2, 3]
+    assert early.present.tolist() == piece.present.tolist() == [True, False, True, True]
+    again = memtable(4, ids, ["x"] * 4)  # another leaf: its own batches, its own piece
+    assert again.text_keys()[0].keys is not piece.keys
+    (held,) = MemTableSourceExec(
+        "r", 4, leaf.batches, SOURCE, leaf.access, caches=CACHES
+    ).text_keys()
+    assert held.keys is piece.keys and held.present is piece.present
