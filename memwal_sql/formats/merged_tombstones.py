@@ -29,7 +29,11 @@ from memwal_sql.compat.lance import is_not_found
 def append_merged_tombstones(
     uri: str, tombstones: pa.Table, storage_options: Mapping[str, str] | None
 ) -> None:
-    """Record ``tombstones`` (the key columns and the sequence column) at ``uri``."""
+    """Record ``tombstones`` (the key columns and the sequence column) at ``uri``.
+
+    Example:
+        ``append_merged_tombstones(uri, dead.select(["id", "ts"]), tbl.storage_options)``
+    """
     if not tombstones.num_rows:
         return
     opts = dict(storage_options) if storage_options else None
@@ -51,6 +55,9 @@ def read_merged_tombstones(
     """The latest version of the tombstones at ``uri`` (0 if none were ever merged) and their
     rows, or ``None`` for the rows when that version is ``known_version`` (the caller has them;
     -1 asks for the version only).
+
+    Example:
+        ``version, rows = read_merged_tombstones(uri, None, known_version=last_version)``
     """
     try:
         ds = lance.dataset(uri, storage_options=dict(storage_options) if storage_options else None)

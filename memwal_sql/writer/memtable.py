@@ -94,7 +94,13 @@ def newest_per_key(table: pa.Table, primary_key: Sequence[str], sequence: str) -
 def newest_positions(
     rows: pa.Table | pa.RecordBatch, primary_key: Sequence[str], sequence: str
 ) -> pa.Array | None:
-    """The positions, ascending, of :func:`newest_per_key`'s rows; ``None`` if it keeps all."""
+    """The positions, ascending, of :func:`newest_per_key`'s rows; ``None`` if it keeps all.
+
+    Example:
+        >>> t = pa.table({"id": [1, 1, 2], "ts": [5, 3, 1]})
+        >>> newest_positions(t, ["id"], "ts").to_pylist()
+        [0, 2]
+    """
     n = rows.num_rows
     if n <= 1:
         return None
