@@ -68,7 +68,7 @@ from memwal_sql.storage import ObjectStore, layout, storage_error, storage_failu
 from memwal_sql.storage.store import is_access_denied, with_default_timeouts
 from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.keyset import KeySet
-from memwal_sql.table_state import SEQUENCE_METADATA, TableState
+from memwal_sql.table_state import SEQUENCE_METADATA, TableState, table_schema
 from memwal_sql.writer.config import WriterConfig
 from memwal_sql.writer.gate import WriteGate
 from memwal_sql.writer.memtable import (
@@ -566,12 +566,14 @@ class MemWalTable(TableState):
         add_columns(self, columns)
 
     def alter_columns(self, *changes: Mapping[str, Any]) -> None:
-        """Make non-key columns nullable: ``{"path": name, "nullable": True}``. A new type is
-        a :class:`~memwal_sql.errors.SchemaMismatchError`: Lance 14 refuses to cast a column
-        on a MemWAL table; add a column of the new type and fill it with ``UPDATE`` instead.
+        """Make non-key columns nullable (``{"path": name, "nullable": True}``) or widen their
+        types (``{"path": name, "data_type": pa.int64()}``: int32 to int64, float32 to float64,
+        and the like), while writers write. Writers opened before keep writing the old type,
+        which reads and merges widen. Any other type change is a
+        :class:`~memwal_sql.errors.SchemaMismatchError`.
 
         Example:
-            ``tbl.alter_columns({"path": "score", "nullable": True})``
+            ``tbl.alter_columns({"path": "n", "data_type": pa.int64()})``
         """
         self._check_open()
         alter_columns(self, *changes)
@@ -930,10 +932,6 @@ def _overlay(current: pa.Table, partial: pa.Table, schema: pa.Schema) -> pa.Tabl
     )
 
 
-def _plain_schema(schema: pa.Schema) -> pa.Schema:
-    return pa.schema(list(schema))
-
-
 def _with_primary_key(schema: pa.Schema, primary_key: Sequence[str]) -> pa.Schema:
     _check_key_types(schema, primary_key)
     if TOMBSTONE in schema.names:
@@ -1135,14 +1133,14 @@ def create_table(
         if current_pk and current_pk != keys:
             raise PrimaryKeyError(f"{uri} already has primary key {current_pk}, not {keys}")
         if not current_pk:
-            _check_key_types(_plain_schema(ds.schema), keys)
+            _check_key_types(table_schema(ds.schema), keys)
         stored = ds.to_table(columns=keys)
         for k in keys:
             if stored.column(k).null_count:
                 raise PrimaryKeyError(f"column {k!r} of {uri} holds nulls; it cannot be a key")
         _refuse_duplicate_keys(stored, keys, uri)
         if sequence_column is not None:  # checked before the key's metadata is written
-            _check_sequence_column(_plain_schema(ds.schema), keys, sequence_column)
+            _check_sequence_column(table_schema(ds.schema), keys, sequence_column)
             if ds.to_table(columns=[sequence_column]).column(0).null_count:
                 raise InvalidInputError(
                     f"column {sequence_column!r} of {uri} holds nulls; it cannot order writes"
@@ -1186,7 +1184,7 @@ def create_table(
             )
     if sequence_column is not None:
         ds = _mark_field(ds, sequence_column, SEQUENCE_METADATA, opts)
-    spec = spec.bind(_plain_schema(ds.schema))
+    spec = spec.bind(table_schema(ds.schema))
     writer_config = writer_config or WriterConfig()
     with storage_failures(f"enabling MemWAL at {uri}"):
         ds = create_mem_wal_index(ds, _index_details(ds, spec, writer_config), opts)
@@ -1262,7 +1260,7 @@ def open_table(
             if f.get("expression") is not None:
                 rf.expression = f["expression"]
             rf.parameters.update(f.get("parameters") or {})
-        spec = RegionSpec.from_proto(msg, names).bind(_plain_schema(ds.schema))
+        spec = RegionSpec.from_proto(msg, names).bind(table_schema(ds.schema))
     if writer_config is None:
         writer_config = WriterConfig.from_lance_defaults(
             details.get("writer_config_defaults") or {}

@@ -26,12 +26,14 @@ import lance
 import pyarrow as pa
 
 from memwal_sql._proto.memwal_pb2 import MemWalIndexDetails, RegionManifest
+from memwal_sql.compat.lance import field_ids
 from memwal_sql.errors import InvalidInputError, TableClosedError, UnknownRegionError
 from memwal_sql.formats.lance_manifest import read_mem_wal_details
 from memwal_sql.formats.maintained_indexes import MaintainedIndex, maintained_indexes
 from memwal_sql.formats.memwal_index import region_generations
 from memwal_sql.formats.region_manifest import RegionManifestStore
 from memwal_sql.formats.region_snapshots import load_region_snapshots
+from memwal_sql.formats.source_rows import WIDENS_METADATA
 from memwal_sql.partitioning.region_spec import REGION_NAMESPACE, RegionSpec, region_id_for
 from memwal_sql.storage import ObjectStore, layout
 from memwal_sql.structures.cache import Caches, default_caches
@@ -39,9 +41,9 @@ from memwal_sql.writer.config import WriterConfig
 from memwal_sql.writer.region_writer import RegionWriter, TableLayout
 from memwal_sql.writer.rows import RowCoercer
 
-#: The region ``table.writer()`` and routed writes use on a table without a region spec.
 # Our own configuration, on the sequence column's field (Lance keeps field metadata, ignores it).
 SEQUENCE_METADATA = b"memwal-sql:sequence-column"
+#: The region ``table.writer()`` and routed writes use on a table without a region spec.
 DEFAULT_REGION_ID = str(uuid.uuid5(REGION_NAMESPACE, "default-region"))
 
 
@@ -68,7 +70,7 @@ class TableState:
         self.caches = caches if caches is not None else default_caches()
         self._dataset = dataset
         self._session = dataset.session()
-        self.schema = _plain_schema(dataset.schema)
+        self.schema = table_schema(dataset.schema)
         self._schema_version = dataset.version  # the base version self.schema was read from
         #: The column whose highest value wins per key (``create_table(sequence_column=...)``).
         self.sequence_column = sequence_column_of(self.schema)
@@ -82,6 +84,7 @@ class TableState:
             data_storage_version=dataset.data_storage_version,
             caches=self.caches,
             sequence_column=self.sequence_column,
+            field_ids=_own_field_ids(dataset, self.schema),
             # Weakly, so the table and its writers' layout make no reference cycle.
             merged_generations=_weak_call(self.merged_generations, dict),
             maintained_indexes=_weak_call(self.maintained_indexes, tuple),
@@ -130,12 +133,14 @@ class TableState:
         if dataset.version == self._schema_version:
             return False
         self._schema_version = dataset.version
-        schema = _plain_schema(dataset.schema)  # built anew on each access: once per version
+        schema = table_schema(dataset.schema)  # built anew on each access: once per version
         if schema.equals(self.schema):
             return False
         self.schema = schema
         self._rows = RowCoercer(schema, self.primary_key)
-        self._layout = dataclasses.replace(self._layout, base_schema=schema)
+        self._layout = dataclasses.replace(
+            self._layout, base_schema=schema, field_ids=_own_field_ids(dataset, schema)
+        )
         return True
 
     # ---- regions ------------------------------------------------------------------------------
@@ -183,6 +188,9 @@ class TableState:
             ``with tbl.writer(region_values=(0,), durable_write=False) as w: w.upsert(batch)``
         """
         cfg = self.writer_config.with_overrides(**config)
+        # A writer opened after a schema change, in any process, writes the new schema: one
+        # opened with an older one would drop a newer writer's columns when it replays the WAL.
+        self.follow_schema(self.dataset())
         spec = self.region_spec
         if region_values is not None:
             if spec is None:
@@ -312,8 +320,23 @@ def sequence_column_of(schema: pa.Schema) -> str | None:
     return None
 
 
-def _plain_schema(schema: pa.Schema) -> pa.Schema:
-    return pa.schema(list(schema))
+def table_schema(schema: pa.Schema) -> pa.Schema:
+    """The table's schema, as reads return it and writers write it: the base dataset's, without
+    schema metadata and without a column a type widening is still filling.
+
+    Example:
+        >>> hidden = pa.field("n_wide", pa.int64(), metadata={WIDENS_METADATA: "n"})
+        >>> table_schema(pa.schema([("n", pa.int32()), hidden])).names
+        ['n']
+    """
+    return pa.schema([f for f in schema if not (f.metadata and WIDENS_METADATA in f.metadata)])
+
+
+def _own_field_ids(dataset: lance.LanceDataset, schema: pa.Schema) -> tuple[int, ...] | None:
+    """The base's field ids of ``schema``'s columns, or None if they are their positions (as in
+    every dataset ``lance.write_dataset`` makes: a type widening is what changes them)."""
+    ids = field_ids(dataset.lance_schema, schema.names)
+    return None if ids == tuple(range(len(ids))) else ids
 
 
 def _weak_call(method: Callable[[], Any], default: Callable[[], Any]) -> Callable[[], Any]:

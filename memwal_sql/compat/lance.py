@@ -7,12 +7,16 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import lance
 import numpy as np
 import pyarrow as pa
+
+from memwal_sql._proto.memwal_pb2 import SchemaField
 
 # Lance's merge_insert with `mark_sstables_as_compacted` refuses a stale MemWAL commit with
 # this text; other lost races say "conflict". Both are a retry, not a failure.
@@ -276,3 +280,125 @@ def ivf_pq_model(
     # The stored shape reads [2^nbits, dim], but the values run sub-vector by sub-vector:
     # the layout create_index takes (checked by a round trip in tests/compat).
     return data.reshape(m, 1 << nbits, dim // m).copy(), nbits
+
+
+# ---- field ids -------------------------------------------------------------------------------
+# A Lance column is its field id, not its name: Lance 14's LsmScanner reads a generation's
+# columns by the base table's field ids. pylance assigns ids by position and has no public call
+# that sets them; `LanceSchema` pickles as `_from_protos(metadata, *lance.file.Field)`, through
+# which the two calls below give columns the ids they must keep.
+
+
+_PLACEHOLDER = "_memwal_unused_field_id_"
+
+
+def _schema_fields(schema: lance.LanceSchema) -> tuple[str, list[SchemaField]]:
+    metadata, *protos = schema.__reduce__()[1]
+    return metadata, [SchemaField.FromString(p) for p in protos]
+
+
+def _lance_schema(metadata: str, fields: Sequence[SchemaField]) -> lance.LanceSchema:
+    return lance.schema.LanceSchema._from_protos(metadata, *(f.SerializeToString() for f in fields))
+
+
+def field_ids(schema: lance.LanceSchema, columns: Sequence[str]) -> tuple[int, ...]:
+    """The field ids of ``columns`` of ``schema``, nested ones included, each field before its
+    children: the order in which pylance assigns ids by position (``0, 1, 2, ...``).
+
+    Example:
+        >>> field_ids(lance.schema.LanceSchema.from_pyarrow(pa.schema([("a", pa.int8())])), ["a"])
+        (0,)
+    """
+
+    def walk(field: Any) -> Iterator[int]:
+        yield field.id()
+        for child in field.children():
+            yield from walk(child)
+
+    top = {f.name(): f for f in schema.fields()}
+    return tuple(i for name in columns for i in walk(top[name]))
+
+
+def replace_field(schema: lance.LanceSchema, old: str, new: str) -> lance.LanceSchema:
+    """``schema`` with the top-level column ``new`` renamed ``old``, in ``old``'s place and
+    with ``old``'s nullability and metadata; ``old`` (a primitive column) is gone. A ``Project`` commit of it
+    swaps a column for another of a new type in one atomic step.
+
+    Example:
+        >>> s = lance.schema.LanceSchema.from_pyarrow(
+        ...     pa.schema([("a", pa.int32()), ("b", pa.int8()), ("tmp", pa.int64())])
+        ... )
+        >>> [(f.name(), f.id()) for f in replace_field(s, "a", "tmp").fields()]
+        [('a', 2), ('b', 1)]
+    """
+    metadata, fields = _schema_fields(schema)
+    by_name = {f.name: f for f in fields if f.parent_id == -1}
+    gone, kept = by_name[old], by_name[new]
+    if any(f.parent_id in (gone.id, kept.id) for f in fields):
+        raise ValueError(f"only primitive columns can be swapped, not {old!r} or {new!r}")
+    swapped = SchemaField()
+    swapped.CopyFrom(kept)
+    swapped.name, swapped.nullable = old, gone.nullable
+    swapped.metadata.clear()
+    swapped.metadata.update(gone.metadata)
+    out = [swapped if f is gone else f for f in fields if f is not kept]
+    return _lance_schema(metadata, out)
+
+
+def write_dataset_with_field_ids(
+    rows: pa.Table,
+    uri: str,
+    ids: Sequence[int],
+    *,
+    data_storage_version: str,
+    storage_options: dict[str, str] | None,
+) -> None:
+    """Create a dataset of ``rows`` at ``uri`` whose columns have field ids ``ids`` (in
+    :func:`field_ids` order; a trailing column without one gets a new id), not the positions
+    ``lance.write_dataset`` gives them.
+
+    Lance renumbers the ids of a new dataset and refuses a commit that remaps them, but keeps
+    those a ``Project`` names: so the columns are written in id order, an all-NULL placeholder
+    at each unused id, then projected to their own order without the placeholders.
+
+    Example:
+        ``write_dataset_with_field_ids(rows, uri, (0, 3, 2), data_storage_version="2.1",
+        storage_options=None)``
+    """
+    widths = [
+        len(field_ids(lance.schema.LanceSchema.from_pyarrow(pa.schema([f])), [f.name]))
+        for f in rows.schema
+    ]
+    top = max(ids, default=-1)
+    ids = [*ids, *range(top + 1, top + 1 + sum(widths) - len(ids))]
+    starts = list(itertools.accumulate(widths, initial=0))
+    first = [ids[at] for at in starts[:-1]]
+    for i, width in enumerate(widths):  # a nested column's ids: its own, then its children's
+        if ids[starts[i] : starts[i + 1]] != list(range(first[i], first[i] + width)):
+            raise ValueError(f"column {rows.schema.names[i]!r} has non-consecutive field ids")
+    fields: list[pa.Field] = []
+    arrays: list[pa.ChunkedArray | pa.Array] = []
+    next_id = 0
+    for i in sorted(range(len(first)), key=first.__getitem__):
+        for unused in range(next_id, first[i]):
+            fields.append(pa.field(f"{_PLACEHOLDER}{unused}", pa.bool_()))
+            arrays.append(pa.nulls(rows.num_rows, pa.bool_()))
+        fields.append(rows.schema.field(i))
+        arrays.append(rows.column(i))
+        next_id = first[i] + widths[i]
+    written = lance.write_dataset(
+        pa.Table.from_arrays(arrays, schema=pa.schema(fields)),
+        uri,
+        mode="create",
+        data_storage_version=data_storage_version,  # type: ignore[arg-type]
+        storage_options=storage_options,
+    )
+    metadata, written_fields = _schema_fields(written.lance_schema)
+    by_id = {f.id: f for f in written_fields}
+    own = [by_id[i] for i in ids]
+    lance.LanceDataset.commit(
+        uri,
+        lance.LanceOperation.Project(_lance_schema(metadata, own)),
+        read_version=written.version,
+        storage_options=storage_options,
+    )

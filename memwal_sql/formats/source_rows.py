@@ -66,11 +66,17 @@ def empty_rows(schema: pa.Schema) -> pa.Table:
     return schema.empty_table()
 
 
+#: On a base column a type widening is filling, the name of the column it will replace
+#: (``maintenance/schema.py``): readers and writers do not see it, merges fill it.
+WIDENS_METADATA = b"memwal-sql:widens"
+
+
 def conform(table: pa.Table, schema: pa.Schema, generation: int | None = None) -> pa.Table:
     """``table`` with exactly the columns of ``schema``, cast where the types differ.
 
     ``_gen`` is filled with ``generation`` when given; a missing ``_rowaddr`` is the row
-    offsets, a missing ``_tombstone`` false, any other missing column NULL. An empty schema
+    offsets, a missing ``_tombstone`` false, a missing column a widening fills
+    (:data:`WIDENS_METADATA`) the column it widens, any other missing column NULL. An empty schema
     keeps the row count (what ``count(*)`` reads).
 
     Example:
@@ -92,6 +98,8 @@ def conform(table: pa.Table, schema: pa.Schema, generation: int | None = None) -
             cols.append(pa.array(np.arange(n, dtype=np.uint64)))
         elif f.name == TOMBSTONE:
             cols.append(pa.array(np.zeros(n, dtype=bool)))
+        elif f.metadata and f.metadata.get(WIDENS_METADATA, b"").decode() in table.column_names:
+            cols.append(table.column(f.metadata[WIDENS_METADATA].decode()).cast(f.type))
         else:
             cols.append(pa.nulls(n, f.type))
     return pa.Table.from_arrays(cols, schema=schema)

@@ -107,7 +107,7 @@ def merge_region(
             uri = table.store.uri_for(f"{layout.region_dir(region_id)}/{gen.path}")
             # Verified first: damage must fail the merge, never be copied into the base table.
             tables.append(open_generation(uri, table.storage_options or None).to_table())
-        rows = latest_per_key(pa.concat_tables(tables, promote_options="default"), pk)
+        rows = latest_per_key(pa.concat_tables(tables, promote_options="permissive"), pk)
         dead = rows.filter(rows.column(TOMBSTONE)) if TOMBSTONE in rows.column_names else None
         live = rows.filter(pc.invert(rows.column(TOMBSTONE))) if dead is not None else rows
         # In the base's schema, which a schema change may have widened since the generations

@@ -18,7 +18,7 @@ import lance
 import pyarrow as pa
 
 from memwal_sql._proto.memwal_pb2 import FlushedGeneration
-from memwal_sql.compat.lance import data_file_paths
+from memwal_sql.compat.lance import data_file_paths, write_dataset_with_field_ids
 from memwal_sql.formats.bloom import bloom_filter_bytes, pk_hashes
 from memwal_sql.formats.generation import BLOOM_FILTER
 from memwal_sql.formats.key_index import (
@@ -44,6 +44,7 @@ def write_generation(
     primary_key: Sequence[str],
     *,
     data_storage_version: str,
+    field_ids: Sequence[int] | None = None,
     in_memory_bytes: int,
     indexes: Sequence[MaintainedIndex] = (),
     wal_entry_position: int | None = None,
@@ -56,20 +57,30 @@ def write_generation(
     is left out, and readers search that generation without it. Every call writes a fresh
     directory, so a retried flush never meets a failed one's files. ``wal_entry_position``
     is the last WAL position the rows came from, recorded for GC; ``sorted_keys`` are the rows'
-    keys sorted, when the caller has them.
+    keys sorted, when the caller has them. ``field_ids`` are the base's ids of the rows'
+    columns (``_tombstone`` aside), when they are not their positions.
     """
     name = layout.new_generation_dir_name(generation)
     path = f"{layout.region_dir(region_id)}/{name}"
     uri = store.uri_for(path)
-    lance.write_dataset(
-        rows,
-        uri,
-        mode="create",
-        # The base dataset's version, a str from LanceDataset.data_storage_version; lance's
-        # write_dataset types the same values as a Literal.
-        data_storage_version=data_storage_version,  # type: ignore[arg-type]
-        storage_options=store.storage_options or None,
-    )
+    if field_ids is None:
+        lance.write_dataset(
+            rows,
+            uri,
+            mode="create",
+            # The base dataset's version, a str from LanceDataset.data_storage_version; lance's
+            # write_dataset types the same values as a Literal.
+            data_storage_version=data_storage_version,  # type: ignore[arg-type]
+            storage_options=store.storage_options or None,
+        )
+    else:  # the base's ids, by which Lance's reader matches a generation's columns
+        write_dataset_with_field_ids(
+            rows,
+            uri,
+            field_ids,
+            data_storage_version=data_storage_version,
+            storage_options=store.storage_options or None,
+        )
     dataset = lance.dataset(uri, storage_options=store.storage_options or None)
     if indexes:
         for index in indexes:

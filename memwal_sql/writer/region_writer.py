@@ -109,6 +109,9 @@ class TableLayout:
     sequence_column: str | None = None
     """The table's sequence column: only the table's routed writes, which drop writes older
     than a key's current sequence, may write such a table."""
+    field_ids: tuple[int, ...] | None = None
+    """The base's field ids of ``base_schema``'s columns, which generations must carry for
+    Lance's reader (it matches their columns by id); None when they are the positions."""
 
 
 @dataclass
@@ -886,6 +889,7 @@ class RegionWriter:
                         rows,
                         self._table.primary_key,
                         data_storage_version=self._table.data_storage_version,
+                        field_ids=self._table.field_ids,
                         in_memory_bytes=memtable.nbytes,
                         indexes=self._table.maintained_indexes(),
                         wal_entry_position=covered,

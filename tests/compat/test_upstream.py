@@ -15,10 +15,13 @@ import memwal_sql as mw
 from memwal_sql.compat.arrow import expression_of_parts, expression_parts, substrait_schema
 from memwal_sql.compat.datafusion import plain_strings
 from memwal_sql.compat.lance import (
+    field_ids,
     is_commit_conflict,
     is_not_found,
+    replace_field,
     row_addr_treemap,
     take_rows,
+    write_dataset_with_field_ids,
 )
 from memwal_sql.expressions.substrait import substrait_weight
 from memwal_sql.formats.lance_manifest import read_mem_wal_details
@@ -458,3 +461,51 @@ def test_lance_reads_the_transaction_of_a_compaction_that_remapped_an_index(tmp_
     ds.optimize.compact_files(materialize_deletions_threshold=0.0)
     ds = lance.dataset(str(tmp_path))
     ds.read_transaction(ds.version)
+
+
+def test_lance_keeps_the_field_ids_a_project_commit_names(tmp_path):
+    """A Lance schema pickles as its fields' protobufs; edited ids survive a Project commit
+    (Lance renumbers a new dataset's ids and refuses a Merge that remaps them)."""
+    rows = pa.table({
+        "id": pa.array([1, 2], pa.int64()),
+        "tags": pa.array([["a"], ["b", "c"]], pa.list_(pa.string())),
+        "pt": pa.array([{"x": 1.0, "y": 2.0}, None], pa.struct([("x", pa.float64()), ("y", pa.float64())])),
+        "n": pa.array([5, None], pa.int64()),
+        "_tombstone": [False, True],
+    })  # fmt: skip
+    # id 0, tags 1 (its item 2), pt 3 (x 4, y 5), n 9: as after widenings gave n a new id.
+    write_dataset_with_field_ids(
+        rows, str(tmp_path / "g"), (0, 1, 2, 3, 4, 5, 9), data_storage_version="2.1", storage_options=None
+    )  # fmt: skip
+    ds = lance.dataset(str(tmp_path / "g"))
+    assert field_ids(ds.lance_schema, ds.schema.names) == (0, 1, 2, 3, 4, 5, 9, 10)
+    assert ds.schema.names == rows.column_names
+    assert ds.to_table() == rows
+    assert ds.to_table(filter="n = 5", columns=["id", "pt"]).to_pylist() == [
+        {"id": 1, "pt": {"x": 1.0, "y": 2.0}}
+    ]
+
+
+def test_replace_field_swaps_a_column_for_another_in_one_project_commit(tmp_path):
+    ds = lance.write_dataset(
+        pa.table({"a": pa.array([1, None], pa.int32()), "b": ["x", "y"], "w": pa.array([1, None], pa.int64())}),
+        str(tmp_path / "d"),
+    )  # fmt: skip
+    ds = lance.LanceDataset.commit(
+        ds.uri, lance.LanceOperation.Project(replace_field(ds.lance_schema, "a", "w")), read_version=ds.version
+    )  # fmt: skip
+    assert ds.schema.names == ["a", "b"]
+    assert ds.schema.field("a").type == pa.int64()
+    assert field_ids(ds.lance_schema, ["a", "b"]) == (2, 1)
+    assert ds.to_table().to_pylist() == [{"a": 1, "b": "x"}, {"a": None, "b": "y"}]
+
+
+def test_lance_refuses_a_cast_and_a_computed_column_on_a_memwal_table(tmp_path):
+    """Why a widening fills its hidden column with merge_insert and swaps it in with Project."""
+    tbl = mw.create_table(str(tmp_path / "t"), pa.table({"id": [1], "n": pa.array([1], pa.int32())}), primary_key="id")  # fmt: skip
+    ds = tbl.dataset()
+    with pytest.raises(OSError, match="MemWAL"):
+        ds.alter_columns({"path": "n", "data_type": pa.int64()})
+    with pytest.raises((OSError, ValueError), match="MemWAL"):
+        ds.add_columns({"n2": "n * 2"})
+    tbl.close()

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 
+import lance
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,7 +17,8 @@ from hypothesis import strategies as st
 
 import memwal_sql as mw
 from memwal_sql.errors import SchemaMismatchError
-from tests.lsm import Model, apply_op
+from memwal_sql.maintenance.schema import is_widening
+from tests.lsm import Model, apply_op, lance_latest_rows
 
 OLD = pa.schema([pa.field("id", pa.int64(), False), pa.field("n", pa.int64())])
 
@@ -159,7 +161,10 @@ def test_a_non_null_column_made_nullable_takes_nulls(tmp_path):
         (lambda t: t.add_columns({"_tombstone": pa.bool_()}), "reserves"),
         (lambda t: t.add_columns([pa.field("m", pa.int64(), False)]), "must be nullable"),
         (lambda t: t.add_columns({}), "at least one"),
-        (lambda t: t.alter_columns({"path": "n", "data_type": pa.float64()}), "Lance 14"),
+        (lambda t: t.alter_columns({"path": "n", "data_type": pa.float64()}), "cannot become"),
+        (lambda t: t.alter_columns({"path": "n", "data_type": pa.int32()}), "cannot become"),
+        (lambda t: t.alter_columns({"path": "id", "data_type": pa.float64()}), "key column"),
+        (lambda t: t.alter_columns({"path": "n"}), "nothing to change"),
         (lambda t: t.alter_columns({"path": "n", "name": "m"}), "renamed"),
         (lambda t: t.alter_columns({"path": "id", "nullable": True}), "key column"),
         (lambda t: t.alter_columns({"path": "n", "nullable": False}), "not non-nullable"),
@@ -179,11 +184,14 @@ ops = st.lists(
     st.one_of(
         st.tuples(st.just("upsert"), st.lists(st.integers(0, 30), min_size=1, max_size=5, unique=True), st.integers(0, 9)),
         st.tuples(st.just("delete"), st.lists(st.integers(0, 30), min_size=1, max_size=3, unique=True), st.just(0)),
-        st.tuples(st.sampled_from(["flush", "merge", "compact", "reopen", "crash", "add_column"]), st.just([]), st.just(0)),
+        st.tuples(st.sampled_from(["flush", "merge", "compact", "reopen", "crash", "add_column", "widen"]), st.just([]), st.just(0)),
     ),
     min_size=1,
     max_size=14,
 )  # fmt: skip
+# Column w's types, widened in turn, and a factor that puts (key + seed) <= 39 beyond the range
+# of the type before: a value written after a widening fits only the wider type.
+WIDTHS = [(pa.int8(), 3), (pa.int16(), 800), (pa.int32(), 50_000_000), (pa.int64(), 2**40)]
 
 
 @pytest.mark.slow
@@ -191,15 +199,17 @@ ops = st.lists(
 @given(steps=ops)
 def test_evolving_table_matches_the_model(tmp_path_factory, steps):
     uri = str(tmp_path_factory.mktemp("evolve") / "t")
-    tbl = mw.create_table(uri, pa.table({"id": [0, 1], "n": [0, 1]}, schema=OLD),
-                          primary_key="id", region_spec=mw.RegionSpec.bucket("id", 2))  # fmt: skip
+    first = pa.table({"id": [0, 1], "n": [0, 1], "w": pa.array([0, 1], pa.int8())})
+    tbl = mw.create_table(uri, first, primary_key="id", region_spec=mw.RegionSpec.bucket("id", 2))
     model = Model(["id"])
-    model.upsert(pa.table({"id": [0, 1], "n": [0, 1]}, schema=OLD))
-    added = 0
+    model.upsert(first)
+    added, width = 0, 0
 
     def batch(keys: list[int], seed: int) -> pa.Table:
         # Every write names the columns the table has now; older rows lack the later ones.
-        cols = {"id": keys, "n": [k + seed for k in keys]}
+        wtype, factor = WIDTHS[width]
+        cols = {"id": keys, "n": [k + seed for k in keys],
+                "w": pa.array([(k + seed) * factor for k in keys], wtype)}  # fmt: skip
         for i in range(added):
             cols[f"c{i}"] = [None if (k + seed + i) % 3 == 0 else f"{k}.{seed}" for k in keys]
         return pa.table(cols)
@@ -209,8 +219,13 @@ def test_evolving_table_matches_the_model(tmp_path_factory, steps):
             if op == "add_column":
                 tbl.add_columns({f"c{added}": pa.string()})
                 added += 1
+            elif op == "widen":
+                if width + 1 < len(WIDTHS):
+                    width += 1
+                    tbl.alter_columns({"path": "w", "data_type": WIDTHS[width][0]})
             else:
                 tbl = apply_op(tbl, model, op, keys, seed, uri, batch)
+            assert tbl.schema.field("w").type == WIDTHS[width][0]
             assert tbl.to_arrow().sort_by("id") == expected(model, tbl.schema)
             probe = [0, 1, *keys]
             want = expected(model, tbl.schema)
@@ -262,3 +277,229 @@ def test_a_writer_in_another_process_keeps_writing_the_old_schema(table, tmp_pat
     assert reopened.to_arrow().sort_by("id") == want
     assert reopened.dataset().to_table().sort_by("id").select(want.column_names) == want
     reopened.close()
+
+
+# ---- type widening ----------------------------------------------------------------------------
+
+NARROW = pa.schema([pa.field("id", pa.int64(), False), pa.field("m", pa.int32()), pa.field("s", pa.string())])  # fmt: skip
+BIG = 2**40  # fits the widened type only
+
+
+@pytest.fixture
+def narrow(tmp_path):
+    uri = str(tmp_path / "w")
+    rows = pa.table({"id": [0, 1, 2, 3], "m": [0, -1, None, 3], "s": list("abcd")}, schema=NARROW)
+    tbl = mw.create_table(uri, rows, primary_key="id", region_spec=mw.RegionSpec.bucket("id", 2))
+    model = Model(["id"])
+    model.upsert(rows)
+    yield tbl, model, uri
+    tbl.close()
+
+
+def wide(model: Model) -> pa.Table:
+    return expected(model, pa.schema([NARROW.field("id"), pa.field("m", pa.int64()), NARROW.field("s")]))  # fmt: skip
+
+
+def test_a_widened_column_reads_every_row_written_before_widened(narrow):
+    tbl, model, uri = narrow
+    old_keys, new_keys = keys_of(tbl, 1, 6, 100), keys_of(tbl, 0, 3, 100)
+    old = tbl.writer(region_values=(1,))  # opened before: writes int32
+    old.upsert(pa.table({"id": old_keys[:2], "m": [7, 8], "s": ["o", "o"]}, schema=NARROW))
+    old.flush()  # a generation of int32
+    old.upsert(pa.table({"id": old_keys[2:4], "m": [9, -9], "s": ["p", "p"]}, schema=NARROW))
+    tbl.alter_columns({"path": "m", "data_type": pa.int64()})
+    assert tbl.schema.field("m").type == pa.int64()
+    assert tbl.dataset().schema.field("m").type == pa.int64()
+    old.upsert(pa.table({"id": old_keys[4:], "m": [5, 6], "s": ["q", "q"]}, schema=NARROW))
+    with pytest.raises(SchemaMismatchError):  # the old writer's type cannot hold it
+        old.upsert(pa.table({"id": old_keys[:1], "m": [BIG], "s": ["x"]}))
+    new_rows = pa.table({"id": new_keys, "m": [BIG, -BIG, None], "s": ["n", "n", "n"]})
+    tbl.upsert(new_rows)
+    for rows in (
+        pa.table({"id": old_keys[:2], "m": [7, 8], "s": ["o", "o"]}),
+        pa.table({"id": old_keys[2:4], "m": [9, -9], "s": ["p", "p"]}),
+        pa.table({"id": old_keys[4:], "m": [5, 6], "s": ["q", "q"]}),
+        new_rows,
+    ):
+        model.upsert(rows)
+    want = wide(model)
+    assert tbl.to_arrow().sort_by("id") == want  # base, generation, both MemTables
+    assert tbl.lookup([*old_keys, *new_keys, 0]).sort_by("id") == want.filter(
+        pa.compute.is_in(want["id"], pa.array([*old_keys, *new_keys, 0]))
+    )
+    ctx = mw.connect()
+    ctx.register("t", tbl)
+    got = ctx.sql(f"SELECT id, m FROM t WHERE m > {BIG // 2} OR m < 0 ORDER BY id").to_arrow_table()
+    assert got.to_pylist() == [
+        r for r in want.select(["id", "m"]).to_pylist() if r["m"] is not None and (r["m"] > BIG // 2 or r["m"] < 0)
+    ]  # fmt: skip
+    old.close()
+    tbl.flush()
+    # Lance's reader matches a generation's columns by field id: those written after the
+    # widening carry the new one and read right before any merge.
+    lance_rows = lance_latest_rows(uri, ["id"]).to_pylist()
+    got = {r["id"]: r["m"] for r in lance_rows if r["id"] in new_keys}
+    assert got == dict(zip(new_keys, [BIG, -BIG, None]))
+    tbl.merge()
+    assert tbl.to_arrow().sort_by("id") == want
+    assert lance_latest_rows(uri, ["id"]) == want
+    reopened = mw.open_table(uri)
+    assert reopened.to_arrow().sort_by("id") == want
+    assert reopened.dataset().to_table().sort_by("id").select(want.column_names) == want
+    reopened.close()
+
+
+def test_a_merge_racing_the_widening_loses_no_value(narrow, monkeypatch):
+    """A merge that read the base before the widening began commits while it runs (its rows
+    lack the hidden column, or keep a stale value in it), once before the widening's scan and
+    once between the scan and the swap: the widening must catch both."""
+    from memwal_sql.maintenance import schema as schema_module
+
+    tbl, model, uri = narrow
+    before = tbl.dataset().version
+    real = schema_module._stale_rows
+    stale_merges = iter([([1, 50], [11, 50]), ([2, 60], [22, 60])])
+
+    def stale_merge() -> None:
+        keys, values = next(stale_merges)
+        rows = pa.table({"id": keys, "m": values, "s": ["r", "r"]}, schema=NARROW)
+        (
+            lance.dataset(uri, version=before).merge_insert("id")
+            .when_matched_update_all().when_not_matched_insert_all().execute(rows)
+        )  # fmt: skip
+        model.upsert(rows)
+
+    calls = []
+
+    def racing(ds, pk, name, hidden):
+        calls.append(ds.version)
+        if len(calls) == 1:
+            stale_merge()  # lands after this scan's version: the next scan sees it
+        out = real(ds, pk, name, hidden)
+        if len(calls) == 3:
+            stale_merge()  # after a clean scan, before the swap: the swap must conflict
+        return out
+
+    monkeypatch.setattr(schema_module, "_stale_rows", racing)
+    tbl.alter_columns({"path": "m", "data_type": pa.int64()})
+    assert len(calls) >= 4
+    base = lance.dataset(uri).to_table().sort_by("id")
+    assert base.schema.field("m").type == pa.int64()
+    assert base.select(["id", "m", "s"]) == wide(model)
+    assert tbl.to_arrow().sort_by("id") == wide(model)
+
+
+def test_a_writer_in_another_process_keeps_writing_the_narrow_type(narrow, tmp_path):
+    tbl, model, uri = narrow
+    old_keys = keys_of(tbl, 1, 40, 1000)
+    go, ready = tmp_path / "go", tmp_path / "ready"
+    script = textwrap.dedent(f"""
+        import os, time, pyarrow as pa, memwal_sql as mw
+        tbl = mw.open_table({uri!r})
+        keys = {old_keys!r}
+        with tbl.writer(region_values=(1,)) as w:
+            w.upsert(pa.table({{"id": keys[:20], "m": pa.array(keys[:20], pa.int32()), "s": ["p"] * 20}}))
+            w.flush()
+            open({str(ready)!r}, "w").close()
+            while not os.path.exists({str(go)!r}):
+                time.sleep(0.01)
+            w.upsert(pa.table({{"id": keys[20:], "m": pa.array(keys[20:], pa.int32()), "s": ["q"] * 20}}))
+    """)
+    writer = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        for _ in range(6000):
+            if ready.exists() or writer.poll() is not None:
+                break
+            time.sleep(0.01)
+        assert ready.exists(), "the writer process did not start"
+        tbl.alter_columns({"path": "m", "data_type": pa.int64()})
+        tbl.upsert({"id": [0], "m": [BIG], "s": ["n"]})
+        go.touch()
+        assert writer.wait(timeout=120) == 0
+    finally:
+        writer.kill()
+    model.upsert(pa.table({"id": old_keys, "m": old_keys, "s": ["p"] * 20 + ["q"] * 20}))
+    model.upsert(pa.table({"id": [0], "m": [BIG], "s": ["n"]}))
+    want = wide(model)
+    assert tbl.to_arrow().sort_by("id") == want
+    tbl.flush()
+    tbl.merge()
+    assert lance_latest_rows(uri, ["id"]) == want
+    reopened = mw.open_table(uri)
+    assert reopened.to_arrow().sort_by("id") == want
+    reopened.close()
+
+
+def test_an_interrupted_widening_is_hidden_and_finished_by_the_next(narrow, monkeypatch):
+    from memwal_sql.maintenance import schema as schema_module
+
+    tbl, model, uri = narrow
+
+    def crash(*_args):
+        raise KeyboardInterrupt("killed after the hidden column was added")
+
+    monkeypatch.setattr(schema_module, "_stale_rows", crash)
+    with pytest.raises(KeyboardInterrupt):
+        tbl.alter_columns({"path": "m", "data_type": pa.int64()})
+    monkeypatch.undo()
+    assert "_memwal_widening_m" in lance.dataset(uri).schema.names
+    reopened = mw.open_table(uri)  # readers and writers do not see the hidden column
+    assert reopened.schema == NARROW.remove_metadata() or reopened.schema.names == ["id", "m", "s"]
+    reopened.upsert({"id": [7], "m": [70], "s": ["z"]})
+    reopened.flush()
+    reopened.merge()  # fills the hidden column of the rows it merges
+    model.upsert(pa.table({"id": [7], "m": [70], "s": ["z"]}))
+    with pytest.raises(SchemaMismatchError, match="interrupted"):
+        reopened.alter_columns({"path": "m", "data_type": pa.float64()})
+    reopened.alter_columns({"path": "m", "data_type": pa.int64()})
+    assert lance.dataset(uri).schema.names == ["id", "m", "s"]
+    assert reopened.to_arrow().sort_by("id") == wide(model)
+    reopened.close()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"path": "m", "data_type": pa.int16()}, "cannot become"),
+        ({"path": "m", "data_type": pa.float32()}, "cannot become"),  # 2**31 is not exact
+        ({"path": "m", "data_type": pa.string()}, "cannot become"),
+        ({"path": "m", "data_type": "int64"}, "cannot become"),
+        ({"path": "s", "data_type": pa.large_string()}, "cannot become"),
+    ],
+)
+def test_a_type_change_that_is_not_a_widening_is_refused(narrow, change, message):
+    tbl, model, _ = narrow
+    version = tbl.dataset().version
+    with pytest.raises(SchemaMismatchError, match=message):
+        tbl.alter_columns(change)
+    assert tbl.dataset().version == version
+    assert tbl.to_arrow().sort_by("id") == expected(model, NARROW)
+
+
+def test_region_and_indexed_columns_keep_their_types(tmp_path):
+    rows = pa.table({"id": [1, 2], "g": pa.array([1, 2], pa.int32()), "m": pa.array([1, 2], pa.int32())})  # fmt: skip
+    tbl = mw.create_table(str(tmp_path / "t"), rows, primary_key="id",
+                          region_spec=mw.RegionSpec.identity("g"), allow_non_key_region_spec=True)  # fmt: skip
+    with pytest.raises(SchemaMismatchError, match="routes rows"):
+        tbl.alter_columns({"path": "g", "data_type": pa.int64()})
+    tbl.dataset().create_scalar_index("m", "BTREE")
+    with pytest.raises(SchemaMismatchError, match="indexed by"):
+        tbl.alter_columns({"path": "m", "data_type": pa.int64()})
+    tbl.close()
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "widens"),
+    [
+        (pa.int8(), pa.int16(), True), (pa.int32(), pa.int64(), True), (pa.int64(), pa.int32(), False),
+        (pa.uint8(), pa.int16(), True), (pa.uint32(), pa.int32(), False), (pa.int8(), pa.uint16(), False),
+        (pa.uint16(), pa.uint64(), True), (pa.float16(), pa.float32(), True),
+        (pa.float32(), pa.float64(), True), (pa.float64(), pa.float32(), False),
+        (pa.int32(), pa.float64(), True), (pa.int64(), pa.float64(), False),
+        (pa.int16(), pa.float32(), True), (pa.int32(), pa.float32(), False),
+        (pa.decimal128(5, 2), pa.decimal128(9, 2), True), (pa.decimal128(5, 2), pa.decimal128(9, 3), False),
+        (pa.int32(), pa.int32(), False), (pa.string(), pa.large_string(), False),
+    ],
+)  # fmt: skip
+def test_is_widening(old, new, widens):
+    assert is_widening(old, new) is widens
