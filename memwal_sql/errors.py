@@ -30,8 +30,18 @@ class GenerationCollectedError(RetryableError):
     a new read (a new snapshot) reads its rows from the base table."""
 
 
+class SnapshotExpiredError(MemWalError):
+    """A pinned snapshot (or a change feed's start) needs files that garbage collection
+    removed: it is older than the retention (``base_versions_older_than``) and not tagged."""
+
+
 class InvalidInputError(MemWalError, ValueError):
     """The data handed to a writer or table is not acceptable; nothing was written."""
+
+
+class InvalidSnapshotError(InvalidInputError):
+    """A snapshot token that does not parse, belongs to another table, or a tag that does not
+    exist (or exists already)."""
 
 
 class SchemaMismatchError(InvalidInputError):

@@ -20,7 +20,9 @@ rows an index does not cover yet.
 
 from __future__ import annotations
 
+import datetime
 import functools
+import time
 import uuid
 import weakref
 from collections.abc import Mapping, Sequence
@@ -32,15 +34,19 @@ import lance
 import pyarrow as pa
 
 from memwal_sql._proto.memwal_pb2 import RegionManifest
+from memwal_sql.compat.lance import is_not_found, is_version_gone
 from memwal_sql.errors import (
     CommitConflictError,
     CorruptManifestError,
     InvalidInputError,
     MissingWalEntryError,
+    SnapshotExpiredError,
+    WriterError,
 )
 from memwal_sql.formats.region_manifest import RegionManifestStore, check_not_behind_index
+from memwal_sql.formats.snapshot_token import RegionCut, SnapshotCut
 from memwal_sql.formats.source_rows import source_schema
-from memwal_sql.formats.wal import conform_batch, wal_positions
+from memwal_sql.formats.wal import conform_batch, read_wal_range, wal_positions
 from memwal_sql.formats.wal_tail import WalTail
 from memwal_sql.partitioning.region_spec import RegionSpec, region_id_for
 from memwal_sql.storage import ObjectStore, layout
@@ -106,7 +112,7 @@ class ReadSnapshot:
     """The table's schema as of this snapshot (a schema change since is seen by the next)."""
     wal_schema: pa.Schema
     regions: tuple[RegionSources, ...]
-    consistency: Consistency
+    consistency: Literal["strong", "eventual", "pinned"]
     storage_options: Mapping[str, str] | None = field(default=None)
     merged: Mapping[str, int] = field(default_factory=dict)  # the base version's merge progress
     store: ObjectStore | None = None
@@ -128,12 +134,93 @@ class ReadSnapshot:
         return self.dataset.version
 
 
-def take_read_snapshot(table: TableState, consistency: Consistency = "strong") -> ReadSnapshot:
-    """Snapshot ``table`` for one query.
+@dataclass(frozen=True, eq=False)
+class PinnedSnapshot:
+    """A table's state at one moment, which reads can return to later (``tbl.snapshot()``):
+    pass it as ``as_of=`` to a read, or register it in a SQL session. Its :attr:`token` is a
+    string that restores it in any process (``mw.open_table(uri).snapshot(token)``).
+
+    It reads exactly the rows acknowledged when it was taken, after any flush, merge or
+    compaction since, while garbage collection keeps its base version (``tbl.tag`` keeps it for
+    good); after that a read is a :class:`~memwal_sql.errors.SnapshotExpiredError`.
+
+    Example:
+        ``snap = tbl.snapshot(); tbl.upsert(rows); tbl.to_arrow(as_of=snap)  # without rows``
+    """
+
+    table: TableState
+    cut: SnapshotCut
+
+    @property
+    def token(self) -> str:
+        """The snapshot as a short string: ``tbl.snapshot(token)`` restores it."""
+        return self.cut.token
+
+    @property
+    def base_version(self) -> int:
+        """The base table's version the snapshot reads."""
+        return self.cut.base_version
+
+    @property
+    def taken_at(self) -> datetime.datetime:
+        """When the snapshot was taken (UTC)."""
+        return datetime.datetime.fromtimestamp(
+            self.cut.taken_at_millis / 1000, datetime.timezone.utc
+        )
+
+    def __repr__(self) -> str:
+        return f"PinnedSnapshot(base_version={self.base_version}, token={self.token!r})"
+
+
+#: What a read reads: the latest state (``"strong"``, or ``"eventual"`` for flushed rows only),
+#: or a pinned snapshot.
+ReadAt = Consistency | PinnedSnapshot
+
+
+def pin_snapshot(table: TableState) -> PinnedSnapshot:
+    """Take a :class:`PinnedSnapshot` of ``table`` now: this process's writers store their
+    buffered writes in the WAL first, so it holds every write acknowledged before the call.
+
+    Example:
+        ``snap = pin_snapshot(tbl); snap.token``
+    """
+    for writer in table.live_writers().values():
+        try:
+            writer.sync_wal()
+        except WriterError:
+            pass  # closed or fenced since: what it acknowledged is stored
+    taken_at = int(time.time() * 1000)
+    dataset = table.dataset()
+    merged = table.merged_generations(dataset)
+    rids = sorted(set(table.regions()) | set(merged))
+    store = table.store
+
+    def cut(rid: str) -> RegionCut | None:
+        manifest = RegionManifestStore(store, rid).latest()
+        if manifest is None:
+            return None
+        flushed = manifest.replay_after_wal_entry_position
+        # Listed after the manifest: a flush committed in between leaves its entries in place.
+        end = max([flushed, *wal_positions(store, rid)])
+        floor = merged.get(rid, 0)
+        generations = tuple(
+            sorted(g.generation for g in manifest.flushed_generations if g.generation > floor)
+        )
+        return RegionCut(rid, generations, flushed, end, manifest.current_generation)
+
+    cuts = [cut(r) for r in rids] if store.is_local else list(_POOL.map(cut, rids))
+    regions = tuple(c for c in cuts if c is not None)
+    return PinnedSnapshot(table, SnapshotCut(dataset.version, regions, taken_at))
+
+
+def take_read_snapshot(table: TableState, consistency: ReadAt = "strong") -> ReadSnapshot:
+    """Snapshot ``table`` for one query (``consistency`` may be a :class:`PinnedSnapshot`).
 
     Example:
         ``snap = take_read_snapshot(tbl); [r.region_id for r in snap.regions]``
     """
+    if isinstance(consistency, PinnedSnapshot):
+        return _pinned_read_snapshot(table, consistency.cut)
     if consistency not in ("strong", "eventual"):
         raise InvalidInputError(f"consistency must be 'strong' or 'eventual', not {consistency!r}")
     live = table.live_writers() if consistency == "strong" else {}
@@ -219,6 +306,97 @@ def take_read_snapshot(table: TableState, consistency: Consistency = "strong") -
         merged=merged,
         store=table.store,
         caches=table.caches,
+    )
+
+
+def _pinned_read_snapshot(table: TableState, cut: SnapshotCut) -> ReadSnapshot:
+    """What a pinned snapshot reads: the base at its version, each region's generations it
+    names (still listed: GC keeps what a retained base version needs), and the WAL entries
+    between its flushed and last positions, in the table's current schema."""
+    try:
+        dataset = table.dataset(cut.base_version)
+    except (OSError, ValueError) as e:
+        if not (is_version_gone(e) or is_not_found(e)):
+            raise
+        raise _expired(table, cut, f"base version {cut.base_version} was removed") from e
+    merged = table.merged_generations(dataset)
+    spec = table.region_spec
+    regions = []
+    for rc in cut.regions:
+        manifest = RegionManifestStore(table.store, rc.region_id).refresh(
+            table.known_manifests.get(rc.region_id)
+        )
+        listed = {g.generation: g for g in (manifest.flushed_generations if manifest else ())}
+        gone = [g for g in rc.generations if g not in listed]
+        if manifest is None or gone:
+            raise _expired(table, cut, f"region {rc.region_id} collected generation(s) {gone}")
+        region_dir = layout.region_dir(rc.region_id)
+        refs = tuple(
+            GenerationRef(g, table.store.uri_for(f"{region_dir}/{listed[g].path}"))
+            for g in rc.generations
+        )
+        unflushed: tuple[MemRows, ...] = ()
+        if rc.wal_position > rc.flushed_position:
+            generation, batches = _pinned_wal_rows(table, cut, rc)
+            if batches:
+                unflushed = (MemRows(generation, batches, "wal"),)
+        floor = merged.get(rc.region_id, 0)
+        merged_refs = tuple(
+            GenerationRef(g.generation, table.store.uri_for(f"{region_dir}/{g.path}"))
+            for g in manifest.flushed_generations
+            if g.generation <= floor
+        )
+        values = None if spec is None else region_values(spec, rc.region_id, manifest)
+        regions.append(RegionSources(rc.region_id, values, refs, unflushed, merged_refs))
+    return ReadSnapshot(
+        dataset=dataset,
+        primary_key=table.primary_key,
+        schema=table.schema,
+        wal_schema=table.wal_schema,
+        regions=tuple(regions),
+        consistency="pinned",
+        storage_options=table.storage_options or None,
+        merged=merged,
+        store=table.store,
+        caches=table.caches,
+    )
+
+
+def _pinned_wal_rows(
+    table: TableState, cut: SnapshotCut, rc: RegionCut
+) -> tuple[int, tuple[pa.RecordBatch, ...]]:
+    """The rows of a pinned region's WAL range, as one source: read once per table (an entry
+    never changes), and newer than every flushed generation the snapshot reads."""
+
+    def load() -> tuple[tuple[pa.Schema, tuple[int, tuple[pa.RecordBatch, ...]]], int]:
+        try:
+            entries = read_wal_range(
+                table.store, rc.region_id, rc.flushed_position, rc.wal_position
+            )
+        except MissingWalEntryError as e:
+            raise _expired(table, cut, f"region {rc.region_id} lost WAL entries ({e})") from e
+        batches = tuple(
+            conform_batch(b, table.wal_schema)
+            for entry in entries
+            if not entry.is_sentinel
+            for b in entry.batches
+        )
+        generation = max([rc.memtable_generation, *(e.generation or 0 for e in entries)])
+        nbytes = sum(b.get_total_buffer_size() for b in batches)
+        return (table.wal_schema, (generation, batches)), nbytes
+
+    key = f"{table.uri}#{rc.region_id}#{rc.flushed_position}-{rc.wal_position}"
+    kept = table.caches.memtable.get(
+        "pinned_wal", key, load, lambda k: k[0].equals(table.wal_schema)
+    )
+    return kept[1]
+
+
+def _expired(table: TableState, cut: SnapshotCut, what: str) -> SnapshotExpiredError:
+    return SnapshotExpiredError(
+        f"the snapshot of {table.uri} at base version {cut.base_version} has expired: {what}. "
+        "Garbage collection keeps a snapshot while its base version is younger than "
+        "base_versions_older_than (MaintenanceConfig); tag a snapshot (tbl.tag) to keep it"
     )
 
 

@@ -11,6 +11,7 @@ run the point-lookup plan directly.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -26,7 +27,7 @@ from memwal_sql.compat.datafusion import plain_likes, plain_strings, refuse_long
 from memwal_sql.errors import InvalidFilterError, InvalidInputError, SchemaMismatchError
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.formats.source_rows import FOUND, GEN, ROWADDR, TOMBSTONE
-from memwal_sql.read_snapshot import Consistency, ReadSnapshot, take_read_snapshot
+from memwal_sql.read_snapshot import PinnedSnapshot, ReadAt, ReadSnapshot, take_read_snapshot
 from memwal_sql.session import (
     MemWalContext,
     MemWalDataset,
@@ -45,6 +46,7 @@ _PARTITIONS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memwal-scan"
 # at most this share of the rows the pushed predicate keeps (1/4): a lookup reads a row at
 # random, about three times what a scan pays per row (docs/reads.md#like-filters).
 _LATE_SHARE = 4
+_PINNED_NAMES = 16  # pinned snapshots a table's read context keeps registered
 
 if TYPE_CHECKING:
     from memwal_sql.table_state import TableState
@@ -61,12 +63,15 @@ class TableReads:
         # Per filter text: the table schema it was planned against and how to run it without
         # DataFusion (see _pushed_whole), or None when it needs DataFusion.
         self._pushed: dict[str, tuple[pa.Schema, _Direct | None]] = {}
+        # The names pinned snapshots are registered under, per (token, system columns).
+        self._pinned_names: dict[tuple[str, bool], str] = {}
+        self._pinned_ids = itertools.count()
 
     def _frame(
         self,
         columns: Sequence[str] | None,
         filter: str | None,
-        consistency: Consistency,
+        consistency: ReadAt,
         system_columns: bool,
     ) -> tuple[MemWalContext, Any, str, MemWalDataset | None]:
         """A DataFrame of the table, filtered and projected: the context, the DataFrame, the
@@ -78,14 +83,21 @@ class TableReads:
         with self._lock:
             if self._ctx is None:
                 self._ctx = MemWalContext()
-            name = f"t_{consistency}_{int(system_columns)}"
             # Weakly: the context lives in Rust, where the garbage collector cannot see a
             # cycle back to the table, and would keep every table (and its threads) alive.
-            self._ctx.register(
-                name,
-                weakref.proxy(self.table),
-                consistency=consistency,
-                system_columns=system_columns,
+            proxy = weakref.proxy(self.table)
+            if isinstance(consistency, PinnedSnapshot):
+                key = (consistency.token, system_columns)
+                name = self._pinned_names.pop(key, None) or f"t_pinned_{next(self._pinned_ids)}"
+                self._pinned_names[key] = name  # the newest last
+                if len(self._pinned_names) > _PINNED_NAMES:  # the oldest snapshot's name goes
+                    oldest = next(iter(self._pinned_names))
+                    self._ctx.memwal_schema.remove(self._pinned_names.pop(oldest))
+                consistency = PinnedSnapshot(proxy, consistency.cut)
+            else:
+                name = f"t_{consistency}_{int(system_columns)}"
+            self._ctx.memwal_schema.add(
+                name, proxy, consistency=consistency, system_columns=system_columns
             )
             ctx = self._ctx
         # Outside the lock: the table's snapshot is taken here, and a store that does not
@@ -123,7 +135,7 @@ class TableReads:
         self,
         columns: Sequence[str] | None,
         filter: str | None,
-        consistency: Consistency,
+        consistency: ReadAt,
         system_columns: bool,
     ) -> pa.Table:
         direct = None if system_columns else self._pushed_whole(filter, consistency)
@@ -136,7 +148,7 @@ class TableReads:
         with typed_errors(ds):
             return plain_strings(df.to_arrow_table())
 
-    def _pushed_whole(self, filter: str | None, consistency: Consistency) -> _Direct | None:
+    def _pushed_whole(self, filter: str | None, consistency: ReadAt) -> _Direct | None:
         """How to run ``filter`` without DataFusion: the predicate DataFusion pushes into the
         scan, and the plain ``LIKE`` conditions it keeps; None if it keeps anything else.
         Learnt from DataFusion's planning the first time a filter is seen (and again after a
@@ -158,7 +170,7 @@ class TableReads:
                 self._pushed[filter] = known
         return known[1]
 
-    def _pushed_but_likes(self, filter: str, consistency: Consistency) -> _Direct | None:
+    def _pushed_but_likes(self, filter: str, consistency: ReadAt) -> _Direct | None:
         """The predicate DataFusion pushes for ``filter`` without its plain ``LIKE``
         conditions, and those, if it pushes all the rest; else None."""
         _, df, _, ds = self._frame(None, None, consistency, False)
@@ -183,7 +195,7 @@ class TableReads:
         self,
         columns: list[str] | None,
         predicate: Predicate | None,
-        consistency: Consistency,
+        consistency: ReadAt,
         likes: list[tuple[str, str, bool]] | None = None,
     ) -> pa.Table:
         """The rows the scan (or point-lookup) plan of ``predicate`` yields, where every plain
@@ -235,7 +247,7 @@ class TableReads:
         self,
         columns: Sequence[str] | None,
         filter: str | None,
-        consistency: Consistency,
+        consistency: ReadAt,
         system_columns: bool,
     ) -> pa.RecordBatchReader:
         _, df, _, ds = self._frame(columns, filter, consistency, system_columns)
@@ -251,13 +263,13 @@ class TableReads:
 
         return pa.RecordBatchReader.from_batches(df.schema(), batches())
 
-    def count_rows(self, filter: str | None, consistency: Consistency) -> int:
+    def count_rows(self, filter: str | None, consistency: ReadAt) -> int:
         _, df, _, ds = self._frame(None, filter, consistency, False)
         with typed_errors(ds):
             return int(df.count())
 
     def explain(
-        self, filter: str | None, columns: Sequence[str] | None, consistency: Consistency
+        self, filter: str | None, columns: Sequence[str] | None, consistency: ReadAt
     ) -> str:
         ctx, df, name, ds = self._frame(columns, filter, consistency, False)
         with typed_errors(ds):
@@ -267,7 +279,7 @@ class TableReads:
         return plan.explain()
 
     def pushed_filter(
-        self, filter: str, consistency: Consistency
+        self, filter: str, consistency: ReadAt
     ) -> tuple[Predicate | None, ReadSnapshot, bool]:
         """``filter`` parsed (:class:`InvalidFilterError` if it is not one boolean expression)
         and pushed as DataFusion pushes it into a scan: the predicate tree, the snapshot the
@@ -280,7 +292,7 @@ class TableReads:
         return ds.last_predicate, ds.snapshot(), "FilterExec" in plan.display_indent()
 
     def _lookup_plan(
-        self, keys: Any, consistency: Consistency, tombstones: bool = False
+        self, keys: Any, consistency: ReadAt, tombstones: bool = False
     ) -> tuple[LookupPlan, pa.Table]:
         t = self.table
         key_table = t._rows.keys(keys)
@@ -297,7 +309,7 @@ class TableReads:
         self,
         keys: Any,
         columns: Sequence[str] | None,
-        consistency: Consistency,
+        consistency: ReadAt,
         system_columns: bool,
         align: bool = False,
         tombstones: bool = False,
@@ -335,7 +347,7 @@ class TableReads:
             rows = rows.take(pa.array(np.argsort(where, kind="stable")))
         return rows.select(names)
 
-    def explain_lookup(self, keys: Any, consistency: Consistency) -> str:
+    def explain_lookup(self, keys: Any, consistency: ReadAt) -> str:
         return self._lookup_plan(keys, consistency)[0].explain()
 
 

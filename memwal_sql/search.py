@@ -25,7 +25,7 @@ from memwal_sql.expressions.visitors import referenced_columns
 from memwal_sql.formats.index_catchup import index_coverage
 from memwal_sql.formats.lance_manifest import INDEX_NAME
 from memwal_sql.formats.memwal_index import update_mem_wal_details
-from memwal_sql.read_snapshot import Consistency, ReadSnapshot, take_read_snapshot
+from memwal_sql.read_snapshot import ReadAt, ReadSnapshot, take_read_snapshot
 from memwal_sql.reads import TableReads
 from memwal_sql.session import MemWalContext, MemWalSchema, NodeDataset
 from memwal_sql.storage import storage_failures
@@ -255,7 +255,7 @@ class TableSearch:
         self.last_plan: SearchPlan | None = None
 
     def _filtered_snapshot(
-        self, filter: str | None, consistency: Consistency, pushed: Predicate | None = None
+        self, filter: str | None, consistency: ReadAt, pushed: Predicate | None = None
     ) -> tuple[ReadSnapshot, Predicate | None, Callable[[pa.Table], pa.Table] | None]:
         """The snapshot to search, the filter as a predicate tree, and a post-filter for the
         part of the filter DataFusion could not hand to the sources (None when none).

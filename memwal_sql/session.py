@@ -41,10 +41,21 @@ from datafusion.plan import LogicalPlan
 
 from exec_nodes.base import ExecNode
 from memwal_sql.compat.datafusion import refuse_long_sql, sql_error
-from memwal_sql.errors import InvalidInputError, MemWalError, StatementNotAllowedError
+from memwal_sql.errors import (
+    InvalidInputError,
+    InvalidSnapshotError,
+    MemWalError,
+    StatementNotAllowedError,
+)
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.expressions.substrait import decode_filter
-from memwal_sql.read_snapshot import Consistency, ReadSnapshot, take_read_snapshot
+from memwal_sql.read_snapshot import (
+    Consistency,
+    PinnedSnapshot,
+    ReadAt,
+    ReadSnapshot,
+    take_read_snapshot,
+)
 from memwal_sql.storage import ObjectStore, storage_failures
 from planner.lookup import LookupPlan, lookup_keys, plan_lookup
 from planner.scan import ScanPlan, output_schema, plan_scan
@@ -188,7 +199,7 @@ class MemWalDataset(NodeDataset):
         self,
         table: TableState,
         *,
-        consistency: Consistency = "strong",
+        consistency: ReadAt = "strong",
         system_columns: bool = False,
         partitions: int | None = None,
     ) -> None:
@@ -303,10 +314,19 @@ class MemWalSchema(dfc.SchemaProvider):
         self.datasets.add(dataset)
         return Table(dataset)
 
+    def remove(self, name: str) -> None:
+        with self._lock:
+            self._memwal.pop(name, None)
+
     def memwal_table(self, name: str) -> TableState | None:
-        """The MemWAL table registered as ``name``, if one is."""
+        """The MemWAL table registered as ``name`` for writes, if one is (a pinned snapshot
+        registered as ``name`` is read-only: :class:`~memwal_sql.errors.InvalidSnapshotError`)."""
         with self._lock:
             entry = self._memwal.get(name)
+        if entry is not None and isinstance(entry[1].get("consistency"), PinnedSnapshot):
+            raise InvalidSnapshotError(
+                f"{name} is a pinned snapshot, which is read-only: write to the table itself"
+            )
         return entry[0] if entry is not None else None
 
     def register_table(self, name: str, table: Any) -> None:
@@ -387,18 +407,26 @@ class MemWalContext(SessionContext):
     def register(
         self,
         name: str,
-        table: TableState | str | os.PathLike[str],
+        table: TableState | PinnedSnapshot | str | os.PathLike[str],
         *,
         consistency: Consistency = "strong",
         system_columns: bool = False,
         storage_options: dict[str, str] | None = None,
     ) -> None:
-        """Register a MemWAL table (or its uri) under ``name``.
+        """Register a MemWAL table (or its uri, or a pinned snapshot of it) under ``name``.
 
-        Every query that names it reads a fresh snapshot: with ``consistency="strong"`` all
-        acknowledged writes, with ``"eventual"`` the flushed generations only.
+        Every query that names a table reads a fresh snapshot: with ``consistency="strong"``
+        all acknowledged writes, with ``"eventual"`` the flushed generations only. A pinned
+        snapshot (``tbl.snapshot()``) reads its state, read-only, in every query.
         ``system_columns=True`` adds ``_gen`` (-1 for the base table) and ``_rowaddr``.
+
+        Example:
+            ``ctx.register("t_then", tbl.snapshot()); ctx.sql("SELECT count(*) FROM t_then")``
         """
+        read_at: ReadAt = consistency
+        if isinstance(table, PinnedSnapshot):
+            read_at = table
+            table = table.table
         if isinstance(table, (str, os.PathLike)):
             table = os.fspath(table)
             if self._open_table is None:
@@ -407,7 +435,7 @@ class MemWalContext(SessionContext):
                     "object, or use mw.connect(), whose sessions open uris"
                 )
             table = self._open_table(table, storage_options)
-        self.memwal_schema.add(name, table, consistency=consistency, system_columns=system_columns)
+        self.memwal_schema.add(name, table, consistency=read_at, system_columns=system_columns)
 
     def sql(
         self, query: str, options: SQLOptions | None = None, *args: Any, **kwargs: Any

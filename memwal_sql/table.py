@@ -33,6 +33,7 @@ from memwal_sql.errors import (
     DuplicateKeyError,
     InvalidInputError,
     InvalidRegionSpecError,
+    InvalidSnapshotError,
     MemWalError,
     PrimaryKeyError,
     SchemaMismatchError,
@@ -47,6 +48,14 @@ from memwal_sql.formats.memwal_index import (
     has_mem_wal_index,
 )
 from memwal_sql.formats.merged_tombstones import read_merged_tombstones
+from memwal_sql.formats.snapshot_tags import (
+    check_tag_name,
+    delete_tag,
+    put_tag,
+    read_tag,
+    read_tags,
+)
+from memwal_sql.formats.snapshot_token import decode_token
 from memwal_sql.formats.source_rows import FOUND
 from memwal_sql.maintenance import (
     CatchupResult,
@@ -63,7 +72,13 @@ from memwal_sql.maintenance import (
 )
 from memwal_sql.metrics import TableMetrics, forget, observe, table_metrics
 from memwal_sql.partitioning.region_spec import RegionSpec
-from memwal_sql.read_snapshot import Consistency
+from memwal_sql.read_snapshot import (
+    Consistency,
+    PinnedSnapshot,
+    ReadAt,
+    pin_snapshot,
+    take_read_snapshot,
+)
 from memwal_sql.storage import ObjectStore, layout, storage_error, storage_failures
 from memwal_sql.storage.store import is_access_denied, with_default_timeouts
 from memwal_sql.structures.cache import Caches
@@ -83,12 +98,14 @@ if TYPE_CHECKING:  # imported on first use: the read side pulls in DataFusion
     import pandas
     import polars
 
+    from memwal_sql.changes import ChangeMode
     from memwal_sql.reads import TableReads
     from memwal_sql.search import IndexInfo, SearchQuery, TableSearch
 from memwal_sql.formats.wal import TOMBSTONE
 from memwal_sql.writer.rows import Keys, RowCoercer, WriteData, WriteKind, to_arrow_table
 
 PK_METADATA = b"lance-schema:unenforced-primary-key"
+_LANCE_TAG = "memwal-snapshot-"  # the Lance tag that keeps a tagged snapshot's base version
 
 
 class MemWalTable(TableState):
@@ -132,6 +149,7 @@ class MemWalTable(TableState):
         filter: str | None = None,
         *,
         consistency: Consistency = "strong",
+        as_of: PinnedSnapshot | None = None,
         with_system_columns: bool = False,
     ) -> pa.Table:
         """The latest row of every key (deletes removed), optionally projected and filtered.
@@ -142,7 +160,9 @@ class MemWalTable(TableState):
         Example:
             ``tbl.to_arrow(["id", "score"], filter="score > 0.5")``
         """
-        return self._reads.to_arrow(columns, filter, consistency, with_system_columns)
+        return self._reads.to_arrow(
+            columns, filter, self._read_at(consistency, as_of), with_system_columns
+        )
 
     def scan(
         self,
@@ -150,6 +170,7 @@ class MemWalTable(TableState):
         filter: str | None = None,
         *,
         consistency: Consistency = "strong",
+        as_of: PinnedSnapshot | None = None,
         with_system_columns: bool = False,
     ) -> pa.RecordBatchReader:
         """Like :meth:`to_arrow`, streamed as a RecordBatchReader.
@@ -157,7 +178,9 @@ class MemWalTable(TableState):
         Example:
             ``for batch in tbl.scan(["id"], filter="id > 10"): ...``
         """
-        return self._reads.scan(columns, filter, consistency, with_system_columns)
+        return self._reads.scan(
+            columns, filter, self._read_at(consistency, as_of), with_system_columns
+        )
 
     def to_pandas(
         self,
@@ -165,13 +188,14 @@ class MemWalTable(TableState):
         filter: str | None = None,
         *,
         consistency: Consistency = "strong",
+        as_of: PinnedSnapshot | None = None,
     ) -> pandas.DataFrame:
         """Like :meth:`to_arrow`, as a pandas DataFrame (needs pandas).
 
         Example:
             ``tbl.to_pandas(["id", "score"], filter="score > 0.5")``
         """
-        return self.to_arrow(columns, filter, consistency=consistency).to_pandas()
+        return self.to_arrow(columns, filter, consistency=consistency, as_of=as_of).to_pandas()
 
     def to_polars(
         self,
@@ -179,6 +203,7 @@ class MemWalTable(TableState):
         filter: str | None = None,
         *,
         consistency: Consistency = "strong",
+        as_of: PinnedSnapshot | None = None,
     ) -> polars.DataFrame:
         """Like :meth:`to_arrow`, as a polars DataFrame (needs polars: ``pip install polars``).
 
@@ -189,7 +214,9 @@ class MemWalTable(TableState):
             import polars
         except ImportError as e:
             raise ImportError("to_polars() needs polars: pip install polars") from e
-        frame = polars.from_arrow(self.to_arrow(columns, filter, consistency=consistency))
+        frame = polars.from_arrow(
+            self.to_arrow(columns, filter, consistency=consistency, as_of=as_of)
+        )
         assert isinstance(frame, polars.DataFrame)  # from a table, never a Series
         return frame
 
@@ -200,13 +227,19 @@ class MemWalTable(TableState):
         snapshot, with ``consistency="strong"``."""
         return self.scan().__arrow_c_stream__(requested_schema)
 
-    def count_rows(self, filter: str | None = None, *, consistency: Consistency = "strong") -> int:
+    def count_rows(
+        self,
+        filter: str | None = None,
+        *,
+        consistency: Consistency = "strong",
+        as_of: PinnedSnapshot | None = None,
+    ) -> int:
         """Number of live keys (matching ``filter``).
 
         Example:
             ``tbl.count_rows("score > 0.5")``
         """
-        return self._reads.count_rows(filter, consistency)
+        return self._reads.count_rows(filter, self._read_at(consistency, as_of))
 
     def lookup(
         self,
@@ -215,6 +248,7 @@ class MemWalTable(TableState):
         *,
         align: bool = False,
         consistency: Consistency = "strong",
+        as_of: PinnedSnapshot | None = None,
         with_system_columns: bool = False,
     ) -> pa.Table:
         """The latest live row of each key: an array or list of keys, or a table of the key
@@ -234,7 +268,9 @@ class MemWalTable(TableState):
         Example:
             ``tbl.lookup([3, 1, 42], columns=["name"], align=True)  # id, name, _found; 3 rows``
         """
-        return self._reads.lookup(keys, columns, consistency, with_system_columns, align)
+        return self._reads.lookup(
+            keys, columns, self._read_at(consistency, as_of), with_system_columns, align
+        )
 
     def explain(
         self,
@@ -242,6 +278,7 @@ class MemWalTable(TableState):
         columns: Sequence[str] | None = None,
         *,
         consistency: Consistency = "strong",
+        as_of: PinnedSnapshot | None = None,
     ) -> str:
         """The exec-node tree a read would run: pruned regions, sources, pushed filter (or the
         point-lookup plan for ``pk = v`` / ``pk IN (...)``).
@@ -249,7 +286,7 @@ class MemWalTable(TableState):
         Example:
             ``print(tbl.explain("score > 0.5"))``
         """
-        return self._reads.explain(filter, columns, consistency)
+        return self._reads.explain(filter, columns, self._read_at(consistency, as_of))
 
     def explain_lookup(self, keys: Keys, *, consistency: Consistency = "strong") -> str:
         """The point-lookup plan of ``keys`` (see :meth:`lookup`).
@@ -258,6 +295,116 @@ class MemWalTable(TableState):
             ``print(tbl.explain_lookup([1, 2]))``
         """
         return self._reads.explain_lookup(keys, consistency)
+
+    def _read_at(self, consistency: Consistency, as_of: PinnedSnapshot | None) -> ReadAt:
+        if as_of is None:
+            return consistency
+        if not isinstance(as_of, PinnedSnapshot):
+            raise InvalidSnapshotError(
+                f"as_of takes a snapshot (tbl.snapshot() or tbl.snapshot(token)), not {as_of!r}"
+            )
+        if as_of.table.uri != self.uri:
+            raise InvalidSnapshotError(f"that snapshot is of {as_of.table.uri}, not {self.uri}")
+        return as_of
+
+    # ---- pinned snapshots and the change feed ------------------------------------------------
+
+    def snapshot(self, token: str | None = None, *, tag: str | None = None) -> PinnedSnapshot:
+        """Pin the table's state now (every write acknowledged before the call, and none
+        after), or restore a pinned snapshot from its ``token`` or its ``tag``. Pass it as
+        ``as_of=`` to a read, register it in a SQL session, or give two to :meth:`changes`.
+
+        A snapshot reads the same rows later, after flushes, merges and compaction, while
+        garbage collection keeps its base version (``base_versions_older_than``, an hour by
+        default) or a tag keeps it; after that a read is a
+        :class:`~memwal_sql.errors.SnapshotExpiredError`.
+
+        Example:
+            ``snap = tbl.snapshot(); token = snap.token; mw.open_table(uri).snapshot(token)``
+        """
+        self._check_open()
+        if token is not None and tag is not None:
+            raise InvalidInputError("give a token or a tag, not both")
+        if tag is not None:
+            token = read_tag(self.store, tag)
+        if token is None:
+            return pin_snapshot(self)
+        return PinnedSnapshot(self, decode_token(token))
+
+    def tag(self, name: str, snapshot: PinnedSnapshot | None = None) -> PinnedSnapshot:
+        """Keep ``snapshot`` (one taken now if None) readable until :meth:`untag`: garbage
+        collection keeps what it reads, and its base version stays (a Lance tag
+        ``memwal-snapshot-{name}`` on it). Returns the snapshot.
+
+        Example:
+            ``tbl.tag("before-backfill"); ...; tbl.snapshot(tag="before-backfill")``
+        """
+        self._check_open()
+        check_tag_name(name)
+        snap = self.snapshot() if snapshot is None else self._read_at("strong", snapshot)
+        assert isinstance(snap, PinnedSnapshot)
+        # Readable now (its version and generations there), and kept from here on.
+        take_read_snapshot(self, snap)
+        put_tag(self.store, name, snap.token)
+        try:
+            self.dataset().tags.create(_LANCE_TAG + name, snap.base_version)
+        except Exception:
+            delete_tag(self.store, name)
+            raise
+        return snap
+
+    def untag(self, name: str) -> None:
+        """Remove tag ``name``: what only it kept goes at the next GC past the retention.
+
+        Example:
+            ``tbl.untag("before-backfill")``
+        """
+        self._check_open()
+        delete_tag(self.store, name)
+        ds = self.dataset()
+        if _LANCE_TAG + name in ds.tags.list():
+            ds.tags.delete(_LANCE_TAG + name)
+
+    def tags(self) -> dict[str, PinnedSnapshot]:
+        """Every tag's name and snapshot.
+
+        Example:
+            ``{name: s.base_version for name, s in tbl.tags().items()}``
+        """
+        return {n: PinnedSnapshot(self, decode_token(t)) for n, t in read_tags(self.store).items()}
+
+    def changes(
+        self,
+        start: PinnedSnapshot | str,
+        end: PinnedSnapshot | str | None = None,
+        *,
+        mode: ChangeMode = "net",
+    ) -> pa.Table:
+        """What changed from snapshot ``start`` to ``end`` (now, if None): the table's columns
+        plus ``_change_type`` (``insert``, ``update_preimage``, ``update_postimage``,
+        ``delete``) and ``_commit_position`` (orderable among a key's changes). Snapshots may
+        be given as tokens.
+
+        ``mode="net"``: per key written in between, its row at ``start`` and its row at
+        ``end``; ``mode="all"``: every write, in order. Merges and compaction are no changes.
+        The cost is the writes in between, not the table.
+
+        Example:
+            ``a = tbl.snapshot(); ...; tbl.changes(a).to_pandas()``
+        """
+        from memwal_sql.changes import change_feed
+
+        begin = start if isinstance(start, PinnedSnapshot) else self.snapshot(start)
+        finish = (
+            self.snapshot()
+            if end is None
+            else end
+            if isinstance(end, PinnedSnapshot)
+            else self.snapshot(end)
+        )
+        for snap in (begin, finish):
+            self._read_at("strong", snap)
+        return change_feed(self._reads, begin, finish, mode)
 
     # ---- search (implemented in memwal_sql.search) ----------------------------------------------
 
@@ -317,6 +464,7 @@ class MemWalTable(TableState):
         refine_factor: int | None = None,
         metric: str | None = None,
         consistency: Consistency = "strong",
+        as_of: PinnedSnapshot | None = None,
     ) -> pa.Table:
         """The ``k`` rows nearest to ``query`` among the latest rows (fresh writes included,
         stale versions and deleted keys never), as the table's columns plus ``_distance``,
@@ -341,7 +489,7 @@ class MemWalTable(TableState):
                 nprobes=nprobes,
                 refine_factor=refine_factor,
                 metric=metric,
-                consistency=consistency,
+                consistency=self._read_at(consistency, as_of),
                 kind="vector",
             )
         )
@@ -354,6 +502,7 @@ class MemWalTable(TableState):
         filter: str | None = None,
         *,
         consistency: Consistency = "strong",
+        as_of: PinnedSnapshot | None = None,
     ) -> pa.Table:
         """The ``k`` latest rows that best match ``query`` by BM25, as the table's columns plus
         ``_score``, best first. Scores are computed over the latest corpus (superseded and
@@ -368,7 +517,12 @@ class MemWalTable(TableState):
 
         return self.search(
             SearchQuery(
-                query=query, column=column, k=k, filter=filter, consistency=consistency, kind="fts"
+                query=query,
+                column=column,
+                k=k,
+                filter=filter,
+                consistency=self._read_at(consistency, as_of),
+                kind="fts",
             )
         )
 

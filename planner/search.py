@@ -41,7 +41,7 @@ from exec_nodes.topk import TopKExec
 from memwal_sql.compat.lance import index_directory, storage_options_of, vector_index_statistics
 from memwal_sql.expressions.predicate import Predicate
 from memwal_sql.partitioning.region_spec import RegionSpec
-from memwal_sql.read_snapshot import Consistency, ReadSnapshot
+from memwal_sql.read_snapshot import ReadAt, ReadSnapshot
 from memwal_sql.storage import ObjectStore
 from memwal_sql.structures.cache import Caches
 from memwal_sql.structures.vectors import DISTANCE
@@ -139,7 +139,7 @@ class SearchQuery:
     nprobes: int | None = None
     refine_factor: int | None = None
     metric: str | None = None
-    consistency: Consistency = "strong"
+    consistency: ReadAt = "strong"
     #: ``"vector"`` or ``"fts"``; None: full-text search for a text query, else vector search.
     kind: Literal["vector", "fts"] | None = None
 

@@ -164,3 +164,27 @@ class SchemaField(_message.Message):
     nullable: bool
     metadata: _containers.ScalarMap[str, bytes]
     def __init__(self, name: _Optional[str] = ..., id: _Optional[int] = ..., parent_id: _Optional[int] = ..., nullable: bool = ..., metadata: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+
+class SnapshotToken(_message.Message):
+    __slots__ = ("base_version", "regions", "taken_at_millis")
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    TAKEN_AT_MILLIS_FIELD_NUMBER: _ClassVar[int]
+    base_version: int
+    regions: _containers.RepeatedCompositeFieldContainer[RegionCut]
+    taken_at_millis: int
+    def __init__(self, base_version: _Optional[int] = ..., regions: _Optional[_Iterable[_Union[RegionCut, _Mapping]]] = ..., taken_at_millis: _Optional[int] = ...) -> None: ...
+
+class RegionCut(_message.Message):
+    __slots__ = ("region_id", "generations", "flushed_position", "wal_position", "memtable_generation")
+    REGION_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATIONS_FIELD_NUMBER: _ClassVar[int]
+    FLUSHED_POSITION_FIELD_NUMBER: _ClassVar[int]
+    WAL_POSITION_FIELD_NUMBER: _ClassVar[int]
+    MEMTABLE_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    region_id: bytes
+    generations: _containers.RepeatedScalarFieldContainer[int]
+    flushed_position: int
+    wal_position: int
+    memtable_generation: int
+    def __init__(self, region_id: _Optional[bytes] = ..., generations: _Optional[_Iterable[int]] = ..., flushed_position: _Optional[int] = ..., wal_position: _Optional[int] = ..., memtable_generation: _Optional[int] = ...) -> None: ...

@@ -584,6 +584,24 @@ def iter_wal(
         position, recheck = position + 1, RECOVERY_LOOKS
 
 
+def read_wal_range(store: ObjectStore, region_id: str, after: int, through: int) -> list[WalEntry]:
+    """The entries at ``after + 1`` through ``through``, in order, read side by side: a range a
+    snapshot pinned, every position of which was written. A missing one is a
+    :class:`MissingWalEntryError`.
+
+    Example:
+        ``[e.position for e in read_wal_range(store, region_id, 4, 6)]  # [5, 6]``
+    """
+    positions = range(after + 1, through + 1)
+    datas = store.get_many([layout.wal_entry_path(region_id, p) for p in positions])
+    out = []
+    for position, data in zip(positions, datas):
+        if data is None:
+            raise missing_wal_entry(region_id, position, through)
+        out.append(decode_wal_entry(data, position))
+    return out
+
+
 def missing_wal_entry(region_id: str, position: int, last: int) -> MissingWalEntryError:
     """The error for a hole at ``position`` in a WAL that has entries up to ``last``."""
     return MissingWalEntryError(

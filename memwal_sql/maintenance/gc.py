@@ -60,6 +60,8 @@ from memwal_sql.errors import (
 )
 from memwal_sql.formats.index_catchup import index_coverage, min_caught_up
 from memwal_sql.formats.region_manifest import RegionManifestStore, commit_change
+from memwal_sql.formats.snapshot_tags import read_tags
+from memwal_sql.formats.snapshot_token import decode_token
 from memwal_sql.formats.wal import read_wal_entry, wal_positions
 from memwal_sql.maintenance.config import MaintenanceConfig
 from memwal_sql.storage import ObjectStore, layout
@@ -148,11 +150,18 @@ def _collectable(table: TableState) -> dict[str, _Collectable]:
 
 def _collectable_once(table: TableState) -> dict[str, _Collectable]:
     ds = table.dataset()
-    # A tag pins a base version for Lance's readers of the base table; MemWAL reads start from
-    # the latest version, so only untagged retained versions hold generations back.
+    # A Lance tag pins a base version for Lance's readers of the base table alone; MemWAL reads
+    # start from the latest version or a pinned snapshot, so untagged retained versions and
+    # the versions of tagged snapshots (formats/snapshot_tags.py) hold generations back.
     tagged = {t["version"] for t in ds.tags.list().values()}
+    pinned = {decode_token(t).base_version for t in read_tags(table.store).values()}
     oldest_version = min(
-        [v["version"] for v in ds.versions() if v["version"] not in tagged] + [ds.version]
+        [
+            v["version"]
+            for v in ds.versions()
+            if v["version"] not in tagged or v["version"] in pinned
+        ]
+        + [ds.version]
     )
     oldest = table.dataset(oldest_version)
     coverage = index_coverage(table.store, oldest)

@@ -32,6 +32,7 @@ MEM_WAL_DIR = "_mem_wal"
 VERSIONS_DIR = "_versions"  # Lance's manifests of the base table
 BASE_SYNCED = f"{MEM_WAL_DIR}/base_synced.json"  # GC: when base-table files were last fsynced
 MERGED_TOMBSTONES = f"{MEM_WAL_DIR}/merged_tombstones"  # a sequence table's merged deletes
+SNAPSHOT_TAGS = f"{MEM_WAL_DIR}/_tags"  # tagged pinned snapshots: {name}.json
 WAL_SUFFIX = ".arrow"  # Lance 14 ignores `.lance` WAL entries and rejects IPC *file* format
 MANIFEST_SUFFIX = ".binpb"
 VERSION_HINT = "version_hint.json"

@@ -289,6 +289,17 @@ class RegionWriter:
         if target is not None:
             self._wait_flushed(target)
 
+    def sync_wal(self) -> None:
+        """Store every write appended so far in the WAL and wait: what a non-durable writer
+        still buffers, so a pinned snapshot taken next holds every acknowledged write.
+
+        Example:
+            ``w.upsert(rows); w.sync_wal()``
+        """
+        with self._mutex:
+            self._check_open()
+        self._wal.flush()
+
     def close(self) -> None:
         """Flush the MemTable to a generation, wait, and release the writer. Idempotent."""
         with self._mutex:
