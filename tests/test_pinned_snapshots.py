@@ -4,6 +4,7 @@ the changes between two snapshots, applied to the first's state, give the second
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import textwrap
@@ -99,19 +100,20 @@ def test_snapshots_read_their_state_and_changes_lead_from_one_to_the_next(
                 probe = list(range(0, 21, 3))
                 got = tbl.lookup(probe, as_of=snap).sort_by("id")
                 assert got == want.filter(pa.compute.is_in(want["id"], pa.array(probe)))
-                assert tbl.count_rows("x > 50", as_of=snap) == want.filter(
-                    pa.compute.greater(want["x"], 50)
-                ).num_rows
+                assert (
+                    tbl.count_rows("x > 50", as_of=snap)
+                    == want.filter(pa.compute.greater(want["x"], 50)).num_rows
+                )
             except SnapshotExpiredError:
                 assert collected and not tagged
         readable = []
-        for token, want, tagged in taken:
+        for token, want, _ in taken:
             try:
                 tbl.to_arrow(as_of=tbl.snapshot(token))
                 readable.append((token, want))
             except SnapshotExpiredError:
                 continue
-        for (a, at_a), (b, at_b) in zip(readable, readable[1:]):
+        for (a, at_a), (b, at_b) in itertools.pairwise(readable):
             for mode in ("net", "all"):
                 try:
                     changes = tbl.changes(a, b, mode=mode)
@@ -230,10 +232,9 @@ def test_a_tag_keeps_what_its_snapshot_reads_through_gc_until_untagged(table):
     table.flush()
     table.merge()
     table.compact()
-    gen_dirs = lambda: {p for p in _gen_dirs(table)}  # noqa: E731
-    before_gc = gen_dirs()
+    before_gc = _gen_dirs(table)
     table.gc(base_versions_older_than=timedelta(0), keep_manifest_versions=1)
-    assert gen_dirs() == before_gc  # the tagged snapshot reads them
+    assert _gen_dirs(table) == before_gc  # the tagged snapshot reads them
     assert table.to_arrow(as_of=table.snapshot(tag="before")).sort_by("id") == pa.table(
         {"id": [0, 1, 2, 5], "x": [0, 11, 20, 51], "s": ["0-0", "1-1", "2-0", "5-1"]}, schema=SCHEMA
     )
@@ -241,7 +242,7 @@ def test_a_tag_keeps_what_its_snapshot_reads_through_gc_until_untagged(table):
     assert table.tags()["before"].token == kept.token
     table.untag("before")
     table.gc(base_versions_older_than=timedelta(0), keep_manifest_versions=1)
-    assert not gen_dirs() & before_gc  # freed
+    assert not _gen_dirs(table) & before_gc  # freed
     for snap in (kept, untagged):
         with pytest.raises(SnapshotExpiredError, match="tag"):
             table.to_arrow(as_of=snap)
@@ -253,12 +254,7 @@ def _gen_dirs(table) -> set[str]:
     import os
 
     root = os.path.join(table.uri, "_mem_wal")
-    return {
-        os.path.join(d, n)
-        for d, names, _ in os.walk(root)
-        for n in names
-        if "_gen_" in n
-    }
+    return {os.path.join(d, n) for d, names, _ in os.walk(root) for n in names if "_gen_" in n}
 
 
 def test_snapshot_errors_are_typed(table, tmp_path):
@@ -306,5 +302,7 @@ def test_changes_read_only_the_wal_entries_in_between(table, monkeypatch):
     monkeypatch.setattr("memwal_sql.changes.read_wal_range", counting)
     changes = table.changes(a, b)
     assert sum(read) == 2  # one entry per write, not the 100-row one before
-    kinds = sorted(zip(changes.column("id").to_pylist(), changes.column("_change_type").to_pylist()))
+    kinds = sorted(
+        zip(changes.column("id").to_pylist(), changes.column("_change_type").to_pylist())
+    )
     assert kinds == [(3, "update_postimage"), (3, "update_preimage"), (4, "delete")]
