@@ -12,6 +12,11 @@ Queries, each the best of ``--repeats``:
 * region-pruned scan (``tenant = 2``: one region of four);
 * SQL aggregate (``GROUP BY tenant``); Lance's anchor is its scan plus a pyarrow group-by.
 
+The change feed (issue 41), on a table of its own: ``--feed-base-rows`` rows merged into the
+base, a snapshot, then 1% of the keys upserted (and 0.1% deleted) and a second snapshot; it
+times ``tbl.changes(a, b)`` (net, then all) against a full scan of the table, whose ratio the
+goal puts at 1/10 or less.
+
 Prints rows/s and ratios (> 1: memwal-sql faster) and writes JSON (``--out``).
 """
 
@@ -95,6 +100,53 @@ def build(
     return tbl
 
 
+def measure_feed(work: str, base_rows: int, repeats: int) -> dict:
+    """The change feed of 1% of the keys against a scan of the table (see the docstring)."""
+    rng = np.random.default_rng(2)
+    t0 = time.perf_counter()
+    tbl = mw.create_table(
+        f"{work}/feed",
+        rows_for(np.arange(base_rows, dtype=np.int64), 0, rng),
+        primary_key="id",
+        region_spec=mw.RegionSpec.bucket("id", 4),
+        writer_config=mw.WriterConfig(durable_write=False),
+    )
+    a = tbl.snapshot()
+    changed = np.unique(rng.integers(0, base_rows, base_rows // 100)).astype(np.int64)
+    for part in np.array_split(changed, 10):
+        tbl.upsert(rows_for(part, 1, rng))
+    gone = np.unique(rng.integers(0, base_rows, base_rows // 1000)).astype(np.int64)
+    tbl.delete(pa.table({"id": gone}))
+    b = tbl.snapshot()
+    build_s = time.perf_counter() - t0
+    scan_s, scanned = best(lambda: tbl.to_arrow().num_rows, repeats)
+    net_s, net_rows = best(lambda: tbl.changes(a, b).num_rows, repeats)
+    all_s, all_rows = best(lambda: tbl.changes(a, b, mode="all").num_rows, repeats)
+    tbl.close()
+    out = {
+        "base_rows": base_rows,
+        "changed_keys": int(len(np.union1d(changed, gone))),
+        "build_s": build_s,
+        "scan_s": scan_s,
+        "scan_rows": scanned,
+        "net_s": net_s,
+        "net_rows": net_rows,
+        "all_s": all_s,
+        "all_rows": all_rows,
+        "net_over_scan": net_s / scan_s,
+        "all_over_scan": all_s / scan_s,
+    }
+    print(
+        f"\nchange feed: {base_rows:,} rows, {out['changed_keys']:,} keys changed "
+        f"(built in {build_s:.1f} s)\n"
+        f"{'read':<26}{'ms':>10}{'rows':>12}{'/ scan':>9}\n"
+        f"{'full scan':<26}{scan_s * 1e3:>10.1f}{scanned:>12,}{1:>9.3f}\n"
+        f"{'changes(a, b) net':<26}{net_s * 1e3:>10.1f}{net_rows:>12,}{net_s / scan_s:>9.3f}\n"
+        f"{'changes(a, b) all':<26}{all_s * 1e3:>10.1f}{all_rows:>12,}{all_s / scan_s:>9.3f}"
+    )
+    return out
+
+
 def best(fn: Callable[[], int], repeats: int) -> tuple[float, int]:
     times, n = [], 0
     for _ in range(repeats):
@@ -114,6 +166,12 @@ def main() -> None:
         "--data-storage-version",
         default=None,
         help="Lance file format of the base table and generations (default: Lance's, 2.2)",
+    )
+    ap.add_argument(
+        "--feed-base-rows",
+        type=int,
+        default=2_000_000,
+        help="rows of the change-feed table (issue 41 asks 10,000,000; 0 skips it)",
     )
     ap.add_argument("--out", default="benchmarks/results/bench_read.json")
     args = ap.parse_args()
@@ -204,6 +262,11 @@ def main() -> None:
         plan = tbl.explain("tenant = 2")
         print("\nexplained: tbl.explain('tenant = 2')\n" + plan)
         tbl.close()
+        feed = (
+            measure_feed(work, args.feed_base_rows, min(args.repeats, 3))
+            if args.feed_base_rows
+            else None
+        )
         write_results(
             args.out,
             {
@@ -215,6 +278,7 @@ def main() -> None:
                     "live_memtable_rows": live_rows,
                 },
                 "results": results,
+                "change_feed": feed,
             },
         )
     finally:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # loaded on first use at runtime (see __getattr__)
     from memwal_sql.maintenance.config import MaintenanceConfig
     from memwal_sql.metrics import CacheMetrics, RegionMetrics, TableMetrics
     from memwal_sql.partitioning.region_spec import RegionSpec, region_id_for
+    from memwal_sql.read_snapshot import PinnedSnapshot
     from memwal_sql.search import SearchQuery
     from memwal_sql.session import MemWalContext
     from memwal_sql.sql import connect
@@ -35,6 +36,7 @@ __all__ = [
     "MaintenanceConfig",
     "MemWalContext",
     "MemWalTable",
+    "PinnedSnapshot",
     "RegionMetrics",
     "RegionSpec",
     "RegionWriter",
@@ -77,6 +79,7 @@ _LAZY = {
     "RegionMetrics": "memwal_sql.metrics",
     "TableMetrics": "memwal_sql.metrics",
     "MemWalTable": "memwal_sql.table",
+    "PinnedSnapshot": "memwal_sql.read_snapshot",
     "create_table": "memwal_sql.table",
     "open_table": "memwal_sql.table",
     "region_id_for": "memwal_sql.partitioning.region_spec",

@@ -17,6 +17,7 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 
+import memwal_sql as mw
 from memwal_sql.cli import main
 from memwal_sql.cli.region_specs import parse as parse_spec
 from memwal_sql.cli.storage_options import parse as parse_options
@@ -691,3 +692,28 @@ def test_ctrl_c_stops_a_long_sql_query_at_once(tmp_path):
         p.kill()
         pytest.fail("memwal sql kept running after Ctrl-C")
     assert p.returncode == 130 and err == "memwal: interrupted\n" and out == ""
+
+
+def test_snapshot_sql_as_of_and_changes(capsys, tmp_path):
+    uri = str(tmp_path / "events")
+    mw.create_table(uri, pa.table({"id": [1, 2], "v": ["a", "b"]}), primary_key="id").close()
+    token = run(capsys, "snapshot", uri).strip()
+    assert token.startswith("mw1.")
+    run(capsys, "snapshot", uri, "--tag", "first")
+    run(capsys, "sql", "INSERT INTO events VALUES (3, 'c')", "--table", uri)
+    run(capsys, "sql", "DELETE FROM events WHERE id = 2", "--table", uri)
+    assert "first |" in run(capsys, "snapshot", uri, "--list")
+    then = run(capsys, "sql", "SELECT id FROM events ORDER BY id", "--table", uri, "--as-of", token, "-o", "csv")  # fmt: skip
+    assert then.split() == ["id", "1", "2"]
+    now = run(capsys, "sql", "SELECT id FROM e ORDER BY id", "--table", f"e={uri}", "-o", "csv")  # fmt: skip
+    assert now.split() == ["id", "1", "3"]
+    out = run(capsys, "changes", uri, "--from", "first", "-o", "json")
+    changes = sorted((r["id"], r["_change_type"]) for r in map(json.loads, out.splitlines()))
+    assert changes == [(2, "delete"), (3, "insert")]
+    target = tmp_path / "c.parquet"
+    run(capsys, "changes", uri, "--from", token, "--mode", "all", "--out", str(target))
+    assert pq.read_table(target).num_rows == 2
+    err = fails(capsys, "sql", "SELECT 1", "--table", f"a={uri}", "--table", f"b={uri}", "--as-of", token, code=2)  # fmt: skip
+    assert "NAME=SNAPSHOT" in err
+    run(capsys, "snapshot", uri, "--untag", "first")
+    assert "no tag 'first'" in fails(capsys, "changes", uri, "--from", "first")

@@ -19,6 +19,7 @@ from memwal_sql.cli import region_specs, storage_options
 from memwal_sql.cli.failures import INTERRUPTED, CliError, UsageError, flatten, one_line
 from memwal_sql.cli.keys import parse_keys
 from memwal_sql.cli.output import write_rows
+from memwal_sql.cli.snapshot_commands import resolve
 from memwal_sql.cli.sources import Source, null_values, open_source
 from memwal_sql.errors import MemWalError, TableExistsError, TableNotFoundError
 from memwal_sql.storage import layout
@@ -194,9 +195,12 @@ def sql(a: argparse.Namespace) -> None:
     options = storage_options.from_args(a)
     ctx = mw.connect(trusted=a.trusted, read_only=a.read_only)
     tables = []
-    for name, uri in _named_tables(a.table):
+    named = _named_tables(a.table)
+    as_of = _as_of(a.as_of, [name for name, _ in named])
+    for name, uri in named:
         tables.append(mw.open_table(uri, options))
-        ctx.register(name, tables[-1])
+        at = as_of.get(name)
+        ctx.register(name, tables[-1] if at is None else resolve(tables[-1], at))
     try:
         rows = _interruptible(lambda: ctx.sql(a.query).to_arrow_table())
     except MemWalError:
@@ -210,6 +214,28 @@ def sql(a: argparse.Namespace) -> None:
         _print_plans(rows)  # EXPLAIN: multi-line plans, which a table cell would cut short
     else:
         write_rows(rows, a.output)
+
+
+def _as_of(specs: Sequence[str], names: Sequence[str]) -> dict[str, str]:
+    """Table name -> snapshot of each ``--as-of [NAME=]SNAPSHOT``."""
+    out = {}
+    for spec in specs:
+        named = _NAME.match(spec)
+        if named is not None and not spec.startswith("mw1."):
+            name, snap = named.group(1), named.group(2)
+        elif len(names) == 1:
+            name, snap = names[0], spec
+        else:
+            raise UsageError(
+                f"--as-of {spec}: name the table it reads, NAME=SNAPSHOT (the tables are "
+                f"{', '.join(names) or 'none'})"
+            )
+        if name not in names:
+            raise UsageError(
+                f"--as-of {spec}: no --table {name}; the tables are {', '.join(names)}"
+            )
+        out[name] = snap
+    return out
 
 
 def _print_plans(rows: pa.Table) -> None:

@@ -8,7 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 import memwal_sql
-from memwal_sql.cli import data_commands, ops_commands, region_specs, storage_options
+from memwal_sql.cli import (
+    data_commands,
+    ops_commands,
+    region_specs,
+    snapshot_commands,
+    storage_options,
+)
 from memwal_sql.cli.output import OUTPUT_HELP, OUTPUTS
 from memwal_sql.cli.sources import FORMAT_HELP, FORMATS, NULL_VALUES_HELP
 from memwal_sql.maintenance.config import MaintenanceConfig
@@ -29,6 +35,8 @@ examples:
   memwal sql "SELECT 1 + 1"
   memwal delete ./events --where "ts < '2026-01-01'"
   memwal lookup ./events 42 43 --columns id,user
+  memwal snapshot ./events --tag nightly
+  memwal changes ./events --from nightly --out changes.parquet
   memwal inspect ./events
   memwal maintain ./events --watch 60
 
@@ -81,6 +89,8 @@ def build() -> argparse.ArgumentParser:
     _delete(command)
     _sql(command)
     _lookup(command)
+    _snapshot(command)
+    _changes(command)
     _inspect(command)
     _maintenance(command)
     _repair(command)
@@ -232,6 +242,14 @@ def _sql(command: Any) -> None:
         help="refuse INSERT, UPDATE and DELETE: run queries only",
     )
     c.add_argument(
+        "--as-of",
+        action="append",
+        default=[],
+        metavar="[NAME=]SNAPSHOT",
+        help="read table NAME (the only table, without NAME) as of a snapshot: a token from "
+        "'memwal snapshot' or a tag name (repeat for more tables)",
+    )
+    c.add_argument(
         "--trusted",
         action="store_true",
         help="allow every DataFusion statement (CREATE EXTERNAL TABLE, COPY, SET, ...), "
@@ -257,6 +275,48 @@ def _lookup(command: Any) -> None:
         help="a key value; a composite key's parts comma-separated (a,b)",
     )
     c.add_argument("--columns", metavar="COLS", help="comma-separated columns to show")
+    _output(c)
+
+
+def _snapshot(command: Any) -> None:
+    c = command(
+        "snapshot",
+        snapshot_commands.snapshot,
+        "print a token of the table's state now, which 'sql --as-of' and 'changes' read later "
+        "(while GC keeps it: base_versions_older_than); --tag NAME keeps it until untagged",
+        "  memwal snapshot ./events\n"
+        "  memwal snapshot ./events --tag before-backfill\n"
+        "  memwal snapshot ./events --list\n"
+        "  memwal snapshot ./events --untag before-backfill",
+    )
+    _uri(c)
+    what = c.add_mutually_exclusive_group()
+    what.add_argument("--tag", metavar="NAME", help="also keep the snapshot as tag NAME")
+    what.add_argument("--list", action="store_true", help="list the tags and their tokens")
+    what.add_argument("--untag", metavar="NAME", help="remove tag NAME")
+
+
+def _changes(command: Any) -> None:
+    c = command(
+        "changes",
+        snapshot_commands.changes,
+        "the changes between two snapshots (tokens or tag names; --to defaults to now): the "
+        "table's columns plus _change_type and _commit_position",
+        "  memwal changes ./events --from mw1.eNrj...\n"
+        "  memwal changes ./events --from nightly --to mw1.eNrj... --mode all --output csv\n"
+        "  memwal changes ./events --from nightly --out changes.parquet",
+    )
+    _uri(c)
+    c.add_argument("--from", dest="start", required=True, metavar="SNAPSHOT", help="the start")
+    c.add_argument("--to", dest="end", metavar="SNAPSHOT", help="the end (default: now)")
+    c.add_argument(
+        "--mode",
+        choices=("net", "all"),
+        default="net",
+        help="net: each changed key's row at the start and at the end (default); all: every "
+        "write in order",
+    )
+    c.add_argument("--out", metavar="FILE", help="write to FILE (.parquet or .csv), not stdout")
     _output(c)
 
 
