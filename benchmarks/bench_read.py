@@ -125,7 +125,7 @@ def measure_feed(work: str, base_rows: int, repeats: int) -> dict:
     tbl.close()
     out = {
         "base_rows": base_rows,
-        "changed_keys": int(len(np.union1d(changed, gone))),
+        "changed_keys": len(np.union1d(changed, gone)),
         "build_s": build_s,
         "scan_s": scan_s,
         "scan_rows": scanned,
