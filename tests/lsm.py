@@ -210,3 +210,29 @@ def record_fsyncs(monkeypatch: Any) -> set[str]:
 
     monkeypatch.setattr(os, "fsync", recording)
     return synced
+
+
+def apply_changes(
+    before: pa.Table, changes: pa.Table, schema: pa.Schema, key: str = "id"
+) -> pa.Table:
+    """``before`` with a change feed (``tbl.changes``) applied in ``_commit_position`` order per
+    key, checking each pre-image and delete against the row it names (in "all" mode, the row
+    just before it); the rows in ``schema``, sorted by ``key``."""
+    rows = {r[key]: r for r in before.to_pylist()}
+    for change in sorted(changes.to_pylist(), key=lambda r: (r[key], r["_commit_position"])):
+        kind = change.pop("_change_type")
+        change.pop("_commit_position")
+        k = change[key]
+        if kind == "insert":
+            assert k not in rows, change
+            rows[k] = change
+        elif kind == "update_preimage":
+            assert rows.get(k) == change, change
+        elif kind == "update_postimage":
+            assert k in rows, change
+            rows[k] = change
+        else:
+            assert kind == "delete", kind
+            assert rows.pop(k) == change, change
+    out = [rows[k] for k in sorted(rows)]
+    return pa.Table.from_pylist(out, schema=schema) if out else schema.empty_table()

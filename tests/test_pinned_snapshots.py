@@ -21,7 +21,7 @@ from memwal_sql.errors import (
     InvalidSnapshotError,
     SnapshotExpiredError,
 )
-from tests.lsm import Model, apply_op
+from tests.lsm import Model, apply_changes, apply_op
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False), pa.field("x", pa.int64()), pa.field("s", pa.string())])  # fmt: skip
 
@@ -35,30 +35,6 @@ def batch(keys: list[int], seed: int) -> pa.Table:
 
 def state(model: Model) -> pa.Table:
     return model.table(SCHEMA)
-
-
-def apply_changes(before: pa.Table, changes: pa.Table, mode: str) -> pa.Table:
-    """``before`` with ``changes`` applied, checking each pre-image and delete against the row
-    it names (in "all" mode, against the row just before it)."""
-    rows = {r["id"]: r for r in before.to_pylist()}
-    ordered = sorted(changes.to_pylist(), key=lambda r: (r["id"], r["_commit_position"]))
-    for change in ordered:
-        kind = change.pop("_change_type")
-        change.pop("_commit_position")
-        key = change["id"]
-        if kind == "insert":
-            assert key not in rows, change
-            rows[key] = change
-        elif kind == "update_preimage":
-            assert rows.get(key) == change, change
-        elif kind == "update_postimage":
-            assert key in rows, change
-            rows[key] = change
-        else:
-            assert kind == "delete"
-            assert rows.pop(key) == change, change
-    out = [rows[k] for k in sorted(rows)]
-    return pa.Table.from_pylist(out, schema=SCHEMA) if out else SCHEMA.empty_table()
 
 
 ops = st.lists(
@@ -120,7 +96,7 @@ def test_snapshots_read_their_state_and_changes_lead_from_one_to_the_next(
                 except SnapshotExpiredError:
                     assert collected
                     continue
-                assert apply_changes(at_a, changes, mode) == at_b
+                assert apply_changes(at_a, changes, SCHEMA) == at_b
 
     try:
         for op, keys, seed in steps:

@@ -8,6 +8,8 @@ reopens."""
 
 from __future__ import annotations
 
+import itertools
+
 import datafusion
 import lance
 import pyarrow as pa
@@ -19,7 +21,7 @@ import memwal_sql as mw
 from memwal_sql.errors import InvalidInputError, SchemaMismatchError, TableExistsError
 from memwal_sql.formats.debezium import decode_debezium
 from memwal_sql.storage import layout
-from tests.lsm import apply_op, lance_latest_rows
+from tests.lsm import apply_changes, apply_op, lance_latest_rows
 
 SCHEMA = pa.schema(
     [
@@ -113,7 +115,9 @@ ops = st.lists(
         st.tuples(st.sampled_from(["update", "update_ts"]), keys, stamps, st.integers(0, 9)),
         st.tuples(st.just("delete_filter"), st.just([]), st.just([]), st.integers(0, 4)),
         st.tuples(
-            st.sampled_from(["flush", "merge", "settle", "crash", "reopen", "read", "compact"]),
+            st.sampled_from(
+                ["flush", "merge", "settle", "crash", "reopen", "read", "compact", "snapshot"]
+            ),
             st.just([]),
             st.just([]),
             st.just(0),
@@ -140,6 +144,7 @@ def test_every_read_path_equals_the_model(tmp_path_factory, ops, buckets):
     )
     model = SequenceModel()
     model.upsert(first)
+    taken = []  # (token, the model's state then)
     for op, ks, ts, seed in ops:
         given_ts = ts[: len(ks)]
         if op == "upsert":
@@ -169,9 +174,18 @@ def test_every_read_path_equals_the_model(tmp_path_factory, ops, buckets):
         elif op == "settle":  # everything merged: deletes leave the sources for the tombstones
             tbl.flush()
             tbl.merge()
+        elif op == "snapshot":
+            taken.append((tbl.snapshot().token, model.table()))
         else:
             tbl = apply_op(tbl, None, op, [], 0, uri, None)  # type: ignore[arg-type]
     check_reads(tbl, model)
+    # Snapshots read their state; the changes from each to the next lead from one to the other.
+    taken.append((tbl.snapshot().token, model.table()))
+    for token, then in taken:
+        assert by_key(tbl.to_arrow(as_of=tbl.snapshot(token))) == then.to_pylist()
+    for (a, at_a), (b, at_b) in itertools.pairwise(taken):
+        for mode in ("net", "all"):
+            assert apply_changes(at_a, tbl.changes(a, b, mode=mode), SCHEMA) == at_b
     # Lance's reader sees the same rows: a write older than its key's row never got stored.
     tbl.flush()
     tbl.maintenance.flush_regions()  # what a crash left in the WAL only
