@@ -34,6 +34,7 @@ from memwal_sql.errors import (
     MemWalError,
     ObjectExistsError,
     ObjectNotFoundError,
+    SchemaMismatchError,
     StorageError,
     StorageUnavailableError,
     TornWalEntryWarning,
@@ -560,7 +561,7 @@ class RegionWriter:
                 )
             if run.is_sentinel:
                 continue
-            batches.extend(conform_batch(b, self._rows.schema) for b in run.batches)
+            batches.extend(self._replayable(b) for b in run.batches)
             self._active.wal_position = run.last
             self._stats.replayed_entries += run.count
         if batches:
@@ -654,6 +655,19 @@ class RegionWriter:
             )
         return entry
 
+    def _replayable(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """A replayed WAL batch in this writer's schema; one with a column the schema lacks
+        (added by another process after this writer's table last looked) is refused, since
+        replaying it here would drop the column's values from the flush."""
+        unknown = set(batch.schema.names) - set(self._rows.schema.names)
+        if unknown:
+            raise SchemaMismatchError(
+                f"region {self.region_id}: its WAL holds column(s) {sorted(unknown)} this "
+                "writer's schema lacks (added since the table was opened): open the table "
+                "again and claim the region from it"
+            )
+        return conform_batch(batch, self._rows.schema)
+
     def _replay_entry(self, entry: Any) -> None:
         if entry.writer_epoch > self.epoch:
             raise WriterFencedError(
@@ -663,7 +677,7 @@ class RegionWriter:
         if entry.is_sentinel:
             return
         for batch in entry.batches:
-            batch = conform_batch(batch, self._rows.schema)
+            batch = self._replayable(batch)
             self._active.append(batch, 0)
             self._stats.replayed_rows += batch.num_rows
         self._active.wal_position = entry.position

@@ -103,6 +103,28 @@ def test_an_old_writers_wal_replayed_by_a_new_writer_takes_the_new_schema(table)
     reopened.close()
 
 
+def test_a_table_opened_before_a_change_claims_in_the_new_schema(table):
+    """A table object opened before another one added a column claims a region whose WAL holds
+    rows with the column: the claim takes the new schema, so replaying keeps their values (an
+    old-schema writer would drop them, and its flush would lose them)."""
+    tbl, model, uri = table
+    keys = keys_of(tbl, 1, 3, 200)
+    stale = mw.open_table(uri)  # opened before the change, never reads after it
+    tbl.add_columns({"note": pa.string()})
+    with_note = pa.table({"id": keys, "n": [1, 2, 3], "note": ["a", "b", None]})
+    new = tbl.writer(region_values=(1,))
+    new.upsert(with_note)
+    new.release()  # its rows only in the WAL
+    model.upsert(with_note)
+    with stale.writer(region_values=(1,)) as claimed:  # replays, then flushes on close
+        assert "note" in claimed.wal_schema.names
+    stale.merge()
+    reopened = mw.open_table(uri)
+    assert reopened.to_arrow().sort_by("id") == expected(model, reopened.schema)
+    reopened.close()
+    stale.close()
+
+
 def test_another_process_sees_the_column_from_its_next_query(table):
     tbl, _, uri = table
     other = mw.open_table(uri)  # opened before the change
@@ -503,3 +525,26 @@ def test_region_and_indexed_columns_keep_their_types(tmp_path):
 )  # fmt: skip
 def test_is_widening(old, new, widens):
     assert is_widening(old, new) is widens
+
+
+def test_a_writer_whose_schema_lacks_a_column_in_the_wal_refuses_to_replay_it(table, monkeypatch):
+    """The claim's schema check lost a race with the change: the replay refuses rather than
+    drop the column's values, and the rows stay in the WAL for a writer that knows it."""
+    from memwal_sql.table_state import TableState
+
+    tbl, model, uri = table
+    keys = keys_of(tbl, 1, 2, 300)
+    stale = mw.open_table(uri)
+    tbl.add_columns({"note": pa.string()})
+    new = tbl.writer(region_values=(1,))
+    new.upsert(pa.table({"id": keys, "n": [1, 2], "note": ["a", "b"]}))
+    new.release()
+    monkeypatch.setattr(TableState, "follow_schema", lambda self, ds: False)  # the race
+    with pytest.raises(SchemaMismatchError, match="open the table again"):
+        stale.writer(region_values=(1,))
+    monkeypatch.undo()
+    model.upsert(pa.table({"id": keys, "n": [1, 2], "note": ["a", "b"]}))
+    fresh = mw.open_table(uri)
+    assert fresh.to_arrow().sort_by("id") == expected(model, fresh.schema)
+    fresh.close()
+    stale.close()
