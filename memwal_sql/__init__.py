@@ -17,6 +17,7 @@ from memwal_sql import errors
 if TYPE_CHECKING:  # loaded on first use at runtime (see __getattr__)
     from memwal_sql.maintenance.config import MaintenanceConfig
     from memwal_sql.metrics import CacheMetrics, RegionMetrics, TableMetrics
+    from memwal_sql.namespaces import Namespace, namespace
     from memwal_sql.partitioning.region_spec import RegionSpec, region_id_for
     from memwal_sql.read_snapshot import PinnedSnapshot
     from memwal_sql.search import SearchQuery
@@ -36,6 +37,7 @@ __all__ = [
     "MaintenanceConfig",
     "MemWalContext",
     "MemWalTable",
+    "Namespace",
     "PinnedSnapshot",
     "RegionMetrics",
     "RegionSpec",
@@ -46,6 +48,7 @@ __all__ = [
     "connect",
     "create_table",
     "errors",
+    "namespace",
     "open_table",
     "region_id_for",
 ]
@@ -80,6 +83,8 @@ _LAZY = {
     "TableMetrics": "memwal_sql.metrics",
     "MemWalTable": "memwal_sql.table",
     "PinnedSnapshot": "memwal_sql.read_snapshot",
+    "Namespace": "memwal_sql.namespaces",
+    "namespace": "memwal_sql.namespaces",
     "create_table": "memwal_sql.table",
     "open_table": "memwal_sql.table",
     "region_id_for": "memwal_sql.partitioning.region_spec",
