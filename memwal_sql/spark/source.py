@@ -7,14 +7,16 @@ fragments), so every executor reads the same snapshot. Write: each task upserts 
 its Arrow batches through the routed writer, durably, and returns only once they are stored;
 a task fenced by another task writing the same region claims the region again and goes on.
 
-Options: ``consistency`` (``strong``/``eventual``), ``partitions`` (base fragment groups),
+Options: ``consistency`` (``strong``/``eventual``), ``asOf`` (a snapshot token: the rows of
+that pinned snapshot), ``partitions`` (base fragment groups),
 ``columns`` (a comma-separated list: only those are read; PySpark's Python data sources get no
 column pruning from Spark), ``operation`` (``upsert``/``update``/``delete``: ``update`` changes
 only the DataFrame's columns, see ``MemWalTable.update``), ``mergeSchema`` (``true``:
 a write first adds the DataFrame's columns the table lacks, nullable), ``format``
 (``debezium``: each row is a change event, JSON in ``value_column``, default ``value``, or the
-envelope's own ``op``/``before``/``after`` columns); every other option is a storage option
-(``aws_*``...).
+envelope's own ``op``/``before``/``after`` columns); ``readChangeFeed`` (``true``: the change
+feed, streamed or read in one batch, see :mod:`memwal_sql.spark.stream`); every other option
+is a storage option (``aws_*``...).
 
 Example:
     ``memwal_sql.spark.register(spark); spark.read.format("memwal").load(uri)``
