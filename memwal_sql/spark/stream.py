@@ -10,8 +10,9 @@ the last offset it logged.
 part way towards the latest snapshot, at an entry boundary, built from the start offset (its
 base version, generations and flushed position) with a later ``wal_position``. That is a state
 the table really had, region by region: the start's state plus the region's next writes in WAL
-order (a key lives in one region, so no key sees two moments). It is read only as the next
-batch's start, for the rows before each change.
+order (a key lives in one region, so no key sees two moments), with the generations flushed
+since that hold only writes up to the cut read in place of their WAL entries. It is read only
+as the next batch's start, for the rows before each change.
 
 Example:
     ``spark.readStream.format("memwal").option("readChangeFeed", "true").load(uri)``
@@ -170,11 +171,46 @@ def partial_cut(table: Any, start: Any, end: Any, max_rows: int) -> Any:
         before = start.region(rc.region_id)
         position = reached.get(rc.region_id, before.wal_position if before else 0)
         if before is not None:
-            regions.append(dataclasses.replace(before, wal_position=position))
+            regions.append(_advanced(table, before, position))
         elif position > 0:
             # A region written first after the start: the start's base has none of its rows.
             regions.append(RegionCut(rc.region_id, (), 0, position, 0))
     return dataclasses.replace(start, regions=tuple(regions), taken_at_millis=end.taken_at_millis)
+
+
+def _advanced(table: Any, before: Any, position: int) -> Any:
+    """Region cut ``before`` moved on to WAL ``position``: with the generations flushed since
+    that hold only rows up to it (each records its last WAL position at flush), so the next
+    batch reads them, not their WAL entries, as its start's rows. They are newer than what the
+    start's base version merged, and GC keeps them while it keeps that version."""
+    from memwal_sql.formats.region_manifest import RegionManifestStore
+    from memwal_sql.storage import layout
+    from memwal_sql.storage.checksums import recorded_wal_entry_position
+
+    moved = dataclasses.replace(before, wal_position=position)
+    manifest = RegionManifestStore(table.store, before.region_id).latest()
+    if manifest is None:
+        return moved
+    since = sorted(
+        (g for g in manifest.flushed_generations if g.generation >= before.memtable_generation),
+        key=lambda g: g.generation,
+    )
+    generations, flushed, current = list(before.generations), before.flushed_position, None
+    for g in since:
+        directory = f"{layout.region_dir(before.region_id)}/{g.path}"
+        covered = recorded_wal_entry_position(table.store, directory)
+        if covered is None or covered > position:
+            break  # a generation Lance flushed records no position: its WAL entries are read
+        generations.append(g.generation)
+        flushed, current = covered, g.generation + 1
+    if current is None:
+        return moved
+    return dataclasses.replace(
+        moved,
+        generations=tuple(generations),
+        flushed_position=flushed,
+        memtable_generation=current,
+    )
 
 
 def change_partitions(start: Any, end: Any, parts: int) -> list[InputPartition]:
