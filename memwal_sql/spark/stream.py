@@ -345,6 +345,10 @@ class MemWalChangeReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
         _mode(options)
+        if "asOf" in options or "asof" in options:
+            raise InvalidInputError(
+                "a change read reads from startingSnapshot to endingSnapshot, not asOf"
+            )
 
     def partitions(self) -> Sequence[InputPartition]:
         table = open_table(self.options)

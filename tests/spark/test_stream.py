@@ -233,6 +233,10 @@ def test_stream_options_are_checked(table):
         MemWalReader({"path": table, "asof": "mw1.x", "consistency": "strong"}).partitions()
     with pytest.raises(InvalidInputError, match="asOf"):
         MemWalDataSource({"path": table, "version": "3"}).schema()
+    with pytest.raises(InvalidInputError, match="endingSnapshot"):
+        MemWalDataSource({"path": table, "readchangefeed": "true", "asof": "mw1.x"}).reader(None)
+    with pytest.raises(InvalidInputError, match="needs a start"):
+        MemWalDataSource({"path": table, "readchangefeed": "true"}).reader(None).partitions()
 
 
 # ---- Spark ---------------------------------------------------------------------------------------
