@@ -45,6 +45,16 @@ _OPTIONS = {
 }
 
 
+def option(options: dict[str, str], name: str, default: str | None = None) -> str | None:
+    """Option ``name`` (Spark hands options over with lower-case names; a caller in Python may
+    spell them as documented), else ``default``.
+
+    Example:
+        ``option({"asof": "mw1.x"}, "asOf")  # 'mw1.x'``
+    """
+    return options.get(name, options.get(name.lower(), default))
+
+
 def open_table(options: dict[str, str]) -> Any:
     """The table ``options`` name (``path``), opened with the storage options among them.
 

@@ -52,6 +52,7 @@ from memwal_sql.expressions.predicate import And, Predicate
 from memwal_sql.spark.arrow import spark_compatible, to_spark_batch
 from memwal_sql.spark.filters import spark_predicate
 from memwal_sql.spark.options import open_table as _open
+from memwal_sql.spark.options import option
 from memwal_sql.spark.options import read_schema as _read_schema
 from memwal_sql.spark.stream import (
     MemWalChangeReader,
@@ -195,7 +196,7 @@ class MemWalReader(DataSourceReader):
 def _read_at(table: Any, options: dict[str, str]) -> Any:
     """What a batch read reads: the pinned snapshot ``asOf`` names (a token), else the latest
     rows at the ``consistency`` option's level."""
-    token = options.get("asOf", options.get("asof"))
+    token = option(options, "asOf")
     if token is None:
         return options.get("consistency", "strong")
     if "consistency" in options:

@@ -39,7 +39,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from memwal_sql.errors import InvalidInputError, SnapshotExpiredError
-from memwal_sql.spark.options import open_table, read_schema
+from memwal_sql.spark.options import open_table, option, read_schema
 
 CHANGE_COLUMNS = (("_change_type", pa.string()), ("_commit_position", pa.int64()))
 #: The offset of a stream that starts at its first snapshot (``startingSnapshot`` "latest"):
@@ -50,7 +50,7 @@ _READ_AHEAD = 16  # WAL entries a row count reads side by side
 
 def reads_change_feed(options: dict[str, str]) -> bool:
     """Whether ``options`` ask for the change feed (``readChangeFeed``, Delta's name)."""
-    value = options.get("readChangeFeed", options.get("readchangefeed", "false")).lower()
+    value = (option(options, "readChangeFeed", "false") or "").lower()
     if value not in ("true", "false"):
         raise InvalidInputError(f"readChangeFeed must be 'true' or 'false', not {value!r}")
     return value == "true"
@@ -69,7 +69,7 @@ def _mode(options: dict[str, str]) -> str:
 
 
 def _max_rows(options: dict[str, str]) -> int | None:
-    given = options.get("maxRowsPerTrigger", options.get("maxrowspertrigger"))
+    given = option(options, "maxRowsPerTrigger")
     if given is None:
         return None
     if not given.isdigit() or int(given) < 1:
@@ -86,8 +86,8 @@ def starting_offset(table: Any, options: dict[str, str]) -> dict[str, str]:
     Example:
         ``starting_offset(tbl, {"startingSnapshot": snap.token})  # {"token": ...}``
     """
-    token = options.get("startingSnapshot", options.get("startingsnapshot"))
-    when = options.get("startingTimestamp", options.get("startingtimestamp"))
+    token = option(options, "startingSnapshot")
+    when = option(options, "startingTimestamp")
     if token is not None and when is not None:
         raise InvalidInputError("give startingSnapshot or startingTimestamp, not both")
     if when is not None:
@@ -281,7 +281,7 @@ class MemWalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
-        self.mode = _mode(options)
+        _mode(options)  # checked before the query starts
         self.max_rows = _max_rows(options)
         self.target: str | None = None  # availableNow: the last offset this run reads
         self._table: Any = None
@@ -345,7 +345,7 @@ class MemWalChangeReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
         _mode(options)
-        if "asOf" in options or "asof" in options:
+        if option(options, "asOf") is not None:
             raise InvalidInputError(
                 "a change read reads from startingSnapshot to endingSnapshot, not asOf"
             )
@@ -359,7 +359,7 @@ class MemWalChangeReader(DataSourceReader):
                     "a batch change read needs a start: startingSnapshot (a token) or "
                     "startingTimestamp"
                 )
-            ending = self.options.get("endingSnapshot", self.options.get("endingsnapshot"))
+            ending = option(self.options, "endingSnapshot")
             end = table.snapshot(ending)
             return change_partitions(
                 table.snapshot(start["token"]).cut, end.cut, _parts(self.options)

@@ -267,6 +267,17 @@ def test_a_batch_read_as_of_a_token_reads_that_snapshot(spark, table):
     tbl.close()
 
 
+def all_changes_stream(spark, table: str, token: str, max_rows: int):
+    return (
+        spark.readStream.format("memwal")
+        .option("readChangeFeed", "true")
+        .option("startingSnapshot", token)
+        .option("mode", "all")
+        .option("maxRowsPerTrigger", max_rows)
+        .load(table)
+    )
+
+
 def test_max_rows_per_trigger_bounds_each_micro_batch(spark, table, tmp_path):
     tbl = mw.open_table(table)
     a = tbl.snapshot()
@@ -281,12 +292,7 @@ def test_max_rows_per_trigger_bounds_each_micro_batch(spark, table, tmp_path):
         got.append(t)
 
     query = (
-        spark.readStream.format("memwal")
-        .option("readChangeFeed", "true")
-        .option("startingSnapshot", a.token)
-        .option("mode", "all")
-        .option("maxRowsPerTrigger", 25)
-        .load(table)
+        all_changes_stream(spark, table, a.token, 25)
         .writeStream.foreachBatch(collect)
         .option("checkpointLocation", str(tmp_path / "checkpoint"))
         .trigger(availableNow=True)
@@ -347,14 +353,7 @@ def test_a_stream_killed_mid_batch_and_restarted_emits_every_change_once(spark, 
                 raise RuntimeError("the stream dies mid-batch")
 
     def start():
-        stream = (
-            spark.readStream.format("memwal")
-            .option("readChangeFeed", "true")
-            .option("startingSnapshot", a.token)
-            .option("mode", "all")
-            .option("maxRowsPerTrigger", 60)
-            .load(table)
-        )
+        stream = all_changes_stream(spark, table, a.token, 60)
         return (
             stream.mapInArrow(crash_mid_batch, stream.schema)
             .writeStream.format("parquet")
