@@ -8,11 +8,14 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from memwal_sql.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from memwal_sql.table import MemWalTable
 
 _OPTIONS = {
     "path",
@@ -55,7 +58,7 @@ def option(options: dict[str, str], name: str, default: str | None = None) -> st
     return options.get(name, options.get(name.lower(), default))
 
 
-def open_table(options: dict[str, str]) -> Any:
+def open_table(options: dict[str, str]) -> MemWalTable:
     """The table ``options`` name (``path``), opened with the storage options among them.
 
     Example:
@@ -75,7 +78,7 @@ def open_table(options: dict[str, str]) -> Any:
     return mw.open_table(uri, storage or None)
 
 
-def read_schema(table: Any, options: dict[str, str]) -> pa.Schema:
+def read_schema(table: MemWalTable, options: dict[str, str]) -> pa.Schema:
     """The columns a read returns: the ``columns`` option's, in its order, else all."""
     if "columns" not in options:
         return table.schema

@@ -31,7 +31,7 @@ import random
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -60,6 +60,10 @@ from memwal_sql.spark.stream import (
     change_schema,
     reads_change_feed,
 )
+
+if TYPE_CHECKING:
+    from memwal_sql.read_snapshot import ReadAt
+    from memwal_sql.table import MemWalTable
 
 _FENCED_RETRIES = 30
 _log = logging.getLogger(__name__)
@@ -193,12 +197,12 @@ class MemWalReader(DataSourceReader):
             yield to_spark_batch(batch, schema)
 
 
-def _read_at(table: Any, options: dict[str, str]) -> Any:
+def _read_at(table: MemWalTable, options: dict[str, str]) -> ReadAt:
     """What a batch read reads: the pinned snapshot ``asOf`` names (a token), else the latest
     rows at the ``consistency`` option's level."""
     token = option(options, "asOf")
     if token is None:
-        return options.get("consistency", "strong")
+        return cast("ReadAt", options.get("consistency", "strong"))  # take_read_snapshot checks
     if "consistency" in options:
         raise InvalidInputError("give asOf or consistency, not both: a snapshot is exact")
     return table.snapshot(token)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -40,6 +40,12 @@ from pyspark.sql.streaming.datasource import (
 
 from memwal_sql.errors import InvalidInputError, SnapshotExpiredError
 from memwal_sql.spark.options import open_table, option, read_schema
+
+if TYPE_CHECKING:
+    from memwal_sql.changes import ChangeMode
+    from memwal_sql.formats.snapshot_token import RegionCut, SnapshotCut
+    from memwal_sql.read_snapshot import PinnedSnapshot
+    from memwal_sql.table import MemWalTable
 
 CHANGE_COLUMNS = (("_change_type", pa.string()), ("_commit_position", pa.int64()))
 #: The offset of a stream that starts at its first snapshot (``startingSnapshot`` "latest"):
@@ -61,11 +67,11 @@ def change_schema(columns: pa.Schema) -> pa.Schema:
     return pa.schema([*columns, *(pa.field(n, t) for n, t in CHANGE_COLUMNS)])
 
 
-def _mode(options: dict[str, str]) -> str:
+def _mode(options: dict[str, str]) -> ChangeMode:
     mode = options.get("mode", "net")
     if mode not in ("net", "all"):
         raise InvalidInputError(f"the mode option is 'net' or 'all', not {mode!r}")
-    return mode
+    return cast("ChangeMode", mode)
 
 
 def _max_rows(options: dict[str, str]) -> int | None:
@@ -77,7 +83,7 @@ def _max_rows(options: dict[str, str]) -> int | None:
     return int(given)
 
 
-def starting_offset(table: Any, options: dict[str, str]) -> dict[str, str]:
+def starting_offset(table: MemWalTable, options: dict[str, str]) -> dict[str, str]:
     """Where a change feed starts: ``startingSnapshot`` (a token, or ``latest``, the default:
     the first snapshot the stream takes), or ``startingTimestamp``: the newest tagged snapshot
     taken at or before it (a tag is the only snapshot that stays; the feed then holds every
@@ -97,7 +103,7 @@ def starting_offset(table: Any, options: dict[str, str]) -> dict[str, str]:
     return {"token": table.snapshot(token).token}  # a damaged token fails here, not in a task
 
 
-def _tag_at(table: Any, when: str) -> Any:
+def _tag_at(table: MemWalTable, when: str) -> PinnedSnapshot:
     """The newest tagged snapshot of ``table`` taken at or before ``when`` (ISO 8601, UTC
     unless it says otherwise)."""
     try:
@@ -118,7 +124,7 @@ def _tag_at(table: Any, when: str) -> Any:
     return max(earlier, key=lambda s: s.cut.taken_at_millis)
 
 
-def _unchanged(a: Any, b: Any) -> bool:
+def _unchanged(a: SnapshotCut, b: SnapshotCut) -> bool:
     """Whether cut ``b`` adds no write to ``a`` and reads the same base version (a newer
     base version is worth an empty batch: the stream's start then stays readable)."""
     if a.base_version != b.base_version:
@@ -127,7 +133,9 @@ def _unchanged(a: Any, b: Any) -> bool:
     return all(at.get(r.region_id, 0) == r.wal_position for r in b.regions)
 
 
-def partial_cut(table: Any, start: Any, end: Any, max_rows: int) -> Any:
+def partial_cut(
+    table: MemWalTable, start: SnapshotCut, end: SnapshotCut, max_rows: int
+) -> SnapshotCut:
     """A cut between snapshot cuts ``start`` and ``end`` holding about ``max_rows`` written
     rows: regions take their next WAL entries in turn until the rows reach ``max_rows`` (at
     least one entry: an entry is never split). ``end`` when it holds no more.
@@ -136,7 +144,7 @@ def partial_cut(table: Any, start: Any, end: Any, max_rows: int) -> Any:
         ``partial_cut(tbl, a.cut, b.cut, 1000).token``
     """
     from memwal_sql.formats.snapshot_token import RegionCut
-    from memwal_sql.formats.wal import read_wal_range
+    from memwal_sql.formats.wal import WalEntry, read_wal_range
 
     pending = {}
     for rc in end.regions:
@@ -145,7 +153,7 @@ def partial_cut(table: Any, start: Any, end: Any, max_rows: int) -> Any:
         if rc.wal_position > after:
             pending[rc.region_id] = (after, rc.wal_position)
 
-    def entries(rid: str, after: int, through: int) -> Iterator[Any]:
+    def entries(rid: str, after: int, through: int) -> Iterator[WalEntry]:
         for first in range(after, through, _READ_AHEAD):
             last = min(first + _READ_AHEAD, through)
             yield from read_wal_range(table.store, rid, first, last)
@@ -178,7 +186,7 @@ def partial_cut(table: Any, start: Any, end: Any, max_rows: int) -> Any:
     return dataclasses.replace(start, regions=tuple(regions), taken_at_millis=end.taken_at_millis)
 
 
-def _advanced(table: Any, before: Any, position: int) -> Any:
+def _advanced(table: MemWalTable, before: RegionCut, position: int) -> RegionCut:
     """Region cut ``before`` moved on to WAL ``position``: with the generations flushed since
     that hold only rows up to it (each records its last WAL position at flush), so the next
     batch reads them, not their WAL entries, as its start's rows. They are newer than what the
@@ -213,7 +221,7 @@ def _advanced(table: Any, before: Any, position: int) -> Any:
     )
 
 
-def change_partitions(start: Any, end: Any, parts: int) -> list[InputPartition]:
+def change_partitions(start: SnapshotCut, end: SnapshotCut, parts: int) -> list[InputPartition]:
     """The work from cut ``start`` to ``end`` as at most ``parts`` input partitions, each a
     group of regions with about as many WAL entries (a key's changes are in one region).
 
@@ -284,10 +292,10 @@ class MemWalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         _mode(options)  # checked before the query starts
         self.max_rows = _max_rows(options)
         self.target: str | None = None  # availableNow: the last offset this run reads
-        self._table: Any = None
+        self._table: MemWalTable | None = None
 
     @property
-    def table(self) -> Any:
+    def table(self) -> MemWalTable:
         if self._table is None:
             self._table = open_table(self.options)
         return self._table
