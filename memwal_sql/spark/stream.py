@@ -322,9 +322,6 @@ class MemWalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = partial_cut(self.table, begin, latest, limit.max_rows)
         return {"token": latest.token}
 
-    def reportLatestOffset(self) -> dict[str, str] | None:
-        return None
-
     def partitions(self, start: dict[str, str], end: dict[str, str]) -> Sequence[InputPartition]:
         from memwal_sql.formats.snapshot_token import decode_token
 
