@@ -7,14 +7,16 @@ fragments), so every executor reads the same snapshot. Write: each task upserts 
 its Arrow batches through the routed writer, durably, and returns only once they are stored;
 a task fenced by another task writing the same region claims the region again and goes on.
 
-Options: ``consistency`` (``strong``/``eventual``), ``partitions`` (base fragment groups),
+Options: ``consistency`` (``strong``/``eventual``), ``asOf`` (a snapshot token: the rows of
+that pinned snapshot), ``partitions`` (base fragment groups),
 ``columns`` (a comma-separated list: only those are read; PySpark's Python data sources get no
 column pruning from Spark), ``operation`` (``upsert``/``update``/``delete``: ``update`` changes
 only the DataFrame's columns, see ``MemWalTable.update``), ``mergeSchema`` (``true``:
 a write first adds the DataFrame's columns the table lacks, nullable), ``format``
 (``debezium``: each row is a change event, JSON in ``value_column``, default ``value``, or the
-envelope's own ``op``/``before``/``after`` columns); every other option is a storage option
-(``aws_*``...).
+envelope's own ``op``/``before``/``after`` columns); ``readChangeFeed`` (``true``: the change
+feed, streamed or read in one batch, see :mod:`memwal_sql.spark.stream`); every other option
+is a storage option (``aws_*``...).
 
 Example:
     ``memwal_sql.spark.register(spark); spark.read.format("memwal").load(uri)``
@@ -29,7 +31,7 @@ import random
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -49,54 +51,22 @@ from memwal_sql.errors import InvalidInputError, ObjectExistsError, WriterFenced
 from memwal_sql.expressions.predicate import And, Predicate
 from memwal_sql.spark.arrow import spark_compatible, to_spark_batch
 from memwal_sql.spark.filters import spark_predicate
+from memwal_sql.spark.options import open_table as _open
+from memwal_sql.spark.options import option
+from memwal_sql.spark.options import read_schema as _read_schema
+from memwal_sql.spark.stream import (
+    MemWalChangeReader,
+    MemWalStreamReader,
+    change_schema,
+    reads_change_feed,
+)
 
-_OPTIONS = {
-    "path",
-    "columns",
-    "consistency",
-    "partitions",
-    "operation",
-    "version",
-    "summary_path",
-    "operation_column",
-    "checkpointLocation",
-    "checkpointlocation",
-    "mergeSchema",
-    "mergeschema",
-    "format",
-    "value_column",
-}
+if TYPE_CHECKING:
+    from memwal_sql.read_snapshot import ReadAt
+    from memwal_sql.table import MemWalTable
+
 _FENCED_RETRIES = 30
 _log = logging.getLogger(__name__)
-
-
-def _open(options: dict[str, str]) -> Any:
-    import memwal_sql as mw
-
-    uri = options.get("path")
-    if not uri:
-        raise InvalidInputError("no table uri: use .load(uri) or .save(uri)")
-    if "version" in options:
-        raise InvalidInputError(
-            "reading an older version is not supported by MemWAL reads; "
-            "read the latest rows, or the base table with Lance"
-        )
-    storage = {k: v for k, v in options.items() if k not in _OPTIONS}
-    return mw.open_table(uri, storage or None)
-
-
-def _read_schema(table: Any, options: dict[str, str]) -> pa.Schema:
-    """The columns a read returns: the ``columns`` option's, in its order, else all."""
-    if "columns" not in options:
-        return table.schema
-    names = [c.strip() for c in options["columns"].split(",") if c.strip()]
-    unknown = [c for c in names if c not in table.schema.names]
-    if not names or unknown:
-        raise InvalidInputError(
-            f"the columns option names {unknown or 'no column'}; give a comma-separated list of "
-            f"the table's columns: {', '.join(table.schema.names)}"
-        )
-    return pa.schema([table.schema.field(c) for c in dict.fromkeys(names)])
 
 
 class MemWalDataSource(DataSource):
@@ -108,10 +78,26 @@ class MemWalDataSource(DataSource):
 
     def schema(self) -> StructType:
         options = dict(self.options)
-        return from_arrow_schema(spark_compatible(_read_schema(_open(options), options)))
+        columns = _read_schema(_open(options), options)
+        if reads_change_feed(options):
+            columns = change_schema(columns)
+        return from_arrow_schema(spark_compatible(columns))
 
-    def reader(self, schema: StructType) -> MemWalReader:
-        return MemWalReader(dict(self.options))
+    def reader(self, schema: StructType) -> DataSourceReader:
+        options = dict(self.options)
+        if reads_change_feed(options):
+            return MemWalChangeReader(options)
+        return MemWalReader(options)
+
+    def streamReader(self, schema: StructType) -> MemWalStreamReader:
+        options = dict(self.options)
+        if not reads_change_feed(options):
+            # Spark asks a Python source for its schema before it says whether it streams it.
+            raise InvalidInputError(
+                "a memwal stream is the table's change feed: add "
+                ".option('readChangeFeed', 'true') to spark.readStream"
+            )
+        return MemWalStreamReader(options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> MemWalStreamWriter:
         if overwrite:
@@ -190,8 +176,7 @@ class MemWalReader(DataSourceReader):
         from planner.scan import plan_scan
 
         table = _open(self.options)
-        consistency = self.options.get("consistency", "strong")
-        snapshot = take_read_snapshot(table, consistency)  # type: ignore[arg-type]
+        snapshot = take_read_snapshot(table, _read_at(table, self.options))
         fragments = len(snapshot.dataset.get_fragments())
         parts = int(self.options.get("partitions", max(1, min(fragments, 32))))
         plan = plan_scan(
@@ -210,6 +195,17 @@ class MemWalReader(DataSourceReader):
         schema = spark_compatible(columns)
         for batch in root.execute_columns(i, columns):
             yield to_spark_batch(batch, schema)
+
+
+def _read_at(table: MemWalTable, options: dict[str, str]) -> ReadAt:
+    """What a batch read reads: the pinned snapshot ``asOf`` names (a token), else the latest
+    rows at the ``consistency`` option's level."""
+    token = option(options, "asOf")
+    if token is None:
+        return cast("ReadAt", options.get("consistency", "strong"))  # take_read_snapshot checks
+    if "consistency" in options:
+        raise InvalidInputError("give asOf or consistency, not both: a snapshot is exact")
+    return table.snapshot(token)
 
 
 def task_order(partitions: int) -> list[int]:
