@@ -30,6 +30,8 @@ from lance_namespace.errors import (
     NamespaceAlreadyExistsError,
     NamespaceNotFoundError,
     TableAlreadyExistsError,
+)
+from lance_namespace.errors import (
     TableNotFoundError as LanceTableNotFoundError,
 )
 
@@ -62,7 +64,9 @@ class Namespace:
         ``ns = mw.namespace("s3://bucket/warehouse", storage_options={...})``
     """
 
-    def __init__(self, root: str | os.PathLike[str], storage_options: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], storage_options: Mapping[str, str] | None = None
+    ) -> None:
         self.root = os.fspath(root)
         self.storage_options = dict(storage_options or {})
         properties = {f"storage.{k}": v for k, v in self.storage_options.items()}
@@ -90,7 +94,7 @@ class Namespace:
             raise TableExistsError(f"{'.'.join(tid)} exists in {self.root}") from e
         try:
             return create_table(
-                declared.location, data_or_schema, storage_options=self._options(), **options
+                str(declared.location), data_or_schema, storage_options=self._options(), **options
             )
         except BaseException:
             self.client.drop_table(ln.DropTableRequest(id=tid))  # no table half made

@@ -849,9 +849,10 @@ class RegionWriter:
                 and self._error is None
                 and not self._closed  # released by another thread: its flush thread stopped
             ):
-                if not self._lock.wait(_SLOW_FLUSH_SECONDS):
+                if not self._lock.wait(_SLOW_FLUSH_SECONDS) and self._frozen:
                     # A flush writes a few MB and commits a manifest: minutes mean a stalled
-                    # object store or a stuck flush thread, which the operator should see.
+                    # object store or a stuck flush thread, which the operator should see. (A
+                    # flush that finished as the wait timed out leaves nothing to report.)
                     _log.warning(
                         "region %s: still waiting for MemTable generation %d to flush after "
                         "%.0f s (flush thread %s); acknowledged writes are safe in the WAL",
