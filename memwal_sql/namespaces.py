@@ -179,6 +179,15 @@ class Namespace:
         except (LanceTableNotFoundError, NamespaceNotFoundError) as e:
             raise TableNotFoundError(f"no table {'.'.join(tid)} in {self.root}") from e
 
+    def sql_tables(self, default_schema: str | None = None) -> NamespaceTables:
+        """The namespace as a SQL session sees it (``mw.connect(namespace=ns)``): each child
+        namespace a schema, ``default_schema``'s tables (the root's, if None) unqualified.
+
+        Example:
+            ``mw.connect(namespace=ns, default_schema="sales")``
+        """
+        return NamespaceTables(self, default_schema)
+
     def _create_namespaces(self, nid: list[str]) -> None:
         with self._lock:
             for depth in range(1, len(nid) + 1):
@@ -189,6 +198,32 @@ class Namespace:
 
     def _options(self) -> dict[str, str] | None:
         return dict(self.storage_options) or None
+
+
+class NamespaceTables:
+    """A namespace's tables by SQL schema and name (the session's ``TableDirectory``): a
+    schema is a namespace at the root; the default schema is ``default_schema`` (the root's
+    own tables if None). A table is opened once per session, when a query first names it."""
+
+    def __init__(self, ns: Namespace, default_schema: str | None) -> None:
+        self.ns = ns
+        self.default_schema = default_schema
+
+    def _path(self, schema: str | None) -> list[str]:
+        name = schema if schema is not None else self.default_schema
+        return [] if name is None else [name]
+
+    def schemas(self) -> list[str]:
+        return self.ns.list_namespaces()
+
+    def tables(self, schema: str | None) -> list[str]:
+        return self.ns.list_tables(self._path(schema))
+
+    def open(self, schema: str | None, name: str) -> MemWalTable | None:
+        try:
+            return self.ns.open_table([*self._path(schema), name])
+        except TableNotFoundError:
+            return None
 
 
 def namespace(

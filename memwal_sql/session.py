@@ -29,7 +29,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -243,10 +243,12 @@ class MemWalDataset(NodeDataset):
 class MemWalSchema(dfc.SchemaProvider):
     """The session's default schema: MemWAL tables (fresh per query) and ordinary tables."""
 
-    def __init__(self) -> None:
+    def __init__(self, directory: TableDirectory | None = None, name: str | None = None) -> None:
         self._memwal: dict[str, tuple[TableState, dict[str, Any]]] = {}
         self._tables: dict[str, Any] = {}
         self._lock = threading.Lock()
+        # Tables nobody registered, found by name in a namespace (None: the default schema).
+        self._directory, self._name = directory, name
         self._last = threading.local()
         self.datasets: weakref.WeakSet[RecordsErrors] = weakref.WeakSet()
         self._planning = threading.local()
@@ -293,16 +295,33 @@ class MemWalSchema(dfc.SchemaProvider):
     def table_names(self) -> list[str]:  # type: ignore[override]
         # DataFusion 55 reads this as an attribute and wants a sequence.
         with self._lock:
-            return sorted(set(self._memwal) | set(self._tables))
+            known = set(self._memwal) | set(self._tables)
+        found = self._directory.tables(self._name) if self._directory is not None else []
+        return sorted(known | set(found))
 
     def table_exist(self, name: str) -> bool:
         with self._lock:
-            return name in self._memwal or name in self._tables
+            if name in self._memwal or name in self._tables:
+                return True
+        return self._found(name) is not None
 
-    def table(self, name: str) -> Table | None:
+    def _found(self, name: str) -> tuple[TableState, dict[str, Any]] | None:
+        """The registration of ``name``, registering a table of the namespace by that name
+        the first time it is asked for."""
         with self._lock:
             entry = self._memwal.get(name)
-            if entry is None:
+        if entry is not None or self._directory is None or name in self._tables:
+            return entry
+        table = self._directory.open(self._name, name)
+        if table is None:
+            return None
+        with self._lock:  # another thread may have opened it too: the first one stays
+            return self._memwal.setdefault(name, (table, {}))
+
+    def table(self, name: str) -> Table | None:
+        entry = self._found(name)
+        if entry is None:
+            with self._lock:
                 return self._tables.get(name)
         table, options = entry
         try:
@@ -321,8 +340,7 @@ class MemWalSchema(dfc.SchemaProvider):
     def memwal_table(self, name: str) -> TableState | None:
         """The MemWAL table registered as ``name`` for writes, if one is (a pinned snapshot
         registered as ``name`` is read-only: :class:`~memwal_sql.errors.InvalidSnapshotError`)."""
-        with self._lock:
-            entry = self._memwal.get(name)
+        entry = self._found(name)
         if entry is not None and isinstance(entry[1].get("consistency"), PinnedSnapshot):
             raise InvalidSnapshotError(
                 f"{name} is a pinned snapshot, which is read-only: write to the table itself"
@@ -343,16 +361,46 @@ class MemWalSchema(dfc.SchemaProvider):
         return None
 
 
+class TableDirectory(Protocol):
+    """Where a session finds tables nobody registered (``mw.connect(namespace=...)``): by
+    schema (a namespace level; None for the session's default schema) and name."""
+
+    def schemas(self) -> list[str]:
+        """The schemas it holds besides the default one."""
+        ...
+
+    def tables(self, schema: str | None) -> list[str]:
+        """The names of the tables in ``schema``."""
+        ...
+
+    def open(self, schema: str | None, name: str) -> TableState | None:
+        """Table ``name`` of ``schema``, opened; None if there is none."""
+        ...
+
+
 class _Catalog(dfc.CatalogProvider):
-    def __init__(self, schema: MemWalSchema) -> None:
+    def __init__(self, schema: MemWalSchema, directory: TableDirectory | None = None) -> None:
         self._schema = schema
+        self._directory = directory
+        self._schemas: dict[str, MemWalSchema] = {}  # a namespace's, each kept once opened
+        self._lock = threading.Lock()
 
     def schema_names(self) -> set[str]:
-        return {SCHEMA}
+        found = self._directory.schemas() if self._directory is not None else []
+        return {SCHEMA, *found}
 
     # datafusion types this as its own Schema, but its Rust side takes any SchemaProvider.
     def schema(self, name: str) -> MemWalSchema | None:  # type: ignore[override]
-        return self._schema if name == SCHEMA else None
+        if name == SCHEMA:
+            return self._schema
+        if self._directory is None:
+            return None
+        with self._lock:
+            if name not in self._schemas:
+                if name not in self._directory.schemas():
+                    return None
+                self._schemas[name] = MemWalSchema(self._directory, name)
+            return self._schemas[name]
 
     def register_schema(self, name: str, schema: Any) -> None:
         raise ValueError("memwal-sql sessions have one schema; register tables instead")
@@ -390,6 +438,7 @@ class MemWalContext(SessionContext):
         trusted: bool = False,
         open_table: Callable[[str, dict[str, str] | None], TableState] | None = None,
         write_rows: WriteRows | None = None,
+        directory: TableDirectory | None = None,
     ) -> None:
         self.trusted = trusted
         self._open_table = open_table
@@ -401,8 +450,9 @@ class MemWalContext(SessionContext):
             .with_information_schema(True)
         )
         super().__init__(config)
-        self.memwal_schema = MemWalSchema()
-        self.register_catalog_provider(CATALOG, _Catalog(self.memwal_schema))
+        self.memwal_schema = MemWalSchema(directory)
+        self._catalog = _Catalog(self.memwal_schema, directory)
+        self.register_catalog_provider(CATALOG, self._catalog)
 
     def register(
         self,
@@ -489,9 +539,12 @@ class MemWalContext(SessionContext):
 
     def _memwal_target(self, name: str) -> TableState | None:
         *schema, table = name.split(".")
-        if schema not in ([], [SCHEMA], [CATALOG, SCHEMA]):
+        if schema and schema[0] == CATALOG:
+            schema = schema[1:]
+        if len(schema) > 1:
             return None
-        return self.memwal_schema.memwal_table(table)
+        found = self._catalog.schema(schema[0] if schema else SCHEMA)
+        return found.memwal_table(table) if found is not None else None
 
     def _write(self, query: str, dml: tuple[TableState, DmlStatement]) -> DataFrame:
         table, statement = dml

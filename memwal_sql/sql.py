@@ -15,6 +15,7 @@ from __future__ import annotations
 from datafusion import DataFrame, SessionConfig
 
 from memwal_sql.errors import InvalidInputError, StatementNotAllowedError
+from memwal_sql.namespaces import Namespace
 from memwal_sql.search import register_search_functions
 from memwal_sql.session import MemWalContext
 from memwal_sql.table import MemWalTable, open_table
@@ -22,7 +23,12 @@ from memwal_sql.table_state import TableState
 
 
 def connect(
-    config: SessionConfig | None = None, *, trusted: bool = False, read_only: bool = False
+    config: SessionConfig | None = None,
+    *,
+    trusted: bool = False,
+    read_only: bool = False,
+    namespace: Namespace | None = None,
+    default_schema: str | None = None,
 ) -> MemWalContext:
     """A DataFusion session with MemWAL support. Its SQL runs queries and, on MemWAL tables,
     ``INSERT`` (an upsert), ``UPDATE`` and ``DELETE`` (not with ``read_only=True``); SQL text
@@ -32,12 +38,22 @@ def connect(
     A write runs when :meth:`~MemWalContext.sql` is called, through the table's routed
     writers (durable as the table's writes are), and returns DataFusion's ``count`` row.
 
+    With a ``namespace`` (:func:`~memwal_sql.namespace`), its tables need no registering:
+    ``sales.orders`` names table ``orders`` of namespace ``sales``, and an unqualified name a
+    table of ``default_schema`` (the root's own tables if None).
+
     Example:
         ``ctx = mw.connect(); ctx.register("events", tbl); ctx.sql("SELECT ...").to_arrow_table()``
         ``ctx.sql("DELETE FROM events WHERE ts < '2026-01-01'").to_pydict()  # {'count': [n]}``
+        ``mw.connect(namespace=ns).sql("SELECT * FROM sales.orders JOIN sales.lineitem ...")``
     """
+    if default_schema is not None and namespace is None:
+        raise InvalidInputError("default_schema names a schema of a namespace: give namespace=")
     write_rows = None if read_only else _write_rows
-    ctx = MemWalContext(config, trusted=trusted, open_table=open_table, write_rows=write_rows)
+    directory = None if namespace is None else namespace.sql_tables(default_schema)
+    ctx = MemWalContext(
+        config, trusted=trusted, open_table=open_table, write_rows=write_rows, directory=directory
+    )
     register_search_functions(ctx)
     return ctx
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Protocol, overload
 from urllib.parse import urlparse
 
 import lance
@@ -1360,13 +1360,24 @@ def create_table(
     return table
 
 
+class TableLocations(Protocol):
+    """Where tables are by id: a namespace (:class:`~memwal_sql.Namespace`)."""
+
+    storage_options: dict[str, str]
+
+    def location(self, name: Any) -> str:
+        """The uri of table ``name``."""
+        ...
+
+
 def open_table(
-    uri: str | os.PathLike[str],
+    uri: str | os.PathLike[str] | Sequence[str],
     storage_options: Mapping[str, str] | None = None,
     *,
     writer_config: WriterConfig | None = None,
     maintenance: MaintenanceConfig | None = None,
     cache: int | Caches | None = None,
+    namespace: TableLocations | None = None,
 ) -> MemWalTable:
     """Open an existing MemWAL table (one written by memwal-sql or by Lance 14).
 
@@ -1381,9 +1392,18 @@ def open_table(
     it, and ``None`` shares the process default (:func:`~memwal_sql.structures.cache.default_caches`,
     sized by ``MEMWAL_LOOKUP_CACHE_BYTES``, default 512 MiB).
 
+    With ``namespace`` (:func:`~memwal_sql.namespace`), ``uri`` is a table id in it
+    (``"sales.orders"`` or ``["sales", "orders"]``).
+
     Example:
         ``tbl = mw.open_table("s3://bucket/events", storage_options={...}, cache=1 << 30)``
+        ``orders = mw.open_table("sales.orders", namespace=mw.namespace("./warehouse"))``
     """
+    if namespace is not None:
+        uri = namespace.location(uri)
+        storage_options = storage_options or namespace.storage_options or None
+    elif not isinstance(uri, (str, os.PathLike)):
+        raise InvalidInputError(f"a table id {uri!r} needs namespace=: or give the table's uri")
     uri = os.fspath(uri)
     caches = Caches.of(cache)
     opts = with_default_timeouts(uri, storage_options) or None

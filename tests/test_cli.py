@@ -717,3 +717,16 @@ def test_snapshot_sql_as_of_and_changes(capsys, tmp_path):
     assert "NAME=SNAPSHOT" in err
     run(capsys, "snapshot", uri, "--untag", "first")
     assert "no tag 'first'" in fails(capsys, "changes", uri, "--from", "first")
+
+
+def test_sql_over_a_namespace(capsys, tmp_path):
+    ns = mw.namespace(str(tmp_path / "wh"))
+    ns.create_table("sales.orders", pa.table({"id": [1, 2], "c": [7, 8]}), primary_key="id").close()
+    ns.create_table("sales.items", pa.table({"i": [1], "oid": [2]}), primary_key="i").close()
+    out = run(capsys, "sql", "SELECT o.c FROM sales.orders o JOIN sales.items i ON i.oid = o.id",
+              "--namespace", ns.root, "-o", "csv")  # fmt: skip
+    assert out.split() == ["c", "8"]
+    out = run(capsys, "sql", "SELECT count(*) AS n FROM orders", "--namespace", ns.root,
+              "--default-schema", "sales", "-o", "csv")  # fmt: skip
+    assert out.split() == ["n", "2"]
+    assert "--namespace" in fails(capsys, "sql", "SELECT 1", "--default-schema", "x", code=2)

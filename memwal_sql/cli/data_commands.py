@@ -193,7 +193,12 @@ def _close_quietly(tbl: Any) -> None:
 
 def sql(a: argparse.Namespace) -> None:
     options = storage_options.from_args(a)
-    ctx = mw.connect(trusted=a.trusted, read_only=a.read_only)
+    if a.default_schema is not None and a.namespace is None:
+        raise UsageError("--default-schema names a schema of a namespace: give --namespace ROOT")
+    ns = mw.namespace(a.namespace, options) if a.namespace is not None else None
+    ctx = mw.connect(
+        trusted=a.trusted, read_only=a.read_only, namespace=ns, default_schema=a.default_schema
+    )
     tables = []
     named = _named_tables(a.table)
     as_of = _as_of(a.as_of, [name for name, _ in named])

@@ -224,7 +224,9 @@ def _sql(command: Any) -> None:
         "              GROUP BY u.name ORDER BY n DESC LIMIT 10\" \\\n"
         "      --table events=s3://bucket/events --table users=s3://bucket/users \\\n"
         "      --storage-options-file s3.env --output csv\n"
-        "  memwal sql \"SELECT * FROM t WHERE id = 42\" --table t=./events --output json",
+        "  memwal sql \"SELECT * FROM t WHERE id = 42\" --table t=./events --output json\n"
+        "  memwal sql \"SELECT * FROM sales.orders o JOIN sales.lineitem l ON l.oid = o.id\" \\\n"
+        "      --namespace ./warehouse",
     )  # fmt: skip
     c.add_argument("query", metavar="QUERY", help="the SQL query")
     c.add_argument(
@@ -240,6 +242,16 @@ def _sql(command: Any) -> None:
         "--read-only",
         action="store_true",
         help="refuse INSERT, UPDATE and DELETE: run queries only",
+    )
+    c.add_argument(
+        "--namespace",
+        metavar="ROOT",
+        help="resolve tables in the Lance directory namespace at ROOT: schema.table names a "
+        "table of a namespace in it, an unqualified name one of --default-schema (else the "
+        "root's own)",
+    )
+    c.add_argument(
+        "--default-schema", metavar="NAME", help="with --namespace: the schema of unqualified names"
     )
     c.add_argument(
         "--as-of",

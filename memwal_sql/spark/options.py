@@ -45,6 +45,7 @@ _OPTIONS = {
     "endingsnapshot",
     "maxRowsPerTrigger",
     "maxrowspertrigger",
+    "namespace",
 }
 
 
@@ -68,13 +69,19 @@ def open_table(options: dict[str, str]) -> MemWalTable:
 
     uri = options.get("path")
     if not uri:
-        raise InvalidInputError("no table uri: use .load(uri) or .save(uri)")
+        raise InvalidInputError(
+            "no table: use .load(uri) or .save(uri), or with option('namespace', root) "
+            ".load('schema.table')"
+        )
     if "version" in options:
         raise InvalidInputError(
             "a MemWAL table has no version to read: read a pinned snapshot with "
             ".option('asOf', token) (tbl.snapshot().token), or the base table with Lance"
         )
     storage = {k: v for k, v in options.items() if k not in _OPTIONS}
+    root = option(options, "namespace")
+    if root is not None:  # the path is a table id in the namespace at root
+        return mw.namespace(root, storage or None).open_table(uri)
     return mw.open_table(uri, storage or None)
 
 

@@ -536,3 +536,15 @@ def test_a_debezium_stream_out_of_order_is_ordered_by_the_sequence_column(spark,
     frame.write.format("memwal").mode("append").option("operation", "delete").save(uri)
     got = mw.open_table(uri).to_arrow().sort_by("id").to_pylist()
     assert got == [first, *expect[2:]]
+
+
+def test_a_namespace_table_is_read_and_written_by_its_id(spark, tmp_path):
+    ns = mw.namespace(str(tmp_path / "wh"))
+    ns.create_table("sales.orders", rows(range(10)), primary_key="id").close()
+    df = spark.createDataFrame(rows(range(5, 15), 3.0).to_pandas())
+    df.write.format("memwal").option("namespace", ns.root).mode("append").save("sales.orders")
+    got = spark.read.format("memwal").option("namespace", ns.root).load("sales.orders")
+    want = ns.open_table("sales.orders")
+    assert sorted_rows(got.toArrow()).equals(sorted_rows(want.to_arrow()))
+    assert want.count_rows() == 15
+    want.close()
