@@ -295,6 +295,16 @@ def take_read_snapshot(table: TableState, consistency: ReadAt = "strong") -> Rea
             () if snapshotted is not None else tuple(g for g in refs if g.generation <= floor)
         )
         regions.append(RegionSources(rid, values, gens, tuple(unflushed), merged_refs))
+    return _read_snapshot(table, dataset, regions, consistency, merged)
+
+
+def _read_snapshot(
+    table: TableState,
+    dataset: lance.LanceDataset,
+    regions: Sequence[RegionSources],
+    consistency: Literal["strong", "eventual", "pinned"],
+    merged: Mapping[str, int],
+) -> ReadSnapshot:
     return ReadSnapshot(
         dataset=dataset,
         primary_key=table.primary_key,
@@ -348,18 +358,7 @@ def _pinned_read_snapshot(table: TableState, cut: SnapshotCut) -> ReadSnapshot:
         )
         values = None if spec is None else region_values(spec, rc.region_id, manifest)
         regions.append(RegionSources(rc.region_id, values, refs, unflushed, merged_refs))
-    return ReadSnapshot(
-        dataset=dataset,
-        primary_key=table.primary_key,
-        schema=table.schema,
-        wal_schema=table.wal_schema,
-        regions=tuple(regions),
-        consistency="pinned",
-        storage_options=table.storage_options or None,
-        merged=merged,
-        store=table.store,
-        caches=table.caches,
-    )
+    return _read_snapshot(table, dataset, regions, "pinned", merged)
 
 
 def _pinned_wal_rows(

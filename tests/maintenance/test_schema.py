@@ -30,6 +30,19 @@ def keys_of(tbl, region: int, count: int, start: int = 0) -> list[int]:
     return [i for i, b in zip(ids, buckets) if b == region][:count]
 
 
+def start_writer(script: str, ready) -> subprocess.Popen:
+    """A process running ``script``, once it has touched ``ready`` (its writer is open)."""
+    writer = subprocess.Popen([sys.executable, "-c", script])
+    for _ in range(6000):
+        if ready.exists() or writer.poll() is not None:
+            break
+        time.sleep(0.01)
+    if not ready.exists():
+        writer.kill()
+        raise AssertionError("the writer process did not start")
+    return writer
+
+
 def expected(model: Model, schema: pa.Schema) -> pa.Table:
     rows = [{f.name: r.get(f.name) for f in schema} for r in model.rows.values()]
     return pa.Table.from_pylist(rows, schema=schema).sort_by("id")
@@ -276,13 +289,8 @@ def test_a_writer_in_another_process_keeps_writing_the_old_schema(table, tmp_pat
             w.upsert(pa.table({{"id": keys[20:], "n": keys[20:]}}))  # after the change
         # leaving the block flushed the MemTable: a generation in the old schema
     """)
-    writer = subprocess.Popen([sys.executable, "-c", script])
+    writer = start_writer(script, ready)
     try:
-        for _ in range(6000):
-            if ready.exists() or writer.poll() is not None:
-                break
-            time.sleep(0.01)
-        assert ready.exists(), "the writer process did not start"
         tbl.add_columns({"note": pa.string()})
         tbl.upsert({"id": new_keys, "n": new_keys, "note": [f"k{k}" for k in new_keys]})
         go.touch()
@@ -427,13 +435,8 @@ def test_a_writer_in_another_process_keeps_writing_the_narrow_type(narrow, tmp_p
                 time.sleep(0.01)
             w.upsert(pa.table({{"id": keys[20:], "m": pa.array(keys[20:], pa.int32()), "s": ["q"] * 20}}))
     """)
-    writer = subprocess.Popen([sys.executable, "-c", script])
+    writer = start_writer(script, ready)
     try:
-        for _ in range(6000):
-            if ready.exists() or writer.poll() is not None:
-                break
-            time.sleep(0.01)
-        assert ready.exists(), "the writer process did not start"
         tbl.alter_columns({"path": "m", "data_type": pa.int64()})
         tbl.upsert({"id": [0], "m": [BIG], "s": ["n"]})
         go.touch()
