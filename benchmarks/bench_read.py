@@ -13,7 +13,8 @@ Queries, each the best of ``--repeats``:
 * SQL aggregate (``GROUP BY tenant``); Lance's anchor is its scan plus a pyarrow group-by.
 
 The change feed (issue 41), on a table of its own: ``--feed-base-rows`` rows merged into the
-base, a snapshot, then 1% of the keys upserted (and 0.1% deleted) and a second snapshot; it
+base, a snapshot, then 1% of the keys upserted (``--feed-fraction``; a tenth as many deleted)
+and a second snapshot; it
 times ``tbl.changes(a, b)`` (net, then all) against a full scan of the table, whose ratio the
 goal puts at 1/10 or less.
 
@@ -100,7 +101,7 @@ def build(
     return tbl
 
 
-def measure_feed(work: str, base_rows: int, repeats: int) -> dict:
+def measure_feed(work: str, base_rows: int, repeats: int, fraction: float = 0.01) -> dict:
     """The change feed of 1% of the keys against a scan of the table (see the docstring)."""
     rng = np.random.default_rng(2)
     t0 = time.perf_counter()
@@ -112,10 +113,10 @@ def measure_feed(work: str, base_rows: int, repeats: int) -> dict:
         writer_config=mw.WriterConfig(durable_write=False),
     )
     a = tbl.snapshot()
-    changed = np.unique(rng.integers(0, base_rows, base_rows // 100)).astype(np.int64)
+    changed = np.unique(rng.integers(0, base_rows, int(base_rows * fraction))).astype(np.int64)
     for part in np.array_split(changed, 10):
         tbl.upsert(rows_for(part, 1, rng))
-    gone = np.unique(rng.integers(0, base_rows, base_rows // 1000)).astype(np.int64)
+    gone = np.unique(rng.integers(0, base_rows, int(base_rows * fraction / 10))).astype(np.int64)
     tbl.delete(pa.table({"id": gone}))
     b = tbl.snapshot()
     build_s = time.perf_counter() - t0
@@ -125,6 +126,7 @@ def measure_feed(work: str, base_rows: int, repeats: int) -> dict:
     tbl.close()
     out = {
         "base_rows": base_rows,
+        "fraction": fraction,
         "changed_keys": len(np.union1d(changed, gone)),
         "build_s": build_s,
         "scan_s": scan_s,
@@ -172,6 +174,13 @@ def main() -> None:
         type=int,
         default=2_000_000,
         help="rows of the change-feed table (issue 41 asks 10,000,000; 0 skips it)",
+    )
+    ap.add_argument(
+        "--feed-fraction",
+        type=float,
+        default=0.01,
+        help="share of the change-feed table's keys upserted between the snapshots (a tenth as "
+        "many deleted)",
     )
     ap.add_argument("--out", default="benchmarks/results/bench_read.json")
     args = ap.parse_args()
@@ -263,7 +272,7 @@ def main() -> None:
         print("\nexplained: tbl.explain('tenant = 2')\n" + plan)
         tbl.close()
         feed = (
-            measure_feed(work, args.feed_base_rows, min(args.repeats, 3))
+            measure_feed(work, args.feed_base_rows, min(args.repeats, 3), args.feed_fraction)
             if args.feed_base_rows
             else None
         )
