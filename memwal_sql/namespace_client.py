@@ -56,6 +56,7 @@ from memwal_sql.compat.lance import is_commit_conflict, is_not_found
 from memwal_sql.errors import (
     CorruptTableError,
     InvalidBatchError,
+    MemWalError,
     NamespaceConflictError,
     ObjectExistsError,
     SnapshotExpiredError,
@@ -544,12 +545,26 @@ class MemWalDirectoryNamespace(DirectoryNamespace):
         return self._commit([ln.CommitTableOperation(**_request(op)) for op in ops])
 
     def _commit(self, ops: list[ln.CommitTableOperation]) -> ln.BatchCommitTablesResponse:
-        return _in_thread(lambda: self._commit_batch(ops))
-
-    def _commit_batch(self, ops: list[ln.CommitTableOperation]) -> ln.BatchCommitTablesResponse:
         declared = {
             i: self._reserve(op.declare_table) for i, op in enumerate(ops) if op.declare_table
         }
+        try:
+            snap, results = _in_thread(lambda: self._commit_batch(ops, declared))
+        except MemWalError:  # nothing committed: the declares' directories go (a crash leaves
+            for location in declared.values():  # them to cleanup_orphans)
+                self._store.delete_prefix(location)
+            raise
+        for op in ops:  # promote; delete the manifests of deleted versions
+            request = op.create_table_version or op.delete_table_versions
+            row = snap.changed.get(_object_id(request.id or [])) if request else None
+            if row is not None:
+                self._promote(row) if op.create_table_version else self._delete_versions(row)
+        return ln.BatchCommitTablesResponse(transaction_id=uuid.uuid4().hex, results=results)
+
+    def _commit_batch(
+        self, ops: list[ln.CommitTableOperation], declared: Mapping[int, str]
+    ) -> tuple[_Snapshot, list[ln.CommitTableResult]]:
+        """Validate against one ``__manifest`` version and commit it; again on a lost race."""
         for attempt in range(self._retries + 1):
             snap, ds = self._read_for_write()
             for pending in snap.rows_with(STAGED_KEY):
@@ -579,12 +594,7 @@ class MemWalDirectoryNamespace(DirectoryNamespace):
                     raise StorageError(f"committing {self._manifest_uri} failed: {e}") from e
                 time.sleep(random.uniform(0, 0.01 * (attempt + 1)))
                 continue
-            for op in ops:  # promote; delete the manifests of deleted versions
-                request = op.create_table_version or op.delete_table_versions
-                row = snap.changed.get(_object_id(request.id or [])) if request else None
-                if row is not None:
-                    self._promote(row) if op.create_table_version else self._delete_versions(row)
-            return ln.BatchCommitTablesResponse(transaction_id=uuid.uuid4().hex, results=results)
+            return snap, results
         raise NamespaceConflictError(
             f"the batch lost the race for {self._manifest_uri} {self._retries + 1} times; "
             "other writers commit to the namespace faster: run it again"
