@@ -550,9 +550,10 @@ class MemWalDirectoryNamespace(DirectoryNamespace):
         }
         try:
             snap, results = _in_thread(lambda: self._commit_batch(ops, declared))
-        except MemWalError:  # nothing committed: the declares' directories go (a crash leaves
-            for location in declared.values():  # them to cleanup_orphans)
-                self._store.delete_prefix(location)
+        except MemWalError:  # nothing committed: the declares' own directories go (a crash
+            for location in declared.values():  # leaves them to cleanup_orphans)
+                if not location.endswith(".lance"):  # <name>.lance may be a winner's
+                    self._store.delete_prefix(location)
             raise
         for op in ops:  # promote; delete the manifests of deleted versions
             request = op.create_table_version or op.delete_table_versions
@@ -607,6 +608,9 @@ class MemWalDirectoryNamespace(DirectoryNamespace):
         location = (
             self._location({"object_id": object_id, "location": request.location})
             if request.location
+            # Lance 14's layout: root-level tables at <name>.lance, others in a random directory.
+            else f"{object_id}.lance"
+            if len(request.id or []) == 1
             else f"{random.getrandbits(32):08x}_{object_id}"
         )
         if "/" in location or location in ("", ".", "..", MANIFEST_DIR):

@@ -80,7 +80,7 @@ def test_staged_versions_are_invisible_until_the_batch_commits(
     for client in (ns, lance_ns):
         assert (_rows(client, A), _rows(client, B)) == (3, 4)
     assert (ns.published_version(A), ns.published_version(B)) == (2, 2)
-    assert not [p for p in root.rglob("*.manifest-*")]  # promoted
+    assert not list(root.rglob("*.manifest-*"))  # promoted
 
 
 def test_declare_and_first_version_in_one_batch(ns: MemWalDirectoryNamespace, root: Path) -> None:
@@ -254,7 +254,7 @@ def test_sigkill_during_a_batch(root: Path, point: str) -> None:
     tables = set(ns.list_tables(ln.ListTablesRequest(id=["s"])).tables) - {"next"}
     assert tables == ({"a", "b", "pre"} if point == "staged" else {"a", "b", "n", "pre"})
     cleaned = ns.cleanup_orphans(older_than=timedelta(0))
-    assert not [p for p in root.rglob("*.manifest-*")]
+    assert not list(root.rglob("*.manifest-*"))
     if point == "staged":
         assert cleaned.staged_manifests == 2
         assert cleaned.declared_directories == 0  # the child died before reserving "n"
@@ -320,5 +320,5 @@ def test_concurrent_batches_from_two_processes(root: Path) -> None:
     lance_ns = DirectoryNamespace(root=str(root))
     assert _rows(lance_ns, A) == _rows(lance_ns, B) == 1 + won
     ns.cleanup_orphans(older_than=timedelta(0))
-    assert not [p for p in root.rglob("*.manifest-*")]
+    assert not list(root.rglob("*.manifest-*"))
     assert os.listdir(root)  # sanity: the root still holds the tables
