@@ -646,7 +646,8 @@ class MemWalDirectoryNamespace(DirectoryNamespace):
                 deregister_table=ln.DeregisterTableResponse(
                     id=table_id,
                     location=self._store.uri_for(self._location(row)),
-                    properties=_meta(row) or None,
+                    properties={k: v for k, v in _meta(row).items() if k not in _MEMWAL_KEYS}
+                    or None,
                 )
             )
         if kinds[0] == "create_table_version":
