@@ -25,6 +25,12 @@ class CommitConflictError(RetryableError):
     """Another writer committed the same manifest version or WAL position first."""
 
 
+class NamespaceConflictError(CommitConflictError):
+    """A namespace batch commit lost a race: another batch committed ``__manifest`` first
+    more often than the retries allow, or a table it versions moved on since its version was
+    staged. Stage the versions again on the tables' new state and commit the batch again."""
+
+
 class GenerationCollectedError(RetryableError):
     """A read's snapshot named a generation that was merged and garbage-collected since;
     a new read (a new snapshot) reads its rows from the base table."""
@@ -42,6 +48,12 @@ class InvalidInputError(MemWalError, ValueError):
 class InvalidSnapshotError(InvalidInputError):
     """A snapshot token that does not parse, belongs to another table, or a tag that does not
     exist (or exists already)."""
+
+
+class InvalidBatchError(InvalidInputError):
+    """A namespace batch (``batch_commit_tables``) that can never apply as given: an operation
+    with no or two kinds, a branch, a staged manifest that is missing or outside its table,
+    deleting the version readers open; nothing was committed. The message says which."""
 
 
 class SchemaMismatchError(InvalidInputError):
