@@ -25,17 +25,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import lance_namespace as ln
-from lance.namespace import DirectoryNamespace
 from lance_namespace.errors import (
     NamespaceAlreadyExistsError,
     NamespaceNotFoundError,
-    TableAlreadyExistsError,
 )
 from lance_namespace.errors import (
     TableNotFoundError as LanceTableNotFoundError,
 )
 
-from memwal_sql.errors import InvalidInputError, TableExistsError, TableNotFoundError
+from memwal_sql.errors import InvalidInputError, TableNotFoundError
+from memwal_sql.namespace_client import MemWalDirectoryNamespace
 from memwal_sql.table import MemWalTable, create_table, open_table
 
 TableId = str | Sequence[str]
@@ -69,9 +68,10 @@ class Namespace:
     ) -> None:
         self.root = os.fspath(root)
         self.storage_options = dict(storage_options or {})
-        properties = {f"storage.{k}": v for k, v in self.storage_options.items()}
-        #: Lance's own client of the namespace (``lance.namespace.DirectoryNamespace``).
-        self.client = DirectoryNamespace(root=self.root, **properties)
+        #: The namespace's Lance client: a ``DirectoryNamespace`` with atomic multi-table
+        #: commits (``client.batch_commit_tables``, docs/namespace.md), which Lance's own
+        #: readers and writers take as ``namespace_client=``.
+        self.client = MemWalDirectoryNamespace(self.root, self.storage_options)
         self._lock = threading.Lock()  # namespaces created by this object's calls
 
     def __repr__(self) -> str:
@@ -88,10 +88,8 @@ class Namespace:
         """
         tid = table_id(name)
         self._create_namespaces(tid[:-1])
-        try:
-            declared = self.client.declare_table(ln.DeclareTableRequest(id=tid))
-        except TableAlreadyExistsError as e:
-            raise TableExistsError(f"{'.'.join(tid)} exists in {self.root}") from e
+        # A table of that name: the client's TableExistsError.
+        declared = self.client.declare_table(ln.DeclareTableRequest(id=tid))
         try:
             return create_table(
                 str(declared.location), data_or_schema, storage_options=self._options(), **options
