@@ -28,7 +28,9 @@ import pyarrow as pa
 from exec_nodes.fts import (
     SCORE,
     GlobalBM25Exec,
+    start_early,
 )
+from exec_nodes.fts_index import open_text_index, prefetch_text_index
 from exec_nodes.knn import (
     GenerationRunsKnnExec,
     KnnQuery,
@@ -352,6 +354,36 @@ def text_index(dataset: lance.LanceDataset, column: str, caches: Caches) -> tupl
         lambda name, stats: (name, dict((stats.get("indices") or [{}])[0].get("params") or {})),
         caches,
     )
+
+
+def prefetch_fts(
+    dataset: Callable[[], lance.LanceDataset], column: str, query: str, caches: Caches
+) -> None:
+    """Start reading what a full-text search of ``query`` on ``column`` reads first of the
+    base's inverted index (:func:`~exec_nodes.fts_index.prefetch_text_index`: its documents
+    files, the query terms' postings), of the latest base version (``dataset()``), beside the
+    caller, which takes the search's snapshot meanwhile: on a cold search that is one thread
+    reading the WAL tails and manifests while the other core waits. The search then finds
+    them read, or waits for the read under way; what this did not read (another base
+    version's index, a failure), the search reads itself.
+
+    Example:
+        ``prefetch_fts(tbl._state.dataset, "text", "red fox", tbl.caches)``
+    """
+
+    def read() -> None:
+        ds = dataset()
+        index = text_index(ds, column, caches)
+        if index is None:
+            return
+        opened = open_text_index(ds, column, {f.fragment_id for f in ds.get_fragments()})
+        if isinstance(opened, str):
+            return
+        # The distinct terms in the query's order, as the search asks for them.
+        terms = list(dict.fromkeys(tokenizer_for(index[1], caches).terms(query)))
+        prefetch_text_index(opened[0], terms, caches)
+
+    start_early(read)
 
 
 def plan_fts(
