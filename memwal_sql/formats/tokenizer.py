@@ -202,16 +202,14 @@ class Tokenizer:
         # Lower case is a function of the token: applied to the distinct ones (the finals
         # below join tokens that become one), not to every occurrence.
         distinct = pc.utf8_lower(encoded.dictionary) if lower else encoded.dictionary
-        vocabulary: list[str] = []
-        index: dict[str, int] = {}
-        mapping = np.empty(len(encoded.dictionary), dtype=np.int64)
-        for i, token in enumerate(self._finals(distinct.to_pylist())):
-            if token is None:
-                mapping[i] = -1
-            else:
-                mapping[i] = index.setdefault(token, len(index))
-                if mapping[i] == len(vocabulary):
-                    vocabulary.append(token)
+        index: dict[str, int] = {}  # each final term's id, in order of first appearance
+        finals = self._finals(distinct.to_pylist())
+        mapping = np.fromiter(
+            (-1 if t is None else index.setdefault(t, len(index)) for t in finals),
+            dtype=np.int64,
+            count=len(finals),
+        )
+        vocabulary = list(index)
         term_ids = mapping[raw_ids] if len(raw_ids) else np.zeros(0, np.int64)
         live = term_ids >= 0
         doc_ids, term_ids = docs[live], term_ids[live]
@@ -300,8 +298,10 @@ class Tokenizer:
         flat = pa.Array.from_buffers(
             kind, len(starts), [None, pa.py_buffer(token_offsets), pa.py_buffer(token_bytes)]
         )
-        docs = np.searchsorted(offsets, starts, side="right")
-        docs -= 1
+        # Each document's tokens are the starts within it: their counts found per document
+        # (a search per document rather than per token), each token's document repeated.
+        within = np.diff(np.searchsorted(starts, offsets))
+        docs = np.repeat(np.arange(len(within), dtype=np.int64), within)
         if self.max_token_length is not None:  # Lance keeps tokens shorter than the limit
             keep = lengths < self.max_token_length
             if not keep.all():
