@@ -552,3 +552,107 @@ def test_superseded_base_rows_are_found_while_the_memtables_are_tokenized(
         assert len(lookups) == 2
     finally:
         reopened.close()
+
+
+def test_a_search_asking_while_the_index_is_read_early_reads_each_file_once(
+    indexed, monkeypatch, tmp_path
+):
+    """A cold search starts reading the base index's document files and postings before it
+    takes its snapshot (here the snapshot waits for that read to start); when it asks for
+    them while that read is under way (here the first document file is held until the
+    search asks), it waits for that read instead of reading again: each partition's
+    document file and postings are read once, and the scores stay Lance's on a merged
+    copy."""
+    from exec_nodes import fts_index
+    from exec_nodes.fts_index import BaseTextIndex
+    from memwal_sql import search
+
+    tbl, model = indexed
+    update_holders(tbl, model)
+    tbl.flush()
+    asked, reading, held, early = threading.Event(), threading.Event(), [], []
+    snapshot = search.take_read_snapshot
+
+    def taking_snapshot(*args):
+        early.append(reading.wait(60))  # the index read started before the snapshot
+        return snapshot(*args)
+
+    reads: Counter[str] = Counter()
+    read_docs, read_postings = fts_index.read_docs, fts_index.read_postings
+    matches = BaseTextIndex.matches
+
+    lock = threading.Lock()
+
+    def reading_docs(files, partition):
+        if not files.uri.startswith(f"{tbl.uri}/_indices/"):
+            return read_docs(files, partition)  # a generation's index
+        with lock:
+            reads["docs"] += 1
+            first = not held
+            held.append(first)
+        if first:  # the first one: not done until the search asks for it
+            reading.set()
+            held[0] = asked.wait(60)
+        return read_docs(files, partition)
+
+    def reading_postings(files, partition, ids):
+        if files.uri.startswith(f"{tbl.uri}/_indices/"):
+            reads["postings"] += 1
+        return read_postings(files, partition, ids)
+
+    def asking(self, terms, superseded):
+        asked.set()
+        return matches(self, terms, superseded)
+
+    monkeypatch.setattr(fts_index, "read_docs", reading_docs)
+    monkeypatch.setattr(fts_index, "read_postings", reading_postings)
+    monkeypatch.setattr(BaseTextIndex, "matches", asking)
+    monkeypatch.setattr(search, "take_read_snapshot", taking_snapshot)
+    reopened = mw.open_table(tbl.uri, cache=256 << 20)  # cold: nothing of the index read yet
+    try:
+        query = "w1 w7 w40"
+        assert_same(reopened.fts(query, k=10), lance_fts(model, tmp_path / "m", query, 10))
+    finally:
+        reopened.close()
+    assert early == [True] and held[0] is True  # under way from before the snapshot on
+    assert reads == {"docs": partitions(tbl), "postings": partitions(tbl)}
+
+
+def test_a_load_under_way_is_shared_with_whoever_asks_meanwhile_failure_included():
+    """Two threads asking for one key while its load runs get that load's value (the second
+    load is never run) or its error; a key asked for after a failed load is loaded again."""
+    from exec_nodes.fts_index import _shared
+
+    started, release = threading.Event(), threading.Event()
+    got: list[object] = []
+
+    def slow(value):
+        def load():
+            started.set()
+            assert release.wait(60)
+            if isinstance(value, Exception):
+                raise value
+            return value
+
+        return load
+
+    def never():
+        raise AssertionError("a second load of a key under way")
+
+    def ask(key, load):
+        try:
+            got.append(_shared(key, load))
+        except ValueError as e:
+            got.append(e)
+
+    for key, value in (("docs#0", 7), ("docs#1", ValueError("damaged"))):
+        started.clear(), release.clear(), got.clear()
+        first = threading.Thread(target=ask, args=(key, slow(value)))
+        first.start()
+        assert started.wait(60)
+        second = threading.Thread(target=ask, args=(key, never))
+        second.start()
+        release.set()
+        first.join(60), second.join(60)
+        assert got == [value, value]
+    assert _shared("docs#1", lambda: 8) == 8  # the failed load is not remembered
