@@ -290,7 +290,7 @@ class TableSearch:
         checked = self._checked(search)
         if checked.is_text and checked.column is not None and isinstance(checked.query, str):
             # The base index's first reads start beside the snapshot (planner/search.py).
-            prefetch_fts(t.dataset, checked.column, checked.query, t.caches)
+            prefetch_fts(t.uri, t.dataset, checked.column, checked.query, t.caches)
         snapshot, predicate, post = self._filtered_snapshot(
             search.filter, search.consistency, pushed
         )

@@ -357,19 +357,29 @@ def text_index(dataset: lance.LanceDataset, column: str, caches: Caches) -> tupl
 
 
 def prefetch_fts(
-    dataset: Callable[[], lance.LanceDataset], column: str, query: str, caches: Caches
+    uri: str,
+    dataset: Callable[[], lance.LanceDataset],
+    column: str,
+    query: str,
+    caches: Caches,
 ) -> None:
-    """Start reading what a full-text search of ``query`` on ``column`` reads first of the
-    base's inverted index (:func:`~exec_nodes.fts_index.prefetch_text_index`: its documents
-    files, the query terms' postings), of the latest base version (``dataset()``), beside the
-    caller, which takes the search's snapshot meanwhile: on a cold search that is one thread
-    reading the WAL tails and manifests while the other core waits. The search then finds
-    them read, or waits for the read under way; what this did not read (another base
-    version's index, a failure), the search reads itself.
+    """On the first full-text search of ``column`` of the table at ``uri`` with these
+    ``caches``, start reading what it reads first of the base's inverted index
+    (:func:`~exec_nodes.fts_index.prefetch_text_index`: its documents files, the query
+    terms' postings), of the latest base version (``dataset()``), beside the caller, which
+    takes the search's snapshot meanwhile: on a cold search, one thread reading the WAL
+    tails and manifests while the other core waits. The search then finds them read, or
+    waits for the read under way; what this did not read (another base version's index, a
+    failure), the search reads itself. Later searches start nothing (opening the dataset
+    again would cost a warm search more than it saves).
 
     Example:
-        ``prefetch_fts(tbl._state.dataset, "text", "red fox", tbl.caches)``
+        ``prefetch_fts(tbl.uri, tbl._state.dataset, "text", "red fox", tbl.caches)``
     """
+    first = f"{uri}#{column}"
+    if caches.search.contains("fts_early", first):
+        return
+    caches.search.get("fts_early", first, lambda: (True, 64))
 
     def read() -> None:
         ds = dataset()

@@ -656,3 +656,20 @@ def test_a_load_under_way_is_shared_with_whoever_asks_meanwhile_failure_included
         first.join(60), second.join(60)
         assert got == [value, value]
     assert _shared("docs#1", lambda: 8) == 8  # the failed load is not remembered
+
+
+def test_only_a_first_search_reads_the_index_early(indexed, monkeypatch):
+    """The early read (opening the latest base version, its index's files) is for a cold
+    search: later searches, with other terms too, start none."""
+    from planner import search
+
+    tbl, _ = indexed
+    started: list[object] = []
+    monkeypatch.setattr(search, "start_early", started.append)
+    reopened = mw.open_table(tbl.uri, cache=256 << 20)
+    try:
+        for query in ("w1 w7", "w1 w7", "w3 w40"):
+            reopened.fts(query, k=10)
+    finally:
+        reopened.close()
+    assert len(started) == 1
