@@ -444,10 +444,11 @@ def _decode(files: IndexFiles, partition: int, terms: Sequence[str]) -> dict[str
 
 
 def open_text_index(
-    dataset: lance.LanceDataset, column: str, fragment_ids: set[int]
+    dataset: lance.LanceDataset, column: str, fragment_ids: set[int], caches: Caches | None = None
 ) -> tuple[list[IndexFiles], set[int]] | str:
     """The files of ``dataset``'s inverted index on ``column`` and the fragments of
-    ``fragment_ids`` it covers, or why it is not read here.
+    ``fragment_ids`` it covers, or why it is not read here. With ``caches``, each index
+    directory's files are opened once (in ``caches.search``: a directory never changes).
 
     Example:
         ``open_text_index(ds, "text", {f.fragment_id for f in ds.get_fragments()})``
@@ -467,12 +468,23 @@ def open_text_index(
         fragments = set(segment.fragment_ids)
         if segment.base_id is not None or fragments & covered:
             return "index segments in another base or overlapping"
-        opened = open_index(index_directory(dataset, segment.uuid), storage_options_of(dataset))
+        directory, options = index_directory(dataset, segment.uuid), storage_options_of(dataset)
+        load = partial(_open_index, directory, options)
+        if caches is None:
+            opened = load()[0]
+        else:  # opened with these storage options (named by a digest: they may hold secrets)
+            named = repr(sorted((options or {}).items())).encode()
+            digest = hashlib.sha1(named, usedforsecurity=False).hexdigest()
+            opened = caches.search.get("fts_files", f"{directory}#{digest}", load)
         if isinstance(opened, str):
             return opened
         files.append(opened)
         covered |= fragments
     return files, covered & fragment_ids
+
+
+def _open_index(directory: str, options: dict[str, str] | None) -> tuple[IndexFiles | str, int]:
+    return open_index(directory, options), 1024
 
 
 def _deletion_name(fragment: lance.LanceFragment) -> str:

@@ -386,7 +386,7 @@ def prefetch_fts(
         index = text_index(ds, column, caches)
         if index is None:
             return
-        opened = open_text_index(ds, column, {f.fragment_id for f in ds.get_fragments()})
+        opened = open_text_index(ds, column, {f.fragment_id for f in ds.get_fragments()}, caches)
         if isinstance(opened, str):
             return
         # The distinct terms in the query's order, as the search asks for them.

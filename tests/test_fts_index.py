@@ -560,9 +560,9 @@ def test_a_search_asking_while_the_index_is_read_early_reads_each_file_once(
     """A cold search starts reading the base index's document files and postings before it
     takes its snapshot (here the snapshot waits for that read to start); when it asks for
     them while that read is under way (here the first document file is held until the
-    search asks), it waits for that read instead of reading again: each partition's
-    document file and postings are read once, and the scores stay Lance's on a merged
-    copy."""
+    search asks), it waits for that read instead of reading again: the index opened once,
+    each partition's document file and postings read once, and the scores stay Lance's on a
+    merged copy."""
     from exec_nodes import fts_index
     from exec_nodes.fts_index import BaseTextIndex
     from memwal_sql import search
@@ -579,6 +579,7 @@ def test_a_search_asking_while_the_index_is_read_early_reads_each_file_once(
 
     reads: Counter[str] = Counter()
     read_docs, read_postings = fts_index.read_docs, fts_index.read_postings
+    open_index = fts_index.open_index
     matches = BaseTextIndex.matches
 
     lock = threading.Lock()
@@ -600,12 +601,18 @@ def test_a_search_asking_while_the_index_is_read_early_reads_each_file_once(
             reads["postings"] += 1
         return read_postings(files, partition, ids)
 
+    def opening(uri, options=None):
+        if uri.startswith(f"{tbl.uri}/_indices/"):
+            reads["opened"] += 1
+        return open_index(uri, options)
+
     def asking(self, terms, superseded):
         asked.set()
         return matches(self, terms, superseded)
 
     monkeypatch.setattr(fts_index, "read_docs", reading_docs)
     monkeypatch.setattr(fts_index, "read_postings", reading_postings)
+    monkeypatch.setattr(fts_index, "open_index", opening)
     monkeypatch.setattr(BaseTextIndex, "matches", asking)
     monkeypatch.setattr(search, "take_read_snapshot", taking_snapshot)
     reopened = mw.open_table(tbl.uri, cache=256 << 20)  # cold: nothing of the index read yet
@@ -615,7 +622,8 @@ def test_a_search_asking_while_the_index_is_read_early_reads_each_file_once(
     finally:
         reopened.close()
     assert early == [True] and held[0] is True  # under way from before the snapshot on
-    assert reads == {"docs": partitions(tbl), "postings": partitions(tbl)}
+    # The index's files opened once too (by the early read; the search's leaf finds them).
+    assert reads == {"docs": partitions(tbl), "postings": partitions(tbl), "opened": 1}
 
 
 def test_a_load_under_way_is_shared_with_whoever_asks_meanwhile_failure_included():
