@@ -444,11 +444,17 @@ def _decode(files: IndexFiles, partition: int, terms: Sequence[str]) -> dict[str
 
 
 def open_text_index(
-    dataset: lance.LanceDataset, column: str, fragment_ids: set[int], caches: Caches | None = None
+    dataset: lance.LanceDataset,
+    column: str,
+    fragment_ids: set[int],
+    caches: Caches | None = None,
+    before_open: Callable[[str], None] | None = None,
 ) -> tuple[list[IndexFiles], set[int]] | str:
     """The files of ``dataset``'s inverted index on ``column`` and the fragments of
     ``fragment_ids`` it covers, or why it is not read here. With ``caches``, each index
-    directory's files are opened once (in ``caches.search``: a directory never changes).
+    directory's files are opened once (in ``caches.search``: a directory never changes);
+    ``before_open(uuid)`` runs before a segment's files are first opened (a generation
+    verifies them: its other indexes' files are not opened).
 
     Example:
         ``open_text_index(ds, "text", {f.fragment_id for f in ds.get_fragments()})``
@@ -468,6 +474,8 @@ def open_text_index(
         fragments = set(segment.fragment_ids)
         if segment.base_id is not None or fragments & covered:
             return "index segments in another base or overlapping"
+        if before_open is not None:
+            before_open(segment.uuid)
         directory, options = index_directory(dataset, segment.uuid), storage_options_of(dataset)
         load = partial(_open_index, directory, options)
         if caches is None:

@@ -681,3 +681,43 @@ def test_only_a_first_search_reads_the_index_early(indexed, monkeypatch):
     finally:
         reopened.close()
     assert len(started) == 1
+
+
+def test_a_search_verifies_the_generation_index_it_opens_and_no_other(indexed, tmp_path):
+    """A generation's inverted index is verified before a search opens it (a flipped bit
+    there is a typed error), and its other indexes' files, which the search never opens, are
+    neither read nor verified: damage there leaves the search's answer exact."""
+    import glob
+    from pathlib import Path
+
+    from memwal_sql.errors import CorruptGenerationError
+    from memwal_sql.storage import checksums
+
+    tbl, model = indexed
+    tbl.create_index("k", "BTREE")  # generations flushed from now on carry one too
+    update_holders(tbl, model)
+    tbl.flush()
+    inverted, other = [], []
+    for d in glob.glob(f"{tbl.uri}/_mem_wal/*/*_gen_*/_indices/*/"):
+        (inverted if glob.glob(f"{d}part_*_invert.lance") else other).append(d)
+    assert inverted and other, (inverted, other)  # the key btree at least
+    for f in [f for d in other for f in glob.glob(f"{d}*")]:
+        with open(f, "r+b") as fh:
+            fh.write(b"\0" * 64)
+    query = "w1 w7 w40"
+
+    def search() -> pa.Table:
+        checksums._verified.clear()  # as in a fresh process
+        reopened = mw.open_table(tbl.uri, cache=256 << 20)
+        try:
+            return reopened.fts(query, k=10)
+        finally:
+            reopened.close()
+
+    assert_same(search(), lance_fts(model, tmp_path / "m", query, 10))
+    invert = Path(glob.glob(f"{inverted[0]}part_*_invert.lance")[0])
+    data = bytearray(invert.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    invert.write_bytes(bytes(data))
+    with pytest.raises(CorruptGenerationError, match="damaged"):
+        search()
