@@ -195,7 +195,8 @@ class Tokenizer:
             texts = texts.combine_chunks() if texts.num_chunks else pa.array([], pa.string())
         n = len(texts)
         texts = texts.cast(pa.large_string()) if pa.types.is_string_view(texts.type) else texts
-        texts = pc.fill_null(texts, "")
+        if texts.null_count:  # else a copy of every text for nothing
+            texts = pc.fill_null(texts, "")
         flat, docs, lower = self._split_cased(texts)
         encoded = pc.dictionary_encode(flat)
         raw_ids = encoded.indices.to_numpy(zero_copy_only=False)
