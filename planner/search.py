@@ -378,7 +378,7 @@ def prefetch_fts(
     search more than it saves).
 
     Example:
-        ``prefetch_fts(tbl.uri, tbl._state.dataset, "text", "red fox", tbl.caches)``
+        ``prefetch_fts(tbl.uri, tbl.dataset, "text", "red fox", tbl.caches)``
     """
     first = f"{uri}#{column}"
     if caches.search.contains("fts_early", first):
