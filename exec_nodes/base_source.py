@@ -782,7 +782,8 @@ class BaseSourceExec(SourceLeaf):
 
     def _open_text_index(self) -> tuple[BaseTextIndex | str, int]:
         ds = self.dataset
-        opened = open_text_index(ds, self.column, {f.fragment_id for f in self._fragments})
+        fragments = {f.fragment_id for f in self._fragments}
+        opened = open_text_index(ds, self.column, fragments, self.caches)
         if isinstance(opened, str):
             return opened, 64
         files, covered = opened

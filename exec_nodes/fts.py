@@ -489,6 +489,12 @@ _LATEST_LOCK = threading.Lock()
 _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memwal-fts")
 
 
+def start_early(read: Callable[[], None]) -> None:
+    """Run ``read`` (a search's first reads, into a cache) on the full-text search's threads
+    and return at once. Its failure is not reported: the search reads what it did not."""
+    _POOL.submit(read)
+
+
 def _named(
     newer: list[tuple[SourceLeaf, list[PieceKeys]]],
     indexed: list[tuple[SourceLeaf, BaseTextIndex]],
@@ -688,4 +694,5 @@ __all__ = [
     "SCORE",
     "CorpusStats",
     "GlobalBM25Exec",
+    "start_early",
 ]

@@ -19,9 +19,12 @@ searches between two writes filter nothing again.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Sequence
+from concurrent import futures
 from dataclasses import dataclass
 from functools import partial
+from typing import TypeVar
 
 import lance
 import numpy as np
@@ -39,6 +42,7 @@ from memwal_sql.structures.cache import CachePart, Caches
 from memwal_sql.structures.rowmask import RowMask
 
 _Posting = tuple[np.ndarray, np.ndarray]  # document ids, frequencies (uint32, as decoded)
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -154,15 +158,18 @@ class BaseTextIndex:
         )
 
     def prefetch_documents(self) -> None:
-        """Read each partition's document file into the cache, ahead of :meth:`matches`."""
+        """Read each partition's document file into the cache, ahead of :meth:`matches`
+        (not again if :func:`prefetch_text_index` is reading it: :meth:`matches` waits)."""
         for files, p in self.partitions:
-            index_docs(self.caches, files, p)
+            if not _under_way(_docs_key(files, p)):
+                index_docs(self.caches, files, p)
 
     def prefetch_postings(self, terms: Sequence[str]) -> None:
         """Read and decode ``terms``' postings in each partition into the cache, ahead of
-        :meth:`matches`."""
+        :meth:`matches` (not again if they are being read)."""
         for files, p in self.partitions:
-            index_postings(self.caches, files, p, terms)
+            if not _under_way(_postings_key(files, p, terms)):
+                index_postings(self.caches, files, p, terms)
 
     def matches(self, terms: Sequence[str], superseded: np.ndarray) -> IndexMatches:
         """The index's part of a search for distinct ``terms``: the base rows at row addresses
@@ -230,9 +237,13 @@ class BaseTextIndex:
             length = np.empty_like(doc)
             at = 0
             for (d, f), live, n in zip(decoded, lives, counts.tolist()):
-                np.compress(live, d, out=doc[at : at + n])
-                np.compress(live, f, out=tf[at : at + n])
-                length[at : at + n] = docs.length[doc[at : at + n]]
+                # The live positions listed once, each array gathered into its place:
+                # np.compress lists them per array, and with ``out`` (its default mode
+                # "raise") writes through a fresh copy of it.
+                kept = np.flatnonzero(live)
+                np.take(d, kept, out=doc[at : at + n], mode="clip")
+                np.take(f, kept, out=tf[at : at + n], mode="clip")
+                np.take(docs.length, doc[at : at + n], out=length[at : at + n], mode="clip")
                 at += n
             found = PartitionMatches(doc, tf, length, docs.rowid, counts, key, self.caches.search)
             return found, doc.nbytes + tf.nbytes + length.nbytes + 64
@@ -301,6 +312,65 @@ class IndexTerms:
         return position_all[order], row_all[order]
 
 
+def prefetch_text_index(files: Sequence[IndexFiles], terms: Sequence[str], caches: Caches) -> None:
+    """Read the document files of an inverted index's ``files`` and decode the postings of
+    distinct ``terms``, into ``caches.search``: what a search of ``terms`` reads first, started
+    before its snapshot is taken (a search that asks for them meanwhile waits for this read
+    rather than reading them again).
+
+    Example:
+        ``prefetch_text_index(open_text_index(ds, "text", ids)[0], ["fox"], tbl.caches)``
+    """
+    for f in files:
+        for p in f.partitions:
+            index_docs(caches, f, p)
+    for f in files:
+        for p in f.partitions:
+            index_postings(caches, f, p, terms)
+
+
+# Loads under way, by key: a second caller of a key shares the first one's load.
+_LOADING: dict[str, futures.Future[object]] = {}
+_LOADING_LOCK = threading.Lock()
+
+
+def _shared(key: str, load: Callable[[], _T]) -> _T:
+    """``load()``, or the value of the load of ``key`` another thread has under way: one
+    read of a file, even when a search asks for it while an early read
+    (:func:`prefetch_text_index`) is not done, and whether the cache keeps it or not."""
+    with _LOADING_LOCK:
+        running = _LOADING.get(key)
+        if running is None:
+            mine: futures.Future[object] = futures.Future()
+            _LOADING[key] = mine
+    if running is not None:
+        return running.result()  # type: ignore[return-value]
+    try:
+        value = load()
+    except BaseException as e:
+        mine.set_exception(e)
+        raise
+    finally:
+        with _LOADING_LOCK:
+            del _LOADING[key]
+    mine.set_result(value)
+    return value
+
+
+def _under_way(key: str) -> bool:
+    """Whether a load of ``key`` is under way (a prefetch need not wait for it)."""
+    with _LOADING_LOCK:
+        return key in _LOADING
+
+
+def _docs_key(files: IndexFiles, partition: int) -> str:
+    return f"{files.uri}#{partition}"
+
+
+def _postings_key(files: IndexFiles, partition: int, terms: Sequence[str]) -> str:
+    return "\x1f".join(f"{files.uri}#{partition}#{t}" for t in terms)
+
+
 def index_docs(caches: Caches, files: IndexFiles, partition: int) -> _Docs:
     """A partition's document file, read once and kept in ``caches.search``."""
 
@@ -311,7 +381,8 @@ def index_docs(caches: Caches, files: IndexFiles, partition: int) -> _Docs:
         docs = _Docs(rowid, length, total, ascending, order, *_fragment_runs(ascending))
         return docs, docs.nbytes
 
-    return caches.search.get("fts_docs", f"{files.uri}#{partition}", load)
+    key = _docs_key(files, partition)
+    return _shared(key, lambda: caches.search.get("fts_docs", key, load))
 
 
 _FRAGMENTS_SEARCHED = 64  # fragments found by binary search before the rest by a pass
@@ -351,14 +422,18 @@ def index_postings(
     the terms not cached yet decoded together, then kept in ``caches.search``."""
     cache = caches.search
     keys = [f"{files.uri}#{partition}#{t}" for t in terms]
-    missing = [t for t, key in zip(terms, keys) if not cache.contains("fts_postings", key)]
-    fresh = _decode(files, partition, missing) if missing else {}
 
-    def load(term: str) -> tuple[_Posting, int]:
-        value = fresh[term] if term in fresh else _decode(files, partition, [term])[term]
-        return value, sum(a.nbytes for a in value) + 64
+    def read() -> list[_Posting]:
+        missing = [t for t, key in zip(terms, keys) if not cache.contains("fts_postings", key)]
+        fresh = _decode(files, partition, missing) if missing else {}
 
-    return [cache.get("fts_postings", key, partial(load, t)) for t, key in zip(terms, keys)]
+        def load(term: str) -> tuple[_Posting, int]:
+            value = fresh[term] if term in fresh else _decode(files, partition, [term])[term]
+            return value, sum(a.nbytes for a in value) + 64
+
+        return [cache.get("fts_postings", key, partial(load, t)) for t, key in zip(terms, keys)]
+
+    return _shared(_postings_key(files, partition, terms), read)
 
 
 def _decode(files: IndexFiles, partition: int, terms: Sequence[str]) -> dict[str, _Posting]:
@@ -369,10 +444,17 @@ def _decode(files: IndexFiles, partition: int, terms: Sequence[str]) -> dict[str
 
 
 def open_text_index(
-    dataset: lance.LanceDataset, column: str, fragment_ids: set[int]
+    dataset: lance.LanceDataset,
+    column: str,
+    fragment_ids: set[int],
+    caches: Caches | None = None,
+    before_open: Callable[[str], None] | None = None,
 ) -> tuple[list[IndexFiles], set[int]] | str:
     """The files of ``dataset``'s inverted index on ``column`` and the fragments of
-    ``fragment_ids`` it covers, or why it is not read here.
+    ``fragment_ids`` it covers, or why it is not read here. With ``caches``, each index
+    directory's files are opened once (in ``caches.search``: a directory never changes);
+    ``before_open(uuid)`` runs before a segment's files are first opened (a generation
+    verifies them: its other indexes' files are not opened).
 
     Example:
         ``open_text_index(ds, "text", {f.fragment_id for f in ds.get_fragments()})``
@@ -392,12 +474,25 @@ def open_text_index(
         fragments = set(segment.fragment_ids)
         if segment.base_id is not None or fragments & covered:
             return "index segments in another base or overlapping"
-        opened = open_index(index_directory(dataset, segment.uuid), storage_options_of(dataset))
+        if before_open is not None:
+            before_open(segment.uuid)
+        directory, options = index_directory(dataset, segment.uuid), storage_options_of(dataset)
+        load = partial(_open_index, directory, options)
+        if caches is None:
+            opened = load()[0]
+        else:  # opened with these storage options (named by a digest: they may hold secrets)
+            named = repr(sorted((options or {}).items())).encode()
+            digest = hashlib.sha1(named, usedforsecurity=False).hexdigest()
+            opened = caches.search.get("fts_files", f"{directory}#{digest}", load)
         if isinstance(opened, str):
             return opened
         files.append(opened)
         covered |= fragments
     return files, covered & fragment_ids
+
+
+def _open_index(directory: str, options: dict[str, str] | None) -> tuple[IndexFiles | str, int]:
+    return open_index(directory, options), 1024
 
 
 def _deletion_name(fragment: lance.LanceFragment) -> str:
@@ -414,4 +509,5 @@ __all__ = [
     "index_docs",
     "index_postings",
     "open_text_index",
+    "prefetch_text_index",
 ]

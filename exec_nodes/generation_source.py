@@ -353,14 +353,20 @@ class GenerationSourceExec(SourceLeaf):
         frags = ds.get_fragments()
         if len(frags) != 1:
             return None
-        verify_generation_files(self.uri, self.storage_options, INDEX_FILES)
-        opened = open_text_index(ds, access.column, {frags[0].fragment_id})
+        opened = open_text_index(
+            ds, access.column, {frags[0].fragment_id}, before_open=self._verify_index
+        )
         if isinstance(opened, str) or len(opened[0]) != 1 or not opened[1]:
             return None
         files = opened[0][0]
         if Tokenizer(files.params).signature != access.tokenizer.signature:
             return None
         return IndexTerms(files, frags[0].metadata.physical_rows, self.caches)
+
+    def _verify_index(self, uuid: str) -> None:
+        """Verify the files of the generation's index ``uuid`` (before they are opened): a
+        full-text search opens its inverted index only, not the vector or key indexes."""
+        verify_generation_files(self.uri, self.storage_options, (f"{INDEX_FILES[0]}{uuid}/",))
 
     def piece_rows(self, piece: int, index: np.ndarray) -> pa.Table:
         return self._rows().take(pa.array(index))

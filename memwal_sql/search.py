@@ -30,7 +30,7 @@ from memwal_sql.reads import TableReads
 from memwal_sql.session import MemWalContext, MemWalSchema, NodeDataset
 from memwal_sql.storage import storage_failures
 from memwal_sql.structures.vectors import METRICS
-from planner.search import SearchPlan, SearchQuery, plan_search
+from planner.search import SearchPlan, SearchQuery, plan_search, prefetch_fts
 
 if TYPE_CHECKING:
     from memwal_sql.table_state import TableState
@@ -288,6 +288,9 @@ class TableSearch:
         """
         t = self.table
         checked = self._checked(search)
+        if checked.is_text and checked.column is not None and isinstance(checked.query, str):
+            # The base index's first reads start beside the snapshot (planner/search.py).
+            prefetch_fts(t.uri, t.dataset, checked.column, checked.query, t.caches)
         snapshot, predicate, post = self._filtered_snapshot(
             search.filter, search.consistency, pushed
         )

@@ -552,3 +552,172 @@ def test_superseded_base_rows_are_found_while_the_memtables_are_tokenized(
         assert len(lookups) == 2
     finally:
         reopened.close()
+
+
+def test_a_search_asking_while_the_index_is_read_early_reads_each_file_once(
+    indexed, monkeypatch, tmp_path
+):
+    """A cold search starts reading the base index's document files and postings before it
+    takes its snapshot (here the snapshot waits for that read to start); when it asks for
+    them while that read is under way (here the first document file is held until the
+    search asks), it waits for that read instead of reading again: the index opened once,
+    each partition's document file and postings read once, and the scores stay Lance's on a
+    merged copy."""
+    from exec_nodes import fts_index
+    from exec_nodes.fts_index import BaseTextIndex
+    from memwal_sql import search
+
+    tbl, model = indexed
+    update_holders(tbl, model)
+    tbl.flush()
+    asked, reading, held, early = threading.Event(), threading.Event(), [], []
+    snapshot = search.take_read_snapshot
+
+    def taking_snapshot(*args):
+        early.append(reading.wait(60))  # the index read started before the snapshot
+        return snapshot(*args)
+
+    reads: Counter[str] = Counter()
+    read_docs, read_postings = fts_index.read_docs, fts_index.read_postings
+    open_index = fts_index.open_index
+    matches = BaseTextIndex.matches
+
+    lock = threading.Lock()
+
+    def reading_docs(files, partition):
+        if not files.uri.startswith(f"{tbl.uri}/_indices/"):
+            return read_docs(files, partition)  # a generation's index
+        with lock:
+            reads["docs"] += 1
+            first = not held
+            held.append(first)
+        if first:  # the first one: not done until the search asks for it
+            reading.set()
+            held[0] = asked.wait(60)
+        return read_docs(files, partition)
+
+    def reading_postings(files, partition, ids):
+        if files.uri.startswith(f"{tbl.uri}/_indices/"):
+            reads["postings"] += 1
+        return read_postings(files, partition, ids)
+
+    def opening(uri, options=None):
+        if uri.startswith(f"{tbl.uri}/_indices/"):
+            reads["opened"] += 1
+        return open_index(uri, options)
+
+    def asking(self, terms, superseded):
+        asked.set()
+        return matches(self, terms, superseded)
+
+    monkeypatch.setattr(fts_index, "read_docs", reading_docs)
+    monkeypatch.setattr(fts_index, "read_postings", reading_postings)
+    monkeypatch.setattr(fts_index, "open_index", opening)
+    monkeypatch.setattr(BaseTextIndex, "matches", asking)
+    monkeypatch.setattr(search, "take_read_snapshot", taking_snapshot)
+    reopened = mw.open_table(tbl.uri, cache=256 << 20)  # cold: nothing of the index read yet
+    try:
+        query = "w1 w7 w40"
+        assert_same(reopened.fts(query, k=10), lance_fts(model, tmp_path / "m", query, 10))
+    finally:
+        reopened.close()
+    assert early == [True] and held[0] is True  # under way from before the snapshot on
+    # The index's files opened once too (by the early read; the search's leaf finds them).
+    assert reads == {"docs": partitions(tbl), "postings": partitions(tbl), "opened": 1}
+
+
+def test_a_load_under_way_is_shared_with_whoever_asks_meanwhile_failure_included():
+    """Two threads asking for one key while its load runs get that load's value (the second
+    load is never run) or its error; a key asked for after a failed load is loaded again."""
+    from exec_nodes.fts_index import _shared
+
+    started, release = threading.Event(), threading.Event()
+    got: list[object] = []
+
+    def slow(value):
+        def load():
+            started.set()
+            assert release.wait(60)
+            if isinstance(value, Exception):
+                raise value
+            return value
+
+        return load
+
+    def never():
+        raise AssertionError("a second load of a key under way")
+
+    def ask(key, load):
+        try:
+            got.append(_shared(key, load))
+        except ValueError as e:
+            got.append(e)
+
+    for key, value in (("docs#0", 7), ("docs#1", ValueError("damaged"))):
+        started.clear(), release.clear(), got.clear()
+        first = threading.Thread(target=ask, args=(key, slow(value)))
+        first.start()
+        assert started.wait(60)
+        second = threading.Thread(target=ask, args=(key, never))
+        second.start()
+        release.set()
+        first.join(60), second.join(60)
+        assert got == [value, value]
+    assert _shared("docs#1", lambda: 8) == 8  # the failed load is not remembered
+
+
+def test_only_a_first_search_reads_the_index_early(indexed, monkeypatch):
+    """The early read (opening the latest base version, its index's files) is for a cold
+    search: later searches, with other terms too, start none."""
+    from planner import search
+
+    tbl, _ = indexed
+    started: list[object] = []
+    monkeypatch.setattr(search, "start_early", started.append)
+    reopened = mw.open_table(tbl.uri, cache=256 << 20)
+    try:
+        for query in ("w1 w7", "w1 w7", "w3 w40"):
+            reopened.fts(query, k=10)
+    finally:
+        reopened.close()
+    assert len(started) == 1
+
+
+def test_a_search_verifies_the_generation_index_it_opens_and_no_other(indexed, tmp_path):
+    """A generation's inverted index is verified before a search opens it (a flipped bit
+    there is a typed error), and its other indexes' files, which the search never opens, are
+    neither read nor verified: damage there leaves the search's answer exact."""
+    import glob
+    from pathlib import Path
+
+    from memwal_sql.errors import CorruptGenerationError
+    from memwal_sql.storage import checksums
+
+    tbl, model = indexed
+    tbl.create_index("k", "BTREE")  # generations flushed from now on carry one too
+    update_holders(tbl, model)
+    tbl.flush()
+    inverted, other = [], []
+    for d in glob.glob(f"{tbl.uri}/_mem_wal/*/*_gen_*/_indices/*/"):
+        (inverted if glob.glob(f"{d}part_*_invert.lance") else other).append(d)
+    assert inverted and other, (inverted, other)  # the key btree at least
+    for f in [f for d in other for f in glob.glob(f"{d}*")]:
+        with open(f, "r+b") as fh:
+            fh.write(b"\0" * 64)
+    query = "w1 w7 w40"
+
+    def search() -> pa.Table:
+        checksums._verified.clear()  # as in a fresh process
+        reopened = mw.open_table(tbl.uri, cache=256 << 20)
+        try:
+            return reopened.fts(query, k=10)
+        finally:
+            reopened.close()
+
+    assert_same(search(), lance_fts(model, tmp_path / "m", query, 10))
+    invert = Path(glob.glob(f"{inverted[0]}part_*_invert.lance")[0])
+    data = bytearray(invert.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    invert.write_bytes(bytes(data))
+    with pytest.raises(CorruptGenerationError, match="damaged"):
+        search()

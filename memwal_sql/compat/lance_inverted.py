@@ -155,7 +155,8 @@ def decode_postings(
     doc_bits = data[fb + 8].astype(np.int64)
     freq_at = fb + 9 + 16 * doc_bits
     freq_bits = data[freq_at].astype(np.int64)
-    full_docs = np.cumsum(_unpack(data, fb + 9, doc_bits), axis=1, dtype=np.uint32)
+    full_docs = _unpack(data, fb + 9, doc_bits)
+    np.cumsum(full_docs, axis=1, dtype=np.uint32, out=full_docs)  # in place: no second copy
     full_docs += first[:, None].astype(np.uint32)
     full_freqs = _unpack(data, freq_at + 1, freq_bits)
     # A token's full blocks are consecutive rows of the full blocks, its documents' first
@@ -218,7 +219,9 @@ def _unpack(data: np.ndarray, at: np.ndarray, bits: np.ndarray) -> np.ndarray:
                 values[k] |= high
             if mask is not None:
                 values[k] &= mask
-        out[rows] = values.reshape(32, len(rows), 4).transpose(1, 0, 2).reshape(len(rows), BLOCK)
+        # Written through a (blocks, 32, 4) view of ``out``: the transposed values reshaped
+        # to (blocks, 128) would be a copy of them first.
+        out.reshape(len(at), 32, 4)[rows] = values.reshape(32, len(rows), 4).transpose(1, 0, 2)
     return out
 
 

@@ -195,20 +195,22 @@ class Tokenizer:
             texts = texts.combine_chunks() if texts.num_chunks else pa.array([], pa.string())
         n = len(texts)
         texts = texts.cast(pa.large_string()) if pa.types.is_string_view(texts.type) else texts
-        texts = pc.fill_null(texts, "")
-        flat, docs = self._split(texts)
+        if texts.null_count:  # else a copy of every text for nothing
+            texts = pc.fill_null(texts, "")
+        flat, docs, lower = self._split_cased(texts)
         encoded = pc.dictionary_encode(flat)
         raw_ids = encoded.indices.to_numpy(zero_copy_only=False)
-        vocabulary: list[str] = []
-        index: dict[str, int] = {}
-        mapping = np.empty(len(encoded.dictionary), dtype=np.int64)
-        for i, token in enumerate(self._finals(encoded.dictionary.to_pylist())):
-            if token is None:
-                mapping[i] = -1
-            else:
-                mapping[i] = index.setdefault(token, len(index))
-                if mapping[i] == len(vocabulary):
-                    vocabulary.append(token)
+        # Lower case is a function of the token: applied to the distinct ones (the finals
+        # below join tokens that become one), not to every occurrence.
+        distinct = pc.utf8_lower(encoded.dictionary) if lower else encoded.dictionary
+        index: dict[str, int] = {}  # each final term's id, in order of first appearance
+        finals = self._finals(distinct.to_pylist())
+        mapping = np.fromiter(
+            (-1 if t is None else index.setdefault(t, len(index)) for t in finals),
+            dtype=np.int64,
+            count=len(finals),
+        )
+        vocabulary = list(index)
         term_ids = mapping[raw_ids] if len(raw_ids) else np.zeros(0, np.int64)
         live = term_ids >= 0
         doc_ids, term_ids = docs[live], term_ids[live]
@@ -224,8 +226,14 @@ class Tokenizer:
         (ascending). The simple tokenizer's runs of letters and digits are found over the
         UTF-8 bytes in numpy, each distinct non-ASCII character classified once: the
         tokens of the Unicode regex (``_split_by_kernel``), at a fraction of its cost."""
+        flat, docs, lower = self._split_cased(texts)
+        return pc.utf8_lower(flat) if lower else flat, docs
+
+    def _split_cased(self, texts: pa.Array) -> tuple[pa.Array, np.ndarray, bool]:
+        """:meth:`_split`'s tokens and documents, and whether the tokens are still to be
+        lower-cased (the split over bytes lower-cases ASCII letters only)."""
         if self.base != "simple" or len(texts) == 0:
-            return self._split_by_kernel(texts)
+            return (*self._split_by_kernel(texts), False)
         return self._split_bytes(texts)
 
     def _split_by_kernel(self, texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
@@ -246,9 +254,10 @@ class Tokenizer:
             flat = pc.utf8_lower(flat)
         return flat, docs.to_numpy(zero_copy_only=False).astype(np.int64)
 
-    def _split_bytes(self, texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    def _split_bytes(self, texts: pa.Array) -> tuple[pa.Array, np.ndarray, bool]:
         """Runs of letters and digits (Unicode ``L*`` and ``N*``): token boundaries from
-        byte arithmetic, the tokens' bytes gathered into one buffer."""
+        byte arithmetic, the tokens' bytes gathered into one buffer; ASCII letters
+        lower-cased, and whether other letters are still to be (non-ASCII text)."""
         large = pa.types.is_large_string(texts.type)
         _, offset_buffer, data_buffer = texts.buffers()
         offsets = np.frombuffer(offset_buffer, dtype=np.int64 if large else np.int32)
@@ -279,25 +288,27 @@ class Tokenizer:
         if self.lower_case:  # in place: each array here is fresh memory to a cold search
             upper = (token_bytes - np.uint8(65)) < 26
             token_bytes += upper.view(np.uint8) << np.uint8(5)
-        token_offsets = np.concatenate([[0], np.cumsum(ends - starts)])
+        lengths = np.subtract(ends, starts, out=ends)  # ends are not needed further
         kind, width = (
             (pa.large_string(), np.int64)
-            if token_offsets[-1] >= 1 << 31
+            if len(token_bytes) >= 1 << 31
             else (pa.string(), np.int32)
         )
+        token_offsets = np.zeros(len(lengths) + 1, dtype=width)
+        np.cumsum(lengths, out=token_offsets[1:])
         flat = pa.Array.from_buffers(
-            kind,
-            len(starts),
-            [None, pa.py_buffer(token_offsets.astype(width)), pa.py_buffer(token_bytes)],
+            kind, len(starts), [None, pa.py_buffer(token_offsets), pa.py_buffer(token_bytes)]
         )
-        docs = np.searchsorted(offsets, starts, side="right") - 1
+        # Each document's tokens are the starts within it: their counts found per document
+        # (a search per document rather than per token), each token's document repeated.
+        within = np.diff(np.searchsorted(starts, offsets))
+        docs = np.repeat(np.arange(len(within), dtype=np.int64), within)
         if self.max_token_length is not None:  # Lance keeps tokens shorter than the limit
-            keep = (ends - starts) < self.max_token_length
+            keep = lengths < self.max_token_length
             if not keep.all():
                 flat, docs = flat.filter(pa.array(keep)), docs[keep]
-        if self.lower_case and unicode:  # the ASCII letters are lower already
-            flat = pc.utf8_lower(flat)
-        return flat, docs.astype(np.int64, copy=False)
+        # The ASCII letters are lower already.
+        return flat, docs.astype(np.int64, copy=False), self.lower_case and unicode
 
     def terms(self, text: str) -> list[str]:
         """The terms of one text, in order (what a query becomes); recent short texts are

@@ -138,3 +138,16 @@ def test_one_tokenizer_shared_by_threads_gives_each_the_terms_of_its_own(monkeyp
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda texts: terms(shared, texts), columns * 4))
     assert got == [terms(Tokenizer(), texts) for texts in columns * 4]
+
+
+def test_tokens_whose_non_ascii_letters_differ_in_case_are_one_term():
+    """Non-ASCII letters are lower-cased on the distinct tokens, after the split: tokens that
+    differ only in their case become one term, counted where each occurs (a tokenizer that
+    lower-cased nothing, or that kept one term per spelling, differs)."""
+    tokens = Tokenizer().tokenize(pa.array(["Äpfel äpfel", None, "ÄPFEL ÉTÉ", "été"]))
+    assert tokens.vocabulary == ["apfel", "ete"]  # ASCII-folded too
+    assert tokens.docs.tolist() == [0, 0, 2, 2, 3]
+    assert tokens.term_ids.tolist() == [0, 0, 0, 1, 1]
+    assert tokens.lengths.tolist() == [2, 0, 2, 1]
+    upper = Tokenizer({"lower_case": False}).tokenize(pa.array(["Äpfel äpfel"]))
+    assert sorted(upper.vocabulary) == ["Apfel", "apfel"]
