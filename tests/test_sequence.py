@@ -459,7 +459,10 @@ def test_a_killed_writer_keeps_the_sequence_rule_for_every_acknowledged_write(tm
             break
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
-    # The write after the last acknowledged one may have landed, whole, or not at all.
+    # The child went on writing until the kill: its last acknowledgement is the last line it
+    # printed, and the write after that may have landed, whole, or not at all.
+    for line in child.stdout.read().splitlines():
+        acked = int(line.split()[1])
     models = []
     for last in (acked, acked + 1):
         model = SequenceModel()
