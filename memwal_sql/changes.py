@@ -143,8 +143,7 @@ def _writes(start: PinnedSnapshot, end: PinnedSnapshot) -> pa.Table:
     batches: list[pa.RecordBatch] = []
     schema = pa.schema([*table.wal_schema, pa.field(_POS, pa.int64())])
     for rc in end.cut.regions:
-        before = start.cut.region(rc.region_id)
-        after = before.wal_position if before is not None else 0
+        after = start.cut.wal_position_of(rc.region_id)
         if rc.wal_position == after:
             continue
         try:

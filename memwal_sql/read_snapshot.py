@@ -20,12 +20,13 @@ rows an index does not cover yet.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import time
 import uuid
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -46,10 +47,11 @@ from memwal_sql.errors import (
 from memwal_sql.formats.region_manifest import RegionManifestStore, check_not_behind_index
 from memwal_sql.formats.snapshot_token import RegionCut, SnapshotCut
 from memwal_sql.formats.source_rows import source_schema
-from memwal_sql.formats.wal import conform_batch, read_wal_range, wal_positions
+from memwal_sql.formats.wal import WalEntry, conform_batch, read_wal_range, wal_positions
 from memwal_sql.formats.wal_tail import WalTail
 from memwal_sql.partitioning.region_spec import RegionSpec, region_id_for
 from memwal_sql.storage import ObjectStore, layout
+from memwal_sql.storage.checksums import recorded_wal_entry_position
 from memwal_sql.structures.cache import Caches
 from memwal_sql.writer.memtable_indexes import forget
 
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
 
 Consistency = Literal["strong", "eventual"]
 _TAIL_ATTEMPTS = 10
+_READ_AHEAD = 16  # WAL entries a partial cut's row count reads side by side
 _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="memwal-snapshot")
 _TAIL_OWNERS: weakref.WeakSet[ObjectStore] = weakref.WeakSet()  # stores of tables with tails
 
@@ -211,6 +214,86 @@ def pin_snapshot(table: TableState) -> PinnedSnapshot:
     cuts = [cut(r) for r in rids] if store.is_local else list(_POOL.map(cut, rids))
     regions = tuple(c for c in cuts if c is not None)
     return PinnedSnapshot(table, SnapshotCut(dataset.version, regions, taken_at))
+
+
+def partial_cut(
+    table: TableState, start: SnapshotCut, end: SnapshotCut, max_rows: int
+) -> SnapshotCut:
+    """A cut between snapshot cuts ``start`` and ``end`` holding about ``max_rows`` written
+    rows: regions take their next WAL entries in turn until the rows reach ``max_rows`` (at
+    least one entry: an entry is never split). ``end`` when it holds no more.
+
+    Example:
+        ``partial_cut(tbl, a.cut, b.cut, 1000).token``
+    """
+    pending = {}
+    for rc in end.regions:
+        after = start.wal_position_of(rc.region_id)
+        if rc.wal_position > after:
+            pending[rc.region_id] = (after, rc.wal_position)
+
+    def entries(rid: str, after: int, through: int) -> Iterator[WalEntry]:
+        for first in range(after, through, _READ_AHEAD):
+            last = min(first + _READ_AHEAD, through)
+            yield from read_wal_range(table.store, rid, first, last)
+
+    readers = {rid: entries(rid, *span) for rid, span in sorted(pending.items())}
+    reached = {rid: after for rid, (after, _) in pending.items()}
+    rows = 0
+    while readers and rows < max_rows:
+        for rid in list(readers):
+            entry = next(readers[rid], None)
+            if entry is None:
+                del readers[rid]
+                continue
+            if rows and rows + entry.num_rows > max_rows:
+                readers.clear()
+                break
+            reached[rid] = entry.position
+            rows += entry.num_rows
+    if all(reached[rid] == through for rid, (_, through) in pending.items()):
+        return end
+    regions = []
+    for rc in end.regions:
+        before = start.region(rc.region_id)
+        position = reached.get(rc.region_id, before.wal_position if before else 0)
+        if before is not None:
+            regions.append(_advanced(table, before, position))
+        elif position > 0:
+            # A region written first after the start: the start's base has none of its rows.
+            regions.append(RegionCut(rc.region_id, (), 0, position, 0))
+    return dataclasses.replace(start, regions=tuple(regions), taken_at_millis=end.taken_at_millis)
+
+
+def _advanced(table: TableState, before: RegionCut, position: int) -> RegionCut:
+    """Region cut ``before`` moved on to WAL ``position``: with the generations flushed since
+    that hold only rows up to it (each records its last WAL position at flush), so the next
+    batch reads them, not their WAL entries, as its start's rows. They are newer than what the
+    start's base version merged, and GC keeps them while it keeps that version."""
+    moved = dataclasses.replace(before, wal_position=position)
+    manifest = RegionManifestStore(table.store, before.region_id).latest()
+    if manifest is None:
+        return moved
+    since = sorted(
+        (g for g in manifest.flushed_generations if g.generation >= before.memtable_generation),
+        key=lambda g: g.generation,
+    )
+    generations, flushed, current = list(before.generations), before.flushed_position, None
+    for g in since:
+        directory = f"{layout.region_dir(before.region_id)}/{g.path}"
+        covered = recorded_wal_entry_position(table.store, directory)
+        if covered is None or covered > position:
+            break  # a generation Lance flushed records no position: its WAL entries are read
+        generations.append(g.generation)
+        flushed, current = covered, g.generation + 1
+    if current is None:
+        return moved
+    return dataclasses.replace(
+        moved,
+        generations=tuple(generations),
+        flushed_position=flushed,
+        memtable_generation=current,
+    )
 
 
 def take_read_snapshot(table: TableState, consistency: ReadAt = "strong") -> ReadSnapshot:

@@ -76,6 +76,11 @@ class SnapshotCut:
         """The cut of ``region_id``, or None if the region had no WAL entry then."""
         return next((r for r in self.regions if r.region_id == region_id), None)
 
+    def wal_position_of(self, region_id: str) -> int:
+        """The last WAL position the snapshot reads of ``region_id`` (0: a region it has not)."""
+        cut = self.region(region_id)
+        return 0 if cut is None else cut.wal_position
+
 
 def decode_token(token: str) -> SnapshotCut:
     """The :class:`SnapshotCut` a token (from :attr:`SnapshotCut.token`) stands for.

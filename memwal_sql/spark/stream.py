@@ -6,9 +6,10 @@ snapshots are fixed once both are taken (WAL entries never change), so a batch S
 after a failure emits the same rows, and a query restarted from its checkpoint goes on from
 the last offset it logged.
 
-``maxRowsPerTrigger`` ends a micro-batch at a *partial cut*: each region's WAL advanced only
-part way towards the latest snapshot, at an entry boundary, built from the start offset (its
-base version, generations and flushed position) with a later ``wal_position``. That is a state
+``maxRowsPerTrigger`` ends a micro-batch at a *partial cut*
+(:func:`memwal_sql.read_snapshot.partial_cut`): each region's WAL advanced only part way
+towards the latest snapshot, at an entry boundary, built from the start offset (its base
+version, generations and flushed position) with a later ``wal_position``. That is a state
 the table really had, region by region: the start's state plus the region's next writes in WAL
 order (a key lives in one region, so no key sees two moments), with the generations flushed
 since that hold only writes up to the cut read in place of their WAL entries. It is read only
@@ -43,7 +44,7 @@ from memwal_sql.spark.options import open_table, option, read_schema
 
 if TYPE_CHECKING:
     from memwal_sql.changes import ChangeMode
-    from memwal_sql.formats.snapshot_token import RegionCut, SnapshotCut
+    from memwal_sql.formats.snapshot_token import SnapshotCut
     from memwal_sql.read_snapshot import PinnedSnapshot
     from memwal_sql.table import MemWalTable
 
@@ -51,7 +52,6 @@ CHANGE_COLUMNS = (("_change_type", pa.string()), ("_commit_position", pa.int64()
 #: The offset of a stream that starts at its first snapshot (``startingSnapshot`` "latest"):
 #: a constant, so a first batch Spark replays plans the same (empty) range again.
 LATEST = {"start": "latest"}
-_READ_AHEAD = 16  # WAL entries a row count reads side by side
 
 
 def reads_change_feed(options: dict[str, str]) -> bool:
@@ -129,96 +129,7 @@ def _unchanged(a: SnapshotCut, b: SnapshotCut) -> bool:
     base version is worth an empty batch: the stream's start then stays readable)."""
     if a.base_version != b.base_version:
         return False
-    at = {r.region_id: r.wal_position for r in a.regions}
-    return all(at.get(r.region_id, 0) == r.wal_position for r in b.regions)
-
-
-def partial_cut(
-    table: MemWalTable, start: SnapshotCut, end: SnapshotCut, max_rows: int
-) -> SnapshotCut:
-    """A cut between snapshot cuts ``start`` and ``end`` holding about ``max_rows`` written
-    rows: regions take their next WAL entries in turn until the rows reach ``max_rows`` (at
-    least one entry: an entry is never split). ``end`` when it holds no more.
-
-    Example:
-        ``partial_cut(tbl, a.cut, b.cut, 1000).token``
-    """
-    from memwal_sql.formats.snapshot_token import RegionCut
-    from memwal_sql.formats.wal import WalEntry, read_wal_range
-
-    pending = {}
-    for rc in end.regions:
-        before = start.region(rc.region_id)
-        after = before.wal_position if before is not None else 0
-        if rc.wal_position > after:
-            pending[rc.region_id] = (after, rc.wal_position)
-
-    def entries(rid: str, after: int, through: int) -> Iterator[WalEntry]:
-        for first in range(after, through, _READ_AHEAD):
-            last = min(first + _READ_AHEAD, through)
-            yield from read_wal_range(table.store, rid, first, last)
-
-    readers = {rid: entries(rid, *span) for rid, span in sorted(pending.items())}
-    reached = {rid: after for rid, (after, _) in pending.items()}
-    rows = 0
-    while readers and rows < max_rows:
-        for rid in list(readers):
-            entry = next(readers[rid], None)
-            if entry is None:
-                del readers[rid]
-                continue
-            if rows and rows + entry.num_rows > max_rows:
-                readers.clear()
-                break
-            reached[rid] = entry.position
-            rows += entry.num_rows
-    if all(reached[rid] == through for rid, (_, through) in pending.items()):
-        return end
-    regions = []
-    for rc in end.regions:
-        before = start.region(rc.region_id)
-        position = reached.get(rc.region_id, before.wal_position if before else 0)
-        if before is not None:
-            regions.append(_advanced(table, before, position))
-        elif position > 0:
-            # A region written first after the start: the start's base has none of its rows.
-            regions.append(RegionCut(rc.region_id, (), 0, position, 0))
-    return dataclasses.replace(start, regions=tuple(regions), taken_at_millis=end.taken_at_millis)
-
-
-def _advanced(table: MemWalTable, before: RegionCut, position: int) -> RegionCut:
-    """Region cut ``before`` moved on to WAL ``position``: with the generations flushed since
-    that hold only rows up to it (each records its last WAL position at flush), so the next
-    batch reads them, not their WAL entries, as its start's rows. They are newer than what the
-    start's base version merged, and GC keeps them while it keeps that version."""
-    from memwal_sql.formats.region_manifest import RegionManifestStore
-    from memwal_sql.storage import layout
-    from memwal_sql.storage.checksums import recorded_wal_entry_position
-
-    moved = dataclasses.replace(before, wal_position=position)
-    manifest = RegionManifestStore(table.store, before.region_id).latest()
-    if manifest is None:
-        return moved
-    since = sorted(
-        (g for g in manifest.flushed_generations if g.generation >= before.memtable_generation),
-        key=lambda g: g.generation,
-    )
-    generations, flushed, current = list(before.generations), before.flushed_position, None
-    for g in since:
-        directory = f"{layout.region_dir(before.region_id)}/{g.path}"
-        covered = recorded_wal_entry_position(table.store, directory)
-        if covered is None or covered > position:
-            break  # a generation Lance flushed records no position: its WAL entries are read
-        generations.append(g.generation)
-        flushed, current = covered, g.generation + 1
-    if current is None:
-        return moved
-    return dataclasses.replace(
-        moved,
-        generations=tuple(generations),
-        flushed_position=flushed,
-        memtable_generation=current,
-    )
+    return all(a.wal_position_of(r.region_id) == r.wal_position for r in b.regions)
 
 
 def change_partitions(start: SnapshotCut, end: SnapshotCut, parts: int) -> list[InputPartition]:
@@ -230,8 +141,7 @@ def change_partitions(start: SnapshotCut, end: SnapshotCut, parts: int) -> list[
     """
     work = []
     for rc in end.regions:
-        before = start.region(rc.region_id)
-        entries = rc.wal_position - (before.wal_position if before else 0)
+        entries = rc.wal_position - start.wal_position_of(rc.region_id)
         if entries > 0:
             work.append((entries, rc.region_id))
     groups: list[list[str]] = [[] for _ in range(min(parts, len(work)))]
@@ -319,6 +229,8 @@ class MemWalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if _unchanged(begin, latest):
             return start
         if isinstance(limit, ReadMaxRows):
+            from memwal_sql.read_snapshot import partial_cut
+
             latest = partial_cut(self.table, begin, latest, limit.max_rows)
         return {"token": latest.token}
 
@@ -380,6 +292,5 @@ __all__: Sequence[str] = [
     "MemWalChangeReader",
     "MemWalStreamReader",
     "change_partitions",
-    "partial_cut",
     "starting_offset",
 ]

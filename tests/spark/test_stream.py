@@ -17,7 +17,8 @@ import pytest
 
 import memwal_sql as mw
 from memwal_sql.errors import InvalidInputError, SnapshotExpiredError
-from memwal_sql.spark.stream import LATEST, MemWalStreamReader, partial_cut
+from memwal_sql.read_snapshot import partial_cut
+from memwal_sql.spark.stream import LATEST, MemWalStreamReader
 
 pytestmark = pytest.mark.spark
 
